@@ -1,0 +1,82 @@
+// Package consumer turns messages from a broker into throttled, at-least-once
+// calls to a Handler.
+//
+// The broker backends live in subpackages (consumer/kafka and
+// consumer/rabbitmq) so that an importer pulls in only the client it uses.
+// This package holds what they share: the Message type, the Handler and
+// Middleware types, the error classification that decides between retry and
+// dead-letter, the retry policy, and the Throttle and PushBack middleware.
+//
+// The flow for each message is: wait on the limiter for the message's cost,
+// call the handler, then commit or ack only after the handler succeeded. A
+// failed handler is retried with exponential backoff and jitter; a permanent
+// error, or the last failed attempt, sends the message to the dead-letter
+// destination and only then commits or acks it. Every message ends either
+// delivered or dead-lettered.
+package consumer
+
+import (
+	"context"
+	"time"
+)
+
+// Message is one message from a broker, as seen by a Handler.
+//
+// A Message is a plain value. Handlers may read it from several goroutines
+// but must not modify the Headers map they receive.
+type Message struct {
+	// Key is the Kafka message key or, for RabbitMQ, the routing key.
+	Key []byte
+	// Body is the payload, unchanged.
+	Body []byte
+	// Headers holds the message headers as strings. Kafka headers with the
+	// same name keep the last value. AMQP header values that are not strings
+	// are formatted with fmt.Sprint.
+	Headers map[string]string
+	// Attempt is 1 for the first delivery attempt and grows with each retry
+	// inside this process. For a RabbitMQ redelivery it restarts at 1.
+	Attempt int
+	// Time is when the broker stamped the message (Kafka) or the AMQP
+	// timestamp, or the time it was received when the broker gave none.
+	Time time.Time
+	// Source says where the message came from.
+	Source Source
+}
+
+// Source is the position of a message in its broker.
+//
+// The Kafka fields are set for Kafka messages and the AMQP fields for
+// RabbitMQ deliveries; the others are zero.
+type Source struct {
+	// Broker is "kafka" or "rabbitmq".
+	Broker string
+
+	Topic     string
+	Partition int
+	Offset    int64
+
+	Queue       string
+	Exchange    string
+	DeliveryTag uint64
+	// MessageID is the AMQP message-id property, when the publisher set one.
+	MessageID string
+	// Redelivered is the AMQP redelivered flag.
+	Redelivered bool
+}
+
+// Handler handles one message. Returning nil means the message was delivered
+// and may be committed or acked. A non-nil error is classified with
+// IsPermanent: permanent errors dead-letter the message at once, other errors
+// are retried under the RetryPolicy.
+type Handler func(ctx context.Context, msg Message) error
+
+// Middleware wraps a Handler with extra behaviour, such as throttling.
+type Middleware func(Handler) Handler
+
+// Chain wraps h with the middleware in order, so that mw[0] runs first.
+func Chain(h Handler, mw ...Middleware) Handler {
+	for i := len(mw) - 1; i >= 0; i-- {
+		h = mw[i](h)
+	}
+	return h
+}

@@ -1,0 +1,64 @@
+package consumer
+
+import "time"
+
+// Observer receives the events of message processing, for metrics and logs.
+// Every field is optional; a nil *Observer observes nothing. The functions
+// may be called from many goroutines at once and must be safe for that.
+type Observer struct {
+	// Received is called once for each message taken from the broker.
+	Received func(msg Message)
+	// Delivered is called when the handler succeeded.
+	Delivered func(msg Message)
+	// Failed is called for every failed handler attempt.
+	Failed func(msg Message, err error)
+	// Retried is called when a failed attempt will be retried after delay.
+	Retried func(msg Message, err error, delay time.Duration)
+	// DeadLettered is called after a message was handed to the dead-letter
+	// destination.
+	DeadLettered func(msg Message, err error)
+	// Reconnected is called each time a backend re-established its broker
+	// connection.
+	Reconnected func(broker string, err error)
+}
+
+func (o *Observer) received(m Message) {
+	if o != nil && o.Received != nil {
+		o.Received(m)
+	}
+}
+
+// ObserveReceived reports a received message to o, which may be nil.
+func (o *Observer) ObserveReceived(m Message) { o.received(m) }
+
+// ObserveDeadLettered reports a dead-lettered message to o, which may be nil.
+func (o *Observer) ObserveDeadLettered(m Message, err error) {
+	if o != nil && o.DeadLettered != nil {
+		o.DeadLettered(m, err)
+	}
+}
+
+// ObserveReconnected reports a reconnect to o, which may be nil.
+func (o *Observer) ObserveReconnected(broker string, err error) {
+	if o != nil && o.Reconnected != nil {
+		o.Reconnected(broker, err)
+	}
+}
+
+func (o *Observer) delivered(m Message) {
+	if o != nil && o.Delivered != nil {
+		o.Delivered(m)
+	}
+}
+
+func (o *Observer) failed(m Message, err error) {
+	if o != nil && o.Failed != nil {
+		o.Failed(m, err)
+	}
+}
+
+func (o *Observer) retry(m Message, err error, d time.Duration) {
+	if o != nil && o.Retried != nil {
+		o.Retried(m, err, d)
+	}
+}

@@ -1,0 +1,143 @@
+package consumer
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"time"
+)
+
+// RetryPolicy decides how often and how long apart a failed handler is
+// retried. The zero value uses the documented defaults. A RetryPolicy is a
+// plain value and safe for concurrent use.
+type RetryPolicy struct {
+	// MaxAttempts is the number of handler calls before a message is
+	// dead-lettered, counting the first. Default 5; 1 disables retries.
+	MaxAttempts int
+	// Backoff is the delay before the second attempt. It doubles with each
+	// further attempt. Default 200ms.
+	Backoff time.Duration
+	// MaxBackoff caps the delay. Default 30s.
+	MaxBackoff time.Duration
+}
+
+func (p RetryPolicy) withDefaults() RetryPolicy {
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = 5
+	}
+	if p.Backoff <= 0 {
+		p.Backoff = 200 * time.Millisecond
+	}
+	if p.MaxBackoff <= 0 {
+		p.MaxBackoff = 30 * time.Second
+	}
+	if p.MaxBackoff < p.Backoff {
+		p.MaxBackoff = p.Backoff
+	}
+	return p
+}
+
+// Delay returns how long to wait after the given failed attempt (1-based)
+// before the next one: Backoff·2^(attempt-1), capped at MaxBackoff, with
+// "equal jitter" (a uniformly random value between half and all of it) so
+// that replicas that failed together do not retry together. When err asks
+// for a later retry with RetryAfter, the delay is at least that long.
+func (p RetryPolicy) Delay(attempt int, err error) time.Duration {
+	p = p.withDefaults()
+	d := p.Backoff
+	for i := 1; i < attempt && d < p.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, p.MaxBackoff)
+	d = d/2 + rand.N(d/2+1)
+	if after, ok := RetryAfterOf(err); ok && after > d {
+		d = after
+	}
+	return d
+}
+
+// Outcome is how one message ended in Process.
+type Outcome struct {
+	// Attempts is the number of handler calls made.
+	Attempts int
+	// Err is nil when the message was delivered. Otherwise it is the last
+	// handler error, and the message must be dead-lettered, unless Abandoned
+	// is set.
+	Err error
+	// Abandoned is set when ctx ended before the message was delivered or
+	// dead-lettered. Such a message must not be committed or acked, so that
+	// the broker delivers it again.
+	Abandoned bool
+}
+
+// Delivered reports whether the handler succeeded.
+func (o Outcome) Delivered() bool { return o.Err == nil && !o.Abandoned }
+
+// Process calls h for msg until it succeeds, fails permanently, or uses up
+// the policy's attempts, sleeping Delay between attempts. It sets
+// msg.Attempt for each call and reports each failure to obs, which may be nil.
+//
+// When ctx ends, during an attempt or a backoff, Process stops and returns an
+// Abandoned outcome. Process is safe for concurrent use.
+func (p RetryPolicy) Process(ctx context.Context, h Handler, msg Message, obs *Observer) Outcome {
+	p = p.withDefaults()
+	var timer *time.Timer
+	for attempt := 1; ; attempt++ {
+		msg.Attempt = attempt
+		err := h(ctx, msg)
+		if err == nil {
+			obs.delivered(msg)
+			return Outcome{Attempts: attempt}
+		}
+		if ctx.Err() != nil {
+			return Outcome{Attempts: attempt, Err: err, Abandoned: true}
+		}
+		obs.failed(msg, err)
+		if IsPermanent(err) || attempt >= p.MaxAttempts {
+			return Outcome{Attempts: attempt, Err: err}
+		}
+		delay := p.Delay(attempt, err)
+		obs.retry(msg, err, delay)
+		if timer == nil {
+			timer = time.NewTimer(delay)
+			defer timer.Stop()
+		} else {
+			timer.Reset(delay)
+		}
+		select {
+		case <-ctx.Done():
+			return Outcome{Attempts: attempt, Err: err, Abandoned: true}
+		case <-timer.C:
+		}
+	}
+}
+
+// Header names that the consumers add to a dead-lettered message.
+const (
+	HeaderError             = "x-throttle-error"
+	HeaderAttempts          = "x-throttle-attempts"
+	HeaderOriginalTopic     = "x-throttle-original-topic"
+	HeaderOriginalPartition = "x-throttle-original-partition"
+	HeaderOriginalOffset    = "x-throttle-original-offset"
+	HeaderOriginalQueue     = "x-throttle-original-queue"
+)
+
+// DeadLetterHeaders returns the headers that describe why and from where msg
+// was dead-lettered: the error, the attempt count and the original position.
+func DeadLetterHeaders(msg Message, o Outcome) map[string]string {
+	h := map[string]string{
+		HeaderAttempts: strconv.Itoa(o.Attempts),
+	}
+	if o.Err != nil {
+		h[HeaderError] = o.Err.Error()
+	}
+	switch msg.Source.Broker {
+	case "kafka":
+		h[HeaderOriginalTopic] = msg.Source.Topic
+		h[HeaderOriginalPartition] = strconv.Itoa(msg.Source.Partition)
+		h[HeaderOriginalOffset] = strconv.FormatInt(msg.Source.Offset, 10)
+	case "rabbitmq":
+		h[HeaderOriginalQueue] = msg.Source.Queue
+	}
+	return h
+}

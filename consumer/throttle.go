@@ -1,0 +1,99 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// Limiter is what the consumers need from a rate limiter: a blocking wait for
+// cost tokens. *limiter.Limiter satisfies it.
+type Limiter interface {
+	Wait(ctx context.Context, cost int) error
+}
+
+// Pauser is a limiter that can be paused for every replica at once, as the
+// PushBack middleware does when a provider asks to slow down.
+// *limiter.Limiter satisfies it.
+type Pauser interface {
+	Pause(ctx context.Context, d time.Duration) error
+}
+
+// CostFunc returns how many tokens a message costs. It returns a Permanent
+// error for a message whose cost cannot be known.
+type CostFunc func(Message) (int, error)
+
+// CostOne is the default CostFunc: every message costs one token.
+func CostOne(Message) (int, error) { return 1, nil }
+
+// CostFromHeader returns a CostFunc that reads a message's cost from the
+// named header, for example the number of SMS segments. A message without
+// the header costs 1. A value that is not a positive integer is a Permanent
+// error naming the header, so the message is dead-lettered, not dropped.
+func CostFromHeader(name string) CostFunc {
+	if name == "" {
+		return CostOne
+	}
+	return func(m Message) (int, error) {
+		v, ok := m.Headers[name]
+		if !ok || v == "" {
+			return 1, nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return 0, Permanent(fmt.Errorf("cost header %q: %q is not a positive integer", name, v))
+		}
+		return n, nil
+	}
+}
+
+// Throttle returns middleware that waits on l for the message's cost before
+// each handler attempt, so retries are throttled like first attempts. A nil
+// cost means CostOne. A cost the limiter can never grant (above its burst)
+// becomes a Permanent error, so the message is dead-lettered instead of
+// blocking the consumer.
+func Throttle(l Limiter, cost CostFunc) Middleware {
+	if cost == nil {
+		cost = CostOne
+	}
+	return func(next Handler) Handler {
+		return func(ctx context.Context, msg Message) error {
+			n, err := cost(msg)
+			if err != nil {
+				return err
+			}
+			if err := l.Wait(ctx, n); err != nil {
+				if errors.Is(err, limiter.ErrCostExceedsBurst) {
+					return Permanent(fmt.Errorf("waiting for %d tokens: %w", n, err))
+				}
+				return fmt.Errorf("waiting for %d tokens: %w", n, err)
+			}
+			return next(ctx, msg)
+		}
+	}
+}
+
+// PushBack returns middleware that pauses the shared bucket when the handler
+// returns an error made with RetryAfter, such as a sink's answer to an HTTP
+// 429. Every replica that shares the bucket then waits, not only this one,
+// because a provider's limit is global too. The pause is capped at maxPause
+// (no cap when maxPause is 0) and always ends by itself. A failure to pause
+// is ignored: the handler's error still reaches the retry policy.
+func PushBack(p Pauser, maxPause time.Duration) Middleware {
+	return func(next Handler) Handler {
+		return func(ctx context.Context, msg Message) error {
+			err := next(ctx, msg)
+			if d, ok := RetryAfterOf(err); ok && d > 0 {
+				if maxPause > 0 {
+					d = min(d, maxPause)
+				}
+				_ = p.Pause(ctx, d)
+			}
+			return err
+		}
+	}
+}

@@ -1,0 +1,203 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// Memory is a Store that keeps one bucket in this process. It implements the
+// same algorithm as the Redis store's script, in the same microsecond units
+// and the same order of operations, so the two pass the same step tests. Use
+// it for a single replica, in tests, and as the local fallback while Redis is
+// down.
+//
+// A Memory store is safe for concurrent use.
+type Memory struct {
+	mu     sync.Mutex
+	now    func() time.Time
+	rate   float64
+	burst  int
+	tokens float64
+	ts     int64 // µs; the bucket is paused while ts is after now
+	init   bool
+}
+
+// NewMemory returns a full in-process bucket that refills at rate tokens per
+// second up to burst. It returns a *ParamError when rate is not a finite
+// number above zero or burst is below 1.
+func NewMemory(rate float64, burst int) (*Memory, error) {
+	if err := ValidateRate(rate); err != nil {
+		return nil, err
+	}
+	if err := ValidateBurst(burst); err != nil {
+		return nil, err
+	}
+	return &Memory{now: time.Now, rate: rate, burst: burst}, nil
+}
+
+// newEmptyMemory returns a Memory bucket that starts with no tokens.
+func newEmptyMemory(rate float64, burst int) (*Memory, error) {
+	m, err := NewMemory(rate, burst)
+	if err != nil {
+		return nil, err
+	}
+	m.tokens, m.ts, m.init = 0, m.now().UnixMicro(), true
+	return m, nil
+}
+
+// Take implements Store.
+func (m *Memory) Take(_ context.Context, req TakeRequest) (TakeResult, error) {
+	return m.TakeAt(m.now(), req)
+}
+
+// Refund implements Store.
+func (m *Memory) Refund(_ context.Context, tokens int) error {
+	m.RefundAt(m.now(), tokens)
+	return nil
+}
+
+// Pause implements Store.
+func (m *Memory) Pause(_ context.Context, d time.Duration) error {
+	m.PauseAt(m.now(), d)
+	return nil
+}
+
+// Status implements Store.
+func (m *Memory) Status(_ context.Context) (State, error) {
+	return m.StatusAt(m.now()), nil
+}
+
+// Limits implements Store.
+func (m *Memory) Limits() (float64, int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rate, m.burst
+}
+
+// advance returns the tokens and timestamp at now: it refills for the time
+// since the last update, unless the bucket is paused until a later instant,
+// and never holds more than burst.
+func (m *Memory) advance(now int64) (tokens float64, ts int64) {
+	if !m.init {
+		return float64(m.burst), now
+	}
+	tokens, ts = m.tokens, m.ts
+	if now > ts {
+		tokens += float64(now-ts) * m.rate / 1e6
+		ts = now
+	}
+	return math.Min(tokens, float64(m.burst)), ts
+}
+
+func (m *Memory) save(tokens float64, ts int64) {
+	m.tokens, m.ts, m.init = tokens, ts, true
+}
+
+// TakeAt is Take at an explicit instant, for deterministic tests and
+// simulations. An instant earlier than the last one refills nothing.
+func (m *Memory) TakeAt(t time.Time, req TakeRequest) (TakeResult, error) {
+	if req.Cost < 1 {
+		return TakeResult{}, fmt.Errorf("cost %d: %w", req.Cost, ErrInvalidCost)
+	}
+	now := t.UnixMicro()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	tokens, ts := m.advance(now)
+	res := TakeResult{Rate: m.rate, Burst: m.burst, Remaining: tokens}
+	if ts > now {
+		res.Rate = 0
+	}
+	if req.Cost > m.burst {
+		return res, fmt.Errorf("cost %d, burst %d: %w", req.Cost, m.burst, ErrCostExceedsBurst)
+	}
+	cost := float64(req.Cost)
+	after := tokens - cost
+	wait := ts - now
+	if after < 0 {
+		wait += int64(math.Ceil(-after * 1e6 / m.rate))
+	}
+	got := req.Cost
+	if wait <= 0 {
+		wait = 0
+		if req.Extra > 0 && after >= 1 {
+			k := min(req.Extra, int(math.Floor(after)))
+			after -= float64(k)
+			got += k
+		}
+	} else {
+		var horizon int64
+		if req.MaxWait > 0 {
+			horizon = max(req.MaxWait.Microseconds(), int64(math.Ceil(cost*1e6/m.rate)))
+		}
+		if wait > horizon {
+			res.Wait = time.Duration(wait-horizon) * time.Microsecond
+			return res, nil
+		}
+	}
+	m.save(after, ts)
+	res.Granted, res.Tokens, res.Remaining = true, got, after
+	res.Wait = time.Duration(wait) * time.Microsecond
+	return res, nil
+}
+
+// RefundAt is Refund at an explicit instant.
+func (m *Memory) RefundAt(t time.Time, tokens int) {
+	if tokens <= 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cur, ts := m.advance(t.UnixMicro())
+	m.save(math.Min(float64(m.burst), cur+float64(tokens)), ts)
+}
+
+// PauseAt is Pause at an explicit instant.
+func (m *Memory) PauseAt(t time.Time, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	now := t.UnixMicro()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	tokens, ts := m.advance(now)
+	if until := now + d.Microseconds(); until > ts {
+		ts = until
+	}
+	m.save(math.Min(tokens, 0), ts)
+}
+
+// StatusAt is Status at an explicit instant.
+func (m *Memory) StatusAt(t time.Time) State {
+	now := t.UnixMicro()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	tokens, ts := m.advance(now)
+	st := State{
+		Tokens: tokens, Rate: m.rate, Burst: m.burst,
+		ConfiguredRate: m.rate, ConfiguredBurst: m.burst, Replicas: 1,
+	}
+	if ts > now {
+		st.Rate = 0
+		st.PausedFor = time.Duration(ts-now) * time.Microsecond
+	}
+	return st
+}
+
+// SetRate changes the rate and burst of the bucket, keeping its tokens. It
+// returns a *ParamError for a bad value.
+func (m *Memory) SetRate(rate float64, burst int) error {
+	if err := ValidateRate(rate); err != nil {
+		return err
+	}
+	if err := ValidateBurst(burst); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.save(m.advance(m.now().UnixMicro()))
+	m.rate, m.burst = rate, burst
+	return nil
+}
