@@ -74,6 +74,10 @@ type Options struct {
 	Observer *Observer
 	// Logger receives mode transitions. Default: slog.Default().
 	Logger *slog.Logger
+	// Clock is used only to measure how long Wait blocked, for the
+	// Observer. It never takes part in the bucket's arithmetic, which uses
+	// the store's clock. Default time.Now.
+	Clock func() time.Time
 }
 
 // Observer receives a Bucket's events, for metrics. Every field is optional.
@@ -158,6 +162,9 @@ func New(store Store, opts Options) (*Bucket, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
 	b := &Bucket{store: store, opts: opts, log: opts.Logger, done: make(chan struct{})}
 	shared := ModeShared
 	b.mode.Store(&shared)
@@ -207,7 +214,7 @@ func (b *Bucket) Wait(ctx context.Context, cost int) error {
 		b.observeWaited(0)
 		return nil
 	}
-	start := time.Now()
+	start := b.opts.Clock()
 	for {
 		select {
 		case <-b.done:
@@ -220,7 +227,7 @@ func (b *Bucket) Wait(ctx context.Context, cost int) error {
 				continue
 			}
 			if err == nil {
-				b.observeWaited(time.Since(start))
+				b.observeWaited(b.opts.Clock().Sub(start))
 			}
 			return err
 		}
@@ -244,7 +251,7 @@ func (b *Bucket) Wait(ctx context.Context, cost int) error {
 					return err
 				}
 			}
-			b.observeWaited(time.Since(start))
+			b.observeWaited(b.opts.Clock().Sub(start))
 			return nil
 		}
 		if err := sleep(ctx, b.done, res.Wait); err != nil {

@@ -1,0 +1,881 @@
+package config
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// minimal is the smallest valid configuration.
+const minimal = `
+limit:
+  bucket: sms
+  rate: 10
+source:
+  kafka:
+    brokers: ["127.0.0.1:9092"]
+    topic: sms
+    group: g
+sink:
+  stdout: {}
+`
+
+// env returns a lookup function backed by m.
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v, ok := m[k]
+		return v, ok
+	}
+}
+
+func mustParse(t *testing.T, doc string, vars map[string]string) *Config {
+	t.Helper()
+	cfg, err := Parse([]byte(doc), env(vars))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	return cfg
+}
+
+// problems returns the problems of a *ValidationError, failing otherwise.
+func problemsOf(t *testing.T, err error) []Problem {
+	t.Helper()
+	var ve *ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("error %v (%T) is not a *ValidationError", err, err)
+	}
+	if len(ve.Problems) == 0 {
+		t.Fatal("ValidationError without problems")
+	}
+	return ve.Problems
+}
+
+func TestParseBadInputs(t *testing.T) {
+	tests := []struct {
+		name string
+		doc  string
+		env  map[string]string
+		// key is the Problem.Key expected; empty for errors that are not a
+		// *ValidationError, in which case want is matched against Error().
+		key  string
+		want string
+	}{
+		{
+			name: "missing source",
+			doc:  "limit: {bucket: b, rate: 1}\nsink: {stdout: {}}\n",
+			key:  "source",
+			want: "exactly one of kafka, rabbitmq must be set, got 0",
+		},
+		{
+			name: "two sinks",
+			doc:  minimal + "  http: {url: 'http://127.0.0.1/'}\n",
+			key:  "sink",
+			want: "exactly one of http, postgres, stdout must be set, got 2 (http, stdout)",
+		},
+		{
+			name: "rate 0",
+			doc:  strings.Replace(minimal, "rate: 10", "rate: 0", 1),
+			key:  "limit.rate",
+			want: "must be > 0, got 0",
+		},
+		{
+			name: "negative rate",
+			doc:  strings.Replace(minimal, "rate: 10", "rate: -5", 1),
+			key:  "limit.rate",
+			want: "must be > 0, got -5",
+		},
+		{
+			name: "negative burst",
+			doc:  strings.Replace(minimal, "rate: 10", "rate: 10\n  burst: -3", 1),
+			key:  "limit.burst",
+			want: "must be >= 1, got -3",
+		},
+		{
+			name: "unknown key",
+			doc:  minimal + "redis:\n  pasword: x\n",
+			key:  "redis.pasword",
+			want: "unknown key (line 14); did you mean password?",
+		},
+		{
+			name: "unknown top-level key",
+			doc:  minimal + "limits: {}\n",
+			key:  "limits",
+			want: "unknown key (line 13)",
+		},
+		{
+			name: "bad duration",
+			doc:  minimal + "delivery:\n  backoff: 5 seconds\n",
+			key:  "delivery.backoff",
+			want: `invalid duration "5 seconds"`,
+		},
+		{
+			name: "duration without unit",
+			doc:  minimal + "redis: {timeout: 5}\n",
+			key:  "redis.timeout",
+			want: `invalid duration "5"`,
+		},
+		{
+			name: "unset variable",
+			doc:  minimal + "redis:\n  password: ${REDIS_PASSWORD}\n",
+			key:  "redis.password",
+			want: "environment variable REDIS_PASSWORD is not set (line 14)",
+		},
+		{
+			name: "malformed variable reference",
+			doc:  minimal + "redis:\n  password: ${REDIS PASSWORD}\n",
+			key:  "redis.password",
+			want: "invalid variable reference",
+		},
+		{
+			name: "unterminated variable reference",
+			doc:  minimal + "redis:\n  password: ${REDIS_PASSWORD\n",
+			key:  "redis.password",
+			want: "unterminated",
+		},
+		{
+			name: "invalid YAML",
+			doc:  "limit:\n  bucket: [a\n  rate: 1\n",
+			want: "invalid YAML: yaml: line",
+		},
+		{
+			name: "invalid YAML indentation",
+			doc:  "limit:\n  bucket: a\n    rate: 1: 2\n",
+			want: "invalid YAML: yaml: line 3",
+		},
+		{
+			name: "two documents",
+			doc:  minimal + "---\nlimit: {}\n",
+			want: "invalid YAML: line 14: only one document is allowed",
+		},
+		{
+			name: "rate NaN",
+			doc:  strings.Replace(minimal, "rate: 10", "rate: .nan", 1),
+			key:  "limit.rate",
+			want: "must be a finite number, got NaN",
+		},
+		{
+			name: "rate infinite",
+			doc:  strings.Replace(minimal, "rate: 10", "rate: .inf", 1),
+			key:  "limit.rate",
+			want: "must be a finite number, got +Inf",
+		},
+		{
+			name: "rate inf string",
+			doc:  strings.Replace(minimal, "rate: 10", `rate: "inf"`, 1),
+			key:  "limit.rate",
+			want: `cannot use "inf" as a number (line 4)`,
+		},
+		{
+			name: "rate not a number",
+			doc:  strings.Replace(minimal, "rate: 10", "rate: fast", 1),
+			key:  "limit.rate",
+			want: `cannot use "fast" as a number`,
+		},
+		{
+			name: "burst not an integer",
+			doc:  strings.Replace(minimal, "rate: 10", "rate: 10\n  burst: 1.5", 1),
+			key:  "limit.burst",
+			want: `cannot use "1.5" as an integer`,
+		},
+		{
+			name: "bad on_store_error",
+			doc:  strings.Replace(minimal, "rate: 10", "rate: 10\n  on_store_error: retry", 1),
+			key:  "limit.on_store_error",
+			want: `must be one of local, closed, open, got "retry"`,
+		},
+		{
+			name: "bad rabbitmq url scheme",
+			doc:  "limit: {bucket: b, rate: 1}\nsink: {stdout: {}}\nsource:\n  rabbitmq: {url: 'http://u:hunter2@h/', queue: q}\n",
+			key:  "source.rabbitmq.url",
+			want: `scheme must be amqp or amqps, got "http"`,
+		},
+		{
+			name: "bad http url scheme",
+			doc:  strings.Replace(minimal, "stdout: {}", "http: {url: 'ftp://h/x'}", 1),
+			key:  "sink.http.url",
+			want: `scheme must be http or https, got "ftp"`,
+		},
+		{
+			name: "bucket with braces",
+			doc:  strings.Replace(minimal, "bucket: sms", "bucket: '{sms}'", 1),
+			key:  "limit.bucket",
+			want: "must not contain '{' or '}'",
+		},
+		{
+			name: "bucket with space",
+			doc:  strings.Replace(minimal, "bucket: sms", "bucket: 'a b'", 1),
+			key:  "limit.bucket",
+			want: "must not contain spaces",
+		},
+		{
+			name: "mapping instead of value",
+			doc:  strings.Replace(minimal, "rate: 10", "rate: {x: 1}", 1),
+			key:  "limit.rate",
+			want: "expected a single value, got a mapping (line 4)",
+		},
+		{
+			name: "value instead of list",
+			doc:  strings.Replace(minimal, `brokers: ["127.0.0.1:9092"]`, "brokers: 127.0.0.1:9092", 1),
+			key:  "source.kafka.brokers",
+			want: "expected a list",
+		},
+		{
+			name: "duplicate key",
+			doc:  minimal + "log: {level: info, level: debug}\n",
+			key:  "log.level",
+			want: "duplicate key",
+		},
+		{
+			name: "bad broker address",
+			doc:  strings.Replace(minimal, `"127.0.0.1:9092"`, `"127.0.0.1"`, 1),
+			key:  "source.kafka.brokers[0]",
+			want: "must be host:port",
+		},
+		{
+			name: "max_backoff below backoff",
+			doc:  minimal + "delivery: {backoff: 2s, max_backoff: 1s}\n",
+			key:  "delivery.max_backoff",
+			want: "must be >= delivery.backoff (2s), got 1s",
+		},
+		{
+			name: "cluster with db",
+			doc:  minimal + "redis: {addrs: ['a:1', 'b:2'], db: 2}\n",
+			key:  "redis.db",
+			want: "must be 0 with a cluster",
+		},
+		{
+			name: "sentinel without addrs",
+			doc:  minimal + "redis: {master_name: mymaster}\n",
+			key:  "redis.master_name",
+			want: "requires redis.addrs",
+		},
+		{
+			name: "sasl without username",
+			doc:  strings.Replace(minimal, "group: g", "group: g\n    sasl: {mechanism: plain}", 1),
+			key:  "source.kafka.sasl.username",
+			want: "required when mechanism is plain",
+		},
+		{
+			name: "bad postgres table",
+			doc:  strings.Replace(minimal, "stdout: {}", "postgres: {dsn: 'postgres://h/db', table: 'drop table'}", 1),
+			key:  "sink.postgres.table",
+			want: "must be an unquoted SQL identifier",
+		},
+		{
+			name: "bad body template",
+			doc:  strings.Replace(minimal, "stdout: {}", "http: {url: 'http://h/', body_template: '{{.Foo'}", 1),
+			key:  "sink.http.body_template",
+			want: "unclosed action",
+		},
+		{
+			name: "explicit zero timeout",
+			doc:  minimal + "redis: {timeout: 0}\n",
+			key:  "redis.timeout",
+			want: "must be > 0, got 0s",
+		},
+		{
+			name: "bad log level",
+			doc:  minimal + "log: {level: verbose}\n",
+			key:  "log.level",
+			want: `must be one of debug, info, warn, error, got "verbose"`,
+		},
+		{
+			name: "tls file while disabled",
+			doc:  minimal + "redis: {tls: {ca_file: /ca.pem}}\n",
+			key:  "redis.tls",
+			want: "no effect unless redis.tls.enabled is true",
+		},
+		{
+			name: "top level not a mapping",
+			doc:  "- a\n- b\n",
+			want: "expected a mapping, got a list (line 1)",
+		},
+		{
+			name: "self-referencing alias",
+			doc:  minimal + "redis: &r {addrs: *r}\n",
+			key:  "redis.addrs",
+			want: "refers to a value that contains it",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(tt.doc), env(tt.env))
+			if err == nil {
+				t.Fatalf("Parse succeeded, want error; config:\n%v", cfg)
+			}
+			if cfg != nil {
+				t.Errorf("Parse returned a config with error %v", err)
+			}
+			if tt.key == "" {
+				if !strings.Contains(err.Error(), tt.want) {
+					t.Fatalf("error %q does not contain %q", err, tt.want)
+				}
+				return
+			}
+			for _, p := range problemsOf(t, err) {
+				if p.Key == tt.key && strings.Contains(p.Message, tt.want) {
+					if !strings.Contains(err.Error(), tt.key+": ") {
+						t.Errorf("Error() %q does not name key %q", err, tt.key)
+					}
+					return
+				}
+			}
+			t.Fatalf("no problem with key %q and message containing %q in:\n%v", tt.key, tt.want, err)
+		})
+	}
+}
+
+func TestMultipleErrorsListedAtOnce(t *testing.T) {
+	doc := `
+limit:
+  bucket: ""
+  rate: -5
+  burst: -1
+  on_store_error: sometimes
+source:
+  kafka: {brokers: [], topic: t, group: g}
+  rabbitmq: {url: "amqp://h/", queue: q}
+sink:
+  http: {url: "http://h/", max_conns: 0}
+  stdout: {}
+delivery: {max_attempts: 0}
+log: {format: xml}
+`
+	_, err := Parse([]byte(doc), nil)
+	ps := problemsOf(t, err)
+	want := []string{
+		"limit.bucket: required",
+		"limit.rate: must be > 0, got -5",
+		"limit.burst: must be >= 1, got -1",
+		`limit.on_store_error: must be one of local, closed, open, got "sometimes"`,
+		"source.kafka.brokers: required",
+		"source: exactly one of kafka, rabbitmq must be set, got 2 (kafka, rabbitmq)",
+		"sink.http.max_conns: must be >= 1, got 0",
+		"sink: exactly one of http, postgres, stdout must be set, got 2 (http, stdout)",
+		"delivery.max_attempts: must be >= 1, got 0",
+		`log.format: must be one of text, json, got "xml"`,
+	}
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) != len(ps) {
+		t.Errorf("Error() has %d lines for %d problems:\n%v", len(lines), len(ps), err)
+	}
+	for _, w := range want {
+		found := false
+		for _, l := range lines {
+			found = found || strings.HasPrefix(l, w)
+		}
+		if !found {
+			t.Errorf("missing problem %q in:\n%v", w, err)
+		}
+	}
+}
+
+func TestDecodeErrorsListedAtOnce(t *testing.T) {
+	doc := minimal + `
+redis:
+  timeout: soon
+  passwrd: x
+  password: ${A}${B}
+delivery:
+  max_attempts: many
+`
+	ps := problemsOf(t, func() error { _, err := Parse([]byte(doc), nil); return err }())
+	var keys []string
+	for _, p := range ps {
+		keys = append(keys, p.Key)
+	}
+	want := []string{"redis.timeout", "redis.passwrd", "redis.password", "delivery.max_attempts"}
+	if !reflect.DeepEqual(keys, want) {
+		t.Fatalf("keys = %q, want %q; problems:\n%v", keys, want, ps)
+	}
+	if got := ps[2].Message; got != "environment variables A, B are not set (line 16)" {
+		t.Errorf("message = %q", got)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	cfg := mustParse(t, minimal, nil)
+	want := Default()
+	want.Redis.Addr = "127.0.0.1:6379"
+	want.Limit.Bucket = "sms"
+	want.Limit.Rate = 10
+	want.Limit.Burst = 10
+	want.Source.Kafka = &Kafka{
+		Brokers:         []string{"127.0.0.1:9092"},
+		Topic:           "sms",
+		Group:           "g",
+		Concurrency:     1,
+		DeadLetterTopic: "sms.dlq",
+		StartOffset:     StartFirst,
+	}
+	want.Sink.Stdout = &Stdout{}
+	if !reflect.DeepEqual(*cfg, want) {
+		t.Fatalf("got\n%v\nwant\n%v", cfg, &want)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"redis.timeout", time.Duration(cfg.Redis.Timeout), 250 * time.Millisecond},
+		{"limit.on_store_error", cfg.Limit.OnStoreError, StoreErrorLocal},
+		{"limit.probe_interval", time.Duration(cfg.Limit.ProbeInterval), time.Second},
+		{"limit.max_wait", time.Duration(cfg.Limit.MaxWait), time.Duration(0)},
+		{"limit.lease", cfg.Limit.Lease, LeaseAuto},
+		{"delivery.max_attempts", cfg.Delivery.MaxAttempts, 5},
+		{"delivery.backoff", time.Duration(cfg.Delivery.Backoff), 200 * time.Millisecond},
+		{"delivery.max_backoff", time.Duration(cfg.Delivery.MaxBackoff), 30 * time.Second},
+		{"delivery.drain_timeout", time.Duration(cfg.Delivery.DrainTimeout), 30 * time.Second},
+		{"metrics.listen", cfg.Metrics.Listen, "127.0.0.1:9464"},
+		{"metrics enabled", cfg.Metrics.Enabled(), true},
+		{"log.level", cfg.Log.Level, "info"},
+		{"log.format", cfg.Log.Format, "text"},
+		{"redis mode", cfg.Redis.Mode(), RedisSingle},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestDerivedDefaults(t *testing.T) {
+	t.Run("burst from fractional rate", func(t *testing.T) {
+		cfg := mustParse(t, strings.Replace(minimal, "rate: 10", "rate: 2.5", 1), nil)
+		if cfg.Limit.Burst != 3 {
+			t.Errorf("burst = %d, want 3", cfg.Limit.Burst)
+		}
+	})
+	t.Run("burst from small rate", func(t *testing.T) {
+		cfg := mustParse(t, strings.Replace(minimal, "rate: 10", "rate: 0.1\n  burst: 0", 1), nil)
+		if cfg.Limit.Burst != 1 {
+			t.Errorf("burst = %d, want 1", cfg.Limit.Burst)
+		}
+	})
+	t.Run("explicit burst", func(t *testing.T) {
+		cfg := mustParse(t, strings.Replace(minimal, "rate: 10", "rate: 10\n  burst: 200", 1), nil)
+		if cfg.Limit.Burst != 200 {
+			t.Errorf("burst = %d, want 200", cfg.Limit.Burst)
+		}
+	})
+	t.Run("rabbitmq", func(t *testing.T) {
+		doc := "limit: {bucket: b, rate: 1}\nsink: {stdout: {}}\nsource:\n  rabbitmq: {url: 'amqps://h/', queue: q, declare: true}\n"
+		q := mustParse(t, doc, nil).Source.RabbitMQ
+		if q.Prefetch != 50 || q.Concurrency != 50 || q.DeadLetterExchange != "q.dlx" {
+			t.Errorf("got prefetch %d, concurrency %d, dead_letter_exchange %q", q.Prefetch, q.Concurrency, q.DeadLetterExchange)
+		}
+	})
+	t.Run("rabbitmq without declare", func(t *testing.T) {
+		doc := "limit: {bucket: b, rate: 1}\nsink: {stdout: {}}\nsource:\n  rabbitmq: {url: 'amqp://h/', queue: q, prefetch: 8}\n"
+		q := mustParse(t, doc, nil).Source.RabbitMQ
+		if q.Concurrency != 8 || q.DeadLetterExchange != "" {
+			t.Errorf("got concurrency %d, dead_letter_exchange %q", q.Concurrency, q.DeadLetterExchange)
+		}
+	})
+	t.Run("http", func(t *testing.T) {
+		h := mustParse(t, strings.Replace(minimal, "stdout: {}", "http: {url: 'https://h/x'}", 1), nil).Sink.HTTP
+		want := defaultHTTP()
+		want.URL = "https://h/x"
+		if !reflect.DeepEqual(*h, want) || !h.PushBackEnabled() {
+			t.Errorf("got %+v, want %+v", *h, want)
+		}
+	})
+	t.Run("http push_back false", func(t *testing.T) {
+		h := mustParse(t, strings.Replace(minimal, "stdout: {}", "http: {url: 'https://h/x', push_back: false}", 1), nil).Sink.HTTP
+		if h.PushBack == nil || *h.PushBack || h.PushBackEnabled() {
+			t.Errorf("push_back = %v", h.PushBack)
+		}
+		// The default pointer must not be shared between configurations.
+		if !defaultHTTP().PushBackEnabled() {
+			t.Error("decoding push_back: false changed the default")
+		}
+	})
+	t.Run("metrics off", func(t *testing.T) {
+		for _, v := range []string{`""`, "off"} {
+			cfg := mustParse(t, minimal+"metrics: {listen: "+v+"}\n", nil)
+			if cfg.Metrics.Enabled() {
+				t.Errorf("listen %s: metrics enabled", v)
+			}
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		cfg := mustParse(t, minimal+"redis: {addrs: ['a:1', 'b:2']}\n", nil)
+		if cfg.Redis.Addr != "" || cfg.Redis.Mode() != RedisCluster {
+			t.Errorf("addr %q, mode %s", cfg.Redis.Addr, cfg.Redis.Mode())
+		}
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		cfg := mustParse(t, minimal+"redis: {addrs: ['a:1'], master_name: m, db: 3}\n", nil)
+		if cfg.Redis.Mode() != RedisSentinel {
+			t.Errorf("mode %s", cfg.Redis.Mode())
+		}
+	})
+}
+
+func TestEmptyChoiceCountsAsSet(t *testing.T) {
+	for _, v := range []string{"stdout: {}", "stdout:", "stdout: ~"} {
+		cfg := mustParse(t, strings.Replace(minimal, "stdout: {}", v, 1), nil)
+		if cfg.Sink.Stdout == nil {
+			t.Errorf("%q: Sink.Stdout is nil", v)
+		}
+	}
+	_, err := Parse([]byte(strings.Replace(minimal, "stdout: {}", "stdout: {format: x}", 1)), nil)
+	if ps := problemsOf(t, err); ps[0].Key != "sink.stdout.format" {
+		t.Errorf("problems %v", ps)
+	}
+}
+
+func TestEnvExpansion(t *testing.T) {
+	doc := strings.Replace(minimal, "rate: 10", "rate: ${RATE:-100}\n  burst: \"${BURST}\"\n  max_wait: ${WAIT:-}", 1) + `
+redis:
+  addrs: ["s:26379"]
+  master_name: m
+  password: ${REDIS_PASSWORD:-}
+  username: "${USER_NAME:-default}"
+  sentinel_password: pa$$word
+  db: ${DB:-0}
+  tls: {enabled: "${TLS:-false}"}
+sink:
+  http:
+    url: http://h/$notavar
+    headers: {Authorization: "Bearer ${TOKEN}", X-Note: "a: b, 'c' \"d\" ${NOTE}"}
+    body_template: '{"v": "$${{.Payload}}"}'
+`
+	doc = strings.Replace(doc, "sink:\n  stdout: {}\n", "", 1)
+	vars := map[string]string{
+		"BURST":     "7",
+		"USER_NAME": "",
+		"TOKEN":     "t0k3n",
+		"NOTE":      "x: [y]\n- z",
+		"TLS":       "true",
+	}
+	cfg := mustParse(t, doc, vars)
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"rate from default", cfg.Limit.Rate, 100.0},
+		{"quoted burst becomes a number", cfg.Limit.Burst, 7},
+		{"empty duration is absent", cfg.Limit.MaxWait, Duration(0)},
+		{"empty default", cfg.Redis.Password, ""},
+		{"set but empty uses default", cfg.Redis.Username, "default"},
+		{"$$ escapes", cfg.Redis.SentinelPassword, "pa$word"},
+		{"int default", cfg.Redis.DB, 0},
+		{"bool", cfg.Redis.TLS.Enabled, true},
+		{"lone $ kept", cfg.Sink.HTTP.URL, "http://h/$notavar"},
+		{"header", cfg.Sink.HTTP.Headers["Authorization"], "Bearer t0k3n"},
+		{"value with YAML syntax stays a string", cfg.Sink.HTTP.Headers["X-Note"], "a: b, 'c' \"d\" x: [y]\n- z"},
+		{"template", cfg.Sink.HTTP.BodyTemplate, `{"v": "${{.Payload}}"}`},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s: got %#v, want %#v", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestEnvExpansionKeepsStringType(t *testing.T) {
+	doc := minimal + "redis: {password: ${PW}, username: ${U}}\n"
+	cfg := mustParse(t, doc, map[string]string{"PW": "null", "U": "0123"})
+	if cfg.Redis.Password != "null" || cfg.Redis.Username != "0123" {
+		t.Errorf("password %q, username %q", cfg.Redis.Password, cfg.Redis.Username)
+	}
+}
+
+func TestEnvExpansionDoesNotEchoValues(t *testing.T) {
+	doc := minimal + "redis: {db: '${REDIS_PASSWORD}'}\n"
+	_, err := Parse([]byte(doc), env(map[string]string{"REDIS_PASSWORD": "hunter2"}))
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("error %v", err)
+	}
+	if ps := problemsOf(t, err); ps[0].Key != "redis.db" || !strings.Contains(ps[0].Message, `"${REDIS_PASSWORD}" does not expand to an integer`) {
+		t.Errorf("problems %v", ps)
+	}
+}
+
+func TestAliasesAndMergeKeys(t *testing.T) {
+	doc := strings.Replace(minimal, "stdout: {}", "stdout: {}\nx: &common {timeout: ${T:-1s}}", 1)
+	_, err := Parse([]byte(doc), nil)
+	if ps := problemsOf(t, err); ps[0].Key != "sink.x" {
+		t.Errorf("problems %v", ps)
+	}
+	doc = `
+limit: {bucket: b, rate: 1}
+source:
+  kafka:
+    brokers: [&addr "${BROKER:-k:9092}"]
+    topic: t
+    group: g
+    tls: &tls {enabled: true, server_name: "$${x}"}
+redis:
+  addrs: [*addr]
+  tls: *tls
+sink:
+  http:
+    <<: {url: "http://h/", timeout: 1s}
+    timeout: 2s
+`
+	cfg := mustParse(t, doc, nil)
+	if cfg.Redis.Addrs[0] != "k:9092" || cfg.Redis.TLS.ServerName != "${x}" || cfg.Source.Kafka.TLS.ServerName != "${x}" {
+		t.Errorf("aliases: %+v, %+v", cfg.Redis, cfg.Source.Kafka.TLS)
+	}
+	if cfg.Sink.HTTP.URL != "http://h/" || cfg.Sink.HTTP.Timeout != Duration(2*time.Second) {
+		t.Errorf("merge: %+v", cfg.Sink.HTTP)
+	}
+}
+
+func TestEmptyDocument(t *testing.T) {
+	_, err := Parse(nil, nil)
+	ps := problemsOf(t, err)
+	if len(ps) != 4 { // bucket, rate, source, sink
+		t.Errorf("problems:\n%v", err)
+	}
+}
+
+func TestRedaction(t *testing.T) {
+	secrets := map[string]string{
+		"REDIS_PASSWORD":    "redis-secret-1",
+		"SENTINEL_PASSWORD": "sentinel-secret-2",
+		"SASL_PASSWORD":     "sasl-secret-3",
+		"TOKEN":             "header-secret-4",
+		"API_KEY":           "header-secret-5",
+		"COOKIE":            "header-secret-6",
+		"HTTP_PASSWORD":     "url-secret-7",
+	}
+	doc := `
+redis:
+  addrs: ["s1:26379"]
+  master_name: mymaster
+  sentinel_password: ${SENTINEL_PASSWORD}
+  password: ${REDIS_PASSWORD}
+limit: {bucket: b, rate: 1}
+source:
+  kafka:
+    brokers: ["k:9092"]
+    topic: t
+    group: g
+    sasl: {mechanism: scram-sha-512, username: svc, password: "${SASL_PASSWORD}"}
+sink:
+  http:
+    url: "https://user:${HTTP_PASSWORD}@h/send?access_token=${TOKEN}&x=1"
+    headers:
+      Authorization: "Bearer ${TOKEN}"
+      X-Api-Key: ${API_KEY}
+      Cookie: ${COOKIE}
+      X-Request-Source: throttle
+`
+	cfg := mustParse(t, doc, secrets)
+	original := *cfg.Sink.HTTP
+	dump := cfg.String()
+	for _, s := range secrets {
+		if strings.Contains(dump, s) {
+			t.Errorf("dump contains secret %q:\n%s", s, dump)
+		}
+	}
+	for _, want := range []string{"svc", "X-Request-Source: throttle", "user:REDACTED@h", "x=1", "mymaster"} {
+		if !strings.Contains(dump, want) {
+			t.Errorf("dump lacks %q:\n%s", want, dump)
+		}
+	}
+	if n := strings.Count(dump, redacted); n != 8 {
+		t.Errorf("dump has %d REDACTED, want 8:\n%s", n, dump)
+	}
+	// Redacted must not touch the original.
+	if cfg.Redis.Password != secrets["REDIS_PASSWORD"] || cfg.Sink.HTTP.Headers["Cookie"] != secrets["COOKIE"] ||
+		!reflect.DeepEqual(*cfg.Sink.HTTP, original) {
+		t.Error("Redacted modified the original config")
+	}
+	// The dump is itself a valid configuration.
+	back := mustParse(t, dump, nil)
+	if !reflect.DeepEqual(back, cfg.Redacted()) {
+		t.Errorf("dump does not round-trip:\n%v", back)
+	}
+
+	// Postgres and RabbitMQ connection strings.
+	pg := mustParse(t, strings.Replace(minimal, "stdout: {}", `postgres: {dsn: "host=db user=u password='pg secret\\'8' sslmode=disable", table: s.t}`, 1), nil)
+	if got := pg.String(); strings.Contains(got, "secret") || !strings.Contains(got, "host=db user=u password=REDACTED sslmode=disable") {
+		t.Errorf("postgres dump:\n%s", got)
+	}
+	mq := mustParse(t, "limit: {bucket: b, rate: 1}\nsink: {stdout: {}}\nsource:\n  rabbitmq: {url: 'amqp://guest:rabbit-secret-9@h:5672/', queue: q}\n", nil)
+	if got := mq.String(); strings.Contains(got, "rabbit-secret-9") || !strings.Contains(got, "amqp://guest:REDACTED@h:5672/") {
+		t.Errorf("rabbitmq dump:\n%s", got)
+	}
+}
+
+func TestValidationErrorsDoNotLeakSecrets(t *testing.T) {
+	doc := "limit: {bucket: b, rate: 1}\nsink: {stdout: {}}\nsource:\n  rabbitmq: {url: 'amqp://u:leak%zz@h/', queue: q}\n"
+	_, err := Parse([]byte(doc), nil)
+	if err == nil || strings.Contains(err.Error(), "leak") {
+		t.Fatalf("error %v", err)
+	}
+	doc = strings.Replace(minimal, "stdout: {}", `postgres: {dsn: "host=db password='leak", table: t}`, 1)
+	_, err = Parse([]byte(doc), nil)
+	if err == nil || strings.Contains(err.Error(), "leak") {
+		t.Fatalf("error %v", err)
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"", ""},
+		{"amqp://guest:guest@127.0.0.1:5672/", "amqp://guest:REDACTED@127.0.0.1:5672/"},
+		{"amqp://guest@h/", "amqp://guest@h/"},
+		{"postgres://u:p%40ss@h:5432/db?sslmode=require", "postgres://u:REDACTED@h:5432/db?sslmode=require"},
+		{"postgres://h/db?user=u&password=p&sslpassword=q#f", "postgres://h/db?user=u&password=REDACTED&sslpassword=REDACTED#f"},
+		{"redis://:pw@h:6379/0", "redis://:REDACTED@h:6379/0"},
+		{"amqp://u:p/a?b#c@h/v", "amqp://u:REDACTED@h/v"},
+		{"amqp://u:1234/x@h/", "amqp://u:REDACTED@h/"},
+		{"http://h/path", "http://h/path"},
+		{"host=h user=u password=secret dbname=d", "host=h user=u password=REDACTED dbname=d"},
+		{"password = 'a \\' b' host=h", "password = REDACTED host=h"},
+		{"host=h password='unterminated", "REDACTED"},
+		{"127.0.0.1:6379", "127.0.0.1:6379"},
+	}
+	for _, tt := range tests {
+		if got := RedactURL(tt.in); got != tt.want {
+			t.Errorf("RedactURL(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestIsSecretHeader(t *testing.T) {
+	for _, h := range []string{"Authorization", "proxy-authorization", "X-Auth-Token", "X-Api-Key", "Client-Secret", "X-Password", "Cookie"} {
+		if !IsSecretHeader(h) {
+			t.Errorf("IsSecretHeader(%q) = false", h)
+		}
+	}
+	for _, h := range []string{"Content-Type", "X-Request-Id", "Accept"} {
+		if IsSecretHeader(h) {
+			t.Errorf("IsSecretHeader(%q) = true", h)
+		}
+	}
+}
+
+func TestDuration(t *testing.T) {
+	cfg := mustParse(t, minimal+"delivery: {backoff: 1m30s, max_backoff: 2m}\nlimit: {bucket: b, rate: 1, max_wait: 0}\n", nil)
+	if cfg.Delivery.Backoff != Duration(90*time.Second) || cfg.Delivery.Backoff.String() != "1m30s" {
+		t.Errorf("backoff = %v", cfg.Delivery.Backoff)
+	}
+	var d Duration
+	if err := d.UnmarshalText([]byte("5 seconds")); err == nil || !strings.Contains(err.Error(), `invalid duration "5 seconds"`) {
+		t.Errorf("UnmarshalText error = %v", err)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "throttle.yaml")
+	if err := os.WriteFile(path, []byte(minimal+"redis: {password: ${THROTTLE_TEST_PW:-}}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("THROTTLE_TEST_PW", "pw")
+	cfg, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Redis.Password != "pw" {
+		t.Errorf("password = %q", cfg.Redis.Password)
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
+	}
+	if err := os.WriteFile(path, []byte("limit: {rate: -1}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(path)
+	var ve *ValidationError
+	if !errors.As(err, &ve) || !strings.HasPrefix(err.Error(), "config "+path+": ") {
+		t.Errorf("invalid file: %v", err)
+	}
+}
+
+func TestValidateNil(t *testing.T) {
+	var c *Config
+	if err := c.Validate(); err == nil {
+		t.Error("Validate on nil config succeeded")
+	}
+	if c.Redacted() != nil || c.String() != "<nil>" {
+		t.Error("nil config not handled")
+	}
+}
+
+func TestLogSlogLevel(t *testing.T) {
+	for level, want := range map[string]string{"debug": "DEBUG", "info": "INFO", "warn": "WARN", "error": "ERROR"} {
+		if got := (Log{Level: level}).SlogLevel().String(); got != want {
+			t.Errorf("%s: %s", level, got)
+		}
+	}
+}
+
+func TestTLSClientConfig(t *testing.T) {
+	if c, err := (TLS{}).ClientConfig(); c != nil || err != nil {
+		t.Fatalf("disabled: %v, %v", c, err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile := writeCert(t, dir)
+	c, err := TLS{Enabled: true, CAFile: certFile, CertFile: certFile, KeyFile: keyFile, ServerName: "example"}.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RootCAs == nil || len(c.Certificates) != 1 || c.ServerName != "example" || c.MinVersion != tls.VersionTLS12 {
+		t.Errorf("config %+v", c)
+	}
+
+	missing := filepath.Join(dir, "missing.pem")
+	if _, err := (TLS{Enabled: true, CAFile: missing}).ClientConfig(); err == nil || !strings.Contains(err.Error(), "ca_file") || !strings.Contains(err.Error(), missing) {
+		t.Errorf("missing ca_file: %v", err)
+	}
+	if _, err := (TLS{Enabled: true, CAFile: keyFile}).ClientConfig(); err == nil || !strings.Contains(err.Error(), keyFile) {
+		t.Errorf("ca_file without certificate: %v", err)
+	}
+	if _, err := (TLS{Enabled: true, CertFile: certFile, KeyFile: missing}).ClientConfig(); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Errorf("missing key_file: %v", err)
+	}
+	if _, err := (TLS{Enabled: true, CertFile: certFile}).ClientConfig(); err == nil {
+		t.Error("cert_file without key_file succeeded")
+	}
+}
+
+// writeCert writes a self-signed certificate and its key to dir.
+func writeCert(t *testing.T, dir string) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "example"},
+		NotBefore:             time.Unix(0, 0),
+		NotAfter:              time.Unix(1<<32, 0),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
+}

@@ -1,0 +1,359 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// maxWalkSteps bounds the work done on one document, so that nested aliases
+// cannot make loading explode.
+const maxWalkSteps = 100_000
+
+// expandState records what expansion did to a scalar node; alias targets are
+// visited more than once but must be expanded only once.
+type expandState int
+
+const (
+	expandedPlain expandState = iota + 1 // no ${...} reference
+	expandedRefs                         // at least one ${...} reference
+	expandFailed                         // an error was already reported
+)
+
+// walker checks a YAML tree against the shape of Config before it is
+// decoded. It expands variables in scalars, reports unknown and duplicate
+// keys and values of the wrong type under their dotted key path, and
+// prepares scalars so that the final Node.Decode does what the schema means.
+//
+// yaml.Decoder.KnownFields cannot be used here: Node.Decode, which must run
+// after expansion, ignores it, and its messages name neither the key path
+// nor anything but the innermost key.
+type walker struct {
+	lookup   func(string) (string, bool)
+	problems []Problem
+	expanded map[*yaml.Node]expandState
+	original map[*yaml.Node]string // text before expansion, for nodes with references
+	active   map[*yaml.Node]bool
+	steps    int
+}
+
+func newWalker(lookup func(string) (string, bool)) *walker {
+	return &walker{
+		lookup:   lookup,
+		expanded: make(map[*yaml.Node]expandState),
+		original: make(map[*yaml.Node]string),
+		active:   make(map[*yaml.Node]bool),
+	}
+}
+
+func (w *walker) add(key, format string, args ...any) {
+	w.problems = append(w.problems, Problem{Key: key, Message: fmt.Sprintf(format, args...)})
+}
+
+// walk checks n, which is to be decoded into a value of type t at path.
+func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
+	w.steps++
+	if w.steps > maxWalkSteps {
+		if w.steps == maxWalkSteps+1 {
+			w.add(path, "document too complex (too many nested aliases)")
+		}
+		return
+	}
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			w.walk(c, t, path)
+		}
+		return
+	case yaml.AliasNode:
+		target := n.Alias
+		if target == nil {
+			return
+		}
+		if w.active[target] {
+			w.add(path, "alias *%s refers to a value that contains it (line %d)", n.Value, n.Line)
+			return
+		}
+		w.active[target] = true
+		w.walk(target, t, path)
+		delete(w.active, target)
+		return
+	case yaml.ScalarNode:
+		if !w.expand(n, path) {
+			return
+		}
+	}
+
+	base := t
+	for base.Kind() == reflect.Pointer {
+		base = base.Elem()
+	}
+	switch base.Kind() {
+	case reflect.Struct:
+		if isNull(n) {
+			if t.Kind() == reflect.Pointer {
+				// A present but empty choice, such as "stdout:", selects
+				// it: make it decode to a non-nil pointer.
+				*n = yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Line: n.Line, Column: n.Column}
+			}
+			return
+		}
+		w.walkStruct(n, base, path)
+	case reflect.Map:
+		if isNull(n) {
+			return
+		}
+		if n.Kind != yaml.MappingNode {
+			w.add(path, "expected a mapping, got %s (line %d)", describeNode(n), n.Line)
+			return
+		}
+		seen := make(map[string]int)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			name, ok := w.key(k, path)
+			if !ok || w.duplicate(seen, k, name, path) {
+				continue
+			}
+			w.walk(v, base.Elem(), join(path, name))
+		}
+	case reflect.Slice:
+		if isNull(n) {
+			return
+		}
+		if n.Kind != yaml.SequenceNode {
+			w.add(path, "expected a list, got %s (line %d)", describeNode(n), n.Line)
+			return
+		}
+		for i, item := range n.Content {
+			w.walk(item, base.Elem(), fmt.Sprintf("%s[%d]", path, i))
+		}
+	default:
+		w.walkLeaf(n, t, base, path)
+	}
+}
+
+// walkStruct checks a mapping destined for the struct type t.
+func (w *walker) walkStruct(n *yaml.Node, t reflect.Type, path string) {
+	if n.Kind != yaml.MappingNode {
+		w.add(path, "expected a mapping, got %s (line %d)", describeNode(n), n.Line)
+		return
+	}
+	fields := yamlFields(t)
+	seen := make(map[string]int)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind == yaml.ScalarNode && k.ShortTag() == "!!merge" {
+			w.walkMerge(v, t, path)
+			continue
+		}
+		name, ok := w.key(k, path)
+		if !ok || w.duplicate(seen, k, name, path) {
+			continue
+		}
+		f, ok := fields[name]
+		if !ok {
+			w.add(join(path, name), "unknown key (line %d)%s", k.Line, suggest(name, fields))
+			continue
+		}
+		w.walk(v, f, join(path, name))
+	}
+}
+
+// walkMerge checks the value of a "<<" merge key.
+func (w *walker) walkMerge(v *yaml.Node, t reflect.Type, path string) {
+	target := v
+	if target.Kind == yaml.AliasNode && target.Alias != nil {
+		target = target.Alias
+	}
+	switch target.Kind {
+	case yaml.MappingNode:
+		w.walk(v, t, path)
+	case yaml.SequenceNode:
+		for _, item := range target.Content {
+			w.walkMerge(item, t, path)
+		}
+	default:
+		w.add(path, "the value of a merge key (<<) must be a mapping or a list of mappings (line %d)", v.Line)
+	}
+}
+
+// walkLeaf checks a scalar destined for type t, whose pointers dereference
+// to base.
+func (w *walker) walkLeaf(n *yaml.Node, t, base reflect.Type, path string) {
+	if n.Kind != yaml.ScalarNode {
+		w.add(path, "expected a single value, got %s (line %d)", describeNode(n), n.Line)
+		return
+	}
+	if w.expanded[n] == expandedRefs && n.Style&yaml.TaggedStyle == 0 {
+		// Type the expanded text by what the key expects: a string stays a
+		// string even if it reads "true" or "null", and anything else is
+		// resolved like a plain scalar even if it was quoted.
+		if base.Kind() == reflect.String {
+			n.Tag = "!!str"
+		} else {
+			n.Tag = ""
+			n.Style = 0
+		}
+	}
+	if err := n.Decode(reflect.New(t).Interface()); err != nil {
+		var te *yaml.TypeError
+		msg := err.Error()
+		switch {
+		case w.expanded[n] == expandedRefs:
+			// Do not echo what came from the environment: it may be a
+			// secret set for another key.
+			msg = fmt.Sprintf("%q does not expand to %s", w.original[n], describeType(base))
+		case errors.As(err, &te):
+			msg = fmt.Sprintf("cannot use %q as %s", n.Value, describeType(base))
+		}
+		w.add(path, "%s (line %d)", msg, n.Line)
+	}
+}
+
+// expand expands the variables in the scalar n once and reports whether
+// walking may go on.
+func (w *walker) expand(n *yaml.Node, path string) bool {
+	switch w.expanded[n] {
+	case expandFailed:
+		return false
+	case expandedPlain, expandedRefs:
+		return true
+	}
+	v, refs, err := expand(n.Value, w.lookup)
+	if err != nil {
+		w.expanded[n] = expandFailed
+		w.add(path, "%v (line %d)", err, n.Line)
+		return false
+	}
+	w.expanded[n] = expandedPlain
+	if refs {
+		w.expanded[n] = expandedRefs
+		w.original[n] = n.Value
+	}
+	n.Value = v
+	return true
+}
+
+// key returns the name of the mapping key k.
+func (w *walker) key(k *yaml.Node, path string) (string, bool) {
+	if k.Kind != yaml.ScalarNode {
+		w.add(path, "keys must be plain strings, got %s (line %d)", describeNode(k), k.Line)
+		return "", false
+	}
+	return k.Value, true
+}
+
+// duplicate reports, and records, whether name was already a key of the
+// mapping at path.
+func (w *walker) duplicate(seen map[string]int, k *yaml.Node, name, path string) bool {
+	if line, ok := seen[name]; ok {
+		w.add(join(path, name), "duplicate key (lines %d and %d)", line, k.Line)
+		return true
+	}
+	seen[name] = k.Line
+	return false
+}
+
+// yamlFields maps the YAML names of the fields of struct type t to their
+// types.
+func yamlFields(t reflect.Type) map[string]reflect.Type {
+	fields := make(map[string]reflect.Type, t.NumField())
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "-" || !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = strings.ToLower(f.Name)
+		}
+		fields[name] = f.Type
+	}
+	return fields
+}
+
+// suggest returns a hint naming the known key closest to name, if any is
+// close enough to be a likely typo.
+func suggest(name string, fields map[string]reflect.Type) string {
+	best, bestDist := "", 3
+	for known := range fields {
+		if d := editDistance(strings.ToLower(name), known); d < bestDist || d == bestDist && known < best {
+			best, bestDist = known, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf("; did you mean %s?", best)
+}
+
+// editDistance returns the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// describeNode names the kind of n for error messages.
+func describeNode(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	case yaml.ScalarNode:
+		if isNull(n) {
+			return "an empty value"
+		}
+		return "a single value"
+	default:
+		return "a document"
+	}
+}
+
+// describeType names what a scalar of kind t must look like.
+func describeType(t reflect.Type) string {
+	switch {
+	case t == reflect.TypeFor[Duration]():
+		return "a duration such as 250ms or 5s"
+	case t.Kind() == reflect.Bool:
+		return "a boolean (true or false)"
+	case slices.Contains([]reflect.Kind{reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64}, t.Kind()):
+		return "an integer"
+	case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:
+		return "a number"
+	default:
+		return "a " + t.String()
+	}
+}

@@ -1,0 +1,78 @@
+package config_test
+
+import (
+	"fmt"
+	"log"
+
+	"github.com/throttlehq/throttle/config"
+)
+
+// readme is the example configuration of the README.
+const readme = `
+redis:
+  addr: 127.0.0.1:6379
+  password: "${REDIS_PASSWORD:-}"
+  timeout: 250ms
+limit:
+  bucket: sms-outbound
+  rate: 100
+  burst: 200
+  on_store_error: local
+source:
+  kafka:
+    brokers: ["127.0.0.1:9092"]
+    topic: sms
+    group: sms-sender
+sink:
+  http:
+    url: "http://127.0.0.1:8080/send"
+    headers:
+      Authorization: "Bearer ${API_TOKEN}"
+delivery:
+  max_attempts: 5
+  backoff: 200ms
+metrics:
+  listen: 127.0.0.1:9464
+log:
+  level: info
+`
+
+func ExampleParse() {
+	env := map[string]string{"REDIS_PASSWORD": "s3cret", "API_TOKEN": "t0ken"}
+	lookup := func(name string) (string, bool) {
+		v, ok := env[name]
+		return v, ok
+	}
+	cfg, err := config.Parse([]byte(readme), lookup)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("bucket:", cfg.Limit.Bucket, "rate:", cfg.Limit.Rate, "burst:", cfg.Limit.Burst)
+	fmt.Println("redis:", cfg.Redis.Mode(), cfg.Redis.Addr, cfg.Redis.Timeout)
+	fmt.Println("dead letters:", cfg.Source.Kafka.DeadLetterTopic)
+	fmt.Println("sink:", cfg.Sink.HTTP.Method, cfg.Sink.HTTP.URL, cfg.Sink.HTTP.Timeout)
+	fmt.Println("logged header:", cfg.Redacted().Sink.HTTP.Headers["Authorization"])
+	// Output:
+	// bucket: sms-outbound rate: 100 burst: 200
+	// redis: single 127.0.0.1:6379 250ms
+	// dead letters: sms.dlq
+	// sink: POST http://127.0.0.1:8080/send 5s
+	// logged header: REDACTED
+}
+
+func ExampleParse_errors() {
+	_, err := config.Parse([]byte("limit: {bucket: b, rate: -5}\nsink: {http: {url: 'http://h/'}, stdout: {}}\n"), nil)
+	fmt.Println(err)
+	// Output:
+	// limit.rate: must be > 0, got -5
+	// source: exactly one of kafka, rabbitmq must be set, got 0
+	// sink: exactly one of http, postgres, stdout must be set, got 2 (http, stdout)
+}
+
+func ExampleRedactURL() {
+	fmt.Println(config.RedactURL("amqp://guest:guest@127.0.0.1:5672/"))
+	fmt.Println(config.RedactURL("host=db user=app password='x y' sslmode=require"))
+	// Output:
+	// amqp://guest:REDACTED@127.0.0.1:5672/
+	// host=db user=app password=REDACTED sslmode=require
+}

@@ -1,0 +1,33 @@
+package limiter_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/internal/storetest"
+)
+
+type clockedMemory struct{ *limiter.Memory }
+
+func (m clockedMemory) RefundAt(now time.Time, n int) error {
+	m.Memory.RefundAt(now, n)
+	return nil
+}
+
+func (m clockedMemory) PauseAt(now time.Time, d time.Duration) error {
+	m.Memory.PauseAt(now, d)
+	return nil
+}
+
+func (m clockedMemory) StatusAt(now time.Time) (limiter.State, error) { return m.Memory.StatusAt(now), nil }
+
+func TestMemorySteps(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, rate float64, burst int) storetest.ClockedStore {
+		m, err := limiter.NewMemory(rate, burst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return clockedMemory{m}
+	})
+}

@@ -1,0 +1,319 @@
+// Package redislimiter keeps a limiter bucket in Redis, shared by every
+// replica that names it.
+//
+// Each operation is one Lua script, run atomically with EVALSHA (falling back
+// to EVAL when Redis does not have the script yet). The scripts read the time
+// with the Redis TIME command, so the bucket never depends on a replica's
+// clock: replicas whose clocks are minutes apart share the rate exactly.
+//
+// # Keys
+//
+// A bucket named NAME uses these keys, all with the hash tag {NAME} so that
+// they land in one Redis Cluster slot and one script can touch them all:
+//
+//	PREFIX{NAME}:state     hash: tokens, ts (µs)        TTL: until the bucket is full again
+//	PREFIX{NAME}:override  hash: rate, burst            TTL: the override's duration, if any
+//	PREFIX{NAME}:replicas  sorted set: replica → expiry  TTL: twice the heartbeat TTL
+//
+// PREFIX defaults to "throttle:". A missing state key means a full bucket, so
+// the TTL only ever removes state that no longer matters.
+package redislimiter
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// DefaultPrefix is the key prefix used when Config.Prefix is empty.
+const DefaultPrefix = "throttle:"
+
+// Config names a bucket and gives this replica's default rate and burst.
+type Config struct {
+	// Bucket is the bucket's name. Every replica with the same name (and
+	// prefix) shares one rate. It must not be empty or contain braces.
+	Bucket string
+	// Rate is this replica's configured refill rate, in tokens per second.
+	// An operator's override (SetOverride) wins over it.
+	Rate float64
+	// Burst is this replica's configured capacity, at least 1.
+	Burst int
+	// Prefix is prepended to every key. Default DefaultPrefix.
+	Prefix string
+}
+
+// Store is a limiter.Store kept in Redis. It also implements
+// limiter.ReplicaTracker and the operator commands SetOverride,
+// ClearOverride, Fill and Reset.
+//
+// A Store is safe for concurrent use. It holds no connection of its own: it
+// uses the client it was given, which may be a single-node, Sentinel
+// (failover) or Cluster client.
+type Store struct {
+	client redis.UniversalClient
+	cfg    Config
+	// stateKeys is {state, override}; allKeys adds replicas.
+	stateKeys []string
+	allKeys   []string
+	rateArg   string
+	burstArg  int
+}
+
+// New returns a Store for one bucket. It makes no Redis call; errors in the
+// parameters name the parameter.
+func New(client redis.UniversalClient, cfg Config) (*Store, error) {
+	if client == nil {
+		return nil, &limiter.ParamError{Param: "client", Msg: "must not be nil"}
+	}
+	if err := ValidateBucketName(cfg.Bucket); err != nil {
+		return nil, err
+	}
+	if err := limiter.ValidateRate(cfg.Rate); err != nil {
+		return nil, err
+	}
+	if err := limiter.ValidateBurst(cfg.Burst); err != nil {
+		return nil, err
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	base := cfg.Prefix + "{" + cfg.Bucket + "}:"
+	s := &Store{
+		client:    client,
+		cfg:       cfg,
+		stateKeys: []string{base + "state", base + "override"},
+		rateArg:   fmt.Sprint(cfg.Rate),
+		burstArg:  cfg.Burst,
+	}
+	s.allKeys = append(append([]string(nil), s.stateKeys...), base+"replicas")
+	return s, nil
+}
+
+// ValidateBucketName returns an error unless name can name a bucket: not
+// empty, and without braces or white space, which would break the key's
+// hash tag.
+func ValidateBucketName(name string) error {
+	if name == "" {
+		return &limiter.ParamError{Param: "bucket", Msg: "must not be empty"}
+	}
+	if strings.ContainsAny(name, "{} \t\r\n") {
+		return &limiter.ParamError{Param: "bucket", Msg: "must not contain braces or white space", Value: name}
+	}
+	return nil
+}
+
+// Keys returns the Redis keys of the bucket: state, override and replicas.
+func (s *Store) Keys() []string { return append([]string(nil), s.allKeys...) }
+
+// Limits implements limiter.Store.
+func (s *Store) Limits() (float64, int) { return s.cfg.Rate, s.cfg.Burst }
+
+// Take implements limiter.Store with one script call.
+func (s *Store) Take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+	return s.take(ctx, 0, req)
+}
+
+func (s *Store) take(ctx context.Context, nowUS int64, req limiter.TakeRequest) (limiter.TakeResult, error) {
+	if req.Cost < 1 {
+		return limiter.TakeResult{}, fmt.Errorf("cost %d: %w", req.Cost, limiter.ErrInvalidCost)
+	}
+	v, err := takeScript.Run(ctx, s.client, s.stateKeys,
+		s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), req.MaxWait.Microseconds(), nowUS).Int64Slice()
+	if err != nil {
+		return limiter.TakeResult{}, s.fail("take", err)
+	}
+	if len(v) != 6 {
+		return limiter.TakeResult{}, s.malformed("take", v)
+	}
+	res := limiter.TakeResult{
+		Granted:   v[0] == 1,
+		Tokens:    int(v[1]),
+		Wait:      time.Duration(v[2]) * time.Microsecond,
+		Remaining: float64(v[3]) / 1000,
+		Rate:      float64(v[4]) / 1000,
+		Burst:     int(v[5]),
+	}
+	if v[0] == -1 {
+		return res, fmt.Errorf("cost %d, burst %d: %w", req.Cost, res.Burst, limiter.ErrCostExceedsBurst)
+	}
+	return res, nil
+}
+
+// Refund implements limiter.Store.
+func (s *Store) Refund(ctx context.Context, tokens int) error {
+	return s.refund(ctx, 0, tokens)
+}
+
+func (s *Store) refund(ctx context.Context, nowUS int64, tokens int) error {
+	if tokens <= 0 {
+		return nil
+	}
+	if err := refundScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, tokens, nowUS).Err(); err != nil {
+		return s.fail("refund", err)
+	}
+	return nil
+}
+
+// Pause implements limiter.Store.
+func (s *Store) Pause(ctx context.Context, d time.Duration) error {
+	return s.pause(ctx, 0, d)
+}
+
+func (s *Store) pause(ctx context.Context, nowUS int64, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	if err := pauseScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, d.Microseconds(), nowUS).Err(); err != nil {
+		return s.fail("pause", err)
+	}
+	return nil
+}
+
+// Status implements limiter.Store. It also reports the runtime override and
+// the live replica count.
+func (s *Store) Status(ctx context.Context) (limiter.State, error) {
+	return s.status(ctx, 0)
+}
+
+func (s *Store) status(ctx context.Context, nowUS int64) (limiter.State, error) {
+	v, err := statusScript.Run(ctx, s.client, s.allKeys, s.rateArg, s.burstArg, nowUS).Int64Slice()
+	if err != nil {
+		return limiter.State{}, s.fail("status", err)
+	}
+	if len(v) != 8 {
+		return limiter.State{}, s.malformed("status", v)
+	}
+	st := limiter.State{
+		Tokens:          float64(v[0]) / 1000,
+		Rate:            float64(v[1]) / 1000,
+		Burst:           int(v[2]),
+		PausedFor:       time.Duration(v[3]) * time.Microsecond,
+		ConfiguredRate:  s.cfg.Rate,
+		ConfiguredBurst: s.cfg.Burst,
+		Replicas:        int(v[7]),
+	}
+	if v[4] >= 0 || v[5] >= 0 {
+		o := &limiter.Override{Rate: s.cfg.Rate, Burst: s.cfg.Burst}
+		if v[4] >= 0 {
+			o.Rate = float64(v[4]) / 1000
+		}
+		if v[5] >= 0 {
+			o.Burst = int(v[5])
+		}
+		if v[6] > 0 {
+			o.ExpiresIn = time.Duration(v[6]) * time.Millisecond
+		}
+		st.Override = o
+	}
+	return st, nil
+}
+
+// Heartbeat implements limiter.ReplicaTracker.
+func (s *Store) Heartbeat(ctx context.Context, id string, ttl time.Duration) (int, error) {
+	n, err := heartbeatScript.Run(ctx, s.client, s.allKeys[2:], id, ttl.Microseconds(), 0).Int()
+	if err != nil {
+		return 0, s.fail("heartbeat", err)
+	}
+	return n, nil
+}
+
+// Leave implements limiter.ReplicaTracker.
+func (s *Store) Leave(ctx context.Context, id string) error {
+	if err := s.client.ZRem(ctx, s.allKeys[2], id).Err(); err != nil {
+		return s.fail("leave", err)
+	}
+	return nil
+}
+
+// Replicas returns the ids of the live replicas, from their heartbeats.
+func (s *Store) Replicas(ctx context.Context) ([]string, error) {
+	now, err := s.client.Time(ctx).Result()
+	if err != nil {
+		return nil, s.fail("replicas", err)
+	}
+	ids, err := s.client.ZRangeByScore(ctx, s.allKeys[2], &redis.ZRangeBy{
+		Min: fmt.Sprintf("(%d", now.UnixMicro()), Max: "+inf",
+	}).Result()
+	if err != nil {
+		return nil, s.fail("replicas", err)
+	}
+	return ids, nil
+}
+
+// SetOverride sets a rate and burst that win over every replica's configured
+// values, for ttl (0: until cleared). Burst 0 keeps the replicas' configured
+// burst. Running replicas follow at their next store call; reservations made
+// before it stand, and they reach no further than the reservation horizon
+// (limiter.Options.MaxReserve, 1 s by default).
+func (s *Store) SetOverride(ctx context.Context, rate float64, burst int, ttl time.Duration) error {
+	if err := limiter.ValidateRate(rate); err != nil {
+		return err
+	}
+	if burst < 0 {
+		return &limiter.ParamError{Param: "burst", Msg: "must be >= 1, or 0 to keep the configured burst", Value: burst}
+	}
+	if ttl < 0 {
+		return &limiter.ParamError{Param: "for", Msg: "must be >= 0", Value: ttl}
+	}
+	key := s.stateKeys[1]
+	_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, key)
+		if burst > 0 {
+			p.HSet(ctx, key, "rate", rate, "burst", burst)
+		} else {
+			p.HSet(ctx, key, "rate", rate)
+		}
+		if ttl > 0 {
+			p.PExpire(ctx, key, ttl)
+		}
+		return nil
+	})
+	if err != nil {
+		return s.fail("set override", err)
+	}
+	return nil
+}
+
+// ClearOverride removes the runtime override, so every replica's configured
+// rate applies again.
+func (s *Store) ClearOverride(ctx context.Context) error {
+	if err := s.client.Del(ctx, s.stateKeys[1]).Err(); err != nil {
+		return s.fail("clear override", err)
+	}
+	return nil
+}
+
+// Fill sets the bucket to its full effective burst, as before a known peak.
+// A pause from push-back is kept.
+func (s *Store) Fill(ctx context.Context) error {
+	if err := fillScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, 0).Err(); err != nil {
+		return s.fail("fill", err)
+	}
+	return nil
+}
+
+// Reset deletes the bucket's state and override: the bucket is full, not
+// paused, and every replica's configured rate applies again. The replica
+// heartbeats are kept.
+func (s *Store) Reset(ctx context.Context) error {
+	if err := s.client.Del(ctx, s.stateKeys...).Err(); err != nil {
+		return s.fail("reset", err)
+	}
+	return nil
+}
+
+func (s *Store) fail(op string, err error) error {
+	return &limiter.StoreError{Op: op, Bucket: s.cfg.Bucket, Err: err}
+}
+
+func (s *Store) malformed(op string, v []int64) error {
+	return s.fail(op, fmt.Errorf("%w: %d values %v", limiter.ErrMalformedReply, len(v), v))
+}
+
+var _ limiter.Store = (*Store)(nil)
+var _ limiter.ReplicaTracker = (*Store)(nil)
