@@ -41,6 +41,7 @@ type Config struct {
 }
 
 // RedisMode says how the Redis client connects, as decided by [Redis.Mode].
+// It is a plain string and safe for concurrent use.
 type RedisMode string
 
 // The Redis connection modes.
@@ -99,7 +100,8 @@ func (r Redis) Mode() RedisMode {
 	}
 }
 
-// StoreErrorPolicy says what the limiter does while Redis is unreachable.
+// StoreErrorPolicy says what the limiter does while Redis is unreachable. It
+// is a plain string and safe for concurrent use.
 type StoreErrorPolicy string
 
 // The store error policies.
@@ -115,6 +117,7 @@ const (
 )
 
 // LeaseMode says whether the limiter may take tokens from Redis in batches.
+// It is a plain string and safe for concurrent use.
 type LeaseMode string
 
 // The lease modes.
@@ -171,7 +174,7 @@ type Source struct {
 }
 
 // StartOffset says where a Kafka consumer group without committed offsets
-// starts reading.
+// starts reading. It is a plain string and safe for concurrent use.
 type StartOffset string
 
 // The start offsets.
@@ -222,7 +225,8 @@ func defaultKafka() Kafka {
 	return Kafka{Concurrency: 1, StartOffset: StartFirst}
 }
 
-// SASLMechanism names a Kafka SASL mechanism.
+// SASLMechanism names a Kafka SASL mechanism. It is a plain string and safe
+// for concurrent use.
 type SASLMechanism string
 
 // The SASL mechanisms. The empty mechanism disables SASL.
@@ -485,19 +489,31 @@ func Parse(data []byte, lookup func(string) (string, bool)) (*Config, error) {
 		return nil, err
 	}
 	cfg := Default()
+	w := newWalker(lookup)
 	if root != nil {
-		w := newWalker(lookup)
 		w.walk(root, reflect.TypeFor[Config](), "")
-		if len(w.problems) > 0 {
+		if w.fatal {
 			return nil, &ValidationError{Problems: w.problems}
 		}
 		if err := root.Decode(&cfg); err != nil {
+			if len(w.problems) > 0 {
+				return nil, &ValidationError{Problems: w.problems}
+			}
 			return nil, fmt.Errorf("decode: %w", err)
 		}
 	}
 	cfg.applyDerivedDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+	ps := w.problems
+	var ve *ValidationError
+	if err := cfg.Validate(); errors.As(err, &ve) {
+		for _, p := range ve.Problems {
+			if !w.covers(p.Key) {
+				ps = append(ps, p)
+			}
+		}
+	}
+	if len(ps) > 0 {
+		return nil, &ValidationError{Problems: ps}
 	}
 	return &cfg, nil
 }
@@ -511,18 +527,28 @@ func parseYAML(data []byte) (*yaml.Node, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("invalid YAML: %w", err)
+		return nil, &syntaxError{err: err}
 	}
 	var extra yaml.Node
 	switch err := dec.Decode(&extra); {
 	case errors.Is(err, io.EOF):
 	case err != nil:
-		return nil, fmt.Errorf("invalid YAML: %w", err)
+		return nil, &syntaxError{err: err}
 	default:
 		return nil, fmt.Errorf("invalid YAML: line %d: only one document is allowed", extra.Line)
 	}
 	return &doc, nil
 }
+
+// syntaxError reports YAML that is not valid; its message says so and gives
+// the line.
+type syntaxError struct{ err error }
+
+func (e *syntaxError) Error() string {
+	return "invalid YAML: " + strings.TrimPrefix(e.err.Error(), "yaml: ")
+}
+
+func (e *syntaxError) Unwrap() error { return e.err }
 
 // applyDerivedDefaults fills the defaults that depend on other settings, and
 // those for which an explicit zero also means "use the default".

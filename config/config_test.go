@@ -106,13 +106,13 @@ func TestParseBadInputs(t *testing.T) {
 			name: "unknown key",
 			doc:  minimal + "redis:\n  pasword: x\n",
 			key:  "redis.pasword",
-			want: "unknown key (line 14); did you mean password?",
+			want: "unknown key (line 13); did you mean password?",
 		},
 		{
 			name: "unknown top-level key",
 			doc:  minimal + "limits: {}\n",
 			key:  "limits",
-			want: "unknown key (line 13)",
+			want: "unknown key (line 12); did you mean limit?",
 		},
 		{
 			name: "bad duration",
@@ -130,7 +130,7 @@ func TestParseBadInputs(t *testing.T) {
 			name: "unset variable",
 			doc:  minimal + "redis:\n  password: ${REDIS_PASSWORD}\n",
 			key:  "redis.password",
-			want: "environment variable REDIS_PASSWORD is not set (line 14)",
+			want: "environment variable REDIS_PASSWORD is not set (line 13)",
 		},
 		{
 			name: "malformed variable reference",
@@ -147,17 +147,17 @@ func TestParseBadInputs(t *testing.T) {
 		{
 			name: "invalid YAML",
 			doc:  "limit:\n  bucket: [a\n  rate: 1\n",
-			want: "invalid YAML: yaml: line",
+			want: "invalid YAML: line",
 		},
 		{
 			name: "invalid YAML indentation",
 			doc:  "limit:\n  bucket: a\n    rate: 1: 2\n",
-			want: "invalid YAML: yaml: line 3",
+			want: "invalid YAML: line 3",
 		},
 		{
 			name: "two documents",
 			doc:  minimal + "---\nlimit: {}\n",
-			want: "invalid YAML: line 14: only one document is allowed",
+			want: "invalid YAML: line 12: only one document is allowed",
 		},
 		{
 			name: "rate NaN",
@@ -297,6 +297,40 @@ func TestParseBadInputs(t *testing.T) {
 			key:  "redis.tls",
 			want: "no effect unless redis.tls.enabled is true",
 		},
+		{"prefetch too large", rmq("prefetch: 70000"), nil, "source.rabbitmq.prefetch", "must be between 1 and 65535, got 70000"},
+		{"negative rabbitmq concurrency", rmq("concurrency: -1"), nil, "source.rabbitmq.concurrency", "must be >= 1, got -1"},
+		{"rabbitmq without host", strings.Replace(rmq(""), "amqp://h/", "amqp:///vhost", 1), nil, "source.rabbitmq.url", "must include a host"},
+		{"bad topic", strings.Replace(minimal, "topic: sms", "topic: 'a/b'", 1), nil, "source.kafka.topic", "must be a Kafka topic name"},
+		{"dead letter topic is topic", strings.Replace(minimal, "group: g", "group: g\n    dead_letter_topic: sms", 1), nil, "source.kafka.dead_letter_topic", "must differ from source.kafka.topic"},
+		{"bad start offset", strings.Replace(minimal, "group: g", "group: g\n    start_offset: middle", 1), nil, "source.kafka.start_offset", `must be one of first, last, got "middle"`},
+		{"bad sasl mechanism", strings.Replace(minimal, "group: g", "group: g\n    sasl: {mechanism: gssapi, username: u}", 1), nil, "source.kafka.sasl.mechanism", `got "gssapi"`},
+		{"sasl password without mechanism", strings.Replace(minimal, "group: g", "group: g\n    sasl: {password: p}", 1), nil, "source.kafka.sasl", "no effect unless"},
+		{"missing group", strings.Replace(minimal, "group: g", "", 1), nil, "source.kafka.group", "required"},
+		{"bad http method", httpSink("method: 'PO ST'"), nil, "sink.http.method", "must be an HTTP method"},
+		{"bad header name", httpSink("headers: {'X Y': z}"), nil, "sink.http.headers", `invalid header name "X Y"`},
+		{"bad content type", httpSink("content_type: 'json/'"), nil, "sink.http.content_type", "invalid media type"},
+		{"zero max_pause", httpSink("max_pause: 0s"), nil, "sink.http.max_pause", "must be > 0, got 0s"},
+		{"negative http timeout", httpSink("timeout: -1s"), nil, "sink.http.timeout", "must be > 0, got -1s"},
+		{"postgres bad scheme", strings.Replace(minimal, "stdout: {}", "postgres: {dsn: 'mysql://h/db', table: t}", 1), nil, "sink.postgres.dsn", `URL scheme must be postgres or postgresql, got "mysql"`},
+		{"postgres bad key=value", strings.Replace(minimal, "stdout: {}", "postgres: {dsn: 'mydb', table: t}", 1), nil, "sink.postgres.dsn", "not a postgres:// URL nor a valid key=value connection string"},
+		{"postgres missing table", strings.Replace(minimal, "stdout: {}", "postgres: {dsn: 'postgres://h/db'}", 1), nil, "sink.postgres.table", "required"},
+		{"bad lease", strings.Replace(minimal, "rate: 10", "rate: 10\n  lease: always", 1), nil, "limit.lease", `must be one of auto, off, got "always"`},
+		{"negative fallback rate", strings.Replace(minimal, "rate: 10", "rate: 10\n  fallback_rate: -1", 1), nil, "limit.fallback_rate", "must be a finite number >= 0, got -1"},
+		{"zero probe interval", strings.Replace(minimal, "rate: 10", "rate: 10\n  probe_interval: 0s", 1), nil, "limit.probe_interval", "must be > 0, got 0s"},
+		{"negative max wait", strings.Replace(minimal, "rate: 10", "rate: 10\n  max_wait: -1s", 1), nil, "limit.max_wait", "must be >= 0, got -1s"},
+		{"zero drain timeout", minimal + "delivery: {drain_timeout: 0s}\n", nil, "delivery.drain_timeout", "must be > 0, got 0s"},
+		{"bad metrics listen", minimal + "metrics: {listen: 'localhost'}\n", nil, "metrics.listen", "must be host:port"},
+		{"bad metrics port", minimal + "metrics: {listen: 'localhost:http'}\n", nil, "metrics.listen", "port must be a number"},
+		{"addr and addrs", minimal + "redis: {addr: 'a:1', addrs: ['b:2']}\n", nil, "redis", "set either addr or addrs, not both"},
+		{"negative db", minimal + "redis: {db: -1}\n", nil, "redis.db", "must be >= 0, got -1"},
+		{"sentinel password without master", minimal + "redis: {sentinel_password: x}\n", nil, "redis.sentinel_password", "has no effect without redis.master_name"},
+		{"cert without key", minimal + "redis: {tls: {enabled: true, cert_file: c.pem}}\n", nil, "redis.tls", "cert_file and key_file must be set together"},
+		{"bad merge value", minimal + "log: {<<: 3}\n", nil, "log", "merge key"},
+		{"non-scalar key", minimal + "log: {[a]: 1}\n", nil, "log", "keys must be plain strings, got a list"},
+		{"bool expected", minimal + "redis: {tls: {enabled: maybe}}\n", nil, "redis.tls.enabled", `cannot use "maybe" as a boolean`},
+		{"mapping instead of list item", strings.Replace(minimal, `["127.0.0.1:9092"]`, "[{a: 1}]", 1), nil, "source.kafka.brokers[0]", "expected a single value, got a mapping"},
+		{"list instead of mapping", minimal + "redis: [a]\n", nil, "redis", "expected a mapping, got a list"},
+		{"headers not a mapping", httpSink("headers: [a]"), nil, "sink.http.headers", "expected a mapping, got a list"},
 		{
 			name: "top level not a mapping",
 			doc:  "- a\n- b\n",
@@ -304,8 +338,8 @@ func TestParseBadInputs(t *testing.T) {
 		},
 		{
 			name: "self-referencing alias",
-			doc:  minimal + "redis: &r {addrs: *r}\n",
-			key:  "redis.addrs",
+			doc:  minimal + "redis: &r {<<: *r}\n",
+			key:  "redis",
 			want: "refers to a value that contains it",
 		},
 	}
@@ -335,6 +369,16 @@ func TestParseBadInputs(t *testing.T) {
 			t.Fatalf("no problem with key %q and message containing %q in:\n%v", tt.key, tt.want, err)
 		})
 	}
+}
+
+// rmq returns a valid RabbitMQ configuration with extra settings.
+func rmq(extra string) string {
+	return "limit: {bucket: b, rate: 1}\nsink: {stdout: {}}\nsource:\n  rabbitmq: {url: 'amqp://h/', queue: q, " + extra + "}\n"
+}
+
+// httpSink returns minimal with an HTTP sink with extra settings.
+func httpSink(extra string) string {
+	return strings.Replace(minimal, "stdout: {}", "http: {url: 'http://h/', "+extra+"}", 1)
 }
 
 func TestMultipleErrorsListedAtOnce(t *testing.T) {
@@ -383,7 +427,7 @@ log: {format: xml}
 }
 
 func TestDecodeErrorsListedAtOnce(t *testing.T) {
-	doc := minimal + `
+	doc := strings.Replace(minimal, "rate: 10", "rate: -5", 1) + `
 redis:
   timeout: soon
   passwrd: x
@@ -396,12 +440,34 @@ delivery:
 	for _, p := range ps {
 		keys = append(keys, p.Key)
 	}
-	want := []string{"redis.timeout", "redis.passwrd", "redis.password", "delivery.max_attempts"}
+	// Decoding problems come first, then validation problems.
+	want := []string{"redis.timeout", "redis.passwrd", "redis.password", "delivery.max_attempts", "limit.rate"}
 	if !reflect.DeepEqual(keys, want) {
 		t.Fatalf("keys = %q, want %q; problems:\n%v", keys, want, ps)
 	}
 	if got := ps[2].Message; got != "environment variables A, B are not set (line 16)" {
 		t.Errorf("message = %q", got)
+	}
+}
+
+func TestRejectedValueIsReportedOnce(t *testing.T) {
+	doc := strings.Replace(minimal, "rate: 10", "rate: fast", 1)
+	doc = strings.Replace(doc, "kafka:", "kafka: [x]\n  rabbitmq:", 1)
+	_, err := Parse([]byte(doc), nil)
+	ps := problemsOf(t, err)
+	// Neither "limit.rate: must be > 0, got 0" nor the missing settings of
+	// source.kafka are reported on top of the decoding problems; the
+	// rabbitmq problems and the two sources are.
+	var keys []string
+	for _, p := range ps {
+		keys = append(keys, p.Key)
+	}
+	want := []string{
+		"limit.rate", "source.kafka", "source.rabbitmq.brokers", "source.rabbitmq.topic", "source.rabbitmq.group",
+		"source.rabbitmq.url", "source.rabbitmq.queue", "source",
+	}
+	if !reflect.DeepEqual(keys, want) {
+		t.Fatalf("keys = %q, want %q; problems:\n%v", keys, want, err)
 	}
 }
 
@@ -557,7 +623,7 @@ sink:
 		"BURST":     "7",
 		"USER_NAME": "",
 		"TOKEN":     "t0k3n",
-		"NOTE":      "x: [y]\n- z",
+		"NOTE":      "x: [y], {z} #c",
 		"TLS":       "true",
 	}
 	cfg := mustParse(t, doc, vars)
@@ -575,7 +641,7 @@ sink:
 		{"bool", cfg.Redis.TLS.Enabled, true},
 		{"lone $ kept", cfg.Sink.HTTP.URL, "http://h/$notavar"},
 		{"header", cfg.Sink.HTTP.Headers["Authorization"], "Bearer t0k3n"},
-		{"value with YAML syntax stays a string", cfg.Sink.HTTP.Headers["X-Note"], "a: b, 'c' \"d\" x: [y]\n- z"},
+		{"value with YAML syntax stays a string", cfg.Sink.HTTP.Headers["X-Note"], "a: b, 'c' \"d\" x: [y], {z} #c"},
 		{"template", cfg.Sink.HTTP.BodyTemplate, `{"v": "${{.Payload}}"}`},
 	}
 	for _, c := range checks {
@@ -586,7 +652,7 @@ sink:
 }
 
 func TestEnvExpansionKeepsStringType(t *testing.T) {
-	doc := minimal + "redis: {password: ${PW}, username: ${U}}\n"
+	doc := minimal + "redis:\n  password: ${PW}\n  username: ${U}\n"
 	cfg := mustParse(t, doc, map[string]string{"PW": "null", "U": "0123"})
 	if cfg.Redis.Password != "null" || cfg.Redis.Username != "0123" {
 		t.Errorf("password %q, username %q", cfg.Redis.Password, cfg.Redis.Username)
@@ -605,7 +671,8 @@ func TestEnvExpansionDoesNotEchoValues(t *testing.T) {
 }
 
 func TestAliasesAndMergeKeys(t *testing.T) {
-	doc := strings.Replace(minimal, "stdout: {}", "stdout: {}\nx: &common {timeout: ${T:-1s}}", 1)
+	doc := strings.Replace(minimal, "stdout: {}", `stdout: {}
+  x: &common {timeout: "${T:-1s}"}`, 1)
 	_, err := Parse([]byte(doc), nil)
 	if ps := problemsOf(t, err); ps[0].Key != "sink.x" {
 		t.Errorf("problems %v", ps)
@@ -763,7 +830,8 @@ func TestIsSecretHeader(t *testing.T) {
 }
 
 func TestDuration(t *testing.T) {
-	cfg := mustParse(t, minimal+"delivery: {backoff: 1m30s, max_backoff: 2m}\nlimit: {bucket: b, rate: 1, max_wait: 0}\n", nil)
+	doc := strings.Replace(minimal, "rate: 10", "rate: 10\n  max_wait: 0", 1) + "delivery: {backoff: 1m30s, max_backoff: 2m}\n"
+	cfg := mustParse(t, doc, nil)
 	if cfg.Delivery.Backoff != Duration(90*time.Second) || cfg.Delivery.Backoff.String() != "1m30s" {
 		t.Errorf("backoff = %v", cfg.Delivery.Backoff)
 	}
@@ -775,7 +843,7 @@ func TestDuration(t *testing.T) {
 
 func TestLoad(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "throttle.yaml")
-	if err := os.WriteFile(path, []byte(minimal+"redis: {password: ${THROTTLE_TEST_PW:-}}\n"), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(minimal+"redis: {password: \"${THROTTLE_TEST_PW:-}\"}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("THROTTLE_TEST_PW", "pw")

@@ -28,6 +28,8 @@ const (
 // decoded. It expands variables in scalars, reports unknown and duplicate
 // keys and values of the wrong type under their dotted key path, and
 // prepares scalars so that the final Node.Decode does what the schema means.
+// It removes or resets what it rejects, so that the tree can still be
+// decoded and validated and every problem reported at once.
 //
 // yaml.Decoder.KnownFields cannot be used here: Node.Decode, which must run
 // after expansion, ignores it, and its messages name neither the key path
@@ -39,6 +41,7 @@ type walker struct {
 	original map[*yaml.Node]string // text before expansion, for nodes with references
 	active   map[*yaml.Node]bool
 	steps    int
+	fatal    bool // the tree cannot be decoded at all
 }
 
 func newWalker(lookup func(string) (string, bool)) *walker {
@@ -58,7 +61,8 @@ func (w *walker) add(key, format string, args ...any) {
 func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 	w.steps++
 	if w.steps > maxWalkSteps {
-		if w.steps == maxWalkSteps+1 {
+		if !w.fatal {
+			w.fatal = true
 			w.add(path, "document too complex (too many nested aliases)")
 		}
 		return
@@ -75,6 +79,7 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 			return
 		}
 		if w.active[target] {
+			w.fatal = true
 			w.add(path, "alias *%s refers to a value that contains it (line %d)", n.Value, n.Line)
 			return
 		}
@@ -83,7 +88,7 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 		delete(w.active, target)
 		return
 	case yaml.ScalarNode:
-		if !w.expand(n, path) {
+		if !w.expand(n, t, path) {
 			return
 		}
 	}
@@ -102,30 +107,34 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 			}
 			return
 		}
+		if n.Kind != yaml.MappingNode {
+			w.reject(n, t, path, "expected a mapping, got %s (line %d)", describeNode(n), n.Line)
+			return
+		}
 		w.walkStruct(n, base, path)
 	case reflect.Map:
 		if isNull(n) {
 			return
 		}
 		if n.Kind != yaml.MappingNode {
-			w.add(path, "expected a mapping, got %s (line %d)", describeNode(n), n.Line)
+			w.reject(n, t, path, "expected a mapping, got %s (line %d)", describeNode(n), n.Line)
 			return
 		}
 		seen := make(map[string]int)
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
+		w.filterPairs(n, func(k, v *yaml.Node) bool {
 			name, ok := w.key(k, path)
 			if !ok || w.duplicate(seen, k, name, path) {
-				continue
+				return false
 			}
 			w.walk(v, base.Elem(), join(path, name))
-		}
+			return true
+		})
 	case reflect.Slice:
 		if isNull(n) {
 			return
 		}
 		if n.Kind != yaml.SequenceNode {
-			w.add(path, "expected a list, got %s (line %d)", describeNode(n), n.Line)
+			w.reject(n, t, path, "expected a list, got %s (line %d)", describeNode(n), n.Line)
 			return
 		}
 		for i, item := range n.Content {
@@ -138,54 +147,86 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 
 // walkStruct checks a mapping destined for the struct type t.
 func (w *walker) walkStruct(n *yaml.Node, t reflect.Type, path string) {
-	if n.Kind != yaml.MappingNode {
-		w.add(path, "expected a mapping, got %s (line %d)", describeNode(n), n.Line)
-		return
-	}
 	fields := yamlFields(t)
 	seen := make(map[string]int)
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
+	w.filterPairs(n, func(k, v *yaml.Node) bool {
 		if k.Kind == yaml.ScalarNode && k.ShortTag() == "!!merge" {
+			if !isMergeable(v) {
+				w.add(path, "the value of a merge key (<<) must be a mapping or a list of mappings (line %d)", v.Line)
+				return false
+			}
 			w.walkMerge(v, t, path)
-			continue
+			return true
 		}
 		name, ok := w.key(k, path)
 		if !ok || w.duplicate(seen, k, name, path) {
-			continue
+			return false
 		}
 		f, ok := fields[name]
 		if !ok {
 			w.add(join(path, name), "unknown key (line %d)%s", k.Line, suggest(name, fields))
-			continue
+			return false
 		}
 		w.walk(v, f, join(path, name))
+		return true
+	})
+}
+
+// filterPairs calls keep for each key and value of the mapping n, and drops
+// the pairs for which it returns false.
+func (w *walker) filterPairs(n *yaml.Node, keep func(k, v *yaml.Node) bool) {
+	kept := n.Content[:0:0]
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if keep(n.Content[i], n.Content[i+1]) {
+			kept = append(kept, n.Content[i], n.Content[i+1])
+		}
+	}
+	n.Content = kept
+}
+
+// isMergeable reports whether v can be the value of a "<<" merge key.
+func isMergeable(v *yaml.Node) bool {
+	if v.Kind == yaml.AliasNode && v.Alias != nil {
+		v = v.Alias
+	}
+	switch v.Kind {
+	case yaml.MappingNode:
+		return true
+	case yaml.SequenceNode:
+		for _, item := range v.Content {
+			if item.Kind == yaml.AliasNode && item.Alias != nil {
+				item = item.Alias
+			}
+			if item.Kind != yaml.MappingNode {
+				return false
+			}
+		}
+		return true
+	default:
+		return false
 	}
 }
 
-// walkMerge checks the value of a "<<" merge key.
+// walkMerge checks the value of a "<<" merge key, which isMergeable accepted.
 func (w *walker) walkMerge(v *yaml.Node, t reflect.Type, path string) {
 	target := v
 	if target.Kind == yaml.AliasNode && target.Alias != nil {
 		target = target.Alias
 	}
-	switch target.Kind {
-	case yaml.MappingNode:
-		w.walk(v, t, path)
-	case yaml.SequenceNode:
+	if target.Kind == yaml.SequenceNode {
 		for _, item := range target.Content {
-			w.walkMerge(item, t, path)
+			w.walk(item, t, path)
 		}
-	default:
-		w.add(path, "the value of a merge key (<<) must be a mapping or a list of mappings (line %d)", v.Line)
+		return
 	}
+	w.walk(v, t, path)
 }
 
 // walkLeaf checks a scalar destined for type t, whose pointers dereference
 // to base.
 func (w *walker) walkLeaf(n *yaml.Node, t, base reflect.Type, path string) {
 	if n.Kind != yaml.ScalarNode {
-		w.add(path, "expected a single value, got %s (line %d)", describeNode(n), n.Line)
+		w.reject(n, t, path, "expected a single value, got %s (line %d)", describeNode(n), n.Line)
 		return
 	}
 	if w.expanded[n] == expandedRefs && n.Style&yaml.TaggedStyle == 0 {
@@ -199,7 +240,12 @@ func (w *walker) walkLeaf(n *yaml.Node, t, base reflect.Type, path string) {
 			n.Style = 0
 		}
 	}
-	if err := n.Decode(reflect.New(t).Interface()); err != nil {
+	err := n.Decode(reflect.New(t).Interface())
+	if err == nil && isInt(base) && n.ShortTag() == "!!float" {
+		// yaml.v3 would silently truncate 1.5 to 1.
+		err = &yaml.TypeError{}
+	}
+	if err != nil {
 		var te *yaml.TypeError
 		msg := err.Error()
 		switch {
@@ -210,13 +256,25 @@ func (w *walker) walkLeaf(n *yaml.Node, t, base reflect.Type, path string) {
 		case errors.As(err, &te):
 			msg = fmt.Sprintf("cannot use %q as %s", n.Value, describeType(base))
 		}
-		w.add(path, "%s (line %d)", msg, n.Line)
+		w.reject(n, t, path, "%s (line %d)", msg, n.Line)
 	}
 }
 
-// expand expands the variables in the scalar n once and reports whether
-// walking may go on.
-func (w *walker) expand(n *yaml.Node, path string) bool {
+// reject records a problem with n and replaces n with a value that decodes
+// to the default, so that the rest of the tree can still be decoded and
+// validated.
+func (w *walker) reject(n *yaml.Node, t reflect.Type, path, format string, args ...any) {
+	w.add(path, format, args...)
+	if t.Kind() == reflect.Pointer && t.Elem().Kind() == reflect.Struct {
+		*n = yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Line: n.Line, Column: n.Column}
+		return
+	}
+	*n = yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null", Line: n.Line, Column: n.Column}
+}
+
+// expand expands the variables in the scalar n, destined for type t, once
+// and reports whether walking may go on.
+func (w *walker) expand(n *yaml.Node, t reflect.Type, path string) bool {
 	switch w.expanded[n] {
 	case expandFailed:
 		return false
@@ -225,8 +283,8 @@ func (w *walker) expand(n *yaml.Node, path string) bool {
 	}
 	v, refs, err := expand(n.Value, w.lookup)
 	if err != nil {
+		w.reject(n, t, path, "%v (line %d)", err, n.Line)
 		w.expanded[n] = expandFailed
-		w.add(path, "%v (line %d)", err, n.Line)
 		return false
 	}
 	w.expanded[n] = expandedPlain
@@ -255,6 +313,17 @@ func (w *walker) duplicate(seen map[string]int, k *yaml.Node, name, path string)
 		return true
 	}
 	seen[name] = k.Line
+	return false
+}
+
+// covers reports whether the problem at key is likely a consequence of a
+// problem already reported by the walker: it is at the same key or below.
+func (w *walker) covers(key string) bool {
+	for _, p := range w.problems {
+		if p.Key == "" || key == p.Key || strings.HasPrefix(key, p.Key+".") || strings.HasPrefix(key, p.Key+"[") {
+			return true
+		}
+	}
 	return false
 }
 
@@ -349,11 +418,15 @@ func describeType(t reflect.Type) string {
 		return "a duration such as 250ms or 5s"
 	case t.Kind() == reflect.Bool:
 		return "a boolean (true or false)"
-	case slices.Contains([]reflect.Kind{reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64}, t.Kind()):
+	case isInt(t):
 		return "an integer"
 	case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:
 		return "a number"
 	default:
 		return "a " + t.String()
 	}
+}
+
+func isInt(t reflect.Type) bool {
+	return slices.Contains([]reflect.Kind{reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64}, t.Kind())
 }

@@ -67,7 +67,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/sinks/internal/msgjson"
@@ -77,8 +76,7 @@ import (
 type Config struct {
 	// DSN is the connection string, as a URL (postgres://...) or in
 	// key=value form; the standard PG* environment variables fill in what
-	// it leaves out. Pool settings such as pool_max_conns go in it too. It
-	// is required.
+	// it leaves out. It is required.
 	DSN string
 	// Table is the table to insert into: an unquoted identifier
 	// ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes), optionally qualified as
@@ -89,12 +87,18 @@ type Config struct {
 	// IDHeader names the header holding a message's idempotency id. Empty
 	// means no header is consulted.
 	IDHeader string
+	// MaxConns bounds the open connections; a Send beyond it waits for a
+	// free one. Default 8.
+	MaxConns int
 }
+
+// DefaultMaxConns is the default of Config.MaxConns.
+const DefaultMaxConns = 8
 
 // Sink inserts messages into a table. It is safe for concurrent use; it
 // holds a connection pool, which Close releases.
 type Sink struct {
-	pool     *pgxpool.Pool
+	pool     *pool
 	table    string // quoted
 	insert   string
 	idHeader string
@@ -128,21 +132,24 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres sink: %w", err)
 	}
+	if cfg.MaxConns < 0 {
+		return nil, fmt.Errorf("postgres sink: max_conns %d is negative", cfg.MaxConns)
+	}
+	maxConns := cfg.MaxConns
+	if maxConns == 0 {
+		maxConns = DefaultMaxConns
+	}
 	secrets := dsnSecrets(cfg.DSN)
-	pcfg, err := pgxpool.ParseConfig(cfg.DSN)
+	pcfg, err := pgx.ParseConfig(cfg.DSN)
 	if err != nil {
 		// Not wrapped: the parse error may carry the unredacted DSN.
 		return nil, fmt.Errorf("postgres sink: dsn: %s", redact(err.Error(), secrets))
 	}
-	if pw := pcfg.ConnConfig.Password; pw != "" {
+	if pw := pcfg.Password; pw != "" {
 		secrets = append(secrets, pw)
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return nil, redactErr(fmt.Errorf("postgres sink: connecting: %w", err), secrets)
-	}
 	s := &Sink{
-		pool:     pool,
+		pool:     newPool(pcfg, maxConns),
 		table:    ident.Sanitize(),
 		idHeader: cfg.IDHeader,
 		secrets:  secrets,
@@ -150,26 +157,29 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 	s.insert = "INSERT INTO " + s.table +
 		" (id, payload, payload_raw, key, headers, source, received_at)" +
 		" VALUES ($1, $2, $3, $4, $5, $6, now()) ON CONFLICT (id) DO NOTHING"
-	if err := s.check(ctx, cfg); err != nil {
-		pool.Close()
+	conn, err := s.pool.acquire(ctx)
+	if err != nil {
+		return nil, redactErr(fmt.Errorf("postgres sink: connecting: %w", err), secrets)
+	}
+	err = s.check(ctx, conn, cfg)
+	s.pool.release(conn)
+	if err != nil {
+		s.pool.close()
 		return nil, redactErr(fmt.Errorf("postgres sink: %w", err), secrets)
 	}
 	return s, nil
 }
 
-// Close closes the connection pool, waiting for connections in use to be
-// returned.
+// Close closes the idle connections; connections in use are closed when
+// their Send returns. A Send after Close fails.
 func (s *Sink) Close() error {
-	s.pool.Close()
+	s.pool.close()
 	return nil
 }
 
 // check verifies, and with cfg.CreateTable creates, the table.
-func (s *Sink) check(ctx context.Context, cfg Config) error {
-	if err := s.pool.Ping(ctx); err != nil {
-		return fmt.Errorf("connecting: %w", err)
-	}
-	exists, err := s.exists(ctx)
+func (s *Sink) check(ctx context.Context, conn *pgx.Conn, cfg Config) error {
+	exists, err := s.exists(ctx, conn)
 	if err != nil {
 		return err
 	}
@@ -178,15 +188,15 @@ func (s *Sink) check(ctx context.Context, cfg Config) error {
 		if !cfg.CreateTable {
 			return fmt.Errorf("table %q does not exist (set create_table: true or create it with: %s)", cfg.Table, ddl)
 		}
-		if _, err := s.pool.Exec(ctx, ddl); err != nil {
+		if _, err := conn.Exec(ctx, ddl); err != nil {
 			// Another replica may have created it at the same moment.
-			if exists, err2 := s.exists(ctx); err2 != nil || !exists {
+			if exists, err2 := s.exists(ctx, conn); err2 != nil || !exists {
 				return fmt.Errorf("creating table %q: %w", cfg.Table, err)
 			}
 		}
 	}
 
-	rows, err := s.pool.Query(ctx,
+	rows, err := conn.Query(ctx,
 		`SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
 		 WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, s.table)
 	if err != nil {
@@ -219,7 +229,7 @@ func (s *Sink) check(ctx context.Context, cfg Config) error {
 	}
 
 	var unique bool
-	err = s.pool.QueryRow(ctx,
+	err = conn.QueryRow(ctx,
 		`SELECT EXISTS (
 		   SELECT 1 FROM pg_index i
 		   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
@@ -234,9 +244,9 @@ func (s *Sink) check(ctx context.Context, cfg Config) error {
 	return nil
 }
 
-func (s *Sink) exists(ctx context.Context) (bool, error) {
+func (s *Sink) exists(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	var exists bool
-	if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", s.table).Scan(&exists); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", s.table).Scan(&exists); err != nil {
 		return false, fmt.Errorf("looking up table %s: %w", s.table, err)
 	}
 	return exists, nil
@@ -266,7 +276,7 @@ func (s *Sink) Send(ctx context.Context, msg consumer.Message) error {
 	if err != nil {
 		return consumer.Permanent(fmt.Errorf("encoding source of message %q: %w", id, err))
 	}
-	_, err = s.pool.Exec(ctx, s.insert, id, payload, payloadRaw, msg.Key, string(hdrJSON), string(srcJSON))
+	err = s.pool.exec(ctx, s.insert, id, payload, payloadRaw, msg.Key, string(hdrJSON), string(srcJSON))
 	if err != nil {
 		return classify(redactErr(fmt.Errorf("inserting message %q into %s: %w", id, s.table, err), s.secrets))
 	}

@@ -1,0 +1,603 @@
+// Package kafka consumes a Kafka topic as a member of a consumer group and
+// calls a consumer.Handler for every message, throttled by a shared limiter
+// and at least once. It is built on github.com/segmentio/kafka-go.
+//
+// # Flow
+//
+// One goroutine fetches messages (Reader.FetchMessage) and hands each to a
+// worker chosen by its partition, so a partition is never worked on by two
+// workers at once and its order is kept, while up to Config.Concurrency
+// partitions are worked in parallel. Worker queues are small and bounded:
+// when the workers fall behind, fetching blocks. For each message the worker
+// waits on the limiter for the message's cost (consumer.Throttle), calls the
+// handler under the retry policy, and dead-letters the message when the
+// error is permanent or the attempts run out. Only a message that was
+// delivered or dead-lettered is committed.
+//
+// # Commits
+//
+// Kafka keeps one committed offset per partition, so committing a message
+// commits everything before it. Because a partition is handled in order by
+// one worker, the handled messages of a partition always form a prefix, and
+// committing the last of them never skips an unhandled one. Workers do not
+// wait for commits: they record the highest handled offset per partition and
+// a committer goroutine commits whatever is pending as soon as it can, so
+// commits are synchronous (the offset is on the broker when CommitMessages
+// returns) yet batched under load. A failed commit is kept and retried with
+// backoff; a later commit of the same partition covers it.
+//
+// # Rebalances
+//
+// Partition assignment is kafka-go's consumer-group reader. When a rebalance
+// moves a partition away, kafka-go does not tell the application; messages
+// of it that this replica fetched but had not committed are fetched again by
+// the new owner from the last committed offset. Nothing is lost, but such
+// messages may be handled twice: delivery is at least once, and handlers
+// should be idempotent. Commits made while a generation ends fail (kafka-go
+// returns the broker's RebalanceInProgress or IllegalGeneration error) and
+// are retried in the next generation. A late commit of a partition that
+// moved can only move its offset to a message this replica handled, so it
+// may cause redelivery but never skips a message.
+//
+// # Shutdown
+//
+// When the context given to Run ends, the consumer stops fetching. Messages
+// already being handled get Config.DrainTimeout to finish; the context
+// handlers see is cancelled only at that deadline. Messages that were
+// queued but not started are dropped. What finished is committed, the
+// group is left, and Run returns nil. A message that was not handled is
+// never committed, so the group's next owner receives it.
+//
+// # Authentication and TLS
+//
+// Set Config.Dialer to connect with SASL or TLS. The consumer uses it for
+// the group reader and derives the dead-letter writer's transport from it:
+//
+//	mech, err := scram.Mechanism(scram.SHA512, user, password) // or plain.Mechanism{Username: user, Password: password}
+//	if err != nil { ... }
+//	dialer := &kafkago.Dialer{
+//		Timeout:       10 * time.Second,
+//		DualStack:     true,
+//		TLS:           &tls.Config{MinVersion: tls.VersionTLS12},
+//		SASLMechanism: mech,
+//	}
+//
+// with the packages github.com/segmentio/kafka-go/sasl/scram and
+// github.com/segmentio/kafka-go/sasl/plain.
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/throttlehq/throttle/consumer"
+)
+
+// Defaults of Config.
+const (
+	DefaultDrainTimeout  = 30 * time.Second
+	DefaultCommitTimeout = 10 * time.Second
+)
+
+// workerQueue is the number of fetched messages buffered per worker. It is
+// small on purpose: buffered messages of a partition that a rebalance moves
+// away are handled here and by the new owner.
+const workerQueue = 8
+
+// Sentinel errors.
+var (
+	// ErrInvalidConfig is wrapped by every error New returns for bad
+	// input; the message names the field at fault.
+	ErrInvalidConfig = errors.New("invalid kafka consumer config")
+	// ErrClosed is returned by Run after Close, or when Run is called a
+	// second time.
+	ErrClosed = errors.New("kafka consumer closed")
+)
+
+// Config configures a Consumer. Brokers, Topic and Group are required; every
+// other field documents its default.
+type Config struct {
+	// Brokers are the bootstrap broker addresses, host:port.
+	Brokers []string
+	// Topic is the topic to consume.
+	Topic string
+	// Group is the consumer group. Replicas with the same Group share the
+	// topic's partitions.
+	Group string
+	// Concurrency is the number of partitions handled in parallel. A
+	// partition is never handled concurrently with itself. Default 1.
+	Concurrency int
+	// DeadLetterTopic receives the messages that fail permanently or run
+	// out of attempts. Default Topic + ".dlq". The writer may create it
+	// (AllowAutoTopicCreation), but production clusters usually disable
+	// auto-creation, so create it with the topic.
+	DeadLetterTopic string
+	// StartOffset is where the group starts on a partition without a
+	// committed offset: kafkago.FirstOffset (the default) or
+	// kafkago.LastOffset.
+	StartOffset int64
+
+	// Limiter, when set, is waited on for every handler attempt with the
+	// message's cost, through consumer.Throttle. When nil the consumer
+	// does not throttle; the handler may still be wrapped by the caller.
+	Limiter consumer.Limiter
+	// Cost gives a message's cost in tokens. Default consumer.CostOne.
+	// It requires Limiter.
+	Cost consumer.CostFunc
+	// Pauser, when set, is paused when the handler returns an error made
+	// with consumer.RetryAfter (consumer.PushBack), for at most MaxPause
+	// (0 means no cap).
+	Pauser   consumer.Pauser
+	MaxPause time.Duration
+	// Retry is the retry policy for failed handlers. The zero value uses
+	// consumer.RetryPolicy's defaults.
+	Retry consumer.RetryPolicy
+
+	// DrainTimeout bounds how long in-flight handlers may run after Run's
+	// context ends. Default 30s.
+	DrainTimeout time.Duration
+	// CommitTimeout bounds one offset commit, including the final commit
+	// at shutdown, so Run returns at most DrainTimeout + CommitTimeout
+	// after its context ends (plus leaving the group). Default 10s.
+	CommitTimeout time.Duration
+
+	// Observer receives message events for metrics. Default none.
+	Observer *consumer.Observer
+	// Logger receives retries, dead-letters, commit failures and kafka-go's
+	// error log. Message bodies are never logged. Default slog.Default().
+	Logger *slog.Logger
+	// Dialer connects to the brokers, for SASL and TLS (see the package
+	// documentation). Default kafka-go's DefaultDialer.
+	Dialer *kafkago.Dialer
+
+	// ConfigureReader, when set, may adjust the kafka-go reader
+	// configuration after the consumer filled it in: timeouts, fetch sizes,
+	// balancers. Brokers, GroupID, Topic, GroupTopics and Partition are
+	// reset afterwards. Setting CommitInterval makes commits asynchronous:
+	// fewer broker calls, more redelivery after a crash.
+	//
+	// The group timeouts keep kafka-go's defaults unless set here:
+	// HeartbeatInterval 3s, SessionTimeout 30s, RebalanceTimeout 30s,
+	// JoinGroupBackoff 5s. A crashed replica's partitions move after
+	// SessionTimeout.
+	ConfigureReader func(*kafkago.ReaderConfig)
+	// ConfigureWriter, when set, may adjust the dead-letter writer, such as
+	// its batching or compression. Topic is reset afterwards and Async is
+	// forced off: the consumer must know that a write succeeded.
+	ConfigureWriter func(*kafkago.Writer)
+}
+
+// Consumer consumes one topic in a consumer group. Create it with New, run
+// it with Run, stop it by cancelling Run's context or with Close.
+//
+// A Consumer is safe for concurrent use: Close may be called from any
+// goroutine, but not from a handler, since it waits for Run to return.
+type Consumer struct {
+	cfg     Config
+	handler consumer.Handler
+	rc      kafkago.ReaderConfig
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	started bool
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// New validates cfg and returns a Consumer for h. It does not connect to the
+// brokers: Run does.
+func New(cfg Config, h consumer.Handler) (*Consumer, error) {
+	if err := cfg.setDefaults(h); err != nil {
+		return nil, err
+	}
+	c := &Consumer{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	var mw []consumer.Middleware
+	if cfg.Limiter != nil {
+		mw = append(mw, consumer.Throttle(cfg.Limiter, cfg.Cost))
+	}
+	if cfg.Pauser != nil {
+		mw = append(mw, consumer.PushBack(cfg.Pauser, cfg.MaxPause))
+	}
+	c.handler = consumer.Chain(h, mw...)
+
+	rc, err := c.readerConfig()
+	if err != nil {
+		return nil, err
+	}
+	c.rc = rc
+	return c, nil
+}
+
+func (cfg *Config) setDefaults(h consumer.Handler) error {
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case h == nil:
+		return invalid("handler must not be nil")
+	case len(cfg.Brokers) == 0:
+		return invalid("Brokers must name at least one broker")
+	case cfg.Topic == "":
+		return invalid("Topic must not be empty")
+	case cfg.Group == "":
+		return invalid("Group must not be empty")
+	case cfg.Concurrency < 0:
+		return invalid("Concurrency %d must not be negative", cfg.Concurrency)
+	case cfg.MaxPause < 0:
+		return invalid("MaxPause %v must not be negative", cfg.MaxPause)
+	case cfg.DrainTimeout < 0:
+		return invalid("DrainTimeout %v must not be negative", cfg.DrainTimeout)
+	case cfg.CommitTimeout < 0:
+		return invalid("CommitTimeout %v must not be negative", cfg.CommitTimeout)
+	case cfg.Cost != nil && cfg.Limiter == nil:
+		return invalid("Cost is set but Limiter is nil")
+	}
+	for i, b := range cfg.Brokers {
+		if _, _, err := net.SplitHostPort(b); err != nil {
+			return invalid("Brokers[%d] %q is not host:port", i, b)
+		}
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 1
+	}
+	if cfg.DeadLetterTopic == "" {
+		cfg.DeadLetterTopic = cfg.Topic + ".dlq"
+	}
+	if cfg.DeadLetterTopic == cfg.Topic {
+		return invalid("DeadLetterTopic must differ from Topic %q", cfg.Topic)
+	}
+	switch cfg.StartOffset {
+	case 0:
+		cfg.StartOffset = kafkago.FirstOffset
+	case kafkago.FirstOffset, kafkago.LastOffset:
+	default:
+		return invalid("StartOffset %d must be kafka-go's FirstOffset or LastOffset", cfg.StartOffset)
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = DefaultDrainTimeout
+	}
+	if cfg.CommitTimeout == 0 {
+		cfg.CommitTimeout = DefaultCommitTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return nil
+}
+
+// readerConfig builds the kafka-go reader configuration and checks it the
+// way kafka-go's NewReader would, so that Run never panics on it.
+func (c *Consumer) readerConfig() (kafkago.ReaderConfig, error) {
+	log := c.log
+	rc := kafkago.ReaderConfig{
+		Dialer:      c.cfg.Dialer,
+		StartOffset: c.cfg.StartOffset,
+		ErrorLogger: kafkago.LoggerFunc(func(format string, args ...any) {
+			log.Warn("kafka-go: "+fmt.Sprintf(format, args...), "topic", c.cfg.Topic, "group", c.cfg.Group)
+		}),
+	}
+	if c.cfg.ConfigureReader != nil {
+		c.cfg.ConfigureReader(&rc)
+	}
+	rc.Brokers = c.cfg.Brokers
+	rc.GroupID = c.cfg.Group
+	rc.Topic = c.cfg.Topic
+	rc.GroupTopics = nil
+	rc.Partition = 0
+
+	if err := rc.Validate(); err != nil {
+		return rc, fmt.Errorf("%w: reader: %w", ErrInvalidConfig, err)
+	}
+	gc := kafkago.ConsumerGroupConfig{
+		ID:                     rc.GroupID,
+		Brokers:                rc.Brokers,
+		Dialer:                 rc.Dialer,
+		Topics:                 []string{rc.Topic},
+		GroupBalancers:         rc.GroupBalancers,
+		HeartbeatInterval:      rc.HeartbeatInterval,
+		PartitionWatchInterval: rc.PartitionWatchInterval,
+		WatchPartitionChanges:  rc.WatchPartitionChanges,
+		SessionTimeout:         rc.SessionTimeout,
+		RebalanceTimeout:       rc.RebalanceTimeout,
+		JoinGroupBackoff:       rc.JoinGroupBackoff,
+		RetentionTime:          rc.RetentionTime,
+		StartOffset:            rc.StartOffset,
+	}
+	if err := gc.Validate(); err != nil {
+		return rc, fmt.Errorf("%w: reader group: %w", ErrInvalidConfig, err)
+	}
+	lo, hi := rc.ReadBackoffMin, rc.ReadBackoffMax
+	if lo == 0 {
+		lo = 100 * time.Millisecond
+	}
+	if hi == 0 {
+		hi = time.Second
+	}
+	if hi < lo {
+		return rc, fmt.Errorf("%w: reader: ReadBackoffMax %v is below ReadBackoffMin %v", ErrInvalidConfig, hi, lo)
+	}
+	return rc, nil
+}
+
+// Run joins the group and consumes until ctx ends, then drains (see the
+// package documentation) and returns nil. It returns an error only for a
+// failure that retrying cannot fix, such as an authorization error, after
+// draining in the same way. Transient broker errors are logged and retried.
+//
+// Run may be called once; a second call, or a call after Close, returns
+// ErrClosed.
+func (c *Consumer) Run(ctx context.Context) error {
+	c.mu.Lock()
+	if c.started {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	c.started = true
+	ctx, cancel := context.WithCancel(ctx)
+	c.cancel = cancel
+	c.mu.Unlock()
+	defer close(c.done)
+	defer cancel()
+
+	reader := kafkago.NewReader(c.rc)
+	transport := newTransport(c.cfg.Dialer)
+	writer := c.newWriter(transport)
+	err := c.consume(ctx, reader, writer)
+	// Close leaves the group, so the other members take over at once.
+	if cerr := reader.Close(); cerr != nil {
+		c.log.Warn("closing kafka reader", "topic", c.cfg.Topic, "error", cerr)
+	}
+	if cerr := writer.Close(); cerr != nil {
+		c.log.Warn("closing dead-letter writer", "topic", c.cfg.DeadLetterTopic, "error", cerr)
+	}
+	transport.CloseIdleConnections()
+	return err
+}
+
+// Close stops a running Run as if its context had ended and waits for it to
+// return. Close before Run makes Run return ErrClosed. Close is idempotent
+// and always returns nil.
+func (c *Consumer) Close() error {
+	c.mu.Lock()
+	c.started = true
+	cancel := c.cancel
+	c.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-c.done
+	}
+	return nil
+}
+
+// reader is what the consumer needs from a kafka-go Reader.
+type reader interface {
+	FetchMessage(ctx context.Context) (kafkago.Message, error)
+	offsetCommitter
+}
+
+// consume fetches and dispatches until ctx ends or a fatal error, then
+// drains the workers and makes the final commit.
+func (c *Consumer) consume(ctx context.Context, r reader, w messageWriter) error {
+	// Handlers, dead-letter writes and commits outlive ctx: they end at the
+	// drain deadline, not when intake stops.
+	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHandlers()
+
+	com := newCommitter(r, c.cfg.CommitTimeout, c.log)
+	comCtx, stopCommitter := context.WithCancel(hctx)
+	defer stopCommitter()
+	comDone := make(chan struct{})
+	go func() {
+		defer close(comDone)
+		com.run(comCtx)
+	}()
+
+	dl := &deadLetterer{w: w, topic: c.cfg.DeadLetterTopic, log: c.log}
+	var draining atomic.Bool
+	queues := make([]chan kafkago.Message, c.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for i := range queues {
+		queues[i] = make(chan kafkago.Message, workerQueue)
+		wg.Add(1)
+		go func(q <-chan kafkago.Message) {
+			defer wg.Done()
+			c.work(hctx, q, &draining, dl, com)
+		}(queues[i])
+	}
+
+	err := c.fetch(ctx, r, queues)
+
+	draining.Store(true)
+	for _, q := range queues {
+		close(q)
+	}
+	drained := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(drained)
+	}()
+	timer := time.NewTimer(c.cfg.DrainTimeout)
+	select {
+	case <-drained:
+	case <-timer.C:
+		c.log.Warn("drain timeout reached; cancelling in-flight handlers, their messages stay uncommitted",
+			"topic", c.cfg.Topic, "drain_timeout", c.cfg.DrainTimeout)
+		cancelHandlers()
+		<-drained
+	}
+	timer.Stop()
+
+	stopCommitter()
+	<-comDone
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CommitTimeout)
+	defer cancel()
+	if ferr := com.flush(fctx); ferr != nil {
+		c.log.Warn("final commit failed; messages handled since the last commit will be redelivered",
+			"topic", c.cfg.Topic, "error", ferr)
+	}
+	return err
+}
+
+// fetch reads messages and dispatches each to the worker of its partition
+// until ctx ends (nil) or a fatal error. A full worker queue blocks it.
+func (c *Consumer) fetch(ctx context.Context, r reader, queues []chan kafkago.Message) error {
+	var delay time.Duration
+	for {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if isFatal(err) {
+				return fmt.Errorf("fetching from topic %q: %w", c.cfg.Topic, err)
+			}
+			delay = nextBackoff(delay)
+			c.log.Warn("fetching message failed; retrying", "topic", c.cfg.Topic, "error", err, "retry_in", delay)
+			if sleep(ctx, delay) != nil {
+				return nil
+			}
+			continue
+		}
+		delay = 0
+		if c.cfg.Observer != nil {
+			c.cfg.Observer.ObserveReceived(ToMessage(m))
+		}
+		select {
+		case queues[m.Partition%len(queues)] <- m:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// isFatal reports whether a fetch error cannot heal by retrying.
+func isFatal(err error) bool {
+	if errors.Is(err, io.EOF) {
+		return true // the reader was closed under us
+	}
+	var kerr kafkago.Error
+	if errors.As(err, &kerr) {
+		switch kerr {
+		case kafkago.SASLAuthenticationFailed, kafkago.TopicAuthorizationFailed,
+			kafkago.GroupAuthorizationFailed, kafkago.ClusterAuthorizationFailed,
+			kafkago.InvalidGroupId:
+			return true
+		}
+	}
+	return false
+}
+
+// work handles the messages of its queue in order. After a message that
+// could not be finished (the drain deadline passed), it handles nothing
+// more, so no later message of that partition is committed.
+func (c *Consumer) work(ctx context.Context, q <-chan kafkago.Message, draining *atomic.Bool, dl *deadLetterer, com *committer) {
+	stopped := false
+	for m := range q {
+		if stopped || draining.Load() || ctx.Err() != nil {
+			continue // not started: left uncommitted, the group redelivers it
+		}
+		if c.handle(ctx, m, dl) {
+			com.add(m)
+		} else {
+			stopped = true
+		}
+	}
+}
+
+// handle runs the retry policy for m and dead-letters it when needed. It
+// reports whether m may be committed.
+func (c *Consumer) handle(ctx context.Context, m kafkago.Message, dl *deadLetterer) bool {
+	msg := ToMessage(m)
+	out := c.cfg.Retry.Process(ctx, c.handler, msg, c.cfg.Observer)
+	if out.Abandoned {
+		c.log.Warn("handler did not finish before the drain deadline; message left uncommitted",
+			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempts", out.Attempts)
+		return false
+	}
+	if out.Err == nil {
+		return true
+	}
+	if err := dl.send(ctx, m, consumer.DeadLetterHeaders(msg, out)); err != nil {
+		c.log.Warn("dead-letter write abandoned at the drain deadline; message left uncommitted",
+			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "error", err)
+		return false
+	}
+	c.log.Warn("message dead-lettered",
+		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+		"dead_letter_topic", dl.topic, "attempts", out.Attempts, "error", out.Err)
+	c.cfg.Observer.ObserveDeadLettered(msg, out.Err)
+	return true
+}
+
+// newTransport returns the dead-letter writer's transport, with the
+// Dialer's TLS, SASL and dial settings.
+func newTransport(d *kafkago.Dialer) *kafkago.Transport {
+	t := &kafkago.Transport{}
+	if d == nil {
+		return t
+	}
+	t.ClientID = d.ClientID
+	t.TLS = d.TLS
+	t.SASL = d.SASLMechanism
+	t.DialTimeout = d.Timeout
+	t.Dial = d.DialFunc
+	if t.Dial == nil {
+		nd := &net.Dialer{LocalAddr: d.LocalAddr, KeepAlive: d.KeepAlive, FallbackDelay: d.FallbackDelay}
+		if !d.DualStack {
+			nd.FallbackDelay = -1
+		}
+		t.Dial = nd.DialContext
+	}
+	return t
+}
+
+func (c *Consumer) newWriter(t *kafkago.Transport) *kafkago.Writer {
+	log := c.log
+	w := &kafkago.Writer{
+		Addr:                   kafkago.TCP(c.cfg.Brokers...),
+		Balancer:               &kafkago.Hash{},
+		RequiredAcks:           kafkago.RequireAll,
+		AllowAutoTopicCreation: true,
+		BatchTimeout:           10 * time.Millisecond,
+		Transport:              t,
+		ErrorLogger: kafkago.LoggerFunc(func(format string, args ...any) {
+			log.Warn("kafka-go: "+fmt.Sprintf(format, args...), "topic", c.cfg.DeadLetterTopic)
+		}),
+	}
+	if c.cfg.ConfigureWriter != nil {
+		c.cfg.ConfigureWriter(w)
+	}
+	w.Topic = c.cfg.DeadLetterTopic
+	w.Async = false
+	return w
+}
+
+// nextBackoff doubles prev from 100ms up to 5s.
+func nextBackoff(prev time.Duration) time.Duration {
+	const lo, hi = 100 * time.Millisecond, 5 * time.Second
+	if prev < lo {
+		return lo
+	}
+	return min(2*prev, hi)
+}
+
+// sleep waits for d or until ctx ends, and returns ctx's error then.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

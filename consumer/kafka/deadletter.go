@@ -1,0 +1,70 @@
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// messageWriter is what the dead-letterer needs from a kafka-go Writer.
+type messageWriter interface {
+	WriteMessages(ctx context.Context, msgs ...kafkago.Message) error
+}
+
+// deadLetterer writes failed messages to the dead-letter topic. It is safe
+// for concurrent use when its writer is.
+type deadLetterer struct {
+	w     messageWriter
+	topic string
+	log   *slog.Logger
+}
+
+// send writes m with its original key, value and headers plus the
+// dead-letter headers dlh, which replace original headers of the same name.
+// It retries with backoff until the write succeeds or ctx ends, because a
+// message that is neither delivered nor dead-lettered must not be
+// committed.
+func (d *deadLetterer) send(ctx context.Context, m kafkago.Message, dlh map[string]string) error {
+	dm := kafkago.Message{Key: m.Key, Value: m.Value, Headers: deadLetterHeaders(m.Headers, dlh)}
+	var delay time.Duration
+	for attempt := 1; ; attempt++ {
+		err := d.w.WriteMessages(ctx, dm)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("writing to dead-letter topic %q: %w", d.topic, err)
+		}
+		delay = nextBackoff(delay)
+		d.log.Warn("dead-letter write failed; retrying",
+			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+			"dead_letter_topic", d.topic, "attempt", attempt, "error", err, "retry_in", delay)
+		if err := sleep(ctx, delay); err != nil {
+			return fmt.Errorf("writing to dead-letter topic %q: %w", d.topic, err)
+		}
+	}
+}
+
+// deadLetterHeaders returns orig without the names in dlh, followed by dlh
+// sorted by name.
+func deadLetterHeaders(orig []kafkago.Header, dlh map[string]string) []kafkago.Header {
+	out := make([]kafkago.Header, 0, len(orig)+len(dlh))
+	for _, h := range orig {
+		if _, ok := dlh[h.Key]; !ok {
+			out = append(out, h)
+		}
+	}
+	names := make([]string, 0, len(dlh))
+	for k := range dlh {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		out = append(out, kafkago.Header{Key: k, Value: []byte(dlh[k])})
+	}
+	return out
+}

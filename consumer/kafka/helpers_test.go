@@ -1,0 +1,194 @@
+package kafka
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"log/slog"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
+
+	"github.com/throttlehq/throttle/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// uniqueName returns a topic or group name unique to this test run.
+func uniqueName(t testing.TB, prefix string) string {
+	t.Helper()
+	b := make([]byte, 4)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	name := regexp.MustCompile(`[^a-zA-Z0-9]+`).ReplaceAllString(t.Name(), "-")
+	return strings.ToLower(prefix + "-" + name + "-" + hex.EncodeToString(b))
+}
+
+// realBrokers reports whether the tests run against the brokers named by
+// KAFKA_BROKERS instead of the in-process kfake cluster.
+func realBrokers() bool { return len(testenv.KafkaBrokers()) > 0 }
+
+// newTopics returns brokers on which topics exist with the given number of
+// partitions: the real brokers when KAFKA_BROKERS is set, else a new
+// in-process kfake cluster that is closed when the test ends.
+func newTopics(t testing.TB, partitions int32, topics ...string) []string {
+	t.Helper()
+	if brokers := testenv.KafkaBrokers(); len(brokers) > 0 {
+		adm := newAdmin(t, brokers)
+		ctx := testenv.Context(t, 30*time.Second)
+		for _, topic := range topics {
+			if _, err := adm.CreateTopic(ctx, partitions, -1, nil, topic); err != nil {
+				t.Fatalf("creating topic %s: %v", topic, err)
+			}
+		}
+		return brokers
+	}
+	c, err := kfake.NewCluster(
+		kfake.NumBrokers(1),
+		kfake.SeedTopics(partitions, topics...),
+		kfake.AllowAutoTopicCreation(),
+		kfake.DefaultNumPartitions(1),
+		// Lets the tests use a short session timeout, so that a crashed
+		// member leaves the group quickly.
+		kfake.GroupMinSessionTimeout(100*time.Millisecond),
+	)
+	if err != nil {
+		t.Fatalf("starting kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+// fastGroup tunes the reader for tests: quick joins, heartbeats and fetches.
+// A real broker's default minimum session timeout is 6s.
+func fastGroup(rc *kafkago.ReaderConfig) {
+	rc.HeartbeatInterval = 100 * time.Millisecond
+	rc.SessionTimeout = time.Second
+	if realBrokers() {
+		rc.SessionTimeout = 6 * time.Second
+	}
+	rc.RebalanceTimeout = 2 * time.Second
+	rc.JoinGroupBackoff = 100 * time.Millisecond
+	rc.MaxWait = 100 * time.Millisecond
+	rc.ReadBackoffMin = 10 * time.Millisecond
+	rc.ReadBackoffMax = 100 * time.Millisecond
+}
+
+func newClient(t testing.TB, brokers []string, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, opts...)...)
+	if err != nil {
+		t.Fatalf("kgo client: %v", err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+func newAdmin(t testing.TB, brokers []string) *kadm.Client {
+	t.Helper()
+	return kadm.NewClient(newClient(t, brokers))
+}
+
+// produce writes records in order, each to its Partition.
+func produce(t testing.TB, brokers []string, recs ...*kgo.Record) {
+	t.Helper()
+	cl := newClient(t, brokers, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	ctx := testenv.Context(t, 30*time.Second)
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatalf("producing: %v", err)
+	}
+}
+
+// committed returns the group's committed offsets of topic by partition.
+func committed(t testing.TB, brokers []string, group, topic string) map[int32]int64 {
+	t.Helper()
+	ctx := testenv.Context(t, 10*time.Second)
+	resp, err := newAdmin(t, brokers).FetchOffsets(ctx, group)
+	if err != nil {
+		t.Fatalf("fetching offsets of group %s: %v", group, err)
+	}
+	out := map[int32]int64{}
+	for p, o := range resp[topic] {
+		if o.Err != nil {
+			t.Fatalf("offset of %s/%d: %v", topic, p, o.Err)
+		}
+		out[p] = o.At
+	}
+	return out
+}
+
+// consumeAll reads n records of topic from the start, without a group.
+func consumeAll(t testing.TB, brokers []string, topic string, n int) []*kgo.Record {
+	t.Helper()
+	cl := newClient(t, brokers, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	ctx := testenv.Context(t, 10*time.Second)
+	var recs []*kgo.Record
+	for len(recs) < n {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read %d of %d records of %s: %v", len(recs), n, topic, ctx.Err())
+		}
+		fs.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
+	}
+	return recs
+}
+
+// testLogger logs to t until the test ends, and discards afterwards.
+func testLogger(t testing.TB) *slog.Logger {
+	w := &testWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type testWriter struct {
+	mu   sync.Mutex
+	t    testing.TB
+	done bool
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimSpace(string(p)))
+	}
+	return len(p), nil
+}
+
+var _ io.Writer = (*testWriter)(nil)
+
+// runConsumer starts c.Run and returns a function that stops it and
+// returns Run's result.
+func runConsumer(t testing.TB, c *Consumer) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			err = <-errc
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}

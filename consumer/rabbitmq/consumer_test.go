@@ -1,0 +1,525 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/rabbitmq"
+	"github.com/throttlehq/throttle/internal/testenv"
+	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
+)
+
+// tracker records every handler call, by message id.
+type tracker struct {
+	mu       sync.Mutex
+	want     int
+	calls    []time.Time
+	seen     map[string]int
+	redeliv  map[string]bool // ids handled with the redelivered flag
+	done     chan struct{}
+	doneOnce sync.Once
+}
+
+func newTracker(want int) *tracker {
+	return &tracker{want: want, seen: map[string]int{}, redeliv: map[string]bool{}, done: make(chan struct{})}
+}
+
+// record notes a call for msg and returns how many distinct ids were seen.
+func (tr *tracker) record(msg consumer.Message) int {
+	now := time.Now()
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.calls = append(tr.calls, now)
+	tr.seen[msg.Source.MessageID]++
+	if msg.Source.Redelivered {
+		tr.redeliv[msg.Source.MessageID] = true
+	}
+	if len(tr.seen) >= tr.want {
+		tr.doneOnce.Do(func() { close(tr.done) })
+	}
+	return len(tr.seen)
+}
+
+// wait waits until every wanted id was handled, and fails the test after d.
+func (tr *tracker) wait(t *testing.T, d time.Duration) {
+	t.Helper()
+	select {
+	case <-tr.done:
+	case <-time.After(d):
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		t.Fatalf("only %d of %d messages handled after %v", len(tr.seen), tr.want, d)
+	}
+}
+
+// missing returns the ids that were never handled.
+func (tr *tracker) missing(ids []string) []string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var out []string
+	for _, id := range ids {
+		if tr.seen[id] == 0 {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func newConsumer(t *testing.T, cfg rabbitmq.Config, h consumer.Handler) *rabbitmq.Consumer {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	c, err := rabbitmq.New(cfg, h)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return c
+}
+
+// redisBucket returns one replica's handle on the shared Redis bucket name.
+func redisBucket(t *testing.T, addr, name string, rate float64, burst int) *limiter.Bucket {
+	t.Helper()
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	store, err := redislimiter.New(client, redislimiter.Config{Bucket: name, Rate: rate, Burst: burst})
+	if err != nil {
+		t.Fatalf("redislimiter.New: %v", err)
+	}
+	b, err := limiter.New(store, limiter.Options{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatalf("limiter.New: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = b.Close()
+		_ = client.Del(context.Background(), store.Keys()...).Err()
+		_ = client.Close()
+	})
+	return b
+}
+
+// TestSharedRate runs three replicas on one queue and one Redis bucket, and
+// checks the aggregate rate they deliver at.
+func TestSharedRate(t *testing.T) {
+	const (
+		n        = 600
+		rate     = 50.0
+		burst    = 5
+		replicas = 3
+	)
+	b := newBroker(t)
+	redisAddr := testenv.RedisAddr(t)
+	q := b.declareQueue(t)
+	ids := b.publish(t, q, n)
+	bucket := uniqueName(t)
+
+	tr := newTracker(n)
+	h := func(_ context.Context, msg consumer.Message) error {
+		tr.record(msg)
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var runs []func(context.Context) error
+	for range replicas {
+		c := newConsumer(t, rabbitmq.Config{
+			URL:      b.url,
+			Queue:    q,
+			Prefetch: 10,
+			Limiter:  redisBucket(t, redisAddr, bucket, rate, burst),
+		}, h)
+		runs = append(runs, c.Run)
+	}
+	wait := runAll(t, ctx, runs...)
+	tr.wait(t, 30*time.Second)
+	cancel()
+	wait()
+
+	if m := tr.missing(ids); len(m) > 0 {
+		t.Fatalf("%d messages never handled, first %s", len(m), m[0])
+	}
+	if got := b.waitReady(t, q, 0); got != 0 {
+		t.Errorf("%d messages left in the queue, want 0 (all acked)", got)
+	}
+
+	tr.mu.Lock()
+	calls := slices.Clone(tr.calls)
+	tr.mu.Unlock()
+	slices.SortFunc(calls, func(a, b time.Time) int { return a.Compare(b) })
+	// After the first burst, message k is due at (k-burst+1)/rate past the
+	// start; measure from the first message after the burst to the last.
+	span := calls[len(calls)-1].Sub(calls[burst])
+	measured := float64(len(calls)-1-burst) / span.Seconds()
+	maxWindow := 0
+	for i := range calls {
+		j, _ := slices.BinarySearchFunc(calls, calls[i].Add(time.Second), func(a, b time.Time) int { return a.Compare(b) })
+		maxWindow = max(maxWindow, j-i)
+	}
+	t.Logf("shared rate: %d replicas, %d calls for %d messages, %.2f msg/s after the burst (want %.0f ±3%%), max %d in any 1s window (limit 55), total %v",
+		replicas, len(calls), n, measured, rate, maxWindow, calls[len(calls)-1].Sub(calls[0]).Round(time.Millisecond))
+	if measured < rate*0.97 || measured > rate*1.03 {
+		t.Errorf("aggregate rate %.2f msg/s, want %.0f ±3%%", measured, rate)
+	}
+	if maxWindow > 55 {
+		t.Errorf("%d messages in one 1s window, want at most 55", maxWindow)
+	}
+}
+
+// TestReplicaCrash cuts one replica's connection while it holds unacked
+// deliveries, and never lets it reconnect: the other replicas must handle
+// every message.
+func TestReplicaCrash(t *testing.T) {
+	const (
+		n        = 300
+		prefetch = 10
+		okBefore = 20 // messages the doomed replica acks before it hangs
+	)
+	b := newBroker(t)
+	q := b.declareQueue(t)
+	ids := b.publish(t, q, n)
+	shared, err := limiter.NewLocal(300, 10)
+	must(t, err)
+	t.Cleanup(func() { _ = shared.Close() })
+
+	tr := newTracker(n)
+	var survivorCalls atomic.Int64
+	survivor := func(_ context.Context, msg consumer.Message) error {
+		survivorCalls.Add(1)
+		tr.record(msg)
+		return nil
+	}
+	// The doomed replica acks its first messages, then hangs on every
+	// further one until its context ends, so that its whole prefetch is
+	// in flight when it crashes.
+	var (
+		doomedOK   atomic.Int64
+		hung       atomic.Int64
+		allHung    = make(chan struct{})
+		hungOnce   sync.Once
+		abandoned  atomic.Int64
+		doomedSeen sync.Map
+	)
+	doomed := func(ctx context.Context, msg consumer.Message) error {
+		if doomedOK.Add(1) <= okBefore {
+			tr.record(msg)
+			return nil
+		}
+		doomedSeen.Store(msg.Source.MessageID, true)
+		if hung.Add(1) == prefetch {
+			hungOnce.Do(func() { close(allHung) })
+		}
+		<-ctx.Done()
+		abandoned.Add(1)
+		return ctx.Err()
+	}
+
+	p, proxied := newProxy(t, b.url)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := rabbitmq.Config{Queue: q, Prefetch: prefetch, Limiter: shared, ReconnectBackoff: 50 * time.Millisecond}
+	cfg.URL = proxied
+	doomedC := newConsumer(t, cfg, doomed)
+	cfg.URL = b.url
+	a, c := newConsumer(t, cfg, survivor), newConsumer(t, cfg, survivor)
+	wait := runAll(t, ctx, doomedC.Run, a.Run, c.Run)
+
+	select {
+	case <-allHung:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the doomed replica never had %d deliveries in flight", prefetch)
+	}
+	p.close() // crash: connections reset, and no reconnect can succeed
+	tr.wait(t, 30*time.Second)
+	cancel()
+	wait()
+
+	if m := tr.missing(ids); len(m) > 0 {
+		t.Fatalf("%d messages lost, first %s", len(m), m[0])
+	}
+	taken := 0
+	doomedSeen.Range(func(k, _ any) bool {
+		taken++
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		if !tr.redeliv[k.(string)] {
+			t.Errorf("message %s was in flight at the crash but no survivor handled it as redelivered", k)
+		}
+		return true
+	})
+	if got := b.waitReady(t, q, 0); got != 0 {
+		t.Errorf("%d messages left in the queue, want 0 (all acked)", got)
+	}
+	t.Logf("replica crash: doomed replica acked %d and had %d in flight (%d abandoned); survivors handled %d calls, %d redelivered",
+		okBefore, taken, abandoned.Load(), survivorCalls.Load(), len(tr.redeliv))
+	if taken < prefetch {
+		t.Errorf("doomed replica had %d deliveries in flight, want %d", taken, prefetch)
+	}
+}
+
+// TestHandlerErrors checks retries and dead-lettering through the queue's
+// dead-letter exchange.
+func TestHandlerErrors(t *testing.T) {
+	errSink := errors.New("sink unavailable")
+	tests := []struct {
+		name         string
+		failures     int   // calls that fail before one succeeds; -1: all fail
+		err          error // what the failing calls return
+		wantAttempts int
+		wantDLQ      bool
+	}{
+		{name: "retried then delivered", failures: 2, err: errSink, wantAttempts: 3},
+		{name: "retried then dead-lettered", failures: -1, err: errSink, wantAttempts: 3, wantDLQ: true},
+		{name: "permanent is not retried", failures: -1, err: consumer.Permanent(errSink), wantAttempts: 1, wantDLQ: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newBroker(t)
+			q := b.declareQueue(t)
+			b.publish(t, q, 1)
+
+			var calls atomic.Int64
+			h := func(_ context.Context, msg consumer.Message) error {
+				calls.Add(1)
+				if tt.failures < 0 || msg.Attempt <= tt.failures {
+					return tt.err
+				}
+				return nil
+			}
+			ended := make(chan consumer.Message, 1)
+			var deadErr error
+			obs := &consumer.Observer{
+				Delivered: func(m consumer.Message) { ended <- m },
+				DeadLettered: func(m consumer.Message, err error) {
+					deadErr = err
+					ended <- m
+				},
+			}
+			c := newConsumer(t, rabbitmq.Config{
+				URL:      b.url,
+				Queue:    q,
+				Declare:  true,
+				Retry:    consumer.RetryPolicy{MaxAttempts: 3, Backoff: 10 * time.Millisecond},
+				Observer: obs,
+			}, h)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			wait := runAll(t, ctx, c.Run)
+
+			var m consumer.Message
+			select {
+			case m = <-ended:
+			case <-time.After(10 * time.Second):
+				t.Fatal("message neither delivered nor dead-lettered after 10s")
+			}
+			if m.Attempt != tt.wantAttempts || int(calls.Load()) != tt.wantAttempts {
+				t.Errorf("attempts: observed %d, handler calls %d, want %d", m.Attempt, calls.Load(), tt.wantAttempts)
+			}
+			if tt.wantDLQ && !errors.Is(deadErr, errSink) {
+				t.Errorf("dead-letter error %v, want %v", deadErr, errSink)
+			}
+
+			dlq, err := b.ch.Consume(q+".dlq", "", true, false, false, false, nil)
+			must(t, err)
+			select {
+			case d := <-dlq:
+				if !tt.wantDLQ {
+					t.Fatalf("message %s in the dead-letter queue, want delivered", d.MessageId)
+				}
+				if d.MessageId != "m-0000" {
+					t.Errorf("dead-lettered message id %q, want m-0000", d.MessageId)
+				}
+				deaths, _ := d.Headers["x-death"].([]any)
+				if len(deaths) == 0 {
+					t.Fatalf("dead-lettered message has no x-death header: %v", d.Headers)
+				}
+				death, _ := deaths[0].(amqp.Table)
+				if death["queue"] != q || death["reason"] != "rejected" {
+					t.Errorf("x-death %v, want queue %s and reason rejected", death, q)
+				}
+			case <-time.After(500 * time.Millisecond):
+				if tt.wantDLQ {
+					t.Fatal("no message in the dead-letter queue after 500ms")
+				}
+			}
+			cancel()
+			wait()
+			if got := b.waitReady(t, q, 0); got != 0 {
+				t.Errorf("%d messages left in the queue, want 0", got)
+			}
+		})
+	}
+}
+
+// TestBrokenConnection resets the consumer's connection mid-run: it must
+// reconnect, and every message must be handled.
+func TestBrokenConnection(t *testing.T) {
+	const n, cutAt = 200, 60
+	b := newBroker(t)
+	q := b.declareQueue(t)
+	ids := b.publish(t, q, n)
+	local, err := limiter.NewLocal(200, 10)
+	must(t, err)
+	t.Cleanup(func() { _ = local.Close() })
+
+	tr := newTracker(n)
+	cutNow := make(chan struct{})
+	h := func(ctx context.Context, msg consumer.Message) error {
+		if tr.record(msg) == cutAt {
+			close(cutNow)
+		}
+		return nil
+	}
+	var reconnects atomic.Int64
+	var cause error
+	obs := &consumer.Observer{Reconnected: func(broker string, err error) {
+		if broker == rabbitmq.Broker {
+			cause = err
+			reconnects.Add(1)
+		}
+	}}
+	p, proxied := newProxy(t, b.url)
+	c := newConsumer(t, rabbitmq.Config{URL: proxied, Queue: q, Prefetch: 20, Limiter: local, Observer: obs}, h)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wait := runAll(t, ctx, c.Run)
+
+	select {
+	case <-cutNow:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("fewer than %d messages handled after 20s", cutAt)
+	}
+	p.cut()
+	tr.wait(t, 30*time.Second)
+	cancel()
+	wait()
+
+	if got := reconnects.Load(); got != 1 {
+		t.Errorf("%d reconnects, want 1", got)
+	}
+	if cause == nil {
+		t.Error("reconnect reported no cause")
+	}
+	if m := tr.missing(ids); len(m) > 0 {
+		t.Fatalf("%d messages never handled, first %s", len(m), m[0])
+	}
+	if got := b.waitReady(t, q, 0); got != 0 {
+		t.Errorf("%d messages left in the queue, want 0", got)
+	}
+	t.Logf("broken connection: %d reconnect(s) after %v; %d calls for %d messages, %d redelivered",
+		reconnects.Load(), cause, len(tr.calls), n, len(tr.redeliv))
+}
+
+// TestGracefulShutdown cancels Run while handlers are in flight.
+func TestGracefulShutdown(t *testing.T) {
+	tests := []struct {
+		name        string
+		publish     int
+		concurrency int
+		drain       time.Duration
+		release     bool // whether the handlers finish within the drain
+		wantLeft    int  // messages back in the queue afterwards
+	}{
+		// In-flight handlers finish and their messages are acked.
+		{name: "in-flight finish", publish: 5, concurrency: 5, drain: 10 * time.Second, release: true, wantLeft: 0},
+		// Prefetched deliveries that no handler took are not acked.
+		{name: "unhandled not acked", publish: 20, concurrency: 2, drain: 10 * time.Second, release: true, wantLeft: 18},
+		// Handlers still running at the drain deadline are cancelled and
+		// their messages requeued.
+		{name: "drain timeout", publish: 3, concurrency: 3, drain: 200 * time.Millisecond, wantLeft: 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newBroker(t)
+			q := b.declareQueue(t)
+			b.publish(t, q, tt.publish)
+
+			started := make(chan struct{}, tt.publish)
+			release := make(chan struct{})
+			var ctxErrAtRelease atomic.Int64
+			h := func(ctx context.Context, _ consumer.Message) error {
+				started <- struct{}{}
+				select {
+				case <-release:
+					if ctx.Err() != nil {
+						ctxErrAtRelease.Add(1)
+					}
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			c := newConsumer(t, rabbitmq.Config{
+				URL: b.url, Queue: q, Prefetch: 10, Concurrency: tt.concurrency, DrainTimeout: tt.drain,
+			}, h)
+			ctx, cancel := context.WithCancel(context.Background())
+			errc := make(chan error, 1)
+			go func() { errc <- c.Run(ctx) }()
+			for range tt.concurrency {
+				select {
+				case <-started:
+				case <-time.After(10 * time.Second):
+					cancel()
+					<-errc
+					t.Fatalf("fewer than %d handlers started", tt.concurrency)
+				}
+			}
+			stopAt := time.Now()
+			cancel()
+			select {
+			case err := <-errc:
+				t.Fatalf("Run returned %v before its handlers finished", err)
+			case <-time.After(100 * time.Millisecond):
+			}
+			if tt.release {
+				close(release)
+			}
+			select {
+			case err := <-errc:
+				if err != nil {
+					t.Errorf("Run returned %v, want nil", err)
+				}
+			case <-time.After(15 * time.Second):
+				t.Fatal("Run did not return")
+			}
+			took := time.Since(stopAt)
+			if !tt.release && took < tt.drain {
+				t.Errorf("Run returned %v after cancel, before the drain timeout %v", took, tt.drain)
+			}
+			if got := ctxErrAtRelease.Load(); got != 0 {
+				t.Errorf("%d handlers saw a cancelled context before the drain deadline", got)
+			}
+			if extra := len(started); extra != 0 {
+				t.Errorf("%d more handlers started after cancel", extra)
+			}
+			if got := b.waitReady(t, q, tt.wantLeft); got != tt.wantLeft {
+				t.Errorf("%d messages in the queue after shutdown, want %d", got, tt.wantLeft)
+			}
+		})
+	}
+}
+
+// TestRunMissingQueue checks that a first connect refused by the broker
+// fails Run at once, naming the queue.
+func TestRunMissingQueue(t *testing.T) {
+	b := newBroker(t)
+	q := uniqueName(t)
+	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q}, func(context.Context, consumer.Message) error { return nil })
+	ctx := testenv.Context(t, 10*time.Second)
+	err := c.Run(ctx)
+	var aerr *amqp.Error
+	if !errors.As(err, &aerr) || aerr.Code != amqp.NotFound {
+		t.Fatalf("Run returned %v, want a NOT_FOUND *amqp.Error", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("Run retried until the test deadline instead of failing at once")
+	}
+}

@@ -1,0 +1,254 @@
+package rabbitmq_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/rabbitmq"
+	"github.com/throttlehq/throttle/limiter"
+)
+
+func nop(context.Context, consumer.Message) error { return nil }
+
+func TestNewValidation(t *testing.T) {
+	local, err := limiter.NewLocal(10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = local.Close() })
+	const url = "amqp://guest:guest@127.0.0.1:5672/"
+	tests := []struct {
+		name    string
+		cfg     rabbitmq.Config
+		nilH    bool
+		wantErr string // substring; empty means success
+	}{
+		{name: "minimal", cfg: rabbitmq.Config{URL: url, Queue: "q"}},
+		{name: "amqps with TLS", cfg: rabbitmq.Config{URL: "amqps://u:p@host/", TLS: &tls.Config{MinVersion: tls.VersionTLS12}, Queue: "q"}},
+		{name: "throttled", cfg: rabbitmq.Config{URL: url, Queue: "q", Limiter: local, Cost: consumer.CostFromHeader("n")}},
+		{name: "nil handler", cfg: rabbitmq.Config{URL: url, Queue: "q"}, nilH: true, wantErr: "handler is nil"},
+		{name: "no URL", cfg: rabbitmq.Config{Queue: "q"}, wantErr: "URL is required"},
+		{name: "bad scheme", cfg: rabbitmq.Config{URL: "http://u:p@host/", Queue: "q"}, wantErr: "URL"},
+		{name: "TLS without amqps", cfg: rabbitmq.Config{URL: url, TLS: &tls.Config{}, Queue: "q"}, wantErr: "TLS is set"},
+		{name: "no queue", cfg: rabbitmq.Config{URL: url}, wantErr: "Queue is required"},
+		{name: "negative prefetch", cfg: rabbitmq.Config{URL: url, Queue: "q", Prefetch: -1}, wantErr: "Prefetch -1"},
+		{name: "prefetch too large", cfg: rabbitmq.Config{URL: url, Queue: "q", Prefetch: 70000}, wantErr: "Prefetch 70000"},
+		{name: "negative concurrency", cfg: rabbitmq.Config{URL: url, Queue: "q", Concurrency: -2}, wantErr: "Concurrency -2"},
+		{name: "cost without limiter", cfg: rabbitmq.Config{URL: url, Queue: "q", Cost: consumer.CostOne}, wantErr: "Limiter is nil"},
+		{name: "negative drain", cfg: rabbitmq.Config{URL: url, Queue: "q", DrainTimeout: -time.Second}, wantErr: "DrainTimeout"},
+		{name: "negative max pause", cfg: rabbitmq.Config{URL: url, Queue: "q", MaxPause: -time.Second}, wantErr: "MaxPause"},
+		{name: "max backoff below backoff", cfg: rabbitmq.Config{URL: url, Queue: "q", ReconnectBackoff: time.Second, MaxReconnectBackoff: time.Millisecond}, wantErr: "MaxReconnectBackoff"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var h consumer.Handler = nop
+			if tt.nilH {
+				h = nil
+			}
+			c, err := rabbitmq.New(tt.cfg, h)
+			if tt.wantErr == "" {
+				if err != nil || c == nil {
+					t.Fatalf("New: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("New error %v, want one containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestNoPasswordInErrorsOrLogs checks that neither New's errors nor Run's
+// logs show the URL's password.
+func TestNoPasswordInErrorsOrLogs(t *testing.T) {
+	const secret = "s3cr3t-pw"
+	for _, raw := range []string{
+		"amqp://user:" + secret + "@127.0.0.1:5672/%zz", // bad escape: url.Error quotes the URL
+		"http://user:" + secret + "@127.0.0.1/",
+		"amqps://user:" + secret + "@127.0.0.1/",
+	} {
+		_, err := rabbitmq.New(rabbitmq.Config{URL: raw, Queue: "q", TLS: &tls.Config{}}, nop)
+		if err != nil && strings.Contains(err.Error(), secret) {
+			t.Errorf("New error shows the password: %v", err)
+		}
+	}
+
+	// Nothing listens on a closed listener's port: Run keeps failing to
+	// connect and logs each failure.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	var buf syncBuffer
+	c, err := rabbitmq.New(rabbitmq.Config{
+		URL:              "amqp://user:" + secret + "@" + addr + "/",
+		Queue:            "q",
+		ReconnectBackoff: time.Millisecond,
+		Logger:           slog.New(slog.NewTextHandler(&buf, nil)),
+	}, nop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := c.Run(ctx); err != nil {
+		t.Fatalf("Run returned %v, want nil after its context ended", err)
+	}
+	logs := buf.String()
+	if !strings.Contains(logs, "connect failed") || !strings.Contains(logs, "user:xxxxx@") {
+		t.Errorf("logs lack the failed connects with the redacted URL:\n%s", logs)
+	}
+	if strings.Contains(logs, secret) {
+		t.Errorf("logs show the password:\n%s", logs)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestRunTwice(t *testing.T) {
+	var logs syncBuffer
+	c, err := rabbitmq.New(rabbitmq.Config{
+		URL: "amqp://127.0.0.1:1/", Queue: "q", Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	}, nop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx) }()
+	// Once the first Run has logged a failed connect, it is running.
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(logs.String(), "connect failed"); {
+		if time.Now().After(deadline) {
+			t.Fatal("Run logged no failed connect within 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := c.Run(context.Background()); !errors.Is(err, rabbitmq.ErrRunning) {
+		t.Errorf("second Run returned %v, want ErrRunning", err)
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatalf("first Run returned %v, want nil", err)
+	}
+}
+
+func TestToMessage(t *testing.T) {
+	stamp := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	tests := []struct {
+		name        string
+		d           amqp.Delivery
+		wantHeaders map[string]string
+		wantTime    time.Time // zero: about now
+	}{
+		{
+			name: "all fields",
+			d: amqp.Delivery{
+				RoutingKey: "sms.eu", Exchange: "events", DeliveryTag: 7, MessageId: "id-1",
+				Redelivered: true, Timestamp: stamp, Body: []byte("hi"),
+				Headers: amqp.Table{"s": "text", "b": []byte("raw"), "n": int32(3), "f": 1.5, "ok": true},
+			},
+			wantHeaders: map[string]string{"s": "text", "b": "raw", "n": "3", "f": "1.5", "ok": "true"},
+			wantTime:    stamp,
+		},
+		{name: "no headers, no timestamp", d: amqp.Delivery{RoutingKey: "k", DeliveryTag: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := time.Now()
+			m := rabbitmq.ToMessage(tt.d, "q")
+			if string(m.Key) != tt.d.RoutingKey || !bytes.Equal(m.Body, tt.d.Body) || m.Attempt != 1 {
+				t.Errorf("key %q body %q attempt %d", m.Key, m.Body, m.Attempt)
+			}
+			if len(m.Headers) != len(tt.wantHeaders) {
+				t.Errorf("headers %v, want %v", m.Headers, tt.wantHeaders)
+			}
+			for k, v := range tt.wantHeaders {
+				if m.Headers[k] != v {
+					t.Errorf("header %s = %q, want %q", k, m.Headers[k], v)
+				}
+			}
+			if tt.wantTime.IsZero() {
+				if m.Time.Before(before) || m.Time.After(time.Now()) {
+					t.Errorf("time %v, want about now", m.Time)
+				}
+			} else if !m.Time.Equal(tt.wantTime) {
+				t.Errorf("time %v, want %v", m.Time, tt.wantTime)
+			}
+			want := consumer.Source{
+				Broker: "rabbitmq", Queue: "q", Exchange: tt.d.Exchange, DeliveryTag: tt.d.DeliveryTag,
+				MessageID: tt.d.MessageId, Redelivered: tt.d.Redelivered,
+			}
+			if m.Source != want {
+				t.Errorf("source %+v, want %+v", m.Source, want)
+			}
+		})
+	}
+}
+
+func TestWait(t *testing.T) {
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	withCost := func(v any) amqp.Delivery { return amqp.Delivery{Headers: amqp.Table{"segments": v}} }
+	tests := []struct {
+		name          string
+		ctx           context.Context
+		d             amqp.Delivery
+		wantErr       bool
+		wantPermanent bool
+	}{
+		{name: "granted", ctx: context.Background(), d: withCost(int32(3))},
+		{name: "no header costs one", ctx: context.Background(), d: amqp.Delivery{}},
+		{name: "above burst", ctx: context.Background(), d: withCost("9"), wantErr: true, wantPermanent: true},
+		{name: "malformed cost", ctx: context.Background(), d: withCost("lots"), wantErr: true, wantPermanent: true},
+		{name: "context ended", ctx: cancelled, d: withCost("5"), wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// A fresh bucket of 5 tokens that refills slowly, so that
+			// the "context ended" case (cost 5 after none) must wait.
+			b, err := limiter.NewLocal(0.001, 5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			if tt.ctx == cancelled {
+				if err := b.Wait(context.Background(), 5); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err = rabbitmq.Wait(tt.ctx, b, tt.d, consumer.CostFromHeader("segments"))
+			if (err != nil) != tt.wantErr || consumer.IsPermanent(err) != tt.wantPermanent {
+				t.Fatalf("Wait: %v; want error %v, permanent %v", err, tt.wantErr, tt.wantPermanent)
+			}
+		})
+	}
+}

@@ -1,0 +1,114 @@
+package redislimiter
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// countingHook counts the commands a client sends, which is its round trips
+// when nothing is pipelined.
+type countingHook struct{ n atomic.Int64 }
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+func benchBucket(b *testing.B, rate float64, burst int, opts limiter.Options) (*limiter.Bucket, *countingHook) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	b.Cleanup(func() { c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		b.Skipf("Redis at 127.0.0.1:6379: %v", err)
+	}
+	name := uniqueBucket(b, c)
+	s, err := New(c, Config{Bucket: name, Rate: rate, Burst: burst})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Load the script so that the first EVALSHA does not miss.
+	if _, err := s.Take(context.Background(), limiter.TakeRequest{Cost: 1}); err != nil {
+		b.Fatal(err)
+	}
+	h := &countingHook{}
+	c.AddHook(h)
+	bk, err := limiter.New(s, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { bk.Close() })
+	return bk, h
+}
+
+// BenchmarkWaitPlentiful is Wait when tokens are always there, without
+// leasing: one script call per acquisition.
+func BenchmarkWaitPlentiful(b *testing.B) {
+	bk, h := benchBucket(b, 1e9, 1e9, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}})
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if err := bk.Wait(ctx, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(h.n.Load())/float64(b.N), "redis-calls/op")
+}
+
+// BenchmarkWaitLeased is Wait with leasing on at a high rate: most
+// acquisitions are served from the local lease.
+func BenchmarkWaitLeased(b *testing.B) {
+	bk, h := benchBucket(b, 1e9, 1e9, limiter.Options{})
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if err := bk.Wait(ctx, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(h.n.Load())/float64(b.N), "redis-calls/op")
+}
+
+// BenchmarkWaitSaturated is Wait from 8 goroutines on a bucket they keep
+// empty (2000/s), without leasing: every acquisition waits for a
+// reservation. The figure that matters is Redis calls per granted token.
+func BenchmarkWaitSaturated(b *testing.B) {
+	benchSaturated(b, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}})
+}
+
+// BenchmarkWaitSaturatedLeasing is BenchmarkWaitSaturated with leasing on.
+func BenchmarkWaitSaturatedLeasing(b *testing.B) {
+	benchSaturated(b, limiter.Options{})
+}
+
+func benchSaturated(b *testing.B, opts limiter.Options) {
+	bk, h := benchBucket(b, 2000, 10, opts)
+	ctx := context.Background()
+	b.SetParallelism(4) // 8 goroutines on 2 cores
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := bk.Wait(ctx, 1); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(h.n.Load())/float64(b.N), "redis-calls/token")
+}

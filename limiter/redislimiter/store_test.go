@@ -1,0 +1,414 @@
+package redislimiter
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+func TestNewRejectsBadParameters(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	cases := []struct {
+		cfg   Config
+		param string
+	}{
+		{Config{Bucket: "", Rate: 1, Burst: 1}, "bucket"},
+		{Config{Bucket: "a{b}", Rate: 1, Burst: 1}, "bucket"},
+		{Config{Bucket: "b", Rate: 0, Burst: 1}, "rate"},
+		{Config{Bucket: "b", Rate: -1, Burst: 1}, "rate"},
+		{Config{Bucket: "b", Rate: math.NaN(), Burst: 1}, "rate"},
+		{Config{Bucket: "b", Rate: math.Inf(1), Burst: 1}, "rate"},
+		{Config{Bucket: "b", Rate: 1, Burst: 0}, "burst"},
+	}
+	for _, tc := range cases {
+		_, err := New(c, tc.cfg)
+		var pe *limiter.ParamError
+		if !errors.As(err, &pe) || pe.Param != tc.param {
+			t.Errorf("New(%+v) = %v, want a ParamError for %q", tc.cfg, err, tc.param)
+		}
+	}
+	if _, err := New(nil, Config{Bucket: "b", Rate: 1, Burst: 1}); err == nil {
+		t.Error("New(nil client) succeeded")
+	}
+}
+
+func TestUnreachableRedisIsAStoreError(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer c.Close()
+	s, err := New(c, Config{Bucket: "x", Rate: 1, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Take(context.Background(), limiter.TakeRequest{Cost: 1})
+	if !errors.Is(err, limiter.ErrStore) {
+		t.Fatalf("Take on a closed port = %v, want ErrStore", err)
+	}
+	var se *limiter.StoreError
+	if !errors.As(err, &se) || se.Op != "take" || se.Bucket != "x" {
+		t.Fatalf("error %v does not name the op and bucket", err)
+	}
+}
+
+func TestMalformedReplyIsAnError(t *testing.T) {
+	c := newClient(t)
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 1, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A state hash that some other program wrote with the wrong types must
+	// not make the script or the caller panic.
+	c.HSet(context.Background(), s.stateKeys[0], "tokens", "lots", "ts", "yesterday")
+	res, err := s.Take(context.Background(), limiter.TakeRequest{Cost: 1})
+	if err != nil {
+		t.Fatalf("Take with a corrupt state = %v; want the bucket treated as new", err)
+	}
+	if !res.Granted {
+		t.Fatalf("Take with a corrupt state = %+v; want granted from a full bucket", res)
+	}
+	// A key of the wrong type is a script error, wrapped as a StoreError.
+	c.Del(context.Background(), s.stateKeys[0])
+	c.Set(context.Background(), s.stateKeys[0], "a string", 0)
+	if _, err := s.Take(context.Background(), limiter.TakeRequest{Cost: 1}); !errors.Is(err, limiter.ErrStore) {
+		t.Fatalf("Take on a string key = %v, want ErrStore", err)
+	}
+}
+
+func TestKeysShareOneClusterSlot(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	s, err := New(c, Config{Bucket: "sms-outbound", Rate: 1, Burst: 1, Prefix: "app:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"app:{sms-outbound}:state", "app:{sms-outbound}:override", "app:{sms-outbound}:replicas"}
+	for i, k := range s.Keys() {
+		if k != want[i] {
+			t.Errorf("key %d = %q, want %q", i, k, want[i])
+		}
+	}
+}
+
+func TestStateKeyExpiresOnlyWhenFull(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 2, Burst: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Take(ctx, limiter.TakeRequest{Cost: 10}); err != nil {
+		t.Fatal(err)
+	}
+	// Empty at rate 2/s: full again in 5 s, so the key must live at least
+	// that long, plus the one-second margin at most.
+	ttl := c.PTTL(ctx, s.stateKeys[0]).Val()
+	if ttl < 5*time.Second || ttl > 6*time.Second+50*time.Millisecond {
+		t.Fatalf("state TTL = %v, want between 5s and 6s", ttl)
+	}
+}
+
+func TestIdleBucketReturnsToBurstAndNoFurther(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 1000, Burst: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := s.take(ctx, start.UnixMicro(), limiter.TakeRequest{Cost: 10}); err != nil {
+		t.Fatal(err)
+	}
+	for _, idle := range []time.Duration{time.Second, time.Hour, 30 * 24 * time.Hour} {
+		st, err := s.status(ctx, start.Add(idle).UnixMicro())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Tokens != 10 {
+			t.Errorf("after %v idle: tokens = %v, want exactly the burst 10", idle, st.Tokens)
+		}
+	}
+	// And for real: after the key expired, the bucket is full.
+	c.Del(ctx, s.stateKeys[0])
+	st, err := s.Status(ctx)
+	if err != nil || st.Tokens != 10 {
+		t.Fatalf("status of an expired bucket = %+v, %v; want 10 tokens", st, err)
+	}
+}
+
+func TestOverrideFillResetAndStatus(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 10, Burst: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetOverride(ctx, 50, 20, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Rate != 50 || st.Burst != 20 || st.Override == nil || st.Override.Rate != 50 ||
+		st.Override.ExpiresIn <= 59*time.Second || st.ConfiguredRate != 10 {
+		t.Fatalf("status after override = %+v (override %+v)", st, st.Override)
+	}
+	// A take sees the override at once.
+	res, err := s.Take(ctx, limiter.TakeRequest{Cost: 20})
+	if err != nil || !res.Granted || res.Rate != 50 {
+		t.Fatalf("take 20 under burst 20 override = %+v, %v", res, err)
+	}
+	if err := s.Fill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.Status(ctx); st.Tokens != 20 {
+		t.Fatalf("after fill tokens = %v, want 20", st.Tokens)
+	}
+	if err := s.ClearOverride(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.Status(ctx); st.Rate != 10 || st.Burst != 5 || st.Override != nil || st.Tokens != 5 {
+		t.Fatalf("after clear = %+v, want the configured 10/s burst 5 and tokens capped at 5", st)
+	}
+	if _, err := s.Take(ctx, limiter.TakeRequest{Cost: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.Status(ctx); st.Tokens != 5 {
+		t.Fatalf("after reset tokens = %v, want full", st.Tokens)
+	}
+	if err := s.SetOverride(ctx, 0, 0, 0); err == nil {
+		t.Fatal("SetOverride with rate 0 succeeded")
+	}
+}
+
+func TestHeartbeatsCountLiveReplicas(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 10, Burst: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range []string{"a", "b", "c"} {
+		n, err := s.Heartbeat(ctx, id, time.Minute)
+		if err != nil || n != i+1 {
+			t.Fatalf("heartbeat %s = %d, %v; want %d", id, n, err, i+1)
+		}
+	}
+	if err := s.Leave(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	ids, err := s.Replicas(ctx)
+	sort.Strings(ids)
+	if err != nil || len(ids) != 2 || ids[0] != "a" || ids[1] != "c" {
+		t.Fatalf("replicas = %v, %v; want [a c]", ids, err)
+	}
+	if st, _ := s.Status(ctx); st.Replicas != 2 {
+		t.Fatalf("status replicas = %d, want 2", st.Replicas)
+	}
+	// An expired heartbeat no longer counts.
+	if n, _ := s.Heartbeat(ctx, "d", time.Microsecond); n < 2 {
+		t.Fatalf("heartbeat d = %d", n)
+	}
+	time.Sleep(2 * time.Millisecond)
+	if n, _ := s.Heartbeat(ctx, "a", time.Minute); n != 2 {
+		t.Fatalf("after d expired: %d replicas, want 2", n)
+	}
+}
+
+// newBucket returns a limiter.Bucket on its own Redis connection.
+func newBucket(t testing.TB, name string, rate float64, burst int, opts limiter.Options) *limiter.Bucket {
+	t.Helper()
+	c := newClient(t)
+	s, err := New(c, Config{Bucket: name, Rate: rate, Burst: burst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := limiter.New(s, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func TestCancelledWaitReturnsPromptlyAndHandsTokensBack(t *testing.T) {
+	c := newClient(t)
+	name := uniqueBucket(t, c)
+	b := newBucket(t, name, 1, 1, limiter.Options{MaxReserve: 10 * time.Second})
+	ctx := context.Background()
+	if err := b.Wait(ctx, 1); err != nil { // empties the bucket
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- b.Wait(wctx, 1) }()
+	time.Sleep(50 * time.Millisecond) // let the reservation be made
+	st, err := b.State(ctx)
+	if err != nil || st.Tokens > -0.9 {
+		t.Fatalf("before cancel tokens = %v, %v; want a reservation (about -1)", st.Tokens, err)
+	}
+	cancelled := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Wait = %v, want context.Canceled", err)
+		}
+		if d := time.Since(cancelled); d > 100*time.Millisecond {
+			t.Fatalf("Wait returned %v after cancel", d)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Wait did not return after cancel")
+	}
+	st, err = b.State(ctx)
+	if err != nil || st.Tokens < -0.1 {
+		t.Fatalf("after cancel tokens = %v, %v; want the reservation handed back (>= 0)", st.Tokens, err)
+	}
+}
+
+func TestCostAboveBurstFailsAtOnce(t *testing.T) {
+	c := newClient(t)
+	b := newBucket(t, uniqueBucket(t, c), 1, 3, limiter.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := b.Wait(ctx, 4); !errors.Is(err, limiter.ErrCostExceedsBurst) {
+		t.Fatalf("Wait(4) with burst 3 = %v, want ErrCostExceedsBurst", err)
+	}
+	if err := b.Wait(ctx, 0); !errors.Is(err, limiter.ErrInvalidCost) {
+		t.Fatalf("Wait(0) = %v, want ErrInvalidCost", err)
+	}
+}
+
+// grants records when each Wait returned, per replica.
+type grants struct {
+	mu    sync.Mutex
+	times []time.Time
+	per   map[int]int
+}
+
+func (g *grants) add(replica int, at time.Time) {
+	g.mu.Lock()
+	g.times = append(g.times, at)
+	g.per[replica]++
+	g.mu.Unlock()
+}
+
+// maxInWindow returns the most grants in any window of length w.
+func maxInWindow(times []time.Time, w time.Duration) int {
+	sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
+	best, lo := 0, 0
+	for hi := range times {
+		for times[hi].Sub(times[lo]) >= w {
+			lo++
+		}
+		best = max(best, hi-lo+1)
+	}
+	return best
+}
+
+// saturate runs the replicas' Waits as fast as they are granted for d.
+func saturate(t *testing.T, buckets []*limiter.Bucket, perReplica int, d time.Duration) *grants {
+	g := &grants{per: map[int]int{}}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i, b := range buckets {
+		for range perReplica {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					if err := b.Wait(ctx, 1); err != nil {
+						if ctx.Err() == nil {
+							t.Errorf("replica %d: %v", i, err)
+						}
+						return
+					}
+					g.add(i, time.Now())
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	return g
+}
+
+// TestAccuracyAcrossReplicas: 4 limiter instances on separate connections
+// share one bucket at 200/s, burst 20, saturated for 10 s.
+func TestAccuracyAcrossReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10 s accuracy run; -short given")
+	}
+	c := newClient(t)
+	name := uniqueBucket(t, c)
+	const rate, burst, replicas = 200, 20, 4
+	const run = 10 * time.Second
+	var bs []*limiter.Bucket
+	for range replicas {
+		bs = append(bs, newBucket(t, name, rate, burst, limiter.Options{}))
+	}
+	g := saturate(t, bs, 2, run)
+	total := len(g.times)
+	want := float64(rate*run/time.Second + burst)
+	t.Logf("granted %d in %v (want %.0f ±2%%), shares %v, max in any 1 s window %d",
+		total, run, want, g.per, maxInWindow(g.times, time.Second))
+	if math.Abs(float64(total)-want) > 0.02*want {
+		t.Errorf("granted %d, want %.0f ±2%%", total, want)
+	}
+	// Grants are timestamped when Wait returns, which adds the timer's
+	// wake-up jitter at both ends of a window; the store's own schedule
+	// allows burst + rate·W in any window W. Measure windows 2 ms short of
+	// a second so that the jitter cannot count one grant twice.
+	if m := maxInWindow(g.times, time.Second-2*time.Millisecond); m > rate+burst {
+		t.Errorf("max grants in a 1 s window = %d, want <= %d", m, rate+burst)
+	}
+	for i := range replicas {
+		share := float64(g.per[i]) / float64(total)
+		if math.Abs(share-0.25) > 0.025 {
+			t.Errorf("replica %d share = %.3f, want 0.25 ±10%%", i, share)
+		}
+	}
+}
+
+// skewedClock is a replica clock set minutes away from the others.
+func skewedClock(offset time.Duration) func() time.Time {
+	return func() time.Time { return time.Now().Add(offset) }
+}
+
+// TestClockSkewDoesNotChangeTheRate runs replicas whose clocks are minutes
+// apart. The bucket reads Redis TIME, so the shared rate stays exact.
+func TestClockSkewDoesNotChangeTheRate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3 s run; -short given")
+	}
+	c := newClient(t)
+	name := uniqueBucket(t, c)
+	const rate, burst = 100, 10
+	const run = 3 * time.Second
+	var bs []*limiter.Bucket
+	for _, skew := range []time.Duration{-7 * time.Minute, 0, 3 * time.Minute, 11 * time.Minute} {
+		bs = append(bs, newBucket(t, name, rate, burst, limiter.Options{Clock: skewedClock(skew)}))
+	}
+	g := saturate(t, bs, 1, run)
+	want := float64(rate*run/time.Second + burst)
+	t.Logf("skewed replicas granted %d in %v, want %.0f; shares %v", len(g.times), run, want, g.per)
+	if math.Abs(float64(len(g.times))-want) > 0.03*want {
+		t.Errorf("granted %d, want %.0f ±3%%", len(g.times), want)
+	}
+	for i := range bs {
+		if g.per[i] < len(g.times)/8 {
+			t.Errorf("replica %d starved with skewed clock: %d of %d", i, g.per[i], len(g.times))
+		}
+	}
+}
