@@ -52,8 +52,8 @@ type retryAfterError struct {
 	after time.Duration
 }
 
-func (e *retryAfterError) Error() string              { return e.err.Error() }
-func (e *retryAfterError) Unwrap() error              { return e.err }
+func (e *retryAfterError) Error() string             { return e.err.Error() }
+func (e *retryAfterError) Unwrap() error             { return e.err }
 func (e *retryAfterError) RetryAfter() time.Duration { return e.after }
 
 // RetryAfterOf returns the delay that err, or an error it wraps, asked for

@@ -20,7 +20,9 @@ func (m clockedMemory) PauseAt(now time.Time, d time.Duration) error {
 	return nil
 }
 
-func (m clockedMemory) StatusAt(now time.Time) (limiter.State, error) { return m.Memory.StatusAt(now), nil }
+func (m clockedMemory) StatusAt(now time.Time) (limiter.State, error) {
+	return m.Memory.StatusAt(now), nil
+}
 
 func TestMemorySteps(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, rate float64, burst int) storetest.ClockedStore {
