@@ -187,7 +187,7 @@ func New(cfg Config) (*Sink, error) {
 	case cfg.URL == "":
 		return nil, errors.New("httpsink: url is required")
 	case err != nil:
-		return nil, fmt.Errorf("httpsink: url is not a valid URL")
+		return nil, errors.New("httpsink: url is not a valid URL")
 	case u.Scheme != "http" && u.Scheme != "https":
 		return nil, fmt.Errorf("httpsink: url scheme %q is not http or https", u.Scheme)
 	case u.Host == "":

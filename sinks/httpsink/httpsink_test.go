@@ -28,6 +28,16 @@ func newSink(t *testing.T, cfg httpsink.Config) *httpsink.Sink {
 	return s
 }
 
+// hang answers no request until the client gives up. The body is read
+// first: the server notices a closed connection only after that.
+func hang(_ http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	select {
+	case <-r.Context().Done():
+	case <-time.After(10 * time.Second):
+	}
+}
+
 func jsonMsg(body string) consumer.Message {
 	return consumer.Message{
 		Key:     []byte("k1"),
@@ -80,10 +90,7 @@ func TestSendClassification(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if tt.sleep {
-					select {
-					case <-r.Context().Done():
-					case <-time.After(5 * time.Second):
-					}
+					hang(w, r)
 					return
 				}
 				if tt.retryAfter != nil {
@@ -96,7 +103,11 @@ func TestSendClassification(t *testing.T) {
 				_, _ = io.WriteString(w, "bad number\n")
 			}))
 			defer srv.Close()
-			s := newSink(t, httpsink.Config{URL: srv.URL + "/send", Timeout: 50 * time.Millisecond})
+			timeout := 10 * time.Second // generous: a loaded CI machine is slow
+			if tt.sleep {
+				timeout = 50 * time.Millisecond
+			}
+			s := newSink(t, httpsink.Config{URL: srv.URL + "/send", Timeout: timeout})
 
 			err := s.Send(context.Background(), jsonMsg(`{"to":"+15550100"}`))
 			if tt.wantOK {
@@ -155,9 +166,7 @@ func TestSendNetworkErrorIsRetryable(t *testing.T) {
 }
 
 func TestSendStopsWhenContextEnds(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		<-r.Context().Done()
-	}))
+	srv := httptest.NewServer(http.HandlerFunc(hang))
 	defer srv.Close()
 	s := newSink(t, httpsink.Config{URL: srv.URL, Timeout: time.Minute})
 

@@ -66,6 +66,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/throttlehq/throttle/consumer"
@@ -98,7 +99,7 @@ const DefaultMaxConns = 8
 // Sink inserts messages into a table. It is safe for concurrent use; it
 // holds a connection pool, which Close releases.
 type Sink struct {
-	pool     *pool
+	pool     *pgxpool.Pool
 	table    string // quoted
 	insert   string
 	idHeader string
@@ -140,16 +141,21 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 		maxConns = DefaultMaxConns
 	}
 	secrets := dsnSecrets(cfg.DSN)
-	pcfg, err := pgx.ParseConfig(cfg.DSN)
+	pcfg, err := pgxpool.ParseConfig(cfg.DSN)
 	if err != nil {
-		// Not wrapped: the parse error may carry the unredacted DSN.
-		return nil, fmt.Errorf("postgres sink: dsn: %s", redact(err.Error(), secrets))
+		// Not wrapped: the parse error carries the DSN.
+		return nil, fmt.Errorf("postgres sink: dsn: %s", parseErrorText(err, secrets))
 	}
-	if pw := pcfg.Password; pw != "" {
+	if pw := pcfg.ConnConfig.Password; pw != "" {
 		secrets = append(secrets, pw)
 	}
+	pcfg.MaxConns = int32(maxConns)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, redactErr(fmt.Errorf("postgres sink: creating pool: %w", err), secrets)
+	}
 	s := &Sink{
-		pool:     newPool(pcfg, maxConns),
+		pool:     pool,
 		table:    ident.Sanitize(),
 		idHeader: cfg.IDHeader,
 		secrets:  secrets,
@@ -157,23 +163,24 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 	s.insert = "INSERT INTO " + s.table +
 		" (id, payload, payload_raw, key, headers, source, received_at)" +
 		" VALUES ($1, $2, $3, $4, $5, $6, now()) ON CONFLICT (id) DO NOTHING"
-	conn, err := s.pool.acquire(ctx)
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
+		s.pool.Close()
 		return nil, redactErr(fmt.Errorf("postgres sink: connecting: %w", err), secrets)
 	}
-	err = s.check(ctx, conn, cfg)
-	s.pool.release(conn)
+	err = s.check(ctx, conn.Conn(), cfg)
+	conn.Release()
 	if err != nil {
-		s.pool.close()
+		s.pool.Close()
 		return nil, redactErr(fmt.Errorf("postgres sink: %w", err), secrets)
 	}
 	return s, nil
 }
 
-// Close closes the idle connections; connections in use are closed when
-// their Send returns. A Send after Close fails.
+// Close waits for Sends in progress and closes every connection. A Send
+// after Close fails.
 func (s *Sink) Close() error {
-	s.pool.close()
+	s.pool.Close()
 	return nil
 }
 
@@ -276,7 +283,7 @@ func (s *Sink) Send(ctx context.Context, msg consumer.Message) error {
 	if err != nil {
 		return consumer.Permanent(fmt.Errorf("encoding source of message %q: %w", id, err))
 	}
-	err = s.pool.exec(ctx, s.insert, id, payload, payloadRaw, msg.Key, string(hdrJSON), string(srcJSON))
+	_, err = s.pool.Exec(ctx, s.insert, id, payload, payloadRaw, msg.Key, string(hdrJSON), string(srcJSON))
 	if err != nil {
 		return classify(redactErr(fmt.Errorf("inserting message %q into %s: %w", id, s.table, err), s.secrets))
 	}
@@ -425,6 +432,31 @@ func dsnSecrets(dsn string) []string {
 }
 
 var passwordKV = regexp.MustCompile(`(?i)password=(?:'((?:[^'\\]|\\.)*)'|([^\s&]*))`)
+
+// parseErrorText describes a DSN parse error without quoting the DSN: in a
+// malformed DSN nothing tells a password from the rest, so the DSN is left
+// out rather than redacted. The rest of the text is redacted all the same.
+func parseErrorText(err error, secrets []string) string {
+	var pce *pgconn.ParseConfigError
+	if !errors.As(err, &pce) {
+		return redact(err.Error(), secrets)
+	}
+	// The text is "cannot parse `DSN`: reason" or "... reason (inner)".
+	text := pce.Error()
+	inner := errors.Unwrap(pce)
+	if inner != nil {
+		text = strings.TrimSuffix(text, " ("+inner.Error()+")")
+	}
+	if i := strings.LastIndex(text, "`: "); i >= 0 {
+		text = "invalid connection string: " + text[i+len("`: "):]
+	} else {
+		text = "invalid connection string"
+	}
+	if inner != nil {
+		text += " (" + inner.Error() + ")"
+	}
+	return redact(text, secrets)
+}
 
 // redact masks every secret in text.
 func redact(text string, secrets []string) string {

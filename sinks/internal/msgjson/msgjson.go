@@ -3,7 +3,6 @@
 package msgjson
 
 import (
-	"bytes"
 	"encoding/json"
 
 	"github.com/throttlehq/throttle/consumer"
@@ -51,5 +50,5 @@ func FromSource(s consumer.Source) Source {
 // IsJSON reports whether body is one valid JSON value. Surrounding white
 // space is allowed; an empty body is not JSON.
 func IsJSON(body []byte) bool {
-	return len(bytes.TrimSpace(body)) > 0 && json.Valid(body)
+	return json.Valid(body)
 }

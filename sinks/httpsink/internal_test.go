@@ -1,0 +1,110 @@
+package httpsink
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRetryAfterParse(t *testing.T) {
+	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		in     string
+		want   time.Duration
+		wantOK bool
+	}{
+		{"2", 2 * time.Second, true},
+		{" 120 ", 2 * time.Minute, true},
+		{"0", 0, true},
+		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second, true},
+		{"Sat, 01 Mar 2025 12:00:05 GMT", 5 * time.Second, true},
+		{"Saturday, 01-Mar-25 12:00:05 GMT", 5 * time.Second, true}, // RFC 850
+		{now.Add(-time.Minute).Format(http.TimeFormat), 0, true},
+		{"99999999999999999999", 0, false},
+		{"9999999999", 24 * time.Hour, true},
+		{"-1", 0, false},
+		{"1.5", 0, false},
+		{"soon", 0, false},
+		{"", 0, false},
+	}
+	for _, tt := range tests {
+		got, ok := retryAfter(tt.in, now)
+		if got != tt.want || ok != tt.wantOK {
+			t.Errorf("retryAfter(%q) = %v, %v; want %v, %v", tt.in, got, ok, tt.want, tt.wantOK)
+		}
+	}
+}
+
+func TestExpandEnv(t *testing.T) {
+	env := map[string]string{"TOKEN": "abc", "EMPTY": ""}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	tests := []struct {
+		in, want, wantErr string
+	}{
+		{in: "Bearer ${TOKEN}", want: "Bearer abc"},
+		{in: "no refs", want: "no refs"},
+		{in: "${EMPTY}", want: ""},
+		{in: "${EMPTY:-def}", want: "def"},
+		{in: "${UNSET:-def}", want: "def"},
+		{in: "$$5 $x $", want: "$5 $x $"},
+		{in: "$${TOKEN}", want: "${TOKEN}"},
+		{in: "${UNSET}", wantErr: "environment variable UNSET is not set"},
+		{in: "${A} ${B}", wantErr: "environment variables A, B are not set"},
+		{in: "${TOKEN", wantErr: "unterminated"},
+		{in: "${s3cret-value}", wantErr: "invalid variable reference"},
+	}
+	for _, tt := range tests {
+		got, err := expandEnv(tt.in, lookup)
+		switch {
+		case tt.wantErr != "":
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("expandEnv(%q) error = %v, want %q", tt.in, err, tt.wantErr)
+			}
+			if err != nil && strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("expandEnv(%q) error quotes the value: %v", tt.in, err)
+			}
+		case err != nil:
+			t.Errorf("expandEnv(%q): %v", tt.in, err)
+		case got != tt.want:
+			t.Errorf("expandEnv(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestFormFunc(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []any
+		want    string
+		wantErr bool
+	}{
+		{"pairs", []any{"b", "2", "a", 1}, "a=1&b=2", false},
+		{"map any", []any{map[string]any{"to": "+1", "tags": []any{"x", "y"}, "n": nil}}, "n=&tags=x&tags=y&to=%2B1", false},
+		{"map string", []any{map[string]string{"a": "&"}}, "a=%26", false},
+		{"odd args", []any{"a", "1", "b"}, "", true},
+		{"non-string key", []any{1, "x"}, "", true},
+		{"not a map", []any{"x"}, "", true},
+	}
+	for _, tt := range tests {
+		got, err := formFunc(tt.args...)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("%s: formFunc = %q, %v; want %q, error %v", tt.name, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestSnippet(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"", ""},
+		{"  short\r\n", "short"},
+		{"a\tb\x00c", "a b c"},
+		{"bad \xff utf8", "bad \uFFFD utf8"},
+		{strings.Repeat("z", snippetLen+10), strings.Repeat("z", snippetLen) + "…"},
+	}
+	for _, tt := range tests {
+		if got := snippet([]byte(tt.in)); got != tt.want {
+			t.Errorf("snippet(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
