@@ -66,8 +66,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/sinks/internal/msgjson"
