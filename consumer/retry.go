@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -84,7 +86,7 @@ func (p RetryPolicy) Process(ctx context.Context, h Handler, msg Message, obs *O
 	var timer *time.Timer
 	for attempt := 1; ; attempt++ {
 		msg.Attempt = attempt
-		err := h(ctx, msg)
+		err := call(ctx, h, msg)
 		if err == nil {
 			obs.delivered(msg)
 			return Outcome{Attempts: attempt}
@@ -110,6 +112,20 @@ func (p RetryPolicy) Process(ctx context.Context, h Handler, msg Message, obs *O
 		case <-timer.C:
 		}
 	}
+}
+
+// ErrHandlerPanic is wrapped, as a Permanent error, when a handler panics.
+// The panic is recovered so that one poison message is dead-lettered instead
+// of crashing every replica that receives it in turn.
+var ErrHandlerPanic = errors.New("handler panicked")
+
+func call(ctx context.Context, h Handler, msg Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = Permanent(fmt.Errorf("%w: %v", ErrHandlerPanic, r))
+		}
+	}()
+	return h(ctx, msg)
 }
 
 // Header names that the consumers add to a dead-lettered message.

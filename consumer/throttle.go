@@ -11,14 +11,14 @@ import (
 )
 
 // Limiter is what the consumers need from a rate limiter: a blocking wait for
-// cost tokens. *limiter.Limiter satisfies it.
+// cost tokens. *limiter.Bucket satisfies it.
 type Limiter interface {
 	Wait(ctx context.Context, cost int) error
 }
 
 // Pauser is a limiter that can be paused for every replica at once, as the
 // PushBack middleware does when a provider asks to slow down.
-// *limiter.Limiter satisfies it.
+// *limiter.Bucket satisfies it.
 type Pauser interface {
 	Pause(ctx context.Context, d time.Duration) error
 }

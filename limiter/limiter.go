@@ -119,6 +119,9 @@ type TakeResult struct {
 	// call; Rate is 0 while the bucket is paused.
 	Rate  float64
 	Burst int
+	// At is the store's clock when it answered. At+Wait is the instant, on
+	// the store's clock, when granted tokens are due.
+	At time.Time
 }
 
 // Store keeps the state of one token bucket. Implementations must make each

@@ -106,7 +106,7 @@ func (m *Memory) TakeAt(t time.Time, req TakeRequest) (TakeResult, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	tokens, ts := m.advance(now)
-	res := TakeResult{Rate: m.rate, Burst: m.burst, Remaining: tokens}
+	res := TakeResult{Rate: m.rate, Burst: m.burst, Remaining: tokens, At: time.UnixMicro(now)}
 	if ts > now {
 		res.Rate = 0
 	}

@@ -50,7 +50,7 @@ end
 //
 // KEYS: state, override. ARGV: rate, burst, cost, extra, max_wait_us, now_us.
 // Reply: {granted (1, 0, or -1 when cost > burst), tokens, wait_us,
-// remaining_milli, effective_rate_milli, burst}.
+// remaining_milli, effective_rate_milli, burst, now_us}.
 var takeScript = redis.NewScript(prelude + `
 local now = now_us(ARGV[6])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
@@ -58,7 +58,7 @@ local cost, extra, max_wait = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARG
 local tokens, ts = load(KEYS[1], now, rate, burst)
 local eff = rate
 if ts > now then eff = 0 end
-if cost > burst then return {-1, 0, 0, milli(tokens), milli(eff), burst} end
+if cost > burst then return {-1, 0, 0, milli(tokens), milli(eff), burst, now} end
 local after = tokens - cost
 local wait = ts - now
 if after < 0 then wait = wait + math.ceil(-after * 1e6 / rate) end
@@ -73,10 +73,10 @@ if wait <= 0 then
 else
   local horizon = 0
   if max_wait > 0 then horizon = math.max(max_wait, math.ceil(cost * 1e6 / rate)) end
-  if wait > horizon then return {0, 0, wait - horizon, milli(tokens), milli(eff), burst} end
+  if wait > horizon then return {0, 0, wait - horizon, milli(tokens), milli(eff), burst, now} end
 end
 save(KEYS[1], after, ts, now, rate, burst)
-return {1, got, wait, milli(after), milli(eff), burst}
+return {1, got, wait, milli(after), milli(eff), burst, now}
 `)
 
 // refundScript puts tokens back, up to burst.
@@ -146,6 +146,7 @@ local now = now_us(ARGV[3])
 local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-redis.call('PEXPIRE', KEYS[1], math.ceil(ttl / 1000) * 2)
+local keep = math.ceil(ttl / 1000) * 2
+if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
 return redis.call('ZCARD', KEYS[1])
 `)

@@ -127,7 +127,7 @@ func (s *Store) take(ctx context.Context, nowUS int64, req limiter.TakeRequest) 
 	if err != nil {
 		return limiter.TakeResult{}, s.fail("take", err)
 	}
-	if len(v) != 6 {
+	if len(v) != 7 {
 		return limiter.TakeResult{}, s.malformed("take", v)
 	}
 	res := limiter.TakeResult{
@@ -137,6 +137,7 @@ func (s *Store) take(ctx context.Context, nowUS int64, req limiter.TakeRequest) 
 		Remaining: float64(v[3]) / 1000,
 		Rate:      float64(v[4]) / 1000,
 		Burst:     int(v[5]),
+		At:        time.UnixMicro(v[6]),
 	}
 	if v[0] == -1 {
 		return res, fmt.Errorf("cost %d, burst %d: %w", req.Cost, res.Burst, limiter.ErrCostExceedsBurst)

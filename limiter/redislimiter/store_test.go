@@ -6,6 +6,7 @@ import (
 	"math"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -290,23 +291,93 @@ func TestCostAboveBurstFailsAtOnce(t *testing.T) {
 	}
 }
 
-// grants records when each Wait returned, per replica.
-type grants struct {
-	mu    sync.Mutex
-	times []time.Time
-	per   map[int]int
+// recordingStore records, on the store's own clock, the instant each
+// granted take is due. That is the schedule the bucket enforces, free of the
+// timer and scheduling jitter a client-side timestamp would add.
+type recordingStore struct {
+	*Store
+	mu  sync.Mutex
+	due []time.Time
 }
 
-func (g *grants) add(replica int, at time.Time) {
-	g.mu.Lock()
-	g.times = append(g.times, at)
-	g.per[replica]++
-	g.mu.Unlock()
+func (r *recordingStore) Take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+	res, err := r.Store.Take(ctx, req)
+	if err == nil && res.Granted {
+		r.mu.Lock()
+		r.due = append(r.due, res.At.Add(res.Wait))
+		r.mu.Unlock()
+	}
+	return res, err
 }
 
-// maxInWindow returns the most grants in any window of length w.
+// newRecordingBucket returns a limiter.Bucket on its own Redis connection,
+// and the recorder of its grants.
+func newRecordingBucket(t testing.TB, name string, rate float64, burst int, opts limiter.Options) (*limiter.Bucket, *recordingStore) {
+	t.Helper()
+	c := newClient(t)
+	s, err := New(c, Config{Bucket: name, Rate: rate, Burst: burst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recordingStore{Store: s}
+	b, err := limiter.New(rec, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b, rec
+}
+
+// saturate calls Wait in a loop from perReplica goroutines per bucket for
+// d, then lets every reservation already made come due, so that each
+// recorded grant was really used.
+func saturate(t *testing.T, buckets []*limiter.Bucket, perReplica int, d time.Duration) {
+	var stop atomic.Bool
+	time.AfterFunc(d, func() { stop.Store(true) })
+	var wg sync.WaitGroup
+	for i, b := range buckets {
+		for range perReplica {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for !stop.Load() {
+					if err := b.Wait(context.Background(), 1); err != nil {
+						t.Errorf("replica %d: %v", i, err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+}
+
+// schedule merges the recorders' grants and returns them in order, with
+// each replica's count of grants due within [first, first+d).
+func schedule(recs []*recordingStore, d time.Duration) (all []time.Time, per []int) {
+	for _, r := range recs {
+		all = append(all, r.due...)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].Before(all[j]) })
+	if len(all) == 0 {
+		return nil, make([]int, len(recs))
+	}
+	end := all[0].Add(d)
+	per = make([]int, len(recs))
+	for i, r := range recs {
+		for _, at := range r.due {
+			if at.Before(end) {
+				per[i]++
+			}
+		}
+	}
+	n := sort.Search(len(all), func(i int) bool { return !all[i].Before(end) })
+	return all[:n], per
+}
+
+// maxInWindow returns the most grants in any half-open window of length w
+// of the sorted times.
 func maxInWindow(times []time.Time, w time.Duration) int {
-	sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
 	best, lo := 0, 0
 	for hi := range times {
 		for times[hi].Sub(times[lo]) >= w {
@@ -315,33 +386,6 @@ func maxInWindow(times []time.Time, w time.Duration) int {
 		best = max(best, hi-lo+1)
 	}
 	return best
-}
-
-// saturate runs the replicas' Waits as fast as they are granted for d.
-func saturate(t *testing.T, buckets []*limiter.Bucket, perReplica int, d time.Duration) *grants {
-	g := &grants{per: map[int]int{}}
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	var wg sync.WaitGroup
-	for i, b := range buckets {
-		for range perReplica {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					if err := b.Wait(ctx, 1); err != nil {
-						if ctx.Err() == nil {
-							t.Errorf("replica %d: %v", i, err)
-						}
-						return
-					}
-					g.add(i, time.Now())
-				}
-			}()
-		}
-	}
-	wg.Wait()
-	return g
 }
 
 // TestAccuracyAcrossReplicas: 4 limiter instances on separate connections
@@ -355,26 +399,25 @@ func TestAccuracyAcrossReplicas(t *testing.T) {
 	const rate, burst, replicas = 200, 20, 4
 	const run = 10 * time.Second
 	var bs []*limiter.Bucket
+	var recs []*recordingStore
 	for range replicas {
-		bs = append(bs, newBucket(t, name, rate, burst, limiter.Options{}))
+		b, rec := newRecordingBucket(t, name, rate, burst, limiter.Options{})
+		bs, recs = append(bs, b), append(recs, rec)
 	}
-	g := saturate(t, bs, 2, run)
-	total := len(g.times)
+	saturate(t, bs, 2, run)
+	granted, per := schedule(recs, run)
+	total := len(granted)
 	want := float64(rate*run/time.Second + burst)
-	t.Logf("granted %d in %v (want %.0f ±2%%), shares %v, max in any 1 s window %d",
-		total, run, want, g.per, maxInWindow(g.times, time.Second))
+	worst := maxInWindow(granted, time.Second)
+	t.Logf("granted %d in %v (want %.0f ±2%%), shares %v, max in any 1 s window %d", total, run, want, per, worst)
 	if math.Abs(float64(total)-want) > 0.02*want {
 		t.Errorf("granted %d, want %.0f ±2%%", total, want)
 	}
-	// Grants are timestamped when Wait returns, which adds the timer's
-	// wake-up jitter at both ends of a window; the store's own schedule
-	// allows burst + rate·W in any window W. Measure windows 2 ms short of
-	// a second so that the jitter cannot count one grant twice.
-	if m := maxInWindow(g.times, time.Second-2*time.Millisecond); m > rate+burst {
-		t.Errorf("max grants in a 1 s window = %d, want <= %d", m, rate+burst)
+	if worst > rate+burst {
+		t.Errorf("max grants in a 1 s window = %d, want <= %d", worst, rate+burst)
 	}
-	for i := range replicas {
-		share := float64(g.per[i]) / float64(total)
+	for i, n := range per {
+		share := float64(n) / float64(total)
 		if math.Abs(share-0.25) > 0.025 {
 			t.Errorf("replica %d share = %.3f, want 0.25 ±10%%", i, share)
 		}
@@ -397,18 +440,24 @@ func TestClockSkewDoesNotChangeTheRate(t *testing.T) {
 	const rate, burst = 100, 10
 	const run = 3 * time.Second
 	var bs []*limiter.Bucket
+	var recs []*recordingStore
 	for _, skew := range []time.Duration{-7 * time.Minute, 0, 3 * time.Minute, 11 * time.Minute} {
-		bs = append(bs, newBucket(t, name, rate, burst, limiter.Options{Clock: skewedClock(skew)}))
+		b, rec := newRecordingBucket(t, name, rate, burst, limiter.Options{Clock: skewedClock(skew)})
+		bs, recs = append(bs, b), append(recs, rec)
 	}
-	g := saturate(t, bs, 1, run)
+	saturate(t, bs, 1, run)
+	granted, per := schedule(recs, run)
 	want := float64(rate*run/time.Second + burst)
-	t.Logf("skewed replicas granted %d in %v, want %.0f; shares %v", len(g.times), run, want, g.per)
-	if math.Abs(float64(len(g.times))-want) > 0.03*want {
-		t.Errorf("granted %d, want %.0f ±3%%", len(g.times), want)
+	t.Logf("skewed replicas granted %d in %v, want %.0f; shares %v", len(granted), run, want, per)
+	if math.Abs(float64(len(granted))-want) > 0.02*want {
+		t.Errorf("granted %d, want %.0f ±2%%", len(granted), want)
 	}
-	for i := range bs {
-		if g.per[i] < len(g.times)/8 {
-			t.Errorf("replica %d starved with skewed clock: %d of %d", i, g.per[i], len(g.times))
+	if worst := maxInWindow(granted, time.Second); worst > rate+burst {
+		t.Errorf("max grants in a 1 s window = %d, want <= %d", worst, rate+burst)
+	}
+	for i, n := range per {
+		if n < len(granted)/8 {
+			t.Errorf("replica %d starved with a skewed clock: %d of %d", i, n, len(granted))
 		}
 	}
 }
