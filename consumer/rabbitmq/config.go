@@ -91,7 +91,7 @@ type Config struct {
 	// Default slog.Default().
 	Logger *slog.Logger
 	// ConsumerTag names the consumer on the broker and the connection
-	// (connection_name). Default: a unique tag made by amqp091.
+	// (connection_name). Default "throttle-<host>-<pid>-<n>".
 	ConsumerTag string
 }
 

@@ -27,9 +27,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -117,9 +119,11 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 // the queue. Handlers get a context that keeps ctx's values but is cancelled
 // only at the drain deadline.
 //
-// Run returns an error only when its first connect is refused by the broker
-// for a reason retrying cannot fix: access refused, queue not found, or
-// queue arguments that conflict with Declare. Later failures are retried.
+// Run returns an error only when, before it ever got a session going, the
+// broker refuses the setup for a reason retrying cannot fix: access refused,
+// queue not found, or queue arguments that conflict with Declare. Once it
+// has consumed, every failure is retried. It returns ErrRunning when called
+// while another Run of the Consumer is active.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return ErrRunning
@@ -135,7 +139,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		sem:            make(chan struct{}, c.cfg.Concurrency),
 	}
 	var (
-		failures  int   // consecutive failed connects
+		retries   int   // backoff sleeps since the last successful connect
 		lastErr   error // why the previous session ended
 		connected bool  // whether a session was ever established
 	)
@@ -149,27 +153,28 @@ func (c *Consumer) Run(ctx context.Context) error {
 				r.drain()
 				return fmt.Errorf("rabbitmq: %w", err)
 			}
-			delay := c.backoff(failures)
-			failures++
-			c.log.Warn("rabbitmq connect failed", "url", c.url, "attempt", failures, "retry_in", delay, "err", err)
+			delay := c.backoff(retries)
+			retries++
+			c.log.Warn("rabbitmq connect failed", "url", c.url, "retry_in", delay, "err", err)
 			if !sleep(ctx, delay) {
 				break
 			}
 			continue
 		}
 		if connected {
-			c.log.Info("rabbitmq reconnected", "url", c.url, "attempts", failures+1, "cause", lastErr)
+			c.log.Info("rabbitmq reconnected", "url", c.url, "attempts", retries, "cause", lastErr)
 			c.cfg.Observer.ObserveReconnected(Broker, lastErr)
 		} else {
 			c.log.Info("rabbitmq connected", "url", c.url, "prefetch", c.cfg.Prefetch, "concurrency", c.cfg.Concurrency)
 		}
-		connected, failures = true, 0
+		connected, retries = true, 0
 
 		lastErr = r.serve(ctx, s)
 		if lastErr == nil {
 			return nil
 		}
-		delay := c.backoff(0)
+		delay := c.backoff(retries)
+		retries++
 		c.log.Warn("rabbitmq connection lost", "url", c.url, "retry_in", delay, "err", lastErr)
 		if !sleep(ctx, delay) {
 			break
@@ -220,6 +225,11 @@ func (r *run) serve(ctx context.Context, s *session) error {
 				<-r.sem
 				return broken(s.deliveriesClosed())
 			}
+			if ctx.Err() != nil {
+				// Shutting down: d stays unacked and is requeued.
+				<-r.sem
+				return r.shutdown(s, cancel)
+			}
 			r.wg.Add(1)
 			r.inflight.Add(1)
 			go func() {
@@ -265,7 +275,8 @@ func (r *run) shutdown(s *session, cancelSession context.CancelFunc) error {
 	cancelled := make(chan struct{})
 	go func() {
 		defer close(cancelled)
-		if err := s.ch.Cancel(r.tag, false); err != nil {
+		// ErrClosed only means that s closed first.
+		if err := s.ch.Cancel(r.tag, false); err != nil && !errors.Is(err, amqp.ErrClosed) {
 			r.log.Debug("rabbitmq consumer cancel failed", "err", err)
 		}
 	}()
@@ -321,8 +332,9 @@ func (r *run) handle(ctx context.Context, d amqp.Delivery) {
 			return
 		}
 		r.cfg.Observer.ObserveDeadLettered(msg, out.Err)
-		for k, v := range consumer.DeadLetterHeaders(msg, out) {
-			attrs = append(attrs, k, v)
+		h := consumer.DeadLetterHeaders(msg, out)
+		for _, k := range slices.Sorted(maps.Keys(h)) {
+			attrs = append(attrs, k, h[k])
 		}
 		r.log.Warn("rabbitmq message dead-lettered", attrs...)
 	}
@@ -472,12 +484,14 @@ func (c *Consumer) declare(ch *amqp.Channel) error {
 	return nil
 }
 
-// backoff returns the delay before the reconnect attempt that follows the
-// given number of consecutive failures: ReconnectBackoff·2^failures, capped
-// at MaxReconnectBackoff, with equal jitter.
-func (c *Consumer) backoff(failures int) time.Duration {
+// backoff returns the delay before a reconnect attempt, given the number of
+// earlier attempts since the connection was lost:
+// ReconnectBackoff·2^retries, capped at MaxReconnectBackoff, with equal
+// jitter (uniform between half and all of it), so that replicas that lost
+// the broker together do not all come back at once.
+func (c *Consumer) backoff(retries int) time.Duration {
 	d := c.cfg.ReconnectBackoff
-	for i := 0; i < failures && d < c.cfg.MaxReconnectBackoff; i++ {
+	for i := 0; i < retries && d < c.cfg.MaxReconnectBackoff; i++ {
 		d *= 2
 	}
 	d = min(d, c.cfg.MaxReconnectBackoff)

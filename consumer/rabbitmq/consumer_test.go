@@ -87,15 +87,27 @@ func newConsumer(t *testing.T, cfg rabbitmq.Config, h consumer.Handler) *rabbitm
 	return c
 }
 
-// redisBucket returns one replica's handle on the shared Redis bucket name.
-func redisBucket(t *testing.T, addr, name string, rate float64, burst int) *limiter.Bucket {
+// redisBucket returns one replica's handle on the shared Redis bucket name,
+// with conns Redis connections already open, as in a replica that has been
+// running; otherwise the first store calls pay for dialing. Every store
+// round trip is reported to rtt.
+func redisBucket(t *testing.T, addr, name string, rate float64, burst, conns int, rtt *lagLog) *limiter.Bucket {
 	t.Helper()
 	client := redis.NewClient(&redis.Options{Addr: addr})
+	var wg sync.WaitGroup
+	for range conns {
+		wg.Go(func() {
+			if err := client.Ping(context.Background()).Err(); err != nil {
+				t.Errorf("pinging Redis: %v", err)
+			}
+		})
+	}
+	wg.Wait()
 	store, err := redislimiter.New(client, redislimiter.Config{Bucket: name, Rate: rate, Burst: burst})
 	if err != nil {
 		t.Fatalf("redislimiter.New: %v", err)
 	}
-	b, err := limiter.New(store, limiter.Options{Logger: testLogger(t)})
+	b, err := limiter.New(timedStore{store, rtt}, limiter.Options{Logger: testLogger(t)})
 	if err != nil {
 		t.Fatalf("limiter.New: %v", err)
 	}
@@ -107,6 +119,78 @@ func redisBucket(t *testing.T, addr, name string, rate float64, burst int) *limi
 	return b
 }
 
+// timedStore reports the round trip of every Take to rtt. Embedding the
+// *redislimiter.Store keeps its heartbeats (limiter.ReplicaTracker).
+type timedStore struct {
+	*redislimiter.Store
+	rtt *lagLog
+}
+
+func (s timedStore) Take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+	start := time.Now()
+	res, err := s.Store.Take(ctx, req)
+	end := time.Now()
+	s.rtt.add(end, end.Sub(start))
+	return res, err
+}
+
+// lagLog records delays and when they ended. It is safe for concurrent use.
+type lagLog struct {
+	mu      sync.Mutex
+	samples []lagSample
+}
+
+type lagSample struct {
+	at  time.Time
+	lag time.Duration
+}
+
+func (l *lagLog) add(at time.Time, lag time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.samples = append(l.samples, lagSample{at, lag})
+}
+
+// max returns the largest delay that ended within [from, to].
+func (l *lagLog) max(from, to time.Time) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var m time.Duration
+	for _, s := range l.samples {
+		if !s.at.Before(from) && !s.at.After(to) {
+			m = max(m, s.lag)
+		}
+	}
+	return m
+}
+
+// probeWakeLag records, until stop is called, how late this process wakes
+// from short timers: the delay that a loaded machine adds to every
+// Bucket.Wait sleep and handler start.
+func probeWakeLag(l *lagLog) (stop func()) {
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		const tick = 2 * time.Millisecond
+		timer := time.NewTimer(tick)
+		defer timer.Stop()
+		for {
+			start := time.Now()
+			timer.Reset(tick)
+			select {
+			case <-done:
+				return
+			case now := <-timer.C:
+				l.add(now, now.Sub(start)-tick)
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+	}
+}
+
 // TestSharedRate runs three replicas on one queue and one Redis bucket, and
 // checks the aggregate rate they deliver at.
 func TestSharedRate(t *testing.T) {
@@ -115,6 +199,7 @@ func TestSharedRate(t *testing.T) {
 		rate     = 50.0
 		burst    = 5
 		replicas = 3
+		prefetch = 10
 	)
 	b := newBroker(t)
 	redisAddr := testenv.RedisAddr(t)
@@ -129,20 +214,23 @@ func TestSharedRate(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	var rtt, wake lagLog
 	var runs []func(context.Context) error
 	for range replicas {
 		c := newConsumer(t, rabbitmq.Config{
 			URL:      b.url,
 			Queue:    q,
-			Prefetch: 10,
-			Limiter:  redisBucket(t, redisAddr, bucket, rate, burst),
+			Prefetch: prefetch,
+			Limiter:  redisBucket(t, redisAddr, bucket, rate, burst, prefetch, &rtt),
 		}, h)
 		runs = append(runs, c.Run)
 	}
+	stopProbe := probeWakeLag(&wake)
 	wait := runAll(t, ctx, runs...)
 	tr.wait(t, 30*time.Second)
 	cancel()
 	wait()
+	stopProbe()
 
 	if m := tr.missing(ids); len(m) > 0 {
 		t.Fatalf("%d messages never handled, first %s", len(m), m[0])
@@ -159,18 +247,40 @@ func TestSharedRate(t *testing.T) {
 	// start; measure from the first message after the burst to the last.
 	span := calls[len(calls)-1].Sub(calls[burst])
 	measured := float64(len(calls)-1-burst) / span.Seconds()
-	maxWindow := 0
-	for i := range calls {
-		j, _ := slices.BinarySearchFunc(calls, calls[i].Add(time.Second), func(a, b time.Time) int { return a.Compare(b) })
-		maxWindow = max(maxWindow, j-i)
+	// The bucket grants at most burst + rate·1s = 55 tokens in any second.
+	// A call starts after its grant, late by up to the store's round trip
+	// plus the process's wake-up lag (Bucket.Wait sleeps after the reply),
+	// so a window of calls may hold grants from a span longer by that lag.
+	// On a quiet machine the lag is a few ms and the limit is 55; when the
+	// machine stalls (CI runs packages in parallel), the windows around the
+	// stall may hold rate·lag more.
+	type window struct {
+		count, limit int
+		at, lag      time.Duration
 	}
-	t.Logf("shared rate: %d replicas, %d calls for %d messages, %.2f msg/s after the burst (want %.0f ±3%%), max %d in any 1s window (limit 55), total %v",
-		replicas, len(calls), n, measured, rate, maxWindow, calls[len(calls)-1].Sub(calls[0]).Round(time.Millisecond))
+	var fullest, worst window // most calls; most calls above the limit
+	for i := range calls {
+		from, to := calls[i], calls[i].Add(time.Second)
+		j, _ := slices.BinarySearchFunc(calls, to, func(a, b time.Time) int { return a.Compare(b) })
+		lag := rtt.max(from.Add(-200*time.Millisecond), to) + wake.max(from.Add(-200*time.Millisecond), to)
+		w := window{count: j - i, limit: burst + int(rate) + int(rate*lag.Seconds()), at: from.Sub(calls[0]), lag: lag}
+		if w.count > fullest.count {
+			fullest = w
+		}
+		if i == 0 || w.count-w.limit > worst.count-worst.limit {
+			worst = w
+		}
+	}
+	t.Logf("shared rate: %d replicas, %d calls for %d messages, %.2f msg/s after the burst (want %.0f ±3%%); "+
+		"max %d in any 1s window (at +%v, limit %d with %v lag); total %v",
+		replicas, len(calls), n, measured, rate, fullest.count, fullest.at.Round(time.Millisecond), fullest.limit,
+		fullest.lag.Round(time.Millisecond), calls[len(calls)-1].Sub(calls[0]).Round(time.Millisecond))
 	if measured < rate*0.97 || measured > rate*1.03 {
 		t.Errorf("aggregate rate %.2f msg/s, want %.0f ±3%%", measured, rate)
 	}
-	if maxWindow > 55 {
-		t.Errorf("%d messages in one 1s window, want at most 55", maxWindow)
+	if worst.count > worst.limit {
+		t.Errorf("%d calls in the 1s window at +%v, want at most %d (55 + %.0f/s × %v of measured lag)",
+			worst.count, worst.at.Round(time.Millisecond), worst.limit, rate, worst.lag.Round(time.Millisecond))
 	}
 }
 
@@ -372,9 +482,11 @@ func TestBrokenConnection(t *testing.T) {
 
 	tr := newTracker(n)
 	cutNow := make(chan struct{})
+	var cutOnce sync.Once
 	h := func(ctx context.Context, msg consumer.Message) error {
-		if tr.record(msg) == cutAt {
-			close(cutNow)
+		// Redeliveries of handled messages return the same count again.
+		if tr.record(msg) >= cutAt {
+			cutOnce.Do(func() { close(cutNow) })
 		}
 		return nil
 	}
@@ -416,6 +528,52 @@ func TestBrokenConnection(t *testing.T) {
 	}
 	t.Logf("broken connection: %d reconnect(s) after %v; %d calls for %d messages, %d redelivered",
 		reconnects.Load(), cause, len(tr.calls), n, len(tr.redeliv))
+}
+
+// TestQueueRecreated deletes the queue under a running consumer, which makes
+// the broker cancel it, and declares it again: the consumer must keep
+// retrying and resume on the new queue.
+func TestQueueRecreated(t *testing.T) {
+	b := newBroker(t)
+	q := b.declareQueue(t)
+	b.publish(t, q, 1)
+
+	tr := newTracker(2)
+	first := make(chan struct{})
+	var firstOnce sync.Once
+	h := func(_ context.Context, msg consumer.Message) error {
+		tr.record(msg)
+		firstOnce.Do(func() { close(first) })
+		return nil
+	}
+	var reconnects atomic.Int64
+	obs := &consumer.Observer{Reconnected: func(string, error) { reconnects.Add(1) }}
+	c := newConsumer(t, rabbitmq.Config{
+		URL: b.url, Queue: q, Declare: false, Observer: obs,
+		ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 100 * time.Millisecond,
+	}, h)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wait := runAll(t, ctx, c.Run)
+	select {
+	case <-first:
+	case <-time.After(10 * time.Second):
+		t.Fatal("first message not handled after 10s")
+	}
+	_, err := b.ch.QueueDelete(q, false, false, false)
+	must(t, err)
+	time.Sleep(300 * time.Millisecond) // let the consumer fail a few times
+	_, err = b.ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-dead-letter-exchange": q + ".dlx"})
+	must(t, err)
+	// m-0000 again, but the tracker counts ids: publish a second one.
+	_, err = b.ch.PublishWithDeferredConfirmWithContext(ctx, "", q, false, false, amqp.Publishing{MessageId: "after"})
+	must(t, err)
+	tr.wait(t, 10*time.Second)
+	cancel()
+	wait()
+	if reconnects.Load() != 1 {
+		t.Errorf("%d reconnects, want 1", reconnects.Load())
+	}
 }
 
 // TestGracefulShutdown cancels Run while handlers are in flight.
