@@ -160,3 +160,17 @@ func TestDeadLetterHeaders(t *testing.T) {
 		}
 	}
 }
+
+func TestClosedLimiterAbandonsInsteadOfDeadLettering(t *testing.T) {
+	b, err := limiter.NewLocal(1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	calls := 0
+	h := consumer.Chain(func(context.Context, consumer.Message) error { calls++; return nil }, consumer.Throttle(b, nil))
+	o := fastRetry.Process(context.Background(), h, consumer.Message{}, nil)
+	if !o.Abandoned || o.Attempts != 1 || calls != 0 {
+		t.Fatalf("outcome with a closed limiter = %+v, handler calls %d; want abandoned at once", o, calls)
+	}
+}

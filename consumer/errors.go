@@ -66,3 +66,10 @@ func RetryAfterOf(err error) (time.Duration, bool) {
 	}
 	return 0, false
 }
+
+// ErrAbandoned marks a message that was not handled and must be neither
+// committed nor dead-lettered, so that the broker delivers it again. Process
+// returns an Abandoned outcome for it. The Throttle middleware uses it when
+// the limiter was closed under a running consumer, which happens during
+// shutdown.
+var ErrAbandoned = errors.New("message abandoned for redelivery")

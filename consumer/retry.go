@@ -79,8 +79,9 @@ func (o Outcome) Delivered() bool { return o.Err == nil && !o.Abandoned }
 // the policy's attempts, sleeping Delay between attempts. It sets
 // msg.Attempt for each call and reports each failure to obs, which may be nil.
 //
-// When ctx ends, during an attempt or a backoff, Process stops and returns an
-// Abandoned outcome. Process is safe for concurrent use.
+// When ctx ends, during an attempt or a backoff, or the handler returns an
+// error that wraps ErrAbandoned, Process stops and returns an Abandoned
+// outcome. Process is safe for concurrent use.
 func (p RetryPolicy) Process(ctx context.Context, h Handler, msg Message, obs *Observer) Outcome {
 	p = p.withDefaults()
 	var timer *time.Timer
@@ -91,7 +92,7 @@ func (p RetryPolicy) Process(ctx context.Context, h Handler, msg Message, obs *O
 			obs.delivered(msg)
 			return Outcome{Attempts: attempt}
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(err, ErrAbandoned) {
 			return Outcome{Attempts: attempt, Err: err, Abandoned: true}
 		}
 		obs.failed(msg, err)

@@ -67,8 +67,11 @@ func Throttle(l Limiter, cost CostFunc) Middleware {
 				return err
 			}
 			if err := l.Wait(ctx, n); err != nil {
-				if errors.Is(err, limiter.ErrCostExceedsBurst) {
+				switch {
+				case errors.Is(err, limiter.ErrCostExceedsBurst):
 					return Permanent(fmt.Errorf("waiting for %d tokens: %w", n, err))
+				case errors.Is(err, limiter.ErrClosed):
+					return fmt.Errorf("waiting for %d tokens: %w (%w)", n, ErrAbandoned, err)
 				}
 				return fmt.Errorf("waiting for %d tokens: %w", n, err)
 			}

@@ -4,11 +4,14 @@
 //
 // # Flow
 //
-// One goroutine fetches messages (Reader.FetchMessage) and hands each to a
-// worker chosen by its partition, so a partition is never worked on by two
-// workers at once and its order is kept, while up to Config.Concurrency
-// partitions are worked in parallel. Worker queues are small and bounded:
-// when the workers fall behind, fetching blocks. For each message the worker
+// One goroutine fetches messages (Reader.FetchMessage) and hands each to the
+// worker of its partition: partitions are given to the Config.Concurrency
+// workers round-robin when first seen and keep their worker, so a partition
+// is never worked on by two workers at once and its order is kept, while up
+// to Concurrency partitions are worked in parallel. At most Config.QueueSize fetched
+// messages wait for their workers; then fetching blocks until a worker takes
+// one (backpressure). The bound is shared, not per worker, so a backlog on
+// one partition does not keep the other workers idle. For each message the worker
 // waits on the limiter for the message's cost (consumer.Throttle), calls the
 // handler under the retry policy, and dead-letters the message when the
 // error is permanent or the attempts run out. Only a message that was
@@ -88,10 +91,16 @@ const (
 	DefaultCommitTimeout = 10 * time.Second
 )
 
-// workerQueue is the number of fetched messages buffered per worker. It is
-// small on purpose: buffered messages of a partition that a rebalance moves
-// away are handled here and by the new owner.
-const workerQueue = 8
+// DefaultQueueSize is the default of Config.QueueSize.
+const DefaultQueueSize = 100
+
+// DefaultMaxWait is the fetch long-poll time the consumer gives kafka-go's
+// reader unless ConfigureReader sets MaxWait. kafka-go's own default is
+// 10s, and its reader cannot interrupt a fetch: closing it, and every
+// rebalance, waits for the fetch to end. 500ms is the Java client's
+// default and keeps shutdown and rebalances quick, at the cost of one
+// fetch request per partition per 500ms when the topic is idle.
+const DefaultMaxWait = 500 * time.Millisecond
 
 // Sentinel errors.
 var (
@@ -114,8 +123,16 @@ type Config struct {
 	// topic's partitions.
 	Group string
 	// Concurrency is the number of partitions handled in parallel. A
-	// partition is never handled concurrently with itself. Default 1.
+	// partition is never handled concurrently with itself. The handler is
+	// called from up to Concurrency goroutines at once. Default 1.
 	Concurrency int
+	// QueueSize bounds the fetched messages that wait for a worker, across
+	// all partitions; when it is reached, fetching blocks. A larger queue
+	// keeps more workers busy when one partition has a backlog; a smaller
+	// one means fewer messages handled twice after a rebalance, since
+	// queued messages of a partition that moved away are still handled
+	// here. Default 100.
+	QueueSize int
 	// DeadLetterTopic receives the messages that fail permanently or run
 	// out of attempts. Default Topic + ".dlq". The writer may create it
 	// (AllowAutoTopicCreation), but production clusters usually disable
@@ -129,14 +146,18 @@ type Config struct {
 	// Limiter, when set, is waited on for every handler attempt with the
 	// message's cost, through consumer.Throttle. When nil the consumer
 	// does not throttle; the handler may still be wrapped by the caller.
+	// Close the limiter only after Run returned: a failed wait counts as a
+	// failed attempt.
 	Limiter consumer.Limiter
 	// Cost gives a message's cost in tokens. Default consumer.CostOne.
 	// It requires Limiter.
 	Cost consumer.CostFunc
-	// Pauser, when set, is paused when the handler returns an error made
-	// with consumer.RetryAfter (consumer.PushBack), for at most MaxPause
-	// (0 means no cap).
-	Pauser   consumer.Pauser
+	// Pauser, when set, is paused for every replica when the handler
+	// returns an error made with consumer.RetryAfter (consumer.PushBack).
+	// Usually it is the same bucket as Limiter.
+	Pauser consumer.Pauser
+	// MaxPause caps a pause asked for by a handler. Default 0: no cap
+	// beyond the Pauser's own.
 	MaxPause time.Duration
 	// Retry is the retry policy for failed handlers. The zero value uses
 	// consumer.RetryPolicy's defaults.
@@ -165,10 +186,10 @@ type Config struct {
 	// reset afterwards. Setting CommitInterval makes commits asynchronous:
 	// fewer broker calls, more redelivery after a crash.
 	//
-	// The group timeouts keep kafka-go's defaults unless set here:
-	// HeartbeatInterval 3s, SessionTimeout 30s, RebalanceTimeout 30s,
-	// JoinGroupBackoff 5s. A crashed replica's partitions move after
-	// SessionTimeout.
+	// The consumer sets MaxWait to DefaultMaxWait. The group timeouts keep
+	// kafka-go's defaults unless set here: HeartbeatInterval 3s,
+	// SessionTimeout 30s, RebalanceTimeout 30s, JoinGroupBackoff 5s. A
+	// crashed replica's partitions move after SessionTimeout.
 	ConfigureReader func(*kafkago.ReaderConfig)
 	// ConfigureWriter, when set, may adjust the dead-letter writer, such as
 	// its batching or compression. Topic is reset afterwards and Async is
@@ -186,6 +207,9 @@ type Consumer struct {
 	handler consumer.Handler
 	rc      kafkago.ReaderConfig
 	log     *slog.Logger
+	// closing turns kafka-go's error log down to debug level while the
+	// reader shuts down, when its errors are expected.
+	closing atomic.Bool
 
 	mu      sync.Mutex
 	started bool
@@ -232,6 +256,8 @@ func (cfg *Config) setDefaults(h consumer.Handler) error {
 		return invalid("Group must not be empty")
 	case cfg.Concurrency < 0:
 		return invalid("Concurrency %d must not be negative", cfg.Concurrency)
+	case cfg.QueueSize < 0:
+		return invalid("QueueSize %d must not be negative", cfg.QueueSize)
 	case cfg.MaxPause < 0:
 		return invalid("MaxPause %v must not be negative", cfg.MaxPause)
 	case cfg.DrainTimeout < 0:
@@ -248,6 +274,9 @@ func (cfg *Config) setDefaults(h consumer.Handler) error {
 	}
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = 1
+	}
+	if cfg.QueueSize == 0 {
+		cfg.QueueSize = DefaultQueueSize
 	}
 	if cfg.DeadLetterTopic == "" {
 		cfg.DeadLetterTopic = cfg.Topic + ".dlq"
@@ -281,8 +310,13 @@ func (c *Consumer) readerConfig() (kafkago.ReaderConfig, error) {
 	rc := kafkago.ReaderConfig{
 		Dialer:      c.cfg.Dialer,
 		StartOffset: c.cfg.StartOffset,
+		MaxWait:     DefaultMaxWait,
 		ErrorLogger: kafkago.LoggerFunc(func(format string, args ...any) {
-			log.Warn("kafka-go: "+fmt.Sprintf(format, args...), "topic", c.cfg.Topic, "group", c.cfg.Group)
+			level := slog.LevelWarn
+			if c.closing.Load() {
+				level = slog.LevelDebug
+			}
+			log.Log(context.Background(), level, "kafka-go: "+fmt.Sprintf(format, args...), "topic", c.cfg.Topic, "group", c.cfg.Group)
 		}),
 	}
 	if c.cfg.ConfigureReader != nil {
@@ -352,6 +386,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	transport := newTransport(c.cfg.Dialer)
 	writer := c.newWriter(transport)
 	err := c.consume(ctx, reader, writer)
+	c.closing.Store(true)
 	// Close leaves the group, so the other members take over at once.
 	if cerr := reader.Close(); cerr != nil {
 		c.log.Warn("closing kafka reader", "topic", c.cfg.Topic, "error", cerr)
@@ -402,19 +437,23 @@ func (c *Consumer) consume(ctx context.Context, r reader, w messageWriter) error
 	}()
 
 	dl := &deadLetterer{w: w, topic: c.cfg.DeadLetterTopic, log: c.log}
+	// A slot is taken before each fetch and given back when a worker takes
+	// the message, so at most QueueSize messages wait, and a send to a
+	// queue (of the same capacity) never blocks.
+	slots := make(chan struct{}, c.cfg.QueueSize)
 	var draining atomic.Bool
 	queues := make([]chan kafkago.Message, c.cfg.Concurrency)
 	var wg sync.WaitGroup
 	for i := range queues {
-		queues[i] = make(chan kafkago.Message, workerQueue)
+		queues[i] = make(chan kafkago.Message, c.cfg.QueueSize)
 		wg.Add(1)
 		go func(q <-chan kafkago.Message) {
 			defer wg.Done()
-			c.work(hctx, q, &draining, dl, com)
+			c.work(hctx, q, slots, &draining, dl, com)
 		}(queues[i])
 	}
 
-	err := c.fetch(ctx, r, queues)
+	err := c.fetch(ctx, r, slots, queues)
 
 	draining.Store(true)
 	for _, q := range queues {
@@ -448,12 +487,24 @@ func (c *Consumer) consume(ctx context.Context, r reader, w messageWriter) error
 }
 
 // fetch reads messages and dispatches each to the worker of its partition
-// until ctx ends (nil) or a fatal error. A full worker queue blocks it.
-func (c *Consumer) fetch(ctx context.Context, r reader, queues []chan kafkago.Message) error {
+// until ctx ends (nil) or a fatal error. It blocks while all slots are
+// taken.
+func (c *Consumer) fetch(ctx context.Context, r reader, slots chan struct{}, queues []chan kafkago.Message) error {
+	// Partitions go to workers round-robin as they are first seen, which
+	// spreads them more evenly than partition modulo workers when this
+	// replica owns only some of them. A partition keeps its worker, so it
+	// is never handled by two at once.
+	workerOf := make(map[int]int)
 	var delay time.Duration
 	for {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
 		m, err := r.FetchMessage(ctx)
 		if err != nil {
+			<-slots
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -471,11 +522,12 @@ func (c *Consumer) fetch(ctx context.Context, r reader, queues []chan kafkago.Me
 		if c.cfg.Observer != nil {
 			c.cfg.Observer.ObserveReceived(ToMessage(m))
 		}
-		select {
-		case queues[m.Partition%len(queues)] <- m:
-		case <-ctx.Done():
-			return nil
+		w, ok := workerOf[m.Partition]
+		if !ok {
+			w = len(workerOf) % len(queues)
+			workerOf[m.Partition] = w
 		}
+		queues[w] <- m
 	}
 }
 
@@ -499,9 +551,10 @@ func isFatal(err error) bool {
 // work handles the messages of its queue in order. After a message that
 // could not be finished (the drain deadline passed), it handles nothing
 // more, so no later message of that partition is committed.
-func (c *Consumer) work(ctx context.Context, q <-chan kafkago.Message, draining *atomic.Bool, dl *deadLetterer, com *committer) {
+func (c *Consumer) work(ctx context.Context, q <-chan kafkago.Message, slots <-chan struct{}, draining *atomic.Bool, dl *deadLetterer, com *committer) {
 	stopped := false
 	for m := range q {
+		<-slots
 		if stopped || draining.Load() || ctx.Err() != nil {
 			continue // not started: left uncommitted, the group redelivers it
 		}

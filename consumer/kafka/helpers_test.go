@@ -81,7 +81,7 @@ func fastGroup(rc *kafkago.ReaderConfig) {
 	}
 	rc.RebalanceTimeout = 2 * time.Second
 	rc.JoinGroupBackoff = 100 * time.Millisecond
-	rc.MaxWait = 100 * time.Millisecond
+	rc.MaxWait = 250 * time.Millisecond
 	rc.ReadBackoffMin = 10 * time.Millisecond
 	rc.ReadBackoffMax = 100 * time.Millisecond
 }

@@ -1,0 +1,427 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/limiter"
+)
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	ok := func(context.Context, consumer.Message) error { return nil }
+	l, err := limiter.NewLocal(10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	base := func() Config { return Config{Brokers: []string{"127.0.0.1:9092"}, Topic: "t", Group: "g"} }
+	cases := []struct {
+		name   string
+		mutate func(*Config)
+		h      consumer.Handler
+		want   string
+	}{
+		{"nil handler", func(*Config) {}, nil, "handler"},
+		{"no brokers", func(c *Config) { c.Brokers = nil }, ok, "Brokers"},
+		{"broker without port", func(c *Config) { c.Brokers = []string{"localhost"} }, ok, "Brokers[0]"},
+		{"no topic", func(c *Config) { c.Topic = "" }, ok, "Topic"},
+		{"no group", func(c *Config) { c.Group = "" }, ok, "Group"},
+		{"negative concurrency", func(c *Config) { c.Concurrency = -1 }, ok, "Concurrency"},
+		{"dead-letter topic is the topic", func(c *Config) { c.DeadLetterTopic = "t" }, ok, "DeadLetterTopic"},
+		{"bad start offset", func(c *Config) { c.StartOffset = 42 }, ok, "StartOffset"},
+		{"negative drain timeout", func(c *Config) { c.DrainTimeout = -time.Second }, ok, "DrainTimeout"},
+		{"negative commit timeout", func(c *Config) { c.CommitTimeout = -time.Second }, ok, "CommitTimeout"},
+		{"negative max pause", func(c *Config) { c.MaxPause = -time.Second }, ok, "MaxPause"},
+		{"cost without limiter", func(c *Config) { c.Cost = consumer.CostOne }, ok, "Limiter"},
+		{"reader hook breaks backoff", func(c *Config) {
+			c.ConfigureReader = func(rc *kafkago.ReaderConfig) { rc.ReadBackoffMax = time.Millisecond }
+		}, ok, "ReadBackoffMax"},
+		{"reader hook breaks group", func(c *Config) {
+			c.ConfigureReader = func(rc *kafkago.ReaderConfig) { rc.SessionTimeout = -time.Second }
+		}, ok, "SessionTimeout"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := base()
+			tc.mutate(&cfg)
+			_, err := New(cfg, tc.h)
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New() = %v, want ErrInvalidConfig naming %q", err, tc.want)
+			}
+		})
+	}
+
+	t.Run("defaults", func(t *testing.T) {
+		cfg := base()
+		cfg.Limiter = l
+		cfg.Cost = consumer.CostFromHeader("x-cost")
+		c, err := New(cfg, ok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.cfg.Concurrency != 1 || c.cfg.DeadLetterTopic != "t.dlq" || c.cfg.StartOffset != kafkago.FirstOffset ||
+			c.cfg.DrainTimeout != DefaultDrainTimeout || c.cfg.CommitTimeout != DefaultCommitTimeout {
+			t.Fatalf("defaults not applied: %+v", c.cfg)
+		}
+		if c.rc.GroupID != "g" || c.rc.Topic != "t" || c.rc.CommitInterval != 0 {
+			t.Fatalf("reader config: %+v", c.rc)
+		}
+	})
+}
+
+func TestRunOnceAndClose(t *testing.T) {
+	c, err := New(Config{Brokers: []string{"127.0.0.1:1"}, Topic: "t", Group: "g"},
+		func(context.Context, consumer.Message) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Run(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Run after Close = %v, want ErrClosed", err)
+	}
+}
+
+func TestToMessage(t *testing.T) {
+	ts := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	cases := []struct {
+		name    string
+		in      kafkago.Message
+		headers map[string]string
+	}{
+		{"no headers", kafkago.Message{Topic: "t", Partition: 2, Offset: 7, Key: []byte("k"), Value: []byte("v"), Time: ts}, nil},
+		{"last header wins", kafkago.Message{Topic: "t", Partition: 0, Offset: 1, Value: []byte("v"), Time: ts,
+			Headers: []kafkago.Header{{Key: "a", Value: []byte("1")}, {Key: "b", Value: []byte("x")}, {Key: "a", Value: []byte("2")}}},
+			map[string]string{"a": "2", "b": "x"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := ToMessage(tc.in)
+			if string(m.Key) != string(tc.in.Key) || string(m.Body) != string(tc.in.Value) || !m.Time.Equal(ts) || m.Attempt != 0 {
+				t.Fatalf("ToMessage = %+v", m)
+			}
+			want := consumer.Source{Broker: "kafka", Topic: tc.in.Topic, Partition: tc.in.Partition, Offset: tc.in.Offset}
+			if m.Source != want {
+				t.Fatalf("Source = %+v, want %+v", m.Source, want)
+			}
+			if len(m.Headers) != len(tc.headers) {
+				t.Fatalf("Headers = %v, want %v", m.Headers, tc.headers)
+			}
+			for k, v := range tc.headers {
+				if m.Headers[k] != v {
+					t.Fatalf("Headers = %v, want %v", m.Headers, tc.headers)
+				}
+			}
+		})
+	}
+	if m := ToMessage(kafkago.Message{}); m.Time.IsZero() {
+		t.Fatal("a message without a timestamp must get the current time")
+	}
+}
+
+func TestWait(t *testing.T) {
+	l, err := limiter.NewLocal(1000, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cost := consumer.CostFromHeader("x-cost")
+	withCost := func(v string) kafkago.Message {
+		return kafkago.Message{Headers: []kafkago.Header{{Key: "x-cost", Value: []byte(v)}}}
+	}
+	cases := []struct {
+		name      string
+		msg       kafkago.Message
+		cost      consumer.CostFunc
+		permanent bool
+	}{
+		{"default cost", kafkago.Message{}, nil, false},
+		{"cost from header", withCost("3"), cost, false},
+		{"cost above burst", withCost("4"), cost, true},
+		{"cost not a number", withCost("many"), cost, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Wait(context.Background(), l, tc.msg, tc.cost)
+			if got := consumer.IsPermanent(err); got != tc.permanent || (!tc.permanent && err != nil) {
+				t.Fatalf("Wait = %v, want permanent=%v", err, tc.permanent)
+			}
+		})
+	}
+	t.Run("context ends while waiting", func(t *testing.T) {
+		slow, err := limiter.NewLocal(1, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer slow.Close()
+		if err := Wait(context.Background(), slow, kafkago.Message{}, nil); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		if err := Wait(ctx, slow, kafkago.Message{}, nil); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Wait on an empty bucket = %v, want the context's error", err)
+		}
+	})
+}
+
+func TestDeadLetterHeaders(t *testing.T) {
+	orig := []kafkago.Header{{Key: "trace", Value: []byte("abc")}, {Key: consumer.HeaderAttempts, Value: []byte("stale")}}
+	got := deadLetterHeaders(orig, map[string]string{consumer.HeaderAttempts: "3", consumer.HeaderError: "boom"})
+	want := []string{"trace=abc", consumer.HeaderAttempts + "=3", consumer.HeaderError + "=boom"}
+	if len(got) != len(want) {
+		t.Fatalf("headers = %v, want %v", got, want)
+	}
+	for i, h := range got {
+		if h.Key+"="+string(h.Value) != want[i] {
+			t.Fatalf("headers = %v, want %v", got, want)
+		}
+	}
+}
+
+// fakeReader serves queued messages and records commits. Commits fail
+// while failCommits > 0.
+type fakeReader struct {
+	msgs chan kafkago.Message
+
+	mu          sync.Mutex
+	commits     map[int]int64 // partition -> next offset
+	failCommits int
+}
+
+func newFakeReader(msgs ...kafkago.Message) *fakeReader {
+	r := &fakeReader{msgs: make(chan kafkago.Message, len(msgs)), commits: map[int]int64{}}
+	for _, m := range msgs {
+		r.msgs <- m
+	}
+	return r
+}
+
+func (r *fakeReader) FetchMessage(ctx context.Context) (kafkago.Message, error) {
+	select {
+	case m := <-r.msgs:
+		return m, nil
+	case <-ctx.Done():
+		return kafkago.Message{}, ctx.Err()
+	}
+}
+
+func (r *fakeReader) CommitMessages(ctx context.Context, msgs ...kafkago.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failCommits > 0 {
+		r.failCommits--
+		return kafkago.RebalanceInProgress
+	}
+	for _, m := range msgs {
+		r.commits[m.Partition] = m.Offset + 1
+	}
+	return nil
+}
+
+func (r *fakeReader) committed() map[int]int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[int]int64{}
+	for k, v := range r.commits {
+		out[k] = v
+	}
+	return out
+}
+
+// fakeWriter fails the first fail writes.
+type fakeWriter struct {
+	mu     sync.Mutex
+	fail   int
+	calls  int
+	writes []kafkago.Message
+}
+
+func (w *fakeWriter) WriteMessages(ctx context.Context, msgs ...kafkago.Message) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls++
+	if w.fail != 0 {
+		if w.fail > 0 {
+			w.fail--
+		}
+		return errors.New("broker unavailable")
+	}
+	w.writes = append(w.writes, msgs...)
+	return nil
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func msgs(partition int, offsets ...int64) []kafkago.Message {
+	var out []kafkago.Message
+	for _, o := range offsets {
+		out = append(out, kafkago.Message{Topic: "t", Partition: partition, Offset: o, Value: []byte("v")})
+	}
+	return out
+}
+
+// TestConsumeCommits drives the consume loop with a fake reader and writer,
+// so the commit rules are checked without a broker.
+func TestConsumeCommits(t *testing.T) {
+	type result struct {
+		committed  map[int]int64
+		deadLetter int
+	}
+	cases := []struct {
+		name string
+		// handler for message (partition, offset); block means: wait for
+		// ctx (it never finishes before the drain deadline).
+		handler     func(p int, o int64) (err error, block bool)
+		writerFails int // -1: always
+		commitFails int
+		want        result
+	}{
+		{
+			name:    "all delivered",
+			handler: func(int, int64) (error, bool) { return nil, false },
+			want:    result{committed: map[int]int64{0: 3, 1: 3}},
+		},
+		{
+			name:        "commit failures are retried",
+			handler:     func(int, int64) (error, bool) { return nil, false },
+			commitFails: 3,
+			want:        result{committed: map[int]int64{0: 3, 1: 3}},
+		},
+		{
+			name: "never past an unhandled message of the partition",
+			handler: func(p int, o int64) (error, bool) {
+				return nil, p == 0 && o == 1
+			},
+			want: result{committed: map[int]int64{0: 1, 1: 3}},
+		},
+		{
+			name: "dead-lettered after the write succeeds",
+			handler: func(p int, o int64) (error, bool) {
+				if o == 1 {
+					return consumer.Permanent(errors.New("bad payload")), false
+				}
+				return nil, false
+			},
+			writerFails: 2,
+			want:        result{committed: map[int]int64{0: 3, 1: 3}, deadLetter: 2},
+		},
+		{
+			name: "not committed while the dead-letter write fails",
+			handler: func(p int, o int64) (error, bool) {
+				if p == 0 && o == 1 {
+					return consumer.Permanent(errors.New("bad payload")), false
+				}
+				return nil, false
+			},
+			writerFails: -1,
+			want:        result{committed: map[int]int64{0: 1, 1: 3}},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var (
+				mu      sync.Mutex
+				handled int
+				done    = make(chan struct{})
+			)
+			h := func(ctx context.Context, m consumer.Message) error {
+				err, block := tc.handler(m.Source.Partition, m.Source.Offset)
+				mu.Lock()
+				handled++
+				if handled == 5 { // all but one message have been seen
+					close(done)
+				}
+				mu.Unlock()
+				if block {
+					<-ctx.Done()
+					return ctx.Err()
+				}
+				return err
+			}
+			c, err := New(Config{
+				Brokers: []string{"127.0.0.1:1"}, Topic: "t", Group: "g", Concurrency: 2,
+				Retry:        consumer.RetryPolicy{MaxAttempts: 1},
+				DrainTimeout: 300 * time.Millisecond, CommitTimeout: time.Second, Logger: discardLogger(),
+			}, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := newFakeReader(append(msgs(0, 0, 1, 2), msgs(1, 0, 1, 2)...)...)
+			r.failCommits = tc.commitFails
+			w := &fakeWriter{fail: tc.writerFails}
+			ctx, cancel := context.WithCancel(context.Background())
+			errc := make(chan error, 1)
+			go func() { errc <- c.consume(ctx, r, w) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("handlers were not called")
+			}
+			// Wait for the expected commits, then shut down and check that
+			// nothing more was committed while draining.
+			deadline := time.Now().Add(5 * time.Second)
+			for !mapsEqual(r.committed(), tc.want.committed) && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			cancel()
+			if err := <-errc; err != nil {
+				t.Fatalf("consume = %v", err)
+			}
+			got := result{committed: r.committed(), deadLetter: len(w.writes)}
+			if !mapsEqual(got.committed, tc.want.committed) || got.deadLetter != tc.want.deadLetter {
+				t.Fatalf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func mapsEqual(a, b map[int]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if bv, ok := b[k]; !ok || bv != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestFetchStopsOnFatalError(t *testing.T) {
+	c, err := New(Config{Brokers: []string{"127.0.0.1:1"}, Topic: "t", Group: "g", Logger: discardLogger()},
+		func(context.Context, consumer.Message) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &erringReader{errs: []error{kafkago.NotCoordinatorForGroup, kafkago.GroupAuthorizationFailed}}
+	err = c.consume(context.Background(), r, &fakeWriter{})
+	if !errors.Is(err, kafkago.GroupAuthorizationFailed) {
+		t.Fatalf("consume = %v, want the authorization error", err)
+	}
+	if r.calls != 2 {
+		t.Fatalf("FetchMessage calls = %d, want 2 (the transient error is retried)", r.calls)
+	}
+}
+
+type erringReader struct {
+	errs  []error
+	calls int
+}
+
+func (r *erringReader) FetchMessage(context.Context) (kafkago.Message, error) {
+	err := r.errs[r.calls]
+	r.calls++
+	return kafkago.Message{}, err
+}
+
+func (r *erringReader) CommitMessages(context.Context, ...kafkago.Message) error { return nil }
