@@ -112,9 +112,10 @@ type Bucket struct {
 	fallback  *Memory
 	recovered chan struct{}
 
-	lastRate  atomic.Uint64 // math.Float64bits of the last effective rate
-	lastBurst atomic.Int64
-	replicas  atomic.Int64
+	lastRate    atomic.Uint64 // math.Float64bits of the last effective rate
+	lastBurst   atomic.Int64
+	replicas    atomic.Int64
+	recoveredAt atomic.Int64 // unix nanoseconds of the last switch back to ModeShared
 
 	lease leasePool
 
@@ -477,6 +478,7 @@ func (b *Bucket) probe() {
 		if err != nil {
 			continue
 		}
+		b.recoveredAt.Store(time.Now().UnixNano())
 		b.observeState(st)
 		b.mu.Lock()
 		from := b.Mode()
@@ -505,7 +507,7 @@ func (b *Bucket) heartbeat(rt ReplicaTracker) {
 			n, err := rt.Heartbeat(ctx, b.opts.ReplicaID, ttl)
 			cancel()
 			if err == nil && n > 0 {
-				b.replicas.Store(int64(n))
+				b.setReplicas(n)
 			}
 		}
 		select {
@@ -514,6 +516,18 @@ func (b *Bucket) heartbeat(rt ReplicaTracker) {
 		case <-t.C:
 		}
 	}
+}
+
+// setReplicas records the live replica count. For three heartbeat
+// intervals after the store came back it only lets the count grow: a Redis
+// restarted without persistence has lost the heartbeats, and a count of 1
+// then would size a second fallback at the whole rate on every replica.
+func (b *Bucket) setReplicas(n int) {
+	if int64(n) < b.replicas.Load() &&
+		time.Since(time.Unix(0, b.recoveredAt.Load())) < 3*b.opts.HeartbeatInterval {
+		return
+	}
+	b.replicas.Store(int64(n))
 }
 
 func (b *Bucket) refund(ctx context.Context, tokens int) {
@@ -536,7 +550,7 @@ func (b *Bucket) observeTake(res TakeResult) {
 
 func (b *Bucket) observeState(st State) {
 	if st.Replicas > 0 {
-		b.replicas.Store(int64(st.Replicas))
+		b.setReplicas(st.Replicas)
 	}
 	if o := b.opts.Observer; o != nil && o.Took != nil {
 		o.Took(st.Tokens, st.Rate, st.Burst)
