@@ -1,0 +1,175 @@
+package integration
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/throttlehq/throttle/consumer/rabbitmq"
+)
+
+// suiteRabbitMQ is the suite's RabbitMQ broker.
+type suiteRabbitMQ struct {
+	url string
+}
+
+func suiteOpenRabbitMQ(t *testing.T, env suiteEnv) suiteBroker {
+	return &suiteRabbitMQ{url: env.amqpURL(t)}
+}
+
+// newQueue names a queue; the replicas declare it, with its dead-letter
+// exchange and queue (Config.Declare), when they connect.
+func (r *suiteRabbitMQ) newQueue(t *testing.T) suiteQueue {
+	t.Helper()
+	q := &suiteAMQPQueue{url: r.url, name: suiteName(t, "queue")}
+	t.Cleanup(func() {
+		_ = q.withChannel(func(ch *amqp.Channel) error {
+			_, _ = ch.QueueDelete(q.name, false, false, false)
+			_, _ = ch.QueueDelete(q.name+".dlq", false, false, false)
+			return ch.ExchangeDelete(q.name+".dlx", false, false)
+		})
+	})
+	return q
+}
+
+// suiteAMQPQueue is one queue with its dead-letter exchange and queue.
+type suiteAMQPQueue struct {
+	url  string
+	name string
+}
+
+// withChannel runs f on a new connection and channel, closed afterwards.
+// A failed operation closes an AMQP channel, hence one per call.
+func (q *suiteAMQPQueue) withChannel(f func(*amqp.Channel) error) error {
+	conn, err := amqp.Dial(q.url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	return f(ch)
+}
+
+func (q *suiteAMQPQueue) replica(t *testing.T, spec suiteReplicaSpec) suiteRunner {
+	t.Helper()
+	c, err := rabbitmq.New(rabbitmq.Config{
+		URL:          q.url,
+		Queue:        q.name,
+		Declare:      true,
+		Prefetch:     10,
+		Limiter:      spec.limiter,
+		Retry:        spec.retry,
+		Observer:     spec.observer,
+		Logger:       suiteLogger(t),
+		DrainTimeout: 5 * time.Second,
+	}, spec.handler)
+	if err != nil {
+		t.Fatalf("rabbitmq.New: %v", err)
+	}
+	return c
+}
+
+// waitConsumers waits until the queue exists with n consumers.
+func (q *suiteAMQPQueue) waitConsumers(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var consumers int
+		err := q.withChannel(func(ch *amqp.Channel) error {
+			st, err := ch.QueueDeclarePassive(q.name, true, false, false, false, nil)
+			consumers = st.Consumers
+			return err
+		})
+		if err == nil && consumers == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue %s has %d consumers, want %d (last error: %v)", q.name, consumers, n, err)
+		}
+		<-tick.C
+	}
+}
+
+// publish publishes the bodies, persistent, with the body as message id,
+// and waits for the broker's confirms.
+func (q *suiteAMQPQueue) publish(t *testing.T, bodies []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := q.withChannel(func(ch *amqp.Channel) error {
+		if err := ch.Confirm(false); err != nil {
+			return err
+		}
+		confirms := make([]*amqp.DeferredConfirmation, len(bodies))
+		for i, b := range bodies {
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q.name, false, false, amqp.Publishing{
+				MessageId:    b,
+				DeliveryMode: amqp.Persistent,
+				Body:         []byte(b),
+			})
+			if err != nil {
+				return err
+			}
+			confirms[i] = dc
+		}
+		for i, dc := range confirms {
+			if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+				t.Errorf("publishing %s: confirmed %v, %v", bodies[i], ok, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("publishing to %s: %v", q.name, err)
+	}
+}
+
+func (q *suiteAMQPQueue) deadLettered(t *testing.T, n int) []string {
+	t.Helper()
+	var out []string
+	deadline := time.Now().Add(10 * time.Second)
+	err := q.withChannel(func(ch *amqp.Channel) error {
+		for len(out) < n && time.Now().Before(deadline) {
+			d, ok, err := ch.Get(q.name+".dlq", true)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				time.Sleep(20 * time.Millisecond) // Get does not block; the test polls
+				continue
+			}
+			out = append(out, string(d.Body))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("reading %s.dlq: %v", q.name, err)
+	}
+	if len(out) < n {
+		t.Fatalf("read %d of %d messages of %s.dlq", len(out), n, q.name)
+	}
+	return out
+}
+
+// pending returns the messages still in the queue. The replicas stopped,
+// so deliveries they did not ack are back in it.
+func (q *suiteAMQPQueue) pending(t *testing.T) int {
+	t.Helper()
+	var n int
+	err := q.withChannel(func(ch *amqp.Channel) error {
+		st, err := ch.QueueDeclarePassive(q.name, true, false, false, false, nil)
+		n = st.Messages
+		return err
+	})
+	if err != nil {
+		t.Fatalf("inspecting queue %s: %v", q.name, err)
+	}
+	return n
+}
