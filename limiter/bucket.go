@@ -46,8 +46,11 @@ type Options struct {
 	// MaxReserve is the reservation horizon: Wait reserves tokens that will
 	// be due within max(MaxReserve, cost/rate), so that waiting replicas are
 	// served in order with one store call per message. A caller beyond the
-	// horizon is told how long to wait before it asks again. A runtime rate
-	// change reaches reservations no later than this. Default 1s.
+	// horizon is told how long to wait before it asks again. When more
+	// callers wait than the rate serves within MaxReserve, the horizon grows
+	// to fit them all (up to 10·MaxReserve), so that they queue instead of
+	// coming back. A runtime rate change or pause reaches reservations
+	// already made no later than the horizon. Default 1s.
 	MaxReserve time.Duration
 	// OnStoreError is the policy while the store fails: ModeLocal (the
 	// default), ModeClosed or ModeOpen.
@@ -64,7 +67,7 @@ type Options struct {
 	ReplicaID string
 	// HeartbeatInterval is how often the Bucket reports itself alive to a
 	// store that implements ReplicaTracker. A replica counts as gone after
-	// three missed heartbeats. Default 1s.
+	// three missed heartbeats. Default 3s.
 	HeartbeatInterval time.Duration
 	// MaxPause caps Pause. Default 60s.
 	MaxPause time.Duration
@@ -115,6 +118,7 @@ type Bucket struct {
 	lastRate    atomic.Uint64 // math.Float64bits of the last effective rate
 	lastBurst   atomic.Int64
 	replicas    atomic.Int64
+	waiting     atomic.Int64 // Wait calls in this process past the lease
 	recoveredAt atomic.Int64 // unix nanoseconds of the last switch back to ModeShared
 
 	lease leasePool
@@ -148,7 +152,7 @@ func New(store Store, opts Options) (*Bucket, error) {
 		opts.ProbeInterval = time.Second
 	}
 	if opts.HeartbeatInterval <= 0 {
-		opts.HeartbeatInterval = time.Second
+		opts.HeartbeatInterval = 3 * time.Second
 	}
 	if opts.MaxPause <= 0 {
 		opts.MaxPause = time.Minute
@@ -216,6 +220,8 @@ func (b *Bucket) Wait(ctx context.Context, cost int) error {
 		return nil
 	}
 	start := b.opts.Clock()
+	b.waiting.Add(1)
+	defer b.waiting.Add(-1)
 	for {
 		select {
 		case <-b.done:
@@ -232,7 +238,7 @@ func (b *Bucket) Wait(ctx context.Context, cost int) error {
 			}
 			return err
 		}
-		res, err := b.store.Take(ctx, TakeRequest{Cost: cost, Extra: b.lease.extra(cost), MaxWait: b.opts.MaxReserve})
+		res, err := b.store.Take(ctx, TakeRequest{Cost: cost, Extra: b.lease.extra(cost), MaxWait: b.horizon()})
 		if err != nil {
 			if cerr := ctx.Err(); cerr != nil {
 				return cerr
@@ -259,6 +265,19 @@ func (b *Bucket) Wait(ctx context.Context, cost int) error {
 			return err
 		}
 	}
+}
+
+// horizon returns the reservation horizon: MaxReserve, stretched so that
+// every caller waiting on every replica fits in the queue (with a quarter to
+// spare), but never beyond 10·MaxReserve.
+func (b *Bucket) horizon() time.Duration {
+	rate := math.Float64frombits(b.lastRate.Load())
+	if rate <= 0 {
+		return b.opts.MaxReserve
+	}
+	queued := 1.25 * float64(b.waiting.Load()*max(1, b.replicas.Load())) / rate
+	fit := time.Duration(queued * float64(time.Second))
+	return min(max(b.opts.MaxReserve, fit), 10*b.opts.MaxReserve)
 }
 
 // Allow takes cost tokens if they are available now and reports whether it

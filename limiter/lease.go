@@ -62,7 +62,8 @@ type leasePool struct {
 	opts   LeaseOptions
 	mu     sync.Mutex
 	tokens int
-	gen    uint64
+	used   bool        // spent from or refilled since the idle timer last fired
+	idle   *time.Timer // gives unused tokens back; nil until the first lease
 }
 
 func (p *leasePool) init(b *Bucket) {
@@ -78,6 +79,7 @@ func (p *leasePool) take(cost int) bool {
 	ok := p.tokens >= cost
 	if ok {
 		p.tokens -= cost
+		p.used = true
 	}
 	p.mu.Unlock()
 	return ok
@@ -98,29 +100,42 @@ func (p *leasePool) extra(cost int) int {
 	return max(0, min(int(batch), p.opts.MaxBatch)-cost)
 }
 
-// put adds n leased tokens and schedules their return if they sit unused.
+// put adds n leased tokens and arms the idle timer that gives them back if
+// they sit unused.
 func (p *leasePool) put(n int) {
 	if n <= 0 {
 		return
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.tokens += n
-	p.gen++
-	gen := p.gen
-	p.mu.Unlock()
-	time.AfterFunc(p.opts.Idle, func() { p.expire(gen) })
+	p.used = true
+	if p.idle == nil {
+		p.idle = time.AfterFunc(p.opts.Idle, p.expire)
+	}
 }
 
-// expire gives the pool back to the store if no lease was added since gen.
-func (p *leasePool) expire(gen uint64) {
+// expire runs every Idle while the pool holds tokens: if nothing was spent
+// or leased since the last run, it gives the tokens back to the store.
+func (p *leasePool) expire() {
 	p.mu.Lock()
-	if p.gen != gen || p.tokens == 0 {
+	if p.idle == nil { // drained and stopped while this run was starting
+		p.mu.Unlock()
+		return
+	}
+	if p.used {
+		p.used = false
+		p.idle.Reset(p.opts.Idle)
 		p.mu.Unlock()
 		return
 	}
 	n := p.tokens
 	p.tokens = 0
+	p.idle = nil
 	p.mu.Unlock()
+	if n == 0 {
+		return
+	}
 	select {
 	case <-p.b.done:
 		return
@@ -140,5 +155,9 @@ func (p *leasePool) drain() int {
 	defer p.mu.Unlock()
 	n := p.tokens
 	p.tokens = 0
+	if p.idle != nil {
+		p.idle.Stop()
+		p.idle = nil
+	}
 	return n
 }
