@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/throttlehq/throttle/internal/envexpand"
 )
 
 // maxWalkSteps bounds the work done on one document, so that nested aliases
@@ -281,7 +283,7 @@ func (w *walker) expand(n *yaml.Node, t reflect.Type, path string) bool {
 	case expandedPlain, expandedRefs:
 		return true
 	}
-	v, refs, err := expand(n.Value, w.lookup)
+	v, refs, err := envexpand.Expand(n.Value, w.lookup)
 	if err != nil {
 		w.reject(n, t, path, "%v (line %d)", err, n.Line)
 		w.expanded[n] = expandFailed

@@ -67,6 +67,8 @@ import (
 	"unicode"
 
 	"github.com/throttlehq/throttle/consumer"
+
+	"github.com/throttlehq/throttle/internal/envexpand"
 )
 
 // Defaults for the zero fields of a Config.
@@ -237,7 +239,7 @@ func New(cfg Config) (*Sink, error) {
 		}
 		v := cfg.Headers[name]
 		if !cfg.RawHeaders {
-			if v, err = expandEnv(v, os.LookupEnv); err != nil {
+			if v, _, err = envexpand.Expand(v, os.LookupEnv); err != nil {
 				return nil, fmt.Errorf("httpsink: header %s: %w", name, err)
 			}
 		}

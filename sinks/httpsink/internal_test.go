@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/throttlehq/throttle/internal/envexpand"
 )
 
 func TestRetryAfterParse(t *testing.T) {
@@ -55,7 +57,7 @@ func TestExpandEnv(t *testing.T) {
 		{in: "${s3cret-value}", wantErr: "invalid variable reference"},
 	}
 	for _, tt := range tests {
-		got, err := expandEnv(tt.in, lookup)
+		got, _, err := envexpand.Expand(tt.in, lookup)
 		switch {
 		case tt.wantErr != "":
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {

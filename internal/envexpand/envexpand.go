@@ -1,14 +1,19 @@
-package config
+// Package envexpand expands ${NAME} and ${NAME:-default} references, the
+// one syntax used by the config file and by the HTTP sink's headers.
+package envexpand
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 )
 
-// expand replaces ${NAME} and ${NAME:-default} references in s with values
-// from lookup and $$ with $. It reports whether s held any reference. The
-// error never includes a variable's value.
-func expand(s string, lookup func(string) (string, bool)) (string, bool, error) {
+// Expand replaces ${NAME} and ${NAME:-default} references in s with values
+// from lookup, and $$ with $; any other $ is kept. A default applies when the
+// variable is unset or empty. Expand reports whether s held any reference.
+// The error names unset variables but never quotes s or a value, since
+// either may hold a secret.
+func Expand(s string, lookup func(string) (string, bool)) (string, bool, error) {
 	if !strings.Contains(s, "$") {
 		return s, false, nil
 	}
@@ -35,13 +40,13 @@ func expand(s string, lookup func(string) (string, bool)) (string, bool, error) 
 		}
 		end := strings.IndexByte(s[i+2:], '}')
 		if end < 0 {
-			return "", false, fmt.Errorf(`unterminated "${" (missing "}")`)
+			return "", false, errors.New(`unterminated "${" (missing "}")`)
 		}
 		expr := s[i+2 : i+2+end]
 		i += 2 + end + 1
 		name, def, hasDef := strings.Cut(expr, ":-")
 		if !validVarName(name) {
-			return "", false, fmt.Errorf("invalid variable reference %q: use ${NAME} or ${NAME:-default}, and $$ for a literal $", "${"+expr+"}")
+			return "", false, errors.New("invalid variable reference: use ${NAME} or ${NAME:-default}, and $$ for a literal $")
 		}
 		refs = true
 		v, ok := lookup(name)
