@@ -105,20 +105,7 @@ func singleOptions(cfg config.Redis, timeout time.Duration, tlsConf *tls.Config)
 	if cfg.DB < 0 {
 		return nil, fmt.Errorf("redis.db: must be >= 0, got %d", cfg.DB)
 	}
-	return &redis.Options{
-		Addr:                  addr,
-		Username:              cfg.Username,
-		Password:              cfg.Password,
-		DB:                    cfg.DB,
-		TLSConfig:             tlsConf,
-		MaxRetries:            noRetries,
-		DialerRetries:         dialOnce,
-		DialTimeout:           timeout,
-		ReadTimeout:           timeout,
-		WriteTimeout:          timeout,
-		PoolTimeout:           timeout,
-		ContextTimeoutEnabled: true,
-	}, nil
+	return universal(cfg, []string{addr}, timeout, tlsConf).Simple(), nil
 }
 
 func failoverOptions(cfg config.Redis, timeout time.Duration, tlsConf *tls.Config) (*redis.FailoverOptions, error) {
@@ -131,9 +118,29 @@ func failoverOptions(cfg config.Redis, timeout time.Duration, tlsConf *tls.Confi
 	if cfg.DB < 0 {
 		return nil, fmt.Errorf("redis.db: must be >= 0, got %d", cfg.DB)
 	}
-	return &redis.FailoverOptions{
+	return universal(cfg, cfg.Addrs, timeout, tlsConf).Failover(), nil
+}
+
+func clusterOptions(cfg config.Redis, timeout time.Duration, tlsConf *tls.Config) (*redis.ClusterOptions, error) {
+	if cfg.Addr != "" {
+		return nil, errors.New("redis: set either addr or addrs, not both")
+	}
+	if err := checkAddrs(cfg.Addrs); err != nil {
+		return nil, err
+	}
+	if cfg.DB != 0 {
+		return nil, fmt.Errorf("redis.db: must be 0 with a cluster, got %d", cfg.DB)
+	}
+	return universal(cfg, cfg.Addrs, timeout, tlsConf).Cluster(), nil
+}
+
+// universal holds the settings every topology shares: one timeout for
+// dials, reads, writes and pool waits, no command retries and one dial
+// attempt, so that a dead Redis is noticed within about one timeout.
+func universal(cfg config.Redis, addrs []string, timeout time.Duration, tlsConf *tls.Config) *redis.UniversalOptions {
+	return &redis.UniversalOptions{
+		Addrs:                 append([]string(nil), addrs...),
 		MasterName:            cfg.MasterName,
-		SentinelAddrs:         append([]string(nil), cfg.Addrs...),
 		SentinelUsername:      cfg.SentinelUsername,
 		SentinelPassword:      cfg.SentinelPassword,
 		Username:              cfg.Username,
@@ -147,32 +154,7 @@ func failoverOptions(cfg config.Redis, timeout time.Duration, tlsConf *tls.Confi
 		WriteTimeout:          timeout,
 		PoolTimeout:           timeout,
 		ContextTimeoutEnabled: true,
-	}, nil
-}
-
-func clusterOptions(cfg config.Redis, timeout time.Duration, tlsConf *tls.Config) (*redis.ClusterOptions, error) {
-	if cfg.Addr != "" {
-		return nil, errors.New("redis: set either addr or addrs, not both")
 	}
-	if err := checkAddrs(cfg.Addrs); err != nil {
-		return nil, err
-	}
-	if cfg.DB != 0 {
-		return nil, fmt.Errorf("redis.db: must be 0 with a cluster, got %d", cfg.DB)
-	}
-	return &redis.ClusterOptions{
-		Addrs:                 append([]string(nil), cfg.Addrs...),
-		Username:              cfg.Username,
-		Password:              cfg.Password,
-		TLSConfig:             tlsConf,
-		MaxRetries:            noRetries,
-		DialerRetries:         dialOnce,
-		DialTimeout:           timeout,
-		ReadTimeout:           timeout,
-		WriteTimeout:          timeout,
-		PoolTimeout:           timeout,
-		ContextTimeoutEnabled: true,
-	}, nil
 }
 
 func checkAddrs(addrs []string) error {
