@@ -119,6 +119,11 @@ type Bucket struct {
 	lastBurst   atomic.Int64
 	replicas    atomic.Int64
 	waiting     atomic.Int64 // Wait calls in this process past the lease
+	// countKnown is set once the replica count is known: at once for a
+	// store that does not track replicas, else after the first heartbeat.
+	// Leasing waits for it, so that a batch is never sized for one replica
+	// when there are many.
+	countKnown atomic.Bool
 	recoveredAt atomic.Int64 // unix nanoseconds of the last switch back to ModeShared
 
 	lease leasePool
@@ -181,6 +186,8 @@ func New(store Store, opts Options) (*Bucket, error) {
 	if rt, ok := store.(ReplicaTracker); ok {
 		b.wg.Add(1)
 		go b.heartbeat(rt)
+	} else {
+		b.countKnown.Store(true)
 	}
 	return b, nil
 }
@@ -542,6 +549,7 @@ func (b *Bucket) heartbeat(rt ReplicaTracker) {
 // restarted without persistence has lost the heartbeats, and a count of 1
 // then would size a second fallback at the whole rate on every replica.
 func (b *Bucket) setReplicas(n int) {
+	defer b.countKnown.Store(true)
 	if int64(n) < b.replicas.Load() &&
 		time.Since(time.Unix(0, b.recoveredAt.Load())) < 3*b.opts.HeartbeatInterval {
 		return

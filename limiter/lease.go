@@ -89,7 +89,7 @@ func (p *leasePool) take(cost int) bool {
 // for the current rate and replica count, or 0 when leasing is off at this
 // rate.
 func (p *leasePool) extra(cost int) int {
-	if p.opts.Disabled {
+	if p.opts.Disabled || !p.b.countKnown.Load() {
 		return 0
 	}
 	rate := math.Float64frombits(p.b.lastRate.Load())
