@@ -1,0 +1,36 @@
+// Command throttle consumes a Kafka topic or a RabbitMQ queue and delivers
+// each message to a sink no faster than a token bucket that every replica
+// shares in Redis allows. Run "throttle help" for the commands, or
+// "throttle demo" to see it work with nothing to set up.
+//
+// The first SIGINT or SIGTERM stops intake and drains in-flight messages;
+// the process then exits 0. A second one exits at once with status 130.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/throttlehq/throttle/internal/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// Both channels see every signal: the context ends at the first, and
+	// the second ends the process without waiting for the drain.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sigs
+		sig := <-sigs
+		fmt.Fprintf(os.Stderr, "throttle: second %v, exiting without finishing the drain; unacked messages will be redelivered.\n", sig)
+		os.Exit(cli.ExitInterrupted)
+	}()
+	code := cli.Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,208 @@
+// Command bench compares four ways for replicas to share one token bucket in
+// Redis: a tutorial-style Lua bucket, go-redis/redis_rate, and this
+// repository's limiter without and with token leasing.
+//
+// Each implementation runs on the same workloads, one after the other, with
+// N simulated replicas (each its own Redis client and its own limiter, with
+// several goroutines calling Wait in a loop) on a fresh bucket. For each it
+// reports granted tokens per second, Redis calls per token (from INFO
+// commandstats), accuracy, the busiest one-second window, each replica's
+// share and the CPU used; then, in an unsaturated phase, the latency that
+// Wait adds and its allocations. It writes a markdown report and a plot of
+// the low-rate run.
+//
+// Run it from this directory:
+//
+//	cd integration/bench && go run . [flags]
+//
+// INFO counts every client of the Redis server, so other traffic on it adds
+// noise to the Redis figures; the client-side count in parentheses is exact.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// workload is a bucket that every implementation is run on.
+type workload struct {
+	name  string
+	rate  float64
+	burst int
+	// saturated workloads ask for more than the rate, so granted tokens
+	// measure accuracy; the others measure the ceiling.
+	saturated bool
+}
+
+// workloads are all the workloads, in table order.
+var workloads = []workload{
+	{"low", 50, 5, true},
+	{"medium", 5000, 500, true},
+	{"high", 500_000, 50_000, true},
+	{"fast", 1e9, 1e9, false},
+}
+
+// config is the command line.
+type config struct {
+	redisAddr  string
+	duration   time.Duration
+	latency    time.Duration
+	replicas   int
+	goroutines int
+	workloads  []workload
+	impls      []impl
+	// opts are the limiter options of (c) and (d); zero means the
+	// limiter's defaults.
+	opts       limiter.Options
+	out, plot  string
+	cpuProfile string
+	flags      string // the flags as given, for the report
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string) (config, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var cfg config
+	var wl, im string
+	fs.StringVar(&cfg.redisAddr, "redis", "127.0.0.1:6379", "Redis address")
+	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "length of each saturated or ceiling run")
+	fs.DurationVar(&cfg.latency, "latency", time.Second, "length of each unsaturated latency run")
+	fs.IntVar(&cfg.replicas, "replicas", 8, "simulated replicas")
+	fs.IntVar(&cfg.goroutines, "goroutines", 8, "goroutines calling Wait in each replica")
+	fs.StringVar(&wl, "workloads", "low,medium,high,fast", "comma-separated workloads to run")
+	fs.StringVar(&im, "impls", "a,b,c,d", "comma-separated implementations to run")
+	fs.StringVar(&cfg.out, "out", "RESULTS.md", "markdown report to write")
+	fs.StringVar(&cfg.plot, "plot", "lowrate.png", "PNG plot of the low-rate run to write")
+	fs.DurationVar(&cfg.opts.MaxReserve, "reserve", 0, "limiter.Options.MaxReserve of (c) and (d); 0 for the default")
+	fs.DurationVar(&cfg.opts.HeartbeatInterval, "heartbeat", 0, "limiter.Options.HeartbeatInterval of (c) and (d); 0 for the default")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	for _, a := range args {
+		cfg.flags += " " + a
+	}
+	if cfg.duration < time.Second || cfg.latency <= 0 {
+		return config{}, fmt.Errorf("-duration must be at least 1s and -latency above 0")
+	}
+	if cfg.replicas < 1 || cfg.goroutines < 1 {
+		return config{}, fmt.Errorf("-replicas and -goroutines must be at least 1")
+	}
+	for name := range strings.SplitSeq(wl, ",") {
+		i := indexOf(workloads, func(w workload) bool { return w.name == name })
+		if i < 0 {
+			return config{}, fmt.Errorf("-workloads: unknown workload %q", name)
+		}
+		cfg.workloads = append(cfg.workloads, workloads[i])
+	}
+	for key := range strings.SplitSeq(im, ",") {
+		i := indexOf(impls, func(m impl) bool { return m.key == key })
+		if i < 0 {
+			return config{}, fmt.Errorf("-impls: unknown implementation %q", key)
+		}
+		cfg.impls = append(cfg.impls, impls[i])
+	}
+	return cfg, nil
+}
+
+func indexOf[T any](s []T, f func(T) bool) int {
+	for i, v := range s {
+		if f(v) {
+			return i
+		}
+	}
+	return -1
+}
+
+// run measures every workload and implementation, then writes the report.
+func run(ctx context.Context, cfg config) error {
+	admin := redis.NewClient(&redis.Options{Addr: cfg.redisAddr})
+	defer admin.Close()
+	if err := admin.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("connecting to Redis at %s: %w", cfg.redisAddr, err)
+	}
+	machine, err := describeMachine(ctx, admin)
+	if err != nil {
+		return err
+	}
+	load0 := loadAverage()
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("creating CPU profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("starting CPU profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	b := &bench{cfg: cfg, admin: admin, runID: randomID()}
+	var rep report
+	rep.cfg, rep.machine = cfg, machine
+	for _, w := range cfg.workloads {
+		for _, im := range cfg.impls {
+			r, err := b.measure(ctx, w, im)
+			if err != nil {
+				return fmt.Errorf("%s, %s: %w", w.name, im.name, err)
+			}
+			fmt.Fprintf(os.Stderr, "%-7s %-44s %12.0f granted/s\n", w.name, im.name, r.perSecond())
+			rep.results = append(rep.results, r)
+		}
+	}
+	for _, im := range cfg.impls {
+		l, err := b.measureLatency(ctx, im)
+		if err != nil {
+			return fmt.Errorf("latency, %s: %w", im.name, err)
+		}
+		fmt.Fprintf(os.Stderr, "latency %-44s p50 %v p99 %v\n", im.name, l.p50, l.p99)
+		rep.latencies = append(rep.latencies, l)
+	}
+	if rep.leaseAllocs, err = b.leaseAllocs(ctx); err != nil {
+		return fmt.Errorf("lease allocations: %w", err)
+	}
+
+	rep.load = fmt.Sprintf("%s at the start, %s at the end", load0, loadAverage())
+	md := rep.markdown()
+	fmt.Print(md)
+	if err := os.WriteFile(cfg.out, []byte(md), 0o644); err != nil {
+		return fmt.Errorf("writing report: %w", err)
+	}
+	if low := rep.byWorkload("low"); len(low) > 0 && cfg.plot != "" {
+		if err := plotLow(cfg.plot, low, cfg.goroutines); err != nil {
+			return fmt.Errorf("writing plot: %w", err)
+		}
+	}
+	return nil
+}
+
+func randomID() string {
+	var b [4]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,293 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// cliVersion is the version stamped into the binary that cliBuild builds.
+const cliVersion = "v0.0.0-e2e"
+
+// cliBuild builds the throttle binary into a temporary directory, stamping
+// cliVersion the way releases do.
+func cliBuild(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "throttle")
+	cmd := exec.Command("go", "build", "-o", bin,
+		"-ldflags", "-s -w -X github.com/throttlehq/throttle/internal/cli.version="+cliVersion,
+		"./cmd/throttle")
+	cmd.Dir = ".." // the module root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/throttle: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// cliName returns a bucket or queue name unique to this test run.
+func cliName(t testing.TB) string {
+	n := strings.NewReplacer("/", "-", " ", "-", "{", "", "}", "").Replace(t.Name())
+	return fmt.Sprintf("cli-%s-%08x", strings.ToLower(n), rand.Uint32())
+}
+
+// cliFreeAddr returns a loopback address that was free a moment ago.
+func cliFreeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// cliBuffer is a bytes.Buffer safe for concurrent use.
+type cliBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (c *cliBuffer) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.b.Write(p)
+}
+
+func (c *cliBuffer) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.b.String()
+}
+
+// cliProcess is a running throttle process.
+type cliProcess struct {
+	cmd    *exec.Cmd
+	stderr *cliBuffer
+	done   chan struct{}
+	err    error // Wait's result, once done is closed
+}
+
+// cliStart starts the binary with args. The process is killed when the
+// test ends, if it still runs; its stderr is logged when the test failed.
+func cliStart(t *testing.T, bin string, args ...string) *cliProcess {
+	t.Helper()
+	p := &cliProcess{cmd: exec.Command(bin, args...), stderr: &cliBuffer{}, done: make(chan struct{})}
+	p.cmd.Stdout = io.Discard
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", bin, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("stderr of %v:\n%s", args, p.stderr.String())
+		}
+	})
+	return p
+}
+
+// stop sends SIGTERM and returns the exit code, failing the test when the
+// process does not exit within d.
+func (p *cliProcess) stop(t *testing.T, d time.Duration) int {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM: %v", err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(d):
+		t.Fatalf("the process did not exit within %v of SIGTERM", d)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// cliRun runs the binary to completion and returns its stdout, failing the
+// test on a non-zero exit.
+func cliRun(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("throttle %v: %v\n%s", args, err, stderr.String())
+	}
+	return stdout.String()
+}
+
+// cliGet returns the status and body of a GET, or status 0 when the server
+// does not answer.
+func cliGet(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// cliWait polls cond every 10 ms until it holds, failing the test after d.
+func cliWait(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// cliArrival is one request the sink received.
+type cliArrival struct {
+	id int
+	at time.Time
+}
+
+// cliSink is an HTTP sink that records when each message arrived. It is
+// safe for concurrent use.
+type cliSink struct {
+	srv *httptest.Server
+
+	mu       sync.Mutex
+	arrivals []cliArrival
+	seen     map[int]int
+}
+
+func cliNewSink(t *testing.T) *cliSink {
+	s := &cliSink{seen: map[int]int{}}
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			ID int `json:"id"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		now := time.Now()
+		s.mu.Lock()
+		s.arrivals = append(s.arrivals, cliArrival{id: body.ID, at: now})
+		s.seen[body.ID]++
+		s.mu.Unlock()
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+// counts returns the requests and the distinct messages received so far.
+func (s *cliSink) counts() (requests, unique int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.arrivals), len(s.seen)
+}
+
+// times returns the arrival times in order.
+func (s *cliSink) times() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ts := make([]time.Time, len(s.arrivals))
+	for i, a := range s.arrivals {
+		ts[i] = a.at
+	}
+	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	return ts
+}
+
+// cliRate returns the rate at which a bucket of the given burst granted the
+// arrivals ts: a full bucket hands out burst at once, then rate per second,
+// so n arrivals over the span give (n - burst) / span. Pass burst 0 for a
+// window that starts with an empty bucket.
+func cliRate(ts []time.Time, burst int) float64 {
+	if len(ts) < 2 {
+		return 0
+	}
+	n := len(ts) - 1 // intervals, when the bucket starts empty
+	if burst > 0 {
+		n = len(ts) - burst
+	}
+	return float64(n) / ts[len(ts)-1].Sub(ts[0]).Seconds()
+}
+
+// cliMetric sums the samples of a metric in a Prometheus text exposition.
+func cliMetric(body, name string) float64 {
+	var sum float64
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, name) || strings.HasPrefix(line, "#") {
+			continue
+		}
+		rest := strings.TrimPrefix(line, name)
+		if rest != "" && rest[0] != '{' && rest[0] != ' ' {
+			continue // a longer name
+		}
+		var v float64
+		if _, err := fmt.Sscan(rest[strings.LastIndexByte(rest, ' ')+1:], &v); err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// cliQueue connects to RabbitMQ for a test that uses the queue name, and
+// deletes the queue and its dead-letter exchange and queue when the test
+// ends.
+func cliQueue(t *testing.T, amqpURL, name string) (*amqp.Connection, *amqp.Channel) {
+	t.Helper()
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		t.Fatalf("connecting to rabbitmq: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = ch.QueueDelete(name, false, false, false)
+		_, _ = ch.QueueDelete(name+".dlq", false, false, false)
+		_ = ch.ExchangeDelete(name+".dlx", false, false)
+	})
+	return conn, ch
+}
+
+// cliQueueState returns the queue's message and consumer counts, or zeros
+// when the queue does not exist yet.
+func cliQueueState(conn *amqp.Connection, name string) amqp.Queue {
+	ch, err := conn.Channel()
+	if err != nil {
+		return amqp.Queue{}
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	if err != nil {
+		return amqp.Queue{}
+	}
+	return q
+}

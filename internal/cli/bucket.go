@@ -1,0 +1,440 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/config"
+	"github.com/throttlehq/throttle/internal/redisconn"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
+)
+
+const bucketHelp = `Usage:
+  throttle bucket status [NAME] (--config FILE | --redis ADDR) [--json]
+  throttle bucket set    [NAME] (--config FILE | --redis ADDR) --rate R [--burst B] [--for D] [--json]
+  throttle bucket set    [NAME] (--config FILE | --redis ADDR) --clear [--json]
+  throttle bucket fill   [NAME] (--config FILE | --redis ADDR) [--json]
+  throttle bucket reset  [NAME] (--config FILE | --redis ADDR) [--json]
+
+Reads or changes a shared bucket in Redis while the replicas run. NAME
+defaults to limit.bucket of --config. With --config, Redis is reached as the
+replicas reach it (password, TLS, Sentinel, Cluster) and the configured rate
+and burst are known; with --redis host:port only the bucket itself is.
+
+  status  tokens now, the effective rate and burst, the configured ones (with
+          --config), the runtime override and its expiry, a push-back pause,
+          and the live replicas (from their heartbeats).
+  set     writes a runtime override: --rate R tokens per second, --burst B
+          (default: each replica keeps its configured burst), for --for D
+          (default: until cleared). --clear removes the override.
+  fill    fills the bucket to its burst now, before a known peak. A push-back
+          pause stays in force.
+  reset   deletes the bucket's state and its override: the bucket is full,
+          not paused, and each replica's configured rate applies again.
+
+With --json, every subcommand prints the bucket's status as one JSON object:
+  {"bucket", "tokens", "rate", "burst", "configured": {"rate", "burst"},
+   "override": {"rate", "burst", "expires_in_seconds"}, "paused_seconds",
+   "replicas": [...]}
+A value that cannot be known is null: tokens, rate and burst without
+--config while no override is set; configured without --config; override
+when none is set; an override's burst when it keeps the configured burst;
+expires_in_seconds when the override does not expire.
+
+The runtime override and each replica's configured rate:
+  Each replica's config file gives limit.rate and limit.burst: its default.
+  'bucket set' stores an override in Redis next to the bucket. While the
+  override exists it wins for every replica, whatever their config files
+  say, even when they differ. Each replica uses it from its next token
+  request, with no restart. Messages that already hold a reserved slot keep
+  it, and slots reach at most one reservation horizon ahead: 1 s, or longer
+  when more messages wait than the old rate serves in 1 s (up to 10 s). So
+  deliveries follow the new rate within 1 s, or within that horizon under a
+  deep backlog.
+  The override holds until 'bucket set --clear', 'bucket reset', or the end
+  of --for; then each replica's configured rate applies again.
+
+  Without an override, every token request carries the requesting replica's
+  configured rate, and the bucket refills at the rate of whichever replica
+  asked last. During a rolling deploy that changes limit.rate, old and new
+  replicas disagree and the rate flips between the two values until the
+  deploy is done. So change the rate of a running fleet with 'bucket set'
+  (at once, one value for all), and keep the config file for the steady
+  default. To change the default smoothly: 'bucket set' the new rate, roll
+  out the new config, then 'bucket set --clear'.
+
+Flags:
+  --config FILE   the replicas' YAML configuration
+  --redis ADDR    Redis host:port, when no config file is at hand
+  --json          print the bucket's status as JSON
+  --rate R        (set) the override rate, tokens per second, > 0
+  --burst B       (set) the override burst, >= 1
+  --for D         (set) how long the override holds, such as 30m
+  --clear         (set) remove the override
+`
+
+// unknownBurst stands for "not known" as the burst given to a Store whose
+// configured values are unknown (--redis without --config). No real bucket
+// is that large, so an override burst equal to it means "not set", and a
+// bucket filled to it is capped by each replica's own burst.
+const unknownBurst = math.MaxInt32
+
+// adminTimeout bounds each admin command against Redis.
+const adminTimeout = 10 * time.Second
+
+// bucketTarget is the bucket an admin command works on.
+type bucketTarget struct {
+	name   string
+	client redis.UniversalClient
+	store  *redislimiter.Store
+	// configured is set when the configured rate and burst are known.
+	configured *limitsJSON
+	from       string // where they come from, for the text output
+}
+
+func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return usagef("bucket", "bucket needs a subcommand: status, set, fill or reset")
+	}
+	sub, args := args[0], args[1:]
+	switch sub {
+	case "status", "set", "fill", "reset":
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, bucketHelp)
+		return nil
+	default:
+		return usagef("bucket", "unknown bucket subcommand %q", sub)
+	}
+	fs := newFlagSet("bucket " + sub)
+	cfgPath := fs.String("config", "", "")
+	addr := fs.String("redis", "", "")
+	asJSON := fs.Bool("json", false, "")
+	var rate float64
+	var burst int
+	var ttl time.Duration
+	var clear bool
+	if sub == "set" {
+		fs.Float64Var(&rate, "rate", 0, "")
+		fs.IntVar(&burst, "burst", 0, "")
+		fs.DurationVar(&ttl, "for", 0, "")
+		fs.BoolVar(&clear, "clear", false, "")
+	}
+	pos, err := parseArgs(fs, args, bucketHelp, stdout)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 1 {
+		return usagef(fs.Name(), "unexpected argument %q", pos[1])
+	}
+	name := ""
+	if len(pos) == 1 {
+		name = pos[0]
+	}
+	if sub == "set" {
+		if err := checkSetFlags(fs, rate, burst, ttl, clear); err != nil {
+			return err
+		}
+	}
+	t, err := openBucket(name, *cfgPath, *addr, fs.Name())
+	if err != nil {
+		return err
+	}
+	defer t.client.Close()
+
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	var done string
+	switch sub {
+	case "set":
+		if clear {
+			err = t.store.ClearOverride(ctx)
+			done = fmt.Sprintf("Cleared the override of bucket %s: each replica's configured rate applies again.", t.name)
+		} else {
+			err = t.store.SetOverride(ctx, rate, burst, ttl)
+			done = fmt.Sprintf("Bucket %s now runs at %s, %s, %s; every running replica takes it up with its next token request.",
+				t.name, formatRate(rate), describeBurst(burst), describeTTL(ttl))
+		}
+	case "fill":
+		err = t.store.Fill(ctx)
+		done = fmt.Sprintf("Filled bucket %s to its burst.", t.name)
+	case "reset":
+		err = t.store.Reset(ctx)
+		done = fmt.Sprintf("Reset bucket %s: it is full, and its override and pause are gone.", t.name)
+	}
+	if err != nil {
+		return fmt.Errorf("%s bucket %s: %w", sub, t.name, err)
+	}
+	if sub != "status" && !*asJSON {
+		fmt.Fprintln(stdout, done)
+		return nil
+	}
+	st, err := t.status(ctx)
+	if err != nil {
+		return fmt.Errorf("reading bucket %s: %w", t.name, err)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	writeStatus(stdout, st, t.from)
+	return nil
+}
+
+// checkSetFlags checks the flags of bucket set.
+func checkSetFlags(fs *flag.FlagSet, rate float64, burst int, ttl time.Duration, clear bool) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	help := fs.Name()
+	if clear {
+		if set["rate"] || set["burst"] || set["for"] {
+			return usagef(help, "--clear cannot be combined with --rate, --burst or --for")
+		}
+		return nil
+	}
+	switch {
+	case !set["rate"]:
+		return usagef(help, "bucket set needs --rate R, or --clear to remove the override")
+	case math.IsNaN(rate) || math.IsInf(rate, 0) || rate <= 0:
+		return usagef(help, "--rate must be a number > 0, got %v", rate)
+	case set["burst"] && burst < 1:
+		return usagef(help, "--burst must be >= 1, got %d", burst)
+	case set["for"] && ttl <= 0:
+		return usagef(help, "--for must be > 0, got %v; leave it out for an override that holds until cleared", ttl)
+	}
+	return nil
+}
+
+// openBucket connects to the bucket named by the flags.
+func openBucket(name, cfgPath, addr, help string) (*bucketTarget, error) {
+	switch {
+	case cfgPath != "" && addr != "":
+		return nil, usagef(help, "use either --config or --redis, not both")
+	case cfgPath == "" && addr == "":
+		return nil, usagef(help, "%s needs --config FILE or --redis ADDR", help)
+	case addr != "" && name == "":
+		return nil, usagef(help, "%s needs the bucket NAME with --redis", help)
+	}
+	var (
+		rc config.Redis
+		t  = &bucketTarget{name: name}
+	)
+	if cfgPath != "" {
+		cfg, err := loadConfig(cfgPath)
+		if err != nil {
+			return nil, err
+		}
+		if t.name == "" {
+			t.name = cfg.Limit.Bucket
+		}
+		if t.name == cfg.Limit.Bucket {
+			t.configured = &limitsJSON{Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst}
+			t.from = cfgPath
+		}
+		rc = cfg.Redis
+	} else {
+		if _, _, err := net.SplitHostPort(addr); err != nil || strings.Contains(addr, "@") {
+			return nil, usagef(help, "--redis must be host:port (use --config for a password or TLS), got %q", config.RedactURL(addr))
+		}
+		rc = config.Redis{Addr: addr}
+	}
+	if err := redislimiter.ValidateBucketName(t.name); err != nil {
+		return nil, usagef(help, "bucket NAME: %v", err)
+	}
+	// Admin commands are rare and a person waits for them: allow more than
+	// the replicas' fail-fast timeout.
+	rc.Timeout = max(rc.Timeout, config.Duration(2*time.Second))
+	client, err := redisconn.New(rc)
+	if err != nil {
+		return nil, &configError{err: err}
+	}
+	rate, burst := 1.0, unknownBurst
+	if t.configured != nil {
+		rate, burst = t.configured.Rate, t.configured.Burst
+	}
+	t.store, err = redislimiter.New(client, redislimiter.Config{Bucket: t.name, Rate: rate, Burst: burst})
+	if err != nil {
+		client.Close()
+		return nil, usagef(help, "bucket: %v", err)
+	}
+	t.client = client
+	return t, nil
+}
+
+// bucketStatus is the status of a bucket as printed, in text or JSON. A nil
+// pointer is a value that cannot be known.
+type bucketStatus struct {
+	Bucket        string        `json:"bucket"`
+	Tokens        *float64      `json:"tokens"`
+	Rate          *float64      `json:"rate"`
+	Burst         *int          `json:"burst"`
+	Configured    *limitsJSON   `json:"configured"`
+	Override      *overrideJSON `json:"override"`
+	PausedSeconds float64       `json:"paused_seconds"`
+	Replicas      []string      `json:"replicas"`
+
+	// baseRate is the rate once a pause ends, when known.
+	baseRate *float64
+}
+
+type limitsJSON struct {
+	Rate  float64 `json:"rate"`
+	Burst int     `json:"burst"`
+}
+
+type overrideJSON struct {
+	Rate float64 `json:"rate"`
+	// Burst is nil when the override keeps each replica's configured burst.
+	Burst *int `json:"burst"`
+	// ExpiresInSeconds is nil when the override holds until cleared.
+	ExpiresInSeconds *float64 `json:"expires_in_seconds"`
+}
+
+// status reads the bucket, its override and its live replicas.
+func (t *bucketTarget) status(ctx context.Context) (*bucketStatus, error) {
+	st, err := t.store.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := t.store.Replicas(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &bucketStatus{
+		Bucket:        t.name,
+		Configured:    t.configured,
+		PausedSeconds: st.PausedFor.Seconds(),
+		Replicas:      append([]string{}, ids...),
+	}
+	burstKnown := t.configured != nil
+	if t.configured != nil {
+		out.baseRate = &t.configured.Rate
+	}
+	if o := st.Override; o != nil {
+		oj := &overrideJSON{Rate: o.Rate}
+		// The store reports the configured burst for an override that
+		// has none; only the override itself says whether it has one.
+		has, err := t.client.HExists(ctx, t.store.Keys()[1], "burst").Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("reading the override: %w", err)
+		}
+		if has {
+			b := o.Burst
+			oj.Burst = &b
+			burstKnown = true
+		}
+		if o.ExpiresIn > 0 {
+			s := o.ExpiresIn.Seconds()
+			oj.ExpiresInSeconds = &s
+		}
+		out.Override = oj
+		out.baseRate = &oj.Rate
+	}
+	if out.baseRate != nil {
+		rate := st.Rate
+		out.Rate = &rate
+	}
+	if out.baseRate != nil && burstKnown {
+		tokens, burst := st.Tokens, st.Burst
+		out.Tokens, out.Burst = &tokens, &burst
+	}
+	return out, nil
+}
+
+// writeStatus prints st for a person.
+func writeStatus(w io.Writer, st *bucketStatus, from string) {
+	line := func(k, format string, args ...any) { fmt.Fprintf(w, "  %-11s %s\n", k, fmt.Sprintf(format, args...)) }
+	fmt.Fprintf(w, "Bucket %s\n", st.Bucket)
+	const noConfig = "pass --config FILE to see it"
+	switch {
+	case st.Tokens != nil:
+		line("tokens", "%s of %d", strconv.FormatFloat(*st.Tokens, 'f', -1, 64), *st.Burst)
+	default:
+		line("tokens", "unknown: the burst is in each replica's config; %s", noConfig)
+	}
+	switch {
+	case st.baseRate == nil:
+		line("rate", "each replica's configured rate; %s", noConfig)
+	case st.PausedSeconds > 0:
+		line("rate", "0/s while paused, then %s", formatRate(*st.baseRate))
+	case st.Override != nil:
+		line("rate", "%s (the override)", formatRate(*st.Rate))
+	default:
+		line("rate", "%s (configured)", formatRate(*st.Rate))
+	}
+	if st.Burst != nil {
+		line("burst", "%d", *st.Burst)
+	}
+	if o := st.Override; o != nil {
+		line("override", "%s, %s, %s", formatRate(o.Rate), describeBurstPtr(o.Burst), describeExpiry(o.ExpiresInSeconds))
+	} else {
+		line("override", "none: each replica uses its configured rate")
+	}
+	if c := st.Configured; c != nil {
+		line("configured", "%s, burst %d (%s)", formatRate(c.Rate), c.Burst, from)
+	} else {
+		line("configured", "unknown; %s", noConfig)
+	}
+	if st.PausedSeconds > 0 {
+		line("paused", "for %v more: a sink asked to slow down", roundDuration(st.PausedSeconds))
+	} else {
+		line("paused", "no")
+	}
+	if len(st.Replicas) == 0 {
+		line("replicas", "none alive")
+	} else {
+		line("replicas", "%d alive: %s", len(st.Replicas), strings.Join(st.Replicas, ", "))
+	}
+}
+
+// formatRate formats a rate in tokens per second, such as "12.5/s".
+func formatRate(r float64) string {
+	return strconv.FormatFloat(r, 'f', -1, 64) + "/s"
+}
+
+func describeBurst(b int) string {
+	if b > 0 {
+		return fmt.Sprintf("burst %d", b)
+	}
+	return "each replica's configured burst"
+}
+
+func describeBurstPtr(b *int) string {
+	if b == nil {
+		return describeBurst(0)
+	}
+	return describeBurst(*b)
+}
+
+func describeTTL(d time.Duration) string {
+	if d > 0 {
+		return "for " + d.String()
+	}
+	return "until cleared"
+}
+
+func describeExpiry(secs *float64) string {
+	if secs == nil {
+		return "until cleared"
+	}
+	return "expires in " + roundDuration(*secs).String()
+}
+
+func roundDuration(secs float64) time.Duration {
+	d := time.Duration(secs * float64(time.Second))
+	if d >= time.Minute {
+		return d.Round(time.Second)
+	}
+	return d.Round(time.Millisecond)
+}

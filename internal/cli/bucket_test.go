@@ -1,0 +1,245 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/throttlehq/throttle/config"
+	"github.com/throttlehq/throttle/internal/redisconn"
+	"github.com/throttlehq/throttle/internal/testenv"
+	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
+)
+
+// statusJSON mirrors the documented JSON output, with every key required.
+type statusJSON struct {
+	Bucket     *string  `json:"bucket"`
+	Tokens     *float64 `json:"tokens"`
+	Rate       *float64 `json:"rate"`
+	Burst      *int     `json:"burst"`
+	Configured *struct {
+		Rate  float64 `json:"rate"`
+		Burst int     `json:"burst"`
+	} `json:"configured"`
+	Override *struct {
+		Rate             float64  `json:"rate"`
+		Burst            *int     `json:"burst"`
+		ExpiresInSeconds *float64 `json:"expires_in_seconds"`
+	} `json:"override"`
+	PausedSeconds *float64 `json:"paused_seconds"`
+	Replicas      []string `json:"replicas"`
+}
+
+// bucketJSON runs a bucket command with --json and decodes its output,
+// checking that every documented key is present.
+func bucketJSON(t *testing.T, args ...string) statusJSON {
+	t.Helper()
+	code, stdout, stderr := runCLI(t, append([]string{"bucket"}, append(args, "--json")...)...)
+	if code != ExitOK {
+		t.Fatalf("bucket %q: exit code %d, stderr:\n%s", args, code, stderr)
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(stdout), &keys); err != nil {
+		t.Fatalf("bucket %q: output is not a JSON object: %v\n%s", args, err, stdout)
+	}
+	for _, k := range []string{"bucket", "tokens", "rate", "burst", "configured", "override", "paused_seconds", "replicas"} {
+		if _, ok := keys[k]; !ok {
+			t.Errorf("bucket %q: JSON lacks key %q:\n%s", args, k, stdout)
+		}
+	}
+	var st statusJSON
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
+		t.Fatalf("bucket %q: %v\n%s", args, err, stdout)
+	}
+	return st
+}
+
+func TestBucketCommands(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	name := uniqueName(t, "cli")
+	path := writeConfig(t, fmt.Sprintf(`
+redis: {addr: %q}
+limit: {bucket: %s, rate: 10, burst: 4}
+source:
+  rabbitmq: {url: "amqp://guest:guest@127.0.0.1:5672/", queue: q}
+sink: {stdout: {}}
+`, addr, name))
+	t.Cleanup(func() { runCLI(t, "bucket", "reset", "--config", path) })
+
+	// A running replica, to show up among the live replicas.
+	client, err := redisconn.New(config.Redis{Addr: addr, Timeout: config.Duration(time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	store, err := redislimiter.New(client, redislimiter.Config{Bucket: name, Rate: 10, Burst: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica, err := limiter.New(store, limiter.Options{ReplicaID: "replica-under-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { replica.Close() })
+	ctx := testenv.Context(t, 10*time.Second)
+	for {
+		ids, err := store.Replicas(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(ids, "replica-under-test") {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the replica never sent a heartbeat")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+
+	t.Run("status of a new bucket", func(t *testing.T) {
+		st := bucketJSON(t, "status", "--config", path)
+		if *st.Bucket != name || st.Tokens == nil || *st.Tokens != 4 || *st.Rate != 10 || *st.Burst != 4 {
+			t.Errorf("status %+v: want a full bucket of 4 at 10/s", st)
+		}
+		if st.Configured == nil || st.Configured.Rate != 10 || st.Configured.Burst != 4 {
+			t.Errorf("configured %+v, want rate 10, burst 4", st.Configured)
+		}
+		if st.Override != nil || *st.PausedSeconds != 0 {
+			t.Errorf("override %+v, paused %v; want none", st.Override, *st.PausedSeconds)
+		}
+		if !slices.Contains(st.Replicas, "replica-under-test") {
+			t.Errorf("replicas %q lack the running one", st.Replicas)
+		}
+	})
+
+	t.Run("set with burst and expiry", func(t *testing.T) {
+		st := bucketJSON(t, "set", name, "--config", path, "--rate", "30", "--burst", "7", "--for", "1m")
+		if st.Override == nil || st.Override.Rate != 30 || st.Override.Burst == nil || *st.Override.Burst != 7 {
+			t.Fatalf("override %+v, want rate 30, burst 7", st.Override)
+		}
+		if e := st.Override.ExpiresInSeconds; e == nil || *e <= 50 || *e > 60 {
+			t.Errorf("expires_in_seconds %v, want about 60", e)
+		}
+		if *st.Rate != 30 || *st.Burst != 7 {
+			t.Errorf("effective rate %v, burst %v; want the override's", *st.Rate, *st.Burst)
+		}
+		// With --redis the configured values are unknown, but the
+		// override makes the bucket fully known.
+		st = bucketJSON(t, "status", name, "--redis", addr)
+		if st.Configured != nil || st.Tokens == nil || *st.Rate != 30 || *st.Burst != 7 {
+			t.Errorf("status with --redis %+v: want configured null and the override's values", st)
+		}
+	})
+
+	t.Run("set without burst keeps the configured one", func(t *testing.T) {
+		st := bucketJSON(t, "set", name, "--config", path, "--rate", "12.5")
+		if st.Override == nil || st.Override.Rate != 12.5 || st.Override.Burst != nil || st.Override.ExpiresInSeconds != nil {
+			t.Fatalf("override %+v, want rate 12.5, burst null, no expiry", st.Override)
+		}
+		if *st.Burst != 4 {
+			t.Errorf("burst %v, want the configured 4", *st.Burst)
+		}
+		st = bucketJSON(t, "status", name, "--redis", addr)
+		if st.Tokens != nil || st.Burst != nil || st.Rate == nil || *st.Rate != 12.5 {
+			t.Errorf("status with --redis %+v: want tokens and burst null, rate 12.5", st)
+		}
+	})
+
+	t.Run("clear", func(t *testing.T) {
+		st := bucketJSON(t, "set", "--config", path, "--clear")
+		if st.Override != nil || *st.Rate != 10 {
+			t.Errorf("after --clear: override %+v, rate %v; want none and 10", st.Override, *st.Rate)
+		}
+		st = bucketJSON(t, "status", name, "--redis", addr)
+		if st.Tokens != nil || st.Rate != nil || st.Burst != nil {
+			t.Errorf("status with --redis and no override %+v: want tokens, rate, burst null", st)
+		}
+	})
+
+	t.Run("fill and reset", func(t *testing.T) {
+		for range 4 {
+			if ok, err := replica.Allow(ctx, 1); err != nil || !ok {
+				t.Fatalf("Allow: %v, %v", ok, err)
+			}
+		}
+		if st := bucketJSON(t, "status", "--config", path); *st.Tokens > 1 {
+			t.Fatalf("tokens %v after draining the bucket", *st.Tokens)
+		}
+		if st := bucketJSON(t, "fill", "--config", path); *st.Tokens != 4 {
+			t.Errorf("tokens %v after fill, want 4", *st.Tokens)
+		}
+		bucketJSON(t, "set", "--config", path, "--rate", "99")
+		st := bucketJSON(t, "reset", "--config", path)
+		if st.Override != nil || *st.Tokens != 4 {
+			t.Errorf("after reset: override %+v, tokens %v; want none and 4", st.Override, *st.Tokens)
+		}
+	})
+
+	t.Run("text output", func(t *testing.T) {
+		code, stdout, stderr := runCLI(t, "bucket", "set", "--config", path, "--rate", "20", "--for", "10m")
+		if code != ExitOK || !strings.Contains(stdout, "now runs at 20/s") || !strings.Contains(stdout, "next token request") {
+			t.Errorf("set: exit code %d, stdout %q, stderr %q", code, stdout, stderr)
+		}
+		code, stdout, _ = runCLI(t, "bucket", "status", "--config", path)
+		for _, want := range []string{"Bucket " + name, "rate        20/s (the override)", "override    20/s, each replica's configured burst, expires in 10m",
+			"configured  10/s, burst 4", "paused      no", "replica-under-test"} {
+			if !strings.Contains(stdout, want) {
+				t.Errorf("status does not contain %q:\n%s", want, stdout)
+			}
+		}
+		if code != ExitOK {
+			t.Errorf("status: exit code %d", code)
+		}
+		code, stdout, _ = runCLI(t, "bucket", "status", name, "--redis", addr)
+		if code != ExitOK || !strings.Contains(stdout, "configured  unknown; pass --config FILE") {
+			t.Errorf("status with --redis: exit code %d:\n%s", code, stdout)
+		}
+	})
+}
+
+func TestBucketRedisDown(t *testing.T) {
+	code, _, stderr := runCLI(t, "bucket", "status", "x", "--redis", "127.0.0.1:1")
+	if code != ExitFailure {
+		t.Errorf("exit code %d, want %d; stderr %s", code, ExitFailure, stderr)
+	}
+	if !strings.HasPrefix(stderr, "throttle: reading bucket x:") || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("stderr %q, want one line naming the bucket", stderr)
+	}
+}
+
+func TestBucketSetReachesReplicas(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	name := uniqueName(t, "cli")
+	client, err := redisconn.New(config.Redis{Addr: addr, Timeout: config.Duration(time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	store, err := redislimiter.New(client, redislimiter.Config{Bucket: name, Rate: 5, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Reset(context.Background()) })
+	b, err := limiter.New(store, limiter.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx := testenv.Context(t, 10*time.Second)
+	if code, _, stderr := runCLI(t, "bucket", "set", name, "--redis", addr, "--rate", "40", "--burst", "3"); code != ExitOK {
+		t.Fatalf("set: %s", stderr)
+	}
+	st, err := b.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Rate != 40 || st.Burst != 3 || st.ConfiguredRate != 5 {
+		t.Errorf("the replica sees rate %v, burst %d (configured %v); want 40, 3 (5)", st.Rate, st.Burst, st.ConfiguredRate)
+	}
+}

@@ -1,0 +1,222 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// modes lists every limiter mode, so that throttle_limiter_mode always has
+// one series per mode.
+var modes = []limiter.Mode{limiter.ModeShared, limiter.ModeLocal, limiter.ModeClosed, limiter.ModeOpen}
+
+// metrics holds the Prometheus metrics of one replica, in a registry of its
+// own, and the few counters the progress line reads back. It is safe for
+// concurrent use.
+type metrics struct {
+	reg *prometheus.Registry
+
+	received     *prometheus.CounterVec
+	delivered    *prometheus.CounterVec
+	retried      *prometheus.CounterVec
+	deadLettered *prometheus.CounterVec
+	failed       *prometheus.CounterVec
+	reconnects   *prometheus.CounterVec
+	waitSeconds  prometheus.Histogram
+	waiting      prometheus.Gauge
+	tokens       prometheus.Gauge
+	rate         prometheus.Gauge
+	redisErrors  prometheus.Counter
+	mode         *prometheus.GaugeVec
+
+	deliveredN atomic.Int64
+	waitingN   atomic.Int64
+	rateBits   atomic.Uint64 // math.Float64bits of the last effective rate
+}
+
+// newMetrics registers every metric, with a series at zero for broker, so
+// that dashboards see them before the first message.
+func newMetrics(broker string) *metrics {
+	reg := prometheus.NewRegistry()
+	counter := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"broker"})
+	}
+	m := &metrics{
+		reg:          reg,
+		received:     counter("throttle_messages_received_total", "Messages taken from the broker."),
+		delivered:    counter("throttle_messages_delivered_total", "Messages the sink accepted."),
+		retried:      counter("throttle_messages_retried_total", "Failed delivery attempts that will be retried."),
+		deadLettered: counter("throttle_messages_dead_lettered_total", "Messages sent to the dead-letter destination."),
+		failed:       counter("throttle_messages_failed_total", "Failed delivery attempts, retried or not."),
+		reconnects:   counter("throttle_reconnects_total", "Broker reconnects."),
+		waitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "throttle_limiter_wait_seconds",
+			Help:    "Time a message waited for tokens.",
+			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+		}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "throttle_limiter_waiting",
+			Help: "Messages waiting for tokens now.",
+		}),
+		tokens: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "throttle_bucket_tokens",
+			Help: "Tokens in the shared bucket at the last store call; negative while tokens are reserved ahead.",
+		}),
+		rate: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "throttle_bucket_effective_rate",
+			Help: "Effective refill rate in tokens per second: the override if set, else the configured rate; 0 while paused.",
+		}),
+		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "throttle_redis_errors_total",
+			Help: "Failed calls to the Redis bucket store.",
+		}),
+		mode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "throttle_limiter_mode",
+			Help: "1 for the limiter's current mode (shared, local, closed, open), 0 for the others.",
+		}, []string{"mode"}),
+	}
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "throttle_build_info",
+		Help: "Always 1; the labels give the version and commit.",
+	}, []string{"version", "commit"})
+	buildInfo.WithLabelValues(version, commit).Set(1)
+	reg.MustRegister(m.received, m.delivered, m.retried, m.deadLettered, m.failed, m.reconnects,
+		m.waitSeconds, m.waiting, m.tokens, m.rate, m.redisErrors, m.mode, buildInfo,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if broker != "" {
+		for _, c := range []*prometheus.CounterVec{m.received, m.delivered, m.retried, m.deadLettered, m.failed, m.reconnects} {
+			c.WithLabelValues(broker)
+		}
+	}
+	m.setMode(limiter.ModeShared)
+	return m
+}
+
+func (m *metrics) setMode(current limiter.Mode) {
+	for _, mode := range modes {
+		v := 0.0
+		if mode == current {
+			v = 1
+		}
+		m.mode.WithLabelValues(string(mode)).Set(v)
+	}
+}
+
+func (m *metrics) setBucket(tokens, rate float64) {
+	m.tokens.Set(tokens)
+	m.rate.Set(rate)
+	m.rateBits.Store(math.Float64bits(rate))
+}
+
+// effectiveRate returns the rate last seen from the bucket.
+func (m *metrics) effectiveRate() float64 { return math.Float64frombits(m.rateBits.Load()) }
+
+// consumerObserver returns the observer for the consumer.
+func (m *metrics) consumerObserver() *consumer.Observer {
+	return &consumer.Observer{
+		Received: func(msg consumer.Message) { m.received.WithLabelValues(msg.Source.Broker).Inc() },
+		Delivered: func(msg consumer.Message) {
+			m.delivered.WithLabelValues(msg.Source.Broker).Inc()
+			m.deliveredN.Add(1)
+		},
+		Failed: func(msg consumer.Message, _ error) { m.failed.WithLabelValues(msg.Source.Broker).Inc() },
+		Retried: func(msg consumer.Message, _ error, _ time.Duration) {
+			m.retried.WithLabelValues(msg.Source.Broker).Inc()
+		},
+		DeadLettered: func(msg consumer.Message, _ error) {
+			m.deadLettered.WithLabelValues(msg.Source.Broker).Inc()
+		},
+		Reconnected: func(broker string, _ error) { m.reconnects.WithLabelValues(broker).Inc() },
+	}
+}
+
+// limiterObserver returns the observer for the bucket.
+func (m *metrics) limiterObserver() *limiter.Observer {
+	return &limiter.Observer{
+		Waited:      func(d time.Duration) { m.waitSeconds.Observe(d.Seconds()) },
+		Took:        func(remaining, rate float64, _ int) { m.setBucket(remaining, rate) },
+		ModeChanged: func(_, to limiter.Mode, _ error) { m.setMode(to) },
+		StoreError:  func(error) { m.redisErrors.Inc() },
+	}
+}
+
+// startWaiting counts a message that starts waiting for tokens; call the
+// returned function when it stops.
+func (m *metrics) startWaiting() (done func()) {
+	m.waitingN.Add(1)
+	m.waiting.Inc()
+	return func() {
+		m.waitingN.Add(-1)
+		m.waiting.Dec()
+	}
+}
+
+// handler serves /metrics, /healthz (the process is alive) and /readyz
+// (ready returns nil).
+func (m *metrics) handler(ready func() error) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+// metricsServer serves a metrics handler until it is shut down.
+type metricsServer struct {
+	srv  *http.Server
+	addr net.Addr
+	done chan error
+}
+
+// startMetricsServer listens on addr at once, so that a busy port fails the
+// start-up, and serves h in the background.
+func startMetricsServer(addr string, h http.Handler, log *slog.Logger) (*metricsServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics.listen: %w", err)
+	}
+	s := &metricsServer{
+		srv: &http.Server{
+			Handler:           h,
+			ReadHeaderTimeout: 5 * time.Second,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		},
+		addr: ln.Addr(),
+		done: make(chan error, 1),
+	}
+	go func() { s.done <- s.srv.Serve(ln) }()
+	return s, nil
+}
+
+// shutdown stops the server, waiting up to a few seconds for scrapes in
+// progress.
+func (s *metricsServer) shutdown() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	err := s.srv.Shutdown(ctx)
+	if serr := <-s.done; !errors.Is(serr, http.ErrServerClosed) {
+		err = errors.Join(err, serr)
+	}
+	return err
+}

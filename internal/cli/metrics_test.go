@@ -1,0 +1,198 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/limiter"
+)
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+func TestMetricsHandler(t *testing.T) {
+	m := newMetrics("rabbitmq")
+	obs := m.consumerObserver()
+	msg := consumer.Message{Source: consumer.Source{Broker: "rabbitmq"}}
+	obs.Received(msg)
+	obs.Delivered(msg)
+	obs.Failed(msg, errors.New("x"))
+	obs.Retried(msg, errors.New("x"), time.Second)
+	obs.DeadLettered(msg, errors.New("x"))
+	obs.Reconnected("rabbitmq", errors.New("x"))
+	lobs := m.limiterObserver()
+	lobs.Waited(30 * time.Millisecond)
+	lobs.Took(2.5, 30, 5)
+	lobs.StoreError(errors.New("x"))
+	lobs.ModeChanged(limiter.ModeShared, limiter.ModeLocal, errors.New("x"))
+	m.startWaiting()
+
+	var notReady error = errors.New("consumer is not running")
+	srv := httptest.NewServer(m.handler(func() error { return notReady }))
+	defer srv.Close()
+
+	code, body := get(t, srv.URL+"/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics: %d", code)
+	}
+	for _, want := range []string{
+		`throttle_messages_received_total{broker="rabbitmq"} 1`,
+		`throttle_messages_delivered_total{broker="rabbitmq"} 1`,
+		`throttle_messages_retried_total{broker="rabbitmq"} 1`,
+		`throttle_messages_dead_lettered_total{broker="rabbitmq"} 1`,
+		`throttle_messages_failed_total{broker="rabbitmq"} 1`,
+		`throttle_reconnects_total{broker="rabbitmq"} 1`,
+		`throttle_limiter_wait_seconds_bucket{le="0.05"} 1`,
+		`throttle_limiter_wait_seconds_count 1`,
+		`throttle_limiter_waiting 1`,
+		`throttle_bucket_tokens 2.5`,
+		`throttle_bucket_effective_rate 30`,
+		`throttle_redis_errors_total 1`,
+		`throttle_limiter_mode{mode="local"} 1`,
+		`throttle_limiter_mode{mode="shared"} 0`,
+		`throttle_build_info{commit=`,
+		`go_goroutines`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+
+	if code, _ := get(t, srv.URL+"/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz: %d", code)
+	}
+	if code, body := get(t, srv.URL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "consumer is not running") {
+		t.Errorf("/readyz while not ready: %d %q", code, body)
+	}
+	notReady = nil
+	if code, _ := get(t, srv.URL+"/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz when ready: %d", code)
+	}
+}
+
+func TestWaitLimiter(t *testing.T) {
+	b, err := limiter.NewLocal(1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	m := newMetrics("")
+	w := &waitLimiter{l: b, maxWait: 50 * time.Millisecond, m: m}
+	ctx := context.Background()
+	if err := w.Wait(ctx, 1); err != nil {
+		t.Fatalf("first wait: %v", err)
+	}
+	err = w.Wait(ctx, 1)
+	if !errors.Is(err, errMaxWait) {
+		t.Fatalf("second wait: %v, want errMaxWait", err)
+	}
+	if consumer.IsPermanent(err) {
+		t.Errorf("a max_wait timeout must be retryable, got a permanent error")
+	}
+	if n := m.waitingN.Load(); n != 0 {
+		t.Errorf("%d waiting after the waits returned", n)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := w.Wait(cctx, 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("wait with a cancelled context: %v, want context.Canceled", err)
+	}
+}
+
+func TestMonitorPrintsProgress(t *testing.T) {
+	b, err := limiter.NewLocal(30, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	m := newMetrics("")
+	m.deliveredN.Store(7)
+	var out syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		monitor(ctx, b, m, &out, 10*time.Millisecond)
+	}()
+	deadline := time.After(5 * time.Second)
+	for !strings.Contains(out.String(), "\n") {
+		select {
+		case <-deadline:
+			t.Fatal("no progress line within 5 s")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	cancel()
+	<-done
+	line, _, _ := strings.Cut(out.String(), "\n")
+	for _, want := range []string{"msg/s (limit 30/s, shared)", "delivered 7", "waiting 0"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("progress line %q lacks %q", line, want)
+		}
+	}
+	if m.effectiveRate() != 30 {
+		t.Errorf("the monitor did not refresh the rate gauge: %v", m.effectiveRate())
+	}
+}
+
+func TestProgressOnlyOnTerminal(t *testing.T) {
+	on := true
+	tests := []struct {
+		rio  replicaIO
+		want bool
+	}{
+		{replicaIO{stderr: &bytes.Buffer{}}, false},
+		{replicaIO{stderr: &bytes.Buffer{}, progress: &on}, true},
+	}
+	for _, tt := range tests {
+		if got := showProgress(tt.rio); got != tt.want {
+			t.Errorf("showProgress(%T, %v) = %v, want %v", tt.rio.stderr, tt.rio.progress, got, tt.want)
+		}
+	}
+}
+
+func TestHealthcheck(t *testing.T) {
+	m := newMetrics("")
+	var notReady error = errors.New("consumer is not running")
+	srv := httptest.NewServer(m.handler(func() error { return notReady }))
+	defer srv.Close()
+	tests := []struct {
+		args []string
+		want int
+		out  string
+	}{
+		{[]string{"healthcheck", "--url", srv.URL + "/healthz"}, ExitOK, "ok"},
+		{[]string{"healthcheck", "--url", srv.URL + "/readyz"}, ExitFailure, "503 Service Unavailable: not ready: consumer is not running"},
+		{[]string{"healthcheck", "--url", "http://127.0.0.1:1/healthz", "--timeout", "1s"}, ExitFailure, "no answer"},
+		{[]string{"healthcheck", "--url", "http://u:hunter2@127.0.0.1:1/healthz"}, ExitFailure, "u:REDACTED@"},
+		{[]string{"healthcheck", "--timeout", "0s"}, ExitUsage, "--timeout must be > 0"},
+	}
+	for _, tt := range tests {
+		code, stdout, stderr := runCLI(t, tt.args...)
+		if code != tt.want || !strings.Contains(stdout+stderr, tt.out) {
+			t.Errorf("%q: exit code %d, output %q; want %d and %q", tt.args, code, stdout+stderr, tt.want, tt.out)
+		}
+		if strings.Contains(stdout+stderr, "hunter2") {
+			t.Errorf("%q: output leaks a password: %q", tt.args, stdout+stderr)
+		}
+	}
+}

@@ -1,0 +1,276 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/term"
+
+	"github.com/throttlehq/throttle/config"
+	"github.com/throttlehq/throttle/internal/redisconn"
+	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
+	"github.com/throttlehq/throttle/sinks"
+)
+
+const runHelp = `Usage: throttle run --config FILE
+
+Runs one replica: consumes the configured source, waits on the shared token
+bucket in Redis before each delivery attempt, and delivers to the configured
+sink. Every process that names the same limit.bucket shares one rate.
+
+A message is acked or committed only after it was delivered or
+dead-lettered. A failed attempt is retried with backoff (delivery.*); a
+message that fails permanently or runs out of attempts is dead-lettered. A
+wait for tokens longer than limit.max_wait (when set) fails the attempt like
+any retryable error. An HTTP sink answering 429 or 503 with Retry-After
+pauses the shared bucket for every replica (sink.http.push_back).
+
+Observability, on metrics.listen (default 127.0.0.1:9464; "off" disables):
+  /metrics   Prometheus metrics, all named throttle_*
+  /healthz   200 while the process is alive
+  /readyz    200 while the consumer runs and, with
+             limit.on_store_error: closed, Redis answers
+Logs go to stderr (log.level, log.format: text or json). When stderr is a
+terminal, a progress line follows every 5 s.
+
+SIGINT or SIGTERM stops intake and drains in-flight messages for up to
+delivery.drain_timeout, then exits 0. A second signal exits at once with
+130; unacked messages are redelivered by the broker.
+
+Flags:
+  --config FILE   the YAML configuration (required)
+`
+
+// monitorInterval is how often a replica refreshes its bucket gauges and,
+// on a terminal, prints its progress line.
+const monitorInterval = 5 * time.Second
+
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("run")
+	path := fs.String("config", "", "")
+	pos, err := parseArgs(fs, args, runHelp, stdout)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(pos) > 0:
+		return usagef("run", "unexpected argument %q", pos[0])
+	case *path == "":
+		return usagef("run", "run needs --config FILE")
+	}
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg.Log, stderr)
+	return runReplica(ctx, cfg, replicaIO{stdout: stdout, stderr: stderr, log: log})
+}
+
+// replicaIO is where a replica writes.
+type replicaIO struct {
+	stdout, stderr io.Writer
+	log            *slog.Logger
+	// progress overrides the terminal check for the progress line: nil
+	// means "only when stderr is a terminal".
+	progress *bool
+}
+
+// runReplica runs one replica until ctx ends and it has drained.
+func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
+	log := rio.log
+	broker := "kafka"
+	if cfg.Source.RabbitMQ != nil {
+		broker = "rabbitmq"
+	}
+	m := newMetrics(broker)
+
+	client, err := redisconn.New(cfg.Redis)
+	if err != nil {
+		return &configError{err: err}
+	}
+	defer client.Close()
+	store, err := redislimiter.New(client, redislimiter.Config{Bucket: cfg.Limit.Bucket, Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst})
+	if err != nil {
+		return &configError{err: fmt.Errorf("limit: %w", err)}
+	}
+	bucket, err := limiter.New(store, limiterOptions(cfg, m.limiterObserver(), log))
+	if err != nil {
+		return &configError{err: fmt.Errorf("limit: %w", err)}
+	}
+	defer func() {
+		if err := bucket.Close(); err != nil {
+			log.Warn("closing the bucket", "error", err)
+		}
+	}()
+
+	sink, closeSink, err := newSink(ctx, cfg.Sink, rio.stdout)
+	if err != nil {
+		return err
+	}
+	defer closeSink()
+
+	lim := &waitLimiter{l: bucket, maxWait: time.Duration(cfg.Limit.MaxWait), m: m}
+	c, err := newConsumer(cfg.Source, newDeps(cfg, lim, bucket, m.consumerObserver(), log), sinks.Handler(sink))
+	if err != nil {
+		return err
+	}
+
+	var running atomic.Bool
+	ready := func() error {
+		if !running.Load() {
+			return errors.New("consumer is not running")
+		}
+		if bucket.Mode() == limiter.ModeClosed {
+			return errors.New("redis is unreachable and limit.on_store_error is closed")
+		}
+		return nil
+	}
+	if cfg.Metrics.Enabled() {
+		srv, err := startMetricsServer(cfg.Metrics.Listen, m.handler(ready), log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := srv.shutdown(); err != nil {
+				log.Warn("stopping the metrics server", "error", err)
+			}
+		}()
+		log.Info("serving metrics", "addr", srv.addr.String(), "paths", "/metrics /healthz /readyz")
+	}
+
+	log.Info("starting",
+		"version", version,
+		"replica", bucket.ReplicaID(),
+		"bucket", cfg.Limit.Bucket,
+		"rate", cfg.Limit.Rate,
+		"burst", cfg.Limit.Burst,
+		"source", describeSource(cfg.Source),
+		"sink", describeSink(cfg.Sink))
+	log.Debug("configuration", "config", cfg.String())
+	checkBucket(ctx, bucket, m, log)
+
+	runCtx, stopMonitor := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var progress io.Writer
+		if showProgress(rio) {
+			progress = rio.stderr
+		}
+		monitor(runCtx, bucket, m, progress, monitorInterval)
+	}()
+	defer func() {
+		stopMonitor()
+		wg.Wait()
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-ctx.Done():
+			log.Info("shutting down: intake stopped, draining in-flight messages (a second signal exits at once)",
+				"drain_timeout", time.Duration(cfg.Delivery.DrainTimeout))
+		case <-runCtx.Done():
+		}
+	}()
+
+	running.Store(true)
+	err = c.Run(ctx)
+	running.Store(false)
+	if err != nil {
+		return fmt.Errorf("consuming from %s: %w", describeSource(cfg.Source), err)
+	}
+	log.Info("stopped", "delivered", m.deliveredN.Load())
+	return nil
+}
+
+// checkBucket reads the bucket once at start-up, to fill the gauges and to
+// warn early about an unreachable Redis.
+func checkBucket(ctx context.Context, b *limiter.Bucket, m *metrics, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st, err := b.State(ctx)
+	if err != nil {
+		log.Warn("cannot read the bucket in redis yet; the limiter falls back per limit.on_store_error until it can", "error", err)
+		return
+	}
+	m.setBucket(st.Tokens, st.Rate)
+	if st.Override != nil {
+		log.Info("a runtime override wins over the configured rate", "override_rate", st.Override.Rate,
+			"override_burst", st.Override.Burst, "expires_in", st.Override.ExpiresIn)
+	}
+}
+
+func showProgress(rio replicaIO) bool {
+	if rio.progress != nil {
+		return *rio.progress
+	}
+	f, ok := rio.stderr.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// monitor refreshes the bucket gauges every interval and, when progress is
+// not nil, writes a one-line summary to it, until ctx ends.
+func monitor(ctx context.Context, b *limiter.Bucket, m *metrics, progress io.Writer, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	last, lastAt := m.deliveredN.Load(), time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sctx, cancel := context.WithTimeout(ctx, interval)
+		st, err := b.State(sctx)
+		cancel()
+		if err == nil {
+			m.setBucket(st.Tokens, st.Rate)
+		}
+		if progress == nil {
+			continue
+		}
+		now, delivered := time.Now(), m.deliveredN.Load()
+		achieved := float64(delivered-last) / now.Sub(lastAt).Seconds()
+		last, lastAt = delivered, now
+		fmt.Fprintln(progress, progressLine(achieved, m.effectiveRate(), b.Mode(), delivered, m.waitingN.Load()))
+	}
+}
+
+func progressLine(achieved, limit float64, mode limiter.Mode, delivered, waiting int64) string {
+	return fmt.Sprintf("throttle: %.1f msg/s (limit %s, %s) | delivered %d | waiting %d",
+		achieved, formatRate(limit), mode, delivered, waiting)
+}
+
+// describeSource names the source for logs, without secrets.
+func describeSource(s config.Source) string {
+	switch {
+	case s.Kafka != nil:
+		return fmt.Sprintf("kafka topic %s, group %s", s.Kafka.Topic, s.Kafka.Group)
+	case s.RabbitMQ != nil:
+		return fmt.Sprintf("rabbitmq queue %s at %s", s.RabbitMQ.Queue, config.RedactURL(s.RabbitMQ.URL))
+	}
+	return "none"
+}
+
+// describeSink names the sink for logs, without secrets.
+func describeSink(s config.Sink) string {
+	switch {
+	case s.HTTP != nil:
+		return "http " + s.HTTP.Method + " " + config.RedactURL(s.HTTP.URL)
+	case s.Postgres != nil:
+		return "postgres table " + s.Postgres.Table
+	case s.Stdout != nil:
+		return "stdout"
+	}
+	return "none"
+}

@@ -1,0 +1,128 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/throttlehq/throttle/internal/testenv"
+)
+
+// freeAddr returns a loopback address that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// waitFor polls cond until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestRunKafkaToStdout runs one replica in process: kfake → shared bucket
+// in Redis → stdout sink, then stops it as SIGTERM would.
+func TestRunKafkaToStdout(t *testing.T) {
+	redisAddr := testenv.RedisAddr(t)
+	topic := uniqueName(t, "topic")
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	kc, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close)
+	const n = 5
+	for i := range n {
+		rec := &kgo.Record{Key: []byte(fmt.Sprint(i)), Value: []byte(fmt.Sprintf(`{"n":%d}`, i)), Headers: []kgo.RecordHeader{{Key: "cost", Value: []byte("1")}}}
+		if err := kc.ProduceSync(testenv.Context(t, 10*time.Second), rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	metricsAddr := freeAddr(t)
+	bucket := uniqueName(t, "cli")
+	path := writeConfig(t, fmt.Sprintf(`
+redis: {addr: %q}
+limit: {bucket: %s, rate: 50, burst: 2, cost_header: cost}
+source:
+  kafka: {brokers: [%q], topic: %s, group: %s}
+sink: {stdout: {}}
+metrics: {listen: %q}
+log: {format: json, level: debug}
+`, redisAddr, bucket, cluster.ListenAddrs()[0], topic, uniqueName(t, "group"), metricsAddr))
+	t.Cleanup(func() { runCLI(t, "bucket", "reset", "--config", path) })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	codec := make(chan int, 1)
+	go func() { codec <- Run(ctx, []string{"run", "--config", path}, &stdout, &stderr) }()
+
+	waitFor(t, 30*time.Second, "5 messages on stdout", func() bool { return strings.Count(stdout.String(), "\n") >= n })
+	if code, _ := get(t, "http://"+metricsAddr+"/readyz"); code != 200 {
+		t.Errorf("/readyz while running: %d", code)
+	}
+	_, body := get(t, "http://"+metricsAddr+"/metrics")
+	if !strings.Contains(body, fmt.Sprintf(`throttle_messages_delivered_total{broker="kafka"} %d`, n)) {
+		t.Errorf("/metrics does not count %d deliveries:\n%s", n, body)
+	}
+	cancel()
+	select {
+	case code := <-codec:
+		if code != ExitOK {
+			t.Errorf("exit code %d after cancel, want 0; stderr:\n%s", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not stop within 30 s of cancel")
+	}
+	for _, want := range []string{`"msg":"starting"`, `"msg":"configuration"`, `"msg":"shutting down`, `"msg":"stopped"`} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("log lacks %s:\n%s", want, stderr.String())
+		}
+	}
+	if !strings.Contains(stdout.String(), `"body":{"n":4}`) {
+		t.Errorf("stdout lacks the last message:\n%s", stdout.String())
+	}
+}
+
+func TestRunMetricsPortBusy(t *testing.T) {
+	redisAddr := testenv.RedisAddr(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	path := writeConfig(t, fmt.Sprintf(`
+redis: {addr: %q}
+limit: {bucket: %s, rate: 5}
+source:
+  rabbitmq: {url: "amqp://guest:guest@127.0.0.1:1/", queue: q}
+sink: {stdout: {}}
+metrics: {listen: %q}
+`, redisAddr, uniqueName(t, "cli"), ln.Addr().String()))
+	code, _, stderr := runCLI(t, "run", "--config", path)
+	if code != ExitFailure || !strings.Contains(stderr, "metrics.listen") {
+		t.Errorf("exit code %d, stderr %q; want %d naming metrics.listen", code, stderr, ExitFailure)
+	}
+}

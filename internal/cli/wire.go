@@ -1,0 +1,263 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/throttlehq/throttle/config"
+	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/kafka"
+	"github.com/throttlehq/throttle/consumer/rabbitmq"
+	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/sinks"
+	"github.com/throttlehq/throttle/sinks/httpsink"
+	"github.com/throttlehq/throttle/sinks/postgres"
+	"github.com/throttlehq/throttle/sinks/stdout"
+)
+
+// runner is a consumer: kafka.Consumer or rabbitmq.Consumer.
+type runner interface {
+	Run(ctx context.Context) error
+}
+
+// newLogger returns a slog logger writing to w in the configured format and
+// level.
+func newLogger(cfg config.Log, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.SlogLevel()}
+	if cfg.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// limiterOptions maps the limit section to the bucket's options.
+func limiterOptions(cfg *config.Config, obs *limiter.Observer, log *slog.Logger) limiter.Options {
+	opts := limiter.Options{
+		OnStoreError:  limiter.Mode(cfg.Limit.OnStoreError),
+		FallbackRate:  cfg.Limit.FallbackRate,
+		ProbeInterval: time.Duration(cfg.Limit.ProbeInterval),
+		Lease:         limiter.LeaseOptions{Disabled: cfg.Limit.Lease == config.LeaseOff},
+		Observer:      obs,
+		Logger:        log,
+	}
+	if h := cfg.Sink.HTTP; h != nil && h.PushBackEnabled() {
+		opts.MaxPause = time.Duration(h.MaxPause)
+	}
+	return opts
+}
+
+// errMaxWait is the cause of a wait cut short by limit.max_wait.
+var errMaxWait = errors.New("limit.max_wait exceeded")
+
+// waitLimiter wraps the bucket for the consumer: it counts the messages
+// waiting for tokens and bounds each wait by limit.max_wait. A wait cut
+// short fails the delivery attempt with a retryable error, so the retry
+// policy tries again later and dead-letters the message once
+// delivery.max_attempts are used up. It is safe for concurrent use.
+type waitLimiter struct {
+	l       consumer.Limiter
+	maxWait time.Duration
+	m       *metrics
+}
+
+func (w *waitLimiter) Wait(ctx context.Context, cost int) error {
+	defer w.m.startWaiting()()
+	if w.maxWait <= 0 {
+		return w.l.Wait(ctx, cost)
+	}
+	wctx, cancel := context.WithTimeoutCause(ctx, w.maxWait, errMaxWait)
+	defer cancel()
+	err := w.l.Wait(wctx, cost)
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), errMaxWait) {
+		return fmt.Errorf("no tokens within %v: %w", w.maxWait, errMaxWait)
+	}
+	return err
+}
+
+// newSink builds the configured sink. Sinks holding connections are closed
+// by the returned function.
+func newSink(ctx context.Context, cfg config.Sink, out io.Writer) (sinks.Sink, func(), error) {
+	switch {
+	case cfg.HTTP != nil:
+		h := cfg.HTTP
+		s, err := httpsink.New(httpsink.Config{
+			URL:           h.URL,
+			Method:        h.Method,
+			Headers:       h.Headers,
+			RawHeaders:    true, // the config package expanded ${VAR} already
+			Timeout:       time.Duration(h.Timeout),
+			BodyTemplate:  h.BodyTemplate,
+			ContentType:   h.ContentType,
+			MaxConns:      h.MaxConns,
+			MaxRetryAfter: time.Duration(h.MaxPause),
+		})
+		if err != nil {
+			return nil, nil, &configError{err: fmt.Errorf("sink.http: %w", err)}
+		}
+		return s, func() { _ = s.Close() }, nil
+	case cfg.Postgres != nil:
+		p := cfg.Postgres
+		s, err := postgres.New(ctx, postgres.Config{
+			DSN:         p.DSN,
+			Table:       p.Table,
+			CreateTable: p.CreateTable,
+			IDHeader:    p.IDHeader,
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("starting the postgres sink: %w", err)
+		}
+		return s, func() { _ = s.Close() }, nil
+	case cfg.Stdout != nil:
+		return stdout.New(out), func() {}, nil
+	}
+	return nil, nil, &configError{err: errors.New("sink: exactly one of http, postgres, stdout must be set")}
+}
+
+// consumerDeps are the parts of a consumer that do not come from the
+// source section.
+type consumerDeps struct {
+	limiter  consumer.Limiter
+	cost     consumer.CostFunc
+	pauser   consumer.Pauser
+	maxPause time.Duration
+	retry    consumer.RetryPolicy
+	drain    time.Duration
+	observer *consumer.Observer
+	log      *slog.Logger
+}
+
+// newDeps maps the limit, sink and delivery sections to consumerDeps.
+// Push-back pauses the shared bucket only for an HTTP sink with
+// sink.http.push_back on, the one sink that reports Retry-After.
+func newDeps(cfg *config.Config, lim consumer.Limiter, bucket *limiter.Bucket, obs *consumer.Observer, log *slog.Logger) consumerDeps {
+	d := consumerDeps{
+		limiter: lim,
+		retry: consumer.RetryPolicy{
+			MaxAttempts: cfg.Delivery.MaxAttempts,
+			Backoff:     time.Duration(cfg.Delivery.Backoff),
+			MaxBackoff:  time.Duration(cfg.Delivery.MaxBackoff),
+		},
+		drain:    time.Duration(cfg.Delivery.DrainTimeout),
+		observer: obs,
+		log:      log,
+	}
+	if cfg.Limit.CostHeader != "" {
+		d.cost = consumer.CostFromHeader(cfg.Limit.CostHeader)
+	}
+	if h := cfg.Sink.HTTP; h != nil && h.PushBackEnabled() {
+		d.pauser = bucket
+		d.maxPause = time.Duration(h.MaxPause)
+	}
+	return d
+}
+
+// newConsumer builds the configured source's consumer around h.
+func newConsumer(src config.Source, d consumerDeps, h consumer.Handler) (runner, error) {
+	switch {
+	case src.Kafka != nil:
+		k := src.Kafka
+		dialer, err := kafkaDialer(k)
+		if err != nil {
+			return nil, err
+		}
+		start := kafkago.FirstOffset
+		if k.StartOffset == config.StartLast {
+			start = kafkago.LastOffset
+		}
+		c, err := kafka.New(kafka.Config{
+			Brokers:         k.Brokers,
+			Topic:           k.Topic,
+			Group:           k.Group,
+			Concurrency:     k.Concurrency,
+			DeadLetterTopic: k.DeadLetterTopic,
+			StartOffset:     start,
+			Limiter:         d.limiter,
+			Cost:            d.cost,
+			Pauser:          d.pauser,
+			MaxPause:        d.maxPause,
+			Retry:           d.retry,
+			DrainTimeout:    d.drain,
+			Observer:        d.observer,
+			Logger:          d.log,
+			Dialer:          dialer,
+			ConfigureReader: shortFetchWait,
+		}, h)
+		if err != nil {
+			return nil, &configError{err: fmt.Errorf("source.kafka: %w", err)}
+		}
+		return c, nil
+	case src.RabbitMQ != nil:
+		q := src.RabbitMQ
+		tlsConf, err := q.TLS.ClientConfig()
+		if err != nil {
+			return nil, &configError{err: fmt.Errorf("source.rabbitmq.%w", err)}
+		}
+		c, err := rabbitmq.New(rabbitmq.Config{
+			URL:                q.URL,
+			TLS:                tlsConf,
+			Queue:              q.Queue,
+			Prefetch:           q.Prefetch,
+			Concurrency:        q.Concurrency,
+			Declare:            q.Declare,
+			DeadLetterExchange: q.DeadLetterExchange,
+			Limiter:            d.limiter,
+			Cost:               d.cost,
+			Pauser:             d.pauser,
+			MaxPause:           d.maxPause,
+			Retry:              d.retry,
+			DrainTimeout:       d.drain,
+			Observer:           d.observer,
+			Logger:             d.log,
+		}, h)
+		if err != nil {
+			return nil, &configError{err: fmt.Errorf("source.rabbitmq: %w", err)}
+		}
+		return c, nil
+	}
+	return nil, &configError{err: errors.New("source: exactly one of kafka, rabbitmq must be set")}
+}
+
+// shortFetchWait bounds kafka-go's fetch long-poll to 1 s (its default is
+// 10 s): shutdown waits for the poll in progress, and an idle topic costs
+// one fetch per second.
+func shortFetchWait(rc *kafkago.ReaderConfig) { rc.MaxWait = time.Second }
+
+// kafkaDialer returns the dialer for TLS and SASL, or nil when neither is
+// configured.
+func kafkaDialer(k *config.Kafka) (*kafkago.Dialer, error) {
+	tlsConf, err := k.TLS.ClientConfig()
+	if err != nil {
+		return nil, &configError{err: fmt.Errorf("source.kafka.%w", err)}
+	}
+	if tlsConf == nil && k.SASL.Mechanism == config.SASLNone {
+		return nil, nil
+	}
+	d := &kafkago.Dialer{Timeout: 10 * time.Second, DualStack: true, TLS: tlsConf}
+	switch k.SASL.Mechanism {
+	case config.SASLNone:
+	case config.SASLPlain:
+		d.SASLMechanism = plain.Mechanism{Username: k.SASL.Username, Password: k.SASL.Password}
+	case config.SASLScramSHA256, config.SASLScramSHA512:
+		algo := scram.SHA256
+		if k.SASL.Mechanism == config.SASLScramSHA512 {
+			algo = scram.SHA512
+		}
+		m, err := scram.Mechanism(algo, k.SASL.Username, k.SASL.Password)
+		if err != nil {
+			// The error is about the user name or password: do not echo it.
+			return nil, &configError{err: fmt.Errorf("source.kafka.sasl: %s credentials are not usable (check the user name and password for SASLprep)", k.SASL.Mechanism)}
+		}
+		d.SASLMechanism = m
+	default:
+		return nil, &configError{err: fmt.Errorf("source.kafka.sasl.mechanism: unknown mechanism %q", k.SASL.Mechanism)}
+	}
+	return d, nil
+}
