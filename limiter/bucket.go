@@ -128,6 +128,10 @@ type Bucket struct {
 
 	lease leasePool
 
+	// changes is closed, and replaced, when the store announces a change;
+	// callers sleeping on a reservation then take it again.
+	changes atomic.Pointer[chan struct{}]
+
 	done      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
@@ -183,6 +187,21 @@ func New(store Store, opts Options) (*Bucket, error) {
 	b.lastBurst.Store(int64(burst))
 	b.replicas.Store(1)
 	b.lease.init(b)
+	changes := make(chan struct{})
+	b.changes.Store(&changes)
+	if n, ok := store.(Notifier); ok {
+		ctx, cancel := context.WithCancel(context.Background())
+		b.wg.Add(2)
+		go func() {
+			defer b.wg.Done()
+			n.Watch(ctx, b.changed)
+		}()
+		go func() {
+			defer b.wg.Done()
+			<-b.done
+			cancel()
+		}()
+	}
 	if rt, ok := store.(ReplicaTracker); ok {
 		b.wg.Add(1)
 		go b.heartbeat(rt)
@@ -245,6 +264,7 @@ func (b *Bucket) Wait(ctx context.Context, cost int) error {
 			}
 			return err
 		}
+		changes := *b.changes.Load()
 		res, err := b.store.Take(ctx, TakeRequest{Cost: cost, Extra: b.lease.extra(cost), MaxWait: b.horizon()})
 		if err != nil {
 			if cerr := ctx.Err(); cerr != nil {
@@ -260,7 +280,14 @@ func (b *Bucket) Wait(ctx context.Context, cost int) error {
 		if res.Granted {
 			b.lease.put(res.Tokens - cost)
 			if res.Wait > 0 {
-				if err := sleep(ctx, b.done, res.Wait); err != nil {
+				err := sleepUnlessChanged(ctx, b.done, changes, res.Wait)
+				if errors.Is(err, errChanged) {
+					// The rate or a pause changed: this reservation was
+					// scheduled under the old settings, so take it again.
+					b.refund(ctx, cost)
+					continue
+				}
+				if err != nil {
 					b.refund(ctx, cost)
 					return err
 				}
@@ -268,7 +295,7 @@ func (b *Bucket) Wait(ctx context.Context, cost int) error {
 			b.observeWaited(b.opts.Clock().Sub(start))
 			return nil
 		}
-		if err := sleep(ctx, b.done, res.Wait); err != nil {
+		if err := sleepUnlessChanged(ctx, b.done, changes, res.Wait); err != nil && !errors.Is(err, errChanged) {
 			return err
 		}
 	}
@@ -587,6 +614,34 @@ func (b *Bucket) observeState(st State) {
 func (b *Bucket) observeWaited(d time.Duration) {
 	if o := b.opts.Observer; o != nil && o.Waited != nil {
 		o.Waited(d)
+	}
+}
+
+// changed wakes every caller sleeping on a reservation.
+func (b *Bucket) changed() {
+	next := make(chan struct{})
+	close(*b.changes.Swap(&next))
+}
+
+var errChanged = errors.New("bucket changed")
+
+// sleepUnlessChanged is sleep that also returns errChanged when changes is
+// closed.
+func sleepUnlessChanged(ctx context.Context, done, changes <-chan struct{}, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-done:
+		return ErrClosed
+	case <-changes:
+		return errChanged
+	case <-t.C:
+		return nil
 	}
 }
 

@@ -159,6 +159,17 @@ type ReplicaTracker interface {
 	Leave(ctx context.Context, id string) error
 }
 
+// Notifier is implemented by stores that announce the changes operators and
+// push-back make to a bucket (a rate override, a fill, a reset, a pause) to
+// every replica. A Bucket that hears one takes again the reservations its
+// callers are sleeping on, so the change reaches them within a round trip
+// instead of after the reservation horizon.
+type Notifier interface {
+	// Watch calls changed for every announced change until ctx ends, then
+	// returns. It resubscribes by itself after a connection failure.
+	Watch(ctx context.Context, changed func())
+}
+
 // ValidateRate returns an error naming the parameter unless rate is a
 // finite number above zero.
 func ValidateRate(rate float64) error {

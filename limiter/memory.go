@@ -16,7 +16,8 @@ import (
 //
 // A Memory store is safe for concurrent use.
 type Memory struct {
-	mu     sync.Mutex
+	mu       sync.Mutex
+	watchers map[*func()]struct{}
 	now    func() time.Time
 	rate   float64
 	burst  int
@@ -62,12 +63,42 @@ func (m *Memory) Refund(_ context.Context, tokens int) error {
 // Pause implements Store.
 func (m *Memory) Pause(_ context.Context, d time.Duration) error {
 	m.PauseAt(m.now(), d)
+	m.notify()
 	return nil
 }
 
 // Status implements Store.
 func (m *Memory) Status(_ context.Context) (State, error) {
 	return m.StatusAt(m.now()), nil
+}
+
+// Watch implements Notifier: changed is called after each SetRate and
+// Pause until ctx ends.
+func (m *Memory) Watch(ctx context.Context, changed func()) {
+	m.mu.Lock()
+	if m.watchers == nil {
+		m.watchers = map[*func()]struct{}{}
+	}
+	key := &changed
+	m.watchers[key] = struct{}{}
+	m.mu.Unlock()
+	<-ctx.Done()
+	m.mu.Lock()
+	delete(m.watchers, key)
+	m.mu.Unlock()
+}
+
+// notify calls the watchers; m.mu must not be held.
+func (m *Memory) notify() {
+	m.mu.Lock()
+	fns := make([]func(), 0, len(m.watchers))
+	for f := range m.watchers {
+		fns = append(fns, *f)
+	}
+	m.mu.Unlock()
+	for _, f := range fns {
+		f()
+	}
 }
 
 // Limits implements Store.
@@ -186,8 +217,8 @@ func (m *Memory) StatusAt(t time.Time) State {
 	return st
 }
 
-// SetRate changes the rate and burst of the bucket, keeping its tokens. It
-// returns a *ParamError for a bad value.
+// SetRate changes the rate and burst of the bucket, keeping its tokens, and
+// tells the watchers. It returns a *ParamError for a bad value.
 func (m *Memory) SetRate(rate float64, burst int) error {
 	if err := ValidateRate(rate); err != nil {
 		return err
@@ -196,8 +227,9 @@ func (m *Memory) SetRate(rate float64, burst int) error {
 		return err
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.save(m.advance(m.now().UnixMicro()))
 	m.rate, m.burst = rate, burst
+	m.mu.Unlock()
+	m.notify()
 	return nil
 }

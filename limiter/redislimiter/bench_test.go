@@ -2,8 +2,10 @@ package redislimiter
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -31,13 +33,19 @@ func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 }
 
 func benchBucket(b *testing.B, rate float64, burst int, opts limiter.Options) (*limiter.Bucket, *countingHook) {
+	return benchBucketConfig(b, Config{Rate: rate, Burst: burst}, opts)
+}
+
+// benchBucketConfig is benchBucket with a Store configured by cfg, whose
+// Bucket is set here.
+func benchBucketConfig(b *testing.B, cfg Config, opts limiter.Options) (*limiter.Bucket, *countingHook) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 	b.Cleanup(func() { c.Close() })
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		b.Skipf("Redis at 127.0.0.1:6379: %v", err)
 	}
-	name := uniqueBucket(b, c)
-	s, err := New(c, Config{Bucket: name, Rate: rate, Burst: burst})
+	cfg.Bucket = uniqueBucket(b, c)
+	s, err := New(c, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -111,4 +119,31 @@ func benchSaturated(b *testing.B, opts limiter.Options) {
 		}
 	})
 	b.ReportMetric(float64(h.n.Load())/float64(b.N), "redis-calls/token")
+}
+
+// BenchmarkTakeParallel is Wait without leasing from 64 goroutines on a
+// bucket that always has tokens: the ceiling of one bucket without leasing,
+// with concurrent Takes batched into pipelines (the default) and without.
+func BenchmarkTakeParallel(b *testing.B) {
+	for _, noBatching := range []bool{false, true} {
+		b.Run(map[bool]string{false: "batching", true: "no-batching"}[noBatching], func(b *testing.B) {
+			bk, h := benchBucketConfig(b, Config{Rate: 1e9, Burst: 1e9, NoBatching: noBatching},
+				limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}})
+			ctx := context.Background()
+			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := bk.Wait(ctx, 1); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tokens/s")
+			b.ReportMetric(float64(h.n.Load())/float64(b.N), "round-trips/token")
+		})
+	}
 }

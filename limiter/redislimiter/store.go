@@ -6,6 +6,10 @@
 // with the Redis TIME command, so the bucket never depends on a replica's
 // clock: replicas whose clocks are minutes apart share the rate exactly.
 //
+// Concurrent Take calls on one Store are batched: while one is in flight,
+// those that arrive queue up and go out together as one pipeline when it
+// returns. See Config.NoBatching.
+//
 // # Keys
 //
 // A bucket named NAME uses these keys, all with the hash tag {NAME} so that
@@ -45,6 +49,18 @@ type Config struct {
 	Burst int
 	// Prefix is prepended to every key. Default DefaultPrefix.
 	Prefix string
+	// NoBatching sends every Take as its own script call. By default
+	// (false) concurrent Takes are batched: a Take that finds no other in
+	// flight is sent at once, alone, so a lone caller waits no longer than
+	// without batching; Takes that arrive while one is in flight queue up
+	// and are sent together as one pipeline (up to 128 scripts) as soon as
+	// it returns. Each script still runs atomically on its own. Under load
+	// this roughly halves the client and Redis CPU per Take, which is what
+	// bounds a bucket without leasing; the price is that a queued caller
+	// first waits for the flight ahead of it, and that a batch is not
+	// bounded by its callers' context deadlines but by the client's read
+	// and write timeouts. Refund, Pause and Status are never batched.
+	NoBatching bool
 }
 
 // Store is a limiter.Store kept in Redis. It also implements
@@ -53,15 +69,21 @@ type Config struct {
 //
 // A Store is safe for concurrent use. It holds no connection of its own: it
 // uses the client it was given, which may be a single-node, Sentinel
-// (failover) or Cluster client.
+// (failover) or Cluster client. Batched Takes all name one bucket, so on a
+// Cluster they go to one node in one pipeline.
 type Store struct {
 	client redis.UniversalClient
 	cfg    Config
+	batch  *batcher // nil with Config.NoBatching
 	// stateKeys is {state, override}; allKeys adds replicas.
 	stateKeys []string
 	allKeys   []string
-	rateArg   string
-	burstArg  int
+	// rateArg and burstArg are the scripts' first two ARGV, boxed once
+	// so that no call allocates for them.
+	rateArg  any
+	burstArg any
+	// takeHead is the start of a batched take's EVALSHA, up to its ARGV.
+	takeHead []any
 }
 
 // New returns a Store for one bucket. It makes no Redis call; errors in the
@@ -87,10 +109,14 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 		client:    client,
 		cfg:       cfg,
 		stateKeys: []string{base + "state", base + "override"},
-		rateArg:   fmt.Sprint(cfg.Rate),
-		burstArg:  cfg.Burst,
+		rateArg:   any(fmt.Sprint(cfg.Rate)),
+		burstArg:  any(cfg.Burst),
 	}
 	s.allKeys = append(append([]string(nil), s.stateKeys...), base+"replicas")
+	s.takeHead = []any{"evalsha", takeScript.Hash(), len(s.stateKeys), s.stateKeys[0], s.stateKeys[1]}
+	if !cfg.NoBatching {
+		s.batch = &batcher{s: s}
+	}
 	return s, nil
 }
 
@@ -113,17 +139,38 @@ func (s *Store) Keys() []string { return append([]string(nil), s.allKeys...) }
 // Limits implements limiter.Store.
 func (s *Store) Limits() (float64, int) { return s.cfg.Rate, s.cfg.Burst }
 
-// Take implements limiter.Store with one script call.
+// Take implements limiter.Store with one script call, sent alone or in a
+// pipeline with concurrent Takes (see Config.NoBatching). If ctx ends while
+// the call waits for its batch, Take returns ctx.Err() at once, and tokens
+// the batch granted it are refunded.
 func (s *Store) Take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
-	return s.take(ctx, 0, req)
+	if req.Cost < 1 {
+		return limiter.TakeResult{}, fmt.Errorf("cost %d: %w", req.Cost, limiter.ErrInvalidCost)
+	}
+	if s.batch == nil {
+		return s.take(ctx, 0, req)
+	}
+	return s.batch.take(ctx, req)
 }
 
+// take runs the take script alone. nowUS is the instant for the script, or
+// 0 for Redis TIME.
 func (s *Store) take(ctx context.Context, nowUS int64, req limiter.TakeRequest) (limiter.TakeResult, error) {
 	if req.Cost < 1 {
 		return limiter.TakeResult{}, fmt.Errorf("cost %d: %w", req.Cost, limiter.ErrInvalidCost)
 	}
-	v, err := takeScript.Run(ctx, s.client, s.stateKeys,
-		s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), req.MaxWait.Microseconds(), nowUS).Int64Slice()
+	v, err := takeScript.Run(ctx, s.client, s.stateKeys, s.takeArgs(req, nowUS)...).Int64Slice()
+	return s.takeResult(req, v, err)
+}
+
+// takeArgs returns the ARGV of takeScript for req.
+func (s *Store) takeArgs(req limiter.TakeRequest, nowUS int64) []any {
+	return []any{s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), req.MaxWait.Microseconds(), nowUS}
+}
+
+// takeResult turns the take script's reply, or its error, into Take's
+// answer.
+func (s *Store) takeResult(req limiter.TakeRequest, v []int64, err error) (limiter.TakeResult, error) {
 	if err != nil {
 		return limiter.TakeResult{}, s.fail("take", err)
 	}
