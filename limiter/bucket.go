@@ -115,15 +115,15 @@ type Bucket struct {
 	fallback  *Memory
 	recovered chan struct{}
 
-	lastRate    atomic.Uint64 // math.Float64bits of the last effective rate
-	lastBurst   atomic.Int64
-	replicas    atomic.Int64
-	waiting     atomic.Int64 // Wait calls in this process past the lease
+	lastRate  atomic.Uint64 // math.Float64bits of the last effective rate
+	lastBurst atomic.Int64
+	replicas  atomic.Int64
+	waiting   atomic.Int64 // Wait calls in this process past the lease
 	// countKnown is set once the replica count is known: at once for a
 	// store that does not track replicas, else after the first heartbeat.
 	// Leasing waits for it, so that a batch is never sized for one replica
 	// when there are many.
-	countKnown atomic.Bool
+	countKnown  atomic.Bool
 	recoveredAt atomic.Int64 // unix nanoseconds of the last switch back to ModeShared
 
 	lease leasePool

@@ -18,12 +18,12 @@ import (
 type Memory struct {
 	mu       sync.Mutex
 	watchers map[*func()]struct{}
-	now    func() time.Time
-	rate   float64
-	burst  int
-	tokens float64
-	ts     int64 // µs; the bucket is paused while ts is after now
-	init   bool
+	now      func() time.Time
+	rate     float64
+	burst    int
+	tokens   float64
+	ts       int64 // µs; the bucket is paused while ts is after now
+	init     bool
 }
 
 // NewMemory returns a full in-process bucket that refills at rate tokens per

@@ -210,6 +210,23 @@ func TestQueuedTakesGoOutAsOnePipelineInOrder(t *testing.T) {
 	r.wantTokens(left)
 }
 
+// TestLeaseRefillsAreNotBatched: a Take that asks for Extra tokens is sent
+// at once, alone, even while a batch is in flight.
+func TestLeaseRefillsAreNotBatched(t *testing.T) {
+	r := newBatchRig(t, 100)
+	first := r.hold()
+	res, err := r.s.Take(context.Background(), limiter.TakeRequest{Cost: 2, Extra: 5})
+	if err != nil || !res.Granted || res.Tokens != 7 {
+		t.Fatalf("Take with extra while a flight is held = %+v, %v; want 7 tokens at once", res, err)
+	}
+	close(r.release)
+	recv(t, first)
+	if p := r.pipelines(); len(p) != 0 {
+		t.Errorf("pipelines sent: %v; want none", p)
+	}
+	r.wantTokens(100 - 1 - 7)
+}
+
 func TestConcurrentTakesGrantExactlyTheBurst(t *testing.T) {
 	const burst, workers, each = 500, 64, 16
 	for _, noBatching := range []bool{false, true} {
