@@ -82,6 +82,7 @@ type Store struct {
 	// stateKeys is {state, override}; allKeys adds replicas.
 	stateKeys []string
 	allKeys   []string
+	channel   string // Pub/Sub channel announcing changes, see Watch
 	// rateArg and burstArg are the scripts' first two ARGV, boxed once
 	// so that no call allocates for them.
 	rateArg  any
@@ -117,6 +118,7 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 		burstArg:  any(cfg.Burst),
 	}
 	s.allKeys = append(append([]string(nil), s.stateKeys...), base+"replicas")
+	s.channel = base + "changes"
 	s.takeHead = []any{"evalsha", takeScript.Hash(), len(s.stateKeys), s.stateKeys[0], s.stateKeys[1]}
 	if !cfg.NoBatching {
 		s.batch = &batcher{s: s}
@@ -223,6 +225,7 @@ func (s *Store) pause(ctx context.Context, nowUS int64, d time.Duration) error {
 	if err := pauseScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, d.Microseconds(), nowUS).Err(); err != nil {
 		return s.fail("pause", err)
 	}
+	s.announce(ctx, "pause")
 	return nil
 }
 
@@ -328,6 +331,7 @@ func (s *Store) SetOverride(ctx context.Context, rate float64, burst int, ttl ti
 	if err != nil {
 		return s.fail("set override", err)
 	}
+	s.announce(ctx, "override")
 	return nil
 }
 
@@ -337,6 +341,7 @@ func (s *Store) ClearOverride(ctx context.Context) error {
 	if err := s.client.Del(ctx, s.stateKeys[1]).Err(); err != nil {
 		return s.fail("clear override", err)
 	}
+	s.announce(ctx, "override")
 	return nil
 }
 
@@ -346,6 +351,7 @@ func (s *Store) Fill(ctx context.Context) error {
 	if err := fillScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, 0).Err(); err != nil {
 		return s.fail("fill", err)
 	}
+	s.announce(ctx, "fill")
 	return nil
 }
 
@@ -356,6 +362,7 @@ func (s *Store) Reset(ctx context.Context) error {
 	if err := s.client.Del(ctx, s.stateKeys...).Err(); err != nil {
 		return s.fail("reset", err)
 	}
+	s.announce(ctx, "reset")
 	return nil
 }
 

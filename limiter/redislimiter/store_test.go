@@ -461,3 +461,51 @@ func TestClockSkewDoesNotChangeTheRate(t *testing.T) {
 		}
 	}
 }
+
+// TestOverrideReachesReservationsOnEveryReplica: waiters on two replicas
+// hold reservations made at 2/s; an operator's override to 1000/s reaches
+// them at once through the bucket's change channel, not seconds later.
+func TestOverrideReachesReservationsOnEveryReplica(t *testing.T) {
+	c := newClient(t)
+	name := uniqueBucket(t, c)
+	opts := limiter.Options{MaxReserve: 10 * time.Second}
+	a := newBucket(t, name, 2, 1, opts)
+	b := newBucket(t, name, 2, 1, opts)
+	admin, err := New(c, Config{Bucket: name, Rate: 2, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.PubSubNumSub(ctx, admin.channel).Val()[admin.channel] < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the replicas did not subscribe to the change channel")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := a.Wait(ctx, 1); err != nil { // empty the bucket
+		t.Fatal(err)
+	}
+	done := make(chan error, 4)
+	for _, bk := range []*limiter.Bucket{a, b, a, b} { // reserved 0.5 s to 2 s ahead
+		go func() { done <- bk.Wait(ctx, 1) }()
+	}
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	if err := admin.SetOverride(ctx, 1000, 1, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatal("a reservation made at 2/s was not taken again after the override")
+		}
+	}
+	if d := time.Since(start); d > 300*time.Millisecond {
+		t.Fatalf("waiters finished %v after the override to 1000/s, want well under the 1.5 s the old rate needed", d)
+	}
+}
