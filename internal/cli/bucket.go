@@ -57,11 +57,11 @@ The runtime override and each replica's configured rate:
   'bucket set' stores an override in Redis next to the bucket. While the
   override exists it wins for every replica, whatever their config files
   say, even when they differ. Each replica uses it from its next token
-  request, with no restart. Messages that already hold a reserved slot keep
-  it, and slots reach at most one reservation horizon ahead: 1 s, or longer
-  when more messages wait than the old rate serves in 1 s (up to 10 s). So
-  deliveries follow the new rate within 1 s, or within that horizon under a
-  deep backlog.
+  request, with no restart, and the change is announced on the bucket's
+  Pub/Sub channel, so messages already holding a slot reserved at the old
+  rate take it again at the new one. Deliveries follow within about a
+  second. (Were the announcement lost, in a Redis failover, reserved slots
+  would keep their time: at most one reservation horizon, 1 s by default.)
   The override holds until 'bucket set --clear', 'bucket reset', or the end
   of --for; then each replica's configured rate applies again.
 
