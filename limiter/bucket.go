@@ -118,7 +118,8 @@ type Bucket struct {
 	lastRate  atomic.Uint64 // math.Float64bits of the last effective rate
 	lastBurst atomic.Int64
 	replicas  atomic.Int64
-	waiting   atomic.Int64 // Wait calls in this process past the lease
+	waiting   atomic.Int64  // Wait calls in this process past the lease
+	lastDebt  atomic.Uint64 // math.Float64bits of the tokens last seen reserved ahead
 	// countKnown is set once the replica count is known: at once for a
 	// store that does not track replicas, else after the first heartbeat.
 	// Leasing waits for it, so that a batch is never sized for one replica
@@ -246,6 +247,21 @@ func (b *Bucket) Wait(ctx context.Context, cost int) error {
 		return nil
 	}
 	start := b.opts.Clock()
+	served, leading, err := b.lease.beginRefill(ctx, cost)
+	if err != nil {
+		return err
+	}
+	if served {
+		b.observeWaited(b.opts.Clock().Sub(start))
+		return nil
+	}
+	endRefill := func() {
+		if leading {
+			leading = false
+			b.lease.endRefill()
+		}
+	}
+	defer endRefill()
 	b.waiting.Add(1)
 	defer b.waiting.Add(-1)
 	for {
@@ -255,6 +271,7 @@ func (b *Bucket) Wait(ctx context.Context, cost int) error {
 		default:
 		}
 		if b.Mode() != ModeShared {
+			endRefill()
 			err := b.waitFallback(ctx, cost)
 			if errors.Is(err, errRetryShared) {
 				continue
@@ -264,53 +281,69 @@ func (b *Bucket) Wait(ctx context.Context, cost int) error {
 			}
 			return err
 		}
+		// The caller leading a refill asks for a whole lease: taken now if
+		// the bucket has it, else reserved like any other request, so that
+		// a saturated bucket still costs one store call per lease.
+		extra := 0
+		if leading {
+			extra = b.lease.extra(cost)
+		}
 		changes := *b.changes.Load()
-		res, err := b.store.Take(ctx, TakeRequest{Cost: cost, Extra: b.lease.extra(cost), MaxWait: b.horizon()})
+		res, err := b.store.Take(ctx, TakeRequest{Cost: cost + extra, MaxWait: b.horizon()})
 		if err != nil {
+			endRefill()
 			if cerr := ctx.Err(); cerr != nil {
 				return cerr
 			}
 			if errors.Is(err, ErrCostExceedsBurst) {
+				if extra > 0 && res.Burst > 0 { // the burst shrank: size the lease to it
+					b.lastBurst.Store(int64(res.Burst))
+					continue
+				}
 				return err
 			}
 			b.storeFailed(err)
 			continue
 		}
 		b.observeTake(res)
-		if res.Granted {
-			b.lease.put(res.Tokens - cost)
-			if res.Wait > 0 {
-				err := sleepUnlessChanged(ctx, b.done, changes, res.Wait)
-				if errors.Is(err, errChanged) {
-					// The rate or a pause changed: this reservation was
-					// scheduled under the old settings, so take it again.
-					b.refund(ctx, cost)
-					continue
-				}
-				if err != nil {
-					b.refund(ctx, cost)
-					return err
-				}
+		if !res.Granted {
+			if err := sleepUnlessChanged(ctx, b.done, changes, res.Wait); err != nil && !errors.Is(err, errChanged) {
+				return err
 			}
-			b.observeWaited(b.opts.Clock().Sub(start))
-			return nil
+			continue
 		}
-		if err := sleepUnlessChanged(ctx, b.done, changes, res.Wait); err != nil && !errors.Is(err, errChanged) {
-			return err
+		if res.Wait > 0 {
+			err := sleepUnlessChanged(ctx, b.done, changes, res.Wait)
+			if errors.Is(err, errChanged) {
+				// The rate or a pause changed: this reservation was
+				// scheduled under the old settings, so take it again.
+				b.refund(ctx, res.Tokens)
+				continue
+			}
+			if err != nil {
+				b.refund(ctx, res.Tokens)
+				return err
+			}
 		}
+		b.lease.put(res.Tokens - cost)
+		b.observeWaited(b.opts.Clock().Sub(start))
+		return nil
 	}
 }
 
 // horizon returns the reservation horizon: MaxReserve, stretched so that
 // every caller waiting on every replica fits in the queue (with a quarter to
-// spare), but never beyond 10·MaxReserve.
+// spare), but never beyond 10·MaxReserve. A caller turned away once sees the
+// queue's depth in the answer and fits on its next call.
 func (b *Bucket) horizon() time.Duration {
 	rate := math.Float64frombits(b.lastRate.Load())
 	if rate <= 0 {
 		return b.opts.MaxReserve
 	}
-	queued := 1.25 * float64(b.waiting.Load()*max(1, b.replicas.Load())) / rate
-	fit := time.Duration(queued * float64(time.Second))
+	// The queue is at least what the store last showed reserved ahead, and
+	// about what this process has waiting times the replicas.
+	queued := max(float64(b.waiting.Load()*max(1, b.replicas.Load())), math.Float64frombits(b.lastDebt.Load()))
+	fit := time.Duration(1.25 * queued / rate * float64(time.Second))
 	return min(max(b.opts.MaxReserve, fit), 10*b.opts.MaxReserve)
 }
 
@@ -549,10 +582,13 @@ func (b *Bucket) probe() {
 	}
 }
 
+// heartbeat reports this replica alive every HeartbeatInterval. The second
+// beat comes after at most 500 ms, so that replicas started together learn
+// each other's count quickly and size their leases for it.
 func (b *Bucket) heartbeat(rt ReplicaTracker) {
 	defer b.wg.Done()
 	ttl := 3 * b.opts.HeartbeatInterval
-	t := time.NewTicker(b.opts.HeartbeatInterval)
+	t := time.NewTimer(min(b.opts.HeartbeatInterval, 500*time.Millisecond))
 	defer t.Stop()
 	for {
 		if b.Mode() == ModeShared {
@@ -567,6 +603,7 @@ func (b *Bucket) heartbeat(rt ReplicaTracker) {
 		case <-b.done:
 			return
 		case <-t.C:
+			t.Reset(b.opts.HeartbeatInterval)
 		}
 	}
 }
@@ -593,6 +630,7 @@ func (b *Bucket) refund(ctx context.Context, tokens int) {
 }
 
 func (b *Bucket) observeTake(res TakeResult) {
+	b.lastDebt.Store(math.Float64bits(max(0, -res.Remaining)))
 	if res.Rate > 0 { // a paused bucket reports 0: keep the rate to fall back to
 		b.lastRate.Store(math.Float64bits(res.Rate))
 	}

@@ -64,6 +64,8 @@ type leasePool struct {
 	tokens int
 	used   bool        // spent from or refilled since the idle timer last fired
 	idle   *time.Timer // gives unused tokens back; nil until the first lease
+	// refilling is closed when the caller refilling the pool has its answer.
+	refilling chan struct{}
 }
 
 func (p *leasePool) init(b *Bucket) {
@@ -85,6 +87,46 @@ func (p *leasePool) take(cost int) bool {
 	return ok
 }
 
+// beginRefill is called when the pool lacks cost tokens. While leasing is
+// on, one caller at a time asks the store for a batch; the others wait for
+// its answer and try the pool again, instead of all asking the store at
+// once. It reports whether the caller was served from the pool, or must ask
+// the store itself, leading a refill that it ends with endRefill.
+func (p *leasePool) beginRefill(ctx context.Context, cost int) (served, leading bool, err error) {
+	if p.extra(cost) == 0 {
+		return false, false, nil
+	}
+	for {
+		p.mu.Lock()
+		if p.tokens >= cost {
+			p.tokens -= cost
+			p.used = true
+			p.mu.Unlock()
+			return true, false, nil
+		}
+		if p.refilling == nil {
+			p.refilling = make(chan struct{})
+			p.mu.Unlock()
+			return false, true, nil
+		}
+		ch := p.refilling
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false, false, ctx.Err()
+		}
+	}
+}
+
+// endRefill lets the callers waiting in beginRefill try the pool again.
+func (p *leasePool) endRefill() {
+	p.mu.Lock()
+	close(p.refilling)
+	p.refilling = nil
+	p.mu.Unlock()
+}
+
 // extra returns how many tokens beyond cost to ask the store for: the batch
 // for the current rate and replica count, or 0 when leasing is off at this
 // rate.
@@ -97,7 +139,7 @@ func (p *leasePool) extra(cost int) int {
 	if batch < float64(p.opts.MinBatch) {
 		return 0
 	}
-	return max(0, min(int(batch), p.opts.MaxBatch)-cost)
+	return max(0, min(int(batch), p.opts.MaxBatch, int(p.b.lastBurst.Load()))-cost)
 }
 
 // put adds n leased tokens and arms the idle timer that gives them back if
