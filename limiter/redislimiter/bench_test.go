@@ -75,7 +75,7 @@ func BenchmarkWaitPlentiful(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(h.n.Load())/float64(b.N), "redis-calls/op")
+	b.ReportMetric(float64(h.n.Load())/float64(b.N), "round-trips/op")
 }
 
 // BenchmarkWaitLeased is Wait with leasing on at a high rate: most
@@ -90,7 +90,7 @@ func BenchmarkWaitLeased(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(h.n.Load())/float64(b.N), "redis-calls/op")
+	b.ReportMetric(float64(h.n.Load())/float64(b.N), "round-trips/op")
 }
 
 // BenchmarkWaitSaturated is Wait from 8 goroutines on a bucket they keep
@@ -118,7 +118,7 @@ func benchSaturated(b *testing.B, opts limiter.Options) {
 			}
 		}
 	})
-	b.ReportMetric(float64(h.n.Load())/float64(b.N), "redis-calls/token")
+	b.ReportMetric(float64(h.n.Load())/float64(b.N), "round-trips/token")
 }
 
 // BenchmarkTakeParallel is Wait without leasing from 64 goroutines on a
