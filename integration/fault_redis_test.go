@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -328,14 +330,20 @@ func TestFaultRedisPartition(t *testing.T) {
 func faultBucketsOnDistinctNodes(t *testing.T, ctx context.Context, c *faultCluster, base string, n int) ([]string, []string) {
 	t.Helper()
 	client := c.Nodes[0].Client()
-	slots, err := client.ClusterSlots(ctx).Result()
+	shards, err := client.ClusterShards(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	owner := func(slot int64) string {
-		for _, s := range slots {
-			if int64(s.Start) <= slot && slot <= int64(s.End) {
-				return s.Nodes[0].Addr
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				if r.Start <= slot && slot <= r.End {
+					for _, n := range sh.Nodes {
+						if n.Role == "master" {
+							return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+						}
+					}
+				}
 			}
 		}
 		return ""
