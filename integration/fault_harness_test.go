@@ -16,6 +16,7 @@ import (
 
 	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/internal/redisconn"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
@@ -26,33 +27,8 @@ func faultName(t testing.TB) string {
 	return fmt.Sprintf("fault-%s-%08x", n, rand.Uint32())
 }
 
-// faultLogWriter sends log lines to t.Log until the test ends, and drops
-// them afterwards, when a late background goroutine may still log.
-type faultLogWriter struct {
-	t    testing.TB
-	mu   sync.Mutex
-	done bool
-}
-
-func (w *faultLogWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
 // faultLogger returns a logger that writes to the test's log.
-func faultLogger(t testing.TB) *slog.Logger {
-	w := &faultLogWriter{t: t}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		w.done = true
-		w.mu.Unlock()
-	})
-	return slog.New(slog.NewTextHandler(w, nil))
-}
+func faultLogger(t testing.TB) *slog.Logger { return testenv.Logger(t, slog.LevelInfo) }
 
 // faultReplica is one replica's Bucket on its own Redis client, with
 // counters of what its Observer saw.

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -150,29 +149,5 @@ func suiteName(t testing.TB, prefix string) string {
 	return strings.ToLower("suite-" + prefix + "-" + name + "-" + hex.EncodeToString(b))
 }
 
-// suiteLogger returns a logger that writes warnings and errors to t's log
-// until t ends, and discards them afterwards.
-func suiteLogger(t testing.TB) *slog.Logger {
-	w := &suiteLogWriter{t: t}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		w.done = true
-		w.mu.Unlock()
-	})
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type suiteLogWriter struct {
-	mu   sync.Mutex
-	t    testing.TB
-	done bool
-}
-
-func (w *suiteLogWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSpace(string(p)))
-	}
-	return len(p), nil
-}
+// suiteLogger returns a logger that writes warnings and errors to t's log.
+func suiteLogger(t testing.TB) *slog.Logger { return testenv.Logger(t, slog.LevelWarn) }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"io"
 	"log/slog"
 	"regexp"
 	"strings"
@@ -145,33 +144,8 @@ func consumeAll(t testing.TB, brokers []string, topic string, n int) []*kgo.Reco
 	return recs
 }
 
-// testLogger logs to t until the test ends, and discards afterwards.
-func testLogger(t testing.TB) *slog.Logger {
-	w := &testWriter{t: t}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		w.done = true
-		w.mu.Unlock()
-	})
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type testWriter struct {
-	mu   sync.Mutex
-	t    testing.TB
-	done bool
-}
-
-func (w *testWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSpace(string(p)))
-	}
-	return len(p), nil
-}
-
-var _ io.Writer = (*testWriter)(nil)
+// testLogger logs warnings and errors to t until the test ends.
+func testLogger(t testing.TB) *slog.Logger { return testenv.Logger(t, slog.LevelWarn) }
 
 // runConsumer starts c.Run and returns a function that stops it and
 // returns Run's result.

@@ -35,17 +35,7 @@ func uniqueName(t testing.TB) string {
 
 // testLogger sends log records to t.Log, so that they show with -v or on
 // failure only.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Helper()
-	w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	return len(p), nil
-}
+func testLogger(t testing.TB) *slog.Logger { return testenv.Logger(t, slog.LevelDebug) }
 
 // broker is the test's own connection to RabbitMQ, for topology and
 // publishing.

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -93,7 +93,7 @@ func TestNoPasswordInErrorsOrLogs(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close()
-	var buf syncBuffer
+	var buf testenv.Buffer
 	c, err := rabbitmq.New(rabbitmq.Config{
 		URL:              "amqp://user:" + secret + "@" + addr + "/",
 		Queue:            "q",
@@ -117,25 +117,8 @@ func TestNoPasswordInErrorsOrLogs(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestRunTwice(t *testing.T) {
-	var logs syncBuffer
+	var logs testenv.Buffer
 	c, err := rabbitmq.New(rabbitmq.Config{
 		URL: "amqp://127.0.0.1:1/", Queue: "q", Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	}, nop)

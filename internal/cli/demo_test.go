@@ -6,11 +6,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/throttlehq/throttle/internal/testenv"
 )
 
 func TestDemo(t *testing.T) {
 	const rate, messages = 30.0, 60
-	var out, errOut syncBuffer
+	var out, errOut testenv.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	res, err := runDemo(ctx, demoConfig{rate: rate, burst: 5, messages: messages, replicas: 3, duration: 10 * time.Second}, &out, &errOut)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -126,7 +127,7 @@ func TestMonitorPrintsProgress(t *testing.T) {
 	t.Cleanup(func() { b.Close() })
 	m := newMetrics("")
 	m.deliveredN.Store(7)
-	var out syncBuffer
+	var out testenv.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {

@@ -75,7 +75,7 @@ log: {format: json, level: debug}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testenv.Buffer
 	codec := make(chan int, 1)
 	go func() { codec <- Run(ctx, []string{"run", "--config", path}, &stdout, &stderr) }()
 
