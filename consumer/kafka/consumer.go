@@ -92,7 +92,7 @@ const (
 )
 
 // DefaultQueueSize is the default of Config.QueueSize.
-const DefaultQueueSize = 100
+const DefaultQueueSize = 32
 
 // DefaultMaxWait is the fetch long-poll time the consumer gives kafka-go's
 // reader unless ConfigureReader sets MaxWait. kafka-go's own default is
@@ -131,7 +131,10 @@ type Config struct {
 	// keeps more workers busy when one partition has a backlog; a smaller
 	// one means fewer messages handled twice after a rebalance, since
 	// queued messages of a partition that moved away are still handled
-	// here. Default 100.
+	// here. It also sizes kafka-go's own read-ahead (ReaderConfig
+	// QueueCapacity), so at most about 2·QueueSize messages are fetched
+	// and not yet handled. A throttled consumer gains nothing from a deep
+	// read-ahead: messages wait for tokens either way. Default 32.
 	QueueSize int
 	// DeadLetterTopic receives the messages that fail permanently or run
 	// out of attempts. Default Topic + ".dlq". The writer may create it
@@ -319,6 +322,7 @@ func (c *Consumer) readerConfig() (kafkago.ReaderConfig, error) {
 			log.Log(context.Background(), level, "kafka-go: "+fmt.Sprintf(format, args...), "topic", c.cfg.Topic, "group", c.cfg.Group)
 		}),
 	}
+	rc.QueueCapacity = c.cfg.QueueSize
 	if c.cfg.ConfigureReader != nil {
 		c.cfg.ConfigureReader(&rc)
 	}
