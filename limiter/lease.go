@@ -7,19 +7,22 @@ import (
 	"time"
 )
 
-// LeaseOptions configure token leasing. At high rates a Bucket takes a small
-// batch of tokens in one store call and spends them locally, so that one
-// bucket can grant far more tokens per second than the store can answer
-// calls. Extra tokens are only taken when they are available now, never
-// reserved ahead, so leasing does not change who waits how long when the
-// bucket is saturated.
+// LeaseOptions configure token leasing. At high rates a Bucket takes a batch
+// of tokens in one store call and spends them locally, so that one bucket
+// can grant far more tokens per second than the store can answer calls. One
+// caller per replica at a time refills the lease, asking for the whole batch:
+// taken at once when the bucket has it, else reserved and waited for like
+// any request, so a saturated bucket costs one store call per batch; the
+// other callers of the replica wait for that refill instead of asking too.
 //
-// The batch is Fraction·rate/replicas, capped at MaxBatch, so that all
-// replicas together never hold more than Fraction of one second's tokens:
-// with the default 1% the over-grant in any one-second window stays within
-// 1% of the rate. Below MinBatch leasing switches itself off, which keeps low
-// rates exact and fair. Unused tokens go back to the bucket after Idle
-// without use, and on Close.
+// The batch is Fraction·rate/replicas, capped at MaxBatch and the burst, so
+// that all replicas together never hold more than Fraction of one second's
+// tokens: with the default 1% the over-grant in any one-second window stays
+// within 1% of the rate. Below MinBatch leasing switches itself off, which
+// keeps low rates exact and fair; it also waits for the first heartbeat, so
+// that a batch is never sized for one replica when there are many. Unused
+// tokens go back to the bucket after Idle without use, and on Close; a
+// Pause drops them.
 type LeaseOptions struct {
 	// Disabled turns leasing off.
 	Disabled bool

@@ -93,7 +93,9 @@ type TakeRequest struct {
 	// Cost is the number of tokens needed, at least 1.
 	Cost int
 	// Extra asks for up to this many more tokens, granted only from tokens
-	// available now and never reserved ahead. Leasing uses it.
+	// available now and never reserved ahead. (A Bucket's lease asks for
+	// its whole batch as Cost instead, so that a saturated bucket still
+	// costs one call per batch.)
 	Extra int
 	// MaxWait is the reservation horizon. If the tokens are not available
 	// now but will be within max(MaxWait, Cost/rate), they are reserved and
