@@ -307,13 +307,13 @@ func (b *Bucket) Wait(ctx context.Context, cost int) error {
 		}
 		b.observeTake(res)
 		if !res.Granted {
-			if err := sleepUnlessChanged(ctx, b.done, changes, res.Wait); err != nil && !errors.Is(err, errChanged) {
+			if err := sleep(ctx, b.done, changes, res.Wait); err != nil && !errors.Is(err, errChanged) {
 				return err
 			}
 			continue
 		}
 		if res.Wait > 0 {
-			err := sleepUnlessChanged(ctx, b.done, changes, res.Wait)
+			err := sleep(ctx, b.done, changes, res.Wait)
 			if errors.Is(err, errChanged) {
 				// The rate or a pause changed: this reservation was
 				// scheduled under the old settings, so take it again.
@@ -488,7 +488,7 @@ func (b *Bucket) waitFallback(ctx context.Context, cost int) error {
 		if err != nil {
 			return err
 		}
-		if err := sleep(ctx, b.done, res.Wait); err != nil {
+		if err := sleep(ctx, b.done, nil, res.Wait); err != nil {
 			fb.Refund(ctx, n)
 			return err
 		}
@@ -663,9 +663,9 @@ func (b *Bucket) changed() {
 
 var errChanged = errors.New("bucket changed")
 
-// sleepUnlessChanged is sleep that also returns errChanged when changes is
-// closed.
-func sleepUnlessChanged(ctx context.Context, done, changes <-chan struct{}, d time.Duration) error {
+// sleep waits for d, or until ctx or done ends, or until changes is closed
+// (errChanged). A nil changes never fires.
+func sleep(ctx context.Context, done, changes <-chan struct{}, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
@@ -678,23 +678,6 @@ func sleepUnlessChanged(ctx context.Context, done, changes <-chan struct{}, d ti
 		return ErrClosed
 	case <-changes:
 		return errChanged
-	case <-t.C:
-		return nil
-	}
-}
-
-// sleep waits for d, or until ctx or done ends.
-func sleep(ctx context.Context, done <-chan struct{}, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-done:
-		return ErrClosed
 	case <-t.C:
 		return nil
 	}

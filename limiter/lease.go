@@ -81,13 +81,19 @@ func (p *leasePool) take(cost int) bool {
 		return false
 	}
 	p.mu.Lock()
-	ok := p.tokens >= cost
-	if ok {
-		p.tokens -= cost
-		p.used = true
-	}
+	ok := p.spendLocked(cost)
 	p.mu.Unlock()
 	return ok
+}
+
+// spendLocked spends cost tokens if the pool has them; p.mu is held.
+func (p *leasePool) spendLocked(cost int) bool {
+	if p.tokens < cost {
+		return false
+	}
+	p.tokens -= cost
+	p.used = true
+	return true
 }
 
 // beginRefill is called when the pool lacks cost tokens. While leasing is
@@ -101,9 +107,7 @@ func (p *leasePool) beginRefill(ctx context.Context, cost int) (served, leading 
 	}
 	for {
 		p.mu.Lock()
-		if p.tokens >= cost {
-			p.tokens -= cost
-			p.used = true
+		if p.spendLocked(cost) {
 			p.mu.Unlock()
 			return true, false, nil
 		}
