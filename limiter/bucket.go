@@ -93,8 +93,9 @@ type Observer struct {
 	// Took is called after each store answer with the bucket's tokens,
 	// effective rate and burst.
 	Took func(remaining, rate float64, burst int)
-	// ModeChanged is called once per transition. err is the store error
-	// that caused a fallback, or nil on recovery.
+	// ModeChanged is called once per transition, just after Mode reports
+	// the new mode. err is the store error that caused a fallback, or nil
+	// on recovery.
 	ModeChanged func(from, to Mode, err error)
 	// StoreError is called for every failed store call.
 	StoreError func(err error)

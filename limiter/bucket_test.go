@@ -205,6 +205,12 @@ func TestStoreFailureFallsBackLocallyAndRecovers(t *testing.T) {
 	if err := b.Wait(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
+	// ModeChanged runs after the switch, so the recovery may be reported a
+	// moment after Mode shows it.
+	deadline := time.Now().Add(2 * time.Second)
+	for len(modes.get()) < 2 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
 	if got := modes.get(); len(got) != 2 || got[0] != "shared>local" || got[1] != "local>shared" {
 		t.Fatalf("transitions = %v, want one each way", got)
 	}
