@@ -100,13 +100,25 @@ metrics:
 			t.Fatalf("/readyz of %s: %d %s", addr, code, body)
 		}
 	}
+	type limits struct {
+		Rate  float64 `json:"rate"`
+		Burst int     `json:"burst"`
+	}
 	var st struct {
-		Replicas []string `json:"replicas"`
+		Configured *limits `json:"configured"`
+		Replicas   []struct {
+			ID         string  `json:"id"`
+			Configured *limits `json:"configured"`
+		} `json:"replicas"`
 	}
 	cliWait(t, 5*time.Second, "two live replicas in bucket status", func() bool {
 		out := cliRun(t, bin, "bucket", "status", name, "--redis", redisAddr, "--json")
 		return json.Unmarshal([]byte(out), &st) == nil && len(st.Replicas) == replicas
 	})
+	// Without --config, the configured limits come from the replicas.
+	if want := (limits{rate, burst}); st.Configured == nil || *st.Configured != want {
+		t.Errorf("bucket status --redis: configured %+v, want %+v reported by the replicas", st.Configured, want)
+	}
 
 	ctx := testenv.Context(t, 60*time.Second)
 	for i := range total {

@@ -30,11 +30,14 @@ const bucketHelp = `Usage:
 Reads or changes a shared bucket in Redis while the replicas run. NAME
 defaults to limit.bucket of --config. With --config, Redis is reached as the
 replicas reach it (password, TLS, Sentinel, Cluster) and the configured rate
-and burst are known; with --redis host:port only the bucket itself is.
+and burst are known; with --redis host:port they are known when every live
+replica reports the same ones in its heartbeats.
 
-  status  tokens now, the effective rate and burst, the configured ones (with
-          --config), the runtime override and its expiry, a push-back pause,
-          and the live replicas (from their heartbeats).
+  status  tokens now, the effective rate and burst, the configured ones,
+          the runtime override and its expiry, a push-back pause,
+          the live replicas with their configured rate and burst (from their
+          heartbeats), and warnings: live replicas configured differently
+          (while no override settles it), or differently from --config.
   set     writes a runtime override: --rate R tokens per second, --burst B
           (default: each replica keeps its configured burst), for --for D
           (default: until cleared). --clear removes the override.
@@ -46,11 +49,13 @@ and burst are known; with --redis host:port only the bucket itself is.
 With --json, every subcommand prints the bucket's status as one JSON object:
   {"bucket", "tokens", "rate", "burst", "configured": {"rate", "burst"},
    "override": {"rate", "burst", "expires_in_seconds"}, "paused_seconds",
-   "replicas": [...]}
-A value that cannot be known is null: tokens, rate and burst without
---config while no override is set; configured without --config; override
-when none is set; an override's burst when it keeps the configured burst;
-expires_in_seconds when the override does not expire.
+   "replicas": [{"id", "configured": {"rate", "burst"}}], "warnings": [...]}
+A value that cannot be known is null: tokens, rate and burst when the
+configured values are unknown and no override is set; configured without
+--config when the live replicas do not all report the same; a replica's
+configured when its heartbeat does not carry it; override when none is set;
+an override's burst when it keeps the configured burst; expires_in_seconds
+when the override does not expire.
 
 The runtime override and each replica's configured rate:
   Each replica's config file gives limit.rate and limit.burst: its default.
@@ -69,7 +74,7 @@ The runtime override and each replica's configured rate:
   configured rate, and the bucket refills at the rate of whichever replica
   asked last. During a rolling deploy that changes limit.rate, old and new
   replicas disagree and the rate flips between the two values until the
-  deploy is done. So change the rate of a running fleet with 'bucket set'
+  deploy is done ('bucket status' warns while they disagree). So change the rate of a running fleet with 'bucket set'
   (at once, one value for all), and keep the config file for the steady
   default. To change the default smoothly: 'bucket set' the new rate, roll
   out the new config, then 'bucket set --clear'.
@@ -154,6 +159,9 @@ func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 
 	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
 	defer cancel()
+	if err := t.learnConfig(ctx); err != nil {
+		return fmt.Errorf("reading bucket %s: %w", t.name, err)
+	}
 	var done string
 	switch sub {
 	case "set":
@@ -272,6 +280,44 @@ func openBucket(name, cfgPath, addr, help string) (*bucketTarget, error) {
 	return t, nil
 }
 
+// learnConfig takes the configured rate and burst from the live replicas'
+// heartbeats when no config file gave them and every live replica reports
+// the same ones.
+func (t *bucketTarget) learnConfig(ctx context.Context) error {
+	if t.configured != nil {
+		return nil
+	}
+	reps, err := t.store.Replicas(ctx)
+	if err != nil {
+		return err
+	}
+	c, ok := agreedConfig(reps)
+	if !ok {
+		return nil
+	}
+	store, err := redislimiter.New(t.client, redislimiter.Config{Bucket: t.name, Rate: c.Rate, Burst: c.Burst})
+	if err != nil {
+		return err
+	}
+	t.store, t.configured = store, &c
+	t.from = "reported by " + plural(len(reps), "live replica")
+	return nil
+}
+
+// agreedConfig returns the configured limits every replica reports, if
+// there is at least one replica and they all report the same known ones.
+func agreedConfig(reps []redislimiter.Replica) (limitsJSON, bool) {
+	if len(reps) == 0 || reps[0].Burst == 0 {
+		return limitsJSON{}, false
+	}
+	for _, r := range reps[1:] {
+		if r.Rate != reps[0].Rate || r.Burst != reps[0].Burst {
+			return limitsJSON{}, false
+		}
+	}
+	return limitsJSON{Rate: reps[0].Rate, Burst: reps[0].Burst}, true
+}
+
 // bucketStatus is the status of a bucket as printed, in text or JSON. A nil
 // pointer is a value that cannot be known.
 type bucketStatus struct {
@@ -282,7 +328,10 @@ type bucketStatus struct {
 	Configured    *limitsJSON   `json:"configured"`
 	Override      *overrideJSON `json:"override"`
 	PausedSeconds float64       `json:"paused_seconds"`
-	Replicas      []string      `json:"replicas"`
+	Replicas      []replicaJSON `json:"replicas"`
+	// Warnings are configuration problems an operator should fix, such
+	// as replicas whose configured rates differ.
+	Warnings []string `json:"warnings"`
 
 	// baseRate is the rate once a pause ends, when known.
 	baseRate *float64
@@ -291,6 +340,13 @@ type bucketStatus struct {
 type limitsJSON struct {
 	Rate  float64 `json:"rate"`
 	Burst int     `json:"burst"`
+}
+
+// replicaJSON is a live replica. Configured is nil when its heartbeat did
+// not carry its limits.
+type replicaJSON struct {
+	ID         string      `json:"id"`
+	Configured *limitsJSON `json:"configured"`
 }
 
 type overrideJSON struct {
@@ -307,7 +363,7 @@ func (t *bucketTarget) status(ctx context.Context) (*bucketStatus, error) {
 	if err != nil {
 		return nil, err
 	}
-	ids, err := t.store.Replicas(ctx)
+	reps, err := t.store.Replicas(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -315,7 +371,15 @@ func (t *bucketTarget) status(ctx context.Context) (*bucketStatus, error) {
 		Bucket:        t.name,
 		Configured:    t.configured,
 		PausedSeconds: st.PausedFor.Seconds(),
-		Replicas:      append([]string{}, ids...),
+		Replicas:      make([]replicaJSON, 0, len(reps)),
+		Warnings:      []string{},
+	}
+	for _, r := range reps {
+		rj := replicaJSON{ID: r.ID}
+		if r.Burst > 0 {
+			rj.Configured = &limitsJSON{Rate: r.Rate, Burst: r.Burst}
+		}
+		out.Replicas = append(out.Replicas, rj)
 	}
 	burstKnown := t.configured != nil
 	if t.configured != nil {
@@ -349,7 +413,59 @@ func (t *bucketTarget) status(ctx context.Context) (*bucketStatus, error) {
 		tokens, burst := st.Tokens, st.Burst
 		out.Tokens, out.Burst = &tokens, &burst
 	}
+	out.Warnings = append(out.Warnings, configWarnings(out, t.from)...)
 	return out, nil
+}
+
+// configWarnings reports live replicas whose configured limits differ from
+// each other, where that changes the bucket, and from the config file.
+func configWarnings(st *bucketStatus, from string) []string {
+	groups := map[limitsJSON][]string{}
+	var order []limitsJSON
+	for _, r := range st.Replicas {
+		if r.Configured == nil {
+			continue
+		}
+		if _, ok := groups[*r.Configured]; !ok {
+			order = append(order, *r.Configured)
+		}
+		groups[*r.Configured] = append(groups[*r.Configured], r.ID)
+	}
+	var rates, bursts int
+	seenRate, seenBurst := map[float64]bool{}, map[int]bool{}
+	for _, c := range order {
+		if !seenRate[c.Rate] {
+			seenRate[c.Rate] = true
+			rates++
+		}
+		if !seenBurst[c.Burst] {
+			seenBurst[c.Burst] = true
+			bursts++
+		}
+	}
+	describe := func(skip *limitsJSON) string {
+		var parts []string
+		for _, c := range order {
+			if skip != nil && c == *skip {
+				continue
+			}
+			parts = append(parts, fmt.Sprintf("%s burst %d on %s", formatRate(c.Rate), c.Burst, strings.Join(groups[c], ", ")))
+		}
+		return strings.Join(parts, "; ")
+	}
+	var out []string
+	o := st.Override
+	if (rates > 1 && o == nil) || (bursts > 1 && (o == nil || o.Burst == nil)) {
+		out = append(out, fmt.Sprintf("the live replicas are configured differently (%s): "+
+			"without an override the bucket follows whichever replica asked last; "+
+			"'bucket set' gives them one rate and burst", describe(nil)))
+	}
+	if c := st.Configured; c != nil && len(order) > 0 && !strings.HasPrefix(from, "reported by") {
+		if others := describe(c); others != "" {
+			out = append(out, fmt.Sprintf("%s configures %s burst %d, but live replicas run %s", from, formatRate(c.Rate), c.Burst, others))
+		}
+	}
+	return out
 }
 
 // writeStatus prints st for a person.
@@ -391,10 +507,20 @@ func writeStatus(w io.Writer, st *bucketStatus, from string) {
 	} else {
 		line("paused", "no")
 	}
-	if len(st.Replicas) == 0 {
+	ids := make([]string, len(st.Replicas))
+	for i, r := range st.Replicas {
+		ids[i] = r.ID
+		if r.Configured == nil {
+			ids[i] += " (limits not reported)"
+		}
+	}
+	if len(ids) == 0 {
 		line("replicas", "none alive")
 	} else {
-		line("replicas", "%d alive: %s", len(st.Replicas), strings.Join(st.Replicas, ", "))
+		line("replicas", "%d alive: %s", len(ids), strings.Join(ids, ", "))
+	}
+	for _, w := range st.Warnings {
+		line("warning", "%s", w)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/internal/redisconn"
 	"github.com/throttlehq/throttle/internal/testenv"
@@ -18,21 +20,33 @@ import (
 
 // statusJSON mirrors the documented JSON output, with every key required.
 type statusJSON struct {
-	Bucket     *string  `json:"bucket"`
-	Tokens     *float64 `json:"tokens"`
-	Rate       *float64 `json:"rate"`
-	Burst      *int     `json:"burst"`
-	Configured *struct {
-		Rate  float64 `json:"rate"`
-		Burst int     `json:"burst"`
-	} `json:"configured"`
-	Override *struct {
+	Bucket     *string     `json:"bucket"`
+	Tokens     *float64    `json:"tokens"`
+	Rate       *float64    `json:"rate"`
+	Burst      *int        `json:"burst"`
+	Configured *limitsJSON `json:"configured"`
+	Override   *struct {
 		Rate             float64  `json:"rate"`
 		Burst            *int     `json:"burst"`
 		ExpiresInSeconds *float64 `json:"expires_in_seconds"`
 	} `json:"override"`
-	PausedSeconds *float64 `json:"paused_seconds"`
-	Replicas      []string `json:"replicas"`
+	PausedSeconds *float64      `json:"paused_seconds"`
+	Replicas      []replicaJSON `json:"replicas"`
+	Warnings      []string      `json:"warnings"`
+}
+
+// replica returns the configured limits of the live replica id, zero when
+// they are unknown, or nil when id is not alive.
+func (st statusJSON) replica(id string) *limitsJSON {
+	for _, r := range st.Replicas {
+		if r.ID == id {
+			if r.Configured == nil {
+				return &limitsJSON{}
+			}
+			return r.Configured
+		}
+	}
+	return nil
 }
 
 // bucketJSON runs a bucket command with --json and decodes its output,
@@ -47,7 +61,7 @@ func bucketJSON(t *testing.T, args ...string) statusJSON {
 	if err := json.Unmarshal([]byte(stdout), &keys); err != nil {
 		t.Fatalf("bucket %q: output is not a JSON object: %v\n%s", args, err, stdout)
 	}
-	for _, k := range []string{"bucket", "tokens", "rate", "burst", "configured", "override", "paused_seconds", "replicas"} {
+	for _, k := range []string{"bucket", "tokens", "rate", "burst", "configured", "override", "paused_seconds", "replicas", "warnings"} {
 		if _, ok := keys[k]; !ok {
 			t.Errorf("bucket %q: JSON lacks key %q:\n%s", args, k, stdout)
 		}
@@ -62,25 +76,11 @@ func bucketJSON(t *testing.T, args ...string) statusJSON {
 func TestBucketCommands(t *testing.T) {
 	addr := testenv.RedisAddr(t)
 	name := uniqueName(t, "cli")
-	path := writeConfig(t, fmt.Sprintf(`
-redis: {addr: %q}
-limit: {bucket: %s, rate: 10, burst: 4}
-source:
-  rabbitmq: {url: "amqp://guest:guest@127.0.0.1:5672/", queue: q}
-sink: {stdout: {}}
-`, addr, name))
+	path := bucketConfig(t, addr, name, 10, 4)
 	t.Cleanup(func() { runCLI(t, "bucket", "reset", "--config", path) })
 
 	// A running replica, to show up among the live replicas.
-	client, err := redisconn.New(config.Redis{Addr: addr, Timeout: config.Duration(time.Second)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	store, err := redislimiter.New(client, redislimiter.Config{Bucket: name, Rate: 10, Burst: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, store := redisStore(t, addr, name, 10, 4)
 	replica, err := limiter.New(store, limiter.Options{ReplicaID: "replica-under-test"})
 	if err != nil {
 		t.Fatal(err)
@@ -88,11 +88,11 @@ sink: {stdout: {}}
 	t.Cleanup(func() { replica.Close() })
 	ctx := testenv.Context(t, 10*time.Second)
 	for {
-		ids, err := store.Replicas(ctx)
+		reps, err := store.Replicas(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if slices.Contains(ids, "replica-under-test") {
+		if slices.ContainsFunc(reps, func(r redislimiter.Replica) bool { return r.ID == "replica-under-test" }) {
 			break
 		}
 		select {
@@ -113,8 +113,11 @@ sink: {stdout: {}}
 		if st.Override != nil || *st.PausedSeconds != 0 {
 			t.Errorf("override %+v, paused %v; want none", st.Override, *st.PausedSeconds)
 		}
-		if !slices.Contains(st.Replicas, "replica-under-test") {
-			t.Errorf("replicas %q lack the running one", st.Replicas)
+		if r := st.replica("replica-under-test"); r == nil || r.Rate != 10 || r.Burst != 4 {
+			t.Errorf("replicas %+v: want the running one, configured 10/s burst 4", st.Replicas)
+		}
+		if len(st.Warnings) != 0 {
+			t.Errorf("warnings %q, want none", st.Warnings)
 		}
 	})
 
@@ -129,11 +132,11 @@ sink: {stdout: {}}
 		if *st.Rate != 30 || *st.Burst != 7 {
 			t.Errorf("effective rate %v, burst %v; want the override's", *st.Rate, *st.Burst)
 		}
-		// With --redis the configured values are unknown, but the
-		// override makes the bucket fully known.
+		// With --redis the configured values come from the live
+		// replica's heartbeats.
 		st = bucketJSON(t, "status", name, "--redis", addr)
-		if st.Configured != nil || st.Tokens == nil || *st.Rate != 30 || *st.Burst != 7 {
-			t.Errorf("status with --redis %+v: want configured null and the override's values", st)
+		if st.Configured == nil || st.Configured.Rate != 10 || st.Tokens == nil || *st.Rate != 30 || *st.Burst != 7 {
+			t.Errorf("status with --redis %+v: want configured from the replica and the override's values", st)
 		}
 	})
 
@@ -146,8 +149,8 @@ sink: {stdout: {}}
 			t.Errorf("burst %v, want the configured 4", *st.Burst)
 		}
 		st = bucketJSON(t, "status", name, "--redis", addr)
-		if st.Tokens != nil || st.Burst != nil || st.Rate == nil || *st.Rate != 12.5 {
-			t.Errorf("status with --redis %+v: want tokens and burst null, rate 12.5", st)
+		if st.Tokens == nil || st.Burst == nil || *st.Burst != 4 || st.Rate == nil || *st.Rate != 12.5 {
+			t.Errorf("status with --redis %+v: want the replica's burst 4 and rate 12.5", st)
 		}
 	})
 
@@ -157,8 +160,8 @@ sink: {stdout: {}}
 			t.Errorf("after --clear: override %+v, rate %v; want none and 10", st.Override, *st.Rate)
 		}
 		st = bucketJSON(t, "status", name, "--redis", addr)
-		if st.Tokens != nil || st.Rate != nil || st.Burst != nil {
-			t.Errorf("status with --redis and no override %+v: want tokens, rate, burst null", st)
+		if st.Tokens == nil || st.Rate == nil || *st.Rate != 10 || st.Burst == nil || *st.Burst != 4 {
+			t.Errorf("status with --redis and no override %+v: want the replica's 10/s burst 4", st)
 		}
 	})
 
@@ -197,8 +200,103 @@ sink: {stdout: {}}
 			t.Errorf("status: exit code %d", code)
 		}
 		code, stdout, _ = runCLI(t, "bucket", "status", name, "--redis", addr)
-		if code != ExitOK || !strings.Contains(stdout, "configured  unknown; pass --config FILE") {
+		if code != ExitOK || !strings.Contains(stdout, "configured  10/s, burst 4 (reported by 1 live replica)") {
 			t.Errorf("status with --redis: exit code %d:\n%s", code, stdout)
+		}
+	})
+}
+
+// bucketConfig writes a replica's config file for bucket name and returns
+// its path.
+func bucketConfig(t *testing.T, addr, name string, rate float64, burst int) string {
+	return writeConfig(t, fmt.Sprintf(`
+redis: {addr: %q}
+limit: {bucket: %s, rate: %v, burst: %d}
+source:
+  rabbitmq: {url: "amqp://guest:guest@127.0.0.1:5672/", queue: q}
+sink: {stdout: {}}
+`, addr, name, rate, burst))
+}
+
+// redisStore returns a client of the Redis at addr, closed when the test
+// ends, and a store of bucket name on it.
+func redisStore(t *testing.T, addr, name string, rate float64, burst int) (redis.UniversalClient, *redislimiter.Store) {
+	t.Helper()
+	client, err := redisconn.New(config.Redis{Addr: addr, Timeout: config.Duration(time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	store, err := redislimiter.New(client, redislimiter.Config{Bucket: name, Rate: rate, Burst: burst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client, store
+}
+
+// heartbeat makes a replica id of bucket name, configured with rate and
+// burst, alive for a minute.
+func heartbeat(t *testing.T, client redis.UniversalClient, name, id string, rate float64, burst int) {
+	t.Helper()
+	s, err := redislimiter.New(client, redislimiter.Config{Bucket: name, Rate: rate, Burst: burst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Heartbeat(context.Background(), id, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBucketStatusWithoutConfig(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	name := uniqueName(t, "cli")
+	client, store := redisStore(t, addr, name, 1, 1)
+	t.Cleanup(func() { client.Del(context.Background(), store.Keys()...) })
+
+	t.Run("no replica alive", func(t *testing.T) {
+		st := bucketJSON(t, "status", name, "--redis", addr)
+		if st.Configured != nil || st.Tokens != nil || st.Rate != nil || st.Burst != nil || len(st.Replicas) != 0 {
+			t.Errorf("status %+v: want configured, tokens, rate and burst null, no replicas", st)
+		}
+		code, stdout, _ := runCLI(t, "bucket", "status", name, "--redis", addr)
+		if code != ExitOK || !strings.Contains(stdout, "configured  unknown; pass --config FILE") || !strings.Contains(stdout, "replicas    none alive") {
+			t.Errorf("status: exit code %d:\n%s", code, stdout)
+		}
+	})
+
+	t.Run("replicas that disagree", func(t *testing.T) {
+		heartbeat(t, client, name, "old-1", 50, 5)
+		heartbeat(t, client, name, "new-1", 80, 5)
+		heartbeat(t, client, name, "new-2", 80, 5)
+		st := bucketJSON(t, "status", name, "--redis", addr)
+		if st.Configured != nil || st.Rate != nil {
+			t.Errorf("status %+v: want configured and rate null while replicas disagree", st)
+		}
+		if r := st.replica("old-1"); r == nil || r.Rate != 50 || r.Burst != 5 {
+			t.Errorf("replicas %+v: want old-1 at 50/s burst 5", st.Replicas)
+		}
+		if len(st.Warnings) != 1 || !strings.Contains(st.Warnings[0], "80/s burst 5 on new-1, new-2; 50/s burst 5 on old-1") {
+			t.Errorf("warnings %q: want one naming both groups", st.Warnings)
+		}
+		code, stdout, _ := runCLI(t, "bucket", "status", name, "--redis", addr)
+		if code != ExitOK || !strings.Contains(stdout, "warning     the live replicas are configured differently") {
+			t.Errorf("status: exit code %d:\n%s", code, stdout)
+		}
+		// An override with a rate and no burst settles the rate; the
+		// bursts agree, so nothing is left to warn about.
+		if code, _, stderr := runCLI(t, "bucket", "set", name, "--redis", addr, "--rate", "60"); code != ExitOK {
+			t.Fatalf("set: %s", stderr)
+		}
+		if st := bucketJSON(t, "status", name, "--redis", addr); len(st.Warnings) != 0 {
+			t.Errorf("warnings %q under an override, want none", st.Warnings)
+		}
+	})
+
+	t.Run("config file that differs from the replicas", func(t *testing.T) {
+		path := bucketConfig(t, addr, name, 80, 5)
+		st := bucketJSON(t, "status", "--config", path)
+		if len(st.Warnings) != 1 || !strings.Contains(st.Warnings[0], "configures 80/s burst 5, but live replicas run 50/s burst 5 on old-1") {
+			t.Errorf("warnings %q: want one naming old-1", st.Warnings)
 		}
 	})
 }
@@ -216,15 +314,7 @@ func TestBucketRedisDown(t *testing.T) {
 func TestBucketSetReachesReplicas(t *testing.T) {
 	addr := testenv.RedisAddr(t)
 	name := uniqueName(t, "cli")
-	client, err := redisconn.New(config.Redis{Addr: addr, Timeout: config.Duration(time.Second)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	store, err := redislimiter.New(client, redislimiter.Config{Bucket: name, Rate: 5, Burst: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, store := redisStore(t, addr, name, 5, 1)
 	t.Cleanup(func() { store.Reset(context.Background()) })
 	b, err := limiter.New(store, limiter.Options{})
 	if err != nil {

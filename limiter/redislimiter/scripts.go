@@ -138,15 +138,38 @@ save(KEYS[1], burst, ts, now, rate, burst)
 return burst
 `)
 
-// heartbeatScript records a live replica and counts the live ones.
+// heartbeatScript records a live replica and its configured "rate burst",
+// forgets the replicas whose heartbeats expired, and counts the live ones.
 //
-// KEYS: replicas. ARGV: id, ttl_us, now_us. Reply: live replicas.
+// KEYS: replicas, configs. ARGV: id, ttl_us, now_us, config. Reply: live
+// replicas.
 var heartbeatScript = redis.NewScript(prelude + `
 local now = now_us(ARGV[3])
 local ttl = tonumber(ARGV[2])
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
+  redis.call('HDEL', KEYS[2], gone)
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
 local keep = math.ceil(ttl / 1000) * 2
-if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
+for _, k in ipairs(KEYS) do
+  if redis.call('PTTL', k) < keep then redis.call('PEXPIRE', k, keep) end
+end
 return redis.call('ZCARD', KEYS[1])
+`)
+
+// replicasScript lists the live replicas with their configured "rate burst"
+// ("" when unknown).
+//
+// KEYS: replicas, configs. ARGV: now_us. Reply: {id, config, id, config...}.
+var replicasScript = redis.NewScript(prelude + `
+local now = now_us(ARGV[1])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('(%d', now), '+inf')
+local out = {}
+for _, id in ipairs(ids) do
+  out[#out + 1] = id
+  out[#out + 1] = redis.call('HGET', KEYS[2], id) or ''
+end
+return out
 `)

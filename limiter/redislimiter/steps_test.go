@@ -48,7 +48,7 @@ func uniqueBucket(t testing.TB, c redis.UniversalClient) string {
 	name := fmt.Sprintf("test-%d-%x", time.Now().UnixNano(), rand.Uint64())
 	t.Cleanup(func() {
 		base := DefaultPrefix + "{" + name + "}:"
-		c.Del(context.Background(), base+"state", base+"override", base+"replicas")
+		c.Del(context.Background(), base+"state", base+"override", base+"replicas", base+"configs")
 	})
 	return name
 }

@@ -18,6 +18,7 @@
 //	PREFIX{NAME}:state     hash: tokens, ts (µs)        TTL: until the bucket is full again
 //	PREFIX{NAME}:override  hash: rate, burst            TTL: the override's duration, if any
 //	PREFIX{NAME}:replicas  sorted set: replica → expiry  TTL: twice the heartbeat TTL
+//	PREFIX{NAME}:configs   hash: replica → "rate burst"  TTL: as replicas
 //
 // PREFIX defaults to "throttle:". A missing state key means a full bucket, so
 // the TTL only ever removes state that no longer matters.
@@ -26,6 +27,8 @@ package redislimiter
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -79,7 +82,7 @@ type Store struct {
 	client redis.UniversalClient
 	cfg    Config
 	batch  *batcher // nil with Config.NoBatching
-	// stateKeys is {state, override}; allKeys adds replicas.
+	// stateKeys is {state, override}; allKeys adds replicas and configs.
 	stateKeys []string
 	allKeys   []string
 	channel   string // Pub/Sub channel announcing changes, see Watch
@@ -87,6 +90,8 @@ type Store struct {
 	// so that no call allocates for them.
 	rateArg  any
 	burstArg any
+	// configArg is this replica's "rate burst", sent with each heartbeat.
+	configArg string
 	// takeHead is the start of a batched take's EVALSHA, up to its ARGV.
 	takeHead []any
 }
@@ -116,8 +121,9 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 		stateKeys: []string{base + "state", base + "override"},
 		rateArg:   any(fmt.Sprint(cfg.Rate)),
 		burstArg:  any(cfg.Burst),
+		configArg: strconv.FormatFloat(cfg.Rate, 'g', -1, 64) + " " + strconv.Itoa(cfg.Burst),
 	}
-	s.allKeys = append(append([]string(nil), s.stateKeys...), base+"replicas")
+	s.allKeys = append(append([]string(nil), s.stateKeys...), base+"replicas", base+"configs")
 	s.channel = base + "changes"
 	s.takeHead = []any{"evalsha", takeScript.Hash(), len(s.stateKeys), s.stateKeys[0], s.stateKeys[1]}
 	if !cfg.NoBatching {
@@ -139,7 +145,8 @@ func ValidateBucketName(name string) error {
 	return nil
 }
 
-// Keys returns the Redis keys of the bucket: state, override and replicas.
+// Keys returns the Redis keys of the bucket: state, override, replicas and
+// configs.
 func (s *Store) Keys() []string { return append([]string(nil), s.allKeys...) }
 
 // Limits implements limiter.Store.
@@ -268,9 +275,11 @@ func (s *Store) status(ctx context.Context, nowUS int64) (limiter.State, error) 
 	return st, nil
 }
 
-// Heartbeat implements limiter.ReplicaTracker.
+// Heartbeat implements limiter.ReplicaTracker. With each beat the replica
+// also records its configured rate and burst, which Replicas reports, so an
+// operator can see replicas that disagree.
 func (s *Store) Heartbeat(ctx context.Context, id string, ttl time.Duration) (int, error) {
-	n, err := heartbeatScript.Run(ctx, s.client, s.allKeys[2:], id, ttl.Microseconds(), 0).Int()
+	n, err := heartbeatScript.Run(ctx, s.client, s.allKeys[2:], id, ttl.Microseconds(), 0, s.configArg).Int()
 	if err != nil {
 		return 0, s.fail("heartbeat", err)
 	}
@@ -279,25 +288,50 @@ func (s *Store) Heartbeat(ctx context.Context, id string, ttl time.Duration) (in
 
 // Leave implements limiter.ReplicaTracker.
 func (s *Store) Leave(ctx context.Context, id string) error {
-	if err := s.client.ZRem(ctx, s.allKeys[2], id).Err(); err != nil {
+	_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRem(ctx, s.allKeys[2], id)
+		p.HDel(ctx, s.allKeys[3], id)
+		return nil
+	})
+	if err != nil {
 		return s.fail("leave", err)
 	}
 	return nil
 }
 
-// Replicas returns the ids of the live replicas, from their heartbeats.
-func (s *Store) Replicas(ctx context.Context) ([]string, error) {
-	now, err := s.client.Time(ctx).Result()
+// Replica is a live replica of a bucket, as its heartbeats describe it.
+type Replica struct {
+	// ID is the replica's id (limiter.Options.ReplicaID).
+	ID string
+	// Rate and Burst are the replica's configured values (Config.Rate and
+	// Config.Burst), or 0 when its heartbeat did not carry them.
+	Rate  float64
+	Burst int
+}
+
+// Replicas returns the live replicas, from their heartbeats, sorted by id.
+func (s *Store) Replicas(ctx context.Context) ([]Replica, error) {
+	v, err := replicasScript.Run(ctx, s.client, s.allKeys[2:], 0).StringSlice()
 	if err != nil {
 		return nil, s.fail("replicas", err)
 	}
-	ids, err := s.client.ZRangeByScore(ctx, s.allKeys[2], &redis.ZRangeBy{
-		Min: fmt.Sprintf("(%d", now.UnixMicro()), Max: "+inf",
-	}).Result()
-	if err != nil {
-		return nil, s.fail("replicas", err)
+	if len(v)%2 != 0 {
+		return nil, s.fail("replicas", fmt.Errorf("%w: %d values, want pairs", limiter.ErrMalformedReply, len(v)))
 	}
-	return ids, nil
+	out := make([]Replica, 0, len(v)/2)
+	for i := 0; i < len(v); i += 2 {
+		r := Replica{ID: v[i]}
+		if rate, burst, ok := strings.Cut(v[i+1], " "); ok {
+			r.Rate, _ = strconv.ParseFloat(rate, 64)
+			r.Burst, _ = strconv.Atoi(burst)
+			if r.Rate <= 0 || r.Burst < 1 {
+				r.Rate, r.Burst = 0, 0
+			}
+		}
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b Replica) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
 }
 
 // SetOverride sets a rate and burst that win over every replica's configured

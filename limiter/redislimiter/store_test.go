@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -90,11 +91,9 @@ func TestKeysShareOneClusterSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"app:{sms-outbound}:state", "app:{sms-outbound}:override", "app:{sms-outbound}:replicas"}
-	for i, k := range s.Keys() {
-		if k != want[i] {
-			t.Errorf("key %d = %q, want %q", i, k, want[i])
-		}
+	want := []string{"app:{sms-outbound}:state", "app:{sms-outbound}:override", "app:{sms-outbound}:replicas", "app:{sms-outbound}:configs"}
+	if got := s.Keys(); !slices.Equal(got, want) {
+		t.Errorf("keys = %q, want %q", got, want)
 	}
 }
 
@@ -209,10 +208,10 @@ func TestHeartbeatsCountLiveReplicas(t *testing.T) {
 	if err := s.Leave(ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
-	ids, err := s.Replicas(ctx)
-	sort.Strings(ids)
-	if err != nil || len(ids) != 2 || ids[0] != "a" || ids[1] != "c" {
-		t.Fatalf("replicas = %v, %v; want [a c]", ids, err)
+	reps, err := s.Replicas(ctx)
+	want := []Replica{{ID: "a", Rate: 10, Burst: 5}, {ID: "c", Rate: 10, Burst: 5}}
+	if err != nil || !slices.Equal(reps, want) {
+		t.Fatalf("replicas = %+v, %v; want %+v", reps, err, want)
 	}
 	if st, _ := s.Status(ctx); st.Replicas != 2 {
 		t.Fatalf("status replicas = %d, want 2", st.Replicas)
@@ -224,6 +223,42 @@ func TestHeartbeatsCountLiveReplicas(t *testing.T) {
 	time.Sleep(2 * time.Millisecond)
 	if n, _ := s.Heartbeat(ctx, "a", time.Minute); n != 2 {
 		t.Fatalf("after d expired: %d replicas, want 2", n)
+	}
+	// Nothing of b or d is left behind in the configs.
+	if ids, err := c.HKeys(ctx, s.allKeys[3]).Result(); err != nil || !slices.Equal(slices.Sorted(slices.Values(ids)), []string{"a", "c"}) {
+		t.Fatalf("configs hold %v, %v; want [a c]", ids, err)
+	}
+}
+
+func TestReplicasReportTheirConfiguredLimits(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	name := uniqueBucket(t, c)
+	for _, r := range []Replica{{"old", 50, 5}, {"new-1", 120.5, 12}, {"new-2", 120.5, 12}} {
+		s, err := New(c, Config{Bucket: name, Rate: r.Rate, Burst: r.Burst})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Heartbeat(ctx, r.ID, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, _ := New(c, Config{Bucket: name, Rate: 1, Burst: 1})
+	// A replica of a version that did not report its config, and one whose
+	// entry is garbage, are listed with unknown (zero) limits.
+	if err := c.ZAdd(ctx, s.allKeys[2], redis.Z{Score: 1 << 60, Member: "legacy"}, redis.Z{Score: 1 << 60, Member: "garbled"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.HSet(ctx, s.allKeys[3], "garbled", "fast 10")
+	got, err := s.Replicas(ctx)
+	want := []Replica{{"garbled", 0, 0}, {"legacy", 0, 0}, {"new-1", 120.5, 12}, {"new-2", 120.5, 12}, {"old", 50, 5}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("Replicas = %+v, %v; want %+v", got, err, want)
+	}
+	for _, k := range s.allKeys[2:] {
+		if ttl := c.PTTL(ctx, k).Val(); ttl <= 0 {
+			t.Errorf("key %s: TTL %v, want one (the heartbeats keep it)", k, ttl)
+		}
 	}
 }
 
