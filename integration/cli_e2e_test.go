@@ -135,6 +135,15 @@ metrics:
 
 	// Phase 1 at the configured rate, then the override.
 	cliWait(t, 30*time.Second, "the first messages", func() bool { n, _ := sink.counts(); return n >= phase1 })
+	// The replicas read the queue's backlog every 5 s and phase 1 lasts
+	// 10 s, so the last reading came after the publishing and counts every
+	// message not yet delivered or held in the replicas' prefetch (20 each).
+	_, body := cliGet("http://" + metrics[0] + "/metrics")
+	if n := cliMetric(body, "throttle_source_backlog"); n < total-phase1-replicas*20 || n > total {
+		t.Errorf("throttle_source_backlog = %v during phase 1, want between %d and %d", n, total-phase1-replicas*20, total)
+	} else {
+		t.Logf("throttle_source_backlog during phase 1: %v", n)
+	}
 	cliRun(t, bin, "bucket", "set", "--config", cfgPath, "--rate", strconv.FormatFloat(newRate, 'f', -1, 64))
 	setAt := time.Now()
 	// Every replica's limiter sees the new rate with its next token request.

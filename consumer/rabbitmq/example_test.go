@@ -2,6 +2,7 @@ package rabbitmq_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -54,6 +55,49 @@ func ExampleConsumer() {
 		log.Fatal(err)
 	}
 	// Run returns after Ctrl-C, once in-flight messages are acked.
+	if err := c.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Backlog reports the depth of the queue while Run consumes it, here every
+// 10 seconds, for a gauge or an autoscaler. It needs RabbitMQ, so the
+// example only compiles.
+func ExampleConsumer_Backlog() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	c, err := rabbitmq.New(rabbitmq.Config{
+		URL:   "amqp://guest:guest@127.0.0.1:5672/",
+		Queue: "sms",
+	}, func(ctx context.Context, msg consumer.Message) error {
+		return sendSMS(ctx, msg.Body)
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	go func() {
+		tick := time.NewTicker(10 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			bctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			n, err := c.Backlog(bctx)
+			cancel()
+			switch {
+			case errors.Is(err, rabbitmq.ErrNotConnected):
+				// Run is connecting or reconnecting: no reading this time.
+			case err != nil:
+				log.Print(err)
+			default:
+				log.Printf("sms backlog: %d messages", n)
+			}
+		}
+	}()
 	if err := c.Run(ctx); err != nil {
 		log.Fatal(err)
 	}

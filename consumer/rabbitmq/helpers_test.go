@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -165,6 +164,8 @@ type proxy struct {
 	target string
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
+	held   chan struct{} // closed while data flows; see stall
+	resume func()        // ends the current stall, if any
 	wg     sync.WaitGroup
 }
 
@@ -182,7 +183,8 @@ func newProxy(t *testing.T, amqpURL string) (*proxy, string) {
 	if err != nil {
 		t.Fatalf("listening: %v", err)
 	}
-	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, held: make(chan struct{})}
+	close(p.held)
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -213,7 +215,22 @@ func (p *proxy) accept() {
 
 func (p *proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
+	buf := make([]byte, 32*1024)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			held := p.held
+			p.mu.Unlock()
+			<-held
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
 	_ = dst.Close()
 	_ = src.Close()
 	p.mu.Lock()
@@ -235,11 +252,30 @@ func (p *proxy) cut() {
 	}
 }
 
-// close stops accepting, cuts every connection and waits for the proxy's
+// stall holds the data that reaches the proxy, in both directions, as a
+// broker that stopped answering would, until the returned resume is called.
+// Connections stay open.
+func (p *proxy) stall() (resume func()) {
+	held := make(chan struct{})
+	var once sync.Once
+	resume = func() { once.Do(func() { close(held) }) }
+	p.mu.Lock()
+	p.held, p.resume = held, resume
+	p.mu.Unlock()
+	return resume
+}
+
+// close stops accepting, cuts every connection, ends any stall and waits for the proxy's
 // goroutines.
 func (p *proxy) close() {
 	_ = p.ln.Close()
 	p.cut()
+	p.mu.Lock()
+	resume := p.resume
+	p.mu.Unlock()
+	if resume != nil {
+		resume() // pipes held by a stall find their connections closed
+	}
 	p.wg.Wait()
 }
 

@@ -462,7 +462,8 @@ func configWarnings(st *bucketStatus, from string) []string {
 	}
 	if c := st.Configured; c != nil && len(order) > 0 && !strings.HasPrefix(from, "reported by") {
 		if others := describe(c); others != "" {
-			out = append(out, fmt.Sprintf("%s configures %s burst %d, but live replicas run %s", from, formatRate(c.Rate), c.Burst, others))
+			out = append(out, fmt.Sprintf("%s configures %s burst %d, but live replicas run %s; "+
+				"without an override the bucket follows whichever replica asked last", from, formatRate(c.Rate), c.Burst, others))
 		}
 	}
 	return out

@@ -41,6 +41,8 @@ type metrics struct {
 	rate         prometheus.Gauge
 	redisErrors  prometheus.Counter
 	mode         *prometheus.GaugeVec
+	backlog      *prometheus.GaugeVec
+	broker       string
 
 	deliveredN atomic.Int64
 	waitingN   atomic.Int64
@@ -87,6 +89,11 @@ func newMetrics(broker string) *metrics {
 			Name: "throttle_limiter_mode",
 			Help: "1 for the limiter's current mode (shared, local, closed, open), 0 for the others.",
 		}, []string{"mode"}),
+		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "throttle_source_backlog",
+			Help: "Messages waiting at the broker: the consumer group's lag (Kafka) or the queue's ready messages (RabbitMQ). Every replica reports the same value; absent while it cannot be read.",
+		}, []string{"broker"}),
+		broker: broker,
 	}
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "throttle_build_info",
@@ -94,7 +101,7 @@ func newMetrics(broker string) *metrics {
 	}, []string{"version", "commit"})
 	buildInfo.WithLabelValues(version, commit).Set(1)
 	reg.MustRegister(m.received, m.delivered, m.retried, m.deadLettered, m.failed, m.reconnects,
-		m.waitSeconds, m.waiting, m.tokens, m.rate, m.redisErrors, m.mode, buildInfo,
+		m.waitSeconds, m.waiting, m.tokens, m.rate, m.redisErrors, m.mode, m.backlog, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if broker != "" {
 		for _, c := range []*prometheus.CounterVec{m.received, m.delivered, m.retried, m.deadLettered, m.failed, m.reconnects} {
@@ -120,6 +127,13 @@ func (m *metrics) setBucket(tokens, rate float64) {
 	m.rate.Set(rate)
 	m.rateBits.Store(math.Float64bits(rate))
 }
+
+// setBacklog records the messages waiting at the broker.
+func (m *metrics) setBacklog(n int64) { m.backlog.WithLabelValues(m.broker).Set(float64(n)) }
+
+// backlogUnknown removes the backlog series, so that a dashboard shows a gap
+// rather than a stale value while the broker cannot be asked.
+func (m *metrics) backlogUnknown() { m.backlog.DeleteLabelValues(m.broker) }
 
 // effectiveRate returns the rate last seen from the bucket.
 func (m *metrics) effectiveRate() float64 { return math.Float64frombits(m.rateBits.Load()) }

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
@@ -132,7 +134,7 @@ func TestMonitorPrintsProgress(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		monitor(ctx, b, m, &out, 10*time.Millisecond)
+		monitor(ctx, b, fixedBacklog(1200), m, &out, 10*time.Millisecond)
 	}()
 	deadline := time.After(5 * time.Second)
 	for !strings.Contains(out.String(), "\n") {
@@ -145,13 +147,56 @@ func TestMonitorPrintsProgress(t *testing.T) {
 	cancel()
 	<-done
 	line, _, _ := strings.Cut(out.String(), "\n")
-	for _, want := range []string{"msg/s (limit 30/s, shared)", "delivered 7", "waiting 0"} {
+	for _, want := range []string{"msg/s (limit 30/s, shared)", "delivered 7", "waiting 0", "backlog 1200 (~40s at the limit)"} {
 		if !strings.Contains(line, want) {
 			t.Errorf("progress line %q lacks %q", line, want)
 		}
 	}
 	if m.effectiveRate() != 30 {
 		t.Errorf("the monitor did not refresh the rate gauge: %v", m.effectiveRate())
+	}
+	if got := testutil.ToFloat64(m.backlog.WithLabelValues("")); got != 1200 {
+		t.Errorf("throttle_source_backlog = %v, want 1200", got)
+	}
+}
+
+// fixedBacklog is a backlogger with a fixed answer; a negative one fails.
+type fixedBacklog int64
+
+func (f fixedBacklog) Backlog(context.Context) (int64, error) {
+	if f < 0 {
+		return 0, errors.New("broker unreachable")
+	}
+	return int64(f), nil
+}
+
+func TestBacklogSeriesGoesAwayWhileUnknown(t *testing.T) {
+	m := newMetrics("rabbitmq")
+	m.setBacklog(42)
+	if n := testutil.CollectAndCount(m.backlog); n != 1 {
+		t.Fatalf("%d backlog series after a read, want 1", n)
+	}
+	m.backlogUnknown()
+	if n := testutil.CollectAndCount(m.backlog); n != 0 {
+		t.Fatalf("%d backlog series after a failed read, want 0", n)
+	}
+}
+
+func TestProgressLineBacklog(t *testing.T) {
+	for _, tt := range []struct {
+		backlog int64
+		limit   float64
+		want    string
+	}{
+		{-1, 50, "waiting 3"},
+		{0, 50, "waiting 3 | backlog 0"},
+		{9000, 50, "waiting 3 | backlog 9000 (~3m0s at the limit)"},
+		{10, 0, "waiting 3 | backlog 10"}, // paused: no estimate
+	} {
+		line := progressLine(49.9, tt.limit, limiter.ModeShared, 100, 3, tt.backlog)
+		if !strings.HasSuffix(line, tt.want) {
+			t.Errorf("backlog %d at %v/s: %q, want it to end with %q", tt.backlog, tt.limit, line, tt.want)
+		}
 	}
 }
 

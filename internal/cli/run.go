@@ -51,7 +51,7 @@ Flags:
 
 // monitorInterval is how often a replica refreshes its bucket gauges and,
 // on a terminal, prints its progress line.
-const monitorInterval = 5 * time.Second
+var monitorInterval = 5 * time.Second // a variable for tests
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("run")
@@ -122,6 +122,9 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 	if err != nil {
 		return err
 	}
+	if cl, ok := c.(io.Closer); ok { // the Kafka consumer's Backlog connections
+		defer cl.Close()
+	}
 
 	var running atomic.Bool
 	ready := func() error {
@@ -155,7 +158,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		"source", describeSource(cfg.Source),
 		"sink", describeSink(cfg.Sink))
 	log.Debug("configuration", "config", cfg.String())
-	checkBucket(ctx, bucket, m, log)
+	checkBucket(ctx, bucket, store, m, log)
 
 	runCtx, stopMonitor := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
@@ -166,7 +169,8 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		if showProgress(rio) {
 			progress = rio.stderr
 		}
-		monitor(runCtx, bucket, m, progress, monitorInterval)
+		src, _ := c.(backlogger)
+		monitor(runCtx, bucket, src, m, progress, monitorInterval)
 	}()
 	defer func() {
 		stopMonitor()
@@ -193,9 +197,11 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 	return nil
 }
 
-// checkBucket reads the bucket once at start-up, to fill the gauges and to
-// warn early about an unreachable Redis.
-func checkBucket(ctx context.Context, b *limiter.Bucket, m *metrics, log *slog.Logger) {
+// checkBucket reads the bucket once at start-up, to fill the gauges, to
+// warn early about an unreachable Redis, and to warn when the live replicas
+// are configured with other limits than this one and no override settles
+// it: the bucket would follow whichever replica asked last.
+func checkBucket(ctx context.Context, b *limiter.Bucket, store *redislimiter.Store, m *metrics, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	st, err := b.State(ctx)
@@ -207,6 +213,21 @@ func checkBucket(ctx context.Context, b *limiter.Bucket, m *metrics, log *slog.L
 	if st.Override != nil {
 		log.Info("a runtime override wins over the configured rate", "override_rate", st.Override.Rate,
 			"override_burst", st.Override.Burst, "expires_in", st.Override.ExpiresIn)
+		return
+	}
+	reps, err := store.Replicas(ctx)
+	if err != nil {
+		return
+	}
+	rate, burst := store.Limits()
+	own := &bucketStatus{Configured: &limitsJSON{Rate: rate, Burst: burst}}
+	for _, r := range reps {
+		if r.ID != b.ReplicaID() && r.Burst > 0 {
+			own.Replicas = append(own.Replicas, replicaJSON{ID: r.ID, Configured: &limitsJSON{Rate: r.Rate, Burst: r.Burst}})
+		}
+	}
+	for _, w := range configWarnings(own, "this replica's config") {
+		log.Warn(w)
 	}
 }
 
@@ -218,9 +239,17 @@ func showProgress(rio replicaIO) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-// monitor refreshes the bucket gauges every interval and, when progress is
-// not nil, writes a one-line summary to it, until ctx ends.
-func monitor(ctx context.Context, b *limiter.Bucket, m *metrics, progress io.Writer, interval time.Duration) {
+// backlogger is a consumer that can count the messages waiting for it at
+// the broker: kafka.Consumer (the group's lag) and rabbitmq.Consumer (the
+// queue's ready messages).
+type backlogger interface {
+	Backlog(ctx context.Context) (int64, error)
+}
+
+// monitor refreshes the bucket and backlog gauges every interval and, when
+// progress is not nil, writes a one-line summary to it, until ctx ends. src
+// may be nil.
+func monitor(ctx context.Context, b *limiter.Bucket, src backlogger, m *metrics, progress io.Writer, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	last, lastAt := m.deliveredN.Load(), time.Now()
@@ -232,23 +261,42 @@ func monitor(ctx context.Context, b *limiter.Bucket, m *metrics, progress io.Wri
 		}
 		sctx, cancel := context.WithTimeout(ctx, interval)
 		st, err := b.State(sctx)
-		cancel()
 		if err == nil {
 			m.setBucket(st.Tokens, st.Rate)
 		}
+		backlog := int64(-1)
+		if src != nil {
+			if n, err := src.Backlog(sctx); err == nil {
+				backlog = n
+				m.setBacklog(n)
+			} else {
+				m.backlogUnknown()
+			}
+		}
+		cancel()
 		if progress == nil {
 			continue
 		}
 		now, delivered := time.Now(), m.deliveredN.Load()
 		achieved := float64(delivered-last) / now.Sub(lastAt).Seconds()
 		last, lastAt = delivered, now
-		fmt.Fprintln(progress, progressLine(achieved, m.effectiveRate(), b.Mode(), delivered, m.waitingN.Load()))
+		fmt.Fprintln(progress, progressLine(achieved, m.effectiveRate(), b.Mode(), delivered, m.waitingN.Load(), backlog))
 	}
 }
 
-func progressLine(achieved, limit float64, mode limiter.Mode, delivered, waiting int64) string {
-	return fmt.Sprintf("throttle: %.1f msg/s (limit %s, %s) | delivered %d | waiting %d",
+// progressLine summarizes a replica's progress. backlog is -1 when unknown.
+func progressLine(achieved, limit float64, mode limiter.Mode, delivered, waiting, backlog int64) string {
+	line := fmt.Sprintf("throttle: %.1f msg/s (limit %s, %s) | delivered %d | waiting %d",
 		achieved, formatRate(limit), mode, delivered, waiting)
+	switch {
+	case backlog < 0:
+	case backlog > 0 && limit > 0:
+		drain := time.Duration(float64(backlog) / limit * float64(time.Second))
+		line += fmt.Sprintf(" | backlog %d (~%v at the limit)", backlog, roundDuration(drain.Seconds()))
+	default:
+		line += fmt.Sprintf(" | backlog %d", backlog)
+	}
+	return line
 }
 
 // describeSource names the source for logs, without secrets.

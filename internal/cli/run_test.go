@@ -72,6 +72,11 @@ metrics: {listen: %q}
 log: {format: json, level: debug}
 `, redisAddr, bucket, cluster.ListenAddrs()[0], topic, uniqueName(t, "group"), metricsAddr))
 	t.Cleanup(func() { runCLI(t, "bucket", "reset", "--config", path) })
+	// Another live replica, configured with another rate.
+	client, _ := redisStore(t, redisAddr, bucket, 1, 1)
+	heartbeat(t, client, bucket, "other-replica", 80, 2)
+	defer func(d time.Duration) { monitorInterval = d }(monitorInterval)
+	monitorInterval = 50 * time.Millisecond
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -87,6 +92,11 @@ log: {format: json, level: debug}
 	if !strings.Contains(body, fmt.Sprintf(`throttle_messages_delivered_total{broker="kafka"} %d`, n)) {
 		t.Errorf("/metrics does not count %d deliveries:\n%s", n, body)
 	}
+	// Once the offsets are committed, the group has no lag.
+	waitFor(t, 10*time.Second, "throttle_source_backlog 0", func() bool {
+		_, body := get(t, "http://"+metricsAddr+"/metrics")
+		return strings.Contains(body, `throttle_source_backlog{broker="kafka"} 0`)
+	})
 	cancel()
 	select {
 	case code := <-codec:
@@ -96,7 +106,8 @@ log: {format: json, level: debug}
 	case <-time.After(30 * time.Second):
 		t.Fatal("run did not stop within 30 s of cancel")
 	}
-	for _, want := range []string{`"msg":"starting"`, `"msg":"configuration"`, `"msg":"shutting down`, `"msg":"stopped"`} {
+	for _, want := range []string{`"msg":"starting"`, `"msg":"configuration"`, `"msg":"shutting down`, `"msg":"stopped"`,
+		`"msg":"this replica's config configures 50/s burst 2, but live replicas run 80/s burst 2 on other-replica; without an override`} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("log lacks %s:\n%s", want, stderr.String())
 		}

@@ -1,0 +1,490 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/testenv"
+)
+
+// newIdleConsumer returns a consumer that is never run, to read Backlog,
+// closed when the test ends.
+func newIdleConsumer(t *testing.T, cfg Config) *Consumer {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	c, err := New(cfg, func(context.Context, consumer.Message) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// backlog calls c.Backlog with a deadline and fails the test on an error.
+func backlog(t *testing.T, c *Consumer) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := c.Backlog(ctx)
+	if err != nil {
+		t.Fatalf("Backlog: %v", err)
+	}
+	return n
+}
+
+// waitBacklog polls c.Backlog until it returns want. Commits are
+// asynchronous, so a value is only reached some time after the handler
+// returned.
+func waitBacklog(t *testing.T, c *Consumer, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := backlog(t, c)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Backlog = %d, want %d within 30s", got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestBacklog follows the backlog of a group through a run: all of the
+// topic before anything is committed, the unhandled rest once a gate in
+// the handler stops it after k messages, and nothing once everything is
+// handled. Another consumer of the group that never runs reads the same
+// values, and Backlog keeps working after Run returned.
+func TestBacklog(t *testing.T) {
+	const (
+		partitions = 3
+		n          = 30
+		k          = 12
+	)
+	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	brokers := newTopics(t, partitions, topic)
+	produce(t, brokers, records(topic, partitions, n)...)
+
+	var (
+		mu      sync.Mutex
+		handled = map[pos]bool{}
+		gate    = make(chan struct{})
+		all     = make(chan struct{})
+	)
+	var openGate sync.Once
+	t.Cleanup(func() { openGate.Do(func() { close(gate) }) })
+	cfg := Config{
+		Brokers: brokers, Topic: topic, Group: group, Concurrency: partitions,
+		Logger: testLogger(t), ConfigureReader: fastGroup, DrainTimeout: 5 * time.Second,
+	}
+	c, err := New(cfg, func(ctx context.Context, m consumer.Message) error {
+		p := pos{m.Source.Partition, m.Source.Offset}
+		mu.Lock()
+		if !handled[p] && len(handled) >= k {
+			// The gate holds the (k+1)-th distinct message and
+			// those after it. A redelivered one passes: it was
+			// counted.
+			mu.Unlock()
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			mu.Lock()
+		}
+		if !handled[p] {
+			handled[p] = true
+			if len(handled) == n {
+				close(all)
+			}
+		}
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	// Another replica's view: it never runs.
+	other := newIdleConsumer(t, Config{Brokers: brokers, Topic: topic, Group: group})
+
+	// Nothing is committed yet: the group would start at the first offset.
+	if got := backlog(t, c); got != n {
+		t.Fatalf("Backlog before Run = %d, want %d", got, n)
+	}
+
+	stop := runConsumer(t, c)
+	waitBacklog(t, c, n-k)
+	// Until the gate opens nothing more is handled, so nothing more is
+	// committed: the value stays, and every replica and concurrent call
+	// reads it.
+	sum := int64(0)
+	for _, o := range committed(t, brokers, group, topic) {
+		sum += o
+	}
+	if sum != k {
+		t.Fatalf("committed offsets sum to %d, want %d", sum, k)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 5 {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				got, err := c.Backlog(ctx)
+				cancel()
+				if err != nil || got != n-k {
+					errs <- fmt.Errorf("concurrent Backlog = %d, %v", got, err)
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("while gated, want %d: %v", n-k, err)
+	}
+	if got := backlog(t, other); got != n-k {
+		t.Errorf("Backlog of another replica = %d, want %d", got, n-k)
+	}
+
+	openGate.Do(func() { close(gate) })
+	select {
+	case <-all:
+	case <-time.After(30 * time.Second):
+		t.Fatal("not every message was handled")
+	}
+	waitBacklog(t, c, 0)
+	if err := stop(); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+
+	// After Run returned, Backlog still reads the group: new messages
+	// are its backlog.
+	produce(t, brokers, records(topic, partitions, 5)...)
+	if got := backlog(t, c); got != 5 {
+		t.Errorf("Backlog after Run returned and 5 new messages = %d, want 5", got)
+	}
+	if got := backlog(t, other); got != 5 {
+		t.Errorf("Backlog of another replica = %d, want 5", got)
+	}
+
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Backlog(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Errorf("Backlog after Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestBacklogStartOffset checks how partitions without a commit, with a
+// commit below the first offset and with a commit past the last offset
+// count, under both start offsets.
+func TestBacklogStartOffset(t *testing.T) {
+	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	brokers := newTopics(t, 2, topic)
+	var recs []*kgo.Record
+	for range 10 {
+		recs = append(recs, &kgo.Record{Topic: topic, Partition: 0, Value: []byte("p0")})
+	}
+	for range 6 {
+		recs = append(recs, &kgo.Record{Topic: topic, Partition: 1, Value: []byte("p1")})
+	}
+	produce(t, brokers, recs...)
+
+	base := Config{Brokers: brokers, Topic: topic, Group: group}
+	withStart := func(start int64) *Consumer {
+		cfg := base
+		cfg.StartOffset = start
+		return newIdleConsumer(t, cfg)
+	}
+	byDefault := newIdleConsumer(t, base)
+	first := withStart(kafkago.FirstOffset)
+	last := withStart(kafkago.LastOffset)
+	cfg := base
+	cfg.ConfigureReader = func(rc *kafkago.ReaderConfig) { rc.StartOffset = kafkago.LastOffset }
+	lastByHook := newIdleConsumer(t, cfg)
+
+	check := func(step string, wantFirst, wantLast int64) {
+		t.Helper()
+		for _, tc := range []struct {
+			name string
+			c    *Consumer
+			want int64
+		}{
+			{"default", byDefault, wantFirst},
+			{"FirstOffset", first, wantFirst},
+			{"LastOffset", last, wantLast},
+			{"LastOffset by ConfigureReader", lastByHook, wantLast},
+		} {
+			if got := backlog(t, tc.c); got != tc.want {
+				t.Errorf("%s: Backlog with %s = %d, want %d", step, tc.name, got, tc.want)
+			}
+		}
+	}
+	adm := newAdmin(t, brokers)
+	commit := func(partition int32, at int64) {
+		t.Helper()
+		var os kadm.Offsets
+		os.AddOffset(topic, partition, at, -1)
+		if err := adm.CommitAllOffsets(testenv.Context(t, 10*time.Second), group, os); err != nil {
+			t.Fatalf("committing %d on partition %d: %v", at, partition, err)
+		}
+	}
+
+	check("no commits", 16, 0)
+	commit(0, 3)
+	check("partition 0 committed at 3", 7+6, 7)
+	var del kadm.Offsets
+	del.AddOffset(topic, 0, 5, -1)
+	resp, err := adm.DeleteRecords(testenv.Context(t, 10*time.Second), del)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatalf("deleting records: %v", err)
+	}
+	check("partition 0 committed at 3, first offset 5", 5+6, 5)
+	commit(1, 100)
+	check("partition 1 committed past its end", 5, 5)
+}
+
+func TestPartitionLag(t *testing.T) {
+	const first, last = kafkago.FirstOffset, kafkago.LastOffset
+	cases := []struct {
+		first, last, committed, start, want int64
+	}{
+		{0, 10, -1, first, 10},
+		{0, 10, -1, last, 0},
+		{4, 10, -1, first, 6},
+		{0, 10, 3, first, 7},
+		{0, 10, 3, last, 7},
+		{5, 10, 3, first, 5},
+		{5, 10, 3, last, 5},
+		{0, 10, 10, first, 0},
+		{0, 10, 12, first, 0},
+		{0, 0, -1, first, 0},
+		{7, 7, 2, last, 0},
+	}
+	for _, tc := range cases {
+		if got := partitionLag(tc.first, tc.last, tc.committed, tc.start); got != tc.want {
+			t.Errorf("partitionLag(first %d, last %d, committed %d, start %d) = %d, want %d",
+				tc.first, tc.last, tc.committed, tc.start, got, tc.want)
+		}
+	}
+}
+
+// TestBacklogErrors checks that Backlog fails promptly, with an error that
+// names the group and topic, when it cannot read the lag.
+func TestBacklogErrors(t *testing.T) {
+	const group, topic = "lag-group", "lag-topic"
+	wantNamed := func(t *testing.T, err error) {
+		t.Helper()
+		if err == nil {
+			t.Fatal("Backlog succeeded")
+		}
+		if !strings.Contains(err.Error(), `group "`+group+`"`) || !strings.Contains(err.Error(), `topic "`+topic+`"`) {
+			t.Errorf("error %q does not name the group and topic", err)
+		}
+	}
+	// call runs Backlog with a ctx of timeout, and fails when it takes
+	// far longer than its bound.
+	call := func(t *testing.T, c *Consumer, ctx context.Context, bound time.Duration) error {
+		t.Helper()
+		begin := time.Now()
+		_, err := c.Backlog(ctx)
+		if took := time.Since(begin); took > bound {
+			t.Errorf("Backlog took %v to fail, want at most %v", took, bound)
+		}
+		return err
+	}
+
+	t.Run("broker refuses connections", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		_ = ln.Close()
+		c := newIdleConsumer(t, Config{Brokers: []string{addr}, Topic: topic, Group: group})
+		for range 2 { // the second call reads the failure the client cached
+			err := call(t, c, testenv.Context(t, 30*time.Second), 10*time.Second)
+			wantNamed(t, err)
+		}
+	})
+
+	t.Run("broker does not answer", func(t *testing.T) {
+		addr := silentBroker(t)
+		c := newIdleConsumer(t, Config{Brokers: []string{addr}, Topic: topic, Group: group})
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		err := call(t, c, ctx, 10*time.Second)
+		wantNamed(t, err)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Backlog = %v, want context.DeadlineExceeded", err)
+		}
+	})
+
+	t.Run("context cancelled", func(t *testing.T) {
+		addr := silentBroker(t)
+		c := newIdleConsumer(t, Config{Brokers: []string{addr}, Topic: topic, Group: group})
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		err := call(t, c, ctx, 5*time.Second)
+		wantNamed(t, err)
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Backlog = %v, want context.Canceled", err)
+		}
+	})
+
+	t.Run("closed", func(t *testing.T) {
+		c := newIdleConsumer(t, Config{Brokers: []string{"127.0.0.1:9"}, Topic: topic, Group: group})
+		_ = c.Close()
+		_, err := c.Backlog(context.Background())
+		wantNamed(t, err)
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("Backlog after Close = %v, want ErrClosed", err)
+		}
+	})
+
+	t.Run("unknown topic", func(t *testing.T) {
+		cluster := newFakeCluster(t, "other")
+		c := newIdleConsumer(t, Config{Brokers: cluster.ListenAddrs(), Topic: topic, Group: group})
+		err := call(t, c, testenv.Context(t, 30*time.Second), 20*time.Second)
+		wantNamed(t, err)
+		if !errors.Is(err, kafkago.UnknownTopicOrPartition) {
+			t.Errorf("Backlog = %v, want UnknownTopicOrPartition", err)
+		}
+	})
+
+	t.Run("partition error listing offsets", func(t *testing.T) {
+		cluster := newFakeCluster(t, topic)
+		c := newIdleConsumer(t, Config{Brokers: cluster.ListenAddrs(), Topic: topic, Group: group})
+		backlog(t, c) // connected, so that the control sees only Backlog's requests
+		cluster.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			r := req.(*kmsg.ListOffsetsRequest)
+			if len(r.Topics) != 1 || len(r.Topics[0].Partitions) != 1 || r.Topics[0].Partitions[0].Partition != 1 {
+				return nil, nil, false
+			}
+			resp := r.ResponseKind().(*kmsg.ListOffsetsResponse)
+			rt := kmsg.NewListOffsetsResponseTopic()
+			rt.Topic = r.Topics[0].Topic
+			rp := kmsg.NewListOffsetsResponseTopicPartition()
+			rp.Partition = 1
+			rp.ErrorCode = int16(kafkago.NotLeaderForPartition)
+			rp.Offset = -1
+			rt.Partitions = append(rt.Partitions, rp)
+			resp.Topics = append(resp.Topics, rt)
+			return resp, nil, true
+		})
+		err := call(t, c, testenv.Context(t, 30*time.Second), 20*time.Second)
+		wantNamed(t, err)
+		if !errors.Is(err, kafkago.NotLeaderForPartition) || !strings.Contains(err.Error(), "partition 1") {
+			t.Errorf("Backlog = %v, want NotLeaderForPartition naming partition 1", err)
+		}
+		if got := backlog(t, c); got != 0 {
+			t.Errorf("Backlog once the error is gone = %d, want 0", got)
+		}
+	})
+
+	t.Run("partition error fetching committed offsets", func(t *testing.T) {
+		cluster := newFakeCluster(t, topic)
+		c := newIdleConsumer(t, Config{Brokers: cluster.ListenAddrs(), Topic: topic, Group: group})
+		backlog(t, c)
+		cluster.ControlKey(int16(kmsg.OffsetFetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			r := req.(*kmsg.OffsetFetchRequest)
+			resp := r.ResponseKind().(*kmsg.OffsetFetchResponse)
+			for _, t := range r.Topics {
+				rt := kmsg.NewOffsetFetchResponseTopic()
+				rt.Topic = t.Topic
+				for _, p := range t.Partitions {
+					rp := kmsg.NewOffsetFetchResponseTopicPartition()
+					rp.Partition = p
+					rp.Offset = -1
+					if p == 2 {
+						rp.ErrorCode = int16(kafkago.UnstableOffsetCommit)
+					}
+					rt.Partitions = append(rt.Partitions, rp)
+				}
+				resp.Topics = append(resp.Topics, rt)
+			}
+			return resp, nil, true
+		})
+		err := call(t, c, testenv.Context(t, 30*time.Second), 20*time.Second)
+		wantNamed(t, err)
+		if !errors.Is(err, kafkago.UnstableOffsetCommit) || !strings.Contains(err.Error(), "partition 2") {
+			t.Errorf("Backlog = %v, want UnstableOffsetCommit naming partition 2", err)
+		}
+		if got := backlog(t, c); got != 0 {
+			t.Errorf("Backlog once the error is gone = %d, want 0", got)
+		}
+	})
+}
+
+// newFakeCluster starts a kfake cluster with topics of 3 partitions, for
+// tests that inject broker errors, closed when the test ends.
+func newFakeCluster(t *testing.T, topics ...string) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topics...))
+	if err != nil {
+		t.Fatalf("starting kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// silentBroker returns the address of a listener that accepts connections
+// and never answers, closing them when the test ends.
+func silentBroker(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		done  = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return ln.Addr().String()
+}

@@ -1,0 +1,236 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/rabbitmq"
+	"github.com/throttlehq/throttle/internal/testenv"
+)
+
+// backlogWithin calls Backlog until ok accepts its result or d passes, and
+// returns the last result.
+func backlogWithin(t *testing.T, c *rabbitmq.Consumer, d time.Duration, ok func(int64, error) bool) (int64, error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		n, err := c.Backlog(ctx)
+		cancel()
+		if ok(n, err) || time.Now().After(deadline) {
+			return n, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestBacklogNotConnected checks that Backlog reports ErrNotConnected
+// before Run, while Run cannot reconnect, and after Run returned.
+func TestBacklogNotConnected(t *testing.T) {
+	b := newBroker(t)
+	q := b.declareQueue(t)
+	p, proxied := newProxy(t, b.url)
+	c := newConsumer(t, rabbitmq.Config{
+		URL: proxied, Queue: q,
+		ReconnectBackoff: 50 * time.Millisecond, MaxReconnectBackoff: 200 * time.Millisecond,
+	}, nop)
+	check := func(when string, n int64, err error) {
+		t.Helper()
+		if !errors.Is(err, rabbitmq.ErrNotConnected) || n != 0 {
+			t.Fatalf("%s: Backlog returned %d, %v; want 0 and an error wrapping ErrNotConnected", when, n, err)
+		}
+		if !strings.Contains(err.Error(), strconv.Quote(q)) {
+			t.Errorf("%s: error %q does not name queue %q", when, err, q)
+		}
+	}
+
+	n, err := c.Backlog(testenv.Context(t, 10*time.Second))
+	check("before Run", n, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wait := runAll(t, ctx, c.Run)
+	n, err = backlogWithin(t, c, 10*time.Second, func(_ int64, err error) bool { return err == nil })
+	if err != nil || n != 0 {
+		t.Fatalf("while consuming an empty queue: Backlog returned %d, %v; want 0, nil", n, err)
+	}
+
+	p.close() // the connection breaks, and reconnecting fails from now on
+	n, err = backlogWithin(t, c, 10*time.Second, func(_ int64, err error) bool {
+		return errors.Is(err, rabbitmq.ErrNotConnected)
+	})
+	check("while reconnecting", n, err)
+
+	cancel()
+	wait()
+	n, err = c.Backlog(testenv.Context(t, 10*time.Second))
+	check("after Run returned", n, err)
+}
+
+// TestBacklog checks the count while the consumer holds a full prefetch
+// window unacked, and after every message was handled.
+func TestBacklog(t *testing.T) {
+	const (
+		n        = 25
+		prefetch = 5
+	)
+	b := newBroker(t)
+	q := b.declareQueue(t)
+	b.publish(t, q, n)
+
+	tr := newTracker(n)
+	started := make(chan struct{}, n)
+	release := make(chan struct{})
+	h := func(ctx context.Context, msg consumer.Message) error {
+		started <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		tr.record(msg)
+		return nil
+	}
+	var reconnects atomic.Int64
+	obs := &consumer.Observer{Reconnected: func(string, error) { reconnects.Add(1) }}
+	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Prefetch: prefetch, Observer: obs}, h)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wait := runAll(t, ctx, c.Run)
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+
+	for i := range prefetch {
+		select {
+		case <-started:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%d of %d handlers started after 20s", i, prefetch)
+		}
+	}
+	// The prefetch window is full: the broker delivers no more until an
+	// ack, so the ready count settles at n-prefetch.
+	const want = n - prefetch
+	got, err := backlogWithin(t, c, 10*time.Second, func(got int64, err error) bool { return err == nil && got == want })
+	if err != nil || got != want {
+		t.Fatalf("with %d of %d messages delivered and unacked: Backlog returned %d, %v; want %d, nil",
+			prefetch, n, got, err, want)
+	}
+	if ready := b.ready(t, q); ready != want {
+		t.Errorf("another connection sees %d ready messages, want %d like Backlog", ready, want)
+	}
+
+	// Concurrent calls, beside Run, all see the same count.
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 5 {
+				got, err := c.Backlog(testenv.Context(t, 10*time.Second))
+				if err != nil || got != want {
+					t.Errorf("concurrent Backlog returned %d, %v; want %d, nil", got, err, want)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if extra := len(started); extra != 0 {
+		t.Errorf("%d handlers started beyond the prefetch window of %d", extra, prefetch)
+	}
+
+	close(release)
+	released = true
+	tr.wait(t, 30*time.Second)
+	got, err = backlogWithin(t, c, 10*time.Second, func(got int64, err error) bool { return err == nil && got == 0 })
+	if err != nil || got != 0 {
+		t.Errorf("after every message was handled: Backlog returned %d, %v; want 0, nil", got, err)
+	}
+	cancel()
+	wait()
+	if got := b.waitReady(t, q, 0); got != 0 {
+		t.Errorf("%d messages left in the queue, want 0 (all acked)", got)
+	}
+	if r := reconnects.Load(); r != 0 {
+		t.Errorf("%d reconnects, want 0: Backlog disturbed the consuming channel", r)
+	}
+}
+
+// TestBacklogContext checks that Backlog returns ctx's error at once when
+// ctx is done, even while the broker does not answer.
+func TestBacklogContext(t *testing.T) {
+	b := newBroker(t)
+	q := b.declareQueue(t)
+	b.publish(t, q, 3)
+	p, proxied := newProxy(t, b.url)
+	blocked := func(ctx context.Context, _ consumer.Message) error {
+		<-ctx.Done() // keeps its one delivery unacked until Run stops
+		return ctx.Err()
+	}
+	var reconnects atomic.Int64
+	obs := &consumer.Observer{Reconnected: func(string, error) { reconnects.Add(1) }}
+	c := newConsumer(t, rabbitmq.Config{
+		URL: proxied, Queue: q, Prefetch: 1, Observer: obs, DrainTimeout: 100 * time.Millisecond,
+	}, blocked)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wait := runAll(t, ctx, c.Run)
+	const want = 2 // one of three delivered
+	if got, err := backlogWithin(t, c, 10*time.Second, func(got int64, err error) bool { return err == nil && got == want }); err != nil || got != want {
+		t.Fatalf("Backlog returned %d, %v; want %d, nil", got, err, want)
+	}
+
+	t.Run("cancelled before the call", func(t *testing.T) {
+		cctx, ccancel := context.WithCancel(context.Background())
+		ccancel()
+		start := time.Now()
+		got, err := c.Backlog(cctx)
+		if took := time.Since(start); took > time.Second {
+			t.Errorf("Backlog took %v with a cancelled context", took)
+		}
+		if !errors.Is(err, context.Canceled) || got != 0 {
+			t.Errorf("Backlog returned %d, %v; want 0 and an error wrapping context.Canceled", got, err)
+		}
+	})
+
+	t.Run("ends during the call", func(t *testing.T) {
+		resume := p.stall() // the broker's answer never comes
+		defer resume()
+		const timeout = 200 * time.Millisecond
+		tctx, tcancel := context.WithTimeout(context.Background(), timeout)
+		defer tcancel()
+		start := time.Now()
+		got, err := c.Backlog(tctx)
+		took := time.Since(start)
+		if !errors.Is(err, context.DeadlineExceeded) || got != 0 {
+			t.Errorf("Backlog returned %d, %v; want 0 and an error wrapping context.DeadlineExceeded", got, err)
+		}
+		if took > timeout+3*time.Second {
+			t.Errorf("Backlog returned %v after the call began, want soon after the %v timeout", took, timeout)
+		}
+		resume()
+		// The abandoned call ends in the background; the connection and
+		// the consumer carry on.
+		if got, err := backlogWithin(t, c, 10*time.Second, func(got int64, err error) bool { return err == nil && got == want }); err != nil || got != want {
+			t.Errorf("after the broker answered again: Backlog returned %d, %v; want %d, nil", got, err, want)
+		}
+	})
+
+	cancel()
+	wait()
+	if r := reconnects.Load(); r != 0 {
+		t.Errorf("%d reconnects, want 0", r)
+	}
+	if got := b.waitReady(t, q, 3); got != 3 {
+		t.Errorf("%d messages ready after Run returned, want 3", got)
+	}
+}
