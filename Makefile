@@ -11,7 +11,7 @@ STATICCHECK_VERSION ?= v0.8.2
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $$($(GO) env GOPATH)/bin/staticcheck)
 COMPOSE     ?= docker compose
 
-.PHONY: help build image test test-race bench lint tools up down
+.PHONY: help build image test test-race bench lint alerts tools up down
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ lint: ## Run go vet and staticcheck (`make tools` installs staticcheck).
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 	cd integration/bench && $(GO) vet ./... && $(STATICCHECK) ./...
+
+alerts: ## Check and unit-test examples/prometheus/alerts.yml (needs promtool).
+	cd examples/prometheus && promtool check rules alerts.yml && promtool test rules alerts_test.yml
 
 tools: ## Install staticcheck from the Go module proxy.
 	$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
