@@ -50,8 +50,9 @@ type Options struct {
 	// callers wait than the rate serves within MaxReserve, the horizon grows
 	// to fit them all (up to 10·MaxReserve), so that they queue instead of
 	// coming back. A store that implements Notifier makes a runtime rate
-	// change or pause reach reservations already made at once; otherwise,
-	// or if an announcement is lost, no later than the horizon. Default 1s.
+	// change or pause reach reservations already made at once (or, if the
+	// announcement came while its subscription was down, once it has
+	// subscribed again); otherwise no later than the horizon. Default 1s.
 	MaxReserve time.Duration
 	// OnStoreError is the policy while the store fails: ModeLocal (the
 	// default), ModeClosed or ModeOpen.

@@ -168,7 +168,9 @@ type ReplicaTracker interface {
 // instead of after the reservation horizon.
 type Notifier interface {
 	// Watch calls changed for every announced change until ctx ends, then
-	// returns. It resubscribes by itself after a connection failure.
+	// returns. It resubscribes by itself after a connection failure, and
+	// then calls changed once, since announcements may have been missed
+	// while it was not subscribed.
 	Watch(ctx context.Context, changed func())
 }
 

@@ -65,8 +65,9 @@ The runtime override and each replica's configured rate:
   request, with no restart, and the change is announced on the bucket's
   Pub/Sub channel, so messages already holding a slot reserved at the old
   rate take it again at the new one. Deliveries follow within about a
-  second. (Were the announcement lost, in a Redis failover, reserved slots
-  would keep their time: at most one reservation horizon, 1 s by default.)
+  second. (A replica whose subscription was down when the change was
+  announced, in a Redis failover say, takes its reserved slots again as
+  soon as it has subscribed again.)
   The override holds until 'bucket set --clear', 'bucket reset', or the end
   of --for; then each replica's configured rate applies again.
 
