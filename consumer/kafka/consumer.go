@@ -228,6 +228,12 @@ type Consumer struct {
 	// releases adminTransport's connections.
 	closed       bool
 	backlogCalls int
+
+	// statsMu guards statsReader and stats. statsReader is Run's reader
+	// while Run uses it; stats holds the totals collected from it so far.
+	statsMu     sync.Mutex
+	statsReader *kafkago.Reader
+	stats       ReaderStats
 }
 
 // New validates cfg and returns a Consumer for h. It does not connect to the
@@ -401,6 +407,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer cancel()
 
 	reader := kafkago.NewReader(c.rc)
+	c.statsMu.Lock()
+	c.statsReader = reader
+	c.statsMu.Unlock()
 	transport := newTransport(c.cfg.Dialer)
 	writer := c.newWriter(transport)
 	err := c.consume(ctx, reader, writer)
@@ -409,6 +418,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if cerr := reader.Close(); cerr != nil {
 		c.log.Warn("closing kafka reader", "topic", c.cfg.Topic, "error", cerr)
 	}
+	// The reader's goroutines have ended: collect what they counted last.
+	c.statsMu.Lock()
+	c.stats.add(reader.Stats())
+	c.statsReader = nil
+	c.statsMu.Unlock()
 	if cerr := writer.Close(); cerr != nil {
 		c.log.Warn("closing dead-letter writer", "topic", c.cfg.DeadLetterTopic, "error", cerr)
 	}
@@ -436,6 +450,87 @@ func (c *Consumer) Close() error {
 		c.adminTransport.CloseIdleConnections()
 	}
 	return nil
+}
+
+// ReaderStats are counts of what the kafka-go reader that Run uses did, so
+// that operators can see the health of its broker connections: kafka-go
+// reconnects by itself, so Config.Observer's Reconnected is never called
+// for Kafka. Every field is a total since Run started; it never decreases.
+// A ReaderStats is a plain value, safe to copy.
+//
+// The counts are kafka-go's (kafkago.ReaderStats), which counts per
+// partition: a replica that owns several partitions dials and fetches for
+// each of them.
+type ReaderStats struct {
+	// Dials counts the attempts, successful or not, to connect to the
+	// leader of a partition: one when the reader starts on a partition
+	// (first at the join, again after every rebalance), plus one for each
+	// reconnection after a broker or network failure or a leader change.
+	// Connections to the group coordinator are not counted.
+	Dials int64
+	// Errors counts the errors that kafka-go retried by itself: failed
+	// attempts to join the group, failed connections to a partition
+	// leader, and broken connections while fetching. Errors kafka-go
+	// passes on to FetchMessage instead, such as those of a leader still
+	// unreachable after ReaderConfig.MaxAttempts, are logged by the
+	// consumer and not counted here.
+	Errors int64
+	// Rebalances counts the group generations the reader joined, the
+	// first join included, plus the partitions it had to find again
+	// because their leader moved (NotLeaderForPartition or
+	// UnknownTopicOrPartition).
+	Rebalances int64
+	// Timeouts counts the fetches that returned no message: kafka-go
+	// counts the broker's RequestTimedOut, and also a long poll that
+	// ended empty after ReaderConfig.MaxWait. On an idle topic it grows
+	// with Fetches, so only Timeouts growing while Messages does not,
+	// with messages waiting, hints at trouble.
+	Timeouts int64
+	// Fetches counts the fetch requests sent to partition leaders. On an
+	// idle topic it grows by about one per owned partition per
+	// ReaderConfig.MaxWait (DefaultMaxWait unless ConfigureReader sets it).
+	Fetches int64
+	// Messages counts the messages fetched from the brokers, when they
+	// are fetched and before a handler sees them. A message fetched again
+	// after a rebalance or a reconnection counts again, and read-ahead
+	// messages dropped at shutdown count too, so Messages may exceed the
+	// messages handled.
+	Messages int64
+	// Bytes is the size of the keys and values of the messages counted by
+	// Messages.
+	Bytes int64
+}
+
+// add adds the counts of s, which kafka-go resets on every Stats call, to
+// the totals.
+func (t *ReaderStats) add(s kafkago.ReaderStats) {
+	t.Dials += s.Dials
+	t.Errors += s.Errors
+	t.Rebalances += s.Rebalances
+	t.Timeouts += s.Timeouts
+	t.Fetches += s.Fetches
+	t.Messages += s.Messages
+	t.Bytes += s.Bytes
+}
+
+// ReaderStats returns the counts of the kafka-go reader that Run uses,
+// totalled since Run started. The totals are monotonic: a call never
+// returns less, in any field, than an earlier call, so each field suits a
+// Prometheus counter. Unlike kafka-go's Reader.Stats, which returns the
+// counts since its previous call and resets them, ReaderStats does not
+// reset anything: any number of callers may read it at any interval.
+//
+// Before Run it returns zero. After Run returned, it returns the final
+// totals, which include everything the reader counted until Run closed
+// it. It is safe for concurrent use, with Run and with itself; it does not
+// block on the brokers.
+func (c *Consumer) ReaderStats() ReaderStats {
+	c.statsMu.Lock()
+	defer c.statsMu.Unlock()
+	if c.statsReader != nil {
+		c.stats.add(c.statsReader.Stats())
+	}
+	return c.stats
 }
 
 // Backlog returns the consumer group's lag on its topic: for every partition,

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/throttlehq/throttle/consumer/kafka"
 )
 
 // TestExampleAlertsNameRealMetrics keeps examples/prometheus/alerts.yml in
@@ -34,6 +36,7 @@ func TestExampleAlertsNameRealMetrics(t *testing.T) {
 	served := map[string]bool{}
 	m := newMetrics("kafka")
 	m.setBacklog(0) // a series appears with the first reading
+	m.registerKafkaReader(func() kafka.ReaderStats { return kafka.ReaderStats{} })
 	families, err := m.reg.Gather()
 	if err != nil {
 		t.Fatal(err)

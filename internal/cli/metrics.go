@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/kafka"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -126,6 +127,24 @@ func (m *metrics) setBucket(tokens, rate float64) {
 	m.tokens.Set(tokens)
 	m.rate.Set(rate)
 	m.rateBits.Store(math.Float64bits(rate))
+}
+
+// registerKafkaReader exports the kafka-go reader's counts, read from stats
+// at each scrape: kafka-go reconnects by itself, so these, not
+// throttle_reconnects_total, show a Kafka consumer's connection trouble.
+func (m *metrics) registerKafkaReader(stats func() kafka.ReaderStats) {
+	counter := func(name, help string, field func(kafka.ReaderStats) int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(field(stats())) })
+	}
+	m.reg.MustRegister(
+		counter("throttle_kafka_reader_dials_total", "Connections the Kafka reader opened to partition leaders: at each join and rebalance, and after each broker or network failure.",
+			func(s kafka.ReaderStats) int64 { return s.Dials }),
+		counter("throttle_kafka_reader_errors_total", "Errors the Kafka reader retried by itself (failed joins, failed or broken leader connections).",
+			func(s kafka.ReaderStats) int64 { return s.Errors }),
+		counter("throttle_kafka_rebalances_total", "Consumer group generations the Kafka reader joined, the first included, and partitions found again after a leader move.",
+			func(s kafka.ReaderStats) int64 { return s.Rebalances }),
+	)
 }
 
 // setBacklog records the messages waiting at the broker.

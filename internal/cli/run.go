@@ -14,6 +14,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/throttlehq/throttle/config"
+	"github.com/throttlehq/throttle/consumer/kafka"
 	"github.com/throttlehq/throttle/internal/redisconn"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
@@ -124,6 +125,9 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 	}
 	if cl, ok := c.(io.Closer); ok { // the Kafka consumer's Backlog connections
 		defer cl.Close()
+	}
+	if kc, ok := c.(*kafka.Consumer); ok {
+		m.registerKafkaReader(kc.ReaderStats)
 	}
 
 	var running atomic.Bool

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +25,18 @@ func freeAddr(t *testing.T) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return addr
+}
+
+// metricValue returns the value of the unlabelled metric name in a
+// Prometheus text exposition.
+func metricValue(body, name string) (float64, bool) {
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
 }
 
 // waitFor polls cond until it holds or d passes.
@@ -97,6 +110,12 @@ log: {format: json, level: debug}
 		_, body := get(t, "http://"+metricsAddr+"/metrics")
 		return strings.Contains(body, `throttle_source_backlog{broker="kafka"} 0`)
 	})
+	_, body = get(t, "http://"+metricsAddr+"/metrics")
+	for _, name := range []string{"throttle_kafka_reader_dials_total", "throttle_kafka_rebalances_total"} {
+		if v, ok := metricValue(body, name); !ok || v < 1 {
+			t.Errorf("%s = %v (served: %v), want at least 1 after joining the group", name, v, ok)
+		}
+	}
 	cancel()
 	select {
 	case code := <-codec:
