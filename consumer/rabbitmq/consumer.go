@@ -143,6 +143,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// Run's connections are all closed by the time this runs, so that the
 	// Backlog calls still using one end promptly.
 	defer c.probes.Wait()
+	if !c.cfg.Declare {
+		c.log.Warn("rabbitmq: declare is off, so messages that fail for good are nacked to the queue's own dead-letter exchange; "+
+			"if the queue has none, by argument or policy, RabbitMQ drops them", "queue", c.cfg.Queue)
+	}
 
 	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHandlers()

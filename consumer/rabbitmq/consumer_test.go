@@ -3,7 +3,9 @@ package rabbitmq_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -679,5 +681,28 @@ func TestRunMissingQueue(t *testing.T) {
 	}
 	if ctx.Err() != nil {
 		t.Fatal("Run retried until the test deadline instead of failing at once")
+	}
+}
+
+// TestWarnsWhenItCannotVouchForTheDeadLetterExchange checks that a consumer
+// that does not declare its queue says, once, that a queue without a
+// dead-letter exchange would make RabbitMQ drop failed messages.
+func TestWarnsWhenItCannotVouchForTheDeadLetterExchange(t *testing.T) {
+	b := newBroker(t)
+	q := b.declareQueue(t)
+	for _, declare := range []bool{false, true} {
+		var logs testenv.Buffer
+		c := newConsumer(t, rabbitmq.Config{
+			URL: b.url, Queue: q, Declare: declare,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		}, func(context.Context, consumer.Message) error { return nil })
+		ctx, cancel := context.WithCancel(context.Background())
+		wait := runAll(t, ctx, c.Run)
+		cancel()
+		wait()
+		warned := strings.Count(logs.String(), "declare is off")
+		if want := map[bool]int{false: 1, true: 0}[declare]; warned != want {
+			t.Errorf("Declare %v: the warning was logged %d times, want %d:\n%s", declare, warned, want, logs.String())
+		}
 	}
 }
