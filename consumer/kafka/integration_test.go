@@ -123,7 +123,10 @@ func waitGroupStable(t *testing.T, brokers []string, group string, members int) 
 }
 
 // TestSharedRate runs three replicas in one group on one Redis bucket at
-// 50/s, burst 5, over 600 messages in 6 partitions.
+// 50/s, burst 5, over 600 messages in 12 partitions. Each replica works its
+// 4 partitions at once, so 12 reservations queue at the bucket (240 ms of
+// tokens): a replica whose next request is late, on a loaded machine, does
+// not leave the bucket idle.
 //
 // The bucket starts full, so the first 5 grants are immediate; after them a
 // saturated bucket grants one token every 1/50 s. With the handler times
@@ -135,7 +138,7 @@ func TestSharedRate(t *testing.T) {
 		rate       = 50.0
 		burst      = 5
 		n          = 600
-		partitions = 6
+		partitions = 12
 		replicas   = 3
 	)
 	addr := testenv.RedisAddr(t)
@@ -184,15 +187,22 @@ func TestSharedRate(t *testing.T) {
 	// cores) does not delay the handlers of the first burst and skew the
 	// windows. The warm-up calls count in the windows, not in the rate.
 	waitGroupStable(t, brokers, group, replicas)
-	// The probe measures how late this process's goroutines wake up.
+	// The probe measures how late this process's goroutines wake up, and
+	// how slow Redis answers (other packages' tests share it in CI).
 	stallDone := make(chan struct{})
-	var maxStall time.Duration
+	var maxStall, maxRedis time.Duration
+	probe := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = probe.Close() })
 	go func() {
 		defer close(stallDone)
 		for !log.done() {
 			s := time.Now()
 			time.Sleep(5 * time.Millisecond)
 			maxStall = max(maxStall, time.Since(s)-5*time.Millisecond)
+			s = time.Now()
+			if probe.Ping(context.Background()).Err() == nil {
+				maxRedis = max(maxRedis, time.Since(s))
+			}
 		}
 	}()
 	var recs []*kgo.Record
@@ -222,6 +232,14 @@ func TestSharedRate(t *testing.T) {
 	ts := sorted(main)
 	m := len(ts)
 	measured := float64(m-6) / ts[m-1].Sub(ts[5]).Seconds()
+	var gap time.Duration // the longest pause between handler calls
+	gapAt := 0
+	for i := 6; i < m; i++ {
+		if d := ts[i].Sub(ts[i-1]); d > gap {
+			gap, gapAt = d, i
+		}
+	}
+	t.Logf("longest pause between handler calls after the first burst: %v, before call %d of %d", gap.Round(time.Millisecond), gapAt, m)
 	ts = sorted(all)
 	maxWindow := 0
 	for i, j := 0, 0; i < len(ts); i++ {
@@ -231,19 +249,26 @@ func TestSharedRate(t *testing.T) {
 		maxWindow = max(maxWindow, j-i)
 	}
 	// The bucket grants at most burst + rate·1s = 55 tokens in any second.
-	// Handler times trail the grants by the scheduling delay, and a stall
-	// of the whole process (a loaded CI machine) releases the waiters it
-	// held up together, so a window may then show the calls due during
-	// the stall as well. The limit allows for the stall measured by the
-	// probe above, and only for it.
+	// Handler times trail the grants by the scheduling delay and the
+	// store's round trip (a reply that arrives after its slot is acted on
+	// at once), and a stall of the whole process or of Redis (a loaded CI
+	// machine) releases the waiters it held up together, so a window may
+	// then show the calls due during the stall as well. The limit allows
+	// for the stall and the round trip measured by the probe above, and
+	// only for them.
 	limit := burst + int(rate)
-	if maxStall > time.Second/time.Duration(rate) {
-		limit += int(math.Ceil(rate * maxStall.Seconds()))
+	if lag := maxStall + maxRedis; lag > time.Second/time.Duration(rate) {
+		limit += int(math.Ceil(rate * lag.Seconds()))
 	}
-	t.Logf("kafka shared rate: %d handler calls for %d messages, by replicas %v; aggregate rate after the first burst %.2f/s (target %.0f, %+.2f%%); max calls in a 1 s window %d (limit %d; longest scheduler stall %v)",
-		m, n, perReplica, measured, rate, 100*(measured-rate)/rate, maxWindow, limit, maxStall.Round(time.Millisecond))
-	if d := (measured - rate) / rate; d < -0.03 || d > 0.03 {
-		t.Errorf("aggregate rate %.2f/s is not within 3%% of %.0f/s", measured, rate)
+	// A pause of every request for longer than the bucket can store
+	// (burst/rate) loses the tokens beyond it. The lower bound allows for
+	// the longest measured stall of this process or of Redis, and only
+	// for it.
+	minRate := testenv.RateFloor(rate, burst, m-6, max(maxStall, maxRedis))
+	t.Logf("kafka shared rate: %d handler calls for %d messages, by replicas %v; aggregate rate after the first burst %.2f/s (target %.0f, %+.2f%%, floor %.2f); max calls in a 1 s window %d (limit %d for a longest scheduler stall of %v and a slowest Redis ping of %v)",
+		m, n, perReplica, measured, rate, 100*(measured-rate)/rate, minRate, maxWindow, limit, maxStall.Round(time.Millisecond), maxRedis.Round(time.Millisecond))
+	if measured < minRate || measured > rate*1.03 {
+		t.Errorf("aggregate rate %.2f/s is not within %.2f/s and 3%% above %.0f/s", measured, minRate, rate)
 	}
 	if maxWindow > limit {
 		t.Errorf("a 1 s window holds %d calls, want at most %d", maxWindow, limit)
