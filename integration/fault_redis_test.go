@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,7 +12,9 @@ import (
 
 	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/internal/faultproxy"
+	"github.com/throttlehq/throttle/internal/redisconn"
 	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
 
 // faultRedisTimeout is the client timeout of the fault tests: short, so that
@@ -409,6 +412,21 @@ func TestFaultCluster(t *testing.T) {
 			if n := r.StoreErrors.Load(); n != 0 {
 				t.Errorf("bucket %s replica %d: %d store errors", names[i], j, n)
 			}
+		}
+	}
+	// The buckets sit on different masters; listing them scans every one.
+	admin, err := redisconn.New(config.Redis{Addrs: cluster.Addrs(), Timeout: config.Duration(2 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	listed, err := redislimiter.Buckets(ctx, admin, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		if !slices.Contains(listed, name) {
+			t.Errorf("redislimiter.Buckets on the cluster = %q, lacks %s", listed, name)
 		}
 	}
 	t.Logf("cluster: %s", strings.Join(report, "; "))

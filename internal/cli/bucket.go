@@ -11,6 +11,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -26,6 +27,7 @@ const bucketHelp = `Usage:
   throttle bucket set    [NAME] (--config FILE | --redis ADDR) --clear [--json]
   throttle bucket fill   [NAME] (--config FILE | --redis ADDR) [--json]
   throttle bucket reset  [NAME] (--config FILE | --redis ADDR) [--json]
+  throttle bucket list          (--config FILE | --redis ADDR) [--json]
 
 Reads or changes a shared bucket in Redis while the replicas run. NAME
 defaults to limit.bucket of --config. With --config, Redis is reached as the
@@ -45,8 +47,12 @@ replica reports the same ones in its heartbeats.
           pause stays in force.
   reset   deletes the bucket's state and its override: the bucket is full,
           not paused, and each replica's configured rate applies again.
+  list    every bucket that has keys in Redis (one that is not full, has an
+          override or a pause, or has live replicas), with its status. It
+          scans the keyspace, every master of a Cluster.
 
-With --json, every subcommand prints the bucket's status as one JSON object:
+With --json, every subcommand prints the bucket's status as one JSON object
+(list prints an array of them):
   {"bucket", "tokens", "rate", "burst", "configured": {"rate", "burst"},
    "override": {"rate", "burst", "expires_in_seconds"}, "paused_seconds",
    "replicas": [{"id", "configured": {"rate", "burst"}}], "warnings": [...]}
@@ -111,11 +117,11 @@ type bucketTarget struct {
 
 func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return usagef("bucket", "bucket needs a subcommand: status, set, fill or reset")
+		return usagef("bucket", "bucket needs a subcommand: status, set, fill, reset or list")
 	}
 	sub, args := args[0], args[1:]
 	switch sub {
-	case "status", "set", "fill", "reset":
+	case "status", "set", "fill", "reset", "list":
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, bucketHelp)
 		return nil
@@ -146,6 +152,12 @@ func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 	name := ""
 	if len(pos) == 1 {
 		name = pos[0]
+	}
+	if sub == "list" {
+		if name != "" {
+			return usagef(fs.Name(), "bucket list takes no NAME, got %q", name)
+		}
+		return listBuckets(ctx, *cfgPath, *addr, *asJSON, stdout, fs.Name())
 	}
 	if sub == "set" {
 		if err := checkSetFlags(fs, rate, burst, ttl, clear); err != nil {
@@ -235,50 +247,144 @@ func openBucket(name, cfgPath, addr, help string) (*bucketTarget, error) {
 	case addr != "" && name == "":
 		return nil, usagef(help, "%s needs the bucket NAME with --redis", help)
 	}
-	var (
-		rc config.Redis
-		t  = &bucketTarget{name: name}
-	)
-	if cfgPath != "" {
-		cfg, err := loadConfig(cfgPath)
-		if err != nil {
-			return nil, err
-		}
-		if t.name == "" {
-			t.name = cfg.Limit.Bucket
-		}
-		if t.name == cfg.Limit.Bucket {
-			t.configured = &limitsJSON{Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst}
-			t.from = cfgPath
-		}
-		rc = cfg.Redis
-	} else {
-		if _, _, err := net.SplitHostPort(addr); err != nil || strings.Contains(addr, "@") {
-			return nil, usagef(help, "--redis must be host:port (use --config for a password or TLS), got %q", config.RedactURL(addr))
-		}
-		rc = config.Redis{Addr: addr}
+	cfg, rc, err := adminRedis(cfgPath, addr, help)
+	if err != nil {
+		return nil, err
 	}
-	if err := redislimiter.ValidateBucketName(t.name); err != nil {
+	if name == "" {
+		name = cfg.Limit.Bucket
+	}
+	if err := redislimiter.ValidateBucketName(name); err != nil {
 		return nil, usagef(help, "bucket NAME: %v", err)
 	}
-	// Admin commands are rare and a person waits for them: allow more than
-	// the replicas' fail-fast timeout.
-	rc.Timeout = max(rc.Timeout, config.Duration(2*time.Second))
 	client, err := redisconn.New(rc)
 	if err != nil {
 		return nil, &configError{err: err}
 	}
-	rate, burst := 1.0, unknownBurst
-	if t.configured != nil {
-		rate, burst = t.configured.Rate, t.configured.Burst
-	}
-	t.store, err = redislimiter.New(client, redislimiter.Config{Bucket: t.name, Rate: rate, Burst: burst})
+	t, err := newBucketTarget(client, cfg, cfgPath, name)
 	if err != nil {
 		client.Close()
 		return nil, usagef(help, "bucket: %v", err)
 	}
-	t.client = client
 	return t, nil
+}
+
+// adminRedis reads the Redis settings from the config file, or from
+// --redis. cfg is empty without a config file.
+func adminRedis(cfgPath, addr, help string) (*config.Config, config.Redis, error) {
+	cfg := &config.Config{}
+	var rc config.Redis
+	if cfgPath != "" {
+		var err error
+		if cfg, err = loadConfig(cfgPath); err != nil {
+			return nil, rc, err
+		}
+		rc = cfg.Redis
+	} else {
+		if _, _, err := net.SplitHostPort(addr); err != nil || strings.Contains(addr, "@") {
+			return nil, rc, usagef(help, "--redis must be host:port (use --config for a password or TLS), got %q", config.RedactURL(addr))
+		}
+		rc = config.Redis{Addr: addr}
+	}
+	// Admin commands are rare and a person waits for them: allow more than
+	// the replicas' fail-fast timeout.
+	rc.Timeout = max(rc.Timeout, config.Duration(2*time.Second))
+	return cfg, rc, nil
+}
+
+// newBucketTarget returns the target for bucket name on client. The
+// configured limits are known when name is the config file's bucket.
+func newBucketTarget(client redis.UniversalClient, cfg *config.Config, cfgPath, name string) (*bucketTarget, error) {
+	t := &bucketTarget{name: name, client: client}
+	rate, burst := 1.0, unknownBurst
+	if cfgPath != "" && name == cfg.Limit.Bucket {
+		t.configured = &limitsJSON{Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst}
+		t.from = cfgPath
+		rate, burst = t.configured.Rate, t.configured.Burst
+	}
+	var err error
+	if t.store, err = redislimiter.New(client, redislimiter.Config{Bucket: name, Rate: rate, Burst: burst}); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// listBuckets prints the status of every bucket that has keys in Redis.
+func listBuckets(ctx context.Context, cfgPath, addr string, asJSON bool, stdout io.Writer, help string) error {
+	switch {
+	case cfgPath != "" && addr != "":
+		return usagef(help, "use either --config or --redis, not both")
+	case cfgPath == "" && addr == "":
+		return usagef(help, "%s needs --config FILE or --redis ADDR", help)
+	}
+	cfg, rc, err := adminRedis(cfgPath, addr, help)
+	if err != nil {
+		return err
+	}
+	client, err := redisconn.New(rc)
+	if err != nil {
+		return &configError{err: err}
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	names, err := redislimiter.Buckets(ctx, client, "")
+	if err != nil {
+		return err
+	}
+	all := make([]*bucketStatus, 0, len(names))
+	for _, name := range names {
+		t, err := newBucketTarget(client, cfg, cfgPath, name)
+		if err != nil {
+			return fmt.Errorf("bucket %s: %w", name, err)
+		}
+		if err := t.learnConfig(ctx); err != nil {
+			return fmt.Errorf("reading bucket %s: %w", name, err)
+		}
+		st, err := t.status(ctx)
+		if err != nil {
+			return fmt.Errorf("reading bucket %s: %w", name, err)
+		}
+		all = append(all, st)
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(all)
+	}
+	writeList(stdout, all)
+	return nil
+}
+
+// writeList prints one line per bucket for a person.
+func writeList(w io.Writer, all []*bucketStatus) {
+	if len(all) == 0 {
+		fmt.Fprintln(w, "No bucket has keys in Redis: every bucket is full and idle, with no override and no live replica.")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "BUCKET\tRATE\tTOKENS\tREPLICAS\tOVERRIDE\tWARNINGS")
+	for _, st := range all {
+		rate, tokens := "?", "?"
+		switch {
+		case st.PausedSeconds > 0:
+			rate = fmt.Sprintf("paused %v", roundDuration(st.PausedSeconds))
+		case st.Rate != nil:
+			rate = formatRate(*st.Rate)
+		}
+		if st.Tokens != nil {
+			tokens = fmt.Sprintf("%s of %d", strconv.FormatFloat(math.Round(*st.Tokens*10)/10, 'f', -1, 64), *st.Burst)
+		}
+		override := "none"
+		if o := st.Override; o != nil {
+			override = formatRate(o.Rate)
+			if o.ExpiresInSeconds != nil {
+				override += " for " + roundDuration(*o.ExpiresInSeconds).String()
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\n", st.Bucket, rate, tokens, len(st.Replicas), override, len(st.Warnings))
+	}
+	tw.Flush()
 }
 
 // learnConfig takes the configured rate and burst from the live replicas'

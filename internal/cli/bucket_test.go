@@ -333,3 +333,46 @@ func TestBucketSetReachesReplicas(t *testing.T) {
 		t.Errorf("the replica sees rate %v, burst %d (configured %v); want 40, 3 (5)", st.Rate, st.Burst, st.ConfiguredRate)
 	}
 }
+
+func TestBucketList(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	name := uniqueName(t, "cli")
+	client, store := redisStore(t, addr, name, 1, 1)
+	t.Cleanup(func() { client.Del(context.Background(), store.Keys()...) })
+	heartbeat(t, client, name, "list-replica", 40, 4)
+	if code, _, stderr := runCLI(t, "bucket", "set", name, "--redis", addr, "--rate", "25", "--for", "1m"); code != ExitOK {
+		t.Fatalf("set: %s", stderr)
+	}
+
+	code, stdout, stderr := runCLI(t, "bucket", "list", "--redis", addr, "--json")
+	if code != ExitOK {
+		t.Fatalf("list --json: exit code %d, stderr %s", code, stderr)
+	}
+	var all []statusJSON
+	if err := json.Unmarshal([]byte(stdout), &all); err != nil {
+		t.Fatalf("list --json is not a JSON array of statuses: %v\n%s", err, stdout)
+	}
+	i := slices.IndexFunc(all, func(st statusJSON) bool { return st.Bucket != nil && *st.Bucket == name })
+	if i < 0 {
+		t.Fatalf("list lacks bucket %s:\n%s", name, stdout)
+	}
+	st := all[i]
+	if st.Rate == nil || *st.Rate != 25 || st.Burst == nil || *st.Burst != 4 || st.Configured == nil || st.Configured.Rate != 40 || st.replica("list-replica") == nil {
+		t.Errorf("bucket %s in the list: %+v; want the override's 25/s, the replica's burst 4 and its configured 40/s", name, st)
+	}
+
+	code, stdout, _ = runCLI(t, "bucket", "list", "--redis", addr)
+	line := ""
+	for _, l := range strings.Split(stdout, "\n") {
+		if strings.HasPrefix(l, name+" ") {
+			line = strings.Join(strings.Fields(l), " ")
+		}
+	}
+	if code != ExitOK || !strings.HasPrefix(stdout, "BUCKET") || !strings.HasPrefix(line, name+" 25/s 4 of 4 1 25/s for ") {
+		t.Errorf("list: exit code %d, line %q of:\n%s", code, line, stdout)
+	}
+
+	if code, _, stderr := runCLI(t, "bucket", "list", name, "--redis", addr); code != ExitUsage || !strings.Contains(stderr, "takes no NAME") {
+		t.Errorf("list NAME: exit code %d, stderr %q; want a usage error", code, stderr)
+	}
+}

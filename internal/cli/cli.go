@@ -60,6 +60,7 @@ Usage:
   throttle bucket set [NAME] --clear       go back to each replica's configured rate
   throttle bucket fill [NAME] [flags]      fill the bucket before a known peak
   throttle bucket reset [NAME] [flags]     forget the bucket's state and override
+  throttle bucket list [flags]             every bucket in Redis, with its status
   throttle healthcheck [--url URL]         exit 0 if a replica's /healthz answers (for containers)
   throttle version                         print the version
   throttle help [COMMAND]                  show help for a command

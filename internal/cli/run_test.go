@@ -86,7 +86,8 @@ log: {format: json, level: debug}
 `, redisAddr, bucket, cluster.ListenAddrs()[0], topic, uniqueName(t, "group"), metricsAddr))
 	t.Cleanup(func() { runCLI(t, "bucket", "reset", "--config", path) })
 	// Another live replica, configured with another rate.
-	client, _ := redisStore(t, redisAddr, bucket, 1, 1)
+	client, store := redisStore(t, redisAddr, bucket, 1, 1)
+	t.Cleanup(func() { client.Del(context.Background(), store.Keys()...) })
 	heartbeat(t, client, bucket, "other-replica", 80, 2)
 	defer func(d time.Duration) { monitorInterval = d }(monitorInterval)
 	monitorInterval = 50 * time.Millisecond

@@ -27,9 +27,11 @@ package redislimiter
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -410,3 +412,52 @@ func (s *Store) malformed(op string, v []int64) error {
 
 var _ limiter.Store = (*Store)(nil)
 var _ limiter.ReplicaTracker = (*Store)(nil)
+
+// Buckets returns the names of the buckets that have keys in Redis under
+// prefix (DefaultPrefix when empty), sorted. A bucket has keys while it is
+// not full, has an override or a pause, or has live replicas; a full, idle
+// bucket that no replica runs has none, and is not listed. Buckets scans the
+// keyspace (SCAN, on every master of a Cluster client), so it suits an
+// operator's command, not a hot path. It is safe for concurrent use.
+func Buckets(ctx context.Context, client redis.UniversalClient, prefix string) ([]string, error) {
+	if client == nil {
+		return nil, &limiter.ParamError{Param: "client", Msg: "must not be nil"}
+	}
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	match := globEscaper.Replace(prefix) + "{*}:*"
+	var (
+		mu    sync.Mutex
+		names = map[string]bool{}
+	)
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		iter := c.Scan(ctx, 0, match, 1000).Iterator()
+		for iter.Next(ctx) {
+			rest, ok := strings.CutPrefix(iter.Val(), prefix+"{")
+			if !ok {
+				continue
+			}
+			if name, _, ok := strings.Cut(rest, "}:"); ok && ValidateBucketName(name) == nil {
+				mu.Lock()
+				names[name] = true
+				mu.Unlock()
+			}
+		}
+		return iter.Err()
+	}
+	var err error
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	} else {
+		err = scan(ctx, client)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing the buckets under %q: %w: %w", prefix, limiter.ErrStore, err)
+	}
+	return slices.Sorted(maps.Keys(names)), nil
+}
+
+// globEscaper escapes the characters that Redis's SCAN MATCH treats as
+// pattern syntax.
+var globEscaper = strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)

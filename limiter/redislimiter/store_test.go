@@ -3,9 +3,12 @@ package redislimiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -542,5 +545,44 @@ func TestOverrideReachesReservationsOnEveryReplica(t *testing.T) {
 	}
 	if d := time.Since(start); d > time.Second { // the old rate needs 1.9 s more
 		t.Fatalf("waiters finished %v after the override to 1000/s, want well under the 1.5 s the old rate needed", d)
+	}
+}
+
+func TestBucketsListsTheBucketsWithKeys(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	prefix := fmt.Sprintf("test-list-%d-%x*?:", time.Now().UnixNano(), rand.Uint64()) // glob characters are literal
+	var stores []*Store
+	for _, name := range []string{"taken", "heartbeat", "override", "idle"} {
+		s, err := New(c, Config{Bucket: name, Rate: 10, Burst: 5, Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores = append(stores, s)
+		t.Cleanup(func() { c.Del(context.Background(), s.Keys()...) })
+	}
+	if _, err := stores[0].Take(ctx, limiter.TakeRequest{Cost: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stores[1].Heartbeat(ctx, "r1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := stores[2].SetOverride(ctx, 20, 0, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// A key under another prefix that the pattern would match, were its glob
+	// characters not escaped, is not listed.
+	decoy := strings.ReplaceAll(prefix, "*?", "xy") + "{decoy}:state"
+	c.Set(ctx, decoy, 1, time.Minute)
+	t.Cleanup(func() { c.Del(context.Background(), decoy) })
+
+	got, err := Buckets(ctx, c, prefix)
+	if want := []string{"heartbeat", "override", "taken"}; err != nil || !slices.Equal(got, want) {
+		t.Fatalf("Buckets = %q, %v; want %q (a full idle bucket has no keys)", got, err, want)
+	}
+	bad := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer bad.Close()
+	if _, err := Buckets(ctx, bad, ""); !errors.Is(err, limiter.ErrStore) {
+		t.Errorf("Buckets on an unreachable Redis = %v, want ErrStore", err)
 	}
 }
