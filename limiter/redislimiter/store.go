@@ -301,7 +301,8 @@ func (s *Store) Leave(ctx context.Context, id string) error {
 	return nil
 }
 
-// Replica is a live replica of a bucket, as its heartbeats describe it.
+// Replica is a live replica of a bucket, as its heartbeats describe it. It
+// is a plain value, safe to copy and to share between goroutines.
 type Replica struct {
 	// ID is the replica's id (limiter.Options.ReplicaID).
 	ID string
