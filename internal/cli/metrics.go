@@ -43,10 +43,13 @@ type metrics struct {
 	redisErrors  prometheus.Counter
 	mode         *prometheus.GaugeVec
 	backlog      *prometheus.GaugeVec
+	tokensTaken  prometheus.Counter
 	broker       string
 
 	deliveredN atomic.Int64
 	waitingN   atomic.Int64
+	tokensN    atomic.Int64  // tokens taken, for the average cost of a message
+	grantsN    atomic.Int64  // successful waits
 	rateBits   atomic.Uint64 // math.Float64bits of the last effective rate
 }
 
@@ -94,6 +97,10 @@ func newMetrics(broker string) *metrics {
 			Name: "throttle_source_backlog",
 			Help: "Messages waiting at the broker: the consumer group's lag (Kafka) or the queue's ready messages (RabbitMQ). Every replica reports the same value; absent while it cannot be read.",
 		}, []string{"broker"}),
+		tokensTaken: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "throttle_limiter_tokens_total",
+			Help: "Tokens this replica took from the bucket: the sum of the costs of the messages granted, retries included.",
+		}),
 		broker: broker,
 	}
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -102,7 +109,7 @@ func newMetrics(broker string) *metrics {
 	}, []string{"version", "commit"})
 	buildInfo.WithLabelValues(version, commit).Set(1)
 	reg.MustRegister(m.received, m.delivered, m.retried, m.deadLettered, m.failed, m.reconnects,
-		m.waitSeconds, m.waiting, m.tokens, m.rate, m.redisErrors, m.mode, m.backlog, buildInfo,
+		m.waitSeconds, m.waiting, m.tokens, m.rate, m.redisErrors, m.mode, m.backlog, m.tokensTaken, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if broker != "" {
 		for _, c := range []*prometheus.CounterVec{m.received, m.delivered, m.retried, m.deadLettered, m.failed, m.reconnects} {
@@ -184,6 +191,22 @@ func (m *metrics) limiterObserver() *limiter.Observer {
 		ModeChanged: func(_, to limiter.Mode, _ error) { m.setMode(to) },
 		StoreError:  func(error) { m.redisErrors.Inc() },
 	}
+}
+
+// tookTokens counts a successful wait for cost tokens.
+func (m *metrics) tookTokens(cost int) {
+	m.tokensTaken.Add(float64(cost))
+	m.tokensN.Add(int64(cost))
+	m.grantsN.Add(1)
+}
+
+// averageCost returns the mean cost of the messages granted so far, or 1
+// before the first.
+func (m *metrics) averageCost() float64 {
+	if n := m.grantsN.Load(); n > 0 {
+		return float64(m.tokensN.Load()) / float64(n)
+	}
+	return 1
 }
 
 // startWaiting counts a message that starts waiting for tokens; call the

@@ -119,6 +119,31 @@ func TestWaitLimiter(t *testing.T) {
 	if err := w.Wait(cctx, 1); !errors.Is(err, context.Canceled) {
 		t.Errorf("wait with a cancelled context: %v, want context.Canceled", err)
 	}
+	// Only the granted wait counts its tokens.
+	if got := testutil.ToFloat64(m.tokensTaken); got != 1 || m.averageCost() != 1 {
+		t.Errorf("tokens taken %v, average cost %v; want 1 and 1", got, m.averageCost())
+	}
+}
+
+func TestTokensTakenAndAverageCost(t *testing.T) {
+	b, err := limiter.NewLocal(1000, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	m := newMetrics("")
+	if m.averageCost() != 1 {
+		t.Errorf("average cost before any message = %v, want 1", m.averageCost())
+	}
+	w := &waitLimiter{l: b, m: m}
+	for _, cost := range []int{3, 1, 2} { // a 3-part SMS, then 1 and 2 parts
+		if err := w.Wait(context.Background(), cost); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := testutil.ToFloat64(m.tokensTaken); got != 6 || m.averageCost() != 2 {
+		t.Errorf("throttle_limiter_tokens_total %v, average cost %v; want 6 and 2", got, m.averageCost())
+	}
 }
 
 func TestMonitorPrintsProgress(t *testing.T) {
@@ -186,14 +211,16 @@ func TestProgressLineBacklog(t *testing.T) {
 	for _, tt := range []struct {
 		backlog int64
 		limit   float64
+		avgCost float64
 		want    string
 	}{
-		{-1, 50, "waiting 3"},
-		{0, 50, "waiting 3 | backlog 0"},
-		{9000, 50, "waiting 3 | backlog 9000 (~3m0s at the limit)"},
-		{10, 0, "waiting 3 | backlog 10"}, // paused: no estimate
+		{-1, 50, 1, "waiting 3"},
+		{0, 50, 1, "waiting 3 | backlog 0"},
+		{9000, 50, 1, "waiting 3 | backlog 9000 (~3m0s at the limit)"},
+		{9000, 50, 2.5, "waiting 3 | backlog 9000 (~7m30s at the limit)"}, // messages of 2.5 tokens on average
+		{10, 0, 1, "waiting 3 | backlog 10"},                              // paused: no estimate
 	} {
-		line := progressLine(49.9, tt.limit, limiter.ModeShared, 100, 3, tt.backlog)
+		line := progressLine(49.9, tt.limit, limiter.ModeShared, 100, 3, tt.backlog, tt.avgCost)
 		if !strings.HasSuffix(line, tt.want) {
 			t.Errorf("backlog %d at %v/s: %q, want it to end with %q", tt.backlog, tt.limit, line, tt.want)
 		}

@@ -284,18 +284,19 @@ func monitor(ctx context.Context, b *limiter.Bucket, src backlogger, m *metrics,
 		now, delivered := time.Now(), m.deliveredN.Load()
 		achieved := float64(delivered-last) / now.Sub(lastAt).Seconds()
 		last, lastAt = delivered, now
-		fmt.Fprintln(progress, progressLine(achieved, m.effectiveRate(), b.Mode(), delivered, m.waitingN.Load(), backlog))
+		fmt.Fprintln(progress, progressLine(achieved, m.effectiveRate(), b.Mode(), delivered, m.waitingN.Load(), backlog, m.averageCost()))
 	}
 }
 
-// progressLine summarizes a replica's progress. backlog is -1 when unknown.
-func progressLine(achieved, limit float64, mode limiter.Mode, delivered, waiting, backlog int64) string {
+// progressLine summarizes a replica's progress. backlog is -1 when unknown;
+// draining it takes backlog × avgCost tokens.
+func progressLine(achieved, limit float64, mode limiter.Mode, delivered, waiting, backlog int64, avgCost float64) string {
 	line := fmt.Sprintf("throttle: %.1f msg/s (limit %s, %s) | delivered %d | waiting %d",
 		achieved, formatRate(limit), mode, delivered, waiting)
 	switch {
 	case backlog < 0:
 	case backlog > 0 && limit > 0:
-		drain := time.Duration(float64(backlog) / limit * float64(time.Second))
+		drain := time.Duration(float64(backlog) * avgCost / limit * float64(time.Second))
 		line += fmt.Sprintf(" | backlog %d (~%v at the limit)", backlog, roundDuration(drain.Seconds()))
 	default:
 		line += fmt.Sprintf(" | backlog %d", backlog)

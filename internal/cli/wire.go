@@ -71,13 +71,20 @@ type waitLimiter struct {
 func (w *waitLimiter) Wait(ctx context.Context, cost int) error {
 	defer w.m.startWaiting()()
 	if w.maxWait <= 0 {
-		return w.l.Wait(ctx, cost)
+		err := w.l.Wait(ctx, cost)
+		if err == nil {
+			w.m.tookTokens(cost)
+		}
+		return err
 	}
 	wctx, cancel := context.WithTimeoutCause(ctx, w.maxWait, errMaxWait)
 	defer cancel()
 	err := w.l.Wait(wctx, cost)
 	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), errMaxWait) {
 		return fmt.Errorf("no tokens within %v: %w", w.maxWait, errMaxWait)
+	}
+	if err == nil {
+		w.m.tookTokens(cost)
 	}
 	return err
 }
