@@ -538,17 +538,9 @@ func configWarnings(st *bucketStatus, from string) []string {
 		}
 		groups[*r.Configured] = append(groups[*r.Configured], r.ID)
 	}
-	var rates, bursts int
-	seenRate, seenBurst := map[float64]bool{}, map[int]bool{}
+	rates, bursts := map[float64]bool{}, map[int]bool{}
 	for _, c := range order {
-		if !seenRate[c.Rate] {
-			seenRate[c.Rate] = true
-			rates++
-		}
-		if !seenBurst[c.Burst] {
-			seenBurst[c.Burst] = true
-			bursts++
-		}
+		rates[c.Rate], bursts[c.Burst] = true, true
 	}
 	describe := func(skip *limitsJSON) string {
 		var parts []string
@@ -562,12 +554,13 @@ func configWarnings(st *bucketStatus, from string) []string {
 	}
 	var out []string
 	o := st.Override
-	if (rates > 1 && o == nil) || (bursts > 1 && (o == nil || o.Burst == nil)) {
+	if (len(rates) > 1 && o == nil) || (len(bursts) > 1 && (o == nil || o.Burst == nil)) {
 		out = append(out, fmt.Sprintf("the live replicas are configured differently (%s): "+
 			"without an override the bucket follows whichever replica asked last; "+
 			"'bucket set' gives them one rate and burst", describe(nil)))
 	}
-	if c := st.Configured; c != nil && len(order) > 0 && !strings.HasPrefix(from, "reported by") {
+	// Limits learned from the replicas agree with all of them: no warning.
+	if c := st.Configured; c != nil {
 		if others := describe(c); others != "" {
 			out = append(out, fmt.Sprintf("%s configures %s burst %d, but live replicas run %s; "+
 				"without an override the bucket follows whichever replica asked last", from, formatRate(c.Rate), c.Burst, others))

@@ -70,21 +70,22 @@ type waitLimiter struct {
 
 func (w *waitLimiter) Wait(ctx context.Context, cost int) error {
 	defer w.m.startWaiting()()
+	err := w.wait(ctx, cost)
+	if err == nil {
+		w.m.tookTokens(cost)
+	}
+	return err
+}
+
+func (w *waitLimiter) wait(ctx context.Context, cost int) error {
 	if w.maxWait <= 0 {
-		err := w.l.Wait(ctx, cost)
-		if err == nil {
-			w.m.tookTokens(cost)
-		}
-		return err
+		return w.l.Wait(ctx, cost)
 	}
 	wctx, cancel := context.WithTimeoutCause(ctx, w.maxWait, errMaxWait)
 	defer cancel()
 	err := w.l.Wait(wctx, cost)
 	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), errMaxWait) {
 		return fmt.Errorf("no tokens within %v: %w", w.maxWait, errMaxWait)
-	}
-	if err == nil {
-		w.m.tookTokens(cost)
 	}
 	return err
 }
