@@ -1,0 +1,102 @@
+// Package msgtmpl is the one place that defines what a template over a
+// message sees and may call: the HTTP sink's body template, and the cost and
+// layer key templates of the limit section all use it, so a template that
+// works in one works in the others.
+//
+// A template sees a [Data] built from the message: .JSON (the body parsed as
+// JSON), .Body, .Key, .Headers, .Source and .Attempt. Besides the
+// text/template builtins (urlquery, print, index, ...) it may call the
+// functions of [FuncMap]: json, which encodes its argument as JSON, and
+// form, which encodes a map, or alternating keys and values, as
+// application/x-www-form-urlencoded.
+//
+// Templates parsed with [Parse] fail, rather than print "<no value>", when
+// they refer to a missing JSON field or header (use index for optional
+// ones) or to .JSON of a body that is not JSON.
+//
+// Everything in this package is safe for concurrent use: a parsed template
+// may be executed from many goroutines at once.
+package msgtmpl
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/template"
+
+	"github.com/throttlehq/throttle/consumer"
+)
+
+// Data is what a message template sees for one message. Build it with
+// [NewData]; it is a plain value and may be shared by the templates run on
+// the same message.
+type Data struct {
+	// JSON is the body decoded as JSON (numbers as json.Number, so they
+	// keep their exact text), or nil when the body is not one valid JSON
+	// value. For a JSON object, {{.JSON.field}} reads a field.
+	JSON any
+	// Body is the raw body as a string.
+	Body string
+	// Key is the message key as a string.
+	Key string
+	// Headers are the message headers, never nil.
+	Headers map[string]string
+	// Source is where the message came from.
+	Source consumer.Source
+	// Attempt is the delivery attempt, 1 for the first.
+	Attempt int
+}
+
+// NewData builds the Data of msg. It decodes the body once; a body that is
+// not exactly one JSON value leaves JSON nil.
+func NewData(msg consumer.Message) *Data {
+	d := &Data{
+		Body:    string(msg.Body),
+		Key:     string(msg.Key),
+		Headers: msg.Headers,
+		Source:  msg.Source,
+		Attempt: msg.Attempt,
+	}
+	if d.Headers == nil {
+		d.Headers = map[string]string{}
+	}
+	dec := json.NewDecoder(bytes.NewReader(msg.Body))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err == nil {
+		// Only a body that is one JSON value and nothing else.
+		if _, err := dec.Token(); err == io.EOF {
+			d.JSON = v
+		}
+	}
+	return d
+}
+
+// FuncMap returns the functions a message template may call besides the
+// text/template builtins, in a new map the caller may modify. To add a
+// function for every message template, add it to funcs in funcs.go.
+func FuncMap() template.FuncMap {
+	m := make(template.FuncMap, len(funcs))
+	for name, f := range funcs {
+		m[name] = f
+	}
+	return m
+}
+
+// Parse parses text as a message template called name, with [FuncMap] and
+// missingkey=error. Its error names the template (name) and the line, such
+// as `template: body_template:1: function "jsn" not defined`.
+func Parse(name, text string) (*template.Template, error) {
+	return template.New(name).Funcs(FuncMap()).Option("missingkey=error").Parse(text)
+}
+
+// Render executes t, which should come from [Parse], on data and returns
+// the output. Its error names the template.
+func Render(t *template.Template, data *Data) ([]byte, error) {
+	var buf bytes.Buffer
+	if err := t.Execute(&buf, data); err != nil {
+		return nil, fmt.Errorf("rendering %s: %w", t.Name(), err)
+	}
+	return buf.Bytes(), nil
+}
