@@ -18,8 +18,15 @@ type Observer struct {
 	// destination.
 	DeadLettered func(msg Message, err error)
 	// Reconnected is called each time a backend re-established its broker
-	// connection.
+	// connection after losing it; err is why the previous session ended.
 	Reconnected func(broker string, err error)
+	// ConnectFailed is called for every failed attempt to connect, at
+	// start or after the connection was lost. Each reconnect attempt
+	// therefore ends in exactly one call of Reconnected or ConnectFailed.
+	ConnectFailed func(broker string, err error)
+	// Disconnected is called when a live broker session ends, other than
+	// by Run returning; err says why.
+	Disconnected func(broker string, err error)
 }
 
 func (o *Observer) received(m Message) {
@@ -42,6 +49,21 @@ func (o *Observer) ObserveDeadLettered(m Message, err error) {
 func (o *Observer) ObserveReconnected(broker string, err error) {
 	if o != nil && o.Reconnected != nil {
 		o.Reconnected(broker, err)
+	}
+}
+
+// ObserveConnectFailed reports a failed connect attempt to o, which may be
+// nil.
+func (o *Observer) ObserveConnectFailed(broker string, err error) {
+	if o != nil && o.ConnectFailed != nil {
+		o.ConnectFailed(broker, err)
+	}
+}
+
+// ObserveDisconnected reports a lost session to o, which may be nil.
+func (o *Observer) ObserveDisconnected(broker string, err error) {
+	if o != nil && o.Disconnected != nil {
+		o.Disconnected(broker, err)
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"time"
 )
@@ -41,17 +40,12 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 
 // Delay returns how long to wait after the given failed attempt (1-based)
 // before the next one: Backoff·2^(attempt-1), capped at MaxBackoff, with
-// "equal jitter" (a uniformly random value between half and all of it) so
-// that replicas that failed together do not retry together. When err asks
-// for a later retry with RetryAfter, the delay is at least that long.
+// equal jitter (see consumer.Backoff) so that replicas that failed together
+// do not retry together. When err asks for a later retry with RetryAfter,
+// the delay is at least that long.
 func (p RetryPolicy) Delay(attempt int, err error) time.Duration {
 	p = p.withDefaults()
-	d := p.Backoff
-	for i := 1; i < attempt && d < p.MaxBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, p.MaxBackoff)
-	d = d/2 + rand.N(d/2+1)
+	d := Backoff{Initial: p.Backoff, Max: p.MaxBackoff}.Delay(attempt - 1)
 	if after, ok := RetryAfterOf(err); ok && after > d {
 		d = after
 	}
@@ -129,32 +123,50 @@ func call(ctx context.Context, h Handler, msg Message) (err error) {
 	return h(ctx, msg)
 }
 
-// Header names that the consumers add to a dead-lettered message.
+// Header names that the consumers add to a dead-lettered message: the
+// reason (HeaderError, HeaderAttempts, the same for every backend) and the
+// message's original position, which each backend supplies: topic,
+// partition and offset for Kafka; queue, exchange and routing key for
+// RabbitMQ.
 const (
-	HeaderError             = "x-throttle-error"
-	HeaderAttempts          = "x-throttle-attempts"
-	HeaderOriginalTopic     = "x-throttle-original-topic"
-	HeaderOriginalPartition = "x-throttle-original-partition"
-	HeaderOriginalOffset    = "x-throttle-original-offset"
-	HeaderOriginalQueue     = "x-throttle-original-queue"
+	HeaderError              = "x-throttle-error"
+	HeaderAttempts           = "x-throttle-attempts"
+	HeaderOriginalTopic      = "x-throttle-original-topic"
+	HeaderOriginalPartition  = "x-throttle-original-partition"
+	HeaderOriginalOffset     = "x-throttle-original-offset"
+	HeaderOriginalQueue      = "x-throttle-original-queue"
+	HeaderOriginalExchange   = "x-throttle-original-exchange"
+	HeaderOriginalRoutingKey = "x-throttle-original-routing-key"
 )
 
-// DeadLetterHeaders returns the headers that describe why and from where msg
-// was dead-lettered: the error, the attempt count and the original position.
-func DeadLetterHeaders(msg Message, o Outcome) map[string]string {
-	h := map[string]string{
-		HeaderAttempts: strconv.Itoa(o.Attempts),
+// DeadLetterHeaders returns the headers that say why and from where a
+// message was dead-lettered: HeaderError (when o has an error),
+// HeaderAttempts, and the backend's position headers, which it passes in
+// position (HeaderOriginalTopic..., HeaderOriginalQueue...).
+func (o Outcome) DeadLetterHeaders(position map[string]string) map[string]string {
+	h := make(map[string]string, len(position)+2)
+	for k, v := range position {
+		h[k] = v
 	}
+	h[HeaderAttempts] = strconv.Itoa(o.Attempts)
 	if o.Err != nil {
 		h[HeaderError] = o.Err.Error()
 	}
-	switch msg.Source.Broker {
-	case "kafka":
-		h[HeaderOriginalTopic] = msg.Source.Topic
-		h[HeaderOriginalPartition] = strconv.Itoa(msg.Source.Partition)
-		h[HeaderOriginalOffset] = strconv.FormatInt(msg.Source.Offset, 10)
-	case "rabbitmq":
-		h[HeaderOriginalQueue] = msg.Source.Queue
-	}
 	return h
+}
+
+// DeadLetterHeaders returns o.DeadLetterHeaders with the Kafka position of
+// msg when msg.Source has a Topic.
+//
+// Deprecated: backends pass their own position to Outcome.DeadLetterHeaders.
+func DeadLetterHeaders(msg Message, o Outcome) map[string]string {
+	var pos map[string]string
+	if msg.Source.Topic != "" {
+		pos = map[string]string{
+			HeaderOriginalTopic:     msg.Source.Topic,
+			HeaderOriginalPartition: strconv.Itoa(msg.Source.Partition),
+			HeaderOriginalOffset:    strconv.FormatInt(msg.Source.Offset, 10),
+		}
+	}
+	return o.DeadLetterHeaders(pos)
 }

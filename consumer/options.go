@@ -1,0 +1,118 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// DefaultDrainTimeout is the default of Options.DrainTimeout.
+const DefaultDrainTimeout = 30 * time.Second
+
+// Options are the settings that every backend shares. Each backend's Config
+// embeds them and adds only what is its own (brokers, queue, prefetch...),
+// so that the same field means the same thing for Kafka and RabbitMQ. The
+// zero value of every field uses the documented default. Options is a plain
+// value, safe to copy.
+type Options struct {
+	// Limiter, when set, is waited on for each message's cost before every
+	// handler attempt (Throttle), so retries are throttled like first
+	// attempts. Default: no throttling. Close the limiter only after Run
+	// returned: a wait on a closed limiter abandons the message for
+	// redelivery.
+	Limiter Limiter
+	// Cost gives a message's cost in tokens. Default CostOne. It requires
+	// Limiter.
+	Cost CostFunc
+	// Pauser, when set, is paused for every replica when a handler returns
+	// an error made with RetryAfter (PushBack). It is usually the same
+	// bucket as Limiter.
+	Pauser Pauser
+	// MaxPause caps a pause asked for by a handler. Default 0: no cap
+	// beyond the Pauser's own.
+	MaxPause time.Duration
+	// Retry is the retry policy for failed handlers. The zero value uses
+	// RetryPolicy's defaults.
+	Retry RetryPolicy
+	// DrainTimeout bounds how long in-flight handlers may run after Run's
+	// context ends or Close is called; then their context is cancelled and
+	// their messages are left for redelivery. Default 30s.
+	DrainTimeout time.Duration
+	// Ordering says which messages are handled in order. Default
+	// OrderPartition. See Ordering for what each value means per backend.
+	Ordering Ordering
+	// OrderingKey gives a message's key for OrderKey. Default: the
+	// Message's Key (the Kafka message key, the AMQP routing key). A key
+	// function that fails makes the message fail permanently: it is
+	// dead-lettered with that error. Setting it requires OrderKey.
+	OrderingKey KeyFunc
+	// Observer receives message and connection events, for metrics.
+	// Default: none.
+	Observer *Observer
+	// Logger receives connection events, dead-letters, and the rate-bounded
+	// summary of handler failures (see Processor). Message bodies are never
+	// logged. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// ErrInvalidOptions is wrapped by the errors of Options.WithDefaults; the
+// message names the field at fault.
+var ErrInvalidOptions = errors.New("invalid consumer options")
+
+// WithDefaults validates o and returns it with every default filled in. Its
+// errors wrap ErrInvalidOptions and name the Go field at fault. Backends
+// call it from their constructors, so a caller rarely needs to.
+func (o Options) WithDefaults() (Options, error) {
+	invalid := o.invalid
+	switch {
+	case o.Cost != nil && o.Limiter == nil:
+		return invalid("Cost is set but Limiter is nil")
+	case o.MaxPause < 0:
+		return invalid("MaxPause %v must not be negative", o.MaxPause)
+	case o.DrainTimeout < 0:
+		return invalid("DrainTimeout %v must not be negative", o.DrainTimeout)
+	case o.Retry.MaxAttempts < 0:
+		return invalid("Retry.MaxAttempts %d must not be negative", o.Retry.MaxAttempts)
+	case o.Retry.Backoff < 0:
+		return invalid("Retry.Backoff %v must not be negative", o.Retry.Backoff)
+	case o.Retry.MaxBackoff < 0:
+		return invalid("Retry.MaxBackoff %v must not be negative", o.Retry.MaxBackoff)
+	}
+	if err := o.Ordering.Validate(); err != nil {
+		return invalid("Ordering: %w", err)
+	}
+	if o.Ordering == "" {
+		o.Ordering = OrderPartition
+	}
+	if o.OrderingKey != nil && o.Ordering != OrderKey {
+		return invalid("OrderingKey is set but Ordering is %q, not %q", o.Ordering, OrderKey)
+	}
+	if o.OrderingKey == nil {
+		o.OrderingKey = KeyOf
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = DefaultDrainTimeout
+	}
+	o.Retry = o.Retry.withDefaults()
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o, nil
+}
+
+func (o Options) invalid(format string, args ...any) (Options, error) {
+	return o, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
+}
+
+// middleware returns the Throttle and PushBack middleware that o asks for.
+func (o Options) middleware() []Middleware {
+	var mw []Middleware
+	if o.Limiter != nil {
+		mw = append(mw, Throttle(o.Limiter, o.Cost))
+	}
+	if o.Pauser != nil {
+		mw = append(mw, PushBack(o.Pauser, o.MaxPause))
+	}
+	return mw
+}

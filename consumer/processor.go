@@ -1,0 +1,93 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Processor is the per-message path that every backend shares: the
+// Throttle and PushBack middleware that the Options ask for, the retry
+// policy, the Observer, and a rate-bounded info log of handler failures
+// ("sink failing: 503 ×120 in the last 10s, retrying", then "sink recovered
+// after 10s"). A backend builds one in its constructor and calls Process
+// for each message, then commits, acks or dead-letters by the Outcome. It
+// is safe for concurrent use.
+type Processor struct {
+	opts    Options
+	handler Handler
+	obs     *Observer // opts.Observer plus the failure log
+	trouble *troubleLog
+}
+
+// NewProcessor validates o (Options.WithDefaults) and returns a Processor
+// that calls h, wrapped in the middleware o asks for.
+func NewProcessor(o Options, h Handler) (*Processor, error) {
+	if h == nil {
+		return nil, errorf("handler must not be nil")
+	}
+	o, err := o.WithDefaults()
+	if err != nil {
+		return nil, err
+	}
+	p := &Processor{opts: o, handler: Chain(h, o.middleware()...), trouble: newTroubleLog(o.Logger)}
+	user := o.Observer
+	p.obs = &Observer{
+		Delivered: func(m Message) {
+			p.trouble.delivered()
+			user.delivered(m)
+		},
+		Failed: func(m Message, err error) {
+			if !IsPermanent(err) {
+				p.trouble.failed(err)
+			}
+			user.failed(m, err)
+		},
+		Retried: func(m Message, err error, d time.Duration) { user.retry(m, err, d) },
+	}
+	return p, nil
+}
+
+func errorf(format string, args ...any) error {
+	_, err := Options{}.invalid(format, args...)
+	return err
+}
+
+// Options returns the options with their defaults filled in.
+func (p *Processor) Options() Options { return p.opts }
+
+// Process handles msg under the retry policy (RetryPolicy.Process): it
+// numbers the attempts from 1, waits on the limiter before each, reports
+// each event to the Observer, and returns how the message ended. The
+// caller commits or acks a delivered message, dead-letters a failed one
+// (then calls DeadLettered), and leaves an abandoned one for redelivery.
+func (p *Processor) Process(ctx context.Context, msg Message) Outcome {
+	return p.opts.Retry.Process(ctx, p.handler, msg, p.obs)
+}
+
+// Key returns msg's ordering key (Options.OrderingKey). Its error is
+// permanent: dead-letter the message with DeadLettered.
+func (p *Processor) Key(msg Message) (string, error) {
+	k, err := p.opts.OrderingKey(msg)
+	if err != nil {
+		return "", Permanent(err)
+	}
+	return k, nil
+}
+
+// DeadLettered reports a message that the backend handed to its
+// dead-letter destination: it sets msg.Attempt to the attempts made, calls
+// Observer.DeadLettered, and logs "message dead-lettered" at warn level
+// with the attempts, the error (key "err") and attrs, the backend's
+// position of the message.
+func (p *Processor) DeadLettered(msg Message, o Outcome, attrs ...slog.Attr) {
+	if o.Attempts > 0 {
+		msg.Attempt = o.Attempts
+	}
+	p.opts.Observer.ObserveDeadLettered(msg, o.Err)
+	attrs = append(attrs, slog.Int("attempts", o.Attempts))
+	if o.Err != nil {
+		attrs = append(attrs, slog.String("err", o.Err.Error()))
+	}
+	p.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn, "message dead-lettered", attrs...)
+}
