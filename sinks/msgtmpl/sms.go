@@ -1,0 +1,30 @@
+package msgtmpl
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/throttlehq/throttle/sinks/sms"
+)
+
+func init() { funcs["sms_segments"] = smsSegments }
+
+// smsSegments is the template function sms_segments: the number of SMS
+// segments its argument occupies, by the rules of package sms (GSM-7: 160
+// septets alone, 153 per concatenated segment, extension characters count
+// two; UCS-2: 70 code units alone, 67 per segment, a character outside the
+// BMP counts two; an empty text is one segment). The argument is a string,
+// or a JSON number taken as its text; anything else, null included, is an
+// error, so a message without its text is not silently costed as one
+// segment.
+func smsSegments(v any) (int, error) {
+	switch t := v.(type) {
+	case string:
+		return sms.Segments(t), nil
+	case json.Number:
+		return sms.Segments(t.String()), nil
+	case nil:
+		return 0, fmt.Errorf("sms_segments: the text is null or missing")
+	}
+	return 0, fmt.Errorf("sms_segments: want a string, got %T", v)
+}
