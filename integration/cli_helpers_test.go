@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -20,24 +22,64 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/throttlehq/throttle/internal/testenv"
 )
 
 // cliVersion is the version stamped into the binary that cliBuild builds.
 const cliVersion = "v0.0.0-e2e"
 
-// cliBuild builds the throttle binary into a temporary directory, stamping
-// cliVersion the way releases do.
+// cliBuilt is the binary that cliBuild built once for the whole test
+// binary, in cliBuildDir, which TestMain removes.
+var (
+	cliBuildOnce sync.Once
+	cliBuildDir  string
+	cliBuilt     string
+	cliBuildErr  error
+)
+
+// TestMain removes the binary that cliBuild built, once every test ran.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if cliBuildDir != "" {
+		os.RemoveAll(cliBuildDir)
+	}
+	os.Exit(code)
+}
+
+// cliBuild builds the throttle binary, stamping cliVersion the way releases
+// do, once for every test of the package, and returns its path.
 func cliBuild(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "throttle")
-	cmd := exec.Command("go", "build", "-o", bin,
-		"-ldflags", "-s -w -X github.com/throttlehq/throttle/internal/cli.version="+cliVersion,
-		"./cmd/throttle")
-	cmd.Dir = ".." // the module root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/throttle: %v\n%s", err, out)
+	cliBuildOnce.Do(func() {
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			cliBuildErr = err
+			return
+		}
+		if cliBuildDir, cliBuildErr = os.MkdirTemp("", "throttle-e2e-"); cliBuildErr != nil {
+			return
+		}
+		bin := filepath.Join(cliBuildDir, "throttle")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, goBin, "build", "-o", bin,
+			"-ldflags", "-s -w -X github.com/throttlehq/throttle/internal/cli.version="+cliVersion,
+			"./cmd/throttle")
+		cmd.Dir = ".." // the module root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			cliBuildErr = fmt.Errorf("go build ./cmd/throttle: %v\n%s", err, out)
+			return
+		}
+		cliBuilt = bin
+	})
+	if cliBuildErr != nil {
+		if errors.Is(cliBuildErr, exec.ErrNotFound) {
+			testenv.Missing(t, "the go command", "put the Go toolchain on PATH", cliBuildErr)
+		}
+		t.Fatal(cliBuildErr)
 	}
-	return bin
+	return cliBuilt
 }
 
 // cliName returns a bucket or queue name unique to this test run.

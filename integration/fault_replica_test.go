@@ -17,23 +17,6 @@ import (
 	"github.com/throttlehq/throttle/internal/testenv"
 )
 
-// faultBuildThrottle builds the throttle binary into a temporary directory
-// of the test.
-func faultBuildThrottle(t *testing.T) string {
-	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		testenv.Missing(t, "the go command", "put the Go toolchain on PATH", err)
-	}
-	bin := filepath.Join(t.TempDir(), "throttle")
-	ctx := testenv.Context(t, 2*time.Minute)
-	out, err := exec.CommandContext(ctx, goBin, "build", "-o", bin, "github.com/throttlehq/throttle/cmd/throttle").CombinedOutput()
-	if err != nil {
-		t.Fatalf("building the throttle binary: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // faultRecordingSink is an HTTP endpoint that records the requests of the
 // body template faultBodyTemplate, and rejects the permanent ids with 400.
 type faultRecordingSink struct {
@@ -97,7 +80,7 @@ func TestFaultReplicaKilled(t *testing.T) {
 	t.Parallel()
 	const rate = 100
 	amqpURL := testenv.AMQPURL(t)
-	bin := faultBuildThrottle(t)
+	bin := cliBuild(t)
 	redisSrv := faultStartRedis(t)
 	sink := faultStartRecordingSink(t)
 	queue := faultName(t)

@@ -1,0 +1,252 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/internal/testenv"
+)
+
+// The tests in this file hold the limit of a fleet of throttle processes
+// (issue 11, items 4 and 5): through a Redis outage, a Redis restart, a
+// Redis that stops answering, a Sentinel failover and a live rate cut, no
+// one-second window of deliveries at the sink may exceed rate + 2 × burst
+// (rate + burst after a cut). They are not parallel: they measure time on a
+// shared machine.
+
+// faultPhase is a named stretch of a fleet test, for the report.
+type faultPhase struct {
+	name     string
+	from, to time.Time
+}
+
+// faultReport logs the deliveries of each phase, per second and as the
+// busiest one-second window, and the total rate, and fails the test when
+// any one-second window from start to end holds more than bound. It
+// returns the busiest window.
+func faultReport(t *testing.T, ts []time.Time, rate float64, burst int, start, end time.Time, bound int, phases ...faultPhase) faultWindow {
+	t.Helper()
+	worst := faultWorstWindow(ts, start, end, time.Second)
+	n := faultCount(ts, start, end)
+	total := float64(n-burst) / end.Sub(start).Seconds()
+	var lines []string
+	for _, p := range phases {
+		w := faultWorstWindow(ts, p.from, p.to, time.Second)
+		lines = append(lines, fmt.Sprintf("%s: %d deliveries in %.1f s, busiest 1 s window %d, per second %v",
+			p.name, faultCount(ts, p.from, p.to), p.to.Sub(p.from).Seconds(), w.N, faultPerSecond(ts, p.from, p.to)))
+	}
+	t.Logf("limit %v/s burst %d: %d deliveries in %.1f s, %.2f/s after the first burst (%+.1f%%); busiest 1 s window %d at +%.1f s (bound rate + 2×burst = %d)\n  %s",
+		rate, burst, n, end.Sub(start).Seconds(), total, 100*(total-rate)/rate, worst.N, worst.At.Sub(start).Seconds(), bound, strings.Join(lines, "\n  "))
+	if worst.N > bound {
+		t.Errorf("%d deliveries in the 1 s from +%.2f s, want at most %d (rate %v + 2 × burst %d)",
+			worst.N, worst.At.Sub(start).Seconds(), bound, rate, burst)
+	}
+	return worst
+}
+
+// faultWaitFlowing waits until the sink has received n messages.
+func faultWaitFlowing(t *testing.T, f *faultFleet, n int) time.Time {
+	t.Helper()
+	faultEventually(t, 30*time.Second, fmt.Sprintf("%d deliveries", n), func() bool {
+		got, _ := f.Sink.counts()
+		return got >= n
+	})
+	return time.Now()
+}
+
+// TestFaultFleetRedisKilled runs two replicas at 20/s, burst 5, with
+// on_store_error local, kills their Redis for 5 s and starts it again
+// (empty, as without persistence). Issue 11 item 4 measured 35 deliveries
+// in the first second of the outage and 44 in one second after the
+// restart, against a bound of 30.
+func TestFaultFleetRedisKilled(t *testing.T) {
+	const (
+		rate   = 20.0
+		burst  = 5
+		outage = 5 * time.Second
+	)
+	srv := faultStartRedis(t)
+	f := faultStartFleet(t, faultFleetSpec{
+		Redis: "  addr: " + srv.Addr() + "\n", Rates: []float64{rate, rate}, Burst: burst, OnStoreError: "local",
+	})
+	f.Publish(0, 600)
+	faultWaitFlowing(t, f, 1)
+	start := f.Sink.times()[0]
+	ctx := context.Background()
+	faultSleepUntil(ctx, start.Add(3*time.Second))
+	killAt := time.Now()
+	srv.Kill()
+	faultSleepUntil(ctx, killAt.Add(outage))
+	restartAt := time.Now()
+	srv.Start()
+	startedAt := time.Now()
+	faultSleepUntil(ctx, startedAt.Add(6*time.Second))
+	end := time.Now()
+	f.Stop()
+	faultReport(t, f.Sink.times(), rate, burst, start, end, int(rate)+2*burst,
+		faultPhase{"shared", start, killAt},
+		faultPhase{"outage", killAt, restartAt},
+		faultPhase{fmt.Sprintf("after the restart (took %v)", startedAt.Sub(restartAt).Round(time.Millisecond)), restartAt, end})
+}
+
+// TestFaultFleetRedisStalled runs two replicas at 20/s, burst 5, with
+// on_store_error local, and makes their Redis stop answering for 3 s with
+// DEBUG SLEEP, twice. Issue 11 item 4: "DEBUG SLEEP gave the same picture"
+// as a killed Redis.
+func TestFaultFleetRedisStalled(t *testing.T) {
+	const (
+		rate  = 20.0
+		burst = 5
+		stall = 3
+	)
+	srv := faultStartRedis(t, "--enable-debug-command", "yes")
+	f := faultStartFleet(t, faultFleetSpec{
+		Redis: "  addr: " + srv.Addr() + "\n", Rates: []float64{rate, rate}, Burst: burst, OnStoreError: "local",
+	})
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr(), ReadTimeout: 2 * stall * time.Second, MaxRetries: -1})
+	defer admin.Close()
+	f.Publish(0, 600)
+	faultWaitFlowing(t, f, 1)
+	start := f.Sink.times()[0]
+	ctx := context.Background()
+	var phases []faultPhase
+	at := start.Add(3 * time.Second)
+	for i := range 2 {
+		faultSleepUntil(ctx, at)
+		sleepAt := time.Now()
+		if err := admin.Do(ctx, "DEBUG", "SLEEP", stall).Err(); err != nil {
+			t.Fatalf("DEBUG SLEEP: %v", err)
+		}
+		wokeAt := time.Now()
+		at = wokeAt.Add(4 * time.Second)
+		phases = append(phases, faultPhase{fmt.Sprintf("DEBUG SLEEP %d #%d", stall, i+1), sleepAt, wokeAt},
+			faultPhase{fmt.Sprintf("after it #%d", i+1), wokeAt, at})
+	}
+	faultSleepUntil(ctx, at)
+	end := time.Now()
+	f.Stop()
+	faultReport(t, f.Sink.times(), rate, burst, start, end, int(rate)+2*burst, phases...)
+}
+
+// TestFaultFleetSentinelFailover runs three replicas at 30/s, burst 5,
+// with on_store_error local, that reach Redis through three Sentinels, and
+// kills the master. Issue 11 item 4 measured, per second from 2 s before
+// the kill, 30 30 51 60 41 60 57 32 30: five seconds at twice the limit.
+func TestFaultFleetSentinelFailover(t *testing.T) {
+	const (
+		rate  = 30.0
+		burst = 5
+	)
+	set := faultStartSentinelSet(t)
+	f := faultStartFleet(t, faultFleetSpec{
+		Redis: fmt.Sprintf("  master_name: %s\n  addrs: [%s]\n", faultMasterName, strings.Join(set.Addrs(), ", ")),
+		Rates: []float64{rate, rate, rate}, Burst: burst, OnStoreError: "local", Prefetch: 15,
+	})
+	f.Publish(0, 900)
+	faultWaitFlowing(t, f, 1)
+	start := f.Sink.times()[0]
+	ctx := context.Background()
+	faultSleepUntil(ctx, start.Add(4*time.Second))
+	killAt := time.Now()
+	set.Master.Kill()
+	faultEventually(t, 30*time.Second, "the sentinels never promoted the replica", func() bool {
+		addr, err := set.MasterAddr(ctx)
+		return err == nil && addr == set.Replica.Addr()
+	})
+	promotedAt := time.Now()
+	faultSleepUntil(ctx, promotedAt.Add(6*time.Second))
+	end := time.Now()
+	f.Stop()
+	faultReport(t, f.Sink.times(), rate, burst, start, end, int(rate)+2*burst,
+		faultPhase{"shared", start, killAt},
+		faultPhase{"master killed until the promotion", killAt, promotedAt},
+		faultPhase{"after the promotion", promotedAt, end},
+		faultPhase{"from 2 s before the kill", killAt.Add(-2 * time.Second), end})
+}
+
+// faultRateCut cuts the rate of a running fleet with 'bucket set --rate
+// cut' reps times, each after the fleet ran a while at its configured
+// rates, and checks each time that from one second after the command no
+// one-second window holds more than cut + burst deliveries, and that no
+// gap between deliveries from the command on is longer than the new rate
+// requires (1/cut, with stallSlack for a loaded machine). The override is
+// cleared after each repetition.
+func faultRateCut(t *testing.T, rates []float64, burst int, cut float64, reps int) {
+	const (
+		before     = 1500 * time.Millisecond
+		after      = 3 * time.Second
+		stallSlack = 600 * time.Millisecond
+	)
+	f := faultStartFleet(t, faultFleetSpec{
+		Redis: "  addr: " + testenv.RedisAddr(t) + "\n", Rates: rates, Burst: burst,
+	})
+	t.Cleanup(func() { f.Admin("reset") })
+	var sum float64
+	for _, r := range rates {
+		sum += r
+	}
+	f.Publish(0, reps*int(sum*before.Seconds()/float64(len(rates))+cut*after.Seconds()+2*float64(burst))+200)
+	faultWaitFlowing(t, f, 1)
+	ctx := context.Background()
+	bound := int(cut) + burst
+	maxGap := time.Duration(float64(time.Second)/cut) + stallSlack
+	var worst faultWindow
+	var worstGap time.Duration
+	failed := 0
+	for i := range reps {
+		faultSleepUntil(ctx, time.Now().Add(before))
+		setAt := time.Now()
+		if code, _, stderr := f.Admin("set", "--rate", fmt.Sprint(cut)); code != 0 {
+			t.Fatalf("bucket set --rate %v: exit %d\n%s", cut, code, stderr)
+		}
+		doneAt := time.Now()
+		faultSleepUntil(ctx, doneAt.Add(after))
+		end := time.Now()
+		if code, _, stderr := f.Admin("set", "--clear"); code != 0 {
+			t.Fatalf("bucket set --clear: exit %d\n%s", code, stderr)
+		}
+		ts := f.Sink.times()
+		w := faultWorstWindow(ts, doneAt.Add(time.Second), end, time.Second)
+		gap, gapAt := faultLongestGap(ts, doneAt, end)
+		t.Logf("cut #%d: per second from the command %v; busiest 1 s window from 1 s on %d (bound %d); longest gap %v at +%v (bound %v); command took %v",
+			i+1, faultPerSecond(ts, doneAt, end), w.N, bound, gap.Round(time.Millisecond), gapAt.Sub(doneAt).Round(time.Millisecond),
+			maxGap, doneAt.Sub(setAt).Round(time.Millisecond))
+		if w.N > worst.N {
+			worst = w
+		}
+		worstGap = max(worstGap, gap)
+		if w.N > bound || gap > maxGap {
+			failed++
+		}
+	}
+	f.Stop()
+	t.Logf("%d cuts from %v/s to %v/s, burst %d: worst 1 s window from 1 s after the command %d (bound %d), longest stall %v (bound %v); %d of %d repetitions out of bounds",
+		reps, rates, cut, burst, worst.N, bound, worstGap.Round(time.Millisecond), maxGap, failed, reps)
+	if worst.N > bound {
+		t.Errorf("%d deliveries in one second from 1 s after 'bucket set --rate %v', want at most %d (rate + burst)", worst.N, cut, bound)
+	}
+	if worstGap > maxGap {
+		t.Errorf("deliveries stalled %v after 'bucket set --rate %v', want at most %v (1/rate and %v for a loaded machine)", worstGap.Round(time.Millisecond), cut, maxGap, stallSlack)
+	}
+}
+
+// TestFaultFleetRateCut is issue 11 item 5: two replicas at 20/s, then
+// 'bucket set --rate 5'. In 2 of 5 runs deliveries stalled 1.5-3 s, then
+// came 14 within one second, where 5/s with burst 5 allows 10. Ten
+// repetitions.
+func TestFaultFleetRateCut(t *testing.T) {
+	faultRateCut(t, []float64{20, 20}, 5, 5, 10)
+}
+
+// TestFaultFleetRateCutMixed is issue 11 item 5 with replicas configured
+// at 20 and 30/s: one run stalled 3 s, then sent 20 in one second. Four
+// repetitions, to stay within a minute.
+func TestFaultFleetRateCutMixed(t *testing.T) {
+	faultRateCut(t, []float64{20, 30}, 5, 5, 4)
+}
+
