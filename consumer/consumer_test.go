@@ -147,16 +147,40 @@ func TestThrottleAndPushBack(t *testing.T) {
 	}
 }
 
+// recipientGone is an error that adds a dead-letter header, as a sink's
+// status error does.
+type recipientGone struct{}
+
+func (recipientGone) Error() string { return "410 gone" }
+func (recipientGone) DeadLetterHeaders() map[string]string {
+	return map[string]string{"x-throttle-recipient-gone": "true", consumer.HeaderAttempts: "spoofed"}
+}
+
 func TestDeadLetterHeaders(t *testing.T) {
-	m := consumer.Message{Source: consumer.Source{Broker: "kafka", Topic: "sms", Partition: 2, Offset: 41}}
-	h := consumer.DeadLetterHeaders(m, consumer.Outcome{Attempts: 5, Err: errors.New("400 bad number")})
-	want := map[string]string{
-		consumer.HeaderError: "400 bad number", consumer.HeaderAttempts: "5",
-		consumer.HeaderOriginalTopic: "sms", consumer.HeaderOriginalPartition: "2", consumer.HeaderOriginalOffset: "41",
+	pos := map[string]string{consumer.HeaderOriginalQueue: "sms", consumer.HeaderOriginalRoutingKey: "eu"}
+	cases := []struct {
+		name string
+		o    consumer.Outcome
+		want map[string]string
+	}{
+		{"reason and position", consumer.Outcome{Attempts: 5, Err: errors.New("400 bad number")}, map[string]string{
+			consumer.HeaderError: "400 bad number", consumer.HeaderAttempts: "5",
+			consumer.HeaderOriginalQueue: "sms", consumer.HeaderOriginalRoutingKey: "eu",
+		}},
+		{"headers from the error, the consumer's win", consumer.Outcome{Attempts: 1, Err: fmt.Errorf("sending: %w", recipientGone{})}, map[string]string{
+			consumer.HeaderError: "sending: 410 gone", consumer.HeaderAttempts: "1", "x-throttle-recipient-gone": "true",
+			consumer.HeaderOriginalQueue: "sms", consumer.HeaderOriginalRoutingKey: "eu",
+		}},
 	}
-	for k, v := range want {
-		if h[k] != v {
-			t.Errorf("header %s = %q, want %q", k, h[k], v)
+	for _, tc := range cases {
+		h := tc.o.DeadLetterHeaders(pos)
+		if len(h) != len(tc.want) {
+			t.Errorf("%s: headers %v, want %v", tc.name, h, tc.want)
+		}
+		for k, v := range tc.want {
+			if h[k] != v {
+				t.Errorf("%s: header %s = %q, want %q", tc.name, k, h[k], v)
+			}
 		}
 	}
 }

@@ -20,10 +20,13 @@ type Observer struct {
 	// Reconnected is called each time a backend re-established its broker
 	// connection after losing it; err is why the previous session ended.
 	Reconnected func(broker string, err error)
-	// ConnectFailed is called for every failed attempt to connect, at
-	// start or after the connection was lost. Each reconnect attempt
-	// therefore ends in exactly one call of Reconnected or ConnectFailed.
-	ConnectFailed func(broker string, err error)
+	// ReconnectAttempt is called after every attempt to connect that
+	// follows a failure (a lost session, or a failed attempt, at start
+	// too), with the attempt's error, nil when it succeeded. A healthy
+	// start calls it never; a broker that refuses a replica for a minute
+	// calls it once per attempt. A successful one is followed by
+	// Reconnected when a session had been lost before.
+	ReconnectAttempt func(broker string, err error)
 	// Disconnected is called when a live broker session ends, other than
 	// by Run returning; err says why.
 	Disconnected func(broker string, err error)
@@ -52,11 +55,11 @@ func (o *Observer) ObserveReconnected(broker string, err error) {
 	}
 }
 
-// ObserveConnectFailed reports a failed connect attempt to o, which may be
+// ObserveReconnectAttempt reports a reconnect attempt to o, which may be
 // nil.
-func (o *Observer) ObserveConnectFailed(broker string, err error) {
-	if o != nil && o.ConnectFailed != nil {
-		o.ConnectFailed(broker, err)
+func (o *Observer) ObserveReconnectAttempt(broker string, err error) {
+	if o != nil && o.ReconnectAttempt != nil {
+		o.ReconnectAttempt(broker, err)
 	}
 }
 

@@ -142,15 +142,27 @@ const (
 // DeadLetterHeaders returns the headers that say why and from where a
 // message was dead-lettered: HeaderError (when o has an error),
 // HeaderAttempts, and the backend's position headers, which it passes in
-// position (HeaderOriginalTopic..., HeaderOriginalQueue...).
+// position (HeaderOriginalTopic..., HeaderOriginalQueue...). An error in o
+// that has, or wraps an error that has, a method DeadLetterHeaders()
+// map[string]string adds those headers too (a sink's "recipient gone", for
+// example); the consumer's own headers take precedence.
 func (o Outcome) DeadLetterHeaders(position map[string]string) map[string]string {
 	h := make(map[string]string, len(position)+2)
 	for k, v := range position {
 		h[k] = v
 	}
 	h[HeaderAttempts] = strconv.Itoa(o.Attempts)
-	if o.Err != nil {
-		h[HeaderError] = o.Err.Error()
+	if o.Err == nil {
+		return h
+	}
+	h[HeaderError] = o.Err.Error()
+	var extra interface{ DeadLetterHeaders() map[string]string }
+	if errors.As(o.Err, &extra) {
+		for k, v := range extra.DeadLetterHeaders() {
+			if _, taken := h[k]; !taken {
+				h[k] = v
+			}
+		}
 	}
 	return h
 }
