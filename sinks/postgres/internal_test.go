@@ -44,12 +44,28 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-func TestRedactErrKeepsChain(t *testing.T) {
-	err := redactErr(fmt.Errorf("connecting: pw s3cret: %w", context.DeadlineExceeded), []string{"s3cret"})
-	if err.Error() != "connecting: pw xxxxx: context deadline exceeded" {
-		t.Errorf("text = %q", err)
+func TestJSONBAccepts(t *testing.T) {
+	tests := []struct {
+		body string
+		want bool
+	}{
+		{`{"a":1}`, true},
+		{`{"e":"\ud83d\ude00"}`, true},
+		{`{"e":"\uD83D\uDE00"}`, true},
+		{`{"p":"C:\\u0000"}`, true}, // an escaped backslash, then "u0000"
+		{`"\u00e9"`, true},
+		{`{"a":"\u0000"}`, false},
+		{`{"a":"\ud800"}`, false},
+		{`{"a":"\udc00"}`, false},
+		{`{"a":"\ud800\u0041"}`, false},
+		{`{"a":"\ud800\n"}`, false},
+		{`"\ud800"`, false},
+		{`not json`, false},
+		{``, false},
 	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Error("redacted error lost its chain")
+	for _, tt := range tests {
+		if got := jsonbAccepts([]byte(tt.body)); got != tt.want {
+			t.Errorf("jsonbAccepts(%s) = %v, want %v", tt.body, got, tt.want)
+		}
 	}
 }

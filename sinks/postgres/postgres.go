@@ -18,8 +18,12 @@
 // not at the first message. With Config.CreateTable it creates a missing
 // table instead.
 //
-// JSON bodies holding the escape \u0000 are stored in payload_raw, because
-// jsonb cannot hold that character.
+// A body that is valid JSON but that jsonb refuses (the escape \u0000, an
+// unpaired UTF-16 surrogate such as \ud800, or anything else the server
+// rejects as invalid jsonb input) is stored in payload_raw like any other
+// body that is not JSON, never dead-lettered. Header names and values keep
+// their text, except that NUL bytes, which jsonb cannot hold, become
+// U+FFFD, as bytes that are not UTF-8 already do.
 //
 // # Idempotency
 //
@@ -51,7 +55,6 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -70,6 +73,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/redact"
+	"github.com/throttlehq/throttle/sinks"
 	"github.com/throttlehq/throttle/sinks/internal/msgjson"
 )
 
@@ -121,38 +126,81 @@ var columns = []struct {
 	{"received_at", []string{"timestamp with time zone"}},
 }
 
+// Validate checks cfg without connecting, as New does first: the DSN must
+// be given and parse (pgx's rules, PG* environment variables included), the
+// table must be a valid name (see ValidateTable) and MaxConns must not be
+// negative. It returns nil or every problem found, each a
+// *sinks.FieldError naming the Go field at fault (joined with errors.Join;
+// read them with sinks.FieldErrors). No error contains the DSN's password.
+func (cfg Config) Validate() error {
+	_, _, _, err := cfg.parse()
+	return err
+}
+
+// parse validates cfg and returns the table, the pool configuration and
+// the secrets to mask in error texts.
+func (cfg Config) parse() (pgx.Identifier, *pgxpool.Config, []string, error) {
+	var errs []error
+	bad := func(field string, err error) {
+		errs = append(errs, &sinks.FieldError{Field: field, Err: err})
+	}
+	var (
+		pcfg    *pgxpool.Config
+		secrets []string
+	)
+	if cfg.DSN == "" {
+		bad("DSN", errors.New("required"))
+	} else {
+		secrets = dsnSecrets(cfg.DSN)
+		var err error
+		if pcfg, err = pgxpool.ParseConfig(cfg.DSN); err != nil {
+			// Not wrapped: the parse error carries the DSN.
+			bad("DSN", errors.New(parseErrorText(err, secrets)))
+		} else if pw := pcfg.ConnConfig.Password; pw != "" {
+			secrets = append(secrets, pw)
+		}
+	}
+	ident, err := parseTable(cfg.Table)
+	if err != nil {
+		bad("Table", err)
+	}
+	if cfg.MaxConns < 0 {
+		bad("MaxConns", fmt.Errorf("must not be negative, got %d", cfg.MaxConns))
+	}
+	if len(errs) > 0 {
+		return nil, nil, nil, errors.Join(errs...)
+	}
+	return ident, pcfg, secrets, nil
+}
+
+// ValidateTable returns an error unless table can be Config.Table: an
+// unquoted identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes),
+// optionally schema-qualified as schema.table.
+// The error is a *sinks.FieldError for the field Table.
+func ValidateTable(table string) error {
+	if _, err := parseTable(table); err != nil {
+		return &sinks.FieldError{Field: "Table", Err: err}
+	}
+	return nil
+}
+
 // New connects to the database and checks the table, creating it first
 // when cfg.CreateTable is set. It fails, with an error naming the problem,
 // when the DSN is invalid, the database is unreachable, or the table is
 // missing or lacks a needed column or the unique index on id.
 func New(ctx context.Context, cfg Config) (*Sink, error) {
-	if cfg.DSN == "" {
-		return nil, errors.New("postgres sink: dsn is required")
-	}
-	ident, err := parseTable(cfg.Table)
+	ident, pcfg, secrets, err := cfg.parse()
 	if err != nil {
 		return nil, fmt.Errorf("postgres sink: %w", err)
-	}
-	if cfg.MaxConns < 0 {
-		return nil, fmt.Errorf("postgres sink: max_conns %d is negative", cfg.MaxConns)
 	}
 	maxConns := cfg.MaxConns
 	if maxConns == 0 {
 		maxConns = DefaultMaxConns
 	}
-	secrets := dsnSecrets(cfg.DSN)
-	pcfg, err := pgxpool.ParseConfig(cfg.DSN)
-	if err != nil {
-		// Not wrapped: the parse error carries the DSN.
-		return nil, fmt.Errorf("postgres sink: dsn: %s", parseErrorText(err, secrets))
-	}
-	if pw := pcfg.ConnConfig.Password; pw != "" {
-		secrets = append(secrets, pw)
-	}
 	pcfg.MaxConns = int32(maxConns)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, redactErr(fmt.Errorf("postgres sink: creating pool: %w", err), secrets)
+		return nil, redact.Error(fmt.Errorf("postgres sink: creating pool: %w", err), secrets...)
 	}
 	s := &Sink{
 		pool:     pool,
@@ -166,13 +214,13 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		s.pool.Close()
-		return nil, redactErr(fmt.Errorf("postgres sink: connecting: %w", err), secrets)
+		return nil, redact.Error(fmt.Errorf("postgres sink: connecting: %w", err), secrets...)
 	}
 	err = s.check(ctx, conn.Conn(), cfg)
 	conn.Release()
 	if err != nil {
 		s.pool.Close()
-		return nil, redactErr(fmt.Errorf("postgres sink: %w", err), secrets)
+		return nil, redact.Error(fmt.Errorf("postgres sink: %w", err), secrets...)
 	}
 	return s, nil
 }
@@ -263,19 +311,12 @@ func (s *Sink) exists(ctx context.Context, conn *pgx.Conn) (bool, error) {
 func (s *Sink) Send(ctx context.Context, msg consumer.Message) error {
 	id := MessageID(msg, s.idHeader)
 	var payload, payloadRaw any
-	if msgjson.IsJSON(msg.Body) && !bytes.Contains(msg.Body, []byte(`\u0000`)) {
+	if jsonbAccepts(msg.Body) {
 		payload = string(msg.Body)
 	} else {
-		payloadRaw = msg.Body
-		if msg.Body == nil {
-			payloadRaw = []byte{}
-		}
+		payloadRaw = rawBody(msg.Body)
 	}
-	headers := msg.Headers
-	if headers == nil {
-		headers = map[string]string{}
-	}
-	hdrJSON, err := json.Marshal(headers)
+	hdrJSON, err := json.Marshal(safeHeaders(msg.Headers))
 	if err != nil {
 		return consumer.Permanent(fmt.Errorf("encoding headers of message %q: %w", id, err))
 	}
@@ -284,10 +325,105 @@ func (s *Sink) Send(ctx context.Context, msg consumer.Message) error {
 		return consumer.Permanent(fmt.Errorf("encoding source of message %q: %w", id, err))
 	}
 	_, err = s.pool.Exec(ctx, s.insert, id, payload, payloadRaw, msg.Key, string(hdrJSON), string(srcJSON))
+	if payload != nil && isDataException(err) {
+		// The server refused the body as jsonb for a reason the check
+		// above does not know: keep it as bytes, as any non-JSON body.
+		_, err = s.pool.Exec(ctx, s.insert, id, nil, rawBody(msg.Body), msg.Key, string(hdrJSON), string(srcJSON))
+	}
 	if err != nil {
-		return classify(redactErr(fmt.Errorf("inserting message %q into %s: %w", id, s.table, err), s.secrets))
+		return classify(redact.Error(fmt.Errorf("inserting message %q into %s: %w", id, s.table, err), s.secrets...))
 	}
 	return nil
+}
+
+// rawBody returns body for the payload_raw column: never NULL.
+func rawBody(body []byte) []byte {
+	if body == nil {
+		return []byte{}
+	}
+	return body
+}
+
+// jsonbAccepts reports whether body is valid JSON that jsonb can hold: no
+// \u0000 escape and no unpaired UTF-16 surrogate escape, which PostgreSQL
+// refuses (SQLSTATE 22P05) although they are valid JSON.
+func jsonbAccepts(body []byte) bool {
+	if !msgjson.IsJSON(body) {
+		return false
+	}
+	// In valid JSON a backslash occurs only inside strings, as an escape.
+	for i := 0; i < len(body); i++ {
+		if body[i] != '\\' {
+			continue
+		}
+		i++
+		if body[i] != 'u' {
+			continue
+		}
+		r := hex4(body[i+1 : i+5])
+		i += 4
+		switch {
+		case r == 0:
+			return false
+		case r >= 0xDC00 && r <= 0xDFFF: // a low surrogate without a high one
+			return false
+		case r >= 0xD800 && r <= 0xDBFF: // a high surrogate needs a low one next
+			if i+6 >= len(body) || body[i+1] != '\\' || body[i+2] != 'u' {
+				return false
+			}
+			if lo := hex4(body[i+3 : i+7]); lo < 0xDC00 || lo > 0xDFFF {
+				return false
+			}
+			i += 6
+		}
+	}
+	return true
+}
+
+// hex4 decodes the four hex digits of a \u escape of valid JSON.
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		default:
+			r |= rune(c - 'A' + 10)
+		}
+	}
+	return r
+}
+
+// safeHeaders returns headers fit for jsonb: never nil, with every NUL in
+// a name or value replaced by U+FFFD.
+func safeHeaders(headers map[string]string) map[string]string {
+	if headers == nil {
+		return map[string]string{}
+	}
+	var safe map[string]string
+	for k, v := range headers {
+		if strings.IndexByte(k, 0) >= 0 || strings.IndexByte(v, 0) >= 0 {
+			safe = make(map[string]string, len(headers))
+			break
+		}
+	}
+	if safe == nil {
+		return headers
+	}
+	for k, v := range headers {
+		safe[strings.ReplaceAll(k, "\x00", "\uFFFD")] = strings.ReplaceAll(v, "\x00", "\uFFFD")
+	}
+	return safe
+}
+
+// isDataException reports whether err is a PostgreSQL data exception
+// (SQLSTATE class 22), such as invalid jsonb input.
+func isDataException(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
 }
 
 // classify marks the errors that retrying cannot fix as permanent.
@@ -358,10 +494,10 @@ func isDeathHeader(name string) bool {
 // New runs it with Config.CreateTable. It fails when table is not a valid
 // name as Config.Table describes.
 func DDL(table string) (string, error) {
-	ident, err := parseTable(table)
-	if err != nil {
+	if err := ValidateTable(table); err != nil {
 		return "", err
 	}
+	ident, _ := parseTable(table)
 	return createSQL(ident.Sanitize()), nil
 }
 
@@ -377,15 +513,15 @@ var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // parseTable validates a table name, optionally schema-qualified.
 func parseTable(table string) (pgx.Identifier, error) {
 	if table == "" {
-		return nil, errors.New("table is required")
+		return nil, errors.New("required")
 	}
 	parts := strings.Split(table, ".")
 	if len(parts) > 2 {
-		return nil, fmt.Errorf("table %q: want table or schema.table", table)
+		return nil, fmt.Errorf("%q: want table or schema.table", table)
 	}
 	for _, p := range parts {
 		if !identRE.MatchString(p) || len(p) > 63 {
-			return nil, fmt.Errorf("table %q: %q is not an unquoted identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)", table, p)
+			return nil, fmt.Errorf("%q: %q is not an unquoted identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)", table, p)
 		}
 	}
 	return pgx.Identifier(parts), nil
@@ -400,38 +536,16 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// dsnSecrets finds the password candidates in a DSN, even a malformed one,
-// so that they can be masked in error texts. It over-approximates: masking
-// too much is harmless. PGPASSWORD is included, since pgx uses it.
+// dsnSecrets finds the password candidates of a DSN, even a malformed one,
+// so that they can be masked in error texts: what redact.Secrets finds, and
+// PGPASSWORD, since pgx uses it.
 func dsnSecrets(dsn string) []string {
-	var out []string
+	out := redact.Secrets(dsn)
 	if pw := os.Getenv("PGPASSWORD"); pw != "" {
 		out = append(out, pw)
 	}
-	if _, rest, ok := strings.Cut(dsn, "://"); ok {
-		// URL form: the password sits between the first ':' of the
-		// userinfo and the last '@' before the path.
-		if i := strings.IndexByte(rest, '/'); i >= 0 && strings.LastIndexByte(rest[:i], '@') >= 0 {
-			rest = rest[:i]
-		}
-		if at := strings.LastIndexByte(rest, '@'); at >= 0 {
-			if _, pw, ok := strings.Cut(rest[:at], ":"); ok && pw != "" {
-				out = append(out, pw)
-			}
-		}
-	}
-	// password=... and sslpassword=..., in key=value form or in a URL query.
-	for _, m := range passwordKV.FindAllStringSubmatch(dsn, -1) {
-		for _, v := range m[1:] {
-			if v != "" {
-				out = append(out, v)
-			}
-		}
-	}
 	return out
 }
-
-var passwordKV = regexp.MustCompile(`(?i)password=(?:'((?:[^'\\]|\\.)*)'|([^\s&]*))`)
 
 // parseErrorText describes a DSN parse error without quoting the DSN: in a
 // malformed DSN nothing tells a password from the rest, so the DSN is left
@@ -439,7 +553,7 @@ var passwordKV = regexp.MustCompile(`(?i)password=(?:'((?:[^'\\]|\\.)*)'|([^\s&]
 func parseErrorText(err error, secrets []string) string {
 	var pce *pgconn.ParseConfigError
 	if !errors.As(err, &pce) {
-		return redact(err.Error(), secrets)
+		return redact.Text(err.Error(), secrets...)
 	}
 	// The text is "cannot parse `DSN`: reason" or "... reason (inner)".
 	text := pce.Error()
@@ -455,36 +569,5 @@ func parseErrorText(err error, secrets []string) string {
 	if inner != nil {
 		text += " (" + inner.Error() + ")"
 	}
-	return redact(text, secrets)
+	return redact.Text(text, secrets...)
 }
-
-// redact masks every secret in text.
-func redact(text string, secrets []string) string {
-	for _, s := range secrets {
-		if s != "" {
-			text = strings.ReplaceAll(text, s, "xxxxx")
-		}
-	}
-	return text
-}
-
-// redactErr masks the secrets in err's text while keeping err in the chain
-// for errors.Is and errors.As.
-func redactErr(err error, secrets []string) error {
-	if err == nil {
-		return nil
-	}
-	text := redact(err.Error(), secrets)
-	if text == err.Error() {
-		return err
-	}
-	return &redactedError{text: text, err: err}
-}
-
-type redactedError struct {
-	text string
-	err  error
-}
-
-func (e *redactedError) Error() string { return e.text }
-func (e *redactedError) Unwrap() error { return e.err }

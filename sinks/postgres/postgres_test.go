@@ -153,6 +153,14 @@ func TestPayloadColumns(t *testing.T) {
 		3: `{"nul":"a\u0000b"}`, // valid JSON that jsonb cannot hold
 		4: ``,
 		5: `[1,2,3]`,
+		// Issue 11 item 6: valid JSON that jsonb refuses (SQLSTATE 22P02,
+		// 22P05, 22003) went to the dead letters.
+		6:  `{"a":"\ud800"}`,       // a lone high surrogate
+		7:  `{"a":"\udc00x"}`,      // a lone low surrogate
+		8:  `{"a":"\ud800\u0041"}`, // a high surrogate followed by no low one
+		9:  `{"a":1e1000000}`,      // overflows numeric: only the server knows
+		10: `{"e":"\ud83d\ude00"}`, // a proper pair is fine for jsonb
+		11: `{"path":"C:\\u0000"}`, // an escaped backslash, not an escape
 	}
 	for off, body := range bodies {
 		if err := s.Send(ctx, kafkaMsg(off, body)); err != nil {
@@ -163,7 +171,7 @@ func TestPayloadColumns(t *testing.T) {
 	if len(got) != len(bodies) {
 		t.Fatalf("%d rows, want %d", len(got), len(bodies))
 	}
-	wantJSON := map[string]bool{"events/0/1": true, "events/0/5": true}
+	wantJSON := map[string]bool{"events/0/1": true, "events/0/5": true, "events/0/10": true, "events/0/11": true}
 	for _, r := range got {
 		var off int64
 		fmt.Sscanf(r.ID, "events/0/%d", &off)
@@ -297,6 +305,27 @@ func TestTableThatDoesNotFit(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHeadersWithNUL is the regression test of issue 11 item 6: a header
+// value (or name) holding NUL, which jsonb cannot hold, failed the insert
+// and dead-lettered the message. NUL becomes U+FFFD; the rest is kept.
+func TestHeadersWithNUL(t *testing.T) {
+	dsn, table, conn := db(t)
+	s := newSink(t, postgres.Config{DSN: dsn, Table: table, CreateTable: true})
+	msg := kafkaMsg(1, `{"a":1}`)
+	msg.Headers = map[string]string{"x-nul": "a\x00b", "x\x00name": "v", "plain": "p"}
+	if err := s.Send(testenv.Context(t, 30*time.Second), msg); err != nil {
+		t.Fatalf("Send: %v", err)
+	}
+	got := rows(t, conn, table)
+	if len(got) != 1 {
+		t.Fatalf("%d rows, want 1", len(got))
+	}
+	want := map[string]string{"x-nul": "a\uFFFDb", "x\uFFFDname": "v", "plain": "p"}
+	if fmt.Sprint(got[0].Headers) != fmt.Sprint(want) {
+		t.Errorf("headers = %q, want %q", got[0].Headers, want)
 	}
 }
 
@@ -445,7 +474,7 @@ func TestBadDSNDoesNotEchoPassword(t *testing.T) {
 		if strings.Contains(err.Error(), "s3cret") {
 			t.Errorf("New(%q) error leaks the password: %v", dsn, err)
 		}
-		if !strings.Contains(err.Error(), "dsn") {
+		if !strings.Contains(err.Error(), "DSN") {
 			t.Errorf("New(%q) error %q does not name the dsn", dsn, err)
 		}
 	}
@@ -456,12 +485,12 @@ func TestConfigErrors(t *testing.T) {
 		cfg  postgres.Config
 		want string
 	}{
-		{postgres.Config{Table: "t"}, "dsn is required"},
-		{postgres.Config{DSN: "postgres://x/y"}, "table is required"},
+		{postgres.Config{Table: "t"}, "DSN: required"},
+		{postgres.Config{DSN: "postgres://x/y"}, "Table: required"},
 		{postgres.Config{DSN: "postgres://x/y", Table: "bad-name"}, `"bad-name" is not an unquoted identifier`},
 		{postgres.Config{DSN: "postgres://x/y", Table: "a.b.c"}, "want table or schema.table"},
 		{postgres.Config{DSN: "postgres://x/y", Table: `t"; DROP TABLE x; --`}, "not an unquoted identifier"},
-		{postgres.Config{DSN: "postgres://x/y", Table: "t", MaxConns: -1}, "max_conns"},
+		{postgres.Config{DSN: "postgres://x/y", Table: "t", MaxConns: -1}, "MaxConns: must not be negative"},
 	}
 	for _, tt := range tests {
 		_, err := postgres.New(context.Background(), tt.cfg)
@@ -533,7 +562,7 @@ func TestDDL(t *testing.T) {
 	}{
 		{table: "deliveries", want: `CREATE TABLE IF NOT EXISTS "deliveries" (`},
 		{table: "app.Deliveries_2", want: `CREATE TABLE IF NOT EXISTS "app"."Deliveries_2" (`},
-		{table: "", wantErr: "table is required"},
+		{table: "", wantErr: "Table: required"},
 		{table: "1abc", wantErr: "not an unquoted identifier"},
 		{table: strings.Repeat("a", 64), wantErr: "at most 63 bytes"},
 		{table: "a.", wantErr: "not an unquoted identifier"},
