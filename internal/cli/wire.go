@@ -100,7 +100,6 @@ func newSink(ctx context.Context, cfg config.Sink, out io.Writer) (sinks.Sink, f
 			URL:           h.URL,
 			Method:        h.Method,
 			Headers:       h.Headers,
-			RawHeaders:    true, // the config package expanded ${VAR} already
 			Timeout:       time.Duration(h.Timeout),
 			BodyTemplate:  h.BodyTemplate,
 			ContentType:   h.ContentType,
@@ -196,7 +195,6 @@ func newConsumer(src config.Source, d consumerDeps, h consumer.Handler) (runner,
 			Observer:        d.observer,
 			Logger:          d.log,
 			Dialer:          dialer,
-			ConfigureReader: shortFetchWait,
 		}, h)
 		if err != nil {
 			return nil, &configError{err: fmt.Errorf("source.kafka: %w", err)}
@@ -232,11 +230,6 @@ func newConsumer(src config.Source, d consumerDeps, h consumer.Handler) (runner,
 	}
 	return nil, &configError{err: errors.New("source: exactly one of kafka, rabbitmq must be set")}
 }
-
-// shortFetchWait bounds kafka-go's fetch long-poll to 1 s (its default is
-// 10 s): shutdown waits for the poll in progress, and an idle topic costs
-// one fetch per second.
-func shortFetchWait(rc *kafkago.ReaderConfig) { rc.MaxWait = time.Second }
 
 // kafkaDialer returns the dialer for TLS and SASL, or nil when neither is
 // configured.

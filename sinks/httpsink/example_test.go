@@ -24,10 +24,11 @@ func ExampleNew_sms() {
 	}))
 	defer provider.Close()
 	_ = os.Setenv("SMS_TOKEN", "example-token")
+	token := os.Getenv("SMS_TOKEN")
 
 	sink, err := httpsink.New(httpsink.Config{
 		URL:          provider.URL + "/2010-04-01/Messages",
-		Headers:      map[string]string{"Authorization": "Bearer ${SMS_TOKEN}"},
+		Headers:      map[string]string{"Authorization": "Bearer " + token},
 		ContentType:  "application/x-www-form-urlencoded",
 		BodyTemplate: `To={{.JSON.to | urlquery}}&Body={{.JSON.text | urlquery}}`,
 	})

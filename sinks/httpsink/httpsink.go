@@ -4,22 +4,21 @@
 // # Request
 //
 // Each message becomes one request to Config.URL with Config.Method (POST by
-// default) and Config.Headers. Header values may reference the environment
-// as ${NAME} (or ${NAME:-default}; $$ is a literal $), expanded once in New:
-// "Authorization: Bearer ${SMS_TOKEN}". The body is the raw message payload,
-// or the output of Config.BodyTemplate, a Go text/template executed with a
-// TemplateData. This is how a form-encoded SMS request is built from a JSON
+// default) and Config.Headers, used as given. The body is the raw message
+// payload, or the output of Config.BodyTemplate, a message template of
+// package msgtmpl (the same data and functions as every other template over
+// a message). This is how a form-encoded SMS request is built from a JSON
 // event:
 //
 //	To={{.JSON.to | urlquery}}&Body={{.JSON.text | urlquery}}
 //
-// Besides the text/template builtins (urlquery, print, index, ...), a
-// template may call json, which encodes its argument as JSON, and form,
-// which encodes a map, or alternating keys and values, as
-// application/x-www-form-urlencoded. A template that refers to a missing
-// JSON field or header (use index for optional ones), or to .JSON of a body
-// that is not JSON, fails, as does any other execution error. Such a message is permanent: it is dead-lettered,
-// never sent half-rendered.
+// and a reshaped JSON body for a push service:
+//
+//	{"token":{{json .JSON.device}}}
+//
+// A template that fails for a message (a missing JSON field or header, .JSON
+// of a body that is not JSON, any other execution error) makes the message
+// permanent: it is dead-lettered, never sent half-rendered.
 //
 // # Responses and errors
 //
@@ -51,14 +50,13 @@ package httpsink
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -67,8 +65,8 @@ import (
 	"unicode"
 
 	"github.com/throttlehq/throttle/consumer"
-
-	"github.com/throttlehq/throttle/internal/envexpand"
+	"github.com/throttlehq/throttle/sinks"
+	"github.com/throttlehq/throttle/sinks/msgtmpl"
 )
 
 // Defaults for the zero fields of a Config.
@@ -96,25 +94,23 @@ type Config struct {
 	// URL is the request URL. It is required; its scheme must be http or
 	// https.
 	URL string
-	// Method is the request method. Default POST.
+	// Method is the request method, an RFC 9110 token. Default POST.
 	Method string
-	// Headers are set on every request. Values may reference environment
-	// variables as ${NAME} or ${NAME:-default}, and $$ is a literal $; an
-	// unset variable without a default is an error in New naming the
-	// header. A Content-Type here overrides ContentType.
+	// Headers are set on every request, as given: names must be RFC 9110
+	// tokens and values must hold no control character but tab. A
+	// Content-Type here overrides ContentType. The sink does not expand
+	// environment variables; the config package does, once, for the
+	// whole file.
 	Headers map[string]string
-	// RawHeaders turns off the environment expansion of Headers, for
-	// values that were expanded already (the config package does so) and
-	// must be used as given.
-	RawHeaders bool
 	// Timeout bounds each request, from sending it to reading the
 	// response. Default 5s.
 	Timeout time.Duration
-	// BodyTemplate is a Go text/template for the request body, executed
-	// with a TemplateData. Empty means the raw message payload.
+	// BodyTemplate is a message template (package msgtmpl: its data and
+	// its functions json and form) for the request body. Empty means the
+	// raw message payload.
 	BodyTemplate string
-	// ContentType is the Content-Type of every request. Default
-	// application/json.
+	// ContentType is the media type of every request, such as
+	// "application/x-www-form-urlencoded". Default application/json.
 	ContentType string
 	// MaxConns bounds the connections to the host, busy or idle; requests
 	// beyond it wait for a free connection. Default 64.
@@ -125,24 +121,6 @@ type Config struct {
 	// MaxRetryAfter caps the delay taken from a Retry-After header, so a
 	// provider cannot stop delivery for hours. Default 60s.
 	MaxRetryAfter time.Duration
-}
-
-// TemplateData is what Config.BodyTemplate sees for a message.
-type TemplateData struct {
-	// JSON is the body decoded as JSON (numbers as json.Number, so they
-	// keep their exact text), or nil when the body is not valid JSON. For
-	// a JSON object, {{.JSON.field}} reads a field.
-	JSON any
-	// Body is the raw body as a string.
-	Body string
-	// Key is the message key as a string.
-	Key string
-	// Headers are the message headers.
-	Headers map[string]string
-	// Source is where the message came from.
-	Source consumer.Source
-	// Attempt is the delivery attempt, 1 for the first.
-	Attempt int
 }
 
 // StatusError is the error for a response whose status is not 2xx. The
@@ -181,53 +159,53 @@ type Sink struct {
 	maxRetryAfter     time.Duration
 }
 
-// New validates cfg and returns a Sink. An error names the field at fault
-// and never quotes a header value.
-func New(cfg Config) (*Sink, error) {
+// Validate checks cfg without building anything, as New does first. It
+// returns nil or every problem found, each a *sinks.FieldError naming the
+// Go field at fault (joined with errors.Join; read them with
+// sinks.FieldErrors). Errors never quote a header value nor the URL, which
+// may hold credentials.
+func (cfg Config) Validate() error {
+	_, _, err := cfg.parse()
+	return err
+}
+
+// parse validates cfg and returns its URL and body template.
+func (cfg Config) parse() (*url.URL, *template.Template, error) {
+	var errs []error
+	bad := func(field, key, format string, args ...any) {
+		errs = append(errs, &sinks.FieldError{Field: field, Key: key, Err: fmt.Errorf(format, args...)})
+	}
 	u, err := url.Parse(cfg.URL)
 	switch {
 	case cfg.URL == "":
-		return nil, errors.New("httpsink: url is required")
+		bad("URL", "", "required")
 	case err != nil:
-		return nil, errors.New("httpsink: url is not a valid URL")
+		bad("URL", "", "not a valid URL")
 	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("httpsink: url scheme %q is not http or https", u.Scheme)
+		bad("URL", "", "scheme must be http or https, got %q", u.Scheme)
 	case u.Host == "":
-		return nil, errors.New("httpsink: url has no host")
+		bad("URL", "", "has no host")
 	}
-
-	method := cfg.Method
-	if method == "" {
-		method = DefaultMethod
+	if cfg.Method != "" && !validToken(cfg.Method) {
+		bad("Method", "", "must be an HTTP method such as POST, got %q", cfg.Method)
 	}
-	if !validToken(method) {
-		return nil, fmt.Errorf("httpsink: method %q is not a valid HTTP method", method)
-	}
-
-	s := &Sink{
-		method:            method,
-		url:               u.String(),
-		endpoint:          method + " " + (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}).String(),
-		header:            make(http.Header, len(cfg.Headers)+1),
-		timeout:           orDefault(cfg.Timeout, DefaultTimeout),
-		defaultRetryAfter: orDefault(cfg.DefaultRetryAfter, DefaultDefaultRetryAfter),
-		maxRetryAfter:     orDefault(cfg.MaxRetryAfter, DefaultMaxRetryAfter),
-	}
-	if cfg.Timeout < 0 {
-		return nil, fmt.Errorf("httpsink: timeout %v is negative", cfg.Timeout)
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"Timeout", cfg.Timeout}, {"DefaultRetryAfter", cfg.DefaultRetryAfter}, {"MaxRetryAfter", cfg.MaxRetryAfter}} {
+		if d.v < 0 {
+			bad(d.field, "", "must not be negative, got %v", d.v)
+		}
 	}
 	if cfg.MaxConns < 0 {
-		return nil, fmt.Errorf("httpsink: max_conns %d is negative", cfg.MaxConns)
+		bad("MaxConns", "", "must not be negative, got %d", cfg.MaxConns)
 	}
-
-	s.header.Set("Content-Type", DefaultContentType)
 	if cfg.ContentType != "" {
-		if !validHeaderValue(cfg.ContentType) {
-			return nil, errors.New("httpsink: content_type holds a control character")
+		if _, _, err := mime.ParseMediaType(cfg.ContentType); err != nil || !validHeaderValue(cfg.ContentType) {
+			bad("ContentType", "", "not a media type such as application/json, got %q", cfg.ContentType)
 		}
-		s.header.Set("Content-Type", cfg.ContentType)
 	}
-	// Sorted, so that the first bad header reported is always the same.
+	// Sorted, so that problems are always reported in the same order.
 	names := make([]string, 0, len(cfg.Headers))
 	for name := range cfg.Headers {
 		names = append(names, name)
@@ -235,30 +213,53 @@ func New(cfg Config) (*Sink, error) {
 	sort.Strings(names)
 	for _, name := range names {
 		if !validToken(name) {
-			return nil, fmt.Errorf("httpsink: header name %q is not valid", name)
+			bad("Headers", name, "not a valid header name")
 		}
-		v := cfg.Headers[name]
-		if !cfg.RawHeaders {
-			if v, _, err = envexpand.Expand(v, os.LookupEnv); err != nil {
-				return nil, fmt.Errorf("httpsink: header %s: %w", name, err)
-			}
+		if !validHeaderValue(cfg.Headers[name]) {
+			// Never echo the value: it may be a credential.
+			bad("Headers", name, "value holds a control character (CR, LF, NUL, ...)")
 		}
-		if !validHeaderValue(v) {
-			return nil, fmt.Errorf("httpsink: header %s: value holds a control character", name)
+	}
+	var tmpl *template.Template
+	if cfg.BodyTemplate != "" {
+		if tmpl, err = msgtmpl.Parse(templateName, cfg.BodyTemplate); err != nil {
+			bad("BodyTemplate", "", "%w", err)
 		}
+	}
+	if len(errs) > 0 {
+		return nil, nil, errors.Join(errs...)
+	}
+	return u, tmpl, nil
+}
+
+// New validates cfg (see Validate) and returns a Sink. It makes no network
+// call.
+func New(cfg Config) (*Sink, error) {
+	u, tmpl, err := cfg.parse()
+	if err != nil {
+		return nil, fmt.Errorf("httpsink: %w", err)
+	}
+	method := cfg.Method
+	if method == "" {
+		method = DefaultMethod
+	}
+	s := &Sink{
+		method:            method,
+		url:               u.String(),
+		endpoint:          method + " " + (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}).String(),
+		header:            make(http.Header, len(cfg.Headers)+1),
+		timeout:           orDefault(cfg.Timeout, DefaultTimeout),
+		tmpl:              tmpl,
+		defaultRetryAfter: orDefault(cfg.DefaultRetryAfter, DefaultDefaultRetryAfter),
+		maxRetryAfter:     orDefault(cfg.MaxRetryAfter, DefaultMaxRetryAfter),
+	}
+	s.header.Set("Content-Type", DefaultContentType)
+	if cfg.ContentType != "" {
+		s.header.Set("Content-Type", cfg.ContentType)
+	}
+	for name, v := range cfg.Headers {
 		s.header.Set(name, v)
 	}
-
-	if cfg.BodyTemplate != "" {
-		s.tmpl, err = template.New(templateName).
-			Funcs(template.FuncMap{"json": jsonFunc, "form": formFunc}).
-			Option("missingkey=error").
-			Parse(cfg.BodyTemplate)
-		if err != nil {
-			return nil, fmt.Errorf("httpsink: parsing body_template: %w", err)
-		}
-	}
-
 	maxConns := cfg.MaxConns
 	if maxConns == 0 {
 		maxConns = DefaultMaxConns
@@ -337,30 +338,11 @@ func (s *Sink) body(msg consumer.Message) ([]byte, error) {
 	if s.tmpl == nil {
 		return msg.Body, nil
 	}
-	data := TemplateData{
-		Body:    string(msg.Body),
-		Key:     string(msg.Key),
-		Headers: msg.Headers,
-		Source:  msg.Source,
-		Attempt: msg.Attempt,
+	b, err := msgtmpl.Render(s.tmpl, msgtmpl.NewData(msg))
+	if err != nil {
+		return nil, consumer.Permanent(err)
 	}
-	if data.Headers == nil {
-		data.Headers = map[string]string{}
-	}
-	dec := json.NewDecoder(bytes.NewReader(msg.Body))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err == nil {
-		// Only a body that is one JSON value and nothing else.
-		if _, err := dec.Token(); err == io.EOF {
-			data.JSON = v
-		}
-	}
-	var buf bytes.Buffer
-	if err := s.tmpl.Execute(&buf, data); err != nil {
-		return nil, consumer.Permanent(fmt.Errorf("rendering %s: %w", templateName, err))
-	}
-	return buf.Bytes(), nil
+	return b, nil
 }
 
 // transportError classifies a failed round trip. All of them are
@@ -447,70 +429,6 @@ func snippet(raw []byte) string {
 		s += "…"
 	}
 	return s
-}
-
-// jsonFunc is the template function json: its argument encoded as JSON.
-func jsonFunc(v any) (string, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return "", err
-	}
-	return string(b), nil
-}
-
-// formFunc is the template function form. It encodes either one map or
-// alternating keys and values as application/x-www-form-urlencoded, keys
-// sorted. A slice value adds the key once for each element; other values
-// are formatted with fmt.Sprint.
-func formFunc(args ...any) (string, error) {
-	vals := url.Values{}
-	switch {
-	case len(args) == 1:
-		switch m := args[0].(type) {
-		case map[string]any:
-			for k, v := range m {
-				addFormValue(vals, k, v)
-			}
-		case map[string]string:
-			for k, v := range m {
-				vals.Add(k, v)
-			}
-		case url.Values:
-			vals = m
-		default:
-			return "", fmt.Errorf("form: want a map or key-value pairs, got %T", args[0])
-		}
-	case len(args)%2 == 0:
-		for i := 0; i < len(args); i += 2 {
-			k, ok := args[i].(string)
-			if !ok {
-				return "", fmt.Errorf("form: key %d is a %T, not a string", i/2+1, args[i])
-			}
-			addFormValue(vals, k, args[i+1])
-		}
-	default:
-		return "", errors.New("form: want a map or an even number of key-value arguments")
-	}
-	return vals.Encode(), nil
-}
-
-func addFormValue(vals url.Values, k string, v any) {
-	switch v := v.(type) {
-	case nil:
-		vals.Add(k, "")
-	case string:
-		vals.Add(k, v)
-	case []any:
-		for _, e := range v {
-			vals.Add(k, fmt.Sprint(e))
-		}
-	case []string:
-		for _, e := range v {
-			vals.Add(k, e)
-		}
-	default:
-		vals.Add(k, fmt.Sprint(v))
-	}
 }
 
 // validToken reports whether s is an RFC 9110 token, as header names and

@@ -378,7 +378,7 @@ func TestBodyTemplate(t *testing.T) {
 }
 
 func TestRequestShape(t *testing.T) {
-	t.Setenv("HTTPSINK_TEST_TOKEN", "tok-123")
+	t.Setenv("HTTPSINK_TEST_TOKEN", "expanded-again")
 	var (
 		mu  sync.Mutex
 		req *http.Request
@@ -395,9 +395,11 @@ func TestRequestShape(t *testing.T) {
 		URL:    srv.URL + "/v1/push?x=1",
 		Method: http.MethodPut,
 		Headers: map[string]string{
-			"Authorization": "Bearer ${HTTPSINK_TEST_TOKEN}",
-			"X-Region":      "${HTTPSINK_TEST_REGION:-eu}",
-			"X-Price":       "$$5 and $x",
+			// Values are used as given: the config package expanded the
+			// environment once already, and a password holding "$$" or
+			// "${" must not be expanded a second time.
+			"Authorization": "Bearer p$$w${HTTPSINK_TEST_TOKEN}",
+			"X-Region":      "eu",
 		},
 	})
 	body := `{"device":"abc","title":"hi"}`
@@ -412,9 +414,8 @@ func TestRequestShape(t *testing.T) {
 		"query":         {req.URL.RawQuery, "x=1"},
 		"body":          {raw, body},
 		"Content-Type":  {req.Header.Get("Content-Type"), "application/json"},
-		"Authorization": {req.Header.Get("Authorization"), "Bearer tok-123"},
+		"Authorization": {req.Header.Get("Authorization"), "Bearer p$$w${HTTPSINK_TEST_TOKEN}"},
 		"X-Region":      {req.Header.Get("X-Region"), "eu"},
-		"X-Price":       {req.Header.Get("X-Price"), "$5 and $x"},
 	}
 	for name, c := range checks {
 		if c[0] != c[1] {
@@ -429,19 +430,17 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		cfg  httpsink.Config
 		want string
 	}{
-		{"no url", httpsink.Config{}, "url is required"},
-		{"bad scheme", httpsink.Config{URL: "ftp://example.com/"}, `url scheme "ftp"`},
-		{"no host", httpsink.Config{URL: "http:///path"}, "url has no host"},
-		{"bad method", httpsink.Config{URL: "http://x/", Method: "PO ST"}, "method"},
-		{"bad header name", httpsink.Config{URL: "http://x/", Headers: map[string]string{"X Bad": "v"}}, `header name "X Bad"`},
-		{"header injection", httpsink.Config{URL: "http://x/", Headers: map[string]string{"X-A": "v\r\nX-B: w"}}, "header X-A"},
-		{"unset variable", httpsink.Config{URL: "http://x/", Headers: map[string]string{"Authorization": "Bearer ${HTTPSINK_TEST_UNSET}"}},
-			"header Authorization: environment variable HTTPSINK_TEST_UNSET is not set"},
-		{"bad reference", httpsink.Config{URL: "http://x/", Headers: map[string]string{"X-A": "${1x}"}}, "header X-A: invalid variable reference"},
-		{"bad template", httpsink.Config{URL: "http://x/", BodyTemplate: "{{.JSON.to"}, "body_template"},
-		{"unknown template func", httpsink.Config{URL: "http://x/", BodyTemplate: "{{nope .Body}}"}, "body_template"},
-		{"negative timeout", httpsink.Config{URL: "http://x/", Timeout: -time.Second}, "timeout"},
-		{"negative max conns", httpsink.Config{URL: "http://x/", MaxConns: -1}, "max_conns"},
+		{"no url", httpsink.Config{}, "URL: required"},
+		{"bad scheme", httpsink.Config{URL: "ftp://example.com/"}, `URL: scheme must be http or https, got "ftp"`},
+		{"no host", httpsink.Config{URL: "http:///path"}, "URL: has no host"},
+		{"bad method", httpsink.Config{URL: "http://x/", Method: "PO ST"}, "Method"},
+		{"bad header name", httpsink.Config{URL: "http://x/", Headers: map[string]string{"X Bad": "v"}}, `Headers["X Bad"]: not a valid header name`},
+		{"header injection", httpsink.Config{URL: "http://x/", Headers: map[string]string{"X-A": "v\r\nX-B: w"}}, `Headers["X-A"]: value holds a control character`},
+		{"bad template", httpsink.Config{URL: "http://x/", BodyTemplate: "{{.JSON.to"}, "BodyTemplate: template: body_template:1"},
+		{"unknown template func", httpsink.Config{URL: "http://x/", BodyTemplate: "{{nope .Body}}"}, `function "nope" not defined`},
+		{"bad content type", httpsink.Config{URL: "http://x/", ContentType: "json; ="}, "ContentType"},
+		{"negative timeout", httpsink.Config{URL: "http://x/", Timeout: -time.Second}, "Timeout: must not be negative"},
+		{"negative max conns", httpsink.Config{URL: "http://x/", MaxConns: -1}, "MaxConns: must not be negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -581,5 +580,44 @@ func TestErrorBodySnippetIsTruncated(t *testing.T) {
 	}
 	if len(err.Error()) > 400 {
 		t.Errorf("error is %d bytes long, want a short snippet", len(err.Error()))
+	}
+}
+
+// TestValidateTemplateFunctions is the regression test of issue 11 item 1:
+// the README's push-webhook and SMS templates call json and form, which
+// Validate (what the config package calls) must know, exactly as New does.
+func TestValidateTemplateFunctions(t *testing.T) {
+	for _, tmpl := range []string{
+		`{"token":{{json .JSON.device}}}`,
+		`{{form "To" .JSON.to "Body" .JSON.text}}`,
+		`To={{.JSON.to | urlquery}}&Body={{.JSON.text | urlquery}}`,
+	} {
+		if err := (httpsink.Config{URL: "http://x/", BodyTemplate: tmpl}).Validate(); err != nil {
+			t.Errorf("Validate(%s) = %v", tmpl, err)
+		}
+	}
+}
+
+// TestValidateReportsEveryField checks that Validate lists every problem
+// as a *sinks.FieldError naming the Go field, and never quotes a header
+// value.
+func TestValidateReportsEveryField(t *testing.T) {
+	err := httpsink.Config{
+		URL:          "ftp://user:hunter2@x/",
+		Method:       "A B",
+		Headers:      map[string]string{"Authorization": "Bearer hunter2\n", "X Y": "v"},
+		BodyTemplate: "{{jsn .}}",
+		Timeout:      -1,
+	}.Validate()
+	var got []string
+	for _, fe := range sinks.FieldErrors(err) {
+		got = append(got, fe.Field+"/"+fe.Key)
+	}
+	want := []string{"URL/", "Method/", "Timeout/", "Headers/Authorization", "Headers/X Y", "BodyTemplate/"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("fields = %q, want %q (error: %v)", got, want, err)
+	}
+	if strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("error quotes a secret: %v", err)
 	}
 }

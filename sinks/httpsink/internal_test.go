@@ -36,28 +36,6 @@ func TestRetryAfterParse(t *testing.T) {
 	}
 }
 
-func TestFormFunc(t *testing.T) {
-	tests := []struct {
-		name    string
-		args    []any
-		want    string
-		wantErr bool
-	}{
-		{"pairs", []any{"b", "2", "a", 1}, "a=1&b=2", false},
-		{"map any", []any{map[string]any{"to": "+1", "tags": []any{"x", "y"}, "n": nil}}, "n=&tags=x&tags=y&to=%2B1", false},
-		{"map string", []any{map[string]string{"a": "&"}}, "a=%26", false},
-		{"odd args", []any{"a", "1", "b"}, "", true},
-		{"non-string key", []any{1, "x"}, "", true},
-		{"not a map", []any{"x"}, "", true},
-	}
-	for _, tt := range tests {
-		got, err := formFunc(tt.args...)
-		if (err != nil) != tt.wantErr || got != tt.want {
-			t.Errorf("%s: formFunc = %q, %v; want %q, error %v", tt.name, got, err, tt.want, tt.wantErr)
-		}
-	}
-}
-
 func TestSnippet(t *testing.T) {
 	tests := []struct{ in, want string }{
 		{"", ""},
