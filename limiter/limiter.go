@@ -27,15 +27,22 @@ import (
 	"time"
 )
 
-// Limiter is the interface consumers depend on. *Bucket implements it.
-type Limiter interface {
-	// Wait blocks until cost tokens are granted or ctx ends.
-	Wait(ctx context.Context, cost int) error
-	// Allow takes cost tokens if they are available now and reports whether
-	// it did. It never blocks on the rate.
-	Allow(ctx context.Context, cost int) (bool, error)
-	// State reads the bucket without changing it.
-	State(ctx context.Context) (State, error)
+// MaxRate is the highest rate, in tokens per second, that a bucket accepts:
+// in its configuration, a runtime override or a fallback rate. It keeps the
+// stores' arithmetic exact (the Redis scripts answer in thousandths of a
+// token) and far from integer overflow.
+const MaxRate = 1e9
+
+// MaxBurst is the largest burst a bucket accepts.
+const MaxBurst = math.MaxInt32
+
+// DefaultBurst returns the burst used when none is given: one second of
+// tokens at rate, at least 1 and at most MaxBurst.
+func DefaultBurst(rate float64) int {
+	if !(rate > 0) {
+		return 1
+	}
+	return int(min(math.Max(1, math.Ceil(rate)), MaxBurst))
 }
 
 // Sentinel errors. They are wrapped with context; test with errors.Is.
@@ -50,6 +57,13 @@ var (
 	ErrStore = errors.New("bucket store failed")
 	// ErrClosed is returned by a Bucket after Close.
 	ErrClosed = errors.New("bucket closed")
+	// ErrMisconfigured is matched, besides ErrStore, by a store failure
+	// that waiting will not cure: the store refused this client's
+	// credentials, permissions or database, or cannot run its scripts. A
+	// Bucket never falls back on it: it stops granting (ModeClosed) and
+	// logs an error until the store answers again. Check returns it at
+	// start, so that a program can exit instead of running unlimited.
+	ErrMisconfigured = errors.New("bucket store misconfigured")
 )
 
 // State is a snapshot of a bucket.
@@ -77,12 +91,17 @@ type State struct {
 	// Mode is how the Bucket that produced this State is limiting now. A
 	// Store leaves it empty.
 	Mode Mode
+	// At is the store's clock when it answered, or the zero time when the
+	// State does not come from a store.
+	At time.Time
 }
 
 // Override is a rate and burst set at runtime that wins over every replica's
 // configured values until it is cleared or expires.
 type Override struct {
-	Rate  float64
+	Rate float64
+	// Burst is the override's burst, or 0 when the override keeps each
+	// replica's configured burst.
 	Burst int
 	// ExpiresIn is how long the override still holds, or 0 for no expiry.
 	ExpiresIn time.Duration
@@ -143,6 +162,13 @@ type Store interface {
 	Pause(ctx context.Context, d time.Duration) error
 	// Status reads the bucket without changing it.
 	Status(ctx context.Context) (State, error)
+	// Drain empties the bucket, as if its tokens had been spent, and
+	// reserves debt more tokens ahead of every later caller. A Bucket calls
+	// it when it comes back from its fallback, so that the tokens its
+	// replica granted and booked locally are charged to the shared bucket
+	// instead of adding to a bucket that refilled, or restarted full,
+	// meanwhile.
+	Drain(ctx context.Context, debt int) error
 	// Limits returns the rate and burst the store was configured with,
 	// without any I/O. The Bucket uses them before it has heard from the
 	// store, for example to size its fallback when the store is down from
@@ -174,25 +200,28 @@ type Notifier interface {
 	Watch(ctx context.Context, changed func())
 }
 
-// ValidateRate returns an error naming the parameter unless rate is a
-// finite number above zero.
+// ValidateRate returns a *ParamError for the parameter "Rate" unless rate
+// is a number above zero and at most MaxRate.
 func ValidateRate(rate float64) error {
-	if math.IsNaN(rate) || math.IsInf(rate, 0) || rate <= 0 {
-		return &ParamError{Param: "rate", Msg: "must be a finite number > 0", Value: rate}
+	if !(rate > 0) || rate > MaxRate { // also rejects NaN and infinities
+		return &ParamError{Param: "Rate", Msg: "must be a number > 0 and <= " + strconv.FormatFloat(MaxRate, 'g', -1, 64), Value: rate}
 	}
 	return nil
 }
 
-// ValidateBurst returns an error naming the parameter unless burst >= 1.
+// ValidateBurst returns a *ParamError for the parameter "Burst" unless
+// burst is at least 1 and at most MaxBurst.
 func ValidateBurst(burst int) error {
-	if burst < 1 {
-		return &ParamError{Param: "burst", Msg: "must be >= 1", Value: burst}
+	if burst < 1 || burst > MaxBurst {
+		return &ParamError{Param: "Burst", Msg: "must be >= 1 and <= " + strconv.Itoa(MaxBurst), Value: burst}
 	}
 	return nil
 }
 
 // ParamError is a bad parameter given to a constructor or a call.
 type ParamError struct {
+	// Param is the Go name of the parameter or field, such as "Rate" or
+	// "Lease.Fraction".
 	Param string
 	Msg   string
 	Value any
@@ -220,6 +249,9 @@ type StoreError struct {
 	// Bucket is the bucket's name.
 	Bucket string
 	Err    error
+	// Misconfigured is set when the failure is not an outage but a
+	// configuration problem (see ErrMisconfigured).
+	Misconfigured bool
 }
 
 func (e *StoreError) Error() string {
@@ -228,5 +260,8 @@ func (e *StoreError) Error() string {
 
 func (e *StoreError) Unwrap() error { return e.Err }
 
-// Is makes errors.Is(err, ErrStore) true for every StoreError.
-func (e *StoreError) Is(target error) bool { return target == ErrStore }
+// Is makes errors.Is(err, ErrStore) true for every StoreError, and
+// errors.Is(err, ErrMisconfigured) true for one whose Misconfigured is set.
+func (e *StoreError) Is(target error) bool {
+	return target == ErrStore || (target == ErrMisconfigured && e.Misconfigured)
+}

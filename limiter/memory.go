@@ -27,16 +27,30 @@ type Memory struct {
 }
 
 // NewMemory returns a full in-process bucket that refills at rate tokens per
-// second up to burst. It returns a *ParamError when rate is not a finite
-// number above zero or burst is below 1.
+// second up to burst; a burst of 0 means DefaultBurst(rate). It returns a
+// *ParamError when rate or burst is out of range (see ValidateRate and
+// ValidateBurst).
 func NewMemory(rate float64, burst int) (*Memory, error) {
 	if err := ValidateRate(rate); err != nil {
 		return nil, err
+	}
+	if burst == 0 {
+		burst = DefaultBurst(rate)
 	}
 	if err := ValidateBurst(burst); err != nil {
 		return nil, err
 	}
 	return &Memory{now: time.Now, rate: rate, burst: burst}, nil
+}
+
+// maxWaitUS caps every wait a store computes, in microseconds (about 31
+// years), so that no tiny rate or huge debt overflows a time.Duration. The
+// Redis scripts cap their replies the same way.
+const maxWaitUS = 1e15
+
+// waitUS returns ceil(tokens·1e6/rate) microseconds, capped at maxWaitUS.
+func waitUS(tokens, rate float64) int64 {
+	return int64(math.Min(math.Ceil(tokens*1e6/rate), maxWaitUS))
 }
 
 // newEmptyMemory returns a Memory bucket that starts with no tokens.
@@ -148,7 +162,7 @@ func (m *Memory) TakeAt(t time.Time, req TakeRequest) (TakeResult, error) {
 	after := tokens - cost
 	wait := ts - now
 	if after < 0 {
-		wait += int64(math.Ceil(-after * 1e6 / m.rate))
+		wait = min(wait+waitUS(-after, m.rate), maxWaitUS)
 	}
 	got := req.Cost
 	if wait <= 0 {
@@ -161,7 +175,7 @@ func (m *Memory) TakeAt(t time.Time, req TakeRequest) (TakeResult, error) {
 	} else {
 		var horizon int64
 		if req.MaxWait > 0 {
-			horizon = max(req.MaxWait.Microseconds(), int64(math.Ceil(cost*1e6/m.rate)))
+			horizon = max(req.MaxWait.Microseconds(), waitUS(cost, m.rate))
 		}
 		if wait > horizon {
 			res.Wait = time.Duration(wait-horizon) * time.Microsecond
@@ -183,6 +197,20 @@ func (m *Memory) RefundAt(t time.Time, tokens int) {
 	defer m.mu.Unlock()
 	cur, ts := m.advance(t.UnixMicro())
 	m.save(math.Min(float64(m.burst), cur+float64(tokens)), ts)
+}
+
+// Drain implements Store.
+func (m *Memory) Drain(_ context.Context, debt int) error {
+	m.DrainAt(m.now(), debt)
+	return nil
+}
+
+// DrainAt is Drain at an explicit instant.
+func (m *Memory) DrainAt(t time.Time, debt int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	tokens, ts := m.advance(t.UnixMicro())
+	m.save(math.Min(tokens, 0)-float64(max(debt, 0)), ts)
 }
 
 // PauseAt is Pause at an explicit instant.
@@ -209,6 +237,7 @@ func (m *Memory) StatusAt(t time.Time) State {
 	st := State{
 		Tokens: tokens, Rate: m.rate, Burst: m.burst,
 		ConfiguredRate: m.rate, ConfiguredBurst: m.burst, Replicas: 1,
+		At: time.UnixMicro(now),
 	}
 	if ts > now {
 		st.Rate = 0
@@ -218,7 +247,7 @@ func (m *Memory) StatusAt(t time.Time) State {
 }
 
 // SetRate changes the rate and burst of the bucket, keeping its tokens, and
-// tells the watchers. It returns a *ParamError for a bad value.
+// tells the watchers. It returns a *ParamError for a value out of range.
 func (m *Memory) SetRate(rate float64, burst int) error {
 	if err := ValidateRate(rate); err != nil {
 		return err

@@ -179,18 +179,18 @@ func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 	switch sub {
 	case "set":
 		if clear {
-			err = t.store.ClearOverride(ctx)
+			err = t.store.Admin().ClearOverride(ctx)
 			done = fmt.Sprintf("Cleared the override of bucket %s: each replica's configured rate applies again.", t.name)
 		} else {
-			err = t.store.SetOverride(ctx, rate, burst, ttl)
+			err = t.store.Admin().SetOverride(ctx, rate, burst, ttl)
 			done = fmt.Sprintf("Bucket %s now runs at %s, %s, %s; every running replica takes it up with its next token request.",
 				t.name, formatRate(rate), describeBurst(burst), describeTTL(ttl))
 		}
 	case "fill":
-		err = t.store.Fill(ctx)
+		err = t.store.Admin().Fill(ctx)
 		done = fmt.Sprintf("Filled bucket %s to its burst.", t.name)
 	case "reset":
-		err = t.store.Reset(ctx)
+		err = t.store.Admin().Reset(ctx)
 		done = fmt.Sprintf("Reset bucket %s: it is full, and its override and pause are gone.", t.name)
 	}
 	if err != nil {

@@ -75,7 +75,7 @@ func bucketJSON(t *testing.T, args ...string) statusJSON {
 
 func TestBucketCommands(t *testing.T) {
 	addr := testenv.RedisAddr(t)
-	name := uniqueName(t, "cli")
+	name := testenv.Name(t, "cli")
 	path := bucketConfig(t, addr, name, 10, 4)
 	t.Cleanup(func() { runCLI(t, "bucket", "reset", "--config", path) })
 
@@ -249,7 +249,7 @@ func heartbeat(t *testing.T, client redis.UniversalClient, name, id string, rate
 
 func TestBucketStatusWithoutConfig(t *testing.T) {
 	addr := testenv.RedisAddr(t)
-	name := uniqueName(t, "cli")
+	name := testenv.Name(t, "cli")
 	client, store := redisStore(t, addr, name, 1, 1)
 	t.Cleanup(func() { client.Del(context.Background(), store.Keys()...) })
 
@@ -313,9 +313,9 @@ func TestBucketRedisDown(t *testing.T) {
 
 func TestBucketSetReachesReplicas(t *testing.T) {
 	addr := testenv.RedisAddr(t)
-	name := uniqueName(t, "cli")
+	name := testenv.Name(t, "cli")
 	_, store := redisStore(t, addr, name, 5, 1)
-	t.Cleanup(func() { store.Reset(context.Background()) })
+	t.Cleanup(func() { store.Admin().Reset(context.Background()) })
 	b, err := limiter.New(store, limiter.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -336,7 +336,7 @@ func TestBucketSetReachesReplicas(t *testing.T) {
 
 func TestBucketList(t *testing.T) {
 	addr := testenv.RedisAddr(t)
-	name := uniqueName(t, "cli")
+	name := testenv.Name(t, "cli")
 	client, store := redisStore(t, addr, name, 1, 1)
 	t.Cleanup(func() { client.Del(context.Background(), store.Keys()...) })
 	heartbeat(t, client, name, "list-replica", 40, 4)

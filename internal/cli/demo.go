@@ -494,7 +494,7 @@ func (r *demoReplicas) shutdown(forget bool) {
 	}
 	if forget && len(r.stores) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		if err := r.stores[0].Reset(ctx); err != nil {
+		if err := r.stores[0].Admin().Reset(ctx); err != nil {
 			r.log.Warn("removing the demo bucket", "error", err)
 		}
 		cancel()

@@ -37,19 +37,25 @@ func Example() {
 }
 
 // An operator raises the rate for every replica for one hour, before a
-// promotion, and pre-fills the bucket.
-func ExampleStore_SetOverride() {
+// promotion, and pre-fills the bucket. The Admin needs no configured
+// limits: the override gives them.
+func ExampleAdmin_SetOverride() {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 	defer client.Close()
-	store, err := redislimiter.New(client, redislimiter.Config{Bucket: "sms-outbound", Rate: 100, Burst: 200})
+	admin, err := redislimiter.NewAdmin(client, redislimiter.AdminConfig{Bucket: "sms-outbound"})
 	if err != nil {
 		log.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := store.SetOverride(ctx, 300, 600, time.Hour); err != nil {
+	if err := admin.SetOverride(ctx, 300, 600, time.Hour); err != nil {
 		log.Fatal(err)
 	}
-	if err := store.Fill(ctx); err != nil {
+	if err := admin.Fill(ctx); err != nil {
 		log.Fatal(err)
 	}
+	st, err := admin.Status(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("%v tokens of %d at %v/s", st.Tokens, st.Burst, st.Rate)
 }

@@ -9,8 +9,8 @@ import (
 )
 
 // Watch implements limiter.Notifier. It subscribes to the bucket's channel,
-// PREFIX{NAME}:changes, on which SetOverride, ClearOverride, Fill, Reset and
-// Pause announce themselves, and calls changed for each announcement until
+// PREFIX{NAME}:changes, on which the scripts of Admin's SetOverride,
+// ClearOverride, Fill and Reset and of Store's Pause announce themselves, and calls changed for each announcement until
 // ctx ends. go-redis resubscribes by itself after a connection failure.
 // Announcements made while the subscription was down are lost, so Watch
 // also calls changed once after each resubscription: the replica then takes
@@ -40,13 +40,6 @@ func (s *Store) Watch(ctx context.Context, changed func()) {
 			changed()
 		}
 	}
-}
-
-// announce tells every replica's Watch that the bucket changed. The change
-// itself is already stored, so a failed announcement only means replicas
-// notice it at their next take instead of at once.
-func (s *Store) announce(ctx context.Context, op string) {
-	_ = s.client.Publish(ctx, s.channel, op).Err()
 }
 
 var _ limiter.Notifier = (*Store)(nil)

@@ -58,7 +58,7 @@ func TestWatchReportsAChangeAfterResubscribing(t *testing.T) {
 	if n := changes.Load(); n != 0 {
 		t.Fatalf("%d changes reported on the first subscription, want 0", n)
 	}
-	if err := admin.Fill(ctx); err != nil { // announced while subscribed
+	if err := admin.Admin().Fill(ctx); err != nil { // announced while subscribed
 		t.Fatal(err)
 	}
 	waitUntil("the announced fill", func() bool { return changes.Load() == 1 })
@@ -66,7 +66,7 @@ func TestWatchReportsAChangeAfterResubscribing(t *testing.T) {
 	proxy.Block() // new connections wait, so the override lands while the subscription is down
 	proxy.Cut()
 	waitUntil("unsubscribed", func() bool { return subscribers() == 0 })
-	if err := admin.SetOverride(ctx, 50, 0, time.Minute); err != nil { // announced to nobody
+	if err := admin.Admin().SetOverride(ctx, 50, 0, time.Minute); err != nil { // announced to nobody
 		t.Fatal(err)
 	}
 	if n := changes.Load(); n != 1 {

@@ -1,12 +1,35 @@
 package redislimiter
 
-import "github.com/redis/go-redis/v9"
+import (
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/limiter"
+)
 
 // prelude holds the functions every bucket script shares. All times are
 // microseconds. The time is read with TIME inside the script, so every
 // replica uses the clock of Redis; a test may pass an explicit instant as
 // the last argument instead (0 means "use TIME").
-const prelude = `
+//
+// Every number a script replies with goes through milli or clamp, which
+// keep it within ±1e15: Redis turns a Lua number into an integer reply with
+// a C cast, which wraps around for larger values. An override that Redis
+// holds outside (0, limiter.MaxRate] or [1, limiter.MaxBurst], written by
+// something other than SetOverride, is ignored: the replica's configured
+// values apply.
+var prelude = `
+local MAXRATE = ` + strconv.FormatFloat(limiter.MaxRate, 'g', -1, 64) + `
+local MAXBURST = ` + strconv.Itoa(limiter.MaxBurst) + `
+
+local function clamp(x)
+  if x ~= x then return 0 end
+  if x > 1e15 then return 1e15 end
+  if x < -1e15 then return -1e15 end
+  return x
+end
+
 local function now_us(arg)
   local n = tonumber(arg)
   if n and n > 0 then return n end
@@ -14,9 +37,25 @@ local function now_us(arg)
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- valid_rate and valid_burst return their argument as a number if it is
+-- within the limits, else nil. NaN fails every comparison.
+local function valid_rate(v)
+  local r = tonumber(v)
+  if r and r > 0 and r <= MAXRATE then return r end
+  return nil
+end
+
+local function valid_burst(v)
+  local b = tonumber(v)
+  if b and b >= 1 and b <= MAXBURST then return math.floor(b) end
+  return nil
+end
+
+-- limits returns the effective rate and burst: the override's where it
+-- holds a valid value, else the configured ones.
 local function limits(okey, rate, burst)
   local ov = redis.call('HMGET', okey, 'rate', 'burst')
-  return tonumber(ov[1]) or rate, tonumber(ov[2]) or burst
+  return valid_rate(ov[1]) or rate, valid_burst(ov[2]) or burst
 end
 
 -- load returns the tokens and timestamp at now. A missing bucket is full.
@@ -42,7 +81,12 @@ local function save(skey, tokens, ts, now, rate, burst)
 end
 
 local function milli(x)
-  return math.floor(x * 1000 + 0.5)
+  return clamp(math.floor(x * 1000 + 0.5))
+end
+
+-- wait_us returns the microseconds needed to refill n tokens at rate.
+local function wait_us(n, rate)
+  return clamp(math.ceil(n * 1e6 / rate))
 end
 `
 
@@ -61,7 +105,7 @@ if ts > now then eff = 0 end
 if cost > burst then return {-1, 0, 0, milli(tokens), milli(eff), burst, now} end
 local after = tokens - cost
 local wait = ts - now
-if after < 0 then wait = wait + math.ceil(-after * 1e6 / rate) end
+if after < 0 then wait = clamp(wait + wait_us(-after, rate)) end
 local got = cost
 if wait <= 0 then
   wait = 0
@@ -72,7 +116,7 @@ if wait <= 0 then
   end
 else
   local horizon = 0
-  if max_wait > 0 then horizon = math.max(max_wait, math.ceil(cost * 1e6 / rate)) end
+  if max_wait > 0 then horizon = math.max(max_wait, wait_us(cost, rate)) end
   if wait > horizon then return {0, 0, wait - horizon, milli(tokens), milli(eff), burst, now} end
 end
 save(KEYS[1], after, ts, now, rate, burst)
@@ -91,10 +135,12 @@ save(KEYS[1], tokens, ts, now, rate, burst)
 return milli(tokens)
 `)
 
-// pauseScript stops refilling and granting until now + d. A longer pause
-// already in place is kept. Reservations already made stay valid.
+// pauseScript stops refilling and granting until now + d, and announces
+// it. A longer pause already in place is kept. Reservations already made
+// stay valid.
 //
-// KEYS: state, override. ARGV: rate, burst, d_us, now_us. Reply: paused_us.
+// KEYS: state, override. ARGV: rate, burst, d_us, now_us, channel. Reply:
+// paused_us.
 var pauseScript = redis.NewScript(prelude + `
 local now = now_us(ARGV[4])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
@@ -102,40 +148,106 @@ local tokens, ts = load(KEYS[1], now, rate, burst)
 local untl = now + tonumber(ARGV[3])
 if untl > ts then ts = untl end
 save(KEYS[1], math.min(tokens, 0), ts, now, rate, burst)
-return ts - now
+redis.call('PUBLISH', ARGV[5], 'pause')
+return clamp(ts - now)
 `)
 
-// statusScript reads the bucket without changing it.
+// statusScript reads the bucket without changing it. The configured rate
+// and burst may be 0 for "unknown" (an Admin without them); then the
+// effective ones are known only from a valid override, and the tokens only
+// when both are known.
 //
 // KEYS: state, override, replicas. ARGV: rate, burst, now_us.
-// Reply: {remaining_milli, effective_rate_milli, burst, paused_us,
-// override_rate_milli (or -1), override_burst (or -1), override_ttl_ms,
-// replicas}.
+// Reply: {tokens_milli (or false when unknown), effective_rate_milli (the
+// refill rate apart from a pause, 0 when unknown), burst (0 when unknown),
+// paused_us, override_rate (verbatim, or false), override_burst (verbatim,
+// or false), override_ttl_ms, replicas, now_us}.
 var statusScript = redis.NewScript(prelude + `
 local now = now_us(ARGV[3])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
-local tokens, ts = load(KEYS[1], now, rate, burst)
-local eff = rate
+local st = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
 local paused = 0
-if ts > now then eff = 0; paused = ts - now end
+local ts = tonumber(st[2])
+if ts and ts > now then paused = clamp(ts - now) end
+local tokens = false
+if rate > 0 and burst > 0 then tokens = milli(load(KEYS[1], now, rate, burst)) end
 local ov = redis.call('HMGET', KEYS[2], 'rate', 'burst')
-local orate, oburst = -1, -1
-if ov[1] then orate = milli(tonumber(ov[1])) end
-if ov[2] then oburst = tonumber(ov[2]) end
 local ottl = redis.call('PTTL', KEYS[2])
 local replicas = redis.call('ZCOUNT', KEYS[3], string.format('(%d', now), '+inf')
-return {milli(tokens), milli(eff), burst, paused, orate, oburst, ottl, replicas}
+return {tokens, milli(rate), burst, paused, ov[1] or false, ov[2] or false, ottl, replicas, now}
 `)
 
-// fillScript sets the bucket to its effective burst, keeping a pause.
+// drainScript empties the bucket and reserves debt tokens ahead, keeping a
+// pause.
 //
-// KEYS: state, override. ARGV: rate, burst, now_us. Reply: burst.
+// KEYS: state, override. ARGV: rate, burst, debt, now_us. Reply:
+// remaining_milli.
+var drainScript = redis.NewScript(prelude + `
+local now = now_us(ARGV[4])
+local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
+local tokens, ts = load(KEYS[1], now, rate, burst)
+tokens = math.min(tokens, 0) - math.max(tonumber(ARGV[3]), 0)
+save(KEYS[1], tokens, ts, now, rate, burst)
+return milli(tokens)
+`)
+
+// setOverrideScript replaces the override and announces it.
+//
+// KEYS: override. ARGV: rate, burst (0: keep the configured burst), ttl_ms
+// (0: none), channel.
+var setOverrideScript = redis.NewScript(`
+redis.call('DEL', KEYS[1])
+if tonumber(ARGV[2]) > 0 then
+  redis.call('HSET', KEYS[1], 'rate', ARGV[1], 'burst', ARGV[2])
+else
+  redis.call('HSET', KEYS[1], 'rate', ARGV[1])
+end
+if tonumber(ARGV[3]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+redis.call('PUBLISH', ARGV[4], 'override')
+return 1
+`)
+
+// deleteScript deletes KEYS and announces ARGV[2] on channel ARGV[1]. It
+// clears an override and resets a bucket.
+var deleteScript = redis.NewScript(`
+redis.call('DEL', unpack(KEYS))
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return 1
+`)
+
+// leaveScript removes a replica from the heartbeat set.
+//
+// KEYS: replicas, configs. ARGV: id.
+var leaveScript = redis.NewScript(`
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return 1
+`)
+
+// fillScript fills the bucket to its effective burst, keeping a pause, and
+// announces it. When the burst is unknown (0: an Admin without configured
+// limits and no override burst), a bucket that is not paused loses its
+// state, which means full to every replica's own burst, and a paused one
+// is filled to MaxBurst, which every replica caps at its own burst.
+//
+// KEYS: state, override. ARGV: rate, burst, now_us, channel. Reply: 1.
 var fillScript = redis.NewScript(prelude + `
 local now = now_us(ARGV[3])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
-local tokens, ts = load(KEYS[1], now, rate, burst)
-save(KEYS[1], burst, ts, now, rate, burst)
-return burst
+local st = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local ts = tonumber(st[2])
+local paused = ts and ts > now
+if rate > 0 and burst > 0 then
+  local _, lts = load(KEYS[1], now, rate, burst)
+  save(KEYS[1], burst, lts, now, rate, burst)
+elseif paused then
+  redis.call('HSET', KEYS[1], 'tokens', MAXBURST, 'ts', ts)
+  redis.call('PEXPIRE', KEYS[1], math.ceil((ts - now) / 1000) + 1000)
+else
+  redis.call('DEL', KEYS[1])
+end
+redis.call('PUBLISH', ARGV[4], 'fill')
+return 1
 `)
 
 // heartbeatScript records a live replica and its configured "rate burst",

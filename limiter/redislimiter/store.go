@@ -72,18 +72,29 @@ type Config struct {
 	NoBatching bool
 }
 
+// Client is what a Store and an Admin need of a Redis client: running
+// scripts, pipelining them, and subscribing to the bucket's change channel.
+// Every go-redis client satisfies it: *redis.Client (single node or
+// Sentinel failover), *redis.ClusterClient and *redis.Ring.
+type Client interface {
+	redis.Scripter
+	Pipeline() redis.Pipeliner
+	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+}
+
 // Store is a limiter.Store kept in Redis. It also implements
-// limiter.ReplicaTracker and the operator commands SetOverride,
-// ClearOverride, Fill and Reset.
+// limiter.ReplicaTracker and limiter.Notifier; Admin gives the operator
+// commands.
 //
 // A Store is safe for concurrent use. It holds no connection of its own: it
 // uses the client it was given, which may be a single-node, Sentinel
 // (failover) or Cluster client. Batched Takes all name one bucket, so on a
 // Cluster they go to one node in one pipeline.
 type Store struct {
-	client redis.UniversalClient
+	client Client
 	cfg    Config
 	batch  *batcher // nil with Config.NoBatching
+	admin  *Admin
 	// stateKeys is {state, override}; allKeys adds replicas and configs.
 	stateKeys []string
 	allKeys   []string
@@ -98,9 +109,10 @@ type Store struct {
 	takeHead []any
 }
 
-// New returns a Store for one bucket. It makes no Redis call; errors in the
-// parameters name the parameter.
-func New(client redis.UniversalClient, cfg Config) (*Store, error) {
+// New returns a Store for one bucket. It makes no Redis call. A Burst of 0
+// means limiter.DefaultBurst(Rate). Errors in the parameters are
+// *limiter.ParamError naming the Config field.
+func New(client Client, cfg Config) (*Store, error) {
 	if client == nil {
 		return nil, &limiter.ParamError{Param: "client", Msg: "must not be nil"}
 	}
@@ -110,23 +122,27 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 	if err := limiter.ValidateRate(cfg.Rate); err != nil {
 		return nil, err
 	}
+	if cfg.Burst == 0 {
+		cfg.Burst = limiter.DefaultBurst(cfg.Rate)
+	}
 	if err := limiter.ValidateBurst(cfg.Burst); err != nil {
 		return nil, err
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
 	}
-	base := cfg.Prefix + "{" + cfg.Bucket + "}:"
+	k := newKeys(cfg.Prefix, cfg.Bucket)
 	s := &Store{
 		client:    client,
 		cfg:       cfg,
-		stateKeys: []string{base + "state", base + "override"},
-		rateArg:   any(fmt.Sprint(cfg.Rate)),
+		stateKeys: k.all[:2],
+		allKeys:   k.all,
+		channel:   k.channel,
+		rateArg:   any(strconv.FormatFloat(cfg.Rate, 'g', -1, 64)),
 		burstArg:  any(cfg.Burst),
 		configArg: strconv.FormatFloat(cfg.Rate, 'g', -1, 64) + " " + strconv.Itoa(cfg.Burst),
 	}
-	s.allKeys = append(append([]string(nil), s.stateKeys...), base+"replicas", base+"configs")
-	s.channel = base + "changes"
+	s.admin = &Admin{client: client, name: cfg.Bucket, keys: k, rate: cfg.Rate, burst: cfg.Burst, rateArg: s.rateArg, burstArg: s.burstArg}
 	s.takeHead = []any{"evalsha", takeScript.Hash(), len(s.stateKeys), s.stateKeys[0], s.stateKeys[1]}
 	if !cfg.NoBatching {
 		s.batch = &batcher{s: s}
@@ -134,15 +150,30 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// keys are the Redis keys and channel of one bucket.
+type keys struct {
+	all     []string // state, override, replicas, configs
+	channel string
+}
+
+func newKeys(prefix, bucket string) keys {
+	base := prefix + "{" + bucket + "}:"
+	return keys{all: []string{base + "state", base + "override", base + "replicas", base + "configs"}, channel: base + "changes"}
+}
+
+// Admin returns the operator commands for this store's bucket, knowing its
+// configured rate and burst.
+func (s *Store) Admin() *Admin { return s.admin }
+
 // ValidateBucketName returns an error unless name can name a bucket: not
 // empty, and without braces or white space, which would break the key's
 // hash tag.
 func ValidateBucketName(name string) error {
 	if name == "" {
-		return &limiter.ParamError{Param: "bucket", Msg: "must not be empty"}
+		return &limiter.ParamError{Param: "Bucket", Msg: "must not be empty"}
 	}
 	if strings.ContainsAny(name, "{} \t\r\n") {
-		return &limiter.ParamError{Param: "bucket", Msg: "must not contain braces or white space", Value: name}
+		return &limiter.ParamError{Param: "Bucket", Msg: "must not contain braces or white space", Value: name}
 	}
 	return nil
 }
@@ -231,10 +262,21 @@ func (s *Store) pause(ctx context.Context, nowUS int64, d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
-	if err := pauseScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, d.Microseconds(), nowUS).Err(); err != nil {
+	if err := pauseScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, d.Microseconds(), nowUS, s.channel).Err(); err != nil {
 		return s.fail("pause", err)
 	}
-	s.announce(ctx, "pause")
+	return nil
+}
+
+// Drain implements limiter.Store.
+func (s *Store) Drain(ctx context.Context, debt int) error {
+	return s.drain(ctx, 0, debt)
+}
+
+func (s *Store) drain(ctx context.Context, nowUS int64, debt int) error {
+	if err := drainScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, max(debt, 0), nowUS).Err(); err != nil {
+		return s.fail("drain", err)
+	}
 	return nil
 }
 
@@ -245,34 +287,25 @@ func (s *Store) Status(ctx context.Context) (limiter.State, error) {
 }
 
 func (s *Store) status(ctx context.Context, nowUS int64) (limiter.State, error) {
-	v, err := statusScript.Run(ctx, s.client, s.allKeys, s.rateArg, s.burstArg, nowUS).Int64Slice()
+	bs, err := s.admin.status(ctx, nowUS)
 	if err != nil {
-		return limiter.State{}, s.fail("status", err)
-	}
-	if len(v) != 8 {
-		return limiter.State{}, s.malformed("status", v)
+		return limiter.State{}, err
 	}
 	st := limiter.State{
-		Tokens:          float64(v[0]) / 1000,
-		Rate:            float64(v[1]) / 1000,
-		Burst:           int(v[2]),
-		PausedFor:       time.Duration(v[3]) * time.Microsecond,
+		Tokens:          bs.Tokens,
+		Rate:            bs.Rate,
+		Burst:           bs.Burst,
+		PausedFor:       bs.PausedFor,
 		ConfiguredRate:  s.cfg.Rate,
 		ConfiguredBurst: s.cfg.Burst,
-		Replicas:        int(v[7]),
+		Replicas:        bs.Replicas,
+		At:              bs.At,
 	}
-	if v[4] >= 0 || v[5] >= 0 {
-		o := &limiter.Override{Rate: s.cfg.Rate, Burst: s.cfg.Burst}
-		if v[4] >= 0 {
-			o.Rate = float64(v[4]) / 1000
-		}
-		if v[5] >= 0 {
-			o.Burst = int(v[5])
-		}
-		if v[6] > 0 {
-			o.ExpiresIn = time.Duration(v[6]) * time.Millisecond
-		}
-		st.Override = o
+	if bs.PausedFor > 0 {
+		st.Rate = 0
+	}
+	if o := bs.Override; o != nil && !o.Ignored {
+		st.Override = &limiter.Override{Rate: o.Rate, Burst: o.Burst, ExpiresIn: o.ExpiresIn}
 	}
 	return st, nil
 }
@@ -290,121 +323,19 @@ func (s *Store) Heartbeat(ctx context.Context, id string, ttl time.Duration) (in
 
 // Leave implements limiter.ReplicaTracker.
 func (s *Store) Leave(ctx context.Context, id string) error {
-	_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZRem(ctx, s.allKeys[2], id)
-		p.HDel(ctx, s.allKeys[3], id)
-		return nil
-	})
-	if err != nil {
+	if err := leaveScript.Run(ctx, s.client, s.allKeys[2:], id).Err(); err != nil {
 		return s.fail("leave", err)
 	}
 	return nil
 }
 
-// Replica is a live replica of a bucket, as its heartbeats describe it. It
-// is a plain value, safe to copy and to share between goroutines.
-type Replica struct {
-	// ID is the replica's id (limiter.Options.ReplicaID).
-	ID string
-	// Rate and Burst are the replica's configured values (Config.Rate and
-	// Config.Burst), or 0 when its heartbeat did not carry them.
-	Rate  float64
-	Burst int
-}
-
 // Replicas returns the live replicas, from their heartbeats, sorted by id.
 func (s *Store) Replicas(ctx context.Context) ([]Replica, error) {
-	v, err := replicasScript.Run(ctx, s.client, s.allKeys[2:], 0).StringSlice()
-	if err != nil {
-		return nil, s.fail("replicas", err)
-	}
-	if len(v)%2 != 0 {
-		return nil, s.fail("replicas", fmt.Errorf("%w: %d values, want pairs", limiter.ErrMalformedReply, len(v)))
-	}
-	out := make([]Replica, 0, len(v)/2)
-	for i := 0; i < len(v); i += 2 {
-		r := Replica{ID: v[i]}
-		if rate, burst, ok := strings.Cut(v[i+1], " "); ok {
-			r.Rate, _ = strconv.ParseFloat(rate, 64)
-			r.Burst, _ = strconv.Atoi(burst)
-			if r.Rate <= 0 || r.Burst < 1 {
-				r.Rate, r.Burst = 0, 0
-			}
-		}
-		out = append(out, r)
-	}
-	slices.SortFunc(out, func(a, b Replica) int { return strings.Compare(a.ID, b.ID) })
-	return out, nil
-}
-
-// SetOverride sets a rate and burst that win over every replica's configured
-// values, for ttl (0: until cleared). Burst 0 keeps the replicas' configured
-// burst. Running replicas follow at their next store call; reservations made
-// before it stand, and they reach no further than the reservation horizon
-// (limiter.Options.MaxReserve, 1 s by default).
-func (s *Store) SetOverride(ctx context.Context, rate float64, burst int, ttl time.Duration) error {
-	if err := limiter.ValidateRate(rate); err != nil {
-		return err
-	}
-	if burst < 0 {
-		return &limiter.ParamError{Param: "burst", Msg: "must be >= 1, or 0 to keep the configured burst", Value: burst}
-	}
-	if ttl < 0 {
-		return &limiter.ParamError{Param: "for", Msg: "must be >= 0", Value: ttl}
-	}
-	key := s.stateKeys[1]
-	_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Del(ctx, key)
-		if burst > 0 {
-			p.HSet(ctx, key, "rate", rate, "burst", burst)
-		} else {
-			p.HSet(ctx, key, "rate", rate)
-		}
-		if ttl > 0 {
-			p.PExpire(ctx, key, ttl)
-		}
-		return nil
-	})
-	if err != nil {
-		return s.fail("set override", err)
-	}
-	s.announce(ctx, "override")
-	return nil
-}
-
-// ClearOverride removes the runtime override, so every replica's configured
-// rate applies again.
-func (s *Store) ClearOverride(ctx context.Context) error {
-	if err := s.client.Del(ctx, s.stateKeys[1]).Err(); err != nil {
-		return s.fail("clear override", err)
-	}
-	s.announce(ctx, "override")
-	return nil
-}
-
-// Fill sets the bucket to its full effective burst, as before a known peak.
-// A pause from push-back is kept.
-func (s *Store) Fill(ctx context.Context) error {
-	if err := fillScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, 0).Err(); err != nil {
-		return s.fail("fill", err)
-	}
-	s.announce(ctx, "fill")
-	return nil
-}
-
-// Reset deletes the bucket's state and override: the bucket is full, not
-// paused, and every replica's configured rate applies again. The replica
-// heartbeats are kept.
-func (s *Store) Reset(ctx context.Context) error {
-	if err := s.client.Del(ctx, s.stateKeys...).Err(); err != nil {
-		return s.fail("reset", err)
-	}
-	s.announce(ctx, "reset")
-	return nil
+	return s.admin.Replicas(ctx)
 }
 
 func (s *Store) fail(op string, err error) error {
-	return &limiter.StoreError{Op: op, Bucket: s.cfg.Bucket, Err: err}
+	return storeError(op, s.cfg.Bucket, err)
 }
 
 func (s *Store) malformed(op string, v []int64) error {

@@ -26,13 +26,16 @@ func TestNewRejectsBadParameters(t *testing.T) {
 		cfg   Config
 		param string
 	}{
-		{Config{Bucket: "", Rate: 1, Burst: 1}, "bucket"},
-		{Config{Bucket: "a{b}", Rate: 1, Burst: 1}, "bucket"},
-		{Config{Bucket: "b", Rate: 0, Burst: 1}, "rate"},
-		{Config{Bucket: "b", Rate: -1, Burst: 1}, "rate"},
-		{Config{Bucket: "b", Rate: math.NaN(), Burst: 1}, "rate"},
-		{Config{Bucket: "b", Rate: math.Inf(1), Burst: 1}, "rate"},
-		{Config{Bucket: "b", Rate: 1, Burst: 0}, "burst"},
+		{Config{Bucket: "", Rate: 1, Burst: 1}, "Bucket"},
+		{Config{Bucket: "a{b}", Rate: 1, Burst: 1}, "Bucket"},
+		{Config{Bucket: "b", Rate: 0, Burst: 1}, "Rate"},
+		{Config{Bucket: "b", Rate: -1, Burst: 1}, "Rate"},
+		{Config{Bucket: "b", Rate: math.NaN(), Burst: 1}, "Rate"},
+		{Config{Bucket: "b", Rate: math.Inf(1), Burst: 1}, "Rate"},
+		{Config{Bucket: "b", Rate: 1e20, Burst: 1}, "Rate"},
+		{Config{Bucket: "b", Rate: limiter.MaxRate * 1.01, Burst: 1}, "Rate"},
+		{Config{Bucket: "b", Rate: 1, Burst: -1}, "Burst"},
+		{Config{Bucket: "b", Rate: 1, Burst: limiter.MaxBurst + 1}, "Burst"},
 	}
 	for _, tc := range cases {
 		_, err := New(c, tc.cfg)
@@ -43,6 +46,12 @@ func TestNewRejectsBadParameters(t *testing.T) {
 	}
 	if _, err := New(nil, Config{Bucket: "b", Rate: 1, Burst: 1}); err == nil {
 		t.Error("New(nil client) succeeded")
+	}
+	if s, err := New(c, Config{Bucket: "b", Rate: 12.5}); err != nil || s.cfg.Burst != 13 {
+		t.Errorf("New with Burst 0 = %v; want the default burst 13 for 12.5/s", err)
+	}
+	if _, err := New(c, Config{Bucket: "b", Rate: limiter.MaxRate, Burst: limiter.MaxBurst}); err != nil {
+		t.Errorf("New at MaxRate and MaxBurst = %v", err)
 	}
 }
 
@@ -153,7 +162,7 @@ func TestOverrideFillResetAndStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetOverride(ctx, 50, 20, time.Minute); err != nil {
+	if err := s.Admin().SetOverride(ctx, 50, 20, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	st, err := s.Status(ctx)
@@ -169,13 +178,13 @@ func TestOverrideFillResetAndStatus(t *testing.T) {
 	if err != nil || !res.Granted || res.Rate != 50 {
 		t.Fatalf("take 20 under burst 20 override = %+v, %v", res, err)
 	}
-	if err := s.Fill(ctx); err != nil {
+	if err := s.Admin().Fill(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := s.Status(ctx); st.Tokens != 20 {
 		t.Fatalf("after fill tokens = %v, want 20", st.Tokens)
 	}
-	if err := s.ClearOverride(ctx); err != nil {
+	if err := s.Admin().ClearOverride(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := s.Status(ctx); st.Rate != 10 || st.Burst != 5 || st.Override != nil || st.Tokens != 5 {
@@ -184,13 +193,13 @@ func TestOverrideFillResetAndStatus(t *testing.T) {
 	if _, err := s.Take(ctx, limiter.TakeRequest{Cost: 5}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Reset(ctx); err != nil {
+	if err := s.Admin().Reset(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := s.Status(ctx); st.Tokens != 5 {
 		t.Fatalf("after reset tokens = %v, want full", st.Tokens)
 	}
-	if err := s.SetOverride(ctx, 0, 0, 0); err == nil {
+	if err := s.Admin().SetOverride(ctx, 0, 0, 0); err == nil {
 		t.Fatal("SetOverride with rate 0 succeeded")
 	}
 }
@@ -530,7 +539,7 @@ func TestOverrideReachesReservationsOnEveryReplica(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
-	if err := admin.SetOverride(ctx, 1000, 1, time.Minute); err != nil {
+	if err := admin.Admin().SetOverride(ctx, 1000, 1, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	for range 4 {
@@ -567,7 +576,7 @@ func TestBucketsListsTheBucketsWithKeys(t *testing.T) {
 	if _, err := stores[1].Heartbeat(ctx, "r1", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := stores[2].SetOverride(ctx, 20, 0, time.Minute); err != nil {
+	if err := stores[2].Admin().SetOverride(ctx, 20, 0, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	// A key under another prefix that the pattern would match, were its glob

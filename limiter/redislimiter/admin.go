@@ -1,0 +1,277 @@
+package redislimiter
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// AdminConfig names the bucket an Admin works on.
+type AdminConfig struct {
+	// Bucket is the bucket's name, as in Config.
+	Bucket string
+	// Prefix is prepended to every key. Default DefaultPrefix.
+	Prefix string
+	// Rate and Burst are the replicas' configured values, if known; 0
+	// means unknown. Without them an Admin still reads and changes the
+	// bucket, but Status knows the rate, burst and tokens only from an
+	// override that sets them.
+	Rate  float64
+	Burst int
+}
+
+// Admin reads and changes one bucket for an operator: its status, the
+// runtime override, fill and reset. It needs no configured limits. Changes
+// are announced on the bucket's channel, so every running replica's Watch
+// hears of them at once.
+//
+// An Admin is safe for concurrent use.
+type Admin struct {
+	client Client
+	name   string
+	keys   keys
+	rate   float64
+	burst  int
+	// rateArg and burstArg are the configured values as script arguments,
+	// 0 when unknown.
+	rateArg, burstArg any
+}
+
+// NewAdmin returns an Admin for the bucket of cfg. It makes no Redis call.
+// Errors in the parameters are *limiter.ParamError naming the field.
+func NewAdmin(client Client, cfg AdminConfig) (*Admin, error) {
+	if client == nil {
+		return nil, &limiter.ParamError{Param: "client", Msg: "must not be nil"}
+	}
+	if err := ValidateBucketName(cfg.Bucket); err != nil {
+		return nil, err
+	}
+	if cfg.Rate != 0 {
+		if err := limiter.ValidateRate(cfg.Rate); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Burst != 0 {
+		if err := limiter.ValidateBurst(cfg.Burst); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	return &Admin{
+		client: client, name: cfg.Bucket, keys: newKeys(cfg.Prefix, cfg.Bucket),
+		rate: cfg.Rate, burst: cfg.Burst,
+		rateArg: strconv.FormatFloat(cfg.Rate, 'g', -1, 64), burstArg: cfg.Burst,
+	}, nil
+}
+
+// Keys returns the Redis keys of the bucket: state, override, replicas and
+// configs.
+func (a *Admin) Keys() []string { return slices.Clone(a.keys.all) }
+
+// Override is a runtime override as Redis holds it.
+type Override struct {
+	// Rate is the override's rate, or 0 when Redis holds no number.
+	Rate float64
+	// Burst is the override's burst, or 0 when the override keeps each
+	// replica's configured burst.
+	Burst int
+	// ExpiresIn is how long the override still holds, or 0 for no expiry.
+	ExpiresIn time.Duration
+	// Ignored is set when Redis holds a rate or burst that is not a number
+	// within (0, limiter.MaxRate] or [1, limiter.MaxBurst], written by
+	// something other than SetOverride. The replicas then use their
+	// configured values, and RawRate and RawBurst show what Redis holds.
+	Ignored bool
+	// RawRate and RawBurst are the override's fields verbatim ("" when
+	// absent).
+	RawRate, RawBurst string
+}
+
+// BucketStatus is a bucket as Redis holds it. It is a plain value.
+type BucketStatus struct {
+	// Bucket is the bucket's name.
+	Bucket string
+	// Rate is the rate the bucket refills at when not paused: the
+	// override's if one is in force, else the configured rate given to the
+	// Admin, else 0 for unknown.
+	Rate float64
+	// Burst is the effective burst, known the same way, or 0 for unknown.
+	Burst int
+	// TokensKnown reports whether Tokens is known: it needs Rate and Burst.
+	TokensKnown bool
+	// Tokens is the number of tokens now; negative when callers have
+	// reserved tokens ahead.
+	Tokens float64
+	// PausedFor is how long a push-back pause still holds, or 0.
+	PausedFor time.Duration
+	// Override is the runtime override, or nil when none is set.
+	Override *Override
+	// Replicas is the number of live replicas, from their heartbeats.
+	Replicas int
+	// At is Redis's clock when it answered.
+	At time.Time
+}
+
+// Status reads the bucket without changing it, in one script call.
+func (a *Admin) Status(ctx context.Context) (BucketStatus, error) {
+	return a.status(ctx, 0)
+}
+
+func (a *Admin) status(ctx context.Context, nowUS int64) (BucketStatus, error) {
+	v, err := statusScript.Run(ctx, a.client, a.keys.all[:3], a.rateArg, a.burstArg, nowUS).Slice()
+	if err != nil {
+		return BucketStatus{}, storeError("status", a.name, err)
+	}
+	malformed := func() (BucketStatus, error) {
+		return BucketStatus{}, storeError("status", a.name, fmt.Errorf("%w: %v", limiter.ErrMalformedReply, v))
+	}
+	if len(v) != 9 {
+		return malformed()
+	}
+	ints := make([]int64, len(v))
+	for _, i := range []int{1, 2, 3, 6, 7, 8} {
+		n, ok := v[i].(int64)
+		if !ok {
+			return malformed()
+		}
+		ints[i] = n
+	}
+	st := BucketStatus{
+		Bucket:    a.name,
+		Rate:      float64(ints[1]) / 1000,
+		Burst:     int(ints[2]),
+		PausedFor: time.Duration(ints[3]) * time.Microsecond,
+		Replicas:  int(ints[7]),
+		At:        time.UnixMicro(ints[8]),
+	}
+	if n, ok := v[0].(int64); ok {
+		st.Tokens, st.TokensKnown = float64(n)/1000, true
+	}
+	rawRate, hasRate := v[4].(string)
+	rawBurst, hasBurst := v[5].(string)
+	if hasRate || hasBurst {
+		o := &Override{RawRate: rawRate, RawBurst: rawBurst}
+		r, rerr := strconv.ParseFloat(rawRate, 64)
+		if rerr == nil {
+			o.Rate = r
+		}
+		if rerr != nil || limiter.ValidateRate(r) != nil {
+			o.Ignored = true
+		}
+		if hasBurst {
+			b, berr := strconv.ParseFloat(rawBurst, 64)
+			if berr == nil && b >= 1 && b <= limiter.MaxBurst {
+				o.Burst = int(b)
+			} else {
+				o.Ignored = true
+			}
+		}
+		if ints[6] > 0 {
+			o.ExpiresIn = time.Duration(ints[6]) * time.Millisecond
+		}
+		st.Override = o
+	}
+	return st, nil
+}
+
+// SetOverride sets a rate and burst that win over every replica's configured
+// values, for ttl (0: until cleared), and announces the change. Burst 0
+// keeps the replicas' configured burst. Running replicas take it up at once:
+// a Bucket that hears the announcement moves the reservations its callers
+// are sleeping on to where the new rate puts them, keeping their order.
+// Errors in the parameters are *limiter.ParamError naming "Rate", "Burst"
+// or "TTL".
+func (a *Admin) SetOverride(ctx context.Context, rate float64, burst int, ttl time.Duration) error {
+	if err := limiter.ValidateRate(rate); err != nil {
+		return err
+	}
+	if burst != 0 {
+		if err := limiter.ValidateBurst(burst); err != nil {
+			return &limiter.ParamError{Param: "Burst", Msg: "must be >= 1 and <= " + strconv.Itoa(limiter.MaxBurst) + ", or 0 to keep the configured burst", Value: burst}
+		}
+	}
+	if ttl < 0 {
+		return &limiter.ParamError{Param: "TTL", Msg: "must be >= 0", Value: ttl}
+	}
+	ms := int64(0)
+	if ttl > 0 {
+		ms = max(1, ttl.Milliseconds())
+	}
+	err := setOverrideScript.Run(ctx, a.client, a.keys.all[1:2], strconv.FormatFloat(rate, 'g', -1, 64), burst, ms, a.keys.channel).Err()
+	if err != nil {
+		return storeError("set override", a.name, err)
+	}
+	return nil
+}
+
+// ClearOverride removes the runtime override, so every replica's configured
+// rate applies again, and announces it.
+func (a *Admin) ClearOverride(ctx context.Context) error {
+	if err := deleteScript.Run(ctx, a.client, a.keys.all[1:2], a.keys.channel, "override").Err(); err != nil {
+		return storeError("clear override", a.name, err)
+	}
+	return nil
+}
+
+// Fill fills the bucket to its effective burst, as before a known peak, and
+// announces it. A pause from push-back is kept. When the Admin knows no
+// burst, each replica fills to its own configured burst.
+func (a *Admin) Fill(ctx context.Context) error {
+	if err := fillScript.Run(ctx, a.client, a.keys.all[:2], a.rateArg, a.burstArg, 0, a.keys.channel).Err(); err != nil {
+		return storeError("fill", a.name, err)
+	}
+	return nil
+}
+
+// Reset deletes the bucket's state and override, and announces it: the
+// bucket is full, not paused, and every replica's configured rate applies
+// again. The replica heartbeats are kept.
+func (a *Admin) Reset(ctx context.Context) error {
+	if err := deleteScript.Run(ctx, a.client, a.keys.all[:2], a.keys.channel, "reset").Err(); err != nil {
+		return storeError("reset", a.name, err)
+	}
+	return nil
+}
+
+// Replica is a live replica of a bucket, as its heartbeats describe it. It
+// is a plain value, safe to copy and to share between goroutines.
+type Replica struct {
+	// ID is the replica's id (limiter.Options.ReplicaID).
+	ID string
+	// Rate and Burst are the replica's configured values (Config.Rate and
+	// Config.Burst), or 0 when its heartbeat did not carry them.
+	Rate  float64
+	Burst int
+}
+
+// Replicas returns the live replicas, from their heartbeats, sorted by id.
+func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
+	v, err := replicasScript.Run(ctx, a.client, a.keys.all[2:], 0).StringSlice()
+	if err != nil {
+		return nil, storeError("replicas", a.name, err)
+	}
+	if len(v)%2 != 0 {
+		return nil, storeError("replicas", a.name, fmt.Errorf("%w: %d values, want pairs", limiter.ErrMalformedReply, len(v)))
+	}
+	out := make([]Replica, 0, len(v)/2)
+	for i := 0; i < len(v); i += 2 {
+		r := Replica{ID: v[i]}
+		if rate, burst, ok := strings.Cut(v[i+1], " "); ok {
+			r.Rate, _ = strconv.ParseFloat(rate, 64)
+			r.Burst, _ = strconv.Atoi(burst)
+			if limiter.ValidateRate(r.Rate) != nil || limiter.ValidateBurst(r.Burst) != nil {
+				r.Rate, r.Burst = 0, 0
+			}
+		}
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b Replica) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}

@@ -1,0 +1,247 @@
+package redislimiter
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/internal/testenv"
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// TestRateAboveTheMaximumIsRefused: an override of 1e20/s used to be
+// stored, and the scripts' replies wrapped it to -9223372036854776/s.
+func TestRateAboveTheMaximumIsRefused(t *testing.T) {
+	c := newClient(t)
+	a, err := NewAdmin(c, AdminConfig{Bucket: uniqueBucket(t, c)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, rate := range []float64{1e20, limiter.MaxRate * 2} {
+		var pe *limiter.ParamError
+		if err := a.SetOverride(ctx, rate, 0, 0); !errors.As(err, &pe) || pe.Param != "Rate" {
+			t.Errorf("SetOverride(%g) = %v; want a ParamError for Rate", rate, err)
+		}
+	}
+	if st, err := a.Status(ctx); err != nil || st.Override != nil {
+		t.Fatalf("status after refused overrides = %+v, %v; want no override", st, err)
+	}
+	if err := a.SetOverride(ctx, limiter.MaxRate, limiter.MaxBurst, 0); err != nil {
+		t.Fatalf("SetOverride at the maximum = %v", err)
+	}
+	st, err := a.Status(ctx)
+	if err != nil || st.Rate != limiter.MaxRate || st.Burst != limiter.MaxBurst || !st.TokensKnown || st.Tokens != limiter.MaxBurst {
+		t.Fatalf("status at the maximum = %+v, %v", st, err)
+	}
+}
+
+// TestOutOfRangeOverrideInRedisIsIgnoredAndShown: an override written
+// around SetOverride (an older binary, redis-cli) with rate 1e20 must
+// neither turn the limit off nor overflow a reply, and status shows what
+// Redis holds.
+func TestOutOfRangeOverrideInRedisIsIgnoredAndShown(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 20, Burst: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.HSet(ctx, s.stateKeys[1], "rate", "1e20", "burst", "nan").Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Take(ctx, limiter.TakeRequest{Cost: 5})
+	if err != nil || res.Rate != 20 || res.Burst != 5 {
+		t.Fatalf("take under a 1e20 override = %+v, %v; want the configured 20/s burst 5", res, err)
+	}
+	res, err = s.Take(ctx, limiter.TakeRequest{Cost: 1})
+	if err != nil || res.Granted || res.Wait > 50*time.Millisecond || res.Wait < 40*time.Millisecond {
+		t.Fatalf("take from the empty bucket = %+v, %v; want told to wait about 50ms (one token at 20/s)", res, err)
+	}
+	st, err := s.Status(ctx)
+	if err != nil || st.Rate != 20 || st.Override != nil {
+		t.Fatalf("store status = %+v, %v; want 20/s and no override in force", st, err)
+	}
+	a, _ := NewAdmin(c, AdminConfig{Bucket: s.cfg.Bucket})
+	bs, err := a.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := bs.Override
+	if o == nil || !o.Ignored || o.Rate != 1e20 || o.RawRate != "1e20" || o.RawBurst != "nan" || o.Burst != 0 {
+		t.Fatalf("admin status override = %+v; want 1e20 shown verbatim and marked ignored", o)
+	}
+	if bs.Rate != 0 || bs.TokensKnown {
+		t.Fatalf("admin without limits = %+v; want rate and tokens unknown", bs)
+	}
+}
+
+// TestRepliesStayExactAtTheLimits drives the scripts at MaxRate and
+// MaxBurst with a long reservation, where milli-token replies are largest.
+func TestRepliesStayExactAtTheLimits(t *testing.T) {
+	c := newClient(t)
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: limiter.MaxRate, Burst: limiter.MaxBurst})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC).UnixMicro()
+	for i := range 3 {
+		res, err := s.take(ctx, at, limiter.TakeRequest{Cost: limiter.MaxBurst, MaxWait: time.Hour})
+		if err != nil || !res.Granted || res.Rate != limiter.MaxRate || res.Burst != limiter.MaxBurst ||
+			res.Remaining != -float64(i)*limiter.MaxBurst {
+			t.Fatalf("take %d = %+v, %v", i, res, err)
+		}
+	}
+	st, err := s.status(ctx, at)
+	if err != nil || st.Tokens != -2*limiter.MaxBurst || st.Rate != limiter.MaxRate {
+		t.Fatalf("status = %+v, %v", st, err)
+	}
+}
+
+func TestAdminWithoutLimits(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	name := uniqueBucket(t, c)
+	s, err := New(c, Config{Bucket: name, Rate: 10, Burst: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := NewAdmin(c, AdminConfig{Bucket: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Take(ctx, limiter.TakeRequest{Cost: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := a.Status(ctx); err != nil || st.Rate != 0 || st.Burst != 0 || st.TokensKnown || st.Override != nil {
+		t.Fatalf("status without limits or override = %+v, %v; want nothing known", st, err)
+	}
+	if err := a.SetOverride(ctx, 50, 0, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	st, err := a.Status(ctx)
+	if err != nil || st.Rate != 50 || st.Burst != 0 || st.TokensKnown || st.Override == nil ||
+		st.Override.Burst != 0 || st.Override.Ignored || st.Override.ExpiresIn < 59*time.Second {
+		t.Fatalf("status with a rate-only override = %+v (%+v), %v; want rate 50, burst unknown (kept per replica)", st, st.Override, err)
+	}
+	if err := a.SetOverride(ctx, 50, 20, 0); err != nil {
+		t.Fatal(err)
+	}
+	st, err = a.Status(ctx)
+	if err != nil || st.Rate != 50 || st.Burst != 20 || !st.TokensKnown || st.Override.Burst != 20 || st.Override.ExpiresIn != 0 {
+		t.Fatalf("status with a full override = %+v (%+v), %v", st, st.Override, err)
+	}
+	if err := a.ClearOverride(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Fill without a known burst: every replica fills to its own.
+	if err := a.Fill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Status(ctx); err != nil || st.Tokens != 5 {
+		t.Fatalf("replica's view after an admin fill = %+v, %v; want its burst 5", st, err)
+	}
+	if err := s.Pause(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Fill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st2, err := s.Status(ctx)
+	if err != nil || st2.PausedFor < 59*time.Second || st2.Tokens != 5 {
+		t.Fatalf("after fill while paused = %+v, %v; want the pause kept and the bucket full at 5", st2, err)
+	}
+	if _, err := NewAdmin(c, AdminConfig{Bucket: "x", Rate: 1e20}); err == nil {
+		t.Error("NewAdmin with Rate 1e20 succeeded")
+	}
+}
+
+// privateRedis starts a redis-server of this test's own, listening only on
+// a unix socket (no port to pick), with extra config lines.
+func privateRedis(t *testing.T, conf ...string) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		testenv.Missing(t, "redis-server", "install redis", err)
+	}
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "redis.sock")
+	args := append([]string{"--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no", "--dir", dir}, conf...)
+	cmd := exec.Command(bin, args...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	c := redis.NewClient(&redis.Options{Network: "unix", Addr: sock, Password: passwordOf(conf), MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("private redis-server did not answer")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return sock
+}
+
+func passwordOf(conf []string) string {
+	for i, c := range conf {
+		if c == "--requirepass" {
+			return conf[i+1]
+		}
+	}
+	return ""
+}
+
+// TestConfigurationErrorsAreNotOutages: a wrong password, a missing one, a
+// user without permission for scripts, and a wrong db are ErrMisconfigured
+// (and ErrStore); a server that is down is only ErrStore.
+func TestConfigurationErrorsAreNotOutages(t *testing.T) {
+	sock := privateRedis(t, "--requirepass", "right")
+	admin := redis.NewClient(&redis.Options{Network: "unix", Addr: sock, Password: "right"})
+	defer admin.Close()
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "noscripts", "on", ">pw", "~*", "&*", "+@all", "-eval", "-evalsha").Err(); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		opts redis.Options
+	}{
+		{"wrong password", redis.Options{Password: "wrong"}},
+		{"no password", redis.Options{}},
+		{"no permission for scripts", redis.Options{Username: "noscripts", Password: "pw"}},
+		{"db out of range", redis.Options{Password: "right", DB: 99}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := tc.opts
+			o.Network, o.Addr, o.MaxRetries = "unix", sock, -1
+			c := redis.NewClient(&o)
+			defer c.Close()
+			s, err := New(c, Config{Bucket: "b", Rate: 10, Burst: 5})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = s.Take(ctx, limiter.TakeRequest{Cost: 1})
+			if !errors.Is(err, limiter.ErrMisconfigured) || !errors.Is(err, limiter.ErrStore) {
+				t.Fatalf("Take = %v; want ErrMisconfigured and ErrStore", err)
+			}
+			if _, err := s.Status(ctx); !errors.Is(err, limiter.ErrMisconfigured) {
+				t.Fatalf("Status = %v; want ErrMisconfigured", err)
+			}
+		})
+	}
+	c := redis.NewClient(&redis.Options{Network: "unix", Addr: filepath.Join(t.TempDir(), "none.sock"), MaxRetries: -1})
+	defer c.Close()
+	s, _ := New(c, Config{Bucket: "b", Rate: 10, Burst: 5})
+	if _, err := s.Take(ctx, limiter.TakeRequest{Cost: 1}); !errors.Is(err, limiter.ErrStore) || errors.Is(err, limiter.ErrMisconfigured) {
+		t.Fatalf("Take on a missing server = %v; want ErrStore only", err)
+	}
+}
