@@ -69,9 +69,18 @@ type config struct {
 	out, plot  string
 	cpuProfile string
 	flags      string // the flags as given, for the report
+	// e2e, when set, selects the end-to-end comparison instead.
+	e2e *e2eConfig
 }
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == servicesFlag {
+		if err := serveServices(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench services:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	cfg, err := parseFlags(os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -79,7 +88,12 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, cfg); err != nil {
+	if cfg.e2e != nil {
+		err = runE2E(ctx, *cfg.e2e)
+	} else {
+		err = run(ctx, cfg)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -101,11 +115,36 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.opts.MaxReserve, "reserve", 0, "limiter.Options.MaxReserve of (c) and (d); 0 for the default")
 	fs.DurationVar(&cfg.opts.HeartbeatInterval, "heartbeat", 0, "limiter.Options.HeartbeatInterval of (c) and (d); 0 for the default")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	var e2e e2eConfig
+	var e2eOn bool
+	var scenarios string
+	fs.BoolVar(&e2eOn, "e2e", false, "run the end-to-end comparison (throttle run against bare client loops) instead")
+	fs.IntVar(&e2e.messages, "e2e-messages", 30_000, "(e2e) messages per run with the limit out of reach")
+	fs.IntVar(&e2e.rounds, "e2e-rounds", 3, "(e2e) runs of each consumer, alternating which goes first")
+	fs.Float64Var(&e2e.inReach, "e2e-rate", 5000, "(e2e) the limit of the run with the limit in reach")
+	fs.DurationVar(&e2e.inReachFor, "e2e-reach-for", 5*time.Second, "(e2e) how long the run with the limit in reach lasts")
+	fs.StringVar(&scenarios, "e2e-scenarios", "rabbitmq,kafka", "(e2e) comma-separated sources: rabbitmq, kafka")
+	fs.StringVar(&e2e.out, "e2e-out", "E2E.md", "(e2e) markdown report to write")
+	fs.StringVar(&e2e.profileDir, "profile", "", "(e2e) before the measured runs, profile one throttle run per source (CPU, allocs, block, mutex) into this directory")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
 	for _, a := range args {
 		cfg.flags += " " + a
+	}
+	if e2eOn {
+		e2e.flags = cfg.flags
+		e2e.scenarios = strings.Split(scenarios, ",")
+		for _, s := range e2e.scenarios {
+			if s != "rabbitmq" && s != "kafka" {
+				return config{}, fmt.Errorf("-e2e-scenarios: unknown source %q", s)
+			}
+		}
+		if e2e.messages < 100 || e2e.rounds < 1 || e2e.inReach <= 0 || e2e.inReachFor < 2*time.Second {
+			return config{}, fmt.Errorf("-e2e-messages must be at least 100, -e2e-rounds at least 1, -e2e-rate above 0 and -e2e-reach-for at least 2s")
+		}
+		cfg.e2e = &e2e
+		return cfg, nil
 	}
 	if cfg.duration < time.Second || cfg.latency <= 0 {
 		return config{}, fmt.Errorf("-duration must be at least 1s and -latency above 0")

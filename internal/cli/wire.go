@@ -31,7 +31,7 @@ type runner interface {
 // newLogger returns a slog logger writing to w in the configured format and
 // level.
 func newLogger(cfg config.Log, w io.Writer) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: cfg.SlogLevel()}
+	opts := &slog.HandlerOptions{Level: cfg.SlogLevel(), ReplaceAttr: logReplaceAttr}
 	if cfg.Format == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}

@@ -1,0 +1,439 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/internal/cli"
+)
+
+// The end-to-end comparison: `throttle run` (the same cli.Run the binary
+// calls) against a bare client loop doing the same work, on the same
+// broker, the same sink and the same machine, in one run.
+
+// e2eConfig is the command line of the end-to-end comparison.
+type e2eConfig struct {
+	messages   int     // messages per run with the limit out of reach
+	rounds     int     // runs of each consumer, alternating
+	inReach    float64 // the limit of the in-reach runs
+	inReachFor time.Duration
+	scenarios  []string
+	out        string
+	profileDir string
+	flags      string
+}
+
+// source is a broker scenario: RabbitMQ or Kafka.
+type source interface {
+	name() string
+	// prepare fills a fresh queue or topic with n messages.
+	prepare(ctx context.Context, n int) (prepared, error)
+}
+
+// prepared is a queue or topic filled for one run.
+type prepared interface {
+	// throttleConfig is the source section of throttle's YAML config.
+	throttleConfig() string
+	// bare consumes with the bare client loop until ctx ends, posting
+	// each message to sinkURL.
+	bare(ctx context.Context, sinkURL string) error
+	// left counts the messages not acked or committed after the run.
+	left(ctx context.Context) (int64, error)
+	cleanup()
+}
+
+// e2eRun is one consumer's run over one prepared queue or topic.
+type e2eRun struct {
+	source   string
+	consumer string // "throttle" or "bare"
+	round    int
+	rate     float64 // the limit; 0 for the bare loop
+	burst    int
+	n        int
+	arrivals []time.Duration // at the sink, sorted, since the sink's reset
+	redis    redisStats      // delta over the run, private Redis
+	cpu      time.Duration   // this process, over the run
+	mallocs  uint64
+	left     int64
+}
+
+// elapsed is the time from the first to the last message at the sink.
+func (r e2eRun) elapsed() time.Duration {
+	if len(r.arrivals) < 2 {
+		return 0
+	}
+	return r.arrivals[len(r.arrivals)-1] - r.arrivals[0]
+}
+
+// perSecond is messages per second at the sink, first to last.
+func (r e2eRun) perSecond() float64 {
+	return float64(len(r.arrivals)-1) / r.elapsed().Seconds()
+}
+
+// steadyRate is the rate at the sink from 1 s after the first arrival to
+// the last, which leaves the initial burst out.
+func (r e2eRun) steadyRate() float64 {
+	if len(r.arrivals) < 2 {
+		return 0
+	}
+	from := r.arrivals[0] + time.Second
+	i, _ := slices.BinarySearch(r.arrivals, from)
+	last := r.arrivals[len(r.arrivals)-1]
+	if last <= from {
+		return 0
+	}
+	return float64(len(r.arrivals)-1-i) / (last - from).Seconds()
+}
+
+// maxWindow is the most arrivals in any one-second window.
+func (r e2eRun) maxWindow() int {
+	best, j := 0, 0
+	for i, t := range r.arrivals {
+		for r.arrivals[j] <= t-time.Second {
+			j++
+		}
+		best = max(best, i-j+1)
+	}
+	return best
+}
+
+type e2eBench struct {
+	cfg   e2eConfig
+	svc   *services
+	redis *privateRedis
+	admin *redis.Client
+	runID string
+	seq   int
+	// onStart and onStop, when set, run just before the consumer starts
+	// and just after it stopped, around what a profile should cover.
+	onStart, onStop func() error
+}
+
+// runE2E runs the end-to-end comparison and writes its report.
+func runE2E(ctx context.Context, cfg e2eConfig) error {
+	svc, err := startServices(ctx)
+	if err != nil {
+		return err
+	}
+	defer svc.stop()
+	rds, err := startRedis(ctx)
+	if err != nil {
+		return err
+	}
+	defer rds.stop()
+	admin := redis.NewClient(&redis.Options{Addr: rds.addr})
+	defer admin.Close()
+	machine, err := describeMachine(ctx, admin)
+	if err != nil {
+		return err
+	}
+	b := &e2eBench{cfg: cfg, svc: svc, redis: rds, admin: admin, runID: randomID()}
+	load0 := loadAverage()
+	var runs []e2eRun
+	for _, name := range cfg.scenarios {
+		src, err := newSource(ctx, name, svc)
+		if err != nil {
+			return err
+		}
+		if cfg.profileDir != "" {
+			if err := b.profile(ctx, src); err != nil {
+				return fmt.Errorf("%s, profile: %w", name, err)
+			}
+		}
+		for round := 1; round <= cfg.rounds; round++ {
+			order := []string{"throttle", "bare"}
+			if round%2 == 0 {
+				order = []string{"bare", "throttle"}
+			}
+			for _, c := range order {
+				r, err := b.run(ctx, src, c, round, 1e6, 1_000_000, cfg.messages)
+				if err != nil {
+					return fmt.Errorf("%s, %s, round %d: %w", name, c, round, err)
+				}
+				fmt.Fprintf(os.Stderr, "%-9s %-9s round %d: %8.0f msg/s, %.4f Redis calls/msg, CPU %.1f µs/msg, left %d\n",
+					name, c, round, r.perSecond(), float64(r.redis.calls)/float64(r.n), float64(r.cpu.Microseconds())/float64(r.n), r.left)
+				runs = append(runs, r)
+			}
+		}
+		burst := int(cfg.inReach / 10)
+		n := int(cfg.inReach*cfg.inReachFor.Seconds()) + burst
+		r, err := b.run(ctx, src, "throttle", 0, cfg.inReach, burst, n)
+		if err != nil {
+			return fmt.Errorf("%s, limit in reach: %w", name, err)
+		}
+		fmt.Fprintf(os.Stderr, "%-9s throttle at %v/s: steady %.0f msg/s, %.4f Redis calls/msg\n",
+			name, cfg.inReach, r.steadyRate(), float64(r.redis.calls)/float64(r.n))
+		runs = append(runs, r)
+	}
+	md := e2eMarkdown(cfg, machine, load0+" at the start, "+loadAverage()+" at the end", runs)
+	fmt.Print(md)
+	if err := os.WriteFile(cfg.out, []byte(md), 0o644); err != nil {
+		return fmt.Errorf("writing report: %w", err)
+	}
+	return nil
+}
+
+// run fills a fresh queue or topic with n messages, consumes them with
+// consumer ("throttle" or "bare") until the sink has seen n, and stops it.
+func (b *e2eBench) run(ctx context.Context, src source, consumer string, round int, rate float64, burst, n int) (e2eRun, error) {
+	p, err := src.prepare(ctx, n)
+	if err != nil {
+		return e2eRun{}, err
+	}
+	defer p.cleanup()
+	r := e2eRun{source: src.name(), consumer: consumer, round: round, n: n}
+	if consumer == "throttle" {
+		r.rate, r.burst = rate, burst
+	}
+	if err := b.svc.resetSink(ctx); err != nil {
+		return r, err
+	}
+	runtime.GC()
+	before, err := b.usage(ctx)
+	if err != nil {
+		return r, err
+	}
+	if b.onStart != nil {
+		if err := b.onStart(); err != nil {
+			return r, err
+		}
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var logs bytes.Buffer
+	done := make(chan error, 1)
+	switch consumer {
+	case "throttle":
+		path, err := b.writeConfig(p, rate, burst)
+		if err != nil {
+			return r, err
+		}
+		defer os.Remove(path)
+		go func() {
+			if code := cli.Run(runCtx, []string{"run", "--config", path}, io.Discard, &syncWriter{w: &logs}); code != cli.ExitOK {
+				done <- fmt.Errorf("throttle run exited %d", code)
+				return
+			}
+			done <- nil
+		}()
+	case "bare":
+		go func() { done <- p.bare(runCtx, b.svc.Sink+"/"+src.name()) }()
+	}
+	timeout := time.Duration(float64(n)/min(rate, 1000)*float64(time.Second)) + 60*time.Second
+	if err := b.waitSink(ctx, n, timeout, done); err != nil {
+		stop()
+		return r, fmt.Errorf("%w; log: %s", err, logs.String())
+	}
+	stop()
+	if err := <-done; err != nil {
+		return r, fmt.Errorf("%w; log: %s", err, logs.String())
+	}
+	if b.onStop != nil {
+		if err := b.onStop(); err != nil {
+			return r, err
+		}
+	}
+	after, err := b.usage(ctx)
+	if err != nil {
+		return r, err
+	}
+	st, err := b.svc.sinkStats(ctx)
+	if err != nil {
+		return r, err
+	}
+	for _, at := range st.At {
+		r.arrivals = append(r.arrivals, time.Duration(at))
+	}
+	slices.Sort(r.arrivals)
+	d := after.sub(before)
+	r.redis, r.cpu, r.mallocs = d.redis, d.cpu, d.mallocs
+	if r.left, err = p.left(ctx); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// usage reads the private Redis's counters and this process's CPU.
+func (b *e2eBench) usage(ctx context.Context) (usage, error) {
+	return snapshot(ctx, b.admin, nil)
+}
+
+// waitSink waits until the sink has answered n requests, the consumer
+// stops, or timeout passes.
+func (b *e2eBench) waitSink(ctx context.Context, n int, timeout time.Duration, done <-chan error) error {
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-done:
+			return fmt.Errorf("the consumer stopped early: %v", err)
+		case <-tick.C:
+		}
+		st, err := b.svc.sinkCount(ctx)
+		if err != nil {
+			return err
+		}
+		if st >= int64(n) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the sink saw %d of %d messages in %v", st, n, timeout)
+		}
+	}
+}
+
+// writeConfig writes throttle's config for p and returns its path.
+func (b *e2eBench) writeConfig(p prepared, rate float64, burst int) (string, error) {
+	b.seq++
+	port, err := freePort()
+	if err != nil {
+		return "", err
+	}
+	yaml := fmt.Sprintf(`redis:
+  addr: %s
+limit:
+  bucket: e2e-%s-%d
+  rate: %s
+  burst: %d
+source:
+%s
+sink:
+  http:
+    url: %s/throttle
+delivery:
+  drain_timeout: 10s
+metrics:
+  listen: 127.0.0.1:%d
+log:
+  level: warn
+`, b.redis.addr, b.runID, b.seq, strconv.FormatFloat(rate, 'f', -1, 64), burst, p.throttleConfig(), b.svc.Sink, port)
+	f, err := os.CreateTemp("", "throttle-e2e-*.yaml")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if _, err := f.WriteString(yaml); err != nil {
+		return "", err
+	}
+	return f.Name(), nil
+}
+
+// profile runs throttle twice with the limit out of reach, on four times
+// the messages of a measured run: once recording a CPU and an allocation
+// profile of this process, once a block and a mutex profile (which slow
+// the run down), into cfg.profileDir, named after the source.
+func (b *e2eBench) profile(ctx context.Context, src source) error {
+	if err := os.MkdirAll(b.cfg.profileDir, 0o755); err != nil {
+		return err
+	}
+	defer func() { b.onStart, b.onStop = nil, nil }()
+	path := func(kind string) string { return filepath.Join(b.cfg.profileDir, src.name()+"-"+kind+".pprof") }
+	n := 4 * b.cfg.messages
+	var cpu *os.File
+	b.onStart = func() error {
+		var err error
+		if cpu, err = os.Create(path("cpu")); err != nil {
+			return err
+		}
+		if err := writeProfile("allocs", path("allocs-base")); err != nil {
+			return err
+		}
+		return pprof.StartCPUProfile(cpu)
+	}
+	b.onStop = func() error {
+		pprof.StopCPUProfile()
+		if err := cpu.Close(); err != nil {
+			return err
+		}
+		return writeProfile("allocs", path("allocs"))
+	}
+	r, err := b.run(ctx, src, "throttle", 0, 1e6, 1_000_000, n)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "%-9s throttle, CPU profile: %8.0f msg/s\n", src.name(), r.perSecond())
+	b.onStart = func() error {
+		// The block and mutex profiles count from the start of the
+		// process: the bases let pprof -base show this run alone.
+		if err := writeProfile("block", path("block-base")); err != nil {
+			return err
+		}
+		if err := writeProfile("mutex", path("mutex-base")); err != nil {
+			return err
+		}
+		runtime.SetBlockProfileRate(int(10 * time.Microsecond))
+		runtime.SetMutexProfileFraction(5)
+		return nil
+	}
+	b.onStop = func() error {
+		runtime.SetBlockProfileRate(0)
+		runtime.SetMutexProfileFraction(0)
+		if err := writeProfile("block", path("block")); err != nil {
+			return err
+		}
+		return writeProfile("mutex", path("mutex"))
+	}
+	if r, err = b.run(ctx, src, "throttle", 0, 1e6, 1_000_000, n); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "%-9s throttle, block profile: %8.0f msg/s\n", src.name(), r.perSecond())
+	return nil
+}
+
+func writeProfile(kind, path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return pprof.Lookup(kind).WriteTo(f, 0)
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// syncWriter serializes writes to w.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+// newSource returns the named scenario.
+func newSource(ctx context.Context, name string, svc *services) (source, error) {
+	switch name {
+	case "rabbitmq":
+		return newRabbitSource(ctx)
+	case "kafka":
+		return newKafkaSource(svc.Kafka), nil
+	}
+	return nil, errors.New("unknown scenario " + name)
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// e2eMarkdown is the end-to-end report.
+func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("Command: `cd integration/bench && go run .%s`\n\n", cfg.flags)
+	p("Machine: %s. Load average (1, 5, 15 min): %s.\n\n", machine, load)
+	p("Each run fills a fresh queue or topic with the messages, then consumes them into an HTTP sink "+
+		"that answers 200 at once (a child process of the benchmark, on loopback); the rate is the "+
+		"messages at the sink over the time from the first to the last. `throttle` is `throttle run` "+
+		"(the same `cli.Run` as the binary, metrics on, leasing auto) on a private redis-server; "+
+		"`bare` is a plain client loop. The runs alternate, %d of each, and the other work on the "+
+		"machine makes single figures noisy: compare the ratios of one run.\n\n", cfg.rounds)
+	p("- RabbitMQ (127.0.0.1:5672): prefetch %d, %d handlers; bare: amqp091, one POST per message "+
+		"with a keep-alive client of %d idle connections, ack after a 2xx.\n", rabbitPrefetch, rabbitHandlers, rabbitHandlers)
+	p("- Kafka (kfake, in the child process): %d partitions, one worker per partition; bare: kafka-go "+
+		"reader (1 s fetch wait, 32 queued), one POST per message, the highest handled offset of each "+
+		"partition committed after handling, batched while a commit is in flight.\n\n", kafkaPartitions)
+
+	p("Limit out of reach (1,000,000/s, burst 1,000,000), %d messages per run:\n\n", cfg.messages)
+	p("| source | consumer | msg/s (median) | runs, msg/s | throttle ÷ bare | consumer CPU µs/msg | allocs/msg | Redis calls/msg | left in broker |\n")
+	p("|---|---|--:|---|--:|--:|--:|--:|--:|\n")
+	for _, src := range cfg.scenarios {
+		var bareMed float64
+		for _, c := range []string{"bare", "throttle"} {
+			var rates []float64
+			var sel []e2eRun
+			for _, r := range runs {
+				if r.source == src && r.consumer == c && r.round > 0 {
+					rates = append(rates, r.perSecond())
+					sel = append(sel, r)
+				}
+			}
+			if len(sel) == 0 {
+				continue
+			}
+			med := median(rates)
+			ratio := "—"
+			if c == "bare" {
+				bareMed = med
+			} else if bareMed > 0 {
+				ratio = fmt.Sprintf("**%.2f×**", med/bareMed)
+			}
+			var each []string
+			var cpu, allocs, calls, left float64
+			var n float64
+			for _, r := range sel {
+				each = append(each, fmt.Sprintf("%.0f", r.perSecond()))
+				cpu += float64(r.cpu.Microseconds())
+				allocs += float64(r.mallocs)
+				calls += float64(r.redis.calls)
+				left += float64(r.left)
+				n += float64(r.n)
+			}
+			p("| %s | %s | %.0f | %s | %s | %.1f | %.0f | %.4f | %.0f |\n",
+				src, c, med, strings.Join(each, ", "), ratio, cpu/n, allocs/n, calls/n, left)
+		}
+	}
+	p("\nPer round, throttle ÷ the bare run of the same round:")
+	for _, src := range cfg.scenarios {
+		var ratios []string
+		for round := 1; round <= cfg.rounds; round++ {
+			var t, bare float64
+			for _, r := range runs {
+				if r.source == src && r.round == round {
+					if r.consumer == "throttle" {
+						t = r.perSecond()
+					} else {
+						bare = r.perSecond()
+					}
+				}
+			}
+			if bare > 0 {
+				ratios = append(ratios, fmt.Sprintf("%.2f", t/bare))
+			}
+		}
+		p(" %s %s;", src, strings.Join(ratios, ", "))
+	}
+	p("\n\n")
+
+	p("Limit in reach (%s/s, burst %d), throttle only, about %v of messages:\n\n", fmtThousands(cfg.inReach), int(cfg.inReach/10), cfg.inReachFor)
+	p("| source | messages | rate after the first second | accuracy | max 1 s window (bound rate + burst) | Redis calls/msg | left in broker |\n")
+	p("|---|--:|--:|--:|--:|--:|--:|\n")
+	for _, r := range runs {
+		if r.round != 0 || r.consumer != "throttle" || r.rate == 1e6 {
+			continue
+		}
+		p("| %s | %d | %.0f/s | %+.2f%% | %d (%d) | %.4f | %d |\n", r.source, r.n, r.steadyRate(),
+			(r.steadyRate()/r.rate-1)*100, r.maxWindow(), int(r.rate)+r.burst, float64(r.redis.calls)/float64(r.n), r.left)
+	}
+	p("\n- consumer CPU: user + system time of the benchmark process over the run (the sink and kfake run in the child process, Redis and RabbitMQ in their own), per message.\n")
+	p("- allocs/msg: heap allocations of the benchmark process over the run, per message.\n")
+	p("- Redis calls/msg: commands the private Redis counted (INFO commandstats, without INFO and the commands scripts run), over the whole run including start-up, heartbeats and the replica's 5 s bucket reads, per message.\n")
+	p("- left in broker: messages still ready in the queue, or the group's lag, after the consumer stopped (0: every message was acked or committed).\n")
+	p("- accuracy: the rate at the sink from 1 s after the first message to the last, against the limit.\n")
+	return b.String()
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func fmtThousands(f float64) string {
+	s := fmt.Sprintf("%.0f", f)
+	var out []byte
+	for i := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}
