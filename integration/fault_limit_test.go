@@ -249,4 +249,3 @@ func TestFaultFleetRateCut(t *testing.T) {
 func TestFaultFleetRateCutMixed(t *testing.T) {
 	faultRateCut(t, []float64{20, 30}, 5, 5, 4)
 }
-

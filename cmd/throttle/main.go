@@ -3,8 +3,11 @@
 // shares in Redis allows. Run "throttle help" for the commands, or
 // "throttle demo" to see it work with nothing to set up.
 //
-// The first SIGINT or SIGTERM stops intake and drains in-flight messages;
-// the process then exits 0. A second one exits at once with status 130.
+// The first SIGINT, SIGTERM or SIGHUP stops intake and drains in-flight
+// messages; the process then exits 0. A second one exits at once with
+// status 130. (SIGHUP drains too: a closed terminal or a supervisor's
+// hang-up must not drop in-flight messages. The configuration is not
+// reloaded; restart the replica to change it.)
 package main
 
 import (
@@ -17,13 +20,16 @@ import (
 	"github.com/throttlehq/throttle/internal/cli"
 )
 
+// shutdownSignals start the drain; a second one ends the process at once.
+var shutdownSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), shutdownSignals...)
 	defer stop()
 	// Both channels see every signal: the context ends at the first, and
 	// the second ends the process without waiting for the drain.
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sigs, shutdownSignals...)
 	go func() {
 		<-sigs
 		sig := <-sigs

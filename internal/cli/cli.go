@@ -24,8 +24,8 @@ import (
 
 // Exit codes returned by Run.
 const (
-	// ExitOK means success, including a graceful drain after SIGINT or
-	// SIGTERM.
+	// ExitOK means success, including a graceful drain after SIGINT,
+	// SIGTERM or SIGHUP.
 	ExitOK = 0
 	// ExitFailure means a runtime failure: a broker refused the consumer, a
 	// listener could not be opened, Redis refused an admin command.
@@ -33,8 +33,8 @@ const (
 	// ExitUsage means a usage or configuration error: an unknown command or
 	// flag, a missing argument, or a config file that does not validate.
 	ExitUsage = 2
-	// ExitInterrupted is what cmd/throttle exits with when a second SIGINT
-	// or SIGTERM arrives during the drain (128 + SIGINT, the shell
+	// ExitInterrupted is what cmd/throttle exits with when a second SIGINT,
+	// SIGTERM or SIGHUP arrives during the drain (128 + SIGINT, the shell
 	// convention).
 	ExitInterrupted = 130
 )
@@ -66,10 +66,10 @@ Usage:
   throttle help [COMMAND]                  show help for a command
 
 Exit codes:
-  0    success, also after a graceful drain on SIGINT or SIGTERM
+  0    success, also after a graceful drain on SIGINT, SIGTERM or SIGHUP
   1    runtime failure
   2    usage or configuration error
-  130  a second SIGINT or SIGTERM stopped the drain
+  130  a second SIGINT, SIGTERM or SIGHUP stopped the drain
 `
 
 // Run runs the throttle command with args (without the program name),

@@ -2,12 +2,8 @@ package cli
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -32,15 +28,4 @@ func writeConfig(t *testing.T, yaml string) string {
 		t.Fatal(err)
 	}
 	return path
-}
-
-// uniqueName returns a bucket, topic or group name unique to this test run.
-func uniqueName(t testing.TB, prefix string) string {
-	t.Helper()
-	b := make([]byte, 4)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	name := regexp.MustCompile(`[^a-zA-Z0-9]+`).ReplaceAllString(t.Name(), "-")
-	return strings.ToLower(prefix + "-" + name + "-" + hex.EncodeToString(b))
 }

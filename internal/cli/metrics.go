@@ -67,7 +67,7 @@ func newMetrics(broker string) *metrics {
 		retried:      counter("throttle_messages_retried_total", "Failed delivery attempts that will be retried."),
 		deadLettered: counter("throttle_messages_dead_lettered_total", "Messages sent to the dead-letter destination."),
 		failed:       counter("throttle_messages_failed_total", "Failed delivery attempts, retried or not."),
-		reconnects:   counter("throttle_reconnects_total", "Broker reconnects."),
+		reconnects:   counter("throttle_reconnects_total", "Attempts to connect to the broker after a failure (a lost connection, or a failed attempt, at start too), successful or not."),
 		waitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "throttle_limiter_wait_seconds",
 			Help:    "Time a message waited for tokens.",
@@ -179,7 +179,7 @@ func (m *metrics) consumerObserver() *consumer.Observer {
 		DeadLettered: func(msg consumer.Message, _ error) {
 			m.deadLettered.WithLabelValues(msg.Source.Broker).Inc()
 		},
-		Reconnected: func(broker string, _ error) { m.reconnects.WithLabelValues(broker).Inc() },
+		ReconnectAttempt: func(broker string, _ error) { m.reconnects.WithLabelValues(broker).Inc() },
 	}
 }
 

@@ -41,7 +41,11 @@ func TestMetricsHandler(t *testing.T) {
 	obs.Failed(msg, errors.New("x"))
 	obs.Retried(msg, errors.New("x"), time.Second)
 	obs.DeadLettered(msg, errors.New("x"))
-	obs.Reconnected("rabbitmq", errors.New("x"))
+	// Every attempt counts, failed or not; the session's return is not
+	// another one.
+	obs.ReconnectAttempt("rabbitmq", errors.New("refused"))
+	obs.ReconnectAttempt("rabbitmq", nil)
+	obs.ObserveReconnected("rabbitmq", errors.New("x"))
 	lobs := m.limiterObserver()
 	lobs.Waited(30 * time.Millisecond)
 	lobs.Took(2.5, 30, 5)
@@ -63,7 +67,7 @@ func TestMetricsHandler(t *testing.T) {
 		`throttle_messages_retried_total{broker="rabbitmq"} 1`,
 		`throttle_messages_dead_lettered_total{broker="rabbitmq"} 1`,
 		`throttle_messages_failed_total{broker="rabbitmq"} 1`,
-		`throttle_reconnects_total{broker="rabbitmq"} 1`,
+		`throttle_reconnects_total{broker="rabbitmq"} 2`,
 		`throttle_limiter_wait_seconds_bucket{le="0.05"} 1`,
 		`throttle_limiter_wait_seconds_count 1`,
 		`throttle_limiter_waiting 1`,

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/throttlehq/throttle/config"
+	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/kafka"
 	"github.com/throttlehq/throttle/internal/redisconn"
 	"github.com/throttlehq/throttle/limiter"
@@ -42,13 +43,16 @@ Observability, on metrics.listen (default 127.0.0.1:9464; "off" disables):
 Logs go to stderr (log.level, log.format: text or json). When stderr is a
 terminal, a progress line follows every 5 s.
 
-SIGINT or SIGTERM stops intake and drains in-flight messages for up to
+SIGINT, SIGTERM or SIGHUP stops intake and drains in-flight messages for up to
 delivery.drain_timeout, then exits 0. A second signal exits at once with
 130; unacked messages are redelivered by the broker.
 
 Flags:
   --config FILE   the YAML configuration (required)
 `
+
+// buildConsumer builds the configured source's consumer; tests replace it.
+var buildConsumer = newConsumer
 
 // monitorInterval is how often a replica refreshes its bucket gauges and,
 // on a terminal, prints its progress line.
@@ -119,7 +123,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 	defer closeSink()
 
 	lim := &waitLimiter{l: bucket, maxWait: time.Duration(cfg.Limit.MaxWait), m: m}
-	c, err := newConsumer(cfg.Source, newDeps(cfg, lim, bucket, m.consumerObserver(), log), sinks.Handler(sink))
+	c, err := buildConsumer(cfg.Source, newDeps(cfg, lim, bucket, m.consumerObserver(), log), sinks.Handler(sink))
 	if err != nil {
 		return err
 	}
@@ -131,12 +135,18 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 	}
 
 	var running atomic.Bool
+	conn, _ := c.(consumer.Connectivity)
 	ready := func() error {
 		if !running.Load() {
 			return errors.New("consumer is not running")
 		}
+		if conn != nil {
+			if err := conn.Connected(); err != nil {
+				return err
+			}
+		}
 		if bucket.Mode() == limiter.ModeClosed {
-			return errors.New("redis is unreachable and limit.on_store_error is closed")
+			return errors.New("the limiter is closed: redis is unreachable (limit.on_store_error: closed) or refuses this replica")
 		}
 		return nil
 	}
@@ -180,6 +190,10 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		stopMonitor()
 		wg.Wait()
 	}()
+	// The consumer stops only after "shutting down" is logged, so that the
+	// log tells the shutdown in order.
+	consumeCtx, stopConsuming := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopConsuming()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -187,12 +201,13 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		case <-ctx.Done():
 			log.Info("shutting down: intake stopped, draining in-flight messages (a second signal exits at once)",
 				"drain_timeout", time.Duration(cfg.Delivery.DrainTimeout))
+			stopConsuming()
 		case <-runCtx.Done():
 		}
 	}()
 
 	running.Store(true)
-	err = c.Run(ctx)
+	err = c.Run(consumeCtx)
 	running.Store(false)
 	if err != nil {
 		return fmt.Errorf("consuming from %s: %w", describeSource(cfg.Source), err)
@@ -326,4 +341,14 @@ func describeSink(s config.Sink) string {
 		return "stdout"
 	}
 	return "none"
+}
+
+// logReplaceAttr writes durations as text ("1.5s"), in JSON as in the text
+// format, instead of integer nanoseconds. Every logger of the binary uses
+// it (newLogger).
+func logReplaceAttr(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/throttlehq/throttle/config"
+	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/internal/testenv"
 )
 
@@ -55,7 +57,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 // in Redis → stdout sink, then stops it as SIGTERM would.
 func TestRunKafkaToStdout(t *testing.T) {
 	redisAddr := testenv.RedisAddr(t)
-	topic := uniqueName(t, "topic")
+	topic := testenv.Name(t, "topic")
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic), kfake.AllowAutoTopicCreation())
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +76,7 @@ func TestRunKafkaToStdout(t *testing.T) {
 		}
 	}
 	metricsAddr := freeAddr(t)
-	bucket := uniqueName(t, "cli")
+	bucket := testenv.Name(t, "cli")
 	path := writeConfig(t, fmt.Sprintf(`
 redis: {addr: %q}
 limit: {bucket: %s, rate: 50, burst: 2, cost_header: cost}
@@ -83,7 +85,7 @@ source:
 sink: {stdout: {}}
 metrics: {listen: %q}
 log: {format: json, level: debug}
-`, redisAddr, bucket, cluster.ListenAddrs()[0], topic, uniqueName(t, "group"), metricsAddr))
+`, redisAddr, bucket, cluster.ListenAddrs()[0], topic, testenv.Name(t, "group"), metricsAddr))
 	t.Cleanup(func() { runCLI(t, "bucket", "reset", "--config", path) })
 	// Another live replica, configured with another rate.
 	client, store := redisStore(t, redisAddr, bucket, 1, 1)
@@ -151,9 +153,67 @@ source:
   rabbitmq: {url: "amqp://guest:guest@127.0.0.1:1/", queue: q}
 sink: {stdout: {}}
 metrics: {listen: %q}
-`, redisAddr, uniqueName(t, "cli"), ln.Addr().String()))
+`, redisAddr, testenv.Name(t, "cli"), ln.Addr().String()))
 	code, _, stderr := runCLI(t, "run", "--config", path)
 	if code != ExitFailure || !strings.Contains(stderr, "metrics.listen") {
 		t.Errorf("exit code %d, stderr %q; want %d naming metrics.listen", code, stderr, ExitFailure)
+	}
+}
+
+// idleRunner is a consumer that does nothing until its context ends.
+type idleRunner struct{ started chan struct{} }
+
+func (r idleRunner) Run(ctx context.Context) error {
+	close(r.started)
+	<-ctx.Done()
+	return nil
+}
+
+// TestRunLogsShutdownInOrder stops a replica whose consumer returns as soon
+// as its context ends, many times, and checks that "shutting down" is
+// logged before "stopped" each time (issue 11 item 12: the two raced, and
+// "stopped" could come first).
+func TestRunLogsShutdownInOrder(t *testing.T) {
+	redisAddr := testenv.RedisAddr(t)
+	bucket := testenv.Name(t, "cli")
+	path := writeConfig(t, fmt.Sprintf(`
+redis: {addr: %q}
+limit: {bucket: %s, rate: 5}
+source:
+  rabbitmq: {url: "amqp://127.0.0.1:1/", queue: q}
+sink: {stdout: {}}
+metrics: {listen: "off"}
+log: {format: json}
+`, redisAddr, bucket))
+	t.Cleanup(func() { runCLI(t, "bucket", "reset", "--config", path) })
+	var started chan struct{}
+	defer func(f func(config.Source, consumerDeps, consumer.Handler) (runner, error)) { buildConsumer = f }(buildConsumer)
+	buildConsumer = func(config.Source, consumerDeps, consumer.Handler) (runner, error) {
+		return idleRunner{started: started}, nil
+	}
+	for i := range 20 {
+		started = make(chan struct{})
+		ctx, cancel := context.WithCancel(context.Background())
+		var stdout, stderr testenv.Buffer
+		codec := make(chan int, 1)
+		go func() { codec <- Run(ctx, []string{"run", "--config", path}, &stdout, &stderr) }()
+		select {
+		case <-started:
+		case code := <-codec:
+			t.Fatalf("run #%d exited with %d before its consumer ran:\n%s", i+1, code, stderr.String())
+		}
+		cancel()
+		if code := <-codec; code != ExitOK {
+			t.Fatalf("run #%d: exit code %d, want 0:\n%s", i+1, code, stderr.String())
+		}
+		logs := stderr.String()
+		down, stopped := strings.Index(logs, `"msg":"shutting down`), strings.Index(logs, `"msg":"stopped"`)
+		if down < 0 || stopped < 0 || stopped < down {
+			t.Fatalf("run #%d: want \"shutting down\" (at %d) logged before \"stopped\" (at %d):\n%s", i+1, down, stopped, logs)
+		}
+		// Issue 11 item 12: JSON logs gave durations in nanoseconds.
+		if !strings.Contains(logs, `"drain_timeout":"30s"`) {
+			t.Fatalf("run #%d: the JSON log does not give drain_timeout as \"30s\":\n%s", i+1, logs)
+		}
 	}
 }
