@@ -2,95 +2,72 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
 )
 
-// offsetCommitter is what the committer needs from a kafka-go Reader.
-type offsetCommitter interface {
-	CommitMessages(ctx context.Context, msgs ...kafkago.Message) error
-}
-
-type topicPartition struct {
-	topic     string
+// partState is one assigned partition during one generation.
+type partState struct {
 	partition int
-}
-
-// committer commits the highest handled offset of each partition. Workers
-// add messages without blocking; run commits whatever is pending as soon as
-// the previous commit returned, so one broker call covers every message
-// handled meanwhile. A failed commit is put back and retried with backoff.
-//
-// A committer is safe for concurrent use by the workers; run and flush must
-// not overlap.
-type committer struct {
-	r       offsetCommitter
-	timeout time.Duration
-	log     *slog.Logger
 
 	mu      sync.Mutex
-	pending map[topicPartition]kafkago.Message
-	wake    chan struct{}
+	tracker *offsetTracker
+	// committed is the last offset committed in this generation, or -1.
+	committed int64
 }
 
-func newCommitter(r offsetCommitter, timeout time.Duration, log *slog.Logger) *committer {
-	return &committer{
-		r:       r,
-		timeout: timeout,
-		log:     log,
-		pending: make(map[topicPartition]kafkago.Message),
-		wake:    make(chan struct{}, 1),
-	}
+func newPartState(partition int) *partState {
+	return &partState{partition: partition, tracker: newOffsetTracker(), committed: -1}
 }
 
-// add records that m was handled. The caller must add the messages of one
-// partition in offset order, after all earlier ones were handled.
-func (c *committer) add(m kafkago.Message) {
-	c.put([]kafkago.Message{m})
+// commitFunc commits offsets (partition → next offset to read) of the
+// consumer's topic in the current generation.
+type commitFunc func(offsets map[int]int64) error
+
+// committer commits, for each partition of a generation, the end of the
+// longest prefix of finished messages. Workers wake it without blocking;
+// run commits whatever moved as soon as the previous commit returned, so
+// one broker call covers every message finished meanwhile. A failed commit
+// is retried with backoff.
+//
+// wake is safe for concurrent use; run and flush must not overlap.
+type committer struct {
+	commit commitFunc
+	parts  []*partState
+	log    *slog.Logger
+	wakeC  chan struct{}
+}
+
+func newCommitter(commit commitFunc, parts []*partState, log *slog.Logger) *committer {
+	return &committer{commit: commit, parts: parts, log: log, wakeC: make(chan struct{}, 1)}
+}
+
+// wake asks run to commit.
+func (c *committer) wake() {
 	select {
-	case c.wake <- struct{}{}:
+	case c.wakeC <- struct{}{}:
 	default:
 	}
 }
 
-// put merges msgs into pending, keeping the highest offset per partition.
-func (c *committer) put(msgs []kafkago.Message) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, m := range msgs {
-		k := topicPartition{m.Topic, m.Partition}
-		if p, ok := c.pending[k]; !ok || m.Offset > p.Offset {
-			c.pending[k] = m
-		}
-	}
-}
-
-func (c *committer) take() []kafkago.Message {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	msgs := make([]kafkago.Message, 0, len(c.pending))
-	for k, m := range c.pending {
-		msgs = append(msgs, m)
-		delete(c.pending, k)
-	}
-	return msgs
-}
-
-// run commits pending offsets until ctx ends. A commit in progress when ctx
-// ends is put back for flush.
+// run commits until ctx ends.
 func (c *committer) run(ctx context.Context) {
 	var delay time.Duration
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-c.wake:
+		case <-c.wakeC:
 		}
-		err := c.commit(ctx)
+		_, err := c.commitMoved()
 		if err == nil {
 			delay = 0
 			continue
@@ -103,39 +80,100 @@ func (c *committer) run(ctx context.Context) {
 		if sleep(ctx, delay) != nil {
 			return
 		}
-		select {
-		case c.wake <- struct{}{}:
-		default:
-		}
+		c.wake()
 	}
 }
 
-// flush commits what is pending, retrying until it succeeds or ctx ends.
-func (c *committer) flush(ctx context.Context) error {
+// flush commits what moved, retrying until it succeeds, ctx ends or the
+// group refuses the generation, and returns the committed offsets of every
+// partition that has one.
+func (c *committer) flush(ctx context.Context) (map[int]int64, error) {
 	var delay time.Duration
 	for {
-		err := c.commit(ctx)
-		if err == nil {
-			return nil
+		_, err := c.commitMoved()
+		if err == nil || !retriableCommit(err) {
+			return c.committed(), err
 		}
 		delay = nextBackoff(delay)
 		if sleep(ctx, delay) != nil {
-			return err
+			return c.committed(), err
 		}
 	}
 }
 
-// commit makes one commit call for everything pending.
-func (c *committer) commit(ctx context.Context) error {
-	msgs := c.take()
-	if len(msgs) == 0 {
-		return nil
+// retriableCommit reports whether a commit that failed with err may
+// succeed in the same generation.
+func retriableCommit(err error) bool {
+	var kerr kafkago.Error
+	if errors.As(err, &kerr) {
+		switch kerr {
+		case kafkago.IllegalGeneration, kafkago.UnknownMemberId, kafkago.RebalanceInProgress,
+			kafkago.FencedInstanceID, kafkago.GroupAuthorizationFailed, kafkago.TopicAuthorizationFailed:
+			return false
+		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	if err := c.r.CommitMessages(ctx, msgs...); err != nil {
-		c.put(msgs)
-		return fmt.Errorf("committing %d partition offsets: %w", len(msgs), err)
+	return true
+}
+
+// commitMoved makes one commit call for the partitions whose position
+// moved since their last commit, and returns what it committed.
+func (c *committer) commitMoved() (map[int]int64, error) {
+	var offsets map[int]int64
+	for _, p := range c.parts {
+		p.mu.Lock()
+		pos, ok := p.tracker.position()
+		if ok && pos > p.committed {
+			if offsets == nil {
+				offsets = make(map[int]int64)
+			}
+			offsets[p.partition] = pos
+		}
+		p.mu.Unlock()
 	}
-	return nil
+	if len(offsets) == 0 {
+		return nil, nil
+	}
+	if err := c.commit(offsets); err != nil {
+		return nil, fmt.Errorf("committing %d partition offsets: %w", len(offsets), err)
+	}
+	for _, p := range c.parts {
+		if pos, ok := offsets[p.partition]; ok {
+			p.mu.Lock()
+			p.committed = max(p.committed, pos)
+			p.mu.Unlock()
+		}
+	}
+	return offsets, nil
+}
+
+// committed returns the offsets committed in this generation.
+func (c *committer) committed() map[int]int64 {
+	out := make(map[int]int64)
+	for _, p := range c.parts {
+		p.mu.Lock()
+		if p.committed >= 0 {
+			out[p.partition] = p.committed
+		}
+		p.mu.Unlock()
+	}
+	return out
+}
+
+// formatOffsets renders partition offsets for a log line: "0:12 3:40".
+func formatOffsets(offsets map[int]int64) string {
+	ps := make([]int, 0, len(offsets))
+	for p := range offsets {
+		ps = append(ps, p)
+	}
+	slices.Sort(ps)
+	var b strings.Builder
+	for i, p := range ps {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(strconv.Itoa(p))
+		b.WriteByte(':')
+		b.WriteString(strconv.FormatInt(offsets[p], 10))
+	}
+	return b.String()
 }

@@ -4,52 +4,76 @@
 //
 // # Flow
 //
-// One goroutine fetches messages (Reader.FetchMessage) and hands each to the
-// worker of its partition: partitions are given to the Config.Concurrency
-// workers round-robin when first seen and keep their worker, so a partition
-// is never worked on by two workers at once and its order is kept, while up
-// to Concurrency partitions are worked in parallel. At most Config.QueueSize fetched
-// messages wait for their workers; then fetching blocks until a worker takes
-// one (backpressure). The bound is shared, not per worker, so a backlog on
-// one partition does not keep the other workers idle. For each message the worker
-// waits on the limiter for the message's cost (consumer.Throttle), calls the
-// handler under the retry policy, and dead-letters the message when the
-// error is permanent or the attempts run out. Only a message that was
-// delivered or dead-lettered is committed.
+// The consumer joins the group with kafka-go's ConsumerGroup, which hands
+// it one generation at a time: the partitions this replica owns until the
+// next rebalance. For each owned partition a kafka-go partition reader
+// fetches messages from the committed offset. Each fetched message takes a
+// slot (at most workers + Config.QueueSize messages are fetched and not
+// finished; then fetching blocks) and goes to a scheduler that keeps the
+// order Config.Ordering asks for:
+//
+//   - OrderingPartition (the default): the messages of a partition one at
+//     a time, in order; up to Config.Concurrency partitions in parallel.
+//   - OrderingKey: the messages of one key of a partition one at a time,
+//     in order; different keys concurrently, up to Config.MaxInFlight.
+//   - OrderingNone: any messages concurrently, up to Config.MaxInFlight.
+//
+// Ordered lanes (partitions or keys) take turns one message each, so a
+// busy lane does not starve the others, and a message waiting for its
+// tokens holds back only the later messages of its own lane. For each
+// message a worker waits on the limiter for the message's cost
+// (consumer.Throttle), calls the handler under the retry policy, and
+// dead-letters the message when the error is permanent or the attempts run
+// out. Only a message that was delivered or dead-lettered counts as
+// finished.
 //
 // # Commits
 //
-// Kafka keeps one committed offset per partition, so committing a message
-// commits everything before it. Because a partition is handled in order by
-// one worker, the handled messages of a partition always form a prefix, and
-// committing the last of them never skips an unhandled one. Workers do not
-// wait for commits: they record the highest handled offset per partition and
-// a committer goroutine commits whatever is pending as soon as it can, so
-// commits are synchronous (the offset is on the broker when CommitMessages
-// returns) yet batched under load. A failed commit is kept and retried with
-// backoff; a later commit of the same partition covers it.
+// Kafka keeps one committed offset per partition, and committing an offset
+// commits everything before it. Messages of a partition may finish out of
+// order (OrderingKey, OrderingNone), so the consumer tracks, per partition,
+// which fetched messages finished, in a fixed ring that allocates nothing
+// per message, and commits the end of the longest finished prefix: the
+// offset of the oldest unfinished message. A crash therefore never skips
+// an unfinished message; it may redeliver messages that finished after an
+// unfinished one. Workers do not wait for commits: a committer goroutine
+// commits whatever moved as soon as the previous commit returned, so
+// commits are synchronous (on the broker when the call returns) yet
+// batched under load. A failed commit is retried with backoff.
 //
 // # Rebalances
 //
-// Partition assignment is kafka-go's consumer-group reader. When a rebalance
-// moves a partition away, kafka-go does not tell the application; messages
-// of it that this replica fetched but had not committed are fetched again by
-// the new owner from the last committed offset. Nothing is lost, but such
-// messages may be handled twice: delivery is at least once, and handlers
-// should be idempotent. Commits made while a generation ends fail (kafka-go
-// returns the broker's RebalanceInProgress or IllegalGeneration error) and
-// are retried in the next generation. A late commit of a partition that
-// moved can only move its offset to a message this replica handled, so it
-// may cause redelivery but never skips a message.
+// When a generation ends (a member joined or left, partitions were added),
+// the consumer revokes its partitions before it rejoins: it stops fetching;
+// drops the messages fetched and not started, cancelling their limiter
+// waits so the tokens they reserved are given back; lets the handlers in
+// flight finish within Config.DrainTimeout; and commits what finished, in
+// the ending generation. The partitions' next owners therefore start after
+// every message finished here: a clean rebalance (a replica joins, or
+// leaves through Close or its context) redelivers nothing with
+// OrderingPartition. With OrderingKey and OrderingNone a message dropped
+// while later messages of its partition finished keeps those later ones
+// uncommitted, and the next owner handles them again. Each assignment and
+// revocation is logged with the partitions, the messages dropped and the
+// offsets committed; ReaderStats counts them.
+//
+// kafka-go stops the generation's heartbeats while it revokes, so keep
+// DrainTimeout + CommitTimeout below the group's RebalanceTimeout and
+// SessionTimeout (both 30s by default), or the group evicts the member
+// before its final commit and the next owners redeliver what it finished.
+// A replica that crashes or loses its connection does not commit: the
+// messages it fetched after its last commit, at most its in-flight bound
+// (workers + QueueSize per replica), are handled again by the next owner.
 //
 // # Shutdown
 //
-// When the context given to Run ends, the consumer stops fetching. Messages
-// already being handled get Config.DrainTimeout to finish; the context
-// handlers see is cancelled only at that deadline. Messages that were
-// queued but not started are dropped. What finished is committed, the
-// group is left, and Run returns nil. A message that was not handled is
-// never committed, so the group's next owner receives it.
+// When the context given to Run ends, the consumer revokes its partitions
+// as at a rebalance, while its generation is still live (heartbeats go on):
+// it stops fetching, drops what did not start, gives in-flight handlers
+// Config.DrainTimeout (the context they see is cancelled only at that
+// deadline), commits what finished, then leaves the group, so the other
+// members take over at once, and Run returns nil. A message that was not
+// handled is never committed, so the group's next owner receives it.
 //
 // # Authentication and TLS
 //
@@ -76,6 +100,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,6 +118,9 @@ const (
 
 // DefaultQueueSize is the default of Config.QueueSize.
 const DefaultQueueSize = 32
+
+// DefaultMaxInFlight is the default of Config.MaxInFlight.
+const DefaultMaxInFlight = 1000
 
 // DefaultMaxWait is the fetch long-poll time the consumer gives kafka-go's
 // reader unless ConfigureReader sets MaxWait. kafka-go's own default is
@@ -122,19 +150,27 @@ type Config struct {
 	// Group is the consumer group. Replicas with the same Group share the
 	// topic's partitions.
 	Group string
-	// Concurrency is the number of partitions handled in parallel. A
-	// partition is never handled concurrently with itself. The handler is
-	// called from up to Concurrency goroutines at once. Default 1.
+	// Ordering says which messages may be handled at the same time:
+	// OrderingPartition (the default), OrderingKey or OrderingNone.
+	Ordering Ordering
+	// Concurrency is the number of partitions handled in parallel with
+	// OrderingPartition. A partition is never handled concurrently with
+	// itself. The other orderings use MaxInFlight instead. Default 1.
 	Concurrency int
+	// MaxInFlight bounds the messages handled at once with OrderingKey and
+	// OrderingNone (the handler is called from up to MaxInFlight
+	// goroutines). OrderingPartition uses Concurrency instead. Default
+	// DefaultMaxInFlight.
+	MaxInFlight int
 	// QueueSize bounds the fetched messages that wait for a worker, across
-	// all partitions; when it is reached, fetching blocks. A larger queue
-	// keeps more workers busy when one partition has a backlog; a smaller
-	// one means fewer messages handled twice after a rebalance, since
-	// queued messages of a partition that moved away are still handled
-	// here. It also sizes kafka-go's own read-ahead (ReaderConfig
-	// QueueCapacity), so at most about 2·QueueSize messages are fetched
-	// and not yet handled. A throttled consumer gains nothing from a deep
-	// read-ahead: messages wait for tokens either way. Default 32.
+	// all partitions, on top of the messages being handled (Concurrency or
+	// MaxInFlight); when it is reached, fetching blocks. A larger queue
+	// keeps more workers busy when one partition or key has a backlog.
+	// Queued messages are dropped, not handled, when their partition is
+	// revoked. Each partition reader also reads ahead up to QueueSize
+	// messages (kafka-go's ReaderConfig.QueueCapacity). A throttled
+	// consumer gains nothing from a deep read-ahead: messages wait for
+	// tokens either way. Default 32.
 	QueueSize int
 	// DeadLetterTopic receives the messages that fail permanently or run
 	// out of attempts. Default Topic + ".dlq". The writer may create it
@@ -166,12 +202,16 @@ type Config struct {
 	// consumer.RetryPolicy's defaults.
 	Retry consumer.RetryPolicy
 
-	// DrainTimeout bounds how long in-flight handlers may run after Run's
-	// context ends. Default 30s.
+	// DrainTimeout bounds how long in-flight handlers may run after their
+	// partitions were revoked, at a rebalance or when Run's context ends.
+	// Default 30s. Keep it below the group's RebalanceTimeout and
+	// SessionTimeout (see Rebalances in the package documentation).
 	DrainTimeout time.Duration
-	// CommitTimeout bounds one offset commit, including the final commit
-	// at shutdown, so Run returns at most DrainTimeout + CommitTimeout
-	// after its context ends (plus leaving the group). Default 10s.
+	// CommitTimeout bounds the final commit of a generation, at a
+	// rebalance and at shutdown, so Run returns at most DrainTimeout +
+	// CommitTimeout after its context ends (plus leaving the group). It is
+	// also the timeout of each request to the group coordinator
+	// (kafka-go's ConsumerGroupConfig.Timeout). Default 10s.
 	CommitTimeout time.Duration
 
 	// Observer receives message events for metrics. Default none.
@@ -185,9 +225,13 @@ type Config struct {
 
 	// ConfigureReader, when set, may adjust the kafka-go reader
 	// configuration after the consumer filled it in: timeouts, fetch sizes,
-	// balancers. Brokers, GroupID, Topic, GroupTopics and Partition are
-	// reset afterwards. Setting CommitInterval makes commits asynchronous:
-	// fewer broker calls, more redelivery after a crash.
+	// balancers. Its group fields (GroupBalancers, HeartbeatInterval,
+	// SessionTimeout, RebalanceTimeout, JoinGroupBackoff, RetentionTime,
+	// WatchPartitionChanges, PartitionWatchInterval) configure the
+	// group membership, its other fields each partition's reader.
+	// Brokers, GroupID, Topic, GroupTopics and Partition are reset
+	// afterwards; CommitInterval is ignored, since the consumer commits
+	// itself.
 	//
 	// The consumer sets MaxWait to DefaultMaxWait. The group timeouts keep
 	// kafka-go's defaults unless set here: HeartbeatInterval 3s,
@@ -229,11 +273,15 @@ type Consumer struct {
 	closed       bool
 	backlogCalls int
 
-	// statsMu guards statsReader and stats. statsReader is Run's reader
-	// while Run uses it; stats holds the totals collected from it so far.
-	statsMu     sync.Mutex
-	statsReader *kafkago.Reader
-	stats       ReaderStats
+	// fatal is the first error that ends Run, set by fail.
+	fatal error
+
+	// gc configures the group membership; prc is the template of each
+	// partition's reader (Partition is set per partition).
+	gc  kafkago.ConsumerGroupConfig
+	prc kafkago.ReaderConfig
+
+	stats statsCounter
 }
 
 // New validates cfg and returns a Consumer for h. It does not connect to the
@@ -242,21 +290,10 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	if err := cfg.setDefaults(h); err != nil {
 		return nil, err
 	}
-	c := &Consumer{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
-	var mw []consumer.Middleware
-	if cfg.Limiter != nil {
-		mw = append(mw, consumer.Throttle(cfg.Limiter, cfg.Cost))
-	}
-	if cfg.Pauser != nil {
-		mw = append(mw, consumer.PushBack(cfg.Pauser, cfg.MaxPause))
-	}
-	c.handler = consumer.Chain(h, mw...)
-
-	rc, err := c.readerConfig()
-	if err != nil {
+	c := &Consumer{cfg: cfg, handler: h, log: cfg.Logger, done: make(chan struct{})}
+	if err := c.readerConfig(); err != nil {
 		return nil, err
 	}
-	c.rc = rc
 	// The transport connects on first use, so New still does not.
 	c.adminTransport = newTransport(cfg.Dialer)
 	c.adminTransport.MetadataTopics = []string{cfg.Topic}
@@ -279,6 +316,8 @@ func (cfg *Config) setDefaults(h consumer.Handler) error {
 		return invalid("Group must not be empty")
 	case cfg.Concurrency < 0:
 		return invalid("Concurrency %d must not be negative", cfg.Concurrency)
+	case cfg.MaxInFlight < 0:
+		return invalid("MaxInFlight %d must not be negative", cfg.MaxInFlight)
 	case cfg.QueueSize < 0:
 		return invalid("QueueSize %d must not be negative", cfg.QueueSize)
 	case cfg.MaxPause < 0:
@@ -295,8 +334,16 @@ func (cfg *Config) setDefaults(h consumer.Handler) error {
 			return invalid("Brokers[%d] %q is not host:port", i, b)
 		}
 	}
+	o, err := parseOrdering(cfg.Ordering)
+	if err != nil {
+		return invalid("%w", err)
+	}
+	cfg.Ordering = o
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = 1
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
 	}
 	if cfg.QueueSize == 0 {
 		cfg.QueueSize = DefaultQueueSize
@@ -326,9 +373,10 @@ func (cfg *Config) setDefaults(h consumer.Handler) error {
 	return nil
 }
 
-// readerConfig builds the kafka-go reader configuration and checks it the
-// way kafka-go's NewReader would, so that Run never panics on it.
-func (c *Consumer) readerConfig() (kafkago.ReaderConfig, error) {
+// readerConfig builds the kafka-go group and partition reader
+// configurations (c.gc, c.prc, and c.rc that they come from) and checks
+// them the way kafka-go would, so that Run never panics on them.
+func (c *Consumer) readerConfig() error {
 	log := c.log
 	rc := kafkago.ReaderConfig{
 		Dialer:      c.cfg.Dialer,
@@ -353,7 +401,7 @@ func (c *Consumer) readerConfig() (kafkago.ReaderConfig, error) {
 	rc.Partition = 0
 
 	if err := rc.Validate(); err != nil {
-		return rc, fmt.Errorf("%w: reader: %w", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: reader: %w", ErrInvalidConfig, err)
 	}
 	gc := kafkago.ConsumerGroupConfig{
 		ID:                     rc.GroupID,
@@ -369,9 +417,12 @@ func (c *Consumer) readerConfig() (kafkago.ReaderConfig, error) {
 		JoinGroupBackoff:       rc.JoinGroupBackoff,
 		RetentionTime:          rc.RetentionTime,
 		StartOffset:            rc.StartOffset,
+		Timeout:                c.cfg.CommitTimeout,
+		Logger:                 rc.Logger,
+		ErrorLogger:            rc.ErrorLogger,
 	}
 	if err := gc.Validate(); err != nil {
-		return rc, fmt.Errorf("%w: reader group: %w", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: reader group: %w", ErrInvalidConfig, err)
 	}
 	lo, hi := rc.ReadBackoffMin, rc.ReadBackoffMax
 	if lo == 0 {
@@ -381,9 +432,16 @@ func (c *Consumer) readerConfig() (kafkago.ReaderConfig, error) {
 		hi = time.Second
 	}
 	if hi < lo {
-		return rc, fmt.Errorf("%w: reader: ReadBackoffMax %v is below ReadBackoffMin %v", ErrInvalidConfig, hi, lo)
+		return fmt.Errorf("%w: reader: ReadBackoffMax %v is below ReadBackoffMin %v", ErrInvalidConfig, hi, lo)
 	}
-	return rc, nil
+	prc := rc
+	prc.GroupID = ""
+	prc.CommitInterval = 0
+	if err := prc.Validate(); err != nil {
+		return fmt.Errorf("%w: partition reader: %w", ErrInvalidConfig, err)
+	}
+	c.rc, c.gc, c.prc = rc, gc, prc
+	return nil
 }
 
 // Run joins the group and consumes until ctx ends, then drains (see the
@@ -406,28 +464,95 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer close(c.done)
 	defer cancel()
 
-	reader := kafkago.NewReader(c.rc)
-	c.statsMu.Lock()
-	c.statsReader = reader
-	c.statsMu.Unlock()
+	cg, err := kafkago.NewConsumerGroup(c.gc)
+	if err != nil {
+		return fmt.Errorf("%w: reader group: %w", ErrInvalidConfig, err) // checked by New
+	}
 	transport := newTransport(c.cfg.Dialer)
 	writer := c.newWriter(transport)
-	err := c.consume(ctx, reader, writer)
-	c.closing.Store(true)
-	// Close leaves the group, so the other members take over at once.
-	if cerr := reader.Close(); cerr != nil {
-		c.log.Warn("closing kafka reader", "topic", c.cfg.Topic, "error", cerr)
+	dl := &deadLetterer{w: writer, topic: c.cfg.DeadLetterTopic, log: c.log}
+
+	var cur *generation
+	for {
+		gen, err := cg.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, kafkago.ErrGroupClosed) {
+				break
+			}
+			c.stats.joinFailed()
+			if isFatal(err) {
+				c.fail(fmt.Errorf("joining group %q: %w", c.cfg.Group, err))
+				break
+			}
+			c.log.Warn("joining the consumer group failed; retrying",
+				"topic", c.cfg.Topic, "group", c.cfg.Group, "error", err)
+			continue
+		}
+		c.stats.joined()
+		g := c.newGeneration(gen, ctx.Done())
+		cur = g
+		gen.Start(func(gctx context.Context) { c.runGeneration(gctx, g, dl) })
 	}
-	// The reader's goroutines have ended: collect what they counted last.
-	c.statsMu.Lock()
-	c.stats.add(reader.Stats())
-	c.statsReader = nil
-	c.statsMu.Unlock()
+	if cur != nil {
+		// The generation drains and commits while it is live; then
+		// leaving the group ends it.
+		<-cur.drained
+	}
+	c.closing.Store(true)
+	_ = cg.Close() // leaves the group; always nil
 	if cerr := writer.Close(); cerr != nil {
 		c.log.Warn("closing dead-letter writer", "topic", c.cfg.DeadLetterTopic, "error", cerr)
 	}
 	transport.CloseIdleConnections()
-	return err
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.fatal
+}
+
+// fail records err as the error Run returns and stops Run. The first error
+// wins.
+func (c *Consumer) fail(err error) {
+	c.mu.Lock()
+	if c.fatal == nil {
+		c.fatal = err
+	}
+	cancel := c.cancel
+	c.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// newGeneration wraps a kafka-go generation for runGeneration.
+func (c *Consumer) newGeneration(gen *kafkago.Generation, shutdown <-chan struct{}) *generation {
+	parts := slices.Clone(gen.Assignments[c.cfg.Topic])
+	slices.SortFunc(parts, func(a, b kafkago.PartitionAssignment) int { return a.ID - b.ID })
+	return &generation{
+		id:         gen.ID,
+		partitions: parts,
+		commit: func(offsets map[int]int64) error {
+			return gen.CommitOffsets(map[string]map[int]int64{c.cfg.Topic: offsets})
+		},
+		open:     c.openPartition,
+		shutdown: shutdown,
+		drained:  make(chan struct{}),
+	}
+}
+
+// openPartition starts a reader of one partition at offset, which may be
+// kafka-go's FirstOffset or LastOffset.
+func (c *Consumer) openPartition(partition int, offset int64) (partitionReader, func()) {
+	rc := c.prc
+	rc.Partition = partition
+	r := kafkago.NewReader(rc)
+	_ = r.SetOffset(offset) // fails only on a closed reader
+	c.stats.addReader(r)
+	return r, func() {
+		if err := r.Close(); err != nil {
+			c.log.Debug("closing partition reader", "topic", c.cfg.Topic, "partition", partition, "error", err)
+		}
+		c.stats.removeReader(r)
+	}
 }
 
 // Close stops a running Run as if its context had ended and waits for it to
@@ -452,365 +577,6 @@ func (c *Consumer) Close() error {
 	return nil
 }
 
-// ReaderStats are counts of what the kafka-go reader that Run uses did, so
-// that operators can see the health of its broker connections: kafka-go
-// reconnects by itself, so Config.Observer's Reconnected is never called
-// for Kafka. Every field is a total since Run started; it never decreases.
-// A ReaderStats is a plain value, safe to copy.
-//
-// The counts are kafka-go's (kafkago.ReaderStats), which counts per
-// partition: a replica that owns several partitions dials and fetches for
-// each of them.
-type ReaderStats struct {
-	// Dials counts the attempts, successful or not, to connect to the
-	// leader of a partition: one when the reader starts on a partition
-	// (first at the join, again after every rebalance), plus one for each
-	// reconnection after a broker or network failure or a leader change.
-	// Connections to the group coordinator are not counted.
-	Dials int64
-	// Errors counts the errors that kafka-go retried by itself: failed
-	// attempts to join the group, failed connections to a partition
-	// leader, and broken connections while fetching. Errors kafka-go
-	// passes on to FetchMessage instead, such as those of a leader still
-	// unreachable after ReaderConfig.MaxAttempts, are logged by the
-	// consumer and not counted here.
-	Errors int64
-	// Rebalances counts the group generations the reader joined, the
-	// first join included, plus the partitions it had to find again
-	// because their leader moved (NotLeaderForPartition or
-	// UnknownTopicOrPartition).
-	Rebalances int64
-	// Timeouts counts the fetches that returned no message: kafka-go
-	// counts the broker's RequestTimedOut, and also a long poll that
-	// ended empty after ReaderConfig.MaxWait. On an idle topic it grows
-	// with Fetches, so only Timeouts growing while Messages does not,
-	// with messages waiting, hints at trouble.
-	Timeouts int64
-	// Fetches counts the fetch requests sent to partition leaders. On an
-	// idle topic it grows by about one per owned partition per
-	// ReaderConfig.MaxWait (DefaultMaxWait unless ConfigureReader sets it).
-	Fetches int64
-	// Messages counts the messages fetched from the brokers, when they
-	// are fetched and before a handler sees them. A message fetched again
-	// after a rebalance or a reconnection counts again, and read-ahead
-	// messages dropped at shutdown count too, so Messages may exceed the
-	// messages handled.
-	Messages int64
-	// Bytes is the size of the keys and values of the messages counted by
-	// Messages.
-	Bytes int64
-}
-
-// add adds the counts of s, which kafka-go resets on every Stats call, to
-// the totals.
-func (t *ReaderStats) add(s kafkago.ReaderStats) {
-	t.Dials += s.Dials
-	t.Errors += s.Errors
-	t.Rebalances += s.Rebalances
-	t.Timeouts += s.Timeouts
-	t.Fetches += s.Fetches
-	t.Messages += s.Messages
-	t.Bytes += s.Bytes
-}
-
-// ReaderStats returns the counts of the kafka-go reader that Run uses,
-// totalled since Run started. The totals are monotonic: a call never
-// returns less, in any field, than an earlier call, so each field suits a
-// Prometheus counter. Unlike kafka-go's Reader.Stats, which returns the
-// counts since its previous call and resets them, ReaderStats does not
-// reset anything: any number of callers may read it at any interval.
-//
-// Before Run it returns zero. After Run returned, it returns the final
-// totals, which include everything the reader counted until Run closed
-// it. It is safe for concurrent use, with Run and with itself; it does not
-// block on the brokers.
-func (c *Consumer) ReaderStats() ReaderStats {
-	c.statsMu.Lock()
-	defer c.statsMu.Unlock()
-	if c.statsReader != nil {
-		c.stats.add(c.statsReader.Stats())
-	}
-	return c.stats
-}
-
-// Backlog returns the consumer group's lag on its topic: for every partition,
-// the last offset minus the group's committed offset, summed. That is the
-// number of messages the group has not committed yet, including those that
-// a replica fetched or is handling. A partition without a committed offset
-// counts from where the group would start on it (Config.StartOffset): all
-// its messages with FirstOffset, the default, and none with LastOffset. A
-// committed offset below the partition's first offset, whose messages
-// retention deleted, counts from the first offset. The result is never
-// negative. The last offset honours the reader's IsolationLevel.
-//
-// The value belongs to the group, not to this replica: every replica of
-// the group reports the same value, so a dashboard that collects it from
-// several replicas should aggregate with max, not sum.
-//
-// Each call makes three round trips: ListOffsets to the partition leaders
-// for the first and last offsets, then FindCoordinator and OffsetFetch for
-// the group's committed offsets. The partitions come from cluster metadata
-// that the client caches and refreshes in the background every few seconds,
-// so a partition added to the topic is counted a few seconds later. That
-// suits a metric read every few seconds, not a call per message.
-//
-// Backlog reads the group's offsets from the brokers, so it works whether
-// Run is running, has not started, or has returned. It is safe for
-// concurrent use. ctx bounds the call; give it a deadline, since a broker
-// that accepts connections but does not answer holds the call until ctx
-// ends. The connections are kept for the next call until Close, after
-// which Backlog returns an error wrapping ErrClosed. A per-partition error
-// in a broker's response fails the call, naming the partition.
-func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
-	wrap := func(err error) error {
-		return fmt.Errorf("reading lag of group %q on topic %q: %w", c.cfg.Group, c.cfg.Topic, err)
-	}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return 0, wrap(ErrClosed)
-	}
-	c.backlogCalls++
-	c.mu.Unlock()
-	defer func() {
-		c.mu.Lock()
-		c.backlogCalls--
-		release := c.closed && c.backlogCalls == 0
-		c.mu.Unlock()
-		if release {
-			c.adminTransport.CloseIdleConnections()
-		}
-	}()
-	if err := ctx.Err(); err != nil {
-		return 0, wrap(err)
-	}
-	lag, err := c.backlog(ctx)
-	if err != nil {
-		return 0, wrap(err)
-	}
-	return lag, nil
-}
-
-func (c *Consumer) backlog(ctx context.Context) (int64, error) {
-	topic := c.cfg.Topic
-	md, err := c.admin.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
-	if err != nil {
-		return 0, fmt.Errorf("listing partitions: %w", err)
-	}
-	var partitions []int
-	for _, t := range md.Topics {
-		if t.Name != topic {
-			continue
-		}
-		if t.Error != nil {
-			return 0, fmt.Errorf("listing partitions: %w", t.Error)
-		}
-		for _, p := range t.Partitions {
-			partitions = append(partitions, p.ID)
-		}
-	}
-	if len(partitions) == 0 {
-		return 0, errors.New("listing partitions: the metadata lists none")
-	}
-
-	reqs := make([]kafkago.OffsetRequest, 0, 2*len(partitions))
-	for _, p := range partitions {
-		reqs = append(reqs, kafkago.FirstOffsetOf(p), kafkago.LastOffsetOf(p))
-	}
-	lo, err := c.admin.ListOffsets(ctx, &kafkago.ListOffsetsRequest{
-		Topics:         map[string][]kafkago.OffsetRequest{topic: reqs},
-		IsolationLevel: c.rc.IsolationLevel,
-	})
-	if err != nil {
-		return 0, fmt.Errorf("listing offsets: %w", err)
-	}
-	bounds := make(map[int]kafkago.PartitionOffsets, len(partitions))
-	for _, po := range lo.Topics[topic] {
-		if po.Error != nil {
-			return 0, fmt.Errorf("listing offsets of partition %d: %w", po.Partition, po.Error)
-		}
-		bounds[po.Partition] = po
-	}
-
-	of, err := c.admin.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{
-		GroupID: c.cfg.Group,
-		Topics:  map[string][]int{topic: partitions},
-	})
-	if err != nil {
-		return 0, fmt.Errorf("fetching committed offsets: %w", err)
-	}
-	committed := make(map[int]int64, len(partitions))
-	switch {
-	case errors.Is(of.Error, kafkago.GroupIdNotFound):
-		// A group that never committed may not exist yet: Kafka answers
-		// -1 for each partition then, other brokers (kfake) this error.
-		// Both mean that nothing is committed.
-		for _, p := range partitions {
-			committed[p] = -1
-		}
-	case of.Error != nil:
-		return 0, fmt.Errorf("fetching committed offsets: %w", of.Error)
-	default:
-		for _, p := range of.Topics[topic] {
-			if p.Error != nil {
-				return 0, fmt.Errorf("fetching committed offset of partition %d: %w", p.Partition, p.Error)
-			}
-			committed[p.Partition] = p.CommittedOffset
-		}
-	}
-
-	start := c.rc.StartOffset
-	if start == 0 {
-		start = kafkago.FirstOffset // kafka-go's default
-	}
-	var total int64
-	for _, p := range partitions {
-		b, ok := bounds[p]
-		if !ok {
-			return 0, fmt.Errorf("listing offsets: no answer for partition %d", p)
-		}
-		at, ok := committed[p]
-		if !ok {
-			return 0, fmt.Errorf("fetching committed offsets: no answer for partition %d", p)
-		}
-		total += partitionLag(b.FirstOffset, b.LastOffset, at, start)
-	}
-	return total, nil
-}
-
-// partitionLag is a partition's share of Backlog: the messages from the
-// committed offset, or from where the group starts when it has none
-// (committed < 0, as kafka-go reads it), up to the last offset.
-func partitionLag(first, last, committed, start int64) int64 {
-	from := committed
-	if from < 0 {
-		if start == kafkago.LastOffset {
-			return 0
-		}
-		from = first
-	}
-	from = max(from, first)
-	return max(last-from, 0)
-}
-
-// reader is what the consumer needs from a kafka-go Reader.
-type reader interface {
-	FetchMessage(ctx context.Context) (kafkago.Message, error)
-	offsetCommitter
-}
-
-// consume fetches and dispatches until ctx ends or a fatal error, then
-// drains the workers and makes the final commit.
-func (c *Consumer) consume(ctx context.Context, r reader, w messageWriter) error {
-	// Handlers, dead-letter writes and commits outlive ctx: they end at the
-	// drain deadline, not when intake stops.
-	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelHandlers()
-
-	com := newCommitter(r, c.cfg.CommitTimeout, c.log)
-	comCtx, stopCommitter := context.WithCancel(hctx)
-	defer stopCommitter()
-	comDone := make(chan struct{})
-	go func() {
-		defer close(comDone)
-		com.run(comCtx)
-	}()
-
-	dl := &deadLetterer{w: w, topic: c.cfg.DeadLetterTopic, log: c.log}
-	// A slot is taken before each fetch and given back when a worker takes
-	// the message, so at most QueueSize messages wait, and a send to a
-	// queue (of the same capacity) never blocks.
-	slots := make(chan struct{}, c.cfg.QueueSize)
-	var draining atomic.Bool
-	queues := make([]chan kafkago.Message, c.cfg.Concurrency)
-	var wg sync.WaitGroup
-	for i := range queues {
-		queues[i] = make(chan kafkago.Message, c.cfg.QueueSize)
-		wg.Add(1)
-		go func(q <-chan kafkago.Message) {
-			defer wg.Done()
-			c.work(hctx, q, slots, &draining, dl, com)
-		}(queues[i])
-	}
-
-	err := c.fetch(ctx, r, slots, queues)
-
-	draining.Store(true)
-	for _, q := range queues {
-		close(q)
-	}
-	drained := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(drained)
-	}()
-	timer := time.NewTimer(c.cfg.DrainTimeout)
-	select {
-	case <-drained:
-	case <-timer.C:
-		c.log.Warn("drain timeout reached; cancelling in-flight handlers, their messages stay uncommitted",
-			"topic", c.cfg.Topic, "drain_timeout", c.cfg.DrainTimeout)
-		cancelHandlers()
-		<-drained
-	}
-	timer.Stop()
-
-	stopCommitter()
-	<-comDone
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CommitTimeout)
-	defer cancel()
-	if ferr := com.flush(fctx); ferr != nil {
-		c.log.Warn("final commit failed; messages handled since the last commit will be redelivered",
-			"topic", c.cfg.Topic, "error", ferr)
-	}
-	return err
-}
-
-// fetch reads messages and dispatches each to the worker of its partition
-// until ctx ends (nil) or a fatal error. It blocks while all slots are
-// taken.
-func (c *Consumer) fetch(ctx context.Context, r reader, slots chan struct{}, queues []chan kafkago.Message) error {
-	// Partitions go to workers round-robin as they are first seen, which
-	// spreads them more evenly than partition modulo workers when this
-	// replica owns only some of them. A partition keeps its worker, so it
-	// is never handled by two at once.
-	workerOf := make(map[int]int)
-	var delay time.Duration
-	for {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return nil
-		}
-		m, err := r.FetchMessage(ctx)
-		if err != nil {
-			<-slots
-			if ctx.Err() != nil {
-				return nil
-			}
-			if isFatal(err) {
-				return fmt.Errorf("fetching from topic %q: %w", c.cfg.Topic, err)
-			}
-			delay = nextBackoff(delay)
-			c.log.Warn("fetching message failed; retrying", "topic", c.cfg.Topic, "error", err, "retry_in", delay)
-			if sleep(ctx, delay) != nil {
-				return nil
-			}
-			continue
-		}
-		delay = 0
-		if c.cfg.Observer != nil {
-			c.cfg.Observer.ObserveReceived(ToMessage(m))
-		}
-		w, ok := workerOf[m.Partition]
-		if !ok {
-			w = len(workerOf) % len(queues)
-			workerOf[m.Partition] = w
-		}
-		queues[w] <- m
-	}
-}
-
 // isFatal reports whether a fetch error cannot heal by retrying.
 func isFatal(err error) bool {
 	if errors.Is(err, io.EOF) {
@@ -826,49 +592,6 @@ func isFatal(err error) bool {
 		}
 	}
 	return false
-}
-
-// work handles the messages of its queue in order. After a message that
-// could not be finished (the drain deadline passed), it handles nothing
-// more, so no later message of that partition is committed.
-func (c *Consumer) work(ctx context.Context, q <-chan kafkago.Message, slots <-chan struct{}, draining *atomic.Bool, dl *deadLetterer, com *committer) {
-	stopped := false
-	for m := range q {
-		<-slots
-		if stopped || draining.Load() || ctx.Err() != nil {
-			continue // not started: left uncommitted, the group redelivers it
-		}
-		if c.handle(ctx, m, dl) {
-			com.add(m)
-		} else {
-			stopped = true
-		}
-	}
-}
-
-// handle runs the retry policy for m and dead-letters it when needed. It
-// reports whether m may be committed.
-func (c *Consumer) handle(ctx context.Context, m kafkago.Message, dl *deadLetterer) bool {
-	msg := ToMessage(m)
-	out := c.cfg.Retry.Process(ctx, c.handler, msg, c.cfg.Observer)
-	if out.Abandoned {
-		c.log.Warn("handler did not finish before the drain deadline; message left uncommitted",
-			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempts", out.Attempts)
-		return false
-	}
-	if out.Err == nil {
-		return true
-	}
-	if err := dl.send(ctx, m, consumer.DeadLetterHeaders(msg, out)); err != nil {
-		c.log.Warn("dead-letter write abandoned at the drain deadline; message left uncommitted",
-			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "error", err)
-		return false
-	}
-	c.log.Warn("message dead-lettered",
-		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
-		"dead_letter_topic", dl.topic, "attempts", out.Attempts, "error", out.Err)
-	c.cfg.Observer.ObserveDeadLettered(msg, out.Err)
-	return true
 }
 
 // newTransport returns the dead-letter writer's transport, with the

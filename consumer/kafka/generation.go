@@ -1,0 +1,325 @@
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/throttlehq/throttle/consumer"
+)
+
+// partitionReader is what a partition's fetcher needs from a kafka-go
+// Reader.
+type partitionReader interface {
+	FetchMessage(ctx context.Context) (kafkago.Message, error)
+}
+
+// generation is one generation of the consumer group, as runGeneration
+// needs it.
+type generation struct {
+	id int32
+	// partitions are this member's partitions of the topic and the offsets
+	// to start from (kafka-go's FirstOffset or LastOffset when the group
+	// has no committed offset).
+	partitions []kafkago.PartitionAssignment
+	// commit commits offsets in this generation.
+	commit commitFunc
+	// open returns the reader of a partition at offset, and the function
+	// that closes it.
+	open func(partition int, offset int64) (partitionReader, func())
+	// shutdown is closed when Run's context ends. The generation then
+	// drains as at a revocation, while it is still live (its heartbeats
+	// go on), and closes drained; the caller then leaves the group, which
+	// ends the generation's context.
+	shutdown <-chan struct{}
+	// drained is closed by runGeneration after its final commit.
+	drained chan struct{}
+}
+
+// outcome is how a worker left a message.
+type outcome int
+
+const (
+	// finished: delivered or dead-lettered; it may be committed.
+	finished outcome = iota
+	// dropped: not started when its partition was revoked.
+	dropped
+	// abandoned: started and not finished by the drain deadline.
+	abandoned
+)
+
+// genRun is the state of one generation while runGeneration runs it.
+type genRun struct {
+	c *Consumer
+	// hctx is the context of handlers, dead-letter writes and commits: it
+	// ends at the drain deadline. rctx ends when the generation ends (the
+	// partitions are revoked) or Run's context ends; fetching and the
+	// first limiter wait of each message stop then.
+	hctx, rctx context.Context
+	// slots bounds the messages fetched and not finished.
+	slots chan struct{}
+	sched *scheduler
+	com   *committer
+	dl    *deadLetterer
+	// dropped counts the messages fetched and not started when the
+	// partitions were revoked.
+	dropped atomic.Int64
+}
+
+// runGeneration consumes the partitions of one generation until it ends
+// (gctx) or Run's context ends, then revokes them: it stops fetching,
+// drops the messages not started (a cancelled limiter wait gives its
+// tokens back), lets the handlers in flight finish within DrainTimeout,
+// and commits what finished before it returns, so before the member
+// rejoins.
+func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl *deadLetterer) {
+	defer func() {
+		<-gctx.Done() // kafka-go ends the generation when this returns
+	}()
+	hctx, cancelHandlers := context.WithCancel(context.Background())
+	defer cancelHandlers()
+	rctx, revoke := context.WithCancel(hctx)
+	defer revoke()
+
+	parts := make([]*partState, len(g.partitions))
+	ids := make([]int, len(g.partitions))
+	for i, a := range g.partitions {
+		parts[i] = newPartState(a.ID)
+		ids[i] = a.ID
+	}
+	log := c.log.With("topic", c.cfg.Topic, "group", c.cfg.Group, "generation", g.id)
+	log.Info("partitions assigned", "partitions", ids)
+	c.stats.setAssigned(len(parts))
+
+	workers, queue := c.cfg.Concurrency, c.cfg.QueueSize
+	if c.cfg.Ordering != OrderingPartition {
+		workers = c.cfg.MaxInFlight
+	}
+	r := &genRun{c: c, hctx: hctx, rctx: rctx, slots: make(chan struct{}, workers+queue), dl: dl}
+	r.com = newCommitter(g.commit, parts, log)
+	r.sched = newScheduler(c.cfg.Ordering, workers, r.newWorker)
+
+	comCtx, stopCommitter := context.WithCancel(hctx)
+	defer stopCommitter()
+	comDone := make(chan struct{})
+	go func() {
+		defer close(comDone)
+		r.com.run(comCtx)
+	}()
+
+	var fetching sync.WaitGroup
+	closers := make([]func(), len(parts))
+	for i, p := range parts {
+		rd, closeReader := g.open(p.partition, g.partitions[i].Offset)
+		closers[i] = closeReader
+		fetching.Add(1)
+		go func() {
+			defer fetching.Done()
+			r.fetch(p, rd)
+		}()
+	}
+
+	reason := "rebalance"
+	select {
+	case <-gctx.Done():
+	case <-g.shutdown:
+		reason = "shutdown"
+	}
+	start := time.Now()
+	revoke()
+	fetching.Wait()
+	var closing sync.WaitGroup
+	for _, closeReader := range closers {
+		closing.Go(closeReader)
+	}
+	for range r.sched.stop() {
+		<-r.slots
+		r.dropped.Add(1)
+	}
+
+	drained := make(chan struct{})
+	go func() {
+		r.sched.wait()
+		close(drained)
+	}()
+	timer := time.NewTimer(c.cfg.DrainTimeout)
+	select {
+	case <-drained:
+	case <-timer.C:
+		log.Warn("drain timeout reached; cancelling in-flight handlers, their messages stay uncommitted",
+			"drain_timeout", c.cfg.DrainTimeout)
+		cancelHandlers()
+		<-drained
+	}
+	timer.Stop()
+
+	stopCommitter()
+	<-comDone
+	fctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
+	committed, err := r.com.flush(fctx)
+	cancel()
+	closing.Wait()
+	n := r.dropped.Load()
+	c.stats.revoked(n)
+	args := []any{"partitions", ids, "reason", reason, "dropped", n,
+		"committed", formatOffsets(committed), "took", time.Since(start).Round(time.Millisecond)}
+	if err != nil {
+		log.Warn("partitions revoked; the final commit failed, messages finished since the last commit will be redelivered",
+			append(args, "error", err)...)
+	} else {
+		log.Info("partitions revoked", args...)
+	}
+	close(g.drained)
+}
+
+// fetch reads the messages of one partition and queues them until the
+// partition is revoked. It blocks while every slot is taken.
+func (r *genRun) fetch(p *partState, rd partitionReader) {
+	c := r.c
+	var delay time.Duration
+	for {
+		m, err := rd.FetchMessage(r.rctx)
+		if err != nil {
+			if r.rctx.Err() != nil {
+				return
+			}
+			if isFatal(err) {
+				c.fail(fmt.Errorf("fetching from topic %q partition %d: %w", c.cfg.Topic, p.partition, err))
+				return
+			}
+			delay = nextBackoff(delay)
+			c.log.Warn("fetching message failed; retrying",
+				"topic", c.cfg.Topic, "partition", p.partition, "error", err, "retry_in", delay)
+			if sleep(r.rctx, delay) != nil {
+				return
+			}
+			continue
+		}
+		delay = 0
+		select {
+		case r.slots <- struct{}{}:
+		case <-r.rctx.Done():
+			r.dropped.Add(1)
+			return
+		}
+		p.mu.Lock()
+		seq := p.tracker.add(m.Offset)
+		p.mu.Unlock()
+		if c.cfg.Observer != nil {
+			c.cfg.Observer.ObserveReceived(ToMessage(m))
+		}
+		if !r.sched.enqueue(work{m: m, p: p, seq: seq}) {
+			<-r.slots
+			r.dropped.Add(1)
+			return
+		}
+	}
+}
+
+// newWorker returns the function a worker goroutine handles messages with.
+func (r *genRun) newWorker() func(work) {
+	gate := &firstWait{l: r.c.cfg.Limiter, revoke: r.rctx}
+	h := r.c.chain(gate)
+	return func(w work) {
+		defer func() { <-r.slots }()
+		if r.rctx.Err() != nil {
+			r.dropped.Add(1) // revoked before it started
+			return
+		}
+		gate.started, gate.dropped = false, false
+		switch r.c.handle(r.hctx, w.m, h, r.dl, gate) {
+		case finished:
+			w.p.mu.Lock()
+			moved := w.p.tracker.finish(w.seq)
+			w.p.mu.Unlock()
+			if moved {
+				r.com.wake()
+			}
+		case dropped:
+			r.dropped.Add(1)
+		case abandoned:
+		}
+	}
+}
+
+// chain returns the user's handler wrapped for one worker: throttled
+// through gate, and with push-back.
+func (c *Consumer) chain(gate *firstWait) consumer.Handler {
+	var mw []consumer.Middleware
+	if c.cfg.Limiter != nil {
+		mw = append(mw, consumer.Throttle(gate, c.cfg.Cost))
+	}
+	mw = append(mw, gate.markStarted)
+	if c.cfg.Pauser != nil {
+		mw = append(mw, consumer.PushBack(c.cfg.Pauser, c.cfg.MaxPause))
+	}
+	return consumer.Chain(c.handler, mw...)
+}
+
+// firstWait is the limiter a worker's handler chain waits on. The first
+// wait of a message, before its handler was ever called, ends when the
+// partition is revoked: the message is then dropped, not started, and the
+// cancelled wait gives back the tokens it reserved. Later waits, before
+// the retries of a started message, end only at the drain deadline.
+//
+// A firstWait belongs to one worker goroutine.
+type firstWait struct {
+	l      consumer.Limiter
+	revoke context.Context
+	// started is set once the handler was called for the message.
+	started bool
+	// dropped is set when the revocation ended the first wait.
+	dropped bool
+}
+
+func (f *firstWait) Wait(ctx context.Context, cost int) error {
+	if f.started {
+		return f.l.Wait(ctx, cost)
+	}
+	// revoke is derived from the handlers' context, so this wait also ends
+	// at the drain deadline.
+	err := f.l.Wait(f.revoke, cost)
+	if err != nil && f.revoke.Err() != nil && ctx.Err() == nil {
+		f.dropped = true
+		return fmt.Errorf("partition revoked before the message started: %w", consumer.ErrAbandoned)
+	}
+	return err
+}
+
+func (f *firstWait) markStarted(next consumer.Handler) consumer.Handler {
+	return func(ctx context.Context, msg consumer.Message) error {
+		f.started = true
+		return next(ctx, msg)
+	}
+}
+
+// handle runs the retry policy for m and dead-letters it when needed.
+func (c *Consumer) handle(ctx context.Context, m kafkago.Message, h consumer.Handler, dl *deadLetterer, gate *firstWait) outcome {
+	msg := ToMessage(m)
+	out := c.cfg.Retry.Process(ctx, h, msg, c.cfg.Observer)
+	if out.Abandoned {
+		if gate.dropped {
+			return dropped
+		}
+		c.log.Warn("handler abandoned; message left uncommitted for redelivery",
+			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempts", out.Attempts, "error", out.Err)
+		return abandoned
+	}
+	if out.Err == nil {
+		return finished
+	}
+	if err := dl.send(ctx, m, consumer.DeadLetterHeaders(msg, out)); err != nil {
+		c.log.Warn("dead-letter write abandoned at the drain deadline; message left uncommitted",
+			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "error", err)
+		return abandoned
+	}
+	c.log.Warn("message dead-lettered",
+		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+		"dead_letter_topic", dl.topic, "attempts", out.Attempts, "error", out.Err)
+	c.cfg.Observer.ObserveDeadLettered(msg, out.Err)
+	return finished
+}

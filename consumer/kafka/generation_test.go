@@ -1,0 +1,323 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/throttlehq/throttle/consumer"
+)
+
+// fakeReader serves queued messages of one partition.
+type fakeReader struct {
+	msgs chan kafkago.Message
+}
+
+func newFakeReader(msgs ...kafkago.Message) *fakeReader {
+	r := &fakeReader{msgs: make(chan kafkago.Message, len(msgs)+100)}
+	for _, m := range msgs {
+		r.msgs <- m
+	}
+	return r
+}
+
+func (r *fakeReader) FetchMessage(ctx context.Context) (kafkago.Message, error) {
+	select {
+	case m := <-r.msgs:
+		return m, nil
+	case <-ctx.Done():
+		return kafkago.Message{}, ctx.Err()
+	}
+}
+
+// erringReader returns errs, one per call, then blocks.
+type erringReader struct {
+	errs  []error
+	calls atomic.Int32
+}
+
+func (r *erringReader) FetchMessage(ctx context.Context) (kafkago.Message, error) {
+	n := int(r.calls.Add(1))
+	if n <= len(r.errs) {
+		return kafkago.Message{}, r.errs[n-1]
+	}
+	<-ctx.Done()
+	return kafkago.Message{}, ctx.Err()
+}
+
+// fakeGroup is one generation's partitions and the offsets committed in it.
+// Commits fail while failCommits > 0.
+type fakeGroup struct {
+	readers map[int]partitionReader
+
+	mu          sync.Mutex
+	commits     map[int]int64 // partition -> next offset
+	calls       int
+	failCommits int
+}
+
+func newFakeGroup(readers map[int]partitionReader) *fakeGroup {
+	return &fakeGroup{readers: readers, commits: map[int]int64{}}
+}
+
+func (f *fakeGroup) commit(offsets map[int]int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.failCommits > 0 {
+		f.failCommits--
+		return kafkago.NotCoordinatorForGroup
+	}
+	for p, o := range offsets {
+		if o < f.commits[p] {
+			return fmt.Errorf("commit of partition %d moved back from %d to %d", p, f.commits[p], o)
+		}
+		f.commits[p] = o
+	}
+	return nil
+}
+
+func (f *fakeGroup) committed() map[int]int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.commits)
+}
+
+// runningGeneration is a generation that runGeneration runs.
+type runningGeneration struct {
+	g      *generation
+	end    context.CancelFunc // ends the generation, as a rebalance does
+	stop   func()             // ends it as Run's context does
+	done   chan struct{}      // closed when runGeneration returned
+	closed atomic.Int32       // readers closed
+}
+
+// startGeneration runs a generation of c over f's partitions, each from
+// offset 0, writing dead letters to w.
+func startGeneration(t *testing.T, c *Consumer, f *fakeGroup, w messageWriter) *runningGeneration {
+	t.Helper()
+	gctx, end := context.WithCancel(context.Background())
+	shutdown := make(chan struct{})
+	rg := &runningGeneration{end: end, done: make(chan struct{})}
+	var once sync.Once
+	rg.stop = func() { once.Do(func() { close(shutdown) }) }
+	rg.g = &generation{
+		id:       1,
+		commit:   f.commit,
+		shutdown: shutdown,
+		drained:  make(chan struct{}),
+		open: func(p int, _ int64) (partitionReader, func()) {
+			return f.readers[p], func() { rg.closed.Add(1) }
+		},
+	}
+	for p := range len(f.readers) {
+		rg.g.partitions = append(rg.g.partitions, kafkago.PartitionAssignment{ID: p, Offset: kafkago.FirstOffset})
+	}
+	dl := &deadLetterer{w: w, topic: "t.dlq", log: discardLogger()}
+	go func() {
+		defer close(rg.done)
+		c.runGeneration(gctx, rg.g, dl)
+	}()
+	t.Cleanup(func() {
+		end()
+		<-rg.done
+	})
+	return rg
+}
+
+// finish ends the generation as a rebalance (or, with shutdown, as Run's
+// context) does and waits until runGeneration drained and returned.
+func (rg *runningGeneration) finish(t *testing.T, shutdown bool) {
+	t.Helper()
+	if shutdown {
+		rg.stop()
+		select {
+		case <-rg.g.drained:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the generation did not drain")
+		}
+		select {
+		case <-rg.done:
+			t.Fatal("runGeneration returned while the generation was live")
+		default:
+		}
+	}
+	rg.end()
+	select {
+	case <-rg.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("runGeneration did not return")
+	}
+}
+
+// waitFor polls cond every 5 ms until it holds, failing the test after 10s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func newTestConsumer(t *testing.T, cfg Config, h consumer.Handler) *Consumer {
+	t.Helper()
+	cfg.Brokers, cfg.Topic, cfg.Group = []string{"127.0.0.1:1"}, "t", "g"
+	if cfg.Logger == nil {
+		cfg.Logger = discardLogger()
+	}
+	if cfg.CommitTimeout == 0 {
+		cfg.CommitTimeout = time.Second
+	}
+	c, err := New(cfg, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestGenerationCommits drives a generation with fake readers and a fake
+// writer, so the commit rules are checked without a broker, for every
+// ordering and for both ways a generation ends.
+func TestGenerationCommits(t *testing.T) {
+	type result struct {
+		committed  map[int]int64
+		deadLetter int
+	}
+	cases := []struct {
+		name string
+		// handler for message (partition, offset); block means: wait for
+		// ctx (it never finishes before the drain deadline).
+		handler     func(p int, o int64) (err error, block bool)
+		writerFails int // -1: always
+		commitFails int
+		want        result
+	}{
+		{
+			name:    "all delivered",
+			handler: func(int, int64) (error, bool) { return nil, false },
+			want:    result{committed: map[int]int64{0: 3, 1: 3}},
+		},
+		{
+			name:        "commit failures are retried",
+			handler:     func(int, int64) (error, bool) { return nil, false },
+			commitFails: 3,
+			want:        result{committed: map[int]int64{0: 3, 1: 3}},
+		},
+		{
+			name: "never past an unfinished message of the partition",
+			handler: func(p int, o int64) (error, bool) {
+				return nil, p == 0 && o == 1
+			},
+			want: result{committed: map[int]int64{0: 1, 1: 3}},
+		},
+		{
+			name: "dead-lettered after the write succeeds",
+			handler: func(p int, o int64) (error, bool) {
+				if o == 1 {
+					return consumer.Permanent(errors.New("bad payload")), false
+				}
+				return nil, false
+			},
+			writerFails: 2,
+			want:        result{committed: map[int]int64{0: 3, 1: 3}, deadLetter: 2},
+		},
+		{
+			name: "not committed while the dead-letter write fails",
+			handler: func(p int, o int64) (error, bool) {
+				if p == 0 && o == 1 {
+					return consumer.Permanent(errors.New("bad payload")), false
+				}
+				return nil, false
+			},
+			writerFails: -1,
+			want:        result{committed: map[int]int64{0: 1, 1: 3}},
+		},
+	}
+	for _, ordering := range []Ordering{OrderingPartition, OrderingKey, OrderingNone} {
+		for _, shutdown := range []bool{false, true} {
+			for _, tc := range cases {
+				want := tc.want
+				name := fmt.Sprintf("%s/shutdown=%v/%s", ordering, shutdown, tc.name)
+				t.Run(name, func(t *testing.T) {
+					var handled atomic.Int32
+					h := func(ctx context.Context, m consumer.Message) error {
+						err, block := tc.handler(m.Source.Partition, m.Source.Offset)
+						handled.Add(1)
+						if block {
+							<-ctx.Done()
+							return ctx.Err()
+						}
+						return err
+					}
+					c := newTestConsumer(t, Config{
+						Ordering: ordering, Concurrency: 2,
+						Retry:        consumer.RetryPolicy{MaxAttempts: 1},
+						DrainTimeout: 300 * time.Millisecond,
+					}, h)
+					// Distinct keys, so OrderingKey runs them concurrently.
+					p0, p1 := msgs(0, 0, 1, 2), msgs(1, 0, 1, 2)
+					for i := range p0 {
+						p0[i].Key = []byte{byte(i)}
+						p1[i].Key = []byte{byte(i)}
+					}
+					f := newFakeGroup(map[int]partitionReader{0: newFakeReader(p0...), 1: newFakeReader(p1...)})
+					f.failCommits = tc.commitFails
+					w := &fakeWriter{fail: tc.writerFails}
+					rg := startGeneration(t, c, f, w)
+					wantHandled := int32(6)
+					if ordering == OrderingPartition && want.committed[0] == 1 {
+						wantHandled = 5 // offset 2 waits behind the stuck offset 1
+					}
+					waitFor(t, "handlers called", func() bool { return handled.Load() >= wantHandled })
+					waitFor(t, "commits", func() bool { return maps.Equal(f.committed(), want.committed) })
+					rg.finish(t, shutdown)
+					w.mu.Lock()
+					got := result{committed: f.committed(), deadLetter: len(w.writes)}
+					w.mu.Unlock()
+					if !maps.Equal(got.committed, want.committed) || got.deadLetter != want.deadLetter {
+						t.Fatalf("got %+v, want %+v", got, want)
+					}
+					if n := rg.closed.Load(); n != 2 {
+						t.Fatalf("%d readers closed, want 2", n)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestFetchStopsOnFatalError: a fetch error that retrying cannot fix stops
+// Run with that error; a transient one is retried.
+func TestFetchStopsOnFatalError(t *testing.T) {
+	c := newTestConsumer(t, Config{}, func(context.Context, consumer.Message) error { return nil })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c.cancel = cancel
+	r := &erringReader{errs: []error{kafkago.NotCoordinatorForGroup, kafkago.GroupAuthorizationFailed}}
+	f := newFakeGroup(map[int]partitionReader{0: r})
+	startGeneration(t, c, f, &fakeWriter{})
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run was not stopped")
+	}
+	c.mu.Lock()
+	fatal := c.fatal
+	c.mu.Unlock()
+	if !errors.Is(fatal, kafkago.GroupAuthorizationFailed) {
+		t.Fatalf("fatal = %v, want the authorization error", fatal)
+	}
+	if n := r.calls.Load(); n != 2 {
+		t.Fatalf("FetchMessage calls = %d, want 2 (the transient error is retried)", n)
+	}
+}

@@ -1,0 +1,214 @@
+package kafka
+
+import (
+	"fmt"
+	"sync"
+
+	kafkago "github.com/segmentio/kafka-go"
+)
+
+// Ordering says which messages of a partition the consumer may handle at
+// the same time. The zero value means OrderingPartition.
+type Ordering string
+
+// The orderings.
+const (
+	// OrderingPartition handles the messages of a partition one at a time,
+	// in offset order; up to Config.Concurrency partitions in parallel.
+	OrderingPartition Ordering = "partition"
+	// OrderingKey handles the messages of one Kafka key (within a
+	// partition) one at a time, in offset order, and messages of
+	// different keys concurrently, up to Config.MaxInFlight at once. A
+	// message waiting for its tokens holds back only the later messages
+	// of its key. Messages without a key share one key.
+	OrderingKey Ordering = "key"
+	// OrderingNone handles any messages concurrently, up to
+	// Config.MaxInFlight at once, with no ordering at all.
+	OrderingNone Ordering = "none"
+)
+
+// parseOrdering checks o and applies the default.
+func parseOrdering(o Ordering) (Ordering, error) {
+	switch o {
+	case "":
+		return OrderingPartition, nil
+	case OrderingPartition, OrderingKey, OrderingNone:
+		return o, nil
+	}
+	return "", fmt.Errorf("Ordering %q must be %q, %q or %q", string(o), OrderingPartition, OrderingKey, OrderingNone)
+}
+
+// work is one fetched message on its way to a handler: the message, its
+// partition's state and its sequence number in the partition's tracker.
+type work struct {
+	m   kafkago.Message
+	p   *partState
+	seq uint64
+}
+
+// fifo is a queue that reuses its backing array.
+type fifo[T any] struct {
+	items []T
+	head  int
+}
+
+func (q *fifo[T]) len() int { return len(q.items) - q.head }
+func (q *fifo[T]) push(v T) { q.items = append(q.items, v) }
+func (q *fifo[T]) clear()   { clear(q.items); q.items, q.head = q.items[:0], 0 }
+func (q *fifo[T]) each(f func(T)) {
+	for _, v := range q.items[q.head:] {
+		f(v)
+	}
+}
+
+func (q *fifo[T]) pop() T {
+	var zero T
+	v := q.items[q.head]
+	q.items[q.head] = zero
+	q.head++
+	switch {
+	case q.head == len(q.items):
+		q.items, q.head = q.items[:0], 0
+	case q.head >= 32 && 2*q.head >= len(q.items):
+		n := copy(q.items, q.items[q.head:])
+		clear(q.items[n:])
+		q.items, q.head = q.items[:n], 0
+	}
+	return v
+}
+
+// laneID names the messages that must be handled in order: a partition, or
+// a key within a partition.
+type laneID struct {
+	partition int
+	key       string
+}
+
+// lane holds the waiting messages of one laneID. It is in the scheduler's
+// ready queue exactly when it has messages and none of them is running.
+type lane struct {
+	id      laneID
+	queue   fifo[work]
+	running bool
+}
+
+// ready is an entry of the ready queue: a lane, or for OrderingNone a
+// single message.
+type ready struct {
+	lane *lane
+	w    work
+}
+
+// scheduler hands fetched messages to handler goroutines in the order the
+// Ordering demands. Messages of one lane run one at a time in the order
+// they were enqueued; lanes take turns, one message each, so a busy lane
+// does not starve the others. Up to maxWorkers goroutines run messages;
+// they are started when there is work and end when there is none.
+//
+// A scheduler is safe for concurrent use.
+type scheduler struct {
+	ordering   Ordering
+	maxWorkers int
+	// newWorker returns the function a new worker goroutine runs each
+	// message with; it may keep per-worker state.
+	newWorker func() func(work)
+
+	mu      sync.Mutex
+	lanes   map[laneID]*lane
+	ready   fifo[ready]
+	workers int
+	stopped bool
+	wg      sync.WaitGroup
+}
+
+func newScheduler(o Ordering, maxWorkers int, newWorker func() func(work)) *scheduler {
+	return &scheduler{ordering: o, maxWorkers: maxWorkers, newWorker: newWorker, lanes: make(map[laneID]*lane)}
+}
+
+// enqueue queues w. It reports false, and queues nothing, after stop.
+func (s *scheduler) enqueue(w work) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return false
+	}
+	if s.ordering == OrderingNone {
+		s.ready.push(ready{w: w})
+	} else {
+		id := laneID{partition: w.m.Partition}
+		if s.ordering == OrderingKey {
+			id.key = string(w.m.Key)
+		}
+		l := s.lanes[id]
+		if l == nil {
+			l = &lane{id: id}
+			s.lanes[id] = l
+		}
+		l.queue.push(w)
+		if l.running || l.queue.len() > 1 {
+			return true // it is in the ready queue already, or running
+		}
+		s.ready.push(ready{lane: l})
+	}
+	if s.workers < s.maxWorkers {
+		s.workers++
+		s.wg.Add(1)
+		go s.work()
+	}
+	return true
+}
+
+// work runs ready messages until there are none, or until stop.
+func (s *scheduler) work() {
+	defer s.wg.Done()
+	run := s.newWorker()
+	s.mu.Lock()
+	for !s.stopped && s.ready.len() > 0 {
+		r := s.ready.pop()
+		w := r.w
+		if r.lane != nil {
+			w = r.lane.queue.pop()
+			r.lane.running = true
+		}
+		s.mu.Unlock()
+		run(w)
+		s.mu.Lock()
+		if l := r.lane; l != nil {
+			l.running = false
+			switch {
+			case l.queue.len() == 0:
+				delete(s.lanes, l.id)
+			case !s.stopped:
+				s.ready.push(ready{lane: l})
+			}
+		}
+	}
+	s.workers--
+	s.mu.Unlock()
+}
+
+// stop makes enqueue refuse messages and workers end after the message
+// they run, and returns the messages that were queued and not started.
+func (s *scheduler) stop() []work {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = true
+	var dropped []work
+	s.ready.each(func(r ready) {
+		if r.lane == nil {
+			dropped = append(dropped, r.w)
+		}
+	})
+	s.ready.clear()
+	for id, l := range s.lanes {
+		l.queue.each(func(w work) { dropped = append(dropped, w) })
+		l.queue.clear()
+		if !l.running {
+			delete(s.lanes, id)
+		}
+	}
+	return dropped
+}
+
+// wait waits for the workers to end. Call it after stop.
+func (s *scheduler) wait() { s.wg.Wait() }

@@ -1,0 +1,105 @@
+package kafka
+
+import (
+	"testing"
+)
+
+// TestOffsetTracker checks the commit position step by step at fixed
+// offsets: out-of-order completion, gaps between offsets, messages that
+// never finish because their partition was revoked, and growth of the
+// ring.
+func TestOffsetTracker(t *testing.T) {
+	type step struct {
+		add    []int64 // offsets fetched, in order
+		finish []int64 // offsets finished
+		want   int64   // commit position after the step; -1: none yet
+		window int     // fetched messages at or after the position
+	}
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{"nothing fetched", []step{{want: -1}}},
+		{"in order", []step{
+			{add: []int64{0, 1, 2}, want: 0, window: 3},
+			{finish: []int64{0}, want: 1, window: 2},
+			{finish: []int64{1, 2}, want: 3, window: 0},
+		}},
+		{"out of order waits for the oldest", []step{
+			{add: []int64{10, 11, 12, 13}, want: 10, window: 4},
+			{finish: []int64{13, 11}, want: 10, window: 4},
+			{finish: []int64{10}, want: 12, window: 2},
+			{finish: []int64{12}, want: 14, window: 0},
+		}},
+		{"gaps between offsets (compaction, transaction markers)", []step{
+			{add: []int64{5, 9, 20}, want: 5, window: 3},
+			{finish: []int64{9}, want: 5, window: 3},
+			{finish: []int64{5}, want: 20, window: 1},
+			{finish: []int64{20}, want: 21, window: 0},
+			{add: []int64{40}, want: 40, window: 1},
+		}},
+		{"finishing twice or an unknown offset changes nothing", []step{
+			{add: []int64{0, 1}, finish: []int64{0, 0}, want: 1, window: 1},
+		}},
+		{"revocation: dropped messages never finish", []step{
+			// 0 and 3 in flight finish; 1, 2 and 4 were dropped.
+			{add: []int64{0, 1, 2, 3, 4}, finish: []int64{3, 0}, want: 1, window: 4},
+		}},
+		{"a window larger than the initial ring", []step{
+			{add: seq(0, 200), finish: seq(1, 200), want: 0, window: 200},
+			{finish: []int64{0}, want: 200, window: 0},
+			{add: seq(200, 500), finish: seq(200, 499), want: 499, window: 1},
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newOffsetTracker()
+			seqs := map[int64]uint64{}
+			for i, s := range tc.steps {
+				for _, o := range s.add {
+					seqs[o] = tr.add(o)
+				}
+				for _, o := range s.finish {
+					sq, ok := seqs[o]
+					if !ok {
+						sq = 1 << 40 // never added
+					}
+					tr.finish(sq)
+				}
+				got, ok := tr.position()
+				if !ok {
+					got = -1
+				}
+				if got != s.want || tr.window() != s.window {
+					t.Fatalf("step %d: position %d, window %d; want %d, %d", i, got, tr.window(), s.want, s.window)
+				}
+			}
+		})
+	}
+}
+
+// seq returns the offsets from lo to hi-1.
+func seq(lo, hi int64) []int64 {
+	out := make([]int64, 0, hi-lo)
+	for o := lo; o < hi; o++ {
+		out = append(out, o)
+	}
+	return out
+}
+
+// TestOffsetTrackerAllocations: once the ring fits the in-flight messages,
+// tracking allocates nothing per message.
+func TestOffsetTrackerAllocations(t *testing.T) {
+	tr := newOffsetTracker()
+	var next int64
+	allocs := testing.AllocsPerRun(1000, func() {
+		a := tr.add(next)
+		b := tr.add(next + 1)
+		tr.finish(b)
+		tr.finish(a)
+		next += 2
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per add/finish pair, want 0", allocs)
+	}
+}
