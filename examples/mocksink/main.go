@@ -15,6 +15,15 @@
 // health check, since the distroless image has no curl.
 //
 // GET /healthz answers 200. Every other request counts as a delivery.
+//
+// With -mode twilio, vonage, vonage_sms, fcm or apns it speaks that
+// provider's API instead (package providers): its auth check, its answers
+// and, with -limit, its rate-limit answer. The fcm mode writes a
+// service-account key (-write-key) whose token_uri points at itself; the
+// apns mode serves HTTP/2 over TLS with a certificate it generates
+// (-write-cert) and writes the signing key (-write-key):
+//
+//	go run ./examples/mocksink -mode twilio -user AC123 -password secret -limit 5
 package main
 
 import (
@@ -56,6 +65,13 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stdout, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *modeFlag != "" {
+		if err := runProvider(ctx, *listen, *limit, log); err != nil {
+			log.Error("mocksink stopped", "error", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := serve(ctx, *listen, newSink(log, *limit, !*quiet, time.Now), log); err != nil {
 		log.Error("mocksink stopped", "error", err)
 		os.Exit(1)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
@@ -97,8 +98,10 @@ type oauthAuth struct {
 // id the key names, for the FCM URL.
 func newOAuthAuth(keyJSON []byte, client *http.Client) (*oauthAuth, string, error) {
 	var f struct {
-		Type      string `json:"type"`
-		ProjectID string `json:"project_id"`
+		Type        string `json:"type"`
+		ProjectID   string `json:"project_id"`
+		PrivateKey  string `json:"private_key"`
+		ClientEmail string `json:"client_email"`
 	}
 	if err := json.Unmarshal(keyJSON, &f); err != nil {
 		return nil, "", errors.New("not a JSON service-account key")
@@ -107,6 +110,9 @@ func newOAuthAuth(keyJSON []byte, client *http.Client) (*oauthAuth, string, erro
 		return nil, "", fmt.Errorf("key type %q is not service_account", f.Type)
 	}
 	conf, err := google.JWTConfigFromJSON(keyJSON, FCMScope)
+	if err == nil && (f.ClientEmail == "" || !rsaKeyPEM(f.PrivateKey)) {
+		err = errors.New("incomplete key")
+	}
 	if err != nil {
 		// The oauth2 error can quote the key file; keep only its kind.
 		return nil, "", errors.New("the service-account key has no usable private key or client email")
@@ -145,8 +151,26 @@ func (o *oauthAuth) token(ctx context.Context) (*oauth2.Token, error) {
 		}
 		return nil, fmt.Errorf("fetching an OAuth2 access token from %s: %w", redactURL(o.conf.TokenURL), tokenError(err))
 	}
+	// Expiry on our clock: the oauth2 package stamps it with time.Now.
+	if !tok.Expiry.IsZero() {
+		tok.Expiry = now.Add(time.Until(tok.Expiry))
+	}
 	o.tok = tok
 	return tok, nil
+}
+
+// rsaKeyPEM reports whether s is a PEM RSA private key (PKCS #8 or #1).
+func rsaKeyPEM(s string) bool {
+	block, _ := pem.Decode([]byte(s))
+	if block == nil {
+		return false
+	}
+	if k, err := x509.ParsePKCS8PrivateKey(block.Bytes); err == nil {
+		_, ok := k.(*rsa.PrivateKey)
+		return ok
+	}
+	_, err := x509.ParsePKCS1PrivateKey(block.Bytes)
+	return err == nil
 }
 
 // tokenError keeps what an operator needs from a token endpoint's refusal
@@ -155,6 +179,14 @@ func tokenError(err error) error {
 	var re *oauth2.RetrieveError
 	if errors.As(err, &re) {
 		code := re.ErrorCode
+		if code == "" {
+			var body struct {
+				Error string `json:"error"`
+			}
+			if json.Unmarshal(re.Body, &body) == nil {
+				code = body.Error
+			}
+		}
 		if code == "" {
 			code = "no error code"
 		}
