@@ -18,6 +18,7 @@ import (
 
 	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/internal/redisconn"
+	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
 
@@ -40,7 +41,7 @@ replica reports the same ones in its heartbeats.
           the live replicas with their configured rate and burst (from their
           heartbeats), and warnings: live replicas configured differently
           (while no override settles it), or differently from --config.
-  set     writes a runtime override: --rate R tokens per second, --burst B
+  set     writes a runtime override: --rate R (per second, or N/min...), --burst B
           (default: each replica keeps its configured burst), for --for D
           (default: until cleared). --clear removes the override.
   fill    fills the bucket to its burst now, before a known peak. A push-back
@@ -90,17 +91,12 @@ Flags:
   --config FILE   the replicas' YAML configuration
   --redis ADDR    Redis host:port, when no config file is at hand
   --json          print the bucket's status as JSON
-  --rate R        (set) the override rate, tokens per second, > 0
+  --rate R        (set) the override rate: tokens per second ("12.5"), or
+                  N/s, N/min, N/h, N/d ("300/min"); > 0 and at most 1e9/s
   --burst B       (set) the override burst, >= 1
   --for D         (set) how long the override holds, such as 30m
   --clear         (set) remove the override
 `
-
-// unknownBurst stands for "not known" as the burst given to a Store whose
-// configured values are unknown (--redis without --config). No real bucket
-// is that large, so an override burst equal to it means "not set", and a
-// bucket filled to it is capped by each replica's own burst.
-const unknownBurst = math.MaxInt32
 
 // adminTimeout bounds each admin command against Redis.
 const adminTimeout = 10 * time.Second
@@ -109,7 +105,7 @@ const adminTimeout = 10 * time.Second
 type bucketTarget struct {
 	name   string
 	client redis.UniversalClient
-	store  *redislimiter.Store
+	admin  *redislimiter.Admin
 	// configured is set when the configured rate and burst are known.
 	configured *limitsJSON
 	from       string // where they come from, for the text output
@@ -132,12 +128,12 @@ func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 	cfgPath := fs.String("config", "", "")
 	addr := fs.String("redis", "", "")
 	asJSON := fs.Bool("json", false, "")
-	var rate float64
+	var rateArg string
 	var burst int
 	var ttl time.Duration
 	var clear bool
 	if sub == "set" {
-		fs.Float64Var(&rate, "rate", 0, "")
+		fs.StringVar(&rateArg, "rate", "", "")
 		fs.IntVar(&burst, "burst", 0, "")
 		fs.DurationVar(&ttl, "for", 0, "")
 		fs.BoolVar(&clear, "clear", false, "")
@@ -159,8 +155,9 @@ func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		return listBuckets(ctx, *cfgPath, *addr, *asJSON, stdout, fs.Name())
 	}
+	var rate float64
 	if sub == "set" {
-		if err := checkSetFlags(fs, rate, burst, ttl, clear); err != nil {
+		if rate, err = checkSetFlags(fs, rateArg, burst, ttl, clear); err != nil {
 			return err
 		}
 	}
@@ -179,18 +176,18 @@ func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 	switch sub {
 	case "set":
 		if clear {
-			err = t.store.Admin().ClearOverride(ctx)
+			err = t.admin.ClearOverride(ctx)
 			done = fmt.Sprintf("Cleared the override of bucket %s: each replica's configured rate applies again.", t.name)
 		} else {
-			err = t.store.Admin().SetOverride(ctx, rate, burst, ttl)
+			err = t.admin.SetOverride(ctx, rate, burst, ttl)
 			done = fmt.Sprintf("Bucket %s now runs at %s, %s, %s; every running replica takes it up with its next token request.",
 				t.name, formatRate(rate), describeBurst(burst), describeTTL(ttl))
 		}
 	case "fill":
-		err = t.store.Admin().Fill(ctx)
+		err = t.admin.Fill(ctx)
 		done = fmt.Sprintf("Filled bucket %s to its burst.", t.name)
 	case "reset":
-		err = t.store.Admin().Reset(ctx)
+		err = t.admin.Reset(ctx)
 		done = fmt.Sprintf("Reset bucket %s: it is full, and its override and pause are gone.", t.name)
 	}
 	if err != nil {
@@ -213,28 +210,48 @@ func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 	return nil
 }
 
-// checkSetFlags checks the flags of bucket set.
-func checkSetFlags(fs *flag.FlagSet, rate float64, burst int, ttl time.Duration, clear bool) error {
+// checkSetFlags checks the flags of bucket set and returns the rate in
+// tokens per second, parsed by limiter.ParseRate.
+func checkSetFlags(fs *flag.FlagSet, rateArg string, burst int, ttl time.Duration, clear bool) (float64, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	help := fs.Name()
 	if clear {
 		if set["rate"] || set["burst"] || set["for"] {
-			return usagef(help, "--clear cannot be combined with --rate, --burst or --for")
+			return 0, usagef(help, "--clear cannot be combined with --rate, --burst or --for")
 		}
-		return nil
+		return 0, nil
+	}
+	if !set["rate"] {
+		return 0, usagef(help, "bucket set needs --rate R, or --clear to remove the override")
+	}
+	rate, err := limiter.ParseRate(rateArg)
+	if err != nil {
+		return 0, usagef(help, "--rate%s", paramProblem(err, rateArg))
 	}
 	switch {
-	case !set["rate"]:
-		return usagef(help, "bucket set needs --rate R, or --clear to remove the override")
-	case math.IsNaN(rate) || math.IsInf(rate, 0) || rate <= 0:
-		return usagef(help, "--rate must be a number > 0, got %v", rate)
-	case set["burst"] && burst < 1:
-		return usagef(help, "--burst must be >= 1, got %d", burst)
+	case set["burst"] && limiter.ValidateBurst(burst) != nil:
+		return 0, usagef(help, "--burst%s", paramProblem(limiter.ValidateBurst(burst), burst))
 	case set["for"] && ttl <= 0:
-		return usagef(help, "--for must be > 0, got %v; leave it out for an override that holds until cleared", ttl)
+		return 0, usagef(help, "--for must be > 0, got %v; leave it out for an override that holds until cleared", ttl)
 	}
-	return nil
+	return rate, nil
+}
+
+// paramProblem says what is wrong with a flag's value, to follow the flag's
+// name: " must be ..., got V" or ": unknown unit ..., got V". It takes the
+// message of the library's *limiter.ParamError, which names the Go field
+// rather than the flag, and quotes the value as given.
+func paramProblem(err error, value any) string {
+	var pe *limiter.ParamError
+	if !errors.As(err, &pe) {
+		return fmt.Sprintf(": %v", err)
+	}
+	sep := ": "
+	if strings.HasPrefix(pe.Msg, "must ") {
+		sep = " "
+	}
+	return fmt.Sprintf("%s%s, got %v", sep, pe.Msg, value)
 }
 
 // openBucket connects to the bucket named by the flags.
@@ -296,14 +313,14 @@ func adminRedis(cfgPath, addr, help string) (*config.Config, config.Redis, error
 // configured limits are known when name is the config file's bucket.
 func newBucketTarget(client redis.UniversalClient, cfg *config.Config, cfgPath, name string) (*bucketTarget, error) {
 	t := &bucketTarget{name: name, client: client}
-	rate, burst := 1.0, unknownBurst
+	ac := redislimiter.AdminConfig{Bucket: name}
 	if cfgPath != "" && name == cfg.Limit.Bucket {
 		t.configured = &limitsJSON{Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst}
 		t.from = cfgPath
-		rate, burst = t.configured.Rate, t.configured.Burst
+		ac.Rate, ac.Burst = cfg.Limit.Rate, cfg.Limit.Burst
 	}
 	var err error
-	if t.store, err = redislimiter.New(client, redislimiter.Config{Bucket: name, Rate: rate, Burst: burst}); err != nil {
+	if t.admin, err = redislimiter.NewAdmin(client, ac); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -376,7 +393,9 @@ func writeList(w io.Writer, all []*bucketStatus) {
 			tokens = fmt.Sprintf("%s of %d", strconv.FormatFloat(math.Round(*st.Tokens*10)/10, 'f', -1, 64), *st.Burst)
 		}
 		override := "none"
-		if o := st.Override; o != nil {
+		if o := st.Override; o != nil && o.Ignored {
+			override = "ignored (out of range)"
+		} else if o != nil {
 			override = formatRate(o.Rate)
 			if o.ExpiresInSeconds != nil {
 				override += " for " + roundDuration(*o.ExpiresInSeconds).String()
@@ -394,7 +413,7 @@ func (t *bucketTarget) learnConfig(ctx context.Context) error {
 	if t.configured != nil {
 		return nil
 	}
-	reps, err := t.store.Replicas(ctx)
+	reps, err := t.admin.Replicas(ctx)
 	if err != nil {
 		return err
 	}
@@ -402,11 +421,11 @@ func (t *bucketTarget) learnConfig(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
-	store, err := redislimiter.New(t.client, redislimiter.Config{Bucket: t.name, Rate: c.Rate, Burst: c.Burst})
+	admin, err := redislimiter.NewAdmin(t.client, redislimiter.AdminConfig{Bucket: t.name, Rate: c.Rate, Burst: c.Burst})
 	if err != nil {
 		return err
 	}
-	t.store, t.configured = store, &c
+	t.admin, t.configured = admin, &c
 	t.from = "reported by " + plural(len(reps), "live replica")
 	return nil
 }
@@ -462,15 +481,23 @@ type overrideJSON struct {
 	Burst *int `json:"burst"`
 	// ExpiresInSeconds is nil when the override holds until cleared.
 	ExpiresInSeconds *float64 `json:"expires_in_seconds"`
+	// Ignored is true when Redis holds an override that is not a valid
+	// rate and burst (written by another program, or an older throttle):
+	// the replicas then use their configured limits. RawRate and RawBurst
+	// are the values as Redis holds them, present only then.
+	Ignored  bool   `json:"ignored,omitempty"`
+	RawRate  string `json:"raw_rate,omitempty"`
+	RawBurst string `json:"raw_burst,omitempty"`
 }
 
-// status reads the bucket, its override and its live replicas.
+// status reads the bucket, its override and its live replicas, as Redis
+// holds them.
 func (t *bucketTarget) status(ctx context.Context) (*bucketStatus, error) {
-	st, err := t.store.Status(ctx)
+	st, err := t.admin.Status(ctx)
 	if err != nil {
 		return nil, err
 	}
-	reps, err := t.store.Replicas(ctx)
+	reps, err := t.admin.Replicas(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -488,39 +515,50 @@ func (t *bucketTarget) status(ctx context.Context) (*bucketStatus, error) {
 		}
 		out.Replicas = append(out.Replicas, rj)
 	}
-	burstKnown := t.configured != nil
-	if t.configured != nil {
-		out.baseRate = &t.configured.Rate
-	}
 	if o := st.Override; o != nil {
-		oj := &overrideJSON{Rate: o.Rate}
-		// The store reports the configured burst for an override that
-		// has none; only the override itself says whether it has one.
-		has, err := t.client.HExists(ctx, t.store.Keys()[1], "burst").Result()
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("reading the override: %w", err)
-		}
-		if has {
+		oj := &overrideJSON{Rate: o.Rate, Ignored: o.Ignored}
+		if o.Burst > 0 {
 			b := o.Burst
 			oj.Burst = &b
-			burstKnown = true
 		}
 		if o.ExpiresIn > 0 {
 			s := o.ExpiresIn.Seconds()
 			oj.ExpiresInSeconds = &s
 		}
+		if o.Ignored {
+			oj.RawRate, oj.RawBurst = o.RawRate, o.RawBurst
+		}
 		out.Override = oj
-		out.baseRate = &oj.Rate
 	}
-	if out.baseRate != nil {
-		rate := st.Rate
-		out.Rate = &rate
+	// The script answers in thousandths of a token per second; the
+	// override and the configured rate are exact.
+	rate := st.Rate
+	switch o := st.Override; {
+	case o != nil && !o.Ignored:
+		rate = o.Rate
+	case t.configured != nil:
+		rate = t.configured.Rate
 	}
-	if out.baseRate != nil && burstKnown {
-		tokens, burst := st.Tokens, st.Burst
-		out.Tokens, out.Burst = &tokens, &burst
+	if rate > 0 {
+		out.Rate, out.baseRate = &rate, &rate
+		if st.PausedFor > 0 {
+			paused := 0.0
+			out.Rate = &paused
+		}
+	}
+	if st.Burst > 0 {
+		burst := st.Burst
+		out.Burst = &burst
+	}
+	if st.TokensKnown {
+		tokens := st.Tokens
+		out.Tokens = &tokens
 	}
 	out.Warnings = append(out.Warnings, configWarnings(out, t.from)...)
+	if o := out.Override; o != nil && o.Ignored {
+		out.Warnings = append(out.Warnings, fmt.Sprintf("Redis holds an override that is out of range (rate %q, burst %q), written by another program: "+
+			"the replicas ignore it and use their configured limits; 'bucket set' or 'bucket set --clear' replaces it", o.RawRate, o.RawBurst))
+	}
 	return out, nil
 }
 
@@ -554,6 +592,9 @@ func configWarnings(st *bucketStatus, from string) []string {
 	}
 	var out []string
 	o := st.Override
+	if o != nil && o.Ignored {
+		o = nil // the replicas ignore it
+	}
 	if (len(rates) > 1 && o == nil) || (len(bursts) > 1 && (o == nil || o.Burst == nil)) {
 		out = append(out, fmt.Sprintf("the live replicas are configured differently (%s): "+
 			"without an override the bucket follows whichever replica asked last; "+
@@ -585,7 +626,7 @@ func writeStatus(w io.Writer, st *bucketStatus, from string) {
 		line("rate", "each replica's configured rate; %s", noConfig)
 	case st.PausedSeconds > 0:
 		line("rate", "0/s while paused, then %s", formatRate(*st.baseRate))
-	case st.Override != nil:
+	case st.Override != nil && !st.Override.Ignored:
 		line("rate", "%s (the override)", formatRate(*st.Rate))
 	default:
 		line("rate", "%s (configured)", formatRate(*st.Rate))
@@ -593,9 +634,12 @@ func writeStatus(w io.Writer, st *bucketStatus, from string) {
 	if st.Burst != nil {
 		line("burst", "%d", *st.Burst)
 	}
-	if o := st.Override; o != nil {
+	switch o := st.Override; {
+	case o != nil && o.Ignored:
+		line("override", "ignored: Redis holds rate %q, burst %q, out of range; each replica uses its configured limits", o.RawRate, o.RawBurst)
+	case o != nil:
 		line("override", "%s, %s, %s", formatRate(o.Rate), describeBurstPtr(o.Burst), describeExpiry(o.ExpiresInSeconds))
-	} else {
+	default:
 		line("override", "none: each replica uses its configured rate")
 	}
 	if c := st.Configured; c != nil {
@@ -625,9 +669,24 @@ func writeStatus(w io.Writer, st *bucketStatus, from string) {
 	}
 }
 
-// formatRate formats a rate in tokens per second, such as "12.5/s".
+// formatRate formats a rate in tokens per second, such as "12.5/s". A rate
+// below 1/s that is a whole number per minute, hour or day is shown so, as
+// 'bucket set --rate' accepts it ("5/min"); other long fractions are
+// rounded to 4 significant digits.
 func formatRate(r float64) string {
-	return strconv.FormatFloat(r, 'f', -1, 64) + "/s"
+	s := strconv.FormatFloat(r, 'f', -1, 64)
+	if r >= 1 || len(s) <= 6 {
+		return s + "/s"
+	}
+	for _, u := range []struct {
+		name string
+		secs float64
+	}{{"min", 60}, {"h", 3600}, {"d", 86400}} {
+		if n := r * u.secs; n >= 1 && math.Abs(n-math.Round(n)) < 1e-6 {
+			return strconv.FormatFloat(math.Round(n), 'f', -1, 64) + "/" + u.name
+		}
+	}
+	return strconv.FormatFloat(r, 'g', 4, 64) + "/s"
 }
 
 func describeBurst(b int) string {

@@ -29,6 +29,9 @@ type statusJSON struct {
 		Rate             float64  `json:"rate"`
 		Burst            *int     `json:"burst"`
 		ExpiresInSeconds *float64 `json:"expires_in_seconds"`
+		Ignored          bool     `json:"ignored"`
+		RawRate          string   `json:"raw_rate"`
+		RawBurst         string   `json:"raw_burst"`
 	} `json:"override"`
 	PausedSeconds *float64      `json:"paused_seconds"`
 	Replicas      []replicaJSON `json:"replicas"`
@@ -374,5 +377,91 @@ func TestBucketList(t *testing.T) {
 
 	if code, _, stderr := runCLI(t, "bucket", "list", name, "--redis", addr); code != ExitUsage || !strings.Contains(stderr, "takes no NAME") {
 		t.Errorf("list NAME: exit code %d, stderr %q; want a usage error", code, stderr)
+	}
+}
+
+// TestBucketSetRateRange is issue 11 item 2: 'bucket set --rate 1e20'
+// turned the limit off, and status printed a negative rate and no
+// override. A rate above limiter.MaxRate is a usage error; rates may be
+// given per second, minute, hour or day; status shows what Redis holds,
+// also an override out of range that another program wrote.
+func TestBucketSetRateRange(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	name := testenv.Name(t, "cli")
+	t.Cleanup(func() { runCLI(t, "bucket", "reset", name, "--redis", addr) })
+
+	for _, rate := range []string{"1e20", "1000000001", "2e9/s", "NaN", "0", "-5", "5/week", "five"} {
+		code, _, stderr := runCLI(t, "bucket", "set", name, "--redis", addr, "--rate", rate)
+		if code != ExitUsage || !strings.Contains(stderr, "--rate") {
+			t.Errorf("bucket set --rate %s: exit %d, stderr %q; want %d naming --rate", rate, code, stderr, ExitUsage)
+		}
+		if tooLarge := rate == "1e20" || rate == "1000000001" || rate == "2e9/s"; tooLarge && !strings.Contains(stderr, "1e+09") {
+			t.Errorf("bucket set --rate %s: stderr %q does not give the maximum", rate, stderr)
+		}
+	}
+	if st := bucketJSON(t, "status", name, "--redis", addr); st.Override != nil {
+		t.Fatalf("a rejected rate left an override: %+v", *st.Override)
+	}
+
+	for _, tc := range []struct {
+		arg  string
+		want float64
+	}{
+		{"5/min", 5.0 / 60},
+		{"90/h", 90.0 / 3600},
+		{"1e9", limiter.MaxRate},
+		{"12.5/s", 12.5},
+	} {
+		st := bucketJSON(t, "set", name, "--redis", addr, "--rate", tc.arg)
+		if st.Override == nil || st.Override.Rate != tc.want || st.Rate == nil || *st.Rate != tc.want {
+			t.Errorf("bucket set --rate %s: status %+v, override %+v; want rate %v", tc.arg, st, st.Override, tc.want)
+		}
+	}
+	code, stdout, _ := runCLI(t, "bucket", "status", name, "--redis", addr)
+	if code != ExitOK || !strings.Contains(stdout, "12.5/s (the override)") {
+		t.Errorf("bucket status: exit %d:\n%s\nwant the override's 12.5/s", code, stdout)
+	}
+
+	// An override out of range, as an older binary could write it.
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	defer client.Close()
+	admin, err := redislimiter.NewAdmin(client, redislimiter.AdminConfig{Bucket: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.HSet(context.Background(), admin.Keys()[1], "rate", "1e20").Err(); err != nil {
+		t.Fatal(err)
+	}
+	st := bucketJSON(t, "status", name, "--redis", addr)
+	if st.Override == nil || !st.Override.Ignored || st.Override.RawRate != "1e20" {
+		t.Errorf("status of an out-of-range override: %+v; want it shown, ignored, with raw_rate 1e20", st.Override)
+	}
+	if st.Rate != nil && *st.Rate < 0 {
+		t.Errorf("status rate %v: negative", *st.Rate)
+	}
+	code, stdout, _ = runCLI(t, "bucket", "status", name, "--redis", addr)
+	if code != ExitOK || !strings.Contains(stdout, "1e20") || !strings.Contains(stdout, "ignored") || strings.Contains(stdout, "-9") {
+		t.Errorf("bucket status of an out-of-range override: exit %d:\n%s\nwant it shown as Redis holds it (1e20), and ignored", code, stdout)
+	}
+}
+
+func TestFormatRate(t *testing.T) {
+	for _, tc := range []struct {
+		rate float64
+		want string
+	}{
+		{12.5, "12.5/s"},
+		{limiter.MaxRate, "1000000000/s"},
+		{0.5, "0.5/s"},
+		{5.0 / 60, "5/min"},
+		{1.0 / 3, "20/min"},
+		{90.0 / 3600, "0.025/s"},
+		{7.0 / 3600, "7/h"},
+		{3.0 / 86400, "3/d"},
+		{0.000123456789, "0.0001235/s"},
+	} {
+		if got := formatRate(tc.rate); got != tc.want {
+			t.Errorf("formatRate(%v) = %q, want %q", tc.rate, got, tc.want)
+		}
 	}
 }
