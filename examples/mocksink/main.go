@@ -102,7 +102,10 @@ func serve(ctx context.Context, addr string, s *sink, log *slog.Logger) error {
 
 // probe sends GET url and fails unless the answer is 2xx.
 func probe(url string, timeout time.Duration) error {
-	client := &http.Client{Timeout: timeout}
+	client, err := probeClient(timeout)
+	if err != nil {
+		return err
+	}
 	resp, err := client.Get(url)
 	if err != nil {
 		return err

@@ -37,7 +37,27 @@ var (
 	writeCAFlag  = flag.String("write-cert", "", "apns: write the generated TLS certificate (PEM) here, for the client's SSL_CERT_FILE")
 	tlsHostsFlag = flag.String("tls-hosts", "localhost,127.0.0.1", "apns: comma-separated names and IPs of the generated TLS certificate")
 	publicFlag   = flag.String("public-url", "", "fcm: the mock's URL as clients reach it, for token_uri; default http://127.0.0.1:<port>")
+	checkCAFlag  = flag.String("check-ca", "", "with -check: trust this PEM certificate (the apns mode's -write-cert)")
 )
+
+// probeClient is the -check client; with -check-ca it trusts that
+// certificate.
+func probeClient(timeout time.Duration) (*http.Client, error) {
+	client := &http.Client{Timeout: timeout}
+	if *checkCAFlag == "" {
+		return client, nil
+	}
+	pem, err := os.ReadFile(*checkCAFlag)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", *checkCAFlag)
+	}
+	client.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}
+	return client, nil
+}
 
 // runProvider serves the provider mode until ctx ends.
 func runProvider(ctx context.Context, addr string, limit int, log *slog.Logger) error {
