@@ -6,17 +6,26 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"os"
 	"reflect"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/sinks/httpsink"
+	"github.com/throttlehq/throttle/sinks/postgres"
 )
 
 // Config is the whole configuration of the throttle binary. Obtain one with
-// [Load] or [Parse], which apply defaults and validate it.
+// [Load] or [Parse], which expand the environment and validate it.
+//
+// A zero field means "the default", and the default is the one of the
+// library the field is handed to (redisconn, limiter, the consumers, the
+// sinks), so that no default is written twice. In YAML, omitting a key
+// gives that default; writing 0 for a key whose field is documented "not
+// 0 in YAML" is an error naming the key.
 //
 // A Config is a plain value: it is safe to read from several goroutines at
 // once, but must not be mutated while it is being read.
@@ -59,9 +68,9 @@ const (
 // Redis configures the connection to Redis (YAML key "redis"). It is a plain
 // value: safe to read concurrently, not to mutate concurrently.
 type Redis struct {
-	// Addr is the host:port of a single Redis node. It defaults to
-	// 127.0.0.1:6379 when none of addr, addrs and master_name is set, and
-	// must not be set together with Addrs.
+	// Addr is the host:port of a single Redis node. When none of addr,
+	// addrs and master_name is set, redisconn connects to 127.0.0.1:6379.
+	// It must not be set together with Addrs.
 	Addr string `yaml:"addr"`
 	// Addrs lists the host:port of Redis Cluster nodes, or of Sentinels
 	// when MasterName is set.
@@ -80,9 +89,9 @@ type Redis struct {
 	Password string `yaml:"password"`
 	// DB is the database number, >= 0; it must be 0 with a cluster.
 	DB int `yaml:"db"`
-	// Timeout bounds dialing, reading and writing of each Redis call. It
-	// defaults to 250ms and must be > 0.
-	Timeout Duration `yaml:"timeout"`
+	// Timeout bounds dialing, reading and writing of each Redis call. Zero
+	// means redisconn.DefaultTimeout (250ms); not 0 in YAML.
+	Timeout Duration `yaml:"timeout,omitempty" check:"nonzero"`
 	// TLS configures TLS to Redis; it is off by default.
 	TLS TLS `yaml:"tls"`
 }
@@ -104,7 +113,8 @@ func (r Redis) Mode() RedisMode {
 // is a plain string and safe for concurrent use.
 type StoreErrorPolicy string
 
-// The store error policies.
+// The store error policies. The empty policy means the limiter's default,
+// local.
 const (
 	// StoreErrorLocal falls back to a local token bucket running at
 	// Limit.FallbackRate.
@@ -120,7 +130,7 @@ const (
 // It is a plain string and safe for concurrent use.
 type LeaseMode string
 
-// The lease modes.
+// The lease modes. The empty mode means auto.
 const (
 	// LeaseAuto lets the limiter lease batches of tokens when the rate is
 	// high enough for that to pay off.
@@ -133,32 +143,33 @@ const (
 // value: safe to read concurrently, not to mutate concurrently.
 type Limit struct {
 	// Bucket names the bucket in Redis; every replica sharing it shares
-	// the rate. It is required and must contain no whitespace, control
-	// characters, "{" or "}".
+	// the rate. It is required, and redislimiter.ValidateBucketName says
+	// which names are valid.
 	Bucket string `yaml:"bucket"`
 	// Rate is the number of tokens added per second. It is required and
-	// must be finite and > 0.
-	Rate float64 `yaml:"rate"`
-	// Burst is the bucket capacity, >= 1. When 0 or absent it defaults to
-	// max(1, ceil(Rate)), capped at math.MaxInt32.
-	Burst int `yaml:"burst"`
+	// must pass limiter.ValidateRate. In YAML it is a number per second or
+	// a string "N/s", "N/min", "N/h" or "N/d" (see limiter.ParseRate).
+	Rate float64 `yaml:"rate" check:"rate"`
+	// Burst is the bucket capacity, >= 1. Parse sets it to
+	// limiter.DefaultBurst(Rate) when the key is absent; not 0 in YAML.
+	Burst int `yaml:"burst,omitempty" check:"nonzero"`
 	// CostHeader optionally names the message header holding a message's
 	// integer cost in tokens; empty means every message costs 1.
 	CostHeader string `yaml:"cost_header"`
-	// OnStoreError is the policy while Redis fails: local, closed or open.
-	// It defaults to local.
+	// OnStoreError is the policy while Redis fails: local, closed or open;
+	// empty means the limiter's default, local.
 	OnStoreError StoreErrorPolicy `yaml:"on_store_error"`
-	// FallbackRate is the local rate used by the local policy, finite and
-	// >= 0. The default, 0, means Rate divided by the number of live
-	// replicas.
+	// FallbackRate is the local rate used by the local policy. The
+	// default, 0, means Rate divided by the number of live replicas;
+	// otherwise it must pass limiter.ValidateRate.
 	FallbackRate float64 `yaml:"fallback_rate"`
-	// ProbeInterval is how often Redis is probed while it fails. It
-	// defaults to 1s and must be > 0.
-	ProbeInterval Duration `yaml:"probe_interval"`
+	// ProbeInterval is how often Redis is probed while it fails. Zero
+	// means the limiter's default (1s); not 0 in YAML.
+	ProbeInterval Duration `yaml:"probe_interval,omitempty" check:"nonzero"`
 	// MaxWait bounds how long a message waits for tokens, >= 0. The
 	// default, 0, means waiting as long as needed.
 	MaxWait Duration `yaml:"max_wait"`
-	// Lease is auto or off and defaults to auto.
+	// Lease is auto or off; empty means auto.
 	Lease LeaseMode `yaml:"lease"`
 }
 
@@ -185,8 +196,8 @@ const (
 	StartLast StartOffset = "last"
 )
 
-// Kafka configures the Kafka source (YAML key "source.kafka"). Decoding it
-// from YAML starts from its defaults. It is a plain value: safe to read
+// Kafka configures the Kafka source (YAML key "source.kafka"). Zero fields
+// take the defaults of consumer/kafka. It is a plain value: safe to read
 // concurrently, not to mutate concurrently.
 type Kafka struct {
 	// Brokers lists the host:port of the seed brokers; it is required.
@@ -196,33 +207,19 @@ type Kafka struct {
 	Topic string `yaml:"topic"`
 	// Group is the consumer group; it is required.
 	Group string `yaml:"group"`
-	// Concurrency is how many partitions are worked in parallel. It
-	// defaults to 1 and must be >= 1.
-	Concurrency int `yaml:"concurrency"`
-	// DeadLetterTopic receives messages that could not be delivered. It
-	// defaults to Topic + ".dlq" and must differ from Topic.
+	// Concurrency is how many partitions are worked in parallel. Zero
+	// means the consumer's default, 1; not 0 in YAML.
+	Concurrency int `yaml:"concurrency,omitempty" check:"nonzero"`
+	// DeadLetterTopic receives messages that could not be delivered. Empty
+	// means the consumer's default, Topic + ".dlq"; it must differ from
+	// Topic.
 	DeadLetterTopic string `yaml:"dead_letter_topic"`
-	// StartOffset is first or last and defaults to first.
+	// StartOffset is first or last; empty means first.
 	StartOffset StartOffset `yaml:"start_offset"`
 	// SASL configures SASL authentication; it is off by default.
 	SASL SASL `yaml:"sasl"`
 	// TLS configures TLS to the brokers; it is off by default.
 	TLS TLS `yaml:"tls"`
-}
-
-// UnmarshalYAML decodes n on top of the Kafka defaults.
-func (k *Kafka) UnmarshalYAML(n *yaml.Node) error {
-	type plain Kafka
-	p := plain(defaultKafka())
-	if err := n.Decode(&p); err != nil {
-		return err
-	}
-	*k = Kafka(p)
-	return nil
-}
-
-func defaultKafka() Kafka {
-	return Kafka{Concurrency: 1, StartOffset: StartFirst}
 }
 
 // SASLMechanism names a Kafka SASL mechanism. It is a plain string and safe
@@ -250,8 +247,8 @@ type SASL struct {
 }
 
 // RabbitMQ configures the RabbitMQ source (YAML key "source.rabbitmq").
-// Decoding it from YAML starts from its defaults. It is a plain value: safe
-// to read concurrently, not to mutate concurrently.
+// Zero fields take the defaults of consumer/rabbitmq. It is a plain value:
+// safe to read concurrently, not to mutate concurrently.
 type RabbitMQ struct {
 	// URL is the AMQP URL, such as amqp://user:pass@host:5672/vhost. It is
 	// required, its scheme must be amqp or amqps, and its password is a
@@ -259,35 +256,21 @@ type RabbitMQ struct {
 	URL string `yaml:"url"`
 	// Queue is the queue to consume; it is required.
 	Queue string `yaml:"queue"`
-	// Prefetch is the consumer prefetch count. It defaults to 50 and must
-	// be between 1 and 65535.
-	Prefetch int `yaml:"prefetch"`
-	// Concurrency is how many messages are handled in parallel. When 0 or
-	// absent it defaults to Prefetch; otherwise it must be >= 1.
-	Concurrency int `yaml:"concurrency"`
+	// Prefetch is the consumer prefetch count, at most 65535. Zero means
+	// the consumer's default (rabbitmq.DefaultPrefetch, 50); not 0 in
+	// YAML.
+	Prefetch int `yaml:"prefetch,omitempty" check:"nonzero"`
+	// Concurrency is how many messages are handled in parallel. Zero
+	// means the consumer's default, Prefetch; not 0 in YAML.
+	Concurrency int `yaml:"concurrency,omitempty" check:"nonzero"`
 	// Declare makes the consumer declare the queue (durable) and a
 	// dead-letter exchange and queue.
 	Declare bool `yaml:"declare"`
 	// DeadLetterExchange receives messages that could not be delivered.
-	// It defaults to Queue + ".dlx" when Declare is true.
+	// Empty means the consumer's default, Queue + ".dlx".
 	DeadLetterExchange string `yaml:"dead_letter_exchange"`
 	// TLS configures TLS to the broker; it is off by default.
 	TLS TLS `yaml:"tls"`
-}
-
-// UnmarshalYAML decodes n on top of the RabbitMQ defaults.
-func (r *RabbitMQ) UnmarshalYAML(n *yaml.Node) error {
-	type plain RabbitMQ
-	p := plain(defaultRabbitMQ())
-	if err := n.Decode(&p); err != nil {
-		return err
-	}
-	*r = RabbitMQ(p)
-	return nil
-}
-
-func defaultRabbitMQ() RabbitMQ {
-	return RabbitMQ{Prefetch: 50}
 }
 
 // Sink says where messages are delivered (YAML key "sink"). Exactly one
@@ -304,36 +287,43 @@ type Sink struct {
 	Stdout *Stdout `yaml:"stdout,omitempty"`
 }
 
-// HTTP configures the HTTP sink (YAML key "sink.http"). Decoding it from
-// YAML starts from its defaults. It is a plain value: safe to read
-// concurrently, not to mutate concurrently.
+// HTTP configures the HTTP sink (YAML key "sink.http"). Its fields are
+// those of httpsink.Config (see [HTTP.SinkConfig]), whose Validate checks
+// them and whose defaults apply to zero fields. It is a plain value: safe
+// to read concurrently, not to mutate concurrently.
 type HTTP struct {
 	// URL is the request URL; it is required and its scheme must be http
 	// or https. A password in it is a secret.
 	URL string `yaml:"url"`
-	// Method is the request method and defaults to POST.
+	// Method is the request method; empty means httpsink.DefaultMethod,
+	// POST.
 	Method string `yaml:"method"`
-	// Timeout bounds each request. It defaults to 5s and must be > 0.
-	Timeout Duration `yaml:"timeout"`
-	// Headers are added to every request. Values of headers whose name
-	// looks secret (see [IsSecretHeader]) are secrets.
+	// Timeout bounds each request. Zero means httpsink.DefaultTimeout
+	// (5s); not 0 in YAML.
+	Timeout Duration `yaml:"timeout,omitempty" check:"nonzero"`
+	// Headers are added to every request, as they are after expansion.
+	// Values of headers whose name looks secret (see [IsSecretHeader])
+	// are secrets.
 	Headers map[string]string `yaml:"headers"`
-	// BodyTemplate is an optional Go text/template producing the request
-	// body; empty means the raw message payload.
+	// BodyTemplate is an optional message template (package
+	// sinks/msgtmpl: .JSON, .Body, .Headers, ... and the functions json
+	// and form) producing the request body; empty means the raw message
+	// payload.
 	BodyTemplate string `yaml:"body_template"`
-	// ContentType is the Content-Type of requests and defaults to
-	// application/json.
+	// ContentType is the Content-Type of requests; empty means
+	// httpsink.DefaultContentType, application/json.
 	ContentType string `yaml:"content_type"`
-	// MaxConns bounds the connections to the server. It defaults to 64
-	// and must be >= 1.
-	MaxConns int `yaml:"max_conns"`
+	// MaxConns bounds the connections to the server. Zero means
+	// httpsink.DefaultMaxConns (64); not 0 in YAML.
+	MaxConns int `yaml:"max_conns,omitempty" check:"nonzero"`
 	// PushBack makes the sink honour 429 and 503 responses (and their
 	// Retry-After) by pausing consumption. Nil means the default, true;
 	// use [HTTP.PushBackEnabled] to read it.
 	PushBack *bool `yaml:"push_back"`
-	// MaxPause bounds one push-back pause. It defaults to 60s and must be
-	// > 0.
-	MaxPause Duration `yaml:"max_pause"`
+	// MaxPause bounds one push-back pause and the delay a Retry-After
+	// header may ask for. Zero means the default of the limiter and of the
+	// sink (60s); not 0 in YAML.
+	MaxPause Duration `yaml:"max_pause,omitempty" check:"nonzero"`
 }
 
 // PushBackEnabled reports whether push-back is on; a nil PushBack means on.
@@ -341,38 +331,32 @@ func (h HTTP) PushBackEnabled() bool {
 	return h.PushBack == nil || *h.PushBack
 }
 
-// UnmarshalYAML decodes n on top of the HTTP defaults.
-func (h *HTTP) UnmarshalYAML(n *yaml.Node) error {
-	type plain HTTP
-	p := plain(defaultHTTP())
-	if err := n.Decode(&p); err != nil {
-		return err
-	}
-	*h = HTTP(p)
-	return nil
-}
-
-func defaultHTTP() HTTP {
-	pushBack := true
-	return HTTP{
-		Method:      "POST",
-		Timeout:     Duration(5 * time.Second),
-		ContentType: "application/json",
-		MaxConns:    64,
-		PushBack:    &pushBack,
-		MaxPause:    Duration(60 * time.Second),
+// SinkConfig maps h onto the HTTP sink's configuration. It is the one
+// mapping: Validate checks its result with httpsink.Config.Validate, and
+// the binary builds the sink from it.
+func (h HTTP) SinkConfig() httpsink.Config {
+	return httpsink.Config{
+		URL:           h.URL,
+		Method:        h.Method,
+		Headers:       h.Headers,
+		Timeout:       time.Duration(h.Timeout),
+		BodyTemplate:  h.BodyTemplate,
+		ContentType:   h.ContentType,
+		MaxConns:      h.MaxConns,
+		MaxRetryAfter: time.Duration(h.MaxPause),
 	}
 }
 
-// Postgres configures the PostgreSQL sink (YAML key "sink.postgres"). It is
-// a plain value: safe to read concurrently, not to mutate concurrently.
+// Postgres configures the PostgreSQL sink (YAML key "sink.postgres"). Its
+// fields are those of postgres.Config (see [Postgres.SinkConfig]), whose
+// Validate checks them. It is a plain value: safe to read concurrently, not
+// to mutate concurrently.
 type Postgres struct {
 	// DSN is the connection string, as a URL (postgres://...) or in
 	// key=value form. It is required and a password in it is a secret.
 	DSN string `yaml:"dsn"`
-	// Table is the table rows are inserted into. It is required and must
-	// be an unquoted SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63
-	// bytes), optionally schema-qualified as schema.table.
+	// Table is the table rows are inserted into. It is required, and
+	// postgres.ValidateTable says which names are valid.
 	Table string `yaml:"table"`
 	// CreateTable makes the sink create the table if it does not exist.
 	CreateTable bool `yaml:"create_table"`
@@ -381,32 +365,49 @@ type Postgres struct {
 	IDHeader string `yaml:"id_header"`
 }
 
+// SinkConfig maps p onto the PostgreSQL sink's configuration. It is the
+// one mapping: Validate checks its result with postgres.Config.Validate,
+// and the binary builds the sink from it.
+func (p Postgres) SinkConfig() postgres.Config {
+	return postgres.Config{
+		DSN:         p.DSN,
+		Table:       p.Table,
+		CreateTable: p.CreateTable,
+		IDHeader:    p.IDHeader,
+	}
+}
+
 // Stdout configures the stdout sink (YAML key "sink.stdout"), which has no
 // settings. It is a plain value and safe for concurrent use.
 type Stdout struct{}
 
-// Delivery configures delivery retries (YAML key "delivery"). It is a plain
-// value: safe to read concurrently, not to mutate concurrently.
+// Delivery configures delivery retries (YAML key "delivery"). Zero fields
+// take the defaults of consumer.RetryPolicy and of the consumers. It is a
+// plain value: safe to read concurrently, not to mutate concurrently.
 type Delivery struct {
 	// MaxAttempts is the number of delivery attempts before a message is
-	// dead-lettered. It defaults to 5 and must be >= 1.
-	MaxAttempts int `yaml:"max_attempts"`
+	// dead-lettered. Zero means the retry policy's default (5); not 0 in
+	// YAML.
+	MaxAttempts int `yaml:"max_attempts,omitempty" check:"nonzero"`
 	// Backoff is the pause before the first retry; it doubles on each
-	// further retry. It defaults to 200ms and must be > 0.
-	Backoff Duration `yaml:"backoff"`
-	// MaxBackoff caps the pause between retries. It defaults to 30s and
-	// must be >= Backoff.
-	MaxBackoff Duration `yaml:"max_backoff"`
+	// further retry. Zero means the retry policy's default (200ms); not 0
+	// in YAML.
+	Backoff Duration `yaml:"backoff,omitempty" check:"nonzero"`
+	// MaxBackoff caps the pause between retries; when both are set it
+	// must be >= Backoff. Zero means the retry policy's default (30s); not
+	// 0 in YAML.
+	MaxBackoff Duration `yaml:"max_backoff,omitempty" check:"nonzero"`
 	// DrainTimeout bounds how long in-flight messages may finish on
-	// shutdown. It defaults to 30s and must be > 0.
-	DrainTimeout Duration `yaml:"drain_timeout"`
+	// shutdown. Zero means the consumer's default (30s); not 0 in YAML.
+	DrainTimeout Duration `yaml:"drain_timeout,omitempty" check:"nonzero"`
 }
 
 // Metrics configures the Prometheus endpoint (YAML key "metrics"). It is a
 // plain value: safe to read concurrently, not to mutate concurrently.
 type Metrics struct {
 	// Listen is the host:port the metrics server listens on. It defaults
-	// to 127.0.0.1:9464; "" or "off" disables the server.
+	// to 127.0.0.1:9464; port 0 lets the system pick one (the "serving
+	// metrics" log line says which); "" or "off" disables the server.
 	Listen string `yaml:"listen"`
 }
 
@@ -439,23 +440,13 @@ func (l Log) SlogLevel() slog.Level {
 	}
 }
 
-// Default returns a Config holding every default that does not depend on
-// other settings. It has no source and no sink, so it is not valid by
-// itself; Parse decodes the YAML on top of it.
+// Default returns a Config holding the defaults that belong to the binary
+// rather than to a library: the metrics address and the log settings. Every
+// other field is zero, meaning the default of the library it is handed to.
+// It has no source and no sink, so it is not valid by itself; Parse decodes
+// the YAML on top of it.
 func Default() Config {
 	return Config{
-		Redis: Redis{Timeout: Duration(250 * time.Millisecond)},
-		Limit: Limit{
-			OnStoreError:  StoreErrorLocal,
-			ProbeInterval: Duration(time.Second),
-			Lease:         LeaseAuto,
-		},
-		Delivery: Delivery{
-			MaxAttempts:  5,
-			Backoff:      Duration(200 * time.Millisecond),
-			MaxBackoff:   Duration(30 * time.Second),
-			DrainTimeout: Duration(30 * time.Second),
-		},
 		Metrics: Metrics{Listen: "127.0.0.1:9464"},
 		Log:     Log{Level: "info", Format: "text"},
 	}
@@ -550,44 +541,18 @@ func (e *syntaxError) Error() string {
 
 func (e *syntaxError) Unwrap() error { return e.err }
 
-// applyDerivedDefaults fills the defaults that depend on other settings, and
-// those for which an explicit zero also means "use the default".
+// applyDerivedDefaults fills the one default the binary reads back from
+// the configuration: the burst, which replicas report and the CLI shows.
+// It comes from the limiter (limiter.DefaultBurst), never from a copy of
+// its rule.
 func (c *Config) applyDerivedDefaults() {
-	r := &c.Redis
-	if r.Addr == "" && len(r.Addrs) == 0 && r.MasterName == "" {
-		r.Addr = "127.0.0.1:6379"
-	}
-	l := &c.Limit
-	if l.Burst == 0 && l.Rate > 0 && !math.IsInf(l.Rate, 0) {
-		l.Burst = int(min(math.Max(1, math.Ceil(l.Rate)), math.MaxInt32))
-	}
-	if k := c.Source.Kafka; k != nil && k.DeadLetterTopic == "" && k.Topic != "" {
-		k.DeadLetterTopic = k.Topic + ".dlq"
-	}
-	if q := c.Source.RabbitMQ; q != nil {
-		if q.Concurrency == 0 && q.Prefetch > 0 {
-			q.Concurrency = q.Prefetch
-		}
-		if q.Declare && q.DeadLetterExchange == "" && q.Queue != "" {
-			q.DeadLetterExchange = q.Queue + ".dlx"
-		}
-	}
-	if h := c.Sink.HTTP; h != nil {
-		if h.Method == "" {
-			h.Method = "POST"
-		}
-		if h.ContentType == "" {
-			h.ContentType = "application/json"
-		}
-		if h.PushBack == nil {
-			pushBack := true
-			h.PushBack = &pushBack
-		}
+	if l := &c.Limit; l.Burst == 0 && limiter.ValidateRate(l.Rate) == nil {
+		l.Burst = limiter.DefaultBurst(l.Rate)
 	}
 }
 
 // String returns the configuration as YAML with every secret replaced by
-// "REDACTED", so a Config can be logged safely.
+// "xxxxx" (see [Config.Redacted]), so a Config can be logged safely.
 func (c *Config) String() string {
 	if c == nil {
 		return "<nil>"

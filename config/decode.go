@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/throttlehq/throttle/internal/envexpand"
+	"github.com/throttlehq/throttle/limiter"
 )
 
 // maxWalkSteps bounds the work done on one document, so that nested aliases
@@ -169,9 +171,64 @@ func (w *walker) walkStruct(n *yaml.Node, t reflect.Type, path string) {
 			w.add(join(path, name), "unknown key (line %d)%s", k.Line, suggest(name, fields))
 			return false
 		}
-		w.walk(v, f, join(path, name))
+		checks := strings.Split(f.Tag.Get("check"), ",")
+		if slices.Contains(checks, "rate") {
+			w.walkRate(v, f.Type, join(path, name))
+		} else {
+			w.walk(v, f.Type, join(path, name))
+		}
+		if slices.Contains(checks, "nonzero") {
+			w.checkNonZero(v, f.Type, join(path, name))
+		}
 		return true
 	})
+}
+
+// walkRate checks a rate: a number per second, or a string such as "5/h"
+// that limiter.ParseRate understands, which it rewrites as the number per
+// second for decoding.
+func (w *walker) walkRate(n *yaml.Node, t reflect.Type, path string) {
+	target := n
+	if target.Kind == yaml.AliasNode && target.Alias != nil {
+		target = target.Alias
+	}
+	if target.Kind != yaml.ScalarNode || !w.expand(target, t, path) || isNull(target) {
+		w.walk(n, t, path)
+		return
+	}
+	rate, err := limiter.ParseRate(target.Value)
+	if err != nil {
+		msg := paramMessage(err)
+		if w.expanded[target] == expandedRefs {
+			// Do not echo what came from the environment.
+			msg = fmt.Sprintf("%q does not expand to a rate: %s", w.original[target], strings.SplitN(msg, ", got", 2)[0])
+		}
+		w.reject(target, t, path, "%s (line %d)", msg, target.Line)
+		w.expanded[target] = expandFailed
+		return
+	}
+	target.Value = strconv.FormatFloat(rate, 'g', -1, 64)
+	target.Tag = "!!float"
+	target.Style = 0
+	w.expanded[target] = expandedPlain
+}
+
+// checkNonZero reports a value that was given but is zero, for a key whose
+// zero means "the default": writing 0 there is a mistake (burst: 0 is not
+// a bucket that never refills, nor silently the default). Omitting the key,
+// or a value that expands to nothing, gives the default.
+func (w *walker) checkNonZero(n *yaml.Node, t reflect.Type, path string) {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	if n.Kind != yaml.ScalarNode || isNull(n) || w.expanded[n] == expandFailed {
+		return
+	}
+	v := reflect.New(t)
+	if err := n.Decode(v.Interface()); err != nil || !v.Elem().IsZero() {
+		return
+	}
+	w.reject(n, t, path, "must not be 0; omit the key for the default (line %d)", n.Line)
 }
 
 // filterPairs calls keep for each key and value of the mapping n, and drops
@@ -329,10 +386,10 @@ func (w *walker) covers(key string) bool {
 	return false
 }
 
-// yamlFields maps the YAML names of the fields of struct type t to their
-// types.
-func yamlFields(t reflect.Type) map[string]reflect.Type {
-	fields := make(map[string]reflect.Type, t.NumField())
+// yamlFields maps the YAML names of the fields of struct type t to the
+// fields.
+func yamlFields(t reflect.Type) map[string]reflect.StructField {
+	fields := make(map[string]reflect.StructField, t.NumField())
 	for i := range t.NumField() {
 		f := t.Field(i)
 		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
@@ -342,14 +399,14 @@ func yamlFields(t reflect.Type) map[string]reflect.Type {
 		if name == "" {
 			name = strings.ToLower(f.Name)
 		}
-		fields[name] = f.Type
+		fields[name] = f
 	}
 	return fields
 }
 
 // suggest returns a hint naming the known key closest to name, if any is
 // close enough to be a likely typo.
-func suggest(name string, fields map[string]reflect.Type) string {
+func suggest(name string, fields map[string]reflect.StructField) string {
 	best, bestDist := "", 3
 	for known := range fields {
 		if d := editDistance(strings.ToLower(name), known); d < bestDist || d == bestDist && known < best {

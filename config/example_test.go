@@ -15,8 +15,7 @@ redis:
   timeout: 250ms
 limit:
   bucket: sms-outbound
-  rate: 100
-  burst: 200
+  rate: 6000/min
   on_store_error: local
 source:
   kafka:
@@ -49,22 +48,22 @@ func ExampleParse() {
 	}
 	fmt.Println("bucket:", cfg.Limit.Bucket, "rate:", cfg.Limit.Rate, "burst:", cfg.Limit.Burst)
 	fmt.Println("redis:", cfg.Redis.Mode(), cfg.Redis.Addr, cfg.Redis.Timeout)
-	fmt.Println("dead letters:", cfg.Source.Kafka.DeadLetterTopic)
-	fmt.Println("sink:", cfg.Sink.HTTP.Method, cfg.Sink.HTTP.URL, cfg.Sink.HTTP.Timeout)
+	// Keys left out stay zero: the library the value goes to applies its
+	// own default (here the HTTP sink's POST and 5s).
+	fmt.Printf("sink: %q %s %v\n", cfg.Sink.HTTP.Method, cfg.Sink.HTTP.URL, cfg.Sink.HTTP.Timeout)
 	fmt.Println("logged header:", cfg.Redacted().Sink.HTTP.Headers["Authorization"])
 	// Output:
-	// bucket: sms-outbound rate: 100 burst: 200
+	// bucket: sms-outbound rate: 100 burst: 100
 	// redis: single 127.0.0.1:6379 250ms
-	// dead letters: sms.dlq
-	// sink: POST http://127.0.0.1:8080/send 5s
-	// logged header: REDACTED
+	// sink: "" http://127.0.0.1:8080/send 0s
+	// logged header: xxxxx
 }
 
 func ExampleParse_errors() {
 	_, err := config.Parse([]byte("limit: {bucket: b, rate: -5}\nsink: {http: {url: 'http://h/'}, stdout: {}}\n"), nil)
 	fmt.Println(err)
 	// Output:
-	// limit.rate: must be > 0, got -5
+	// limit.rate: must be a number > 0 and <= 1e+09, got -5 (line 1)
 	// source: exactly one of kafka, rabbitmq must be set, got 0
 	// sink: exactly one of http, postgres, stdout must be set, got 2 (http, stdout)
 }
@@ -73,6 +72,6 @@ func ExampleRedactURL() {
 	fmt.Println(config.RedactURL("amqp://guest:guest@127.0.0.1:5672/"))
 	fmt.Println(config.RedactURL("host=db user=app password='x y' sslmode=require"))
 	// Output:
-	// amqp://guest:REDACTED@127.0.0.1:5672/
-	// host=db user=app password=REDACTED sslmode=require
+	// amqp://guest:xxxxx@127.0.0.1:5672/
+	// host=db user=app password=xxxxx sslmode=require
 }

@@ -4,13 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"mime"
 	"net"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
-	"text/template"
-	"unicode"
+
+	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
+	"github.com/throttlehq/throttle/sinks"
 )
 
 // Problem is one thing wrong with a configuration. It is a plain value and
@@ -53,9 +55,13 @@ func (ps *problems) add(key, format string, args ...any) {
 	*ps = append(*ps, Problem{Key: key, Message: fmt.Sprintf(format, args...)})
 }
 
-// Validate checks every setting of c, which must already hold its defaults
-// (as Parse ensures), and returns a *ValidationError listing all problems, or
-// nil. It does not modify c and does not read any file.
+// Validate checks every setting of c and returns a *ValidationError listing
+// all problems, or nil. Zero fields mean the libraries' defaults and are
+// valid. Settings handed to a library are checked by that library's own
+// exported validation (httpsink.Config.Validate, postgres.Config.Validate,
+// redislimiter.ValidateBucketName, limiter.ValidateRate, ...), with each
+// problem named by its YAML key. It does not modify c, does not read any
+// file and makes no network call.
 func (c *Config) Validate() error {
 	if c == nil {
 		return &ValidationError{Problems: []Problem{{Message: "config is nil"}}}
@@ -79,10 +85,10 @@ func (r *Redis) validate(ps *problems) {
 		ps.add("redis", "set either addr or addrs, not both")
 	}
 	if r.Addr != "" {
-		checkAddr(ps, "redis.addr", r.Addr)
+		checkAddr(ps, "redis.addr", r.Addr, false)
 	}
 	for i, a := range r.Addrs {
-		checkAddr(ps, fmt.Sprintf("redis.addrs[%d]", i), a)
+		checkAddr(ps, fmt.Sprintf("redis.addrs[%d]", i), a, false)
 	}
 	if r.MasterName != "" && len(r.Addrs) == 0 {
 		ps.add("redis.master_name", "requires redis.addrs (the sentinel addresses)")
@@ -101,7 +107,7 @@ func (r *Redis) validate(ps *problems) {
 	case r.DB != 0 && r.Mode() == RedisCluster:
 		ps.add("redis.db", "must be 0 with a cluster (redis.addrs without master_name), got %d", r.DB)
 	}
-	if r.Timeout <= 0 {
+	if r.Timeout < 0 {
 		ps.add("redis.timeout", "must be > 0, got %v", r.Timeout)
 	}
 	r.TLS.validate(ps, "redis.tls")
@@ -120,40 +126,29 @@ func (t *TLS) validate(ps *problems, key string) {
 }
 
 func (l *Limit) validate(ps *problems) {
-	switch {
-	case l.Bucket == "":
-		ps.add("limit.bucket", "required")
-	case strings.ContainsAny(l.Bucket, "{}"):
-		ps.add("limit.bucket", "must not contain '{' or '}', got %q", l.Bucket)
-	case strings.IndexFunc(l.Bucket, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
-		ps.add("limit.bucket", "must not contain spaces or control characters, got %q", l.Bucket)
+	ps.library("limit", reflect.TypeFor[Limit](), redislimiter.ValidateBucketName(l.Bucket))
+	ps.library("limit", reflect.TypeFor[Limit](), limiter.ValidateRate(l.Rate))
+	if l.Burst != 0 {
+		ps.library("limit", reflect.TypeFor[Limit](), limiter.ValidateBurst(l.Burst))
 	}
-	switch {
-	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0):
-		ps.add("limit.rate", "must be a finite number, got %v", l.Rate)
-	case l.Rate <= 0:
-		ps.add("limit.rate", "must be > 0, got %v", l.Rate)
+	if l.OnStoreError != "" {
+		if _, err := limiter.ParseMode(string(l.OnStoreError)); err != nil {
+			ps.add("limit.on_store_error", "must be one of local, closed, open, got %q", l.OnStoreError)
+		}
 	}
-	rateOK := l.Rate > 0 && !math.IsInf(l.Rate, 1)
-	if l.Burst < 1 && (l.Burst != 0 || rateOK) {
-		ps.add("limit.burst", "must be >= 1, got %d", l.Burst)
+	if l.FallbackRate != 0 {
+		if err := limiter.ValidateRate(l.FallbackRate); err != nil {
+			ps.add("limit.fallback_rate", "%s (0 means rate / live replicas)", paramMessage(err))
+		}
 	}
-	switch l.OnStoreError {
-	case StoreErrorLocal, StoreErrorClosed, StoreErrorOpen:
-	default:
-		ps.add("limit.on_store_error", "must be one of local, closed, open, got %q", l.OnStoreError)
-	}
-	if math.IsNaN(l.FallbackRate) || math.IsInf(l.FallbackRate, 0) || l.FallbackRate < 0 {
-		ps.add("limit.fallback_rate", "must be a finite number >= 0, got %v", l.FallbackRate)
-	}
-	if l.ProbeInterval <= 0 {
+	if l.ProbeInterval < 0 {
 		ps.add("limit.probe_interval", "must be > 0, got %v", l.ProbeInterval)
 	}
 	if l.MaxWait < 0 {
 		ps.add("limit.max_wait", "must be >= 0, got %v", l.MaxWait)
 	}
 	switch l.Lease {
-	case LeaseAuto, LeaseOff:
+	case "", LeaseAuto, LeaseOff:
 	default:
 		ps.add("limit.lease", "must be one of auto, off, got %q", l.Lease)
 	}
@@ -178,7 +173,7 @@ func (k *Kafka) validate(ps *problems) {
 		ps.add(key+".brokers", "required (at least one host:port)")
 	}
 	for i, b := range k.Brokers {
-		checkAddr(ps, fmt.Sprintf("%s.brokers[%d]", key, i), b)
+		checkAddr(ps, fmt.Sprintf("%s.brokers[%d]", key, i), b, false)
 	}
 	if k.Topic == "" {
 		ps.add(key+".topic", "required")
@@ -188,7 +183,7 @@ func (k *Kafka) validate(ps *problems) {
 	if k.Group == "" {
 		ps.add(key+".group", "required")
 	}
-	if k.Concurrency < 1 {
+	if k.Concurrency < 0 {
 		ps.add(key+".concurrency", "must be >= 1, got %d", k.Concurrency)
 	}
 	if k.DeadLetterTopic != "" {
@@ -198,7 +193,7 @@ func (k *Kafka) validate(ps *problems) {
 		}
 	}
 	switch k.StartOffset {
-	case StartFirst, StartLast:
+	case "", StartFirst, StartLast:
 	default:
 		ps.add(key+".start_offset", "must be one of first, last, got %q", k.StartOffset)
 	}
@@ -223,10 +218,10 @@ func (q *RabbitMQ) validate(ps *problems) {
 	if q.Queue == "" {
 		ps.add(key+".queue", "required")
 	}
-	if q.Prefetch < 1 || q.Prefetch > math.MaxUint16 {
+	if q.Prefetch < 0 || q.Prefetch > math.MaxUint16 {
 		ps.add(key+".prefetch", "must be between 1 and 65535, got %d", q.Prefetch)
 	}
-	if q.Concurrency < 1 && (q.Concurrency != 0 || q.Prefetch >= 1) {
+	if q.Concurrency < 0 {
 		ps.add(key+".concurrency", "must be >= 1, got %d", q.Concurrency)
 	}
 	q.TLS.validate(ps, key+".tls")
@@ -249,83 +244,34 @@ func (s *Sink) validate(ps *problems) {
 }
 
 func (h *HTTP) validate(ps *problems) {
-	const key = "sink.http"
-	checkURL(ps, key+".url", h.URL, "http", "https")
-	if !isToken(h.Method) {
-		ps.add(key+".method", "must be an HTTP method such as POST, got %q", h.Method)
-	}
-	if h.Timeout <= 0 {
-		ps.add(key+".timeout", "must be > 0, got %v", h.Timeout)
-	}
-	for name, value := range h.Headers {
-		if !isToken(name) {
-			ps.add(key+".headers", "invalid header name %q", name)
-		}
-		if strings.ContainsAny(value, "\r\n\x00") {
-			// Never echo the value: it may be a credential.
-			ps.add(key+".headers."+name, "value must not contain CR, LF or NUL")
-		}
-	}
-	if h.BodyTemplate != "" {
-		if _, err := template.New("body").Parse(h.BodyTemplate); err != nil {
-			ps.add(key+".body_template", "%v", err)
-		}
-	}
-	if _, _, err := mime.ParseMediaType(h.ContentType); err != nil {
-		ps.add(key+".content_type", "invalid media type %q: %v", h.ContentType, err)
-	}
-	if h.MaxConns < 1 {
-		ps.add(key+".max_conns", "must be >= 1, got %d", h.MaxConns)
-	}
-	if h.MaxPause <= 0 {
-		ps.add(key+".max_pause", "must be > 0, got %v", h.MaxPause)
-	}
+	ps.library("sink.http", reflect.TypeFor[HTTP](), h.SinkConfig().Validate())
 }
 
 func (p *Postgres) validate(ps *problems) {
-	const key = "sink.postgres"
-	switch {
-	case p.DSN == "":
-		ps.add(key+".dsn", "required")
-	case hasURLScheme(p.DSN):
-		u, err := url.Parse(p.DSN)
-		switch {
-		case err != nil:
-			ps.add(key+".dsn", "invalid URL %s: %v", RedactURL(p.DSN), urlErr(err))
-		case u.Scheme != "postgres" && u.Scheme != "postgresql":
-			ps.add(key+".dsn", "URL scheme must be postgres or postgresql, got %q", u.Scheme)
-		}
-	default:
-		if _, err := parseKeyValues(p.DSN); err != nil {
-			ps.add(key+".dsn", "not a postgres:// URL nor a valid key=value connection string: %v", err)
-		}
-	}
-	switch {
-	case p.Table == "":
-		ps.add(key+".table", "required")
-	case !isTableName(p.Table):
-		ps.add(key+".table", "must be an unquoted SQL identifier such as deliveries or myschema.deliveries, got %q", p.Table)
-	}
+	ps.library("sink.postgres", reflect.TypeFor[Postgres](), p.SinkConfig().Validate())
 }
 
 func (d *Delivery) validate(ps *problems) {
-	if d.MaxAttempts < 1 {
+	if d.MaxAttempts < 0 {
 		ps.add("delivery.max_attempts", "must be >= 1, got %d", d.MaxAttempts)
 	}
-	if d.Backoff <= 0 {
+	if d.Backoff < 0 {
 		ps.add("delivery.backoff", "must be > 0, got %v", d.Backoff)
 	}
-	if d.MaxBackoff < d.Backoff {
+	switch {
+	case d.MaxBackoff < 0:
+		ps.add("delivery.max_backoff", "must be > 0, got %v", d.MaxBackoff)
+	case d.MaxBackoff > 0 && d.MaxBackoff < d.Backoff:
 		ps.add("delivery.max_backoff", "must be >= delivery.backoff (%v), got %v", d.Backoff, d.MaxBackoff)
 	}
-	if d.DrainTimeout <= 0 {
+	if d.DrainTimeout < 0 {
 		ps.add("delivery.drain_timeout", "must be > 0, got %v", d.DrainTimeout)
 	}
 }
 
 func (m *Metrics) validate(ps *problems) {
 	if m.Enabled() {
-		checkAddr(ps, "metrics.listen", m.Listen)
+		checkAddr(ps, "metrics.listen", m.Listen, true)
 	}
 }
 
@@ -354,9 +300,10 @@ func checkOneOf(ps *problems, key string, choices, set []string) {
 	ps.add(key, "%s", msg)
 }
 
-// checkAddr reports unless addr is host:port with a numeric port. The host
-// may be empty, meaning the local host.
-func checkAddr(ps *problems, key, addr string) {
+// checkAddr reports unless addr is host:port with a numeric port, which may
+// be 0 (the system picks one) only when zeroPort is set. The host may be
+// empty, meaning the local host.
+func checkAddr(ps *problems, key, addr string, zeroPort bool) {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		var ae *net.AddrError
@@ -367,7 +314,11 @@ func checkAddr(ps *problems, key, addr string) {
 		ps.add(key, "must be host:port, got %q: %s", RedactURL(addr), reason)
 		return
 	}
-	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+	n, err := strconv.ParseUint(port, 10, 16)
+	switch {
+	case zeroPort && (err != nil):
+		ps.add(key, "port must be a number between 0 (any free port) and 65535, got %q", port)
+	case !zeroPort && (err != nil || n == 0):
 		ps.add(key, "port must be a number between 1 and 65535, got %q", port)
 	}
 }
@@ -418,41 +369,67 @@ func checkTopic(ps *problems, key, name string) {
 	}
 }
 
-// isToken reports whether s is a non-empty RFC 9110 token, as HTTP methods
-// and header names must be.
-func isToken(s string) bool {
-	if s == "" {
-		return false
+// library records the problems a library's validation returned, err, under
+// the YAML keys of the section at prefix, whose Go type is t. Libraries
+// name their Go fields (limiter.ParamError.Param, sinks.FieldError.Field);
+// the field is found in t by its Go name or by its YAML name, compared
+// without case and without "_" or ".", so "FallbackRate" and
+// "fallback_rate" both land on limit.fallback_rate. A field t does not
+// know (one the configuration never sets) is reported under prefix.
+func (ps *problems) library(prefix string, t reflect.Type, err error) {
+	if err == nil {
+		return
 	}
-	for _, c := range s {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case strings.ContainsRune("!#$%&'*+-.^_`|~", c):
-		default:
-			return false
+	if fes := sinks.FieldErrors(err); len(fes) > 0 {
+		for _, fe := range fes {
+			key := join(prefix, yamlKeyOf(t, fe.Field))
+			if fe.Key != "" {
+				key += "." + fe.Key
+			}
+			ps.add(key, "%s", fe.Err)
 		}
+		return
 	}
-	return true
+	var pe *limiter.ParamError
+	if errors.As(err, &pe) {
+		ps.add(join(prefix, yamlKeyOf(t, pe.Param)), "%s", paramMessage(pe))
+		return
+	}
+	ps.add(prefix, "%s", err)
 }
 
-// isTableName reports whether s is an identifier or schema.identifier.
-func isTableName(s string) bool {
-	parts := strings.Split(s, ".")
-	if len(parts) > 2 {
-		return false
+// paramMessage returns the text of a limiter.ParamError without the Go
+// name of the parameter, or err's text for another error.
+func paramMessage(err error) string {
+	var pe *limiter.ParamError
+	if errors.As(err, &pe) {
+		return strings.TrimPrefix(pe.Error(), pe.Param+": ")
 	}
-	for _, p := range parts {
-		if p == "" || len(p) > 63 {
-			return false
-		}
-		for i, c := range p {
-			switch {
-			case c == '_', c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
-			case c >= '0' && c <= '9' && i > 0:
-			default:
-				return false
-			}
+	return err.Error()
+}
+
+// yamlKeyOf returns the YAML name of the field of struct type t that a
+// library calls goName, as library describes, or "" when there is none.
+func yamlKeyOf(t reflect.Type, goName string) string {
+	norm := func(s string) string {
+		return strings.ToLower(strings.NewReplacer("_", "", ".", "").Replace(s))
+	}
+	want := norm(goName)
+	if alias, ok := libraryNames[t.Name()+"."+goName]; ok {
+		return alias
+	}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if norm(f.Name) == want || norm(name) == want {
+			return name
 		}
 	}
-	return true
+	return ""
+}
+
+// libraryNames maps the library fields whose name differs from the
+// configuration's, as "ConfigType.LibraryField", to their YAML key.
+var libraryNames = map[string]string{
+	"HTTP.MaxRetryAfter": "max_pause",
 }
