@@ -51,4 +51,3 @@ func FieldErrors(err error) []*FieldError {
 	walk(err)
 	return out
 }
-
