@@ -95,29 +95,13 @@ func (w *waitLimiter) wait(ctx context.Context, cost int) error {
 func newSink(ctx context.Context, cfg config.Sink, out io.Writer) (sinks.Sink, func(), error) {
 	switch {
 	case cfg.HTTP != nil:
-		h := cfg.HTTP
-		s, err := httpsink.New(httpsink.Config{
-			URL:           h.URL,
-			Method:        h.Method,
-			Headers:       h.Headers,
-			Timeout:       time.Duration(h.Timeout),
-			BodyTemplate:  h.BodyTemplate,
-			ContentType:   h.ContentType,
-			MaxConns:      h.MaxConns,
-			MaxRetryAfter: time.Duration(h.MaxPause),
-		})
+		s, err := httpsink.New(cfg.HTTP.SinkConfig())
 		if err != nil {
 			return nil, nil, &configError{err: fmt.Errorf("sink.http: %w", err)}
 		}
 		return s, func() { _ = s.Close() }, nil
 	case cfg.Postgres != nil:
-		p := cfg.Postgres
-		s, err := postgres.New(ctx, postgres.Config{
-			DSN:         p.DSN,
-			Table:       p.Table,
-			CreateTable: p.CreateTable,
-			IDHeader:    p.IDHeader,
-		})
+		s, err := postgres.New(ctx, cfg.Postgres.SinkConfig())
 		if err != nil {
 			return nil, nil, fmt.Errorf("starting the postgres sink: %w", err)
 		}
