@@ -60,9 +60,10 @@ type Options struct {
 // message names the field at fault.
 var ErrInvalidOptions = errors.New("invalid consumer options")
 
-// WithDefaults validates o and returns it with every default filled in. Its
-// errors wrap ErrInvalidOptions and name the Go field at fault. Backends
-// call it from their constructors, so a caller rarely needs to.
+// WithDefaults validates o and returns it with every default filled in
+// (OrderingKey only under OrderKey). Its errors wrap ErrInvalidOptions and
+// name the Go field at fault. It is idempotent. Backends call it from
+// their constructors, so a caller rarely needs to.
 func (o Options) WithDefaults() (Options, error) {
 	invalid := o.invalid
 	switch {
@@ -88,7 +89,7 @@ func (o Options) WithDefaults() (Options, error) {
 	if o.OrderingKey != nil && o.Ordering != OrderKey {
 		return invalid("OrderingKey is set but Ordering is %q, not %q", o.Ordering, OrderKey)
 	}
-	if o.OrderingKey == nil {
+	if o.OrderingKey == nil && o.Ordering == OrderKey {
 		o.OrderingKey = KeyOf
 	}
 	if o.DrainTimeout == 0 {

@@ -68,6 +68,9 @@ func (p *Processor) Process(ctx context.Context, msg Message) Outcome {
 // Key returns msg's ordering key (Options.OrderingKey). Its error is
 // permanent: dead-letter the message with DeadLettered.
 func (p *Processor) Key(msg Message) (string, error) {
+	if p.opts.OrderingKey == nil {
+		return KeyOf(msg)
+	}
 	k, err := p.opts.OrderingKey(msg)
 	if err != nil {
 		return "", Permanent(err)

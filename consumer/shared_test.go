@@ -74,8 +74,13 @@ func TestOptionsWithDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.DrainTimeout != consumer.DefaultDrainTimeout || o.Ordering != consumer.OrderPartition || o.Logger == nil || o.OrderingKey == nil || o.Retry.MaxAttempts != 5 {
+	if o.DrainTimeout != consumer.DefaultDrainTimeout || o.Ordering != consumer.OrderPartition || o.Logger == nil || o.OrderingKey != nil || o.Retry.MaxAttempts != 5 {
 		t.Fatalf("defaults = %+v", o)
+	}
+	if o, err := (consumer.Options{Ordering: consumer.OrderKey}).WithDefaults(); err != nil || o.OrderingKey == nil {
+		t.Fatalf("OrderKey defaults: %v, key function set %v", err, o.OrderingKey != nil)
+	} else if _, err := o.WithDefaults(); err != nil {
+		t.Fatalf("WithDefaults is not idempotent: %v", err)
 	}
 	bad := []struct {
 		o     consumer.Options

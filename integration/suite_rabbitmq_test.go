@@ -58,15 +58,17 @@ func (q *suiteAMQPQueue) withChannel(f func(*amqp.Channel) error) error {
 func (q *suiteAMQPQueue) replica(t *testing.T, spec suiteReplicaSpec) suiteRunner {
 	t.Helper()
 	c, err := rabbitmq.New(rabbitmq.Config{
-		URL:          q.url,
-		Queue:        q.name,
-		Declare:      true,
-		Prefetch:     10,
-		Limiter:      spec.limiter,
-		Retry:        spec.retry,
-		Observer:     spec.observer,
-		Logger:       suiteLogger(t),
-		DrainTimeout: 5 * time.Second,
+		URL:      q.url,
+		Queue:    q.name,
+		Declare:  true,
+		Prefetch: 10,
+		Options: consumer.Options{
+			Limiter:      spec.limiter,
+			Retry:        spec.retry,
+			Observer:     spec.observer,
+			Logger:       suiteLogger(t),
+			DrainTimeout: 5 * time.Second,
+		},
 	}, spec.handler)
 	if err != nil {
 		t.Fatalf("rabbitmq.New: %v", err)

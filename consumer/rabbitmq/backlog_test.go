@@ -100,7 +100,7 @@ func TestBacklog(t *testing.T) {
 	}
 	var reconnects atomic.Int64
 	obs := &consumer.Observer{Reconnected: func(string, error) { reconnects.Add(1) }}
-	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Prefetch: prefetch, Observer: obs}, h)
+	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Prefetch: prefetch, Options: consumer.Options{Observer: obs}}, h)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	wait := runAll(t, ctx, c.Run)
@@ -179,7 +179,13 @@ func TestBacklogContext(t *testing.T) {
 	var reconnects atomic.Int64
 	obs := &consumer.Observer{Reconnected: func(string, error) { reconnects.Add(1) }}
 	c := newConsumer(t, rabbitmq.Config{
-		URL: proxied, Queue: q, Prefetch: 1, Observer: obs, DrainTimeout: 100 * time.Millisecond,
+		URL:      proxied,
+		Queue:    q,
+		Prefetch: 1,
+		Options: consumer.Options{
+			Observer:     obs,
+			DrainTimeout: 100 * time.Millisecond,
+		},
 	}, blocked)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"time"
 
@@ -16,10 +15,13 @@ import (
 // Defaults of the Config fields.
 const (
 	DefaultPrefetch            = 50
-	DefaultDrainTimeout        = 30 * time.Second
 	DefaultReconnectBackoff    = 100 * time.Millisecond
 	DefaultMaxReconnectBackoff = 10 * time.Second
 )
+
+// DefaultDrainTimeout is the default of Options.DrainTimeout, the same for
+// every backend.
+const DefaultDrainTimeout = consumer.DefaultDrainTimeout
 
 // defaultDialTimeout bounds the TCP dial and the TLS and AMQP handshakes when
 // the URL sets no connection_timeout, as amqp091 does.
@@ -28,6 +30,20 @@ const defaultDialTimeout = 30 * time.Second
 // Config configures a Consumer. The zero value of every optional field uses
 // the documented default.
 type Config struct {
+	// Options are the settings every backend shares: limiter, cost,
+	// push-back, retry policy, drain timeout, ordering, observer and
+	// logger (see consumer.Options).
+	//
+	// Ordering for a queue: OrderPartition (the default) and OrderNone
+	// start deliveries in the order the broker sends them, up to
+	// Concurrency at once, so only Concurrency 1 keeps the queue's order.
+	// OrderKey handles the deliveries of one key (OrderingKey; default
+	// the routing key, or consumer.KeyFromHeader, or a template in the
+	// binary) strictly one after the other, in delivery order, while
+	// other keys proceed, up to Concurrency keys at once. Prefetch bounds
+	// the deliveries in flight, those waiting behind their key included.
+	consumer.Options
+
 	// URL is the broker address: amqp://user:pass@host:5672/vhost, or
 	// amqps:// for TLS. Required. The password never appears in logs or
 	// errors.
@@ -52,44 +68,27 @@ type Config struct {
 	// DeadLetterExchange; that exchange, fanout and durable; and the queue
 	// "<Queue>.dlq", durable and bound to it. An existing queue declared
 	// with other arguments makes Run fail at its first connect with
-	// PRECONDITION_FAILED. Without Declare the queue must exist, and it
-	// must have a dead-letter exchange (by argument or policy): otherwise
-	// RabbitMQ discards the messages that are dead-lettered.
+	// PRECONDITION_FAILED.
 	Declare bool
-	// DeadLetterExchange is the exchange that Declare sets up as the
-	// queue's dead-letter exchange. Default Queue+".dlx". Ignored without
-	// Declare.
+	// DeadLetterExchange is where the Consumer publishes the messages that
+	// fail for good, with the headers consumer.HeaderError,
+	// consumer.HeaderAttempts and the original queue, exchange and routing
+	// key (consumer.HeaderOriginalQueue...), under a publisher confirm,
+	// and only then acks them. Default with Declare: Queue+".dlx".
+	//
+	// Without Declare, set it to the queue's dead-letter exchange: Run
+	// then checks at each connect that it exists. Left empty without
+	// Declare, no dead-letter exchange is known: a failed message is
+	// nacked without requeue, so the queue's own dead-letter exchange
+	// takes it (RabbitMQ drops it if the queue has none, by argument or
+	// policy) with only RabbitMQ's x-death header, and Run says so in one
+	// warning at start.
 	DeadLetterExchange string
-	// Limiter, when set, is waited on for each message's cost before every
-	// handler attempt (consumer.Throttle). Default: no throttling.
-	Limiter consumer.Limiter
-	// Cost is the cost of a message in tokens. Default consumer.CostOne.
-	// It requires Limiter.
-	Cost consumer.CostFunc
-	// Pauser, when set, is paused when a handler returns an error made with
-	// consumer.RetryAfter, so that every replica slows down
-	// (consumer.PushBack). It is usually the same bucket as Limiter.
-	Pauser consumer.Pauser
-	// MaxPause caps those pauses. Default 0: no cap beyond the Pauser's
-	// own.
-	MaxPause time.Duration
-	// Retry is the retry policy for failed handlers. The zero value uses
-	// consumer.RetryPolicy's defaults.
-	Retry consumer.RetryPolicy
-	// DrainTimeout is how long Run lets in-flight handlers finish after
-	// its context is cancelled, before it cancels their context. Default
-	// 30s.
-	DrainTimeout time.Duration
 	// ReconnectBackoff is the delay before the first reconnect attempt. It
 	// doubles with each failed attempt up to MaxReconnectBackoff, with
-	// jitter. Defaults 100ms and 10s.
+	// jitter (consumer.Backoff). Defaults 100ms and 10s.
 	ReconnectBackoff    time.Duration
 	MaxReconnectBackoff time.Duration
-	// Observer receives message and reconnect events. Default: none.
-	Observer *consumer.Observer
-	// Logger receives connection events and dead-lettered messages.
-	// Default slog.Default().
-	Logger *slog.Logger
 	// ConsumerTag names the consumer on the broker and the connection
 	// (connection_name). Default "throttle-<host>-<pid>-<n>".
 	ConsumerTag string
@@ -134,21 +133,19 @@ func (c Config) withDefaults() (Config, amqp.URI, string, error) {
 	case c.Concurrency == 0:
 		c.Concurrency = c.Prefetch
 	}
-	if c.DeadLetterExchange == "" {
+	if c.DeadLetterExchange == "" && c.Declare {
 		c.DeadLetterExchange = c.Queue + ".dlx"
 	}
-	if c.Cost != nil && c.Limiter == nil {
-		return c, amqp.URI{}, "", errors.New("rabbitmq: Cost is set but Limiter is nil")
+	opts, err := c.Options.WithDefaults()
+	if err != nil {
+		return c, amqp.URI{}, "", fmt.Errorf("rabbitmq: %w", err)
 	}
-	if c.MaxPause < 0 {
-		return c, amqp.URI{}, "", fmt.Errorf("rabbitmq: MaxPause %v: must not be negative", c.MaxPause)
-	}
+	c.Options = opts
 	for _, d := range []struct {
 		name string
 		v    *time.Duration
 		def  time.Duration
 	}{
-		{"DrainTimeout", &c.DrainTimeout, DefaultDrainTimeout},
 		{"ReconnectBackoff", &c.ReconnectBackoff, DefaultReconnectBackoff},
 		{"MaxReconnectBackoff", &c.MaxReconnectBackoff, DefaultMaxReconnectBackoff},
 	} {
@@ -162,9 +159,6 @@ func (c Config) withDefaults() (Config, amqp.URI, string, error) {
 	if c.MaxReconnectBackoff < c.ReconnectBackoff {
 		return c, amqp.URI{}, "", fmt.Errorf("rabbitmq: MaxReconnectBackoff %v is below ReconnectBackoff %v",
 			c.MaxReconnectBackoff, c.ReconnectBackoff)
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 	return c, uri, redacted, nil
 }

@@ -16,43 +16,37 @@ import (
 	"github.com/throttlehq/throttle/internal/testenv"
 )
 
-func TestBackoff(t *testing.T) {
-	c := &Consumer{cfg: Config{ReconnectBackoff: 100 * time.Millisecond, MaxReconnectBackoff: time.Second}}
+// TestClassify checks which connect errors end Run at start: access
+// refused (by the broker, or amqp091's guess after a dropped login, the
+// second time in a row) wraps consumer.ErrAccessRefused; a missing queue or
+// conflicting arguments end it too; anything else is retried.
+func TestClassify(t *testing.T) {
 	tests := []struct {
-		failures int
-		ceiling  time.Duration
+		name    string
+		errs    []error // consecutive failed connects
+		fatal   bool    // after the last one
+		refused bool
 	}{
-		{0, 100 * time.Millisecond},
-		{1, 200 * time.Millisecond},
-		{3, 800 * time.Millisecond},
-		{4, time.Second},
-		{50, time.Second},
+		{"queue not found", []error{fmt.Errorf("consuming: %w", &amqp.Error{Code: amqp.NotFound, Server: true})}, true, false},
+		{"arguments conflict", []error{&amqp.Error{Code: amqp.PreconditionFailed, Server: true}}, true, false},
+		{"access refused by the broker", []error{&amqp.Error{Code: amqp.AccessRefused, Server: true}}, true, true},
+		{"vhost not allowed", []error{&amqp.Error{Code: amqp.NotAllowed, Server: true, Reason: "NOT_ALLOWED - vhost x not found"}}, true, true},
+		{"no SASL mechanism", []error{amqp.ErrSASL}, true, true},
+		{"login dropped once", []error{fmt.Errorf("dialing: %w", amqp.ErrCredentials)}, false, false},
+		{"login dropped twice", []error{amqp.ErrCredentials, fmt.Errorf("dialing: %w", amqp.ErrCredentials)}, true, true},
+		{"login dropped, then a network error, then dropped", []error{amqp.ErrCredentials, errors.New("connection refused"), amqp.ErrCredentials}, false, false},
+		{"connection forced", []error{&amqp.Error{Code: amqp.ConnectionForced, Server: true}}, false, false},
+		{"network", []error{errors.New("connection refused")}, false, false},
 	}
+	c := &Consumer{}
 	for _, tt := range tests {
-		for range 100 {
-			if d := c.backoff(tt.failures); d < tt.ceiling/2 || d > tt.ceiling {
-				t.Fatalf("backoff(%d) = %v, want within [%v, %v]", tt.failures, d, tt.ceiling/2, tt.ceiling)
-			}
+		var guesses int
+		var err error
+		for _, e := range tt.errs {
+			err = c.fatal(e, &guesses)
 		}
-	}
-}
-
-func TestFatal(t *testing.T) {
-	tests := []struct {
-		name string
-		err  error
-		want bool
-	}{
-		{"queue not found", fmt.Errorf("consuming: %w", &amqp.Error{Code: amqp.NotFound, Server: true}), true},
-		{"arguments conflict", &amqp.Error{Code: amqp.PreconditionFailed, Server: true}, true},
-		{"access refused", &amqp.Error{Code: amqp.AccessRefused, Server: true}, true},
-		{"client-side guess", amqp.ErrCredentials, false},
-		{"connection forced", &amqp.Error{Code: amqp.ConnectionForced, Server: true}, false},
-		{"network", errors.New("connection refused"), false},
-	}
-	for _, tt := range tests {
-		if got := fatal(tt.err); got != tt.want {
-			t.Errorf("%s: fatal = %v, want %v", tt.name, got, tt.want)
+		if (err != nil) != tt.fatal || errors.Is(err, consumer.ErrAccessRefused) != tt.refused {
+			t.Errorf("%s: fatal = %v; want fatal %v, access refused %v", tt.name, err, tt.fatal, tt.refused)
 		}
 	}
 }
@@ -63,7 +57,7 @@ func TestFatal(t *testing.T) {
 func TestBacklogMissingQueue(t *testing.T) {
 	url := testenv.AMQPURL(t)
 	q := "throttle-test-missing-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	c, err := New(Config{URL: url, Queue: q, Logger: testenv.Logger(t, slog.LevelDebug)},
+	c, err := New(Config{URL: url, Queue: q, Options: consumer.Options{Logger: testenv.Logger(t, slog.LevelDebug)}},
 		func(context.Context, consumer.Message) error { return nil })
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -223,7 +226,9 @@ func TestSharedRate(t *testing.T) {
 			URL:      b.url,
 			Queue:    q,
 			Prefetch: prefetch,
-			Limiter:  redisBucket(t, redisAddr, bucket, rate, burst, prefetch, &rtt),
+			Options: consumer.Options{
+				Limiter: redisBucket(t, redisAddr, bucket, rate, burst, prefetch, &rtt),
+			},
 		}, h)
 		runs = append(runs, c.Run)
 	}
@@ -341,7 +346,7 @@ func TestReplicaCrash(t *testing.T) {
 	p, proxied := newProxy(t, b.url)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cfg := rabbitmq.Config{Queue: q, Prefetch: prefetch, Limiter: shared, ReconnectBackoff: 50 * time.Millisecond}
+	cfg := rabbitmq.Config{Queue: q, Prefetch: prefetch, ReconnectBackoff: 50 * time.Millisecond, Options: consumer.Options{Limiter: shared}}
 	cfg.URL = proxied
 	doomedC := newConsumer(t, cfg, doomed)
 	cfg.URL = b.url
@@ -381,8 +386,11 @@ func TestReplicaCrash(t *testing.T) {
 	}
 }
 
-// TestHandlerErrors checks retries and dead-lettering through the queue's
-// dead-letter exchange.
+// TestHandlerErrors checks retries and dead-lettering, against the real
+// broker: a dead letter that the consumer publishes itself (with Declare,
+// or with DeadLetterExchange set) carries the reason and position headers;
+// without a known dead-letter exchange the consumer nacks, and RabbitMQ's
+// x-death header is all there is.
 func TestHandlerErrors(t *testing.T) {
 	errSink := errors.New("sink unavailable")
 	tests := []struct {
@@ -391,10 +399,13 @@ func TestHandlerErrors(t *testing.T) {
 		err          error // what the failing calls return
 		wantAttempts int
 		wantDLQ      bool
+		topology     string // "declare", "dlx" (DeadLetterExchange only) or "none"
 	}{
-		{name: "retried then delivered", failures: 2, err: errSink, wantAttempts: 3},
-		{name: "retried then dead-lettered", failures: -1, err: errSink, wantAttempts: 3, wantDLQ: true},
-		{name: "permanent is not retried", failures: -1, err: consumer.Permanent(errSink), wantAttempts: 1, wantDLQ: true},
+		{name: "retried then delivered", failures: 2, err: errSink, wantAttempts: 3, topology: "declare"},
+		{name: "retried then dead-lettered", failures: -1, err: errSink, wantAttempts: 3, wantDLQ: true, topology: "declare"},
+		{name: "permanent is not retried", failures: -1, err: consumer.Permanent(errSink), wantAttempts: 1, wantDLQ: true, topology: "declare"},
+		{name: "dead-letter exchange named without declare", failures: -1, err: consumer.Permanent(errSink), wantAttempts: 1, wantDLQ: true, topology: "dlx"},
+		{name: "no dead-letter exchange known: nacked", failures: -1, err: consumer.Permanent(errSink), wantAttempts: 1, wantDLQ: true, topology: "none"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -419,13 +430,21 @@ func TestHandlerErrors(t *testing.T) {
 					ended <- m
 				},
 			}
-			c := newConsumer(t, rabbitmq.Config{
-				URL:      b.url,
-				Queue:    q,
-				Declare:  true,
-				Retry:    consumer.RetryPolicy{MaxAttempts: 3, Backoff: 10 * time.Millisecond},
-				Observer: obs,
-			}, h)
+			cfg := rabbitmq.Config{
+				URL:   b.url,
+				Queue: q,
+				Options: consumer.Options{
+					Retry:    consumer.RetryPolicy{MaxAttempts: 3, Backoff: 10 * time.Millisecond},
+					Observer: obs,
+				},
+			}
+			switch tt.topology {
+			case "declare":
+				cfg.Declare = true
+			case "dlx":
+				cfg.DeadLetterExchange = q + ".dlx"
+			}
+			c := newConsumer(t, cfg, h)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			wait := runAll(t, ctx, c.Run)
@@ -453,13 +472,29 @@ func TestHandlerErrors(t *testing.T) {
 				if d.MessageId != "m-0000" {
 					t.Errorf("dead-lettered message id %q, want m-0000", d.MessageId)
 				}
-				deaths, _ := d.Headers["x-death"].([]any)
-				if len(deaths) == 0 {
-					t.Fatalf("dead-lettered message has no x-death header: %v", d.Headers)
+				if tt.topology == "none" {
+					deaths, _ := d.Headers["x-death"].([]any)
+					if len(deaths) == 0 {
+						t.Fatalf("nacked message has no x-death header: %v", d.Headers)
+					}
+					death, _ := deaths[0].(amqp.Table)
+					if death["queue"] != q || death["reason"] != "rejected" {
+						t.Errorf("x-death %v, want queue %s and reason rejected", death, q)
+					}
+					break
 				}
-				death, _ := deaths[0].(amqp.Table)
-				if death["queue"] != q || death["reason"] != "rejected" {
-					t.Errorf("x-death %v, want queue %s and reason rejected", death, q)
+				want := amqp.Table{
+					consumer.HeaderError:              errSink.Error(),
+					consumer.HeaderAttempts:           strconv.Itoa(tt.wantAttempts),
+					consumer.HeaderOriginalQueue:      q,
+					consumer.HeaderOriginalExchange:   "", // published to the default exchange
+					consumer.HeaderOriginalRoutingKey: q,
+				}
+				if !maps.Equal(d.Headers, want) {
+					t.Errorf("dead letter headers %v, want %v (and no x-death: the consumer published it)", d.Headers, want)
+				}
+				if d.DeliveryMode != amqp.Persistent || string(d.Body) != "body m-0000" {
+					t.Errorf("dead letter: mode %d, body %q; want persistent with the original body", d.DeliveryMode, d.Body)
 				}
 			case <-time.After(500 * time.Millisecond):
 				if tt.wantDLQ {
@@ -505,7 +540,7 @@ func TestBrokenConnection(t *testing.T) {
 		}
 	}}
 	p, proxied := newProxy(t, b.url)
-	c := newConsumer(t, rabbitmq.Config{URL: proxied, Queue: q, Prefetch: 20, Limiter: local, Observer: obs}, h)
+	c := newConsumer(t, rabbitmq.Config{URL: proxied, Queue: q, Prefetch: 20, Options: consumer.Options{Limiter: local, Observer: obs}}, h)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	wait := runAll(t, ctx, c.Run)
@@ -555,8 +590,14 @@ func TestQueueRecreated(t *testing.T) {
 	var reconnects atomic.Int64
 	obs := &consumer.Observer{Reconnected: func(string, error) { reconnects.Add(1) }}
 	c := newConsumer(t, rabbitmq.Config{
-		URL: b.url, Queue: q, Declare: false, Observer: obs,
-		ReconnectBackoff: 20 * time.Millisecond, MaxReconnectBackoff: 100 * time.Millisecond,
+		URL:                 b.url,
+		Queue:               q,
+		Declare:             false,
+		ReconnectBackoff:    20 * time.Millisecond,
+		MaxReconnectBackoff: 100 * time.Millisecond,
+		Options: consumer.Options{
+			Observer: obs,
+		},
 	}, h)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -622,7 +663,13 @@ func TestGracefulShutdown(t *testing.T) {
 				}
 			}
 			c := newConsumer(t, rabbitmq.Config{
-				URL: b.url, Queue: q, Prefetch: 10, Concurrency: tt.concurrency, DrainTimeout: tt.drain,
+				URL:         b.url,
+				Queue:       q,
+				Prefetch:    10,
+				Concurrency: tt.concurrency,
+				Options: consumer.Options{
+					DrainTimeout: tt.drain,
+				},
 			}, h)
 			ctx, cancel := context.WithCancel(context.Background())
 			errc := make(chan error, 1)
@@ -694,19 +741,142 @@ func TestRunMissingQueue(t *testing.T) {
 func TestWarnsWhenItCannotVouchForTheDeadLetterExchange(t *testing.T) {
 	b := newBroker(t)
 	q := b.declareQueue(t)
-	for _, declare := range []bool{false, true} {
+	for _, tc := range []struct {
+		declare bool
+		dlx     string
+		warn    int
+	}{{false, "", 1}, {true, "", 0}, {false, q + ".dlx", 0}} {
 		var logs testenv.Buffer
 		c := newConsumer(t, rabbitmq.Config{
-			URL: b.url, Queue: q, Declare: declare,
-			Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+			URL:                b.url,
+			Queue:              q,
+			Declare:            tc.declare,
+			DeadLetterExchange: tc.dlx,
+			Options: consumer.Options{
+				Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+			},
 		}, func(context.Context, consumer.Message) error { return nil })
 		ctx, cancel := context.WithCancel(context.Background())
 		wait := runAll(t, ctx, c.Run)
 		cancel()
 		wait()
-		warned := strings.Count(logs.String(), "declare is off")
-		if want := map[bool]int{false: 1, true: 0}[declare]; warned != want {
-			t.Errorf("Declare %v: the warning was logged %d times, want %d:\n%s", declare, warned, want, logs.String())
+		var lines []string
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "no dead-letter exchange known") {
+				lines = append(lines, l)
+			}
 		}
+		if len(lines) != tc.warn {
+			t.Errorf("Declare %v, DeadLetterExchange %q: the warning was logged %d times, want %d:\n%s", tc.declare, tc.dlx, len(lines), tc.warn, logs.String())
+		}
+		for _, l := range lines {
+			if n := strings.Count(l, " queue="); n != 1 {
+				t.Errorf("the warning has %d queue attributes, want 1: %s", n, l)
+			}
+		}
+	}
+}
+
+// TestAccessRefusedAtStart checks that a broker refusing the login or the
+// virtual host at start ends Run at once with consumer.ErrAccessRefused
+// (so the binary exits 1), instead of retrying forever, and that the
+// error does not show the password.
+func TestAccessRefusedAtStart(t *testing.T) {
+	b := newBroker(t)
+	u, err := url.Parse(b.url)
+	must(t, err)
+	wrongPassword := *u
+	wrongPassword.User = url.UserPassword(u.User.Username(), "wrong-s3cret")
+	noVhost := *u
+	noVhost.Path = "/" + uniqueName(t)
+	for name, raw := range map[string]string{"wrong password": wrongPassword.String(), "unknown vhost": noVhost.String()} {
+		t.Run(name, func(t *testing.T) {
+			var attempts atomic.Int64
+			c := newConsumer(t, rabbitmq.Config{URL: raw, Queue: "q", ReconnectBackoff: 10 * time.Millisecond,
+				Options: consumer.Options{Observer: &consumer.Observer{ReconnectAttempt: func(string, error) { attempts.Add(1) }}}},
+				func(context.Context, consumer.Message) error { return nil })
+			ctx := testenv.Context(t, 30*time.Second)
+			start := time.Now()
+			err := c.Run(ctx)
+			if !errors.Is(err, consumer.ErrAccessRefused) {
+				t.Fatalf("Run returned %v after %v, want an error wrapping consumer.ErrAccessRefused", err, time.Since(start))
+			}
+			if strings.Contains(err.Error(), "wrong-s3cret") {
+				t.Errorf("error shows the password: %v", err)
+			}
+			if cerr := c.Connected(); !errors.Is(cerr, rabbitmq.ErrNotConnected) {
+				t.Errorf("Connected after a refused start = %v, want ErrNotConnected", cerr)
+			}
+			t.Logf("%s: Run returned after %v and %d retries: %v", name, time.Since(start).Round(time.Millisecond), attempts.Load(), err)
+		})
+	}
+}
+
+// TestDisconnectedState checks what a replica reports while it cannot
+// reach the broker at run time: Connected returns ErrNotConnected with the
+// cause, every reconnect attempt is reported (Observer.ReconnectAttempt),
+// the loss once (Observer.Disconnected), and once the broker is back,
+// Connected returns nil and Reconnected is reported.
+func TestDisconnectedState(t *testing.T) {
+	b := newBroker(t)
+	q := b.declareQueue(t)
+	var mu sync.Mutex
+	var failed, succeeded, lost, back int
+	obs := &consumer.Observer{
+		ReconnectAttempt: func(_ string, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed++
+			} else {
+				succeeded++
+			}
+		},
+		Disconnected: func(string, error) { mu.Lock(); lost++; mu.Unlock() },
+		Reconnected:  func(string, error) { mu.Lock(); back++; mu.Unlock() },
+	}
+	p, proxied := newProxy(t, b.url)
+	c := newConsumer(t, rabbitmq.Config{URL: proxied, Queue: q, ReconnectBackoff: 10 * time.Millisecond,
+		MaxReconnectBackoff: 50 * time.Millisecond, Options: consumer.Options{Observer: obs}},
+		func(context.Context, consumer.Message) error { return nil })
+	if err := c.Connected(); !errors.Is(err, rabbitmq.ErrNotConnected) {
+		t.Fatalf("Connected before Run = %v, want ErrNotConnected", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wait := runAll(t, ctx, c.Run)
+	eventually(t, "connected", func() bool { return c.Connected() == nil })
+
+	p.refuseNew(true)
+	p.cut()
+	eventually(t, "disconnected", func() bool { return c.Connected() != nil })
+	eventually(t, "three failed attempts reported", func() bool { mu.Lock(); defer mu.Unlock(); return failed >= 3 })
+	if err := c.Connected(); !errors.Is(err, rabbitmq.ErrNotConnected) {
+		t.Errorf("Connected while the broker is unreachable = %v, want ErrNotConnected", err)
+	}
+	p.refuseNew(false)
+	eventually(t, "reconnected", func() bool { return c.Connected() == nil })
+	cancel()
+	wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if lost != 1 || back != 1 || succeeded != 1 {
+		t.Errorf("Disconnected %d, Reconnected %d, successful attempts %d; want 1 each", lost, back, succeeded)
+	}
+	if err := c.Connected(); !errors.Is(err, rabbitmq.ErrNotConnected) {
+		t.Errorf("Connected after Run returned = %v, want ErrNotConnected", err)
+	}
+	t.Logf("%d failed reconnect attempts reported, then 1 successful", failed)
+}
+
+// eventually polls cond until it holds, for up to 20s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s after 20s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -43,11 +43,13 @@ func ExampleConsumer() {
 		Queue:    "sms",
 		Declare:  true, // sms, with dead-letter exchange sms.dlx and queue sms.dlq
 		Prefetch: 20,
-		Limiter:  bucket,
-		Cost:     consumer.CostFromHeader("segments"),
-		Pauser:   bucket, // a handler's consumer.RetryAfter pauses every replica
-		MaxPause: 30 * time.Second,
-		Retry:    consumer.RetryPolicy{MaxAttempts: 5},
+		Options: consumer.Options{ // the settings every backend shares
+			Limiter:  bucket,
+			Cost:     consumer.CostFromHeader("segments"),
+			Pauser:   bucket, // a handler's consumer.RetryAfter pauses every replica
+			MaxPause: 30 * time.Second,
+			Retry:    consumer.RetryPolicy{MaxAttempts: 5},
+		},
 	}, func(ctx context.Context, msg consumer.Message) error {
 		return sendSMS(ctx, msg.Body)
 	})

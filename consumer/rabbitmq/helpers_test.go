@@ -166,6 +166,7 @@ type proxy struct {
 	conns  map[net.Conn]struct{}
 	held   chan struct{} // closed while data flows; see stall
 	resume func()        // ends the current stall, if any
+	refuse bool          // close new connections at once; see refuseNew
 	wg     sync.WaitGroup
 }
 
@@ -198,6 +199,13 @@ func (p *proxy) accept() {
 		down, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		p.mu.Lock()
+		refuse := p.refuse
+		p.mu.Unlock()
+		if refuse {
+			_ = down.Close()
+			continue
 		}
 		up, err := net.Dial("tcp", p.target)
 		if err != nil {
@@ -250,6 +258,15 @@ func (p *proxy) cut() {
 		}
 		_ = c.Close()
 	}
+}
+
+// refuseNew makes the proxy close new connections as soon as it accepts
+// them (on) or proxy them again (off), as a broker that is down would and
+// then would not.
+func (p *proxy) refuseNew(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refuse = on
 }
 
 // stall holds the data that reaches the proxy, in both directions, as a

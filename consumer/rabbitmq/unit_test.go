@@ -36,7 +36,7 @@ func TestNewValidation(t *testing.T) {
 	}{
 		{name: "minimal", cfg: rabbitmq.Config{URL: url, Queue: "q"}},
 		{name: "amqps with TLS", cfg: rabbitmq.Config{URL: "amqps://u:p@host/", TLS: &tls.Config{MinVersion: tls.VersionTLS12}, Queue: "q"}},
-		{name: "throttled", cfg: rabbitmq.Config{URL: url, Queue: "q", Limiter: local, Cost: consumer.CostFromHeader("n")}},
+		{name: "throttled", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{Limiter: local, Cost: consumer.CostFromHeader("n")}}},
 		{name: "nil handler", cfg: rabbitmq.Config{URL: url, Queue: "q"}, nilH: true, wantErr: "handler is nil"},
 		{name: "no URL", cfg: rabbitmq.Config{Queue: "q"}, wantErr: "URL is required"},
 		{name: "bad scheme", cfg: rabbitmq.Config{URL: "http://u:p@host/", Queue: "q"}, wantErr: "URL"},
@@ -45,9 +45,9 @@ func TestNewValidation(t *testing.T) {
 		{name: "negative prefetch", cfg: rabbitmq.Config{URL: url, Queue: "q", Prefetch: -1}, wantErr: "Prefetch -1"},
 		{name: "prefetch too large", cfg: rabbitmq.Config{URL: url, Queue: "q", Prefetch: 70000}, wantErr: "Prefetch 70000"},
 		{name: "negative concurrency", cfg: rabbitmq.Config{URL: url, Queue: "q", Concurrency: -2}, wantErr: "Concurrency -2"},
-		{name: "cost without limiter", cfg: rabbitmq.Config{URL: url, Queue: "q", Cost: consumer.CostOne}, wantErr: "Limiter is nil"},
-		{name: "negative drain", cfg: rabbitmq.Config{URL: url, Queue: "q", DrainTimeout: -time.Second}, wantErr: "DrainTimeout"},
-		{name: "negative max pause", cfg: rabbitmq.Config{URL: url, Queue: "q", MaxPause: -time.Second}, wantErr: "MaxPause"},
+		{name: "cost without limiter", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{Cost: consumer.CostOne}}, wantErr: "Limiter is nil"},
+		{name: "negative drain", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{DrainTimeout: -time.Second}}, wantErr: "DrainTimeout"},
+		{name: "negative max pause", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{MaxPause: -time.Second}}, wantErr: "MaxPause"},
 		{name: "max backoff below backoff", cfg: rabbitmq.Config{URL: url, Queue: "q", ReconnectBackoff: time.Second, MaxReconnectBackoff: time.Millisecond}, wantErr: "MaxReconnectBackoff"},
 	}
 	for _, tt := range tests {
@@ -98,7 +98,9 @@ func TestNoPasswordInErrorsOrLogs(t *testing.T) {
 		URL:              "amqp://user:" + secret + "@" + addr + "/",
 		Queue:            "q",
 		ReconnectBackoff: time.Millisecond,
-		Logger:           slog.New(slog.NewTextHandler(&buf, nil)),
+		Options: consumer.Options{
+			Logger: slog.New(slog.NewTextHandler(&buf, nil)),
+		},
 	}, nop)
 	if err != nil {
 		t.Fatal(err)
@@ -117,17 +119,21 @@ func TestNoPasswordInErrorsOrLogs(t *testing.T) {
 	}
 }
 
-func TestRunTwice(t *testing.T) {
+// TestRunOnceAndClose checks the Run/Close contract that both backends
+// share: Run runs once, Close stops it and waits for it, and Run after
+// Close returns ErrClosed.
+func TestRunOnceAndClose(t *testing.T) {
 	var logs testenv.Buffer
 	c, err := rabbitmq.New(rabbitmq.Config{
-		URL: "amqp://127.0.0.1:1/", Queue: "q", Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		URL:     "amqp://127.0.0.1:1/",
+		Queue:   "q",
+		Options: consumer.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))},
 	}, nop)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
-	go func() { errc <- c.Run(ctx) }()
+	go func() { errc <- c.Run(context.Background()) }()
 	// Once the first Run has logged a failed connect, it is running.
 	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(logs.String(), "connect failed"); {
 		if time.Now().After(deadline) {
@@ -135,12 +141,23 @@ func TestRunTwice(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if err := c.Run(context.Background()); !errors.Is(err, rabbitmq.ErrRunning) {
-		t.Errorf("second Run returned %v, want ErrRunning", err)
+	if err := c.Connected(); !errors.Is(err, rabbitmq.ErrNotConnected) || !strings.Contains(err.Error(), "connection refused") {
+		t.Errorf("Connected while failing to connect = %v, want ErrNotConnected with the cause", err)
 	}
-	cancel()
-	if err := <-errc; err != nil {
-		t.Fatalf("first Run returned %v, want nil", err)
+	if err := c.Run(context.Background()); !errors.Is(err, rabbitmq.ErrClosed) {
+		t.Errorf("second Run returned %v, want ErrClosed", err)
+	}
+	_ = c.Close()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("first Run returned %v, want nil", err)
+		}
+	default:
+		t.Fatal("Close returned before Run did")
+	}
+	if err := c.Run(context.Background()); !errors.Is(err, consumer.ErrClosed) {
+		t.Errorf("Run after Close returned %v, want consumer.ErrClosed", err)
 	}
 }
 
