@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/kafka"
 )
 
@@ -62,15 +63,11 @@ type suiteTopic struct {
 func (q *suiteTopic) replica(t *testing.T, spec suiteReplicaSpec) suiteRunner {
 	t.Helper()
 	c, err := kafka.New(kafka.Config{
+		Options:       consumer.Options{Limiter: spec.limiter, Retry: spec.retry, Observer: spec.observer, Logger: suiteLogger(t), DrainTimeout: 5 * time.Second},
 		Brokers:       q.kafka.brokers,
 		Topic:         q.topic,
 		Group:         q.group,
 		Concurrency:   2,
-		Limiter:       spec.limiter,
-		Retry:         spec.retry,
-		Observer:      spec.observer,
-		Logger:        suiteLogger(t),
-		DrainTimeout:  5 * time.Second,
 		CommitTimeout: 5 * time.Second,
 		ConfigureReader: func(rc *kafkago.ReaderConfig) {
 			rc.HeartbeatInterval = 100 * time.Millisecond

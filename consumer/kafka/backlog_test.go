@@ -89,8 +89,8 @@ func TestBacklog(t *testing.T) {
 	var openGate sync.Once
 	t.Cleanup(func() { openGate.Do(func() { close(gate) }) })
 	cfg := Config{
-		Brokers: brokers, Topic: topic, Group: group, Concurrency: partitions,
-		Logger: testLogger(t), ConfigureReader: fastGroup, DrainTimeout: 5 * time.Second,
+		Options: consumer.Options{Logger: testLogger(t), DrainTimeout: 5 * time.Second},
+		Brokers: brokers, Topic: topic, Group: group, Concurrency: partitions, ConfigureReader: fastGroup,
 	}
 	c, err := New(cfg, func(ctx context.Context, m consumer.Message) error {
 		p := pos{m.Source.Partition, m.Source.Offset}

@@ -9,9 +9,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/throttlehq/throttle/consumer"
 )
 
 // partState is one assigned partition during one generation.
@@ -60,7 +61,7 @@ func (c *committer) wake() {
 
 // run commits until ctx ends.
 func (c *committer) run(ctx context.Context) {
-	var delay time.Duration
+	failures := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -69,15 +70,16 @@ func (c *committer) run(ctx context.Context) {
 		}
 		_, err := c.commitMoved()
 		if err == nil {
-			delay = 0
+			failures = 0
 			continue
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		delay = nextBackoff(delay)
-		c.log.Warn("commit failed; retrying", "error", err, "retry_in", delay)
-		if sleep(ctx, delay) != nil {
+		delay := backoff.Delay(failures)
+		failures++
+		c.log.Warn("commit failed; retrying", "err", err, "retry_in", delay.String())
+		if consumer.Sleep(ctx, delay) != nil {
 			return
 		}
 		c.wake()
@@ -88,14 +90,12 @@ func (c *committer) run(ctx context.Context) {
 // group refuses the generation, and returns the committed offsets of every
 // partition that has one.
 func (c *committer) flush(ctx context.Context) (map[int]int64, error) {
-	var delay time.Duration
-	for {
+	for failures := 0; ; failures++ {
 		_, err := c.commitMoved()
 		if err == nil || !retriableCommit(err) {
 			return c.committed(), err
 		}
-		delay = nextBackoff(delay)
-		if sleep(ctx, delay) != nil {
+		if consumer.Sleep(ctx, backoff.Delay(failures)) != nil {
 			return c.committed(), err
 		}
 	}

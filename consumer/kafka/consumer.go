@@ -112,7 +112,9 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultDrainTimeout  = 30 * time.Second
+	// DefaultDrainTimeout is the default of Options.DrainTimeout, the
+	// same for every backend.
+	DefaultDrainTimeout  = consumer.DefaultDrainTimeout
 	DefaultCommitTimeout = 10 * time.Second
 )
 
@@ -136,13 +138,26 @@ var (
 	// input; the message names the field at fault.
 	ErrInvalidConfig = errors.New("invalid kafka consumer config")
 	// ErrClosed is returned by Run after Close, or when Run is called a
-	// second time, and wrapped by Backlog after Close.
-	ErrClosed = errors.New("kafka consumer closed")
+	// second time, and wrapped by Backlog after Close. It is
+	// consumer.ErrClosed.
+	ErrClosed = consumer.ErrClosed
 )
 
 // Config configures a Consumer. Brokers, Topic and Group are required; every
-// other field documents its default.
+// other field documents its default. The embedded consumer.Options are the
+// settings every backend shares (limiter, cost, push-back, retry policy,
+// drain timeout, ordering, observer, logger).
+//
+// Ordering, for Kafka: consumer.OrderPartition (the default) handles the
+// messages of a partition one at a time, in order, up to Concurrency
+// partitions in parallel. consumer.OrderKey handles the messages of one key
+// (Options.OrderingKey, by default the Kafka message key) within a
+// partition one at a time, in order, and different keys concurrently, up
+// to MaxInFlight at once. consumer.OrderNone handles any messages
+// concurrently, up to MaxInFlight.
 type Config struct {
+	consumer.Options
+
 	// Brokers are the bootstrap broker addresses, host:port.
 	Brokers []string
 	// Topic is the topic to consume.
@@ -150,17 +165,14 @@ type Config struct {
 	// Group is the consumer group. Replicas with the same Group share the
 	// topic's partitions.
 	Group string
-	// Ordering says which messages may be handled at the same time:
-	// OrderingPartition (the default), OrderingKey or OrderingNone.
-	Ordering Ordering
 	// Concurrency is the number of partitions handled in parallel with
-	// OrderingPartition. A partition is never handled concurrently with
-	// itself. The other orderings use MaxInFlight instead. Default 1.
+	// consumer.OrderPartition. A partition is never handled concurrently
+	// with itself. The other orderings use MaxInFlight instead. Default 1.
 	Concurrency int
-	// MaxInFlight bounds the messages handled at once with OrderingKey and
-	// OrderingNone (the handler is called from up to MaxInFlight
-	// goroutines). OrderingPartition uses Concurrency instead. Default
-	// DefaultMaxInFlight.
+	// MaxInFlight bounds the messages handled at once with
+	// consumer.OrderKey and consumer.OrderNone (the handler is called from
+	// up to MaxInFlight goroutines). consumer.OrderPartition uses
+	// Concurrency instead. Default DefaultMaxInFlight.
 	MaxInFlight int
 	// QueueSize bounds the fetched messages that wait for a worker, across
 	// all partitions, on top of the messages being handled (Concurrency or
@@ -182,31 +194,6 @@ type Config struct {
 	// kafkago.LastOffset.
 	StartOffset int64
 
-	// Limiter, when set, is waited on for every handler attempt with the
-	// message's cost, through consumer.Throttle. When nil the consumer
-	// does not throttle; the handler may still be wrapped by the caller.
-	// Close the limiter only after Run returned: a failed wait counts as a
-	// failed attempt.
-	Limiter consumer.Limiter
-	// Cost gives a message's cost in tokens. Default consumer.CostOne.
-	// It requires Limiter.
-	Cost consumer.CostFunc
-	// Pauser, when set, is paused for every replica when the handler
-	// returns an error made with consumer.RetryAfter (consumer.PushBack).
-	// Usually it is the same bucket as Limiter.
-	Pauser consumer.Pauser
-	// MaxPause caps a pause asked for by a handler. Default 0: no cap
-	// beyond the Pauser's own.
-	MaxPause time.Duration
-	// Retry is the retry policy for failed handlers. The zero value uses
-	// consumer.RetryPolicy's defaults.
-	Retry consumer.RetryPolicy
-
-	// DrainTimeout bounds how long in-flight handlers may run after their
-	// partitions were revoked, at a rebalance or when Run's context ends.
-	// Default 30s. Keep it below the group's RebalanceTimeout and
-	// SessionTimeout (see Rebalances in the package documentation).
-	DrainTimeout time.Duration
 	// CommitTimeout bounds the final commit of a generation, at a
 	// rebalance and at shutdown, so Run returns at most DrainTimeout +
 	// CommitTimeout after its context ends (plus leaving the group). It is
@@ -214,11 +201,6 @@ type Config struct {
 	// (kafka-go's ConsumerGroupConfig.Timeout). Default 10s.
 	CommitTimeout time.Duration
 
-	// Observer receives message events for metrics. Default none.
-	Observer *consumer.Observer
-	// Logger receives retries, dead-letters, commit failures and kafka-go's
-	// error log. Message bodies are never logged. Default slog.Default().
-	Logger *slog.Logger
 	// Dialer connects to the brokers, for SASL and TLS (see the package
 	// documentation). Default kafka-go's DefaultDialer.
 	Dialer *kafkago.Dialer
@@ -250,10 +232,11 @@ type Config struct {
 // A Consumer is safe for concurrent use: Close may be called from any
 // goroutine, but not from a handler, since it waits for Run to return.
 type Consumer struct {
-	cfg     Config
-	handler consumer.Handler
-	rc      kafkago.ReaderConfig
-	log     *slog.Logger
+	cfg  Config
+	proc *consumer.Processor
+	rc   kafkago.ReaderConfig
+	log  *slog.Logger
+	life consumer.Lifecycle
 	// closing turns kafka-go's error log down to debug level while the
 	// reader shuts down, when its errors are expected.
 	closing atomic.Bool
@@ -263,18 +246,15 @@ type Consumer struct {
 	admin          *kafkago.Client
 	adminTransport *kafkago.Transport
 
-	mu      sync.Mutex
-	started bool
-	cancel  context.CancelFunc
-	done    chan struct{}
+	mu sync.Mutex
+	// cancel stops Run; fatal is the first error that ends it (fail).
+	cancel context.CancelFunc
+	fatal  error
 	// closed is set by Close; backlogCalls counts the Backlog calls in
 	// progress. Whichever of Close and the last such call comes later
 	// releases adminTransport's connections.
 	closed       bool
 	backlogCalls int
-
-	// fatal is the first error that ends Run, set by fail.
-	fatal error
 
 	// gc configures the group membership; prc is the template of each
 	// partition's reader (Partition is set per partition).
@@ -287,10 +267,29 @@ type Consumer struct {
 // New validates cfg and returns a Consumer for h. It does not connect to the
 // brokers: Run does.
 func New(cfg Config, h consumer.Handler) (*Consumer, error) {
-	if err := cfg.setDefaults(h); err != nil {
+	if h == nil {
+		return nil, fmt.Errorf("%w: handler must not be nil", ErrInvalidConfig)
+	}
+	opts, err := cfg.Options.WithDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	cfg.Options = opts
+	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	c := &Consumer{cfg: cfg, handler: h, log: cfg.Logger, done: make(chan struct{})}
+	// The processor waits on the limiter through revocableLimiter and
+	// calls h through markStarted, so that a revocation drops a message
+	// whose first wait has not ended (see firstWait).
+	popts := opts
+	if popts.Limiter != nil {
+		popts.Limiter = revocableLimiter{popts.Limiter}
+	}
+	proc, err := consumer.NewProcessor(popts, markStarted(h))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	c := &Consumer{cfg: cfg, proc: proc, log: cfg.Logger}
 	if err := c.readerConfig(); err != nil {
 		return nil, err
 	}
@@ -301,13 +300,13 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	return c, nil
 }
 
-func (cfg *Config) setDefaults(h consumer.Handler) error {
+// setDefaults checks and defaults the Kafka fields; New checked the
+// Options.
+func (cfg *Config) setDefaults() error {
 	invalid := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}
 	switch {
-	case h == nil:
-		return invalid("handler must not be nil")
 	case len(cfg.Brokers) == 0:
 		return invalid("Brokers must name at least one broker")
 	case cfg.Topic == "":
@@ -320,25 +319,14 @@ func (cfg *Config) setDefaults(h consumer.Handler) error {
 		return invalid("MaxInFlight %d must not be negative", cfg.MaxInFlight)
 	case cfg.QueueSize < 0:
 		return invalid("QueueSize %d must not be negative", cfg.QueueSize)
-	case cfg.MaxPause < 0:
-		return invalid("MaxPause %v must not be negative", cfg.MaxPause)
-	case cfg.DrainTimeout < 0:
-		return invalid("DrainTimeout %v must not be negative", cfg.DrainTimeout)
 	case cfg.CommitTimeout < 0:
 		return invalid("CommitTimeout %v must not be negative", cfg.CommitTimeout)
-	case cfg.Cost != nil && cfg.Limiter == nil:
-		return invalid("Cost is set but Limiter is nil")
 	}
 	for i, b := range cfg.Brokers {
 		if _, _, err := net.SplitHostPort(b); err != nil {
 			return invalid("Brokers[%d] %q is not host:port", i, b)
 		}
 	}
-	o, err := parseOrdering(cfg.Ordering)
-	if err != nil {
-		return invalid("%w", err)
-	}
-	cfg.Ordering = o
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = 1
 	}
@@ -361,14 +349,8 @@ func (cfg *Config) setDefaults(h consumer.Handler) error {
 	default:
 		return invalid("StartOffset %d must be kafka-go's FirstOffset or LastOffset", cfg.StartOffset)
 	}
-	if cfg.DrainTimeout == 0 {
-		cfg.DrainTimeout = DefaultDrainTimeout
-	}
 	if cfg.CommitTimeout == 0 {
 		cfg.CommitTimeout = DefaultCommitTimeout
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
 	}
 	return nil
 }
@@ -452,17 +434,16 @@ func (c *Consumer) readerConfig() error {
 // Run may be called once; a second call, or a call after Close, returns
 // ErrClosed.
 func (c *Consumer) Run(ctx context.Context) error {
-	c.mu.Lock()
-	if c.started {
-		c.mu.Unlock()
-		return ErrClosed
+	ctx, end, err := c.life.Start(ctx)
+	if err != nil {
+		return err
 	}
-	c.started = true
+	defer end()
 	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	c.mu.Lock()
 	c.cancel = cancel
 	c.mu.Unlock()
-	defer close(c.done)
-	defer cancel()
 
 	cg, err := kafkago.NewConsumerGroup(c.gc)
 	if err != nil {
@@ -485,7 +466,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 				break
 			}
 			c.log.Warn("joining the consumer group failed; retrying",
-				"topic", c.cfg.Topic, "group", c.cfg.Group, "error", err)
+				"topic", c.cfg.Topic, "group", c.cfg.Group, "err", err)
 			continue
 		}
 		c.stats.joined()
@@ -501,7 +482,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.closing.Store(true)
 	_ = cg.Close() // leaves the group; always nil
 	if cerr := writer.Close(); cerr != nil {
-		c.log.Warn("closing dead-letter writer", "topic", c.cfg.DeadLetterTopic, "error", cerr)
+		c.log.Warn("closing dead-letter writer", "topic", c.cfg.DeadLetterTopic, "err", cerr)
 	}
 	transport.CloseIdleConnections()
 	c.mu.Lock()
@@ -549,7 +530,7 @@ func (c *Consumer) openPartition(partition int, offset int64) (partitionReader, 
 	c.stats.addReader(r)
 	return r, func() {
 		if err := r.Close(); err != nil {
-			c.log.Debug("closing partition reader", "topic", c.cfg.Topic, "partition", partition, "error", err)
+			c.log.Debug("closing partition reader", "topic", c.cfg.Topic, "partition", partition, "err", err)
 		}
 		c.stats.removeReader(r)
 	}
@@ -561,23 +542,20 @@ func (c *Consumer) openPartition(partition int, offset int64) (partitionReader, 
 // calls in progress return), and Backlog returns ErrClosed afterwards.
 // Close is idempotent and always returns nil.
 func (c *Consumer) Close() error {
+	_ = c.life.Close()
 	c.mu.Lock()
-	c.started = true
-	cancel := c.cancel
 	release := !c.closed && c.backlogCalls == 0
 	c.closed = true
 	c.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-c.done
-	}
 	if release {
 		c.adminTransport.CloseIdleConnections()
 	}
 	return nil
 }
 
-// isFatal reports whether a fetch error cannot heal by retrying.
+// isFatal reports whether a fetch or join error cannot heal by retrying.
+// An authentication or authorization error is one; Run wraps it with
+// consumer.ErrAccessRefused.
 func isFatal(err error) bool {
 	if errors.Is(err, io.EOF) {
 		return true // the reader was closed under us
@@ -637,23 +615,6 @@ func (c *Consumer) newWriter(t *kafkago.Transport) *kafkago.Writer {
 	return w
 }
 
-// nextBackoff doubles prev from 100ms up to 5s.
-func nextBackoff(prev time.Duration) time.Duration {
-	const lo, hi = 100 * time.Millisecond, 5 * time.Second
-	if prev < lo {
-		return lo
-	}
-	return min(2*prev, hi)
-}
-
-// sleep waits for d or until ctx ends, and returns ctx's error then.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
+// backoff is the delay between retries of a fetch, a commit or a
+// dead-letter write.
+var backoff = consumer.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second}

@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/throttlehq/throttle/consumer"
 )
 
 // messageWriter is what the dead-letterer needs from a kafka-go Writer.
@@ -30,7 +31,6 @@ type deadLetterer struct {
 // committed.
 func (d *deadLetterer) send(ctx context.Context, m kafkago.Message, dlh map[string]string) error {
 	dm := kafkago.Message{Key: m.Key, Value: m.Value, Headers: deadLetterHeaders(m.Headers, dlh)}
-	var delay time.Duration
 	for attempt := 1; ; attempt++ {
 		err := d.w.WriteMessages(ctx, dm)
 		if err == nil {
@@ -39,11 +39,11 @@ func (d *deadLetterer) send(ctx context.Context, m kafkago.Message, dlh map[stri
 		if ctx.Err() != nil {
 			return fmt.Errorf("writing to dead-letter topic %q: %w", d.topic, err)
 		}
-		delay = nextBackoff(delay)
+		delay := backoff.Delay(attempt - 1)
 		d.log.Warn("dead-letter write failed; retrying",
 			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
-			"dead_letter_topic", d.topic, "attempt", attempt, "error", err, "retry_in", delay)
-		if err := sleep(ctx, delay); err != nil {
+			"dead_letter_topic", d.topic, "attempt", attempt, "err", err, "retry_in", delay.String())
+		if err := consumer.Sleep(ctx, delay); err != nil {
 			return fmt.Errorf("writing to dead-letter topic %q: %w", d.topic, err)
 		}
 	}

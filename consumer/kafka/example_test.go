@@ -63,9 +63,11 @@ func ExampleConsumer() {
 		Brokers: brokers,
 		Topic:   "orders",
 		Group:   "sms-sender",
-		Limiter: bucket,
-		// Each message costs as many tokens as it has SMS segments.
-		Cost: consumer.CostFromHeader("x-segments"),
+		Options: consumer.Options{
+			Limiter: bucket,
+			// Each message costs as many tokens as it has SMS segments.
+			Cost: consumer.CostFromHeader("x-segments"),
+		},
 	}, func(ctx context.Context, m consumer.Message) error {
 		fmt.Printf("%s: %s (offset %d, attempt %d)\n", m.Key, m.Body, m.Source.Offset, m.Attempt)
 		if handled++; handled == 3 {

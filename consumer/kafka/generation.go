@@ -3,6 +3,8 @@ package kafka
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,7 +98,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl *deadLe
 	c.stats.setAssigned(len(parts))
 
 	workers, queue := c.cfg.Concurrency, c.cfg.QueueSize
-	if c.cfg.Ordering != OrderingPartition {
+	if c.cfg.Ordering != consumer.OrderPartition {
 		workers = c.cfg.MaxInFlight
 	}
 	r := &genRun{c: c, hctx: hctx, rctx: rctx, slots: make(chan struct{}, workers+queue), dl: dl}
@@ -169,7 +171,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl *deadLe
 		"committed", formatOffsets(committed), "took", time.Since(start).Round(time.Millisecond)}
 	if err != nil {
 		log.Warn("partitions revoked; the final commit failed, messages finished since the last commit will be redelivered",
-			append(args, "error", err)...)
+			append(args, "err", err)...)
 	} else {
 		log.Info("partitions revoked", args...)
 	}
@@ -180,7 +182,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl *deadLe
 // partition is revoked. It blocks while every slot is taken.
 func (r *genRun) fetch(p *partState, rd partitionReader) {
 	c := r.c
-	var delay time.Duration
+	failures := 0
 	for {
 		m, err := rd.FetchMessage(r.rctx)
 		if err != nil {
@@ -191,15 +193,16 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 				c.fail(fmt.Errorf("fetching from topic %q partition %d: %w", c.cfg.Topic, p.partition, err))
 				return
 			}
-			delay = nextBackoff(delay)
+			delay := backoff.Delay(failures)
+			failures++
 			c.log.Warn("fetching message failed; retrying",
-				"topic", c.cfg.Topic, "partition", p.partition, "error", err, "retry_in", delay)
-			if sleep(r.rctx, delay) != nil {
+				"topic", c.cfg.Topic, "partition", p.partition, "err", err, "retry_in", delay.String())
+			if consumer.Sleep(r.rctx, delay) != nil {
 				return
 			}
 			continue
 		}
-		delay = 0
+		failures = 0
 		select {
 		case r.slots <- struct{}{}:
 		case <-r.rctx.Done():
@@ -209,10 +212,12 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 		p.mu.Lock()
 		seq := p.tracker.add(m.Offset)
 		p.mu.Unlock()
-		if c.cfg.Observer != nil {
-			c.cfg.Observer.ObserveReceived(ToMessage(m))
+		w := work{m: m, msg: ToMessage(m), p: p, seq: seq}
+		if c.cfg.Ordering == consumer.OrderKey {
+			w.key, w.keyErr = c.proc.Key(w.msg)
 		}
-		if !r.sched.enqueue(work{m: m, p: p, seq: seq}) {
+		c.cfg.Observer.ObserveReceived(w.msg)
+		if !r.sched.enqueue(w) {
 			<-r.slots
 			r.dropped.Add(1)
 			return
@@ -222,8 +227,8 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 
 // newWorker returns the function a worker goroutine handles messages with.
 func (r *genRun) newWorker() func(work) {
-	gate := &firstWait{l: r.c.cfg.Limiter, revoke: r.rctx}
-	h := r.c.chain(gate)
+	gate := &firstWait{revoke: r.rctx}
+	ctx := context.WithValue(r.hctx, firstWaitKey{}, gate)
 	return func(w work) {
 		defer func() { <-r.slots }()
 		if r.rctx.Err() != nil {
@@ -231,7 +236,7 @@ func (r *genRun) newWorker() func(work) {
 			return
 		}
 		gate.started, gate.dropped = false, false
-		switch r.c.handle(r.hctx, w.m, h, r.dl, gate) {
+		switch r.c.handle(ctx, w, r.dl, gate) {
 		case finished:
 			w.p.mu.Lock()
 			moved := w.p.tracker.finish(w.seq)
@@ -246,21 +251,8 @@ func (r *genRun) newWorker() func(work) {
 	}
 }
 
-// chain returns the user's handler wrapped for one worker: throttled
-// through gate, and with push-back.
-func (c *Consumer) chain(gate *firstWait) consumer.Handler {
-	var mw []consumer.Middleware
-	if c.cfg.Limiter != nil {
-		mw = append(mw, consumer.Throttle(gate, c.cfg.Cost))
-	}
-	mw = append(mw, gate.markStarted)
-	if c.cfg.Pauser != nil {
-		mw = append(mw, consumer.PushBack(c.cfg.Pauser, c.cfg.MaxPause))
-	}
-	return consumer.Chain(c.handler, mw...)
-}
-
-// firstWait is the limiter a worker's handler chain waits on. The first
+// firstWait is a worker's record of the message it handles, which
+// revocableLimiter and markStarted find in the context. The first limiter
 // wait of a message, before its handler was ever called, ends when the
 // partition is revoked: the message is then dropped, not started, and the
 // cancelled wait gives back the tokens it reserved. Later waits, before
@@ -268,7 +260,8 @@ func (c *Consumer) chain(gate *firstWait) consumer.Handler {
 //
 // A firstWait belongs to one worker goroutine.
 type firstWait struct {
-	l      consumer.Limiter
+	// revoke ends when the partitions are revoked. It is derived from the
+	// handlers' context, so it also ends at the drain deadline.
 	revoke context.Context
 	// started is set once the handler was called for the message.
 	started bool
@@ -276,13 +269,18 @@ type firstWait struct {
 	dropped bool
 }
 
-func (f *firstWait) Wait(ctx context.Context, cost int) error {
-	if f.started {
-		return f.l.Wait(ctx, cost)
+type firstWaitKey struct{}
+
+// revocableLimiter is the limiter the Processor waits on: the configured
+// one, with the first wait of a message ended by a revocation (firstWait).
+type revocableLimiter struct{ l consumer.Limiter }
+
+func (r revocableLimiter) Wait(ctx context.Context, cost int) error {
+	f, _ := ctx.Value(firstWaitKey{}).(*firstWait)
+	if f == nil || f.started {
+		return r.l.Wait(ctx, cost)
 	}
-	// revoke is derived from the handlers' context, so this wait also ends
-	// at the drain deadline.
-	err := f.l.Wait(f.revoke, cost)
+	err := r.l.Wait(f.revoke, cost)
 	if err != nil && f.revoke.Err() != nil && ctx.Err() == nil {
 		f.dropped = true
 		return fmt.Errorf("partition revoked before the message started: %w", consumer.ErrAbandoned)
@@ -290,36 +288,47 @@ func (f *firstWait) Wait(ctx context.Context, cost int) error {
 	return err
 }
 
-func (f *firstWait) markStarted(next consumer.Handler) consumer.Handler {
+// markStarted wraps the user's handler to record, in the worker's
+// firstWait, that the message started.
+func markStarted(h consumer.Handler) consumer.Handler {
 	return func(ctx context.Context, msg consumer.Message) error {
-		f.started = true
-		return next(ctx, msg)
+		if f, ok := ctx.Value(firstWaitKey{}).(*firstWait); ok {
+			f.started = true
+		}
+		return h(ctx, msg)
 	}
 }
 
-// handle runs the retry policy for m and dead-letters it when needed.
-func (c *Consumer) handle(ctx context.Context, m kafkago.Message, h consumer.Handler, dl *deadLetterer, gate *firstWait) outcome {
-	msg := ToMessage(m)
-	out := c.cfg.Retry.Process(ctx, h, msg, c.cfg.Observer)
+// handle runs the retry policy for w and dead-letters it when needed.
+func (c *Consumer) handle(ctx context.Context, w work, dl *deadLetterer, gate *firstWait) outcome {
+	m := w.m
+	out := consumer.Outcome{Err: w.keyErr}
+	if w.keyErr == nil {
+		out = c.proc.Process(ctx, w.msg)
+	}
 	if out.Abandoned {
 		if gate.dropped {
 			return dropped
 		}
 		c.log.Warn("handler abandoned; message left uncommitted for redelivery",
-			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempts", out.Attempts, "error", out.Err)
+			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempts", out.Attempts, "err", out.Err)
 		return abandoned
 	}
 	if out.Err == nil {
 		return finished
 	}
-	if err := dl.send(ctx, m, consumer.DeadLetterHeaders(msg, out)); err != nil {
+	pos := map[string]string{
+		consumer.HeaderOriginalTopic:     m.Topic,
+		consumer.HeaderOriginalPartition: strconv.Itoa(m.Partition),
+		consumer.HeaderOriginalOffset:    strconv.FormatInt(m.Offset, 10),
+	}
+	if err := dl.send(ctx, m, out.DeadLetterHeaders(pos)); err != nil {
 		c.log.Warn("dead-letter write abandoned at the drain deadline; message left uncommitted",
-			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "error", err)
+			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "err", err)
 		return abandoned
 	}
-	c.log.Warn("message dead-lettered",
-		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
-		"dead_letter_topic", dl.topic, "attempts", out.Attempts, "error", out.Err)
-	c.cfg.Observer.ObserveDeadLettered(msg, out.Err)
+	c.proc.DeadLettered(w.msg, out,
+		slog.String("topic", m.Topic), slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset),
+		slog.String("dead_letter_topic", dl.topic))
 	return finished
 }

@@ -243,7 +243,7 @@ func TestGenerationCommits(t *testing.T) {
 			want:        result{committed: map[int]int64{0: 1, 1: 3}},
 		},
 	}
-	for _, ordering := range []Ordering{OrderingPartition, OrderingKey, OrderingNone} {
+	for _, ordering := range []consumer.Ordering{consumer.OrderPartition, consumer.OrderKey, consumer.OrderNone} {
 		for _, shutdown := range []bool{false, true} {
 			for _, tc := range cases {
 				want := tc.want
@@ -260,9 +260,7 @@ func TestGenerationCommits(t *testing.T) {
 						return err
 					}
 					c := newTestConsumer(t, Config{
-						Ordering: ordering, Concurrency: 2,
-						Retry:        consumer.RetryPolicy{MaxAttempts: 1},
-						DrainTimeout: 300 * time.Millisecond,
+						Options: consumer.Options{Ordering: ordering, Retry: consumer.RetryPolicy{MaxAttempts: 1}, DrainTimeout: 300 * time.Millisecond}, Concurrency: 2,
 					}, h)
 					// Distinct keys, so OrderingKey runs them concurrently.
 					p0, p1 := msgs(0, 0, 1, 2), msgs(1, 0, 1, 2)
@@ -275,7 +273,7 @@ func TestGenerationCommits(t *testing.T) {
 					w := &fakeWriter{fail: tc.writerFails}
 					rg := startGeneration(t, c, f, w)
 					wantHandled := int32(6)
-					if ordering == OrderingPartition && want.committed[0] == 1 {
+					if ordering == consumer.OrderPartition && want.committed[0] == 1 {
 						wantHandled = 5 // offset 2 waits behind the stuck offset 1
 					}
 					waitFor(t, "handlers called", func() bool { return handled.Load() >= wantHandled })

@@ -160,8 +160,8 @@ func TestSharedRate(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = l.Close() })
 		c, err := New(Config{
-			Brokers: brokers, Topic: topic, Group: group, Concurrency: partitions / replicas,
-			Limiter: l, Logger: testLogger(t), ConfigureReader: fastGroup,
+			Options: consumer.Options{Limiter: l, Logger: testLogger(t)},
+			Brokers: brokers, Topic: topic, Group: group, Concurrency: partitions / replicas, ConfigureReader: fastGroup,
 		}, func(ctx context.Context, m consumer.Message) error {
 			if string(m.Body) == "warm-up" {
 				warm.add(i, m)
@@ -344,9 +344,8 @@ func TestReplicaCrash(t *testing.T) {
 	)
 	for i := range replicas {
 		cfg := Config{
-			Brokers: brokers, Topic: topic, Group: group, Concurrency: 2,
-			Limiter: l, Logger: testLogger(t), ConfigureReader: fastGroup,
-			DrainTimeout: 200 * time.Millisecond, CommitTimeout: 300 * time.Millisecond,
+			Options: consumer.Options{Limiter: l, Logger: testLogger(t), DrainTimeout: 200 * time.Millisecond},
+			Brokers: brokers, Topic: topic, Group: group, Concurrency: 2, ConfigureReader: fastGroup, CommitTimeout: 300 * time.Millisecond,
 		}
 		if i == crashed {
 			cfg.Dialer = &kafkago.Dialer{DialFunc: network.dial, Timeout: time.Second}
@@ -478,12 +477,11 @@ func TestHandlerErrors(t *testing.T) {
 		return nil
 	}
 	cfg := Config{
-		Brokers: brokers, Topic: topic, Group: group, Logger: testLogger(t), ConfigureReader: fastGroup,
-		Retry: consumer.RetryPolicy{MaxAttempts: 3, Backoff: 5 * time.Millisecond, MaxBackoff: 10 * time.Millisecond},
-		Observer: &consumer.Observer{
+		Options: consumer.Options{Logger: testLogger(t), Retry: consumer.RetryPolicy{MaxAttempts: 3, Backoff: 5 * time.Millisecond, MaxBackoff: 10 * time.Millisecond}, Observer: &consumer.Observer{
 			Retried:      func(consumer.Message, error, time.Duration) { retried.Add(1) },
 			DeadLettered: func(consumer.Message, error) { dead.Add(1) },
-		},
+		}},
+		Brokers: brokers, Topic: topic, Group: group, ConfigureReader: fastGroup,
 	}
 	c, err := New(cfg, h)
 	if err != nil {
@@ -588,8 +586,8 @@ func TestGracefulShutdown(t *testing.T) {
 			var calls atomic.Int64
 			var cancelled atomic.Bool
 			c, err := New(Config{
-				Brokers: brokers, Topic: topic, Group: group, Logger: testLogger(t), ConfigureReader: fastGroup,
-				DrainTimeout: tc.drain, Retry: consumer.RetryPolicy{MaxAttempts: 1},
+				Options: consumer.Options{Logger: testLogger(t), DrainTimeout: tc.drain, Retry: consumer.RetryPolicy{MaxAttempts: 1}},
+				Brokers: brokers, Topic: topic, Group: group, ConfigureReader: fastGroup,
 			}, func(ctx context.Context, m consumer.Message) error {
 				if calls.Add(1) > 1 {
 					return nil
@@ -671,8 +669,8 @@ func TestCostAboveBurst(t *testing.T) {
 	defer l.Close()
 	delivered := make(chan string, len(cases))
 	c, err := New(Config{
-		Brokers: brokers, Topic: topic, Group: group, Logger: testLogger(t), ConfigureReader: fastGroup,
-		Limiter: l, Cost: consumer.CostFromHeader("x-segments"),
+		Options: consumer.Options{Logger: testLogger(t), Limiter: l, Cost: consumer.CostFromHeader("x-segments")},
+		Brokers: brokers, Topic: topic, Group: group, ConfigureReader: fastGroup,
 	}, func(ctx context.Context, m consumer.Message) error {
 		delivered <- string(m.Body)
 		return nil

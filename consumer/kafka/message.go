@@ -15,8 +15,8 @@ const Broker = "kafka"
 // ToMessage converts a kafka-go message to the consumer.Message a Handler
 // sees: key, body (the value), headers, time and position. Of several
 // headers with the same name the last one wins. A message without a
-// timestamp gets the current time. Attempt is left at 0; the retry policy
-// sets it.
+// timestamp gets the current time. Attempt is 1, as for the first
+// attempt; the retry policy numbers the later ones.
 func ToMessage(m kafkago.Message) consumer.Message {
 	var headers map[string]string
 	if len(m.Headers) > 0 {
@@ -34,6 +34,7 @@ func ToMessage(m kafkago.Message) consumer.Message {
 		Body:    m.Value,
 		Headers: headers,
 		Time:    t,
+		Attempt: 1,
 		Source: consumer.Source{
 			Broker:    Broker,
 			Topic:     m.Topic,

@@ -77,7 +77,7 @@ func pollReaderStats(t *testing.T, c *Consumer) (stop func()) {
 }
 
 func TestReaderStatsWithoutRun(t *testing.T) {
-	c, err := New(Config{Brokers: []string{"127.0.0.1:1"}, Topic: "t", Group: "g", Logger: discardLogger()},
+	c, err := New(Config{Brokers: []string{"127.0.0.1:1"}, Topic: "t", Group: "g", Options: consumer.Options{Logger: discardLogger()}},
 		func(context.Context, consumer.Message) error { return nil })
 	if err != nil {
 		t.Fatal(err)
@@ -110,8 +110,8 @@ func TestReaderStats(t *testing.T) {
 
 	log := newHandledLog(n)
 	c, err := New(Config{
-		Brokers: brokers, Topic: topic, Group: group, Concurrency: partitions,
-		Logger: testLogger(t), ConfigureReader: fastGroup,
+		Options: consumer.Options{Logger: testLogger(t)},
+		Brokers: brokers, Topic: topic, Group: group, Concurrency: partitions, ConfigureReader: fastGroup,
 	}, func(ctx context.Context, m consumer.Message) error {
 		log.add(0, m)
 		return nil
@@ -184,8 +184,8 @@ func TestReaderStatsReconnect(t *testing.T) {
 	var network crashableNet
 	before, after := newHandledLog(n), newHandledLog(n)
 	c, err := New(Config{
-		Brokers: brokers, Topic: topic, Group: group,
-		Logger: discardLogger(), // the cut makes kafka-go log errors, as it should
+		Options: consumer.Options{Logger: discardLogger()},
+		Brokers: brokers, Topic: topic, Group: group, // the cut makes kafka-go log errors, as it should
 		Dialer: &kafkago.Dialer{DialFunc: network.dial, Timeout: 5 * time.Second},
 		// Short timeouts, so that kafka-go notices the cut quickly.
 		ConfigureReader: fastGroup,

@@ -1,49 +1,24 @@
 package kafka
 
 import (
-	"fmt"
 	"sync"
 
 	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/throttlehq/throttle/consumer"
 )
 
-// Ordering says which messages of a partition the consumer may handle at
-// the same time. The zero value means OrderingPartition.
-type Ordering string
-
-// The orderings.
-const (
-	// OrderingPartition handles the messages of a partition one at a time,
-	// in offset order; up to Config.Concurrency partitions in parallel.
-	OrderingPartition Ordering = "partition"
-	// OrderingKey handles the messages of one Kafka key (within a
-	// partition) one at a time, in offset order, and messages of
-	// different keys concurrently, up to Config.MaxInFlight at once. A
-	// message waiting for its tokens holds back only the later messages
-	// of its key. Messages without a key share one key.
-	OrderingKey Ordering = "key"
-	// OrderingNone handles any messages concurrently, up to
-	// Config.MaxInFlight at once, with no ordering at all.
-	OrderingNone Ordering = "none"
-)
-
-// parseOrdering checks o and applies the default.
-func parseOrdering(o Ordering) (Ordering, error) {
-	switch o {
-	case "":
-		return OrderingPartition, nil
-	case OrderingPartition, OrderingKey, OrderingNone:
-		return o, nil
-	}
-	return "", fmt.Errorf("Ordering %q must be %q, %q or %q", string(o), OrderingPartition, OrderingKey, OrderingNone)
-}
-
-// work is one fetched message on its way to a handler: the message, its
-// partition's state and its sequence number in the partition's tracker.
+// work is one fetched message on its way to a handler: the message, as
+// fetched and as the handler sees it, its partition's state, its sequence
+// number in the partition's tracker, and its ordering key (OrderKey), or
+// the error that computing the key returned.
 type work struct {
-	m   kafkago.Message
-	p   *partState
-	seq uint64
+	m      kafkago.Message
+	msg    consumer.Message
+	p      *partState
+	seq    uint64
+	key    string
+	keyErr error
 }
 
 // fifo is a queue that reuses its backing array.
@@ -92,8 +67,8 @@ type lane struct {
 	running bool
 }
 
-// ready is an entry of the ready queue: a lane, or for OrderingNone a
-// single message.
+// ready is an entry of the ready queue: a lane, or a single message (with
+// OrderNone, or a message whose key could not be computed).
 type ready struct {
 	lane *lane
 	w    work
@@ -107,7 +82,7 @@ type ready struct {
 //
 // A scheduler is safe for concurrent use.
 type scheduler struct {
-	ordering   Ordering
+	ordering   consumer.Ordering
 	maxWorkers int
 	// newWorker returns the function a new worker goroutine runs each
 	// message with; it may keep per-worker state.
@@ -121,7 +96,7 @@ type scheduler struct {
 	wg      sync.WaitGroup
 }
 
-func newScheduler(o Ordering, maxWorkers int, newWorker func() func(work)) *scheduler {
+func newScheduler(o consumer.Ordering, maxWorkers int, newWorker func() func(work)) *scheduler {
 	return &scheduler{ordering: o, maxWorkers: maxWorkers, newWorker: newWorker, lanes: make(map[laneID]*lane)}
 }
 
@@ -132,12 +107,12 @@ func (s *scheduler) enqueue(w work) bool {
 	if s.stopped {
 		return false
 	}
-	if s.ordering == OrderingNone {
+	if s.ordering == consumer.OrderNone || w.keyErr != nil {
 		s.ready.push(ready{w: w})
 	} else {
 		id := laneID{partition: w.m.Partition}
-		if s.ordering == OrderingKey {
-			id.key = string(w.m.Key)
+		if s.ordering == consumer.OrderKey {
+			id.key = w.key
 		}
 		l := s.lanes[id]
 		if l == nil {

@@ -106,7 +106,7 @@ func TestToMessage(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			m := ToMessage(tc.in)
-			if string(m.Key) != string(tc.in.Key) || string(m.Body) != string(tc.in.Value) || !m.Time.Equal(ts) || m.Attempt != 0 {
+			if string(m.Key) != string(tc.in.Key) || string(m.Body) != string(tc.in.Value) || !m.Time.Equal(ts) || m.Attempt != 1 {
 				t.Fatalf("ToMessage = %+v", m)
 			}
 			want := consumer.Source{Broker: "kafka", Topic: tc.in.Topic, Partition: tc.in.Partition, Offset: tc.in.Offset}
@@ -219,4 +219,3 @@ func msgs(partition int, offsets ...int64) []kafkago.Message {
 	}
 	return out
 }
-

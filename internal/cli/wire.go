@@ -164,20 +164,13 @@ func newConsumer(src config.Source, d consumerDeps, h consumer.Handler) (runner,
 			start = kafkago.LastOffset
 		}
 		c, err := kafka.New(kafka.Config{
+			Options:         consumer.Options{Limiter: d.limiter, Cost: d.cost, Pauser: d.pauser, MaxPause: d.maxPause, Retry: d.retry, DrainTimeout: d.drain, Observer: d.observer, Logger: d.log},
 			Brokers:         k.Brokers,
 			Topic:           k.Topic,
 			Group:           k.Group,
 			Concurrency:     k.Concurrency,
 			DeadLetterTopic: k.DeadLetterTopic,
 			StartOffset:     start,
-			Limiter:         d.limiter,
-			Cost:            d.cost,
-			Pauser:          d.pauser,
-			MaxPause:        d.maxPause,
-			Retry:           d.retry,
-			DrainTimeout:    d.drain,
-			Observer:        d.observer,
-			Logger:          d.log,
 			Dialer:          dialer,
 		}, h)
 		if err != nil {
