@@ -71,6 +71,9 @@ func TestFaultRedisRefusesAtStart(t *testing.T) {
 				if !strings.HasPrefix(last, "throttle: ") || !strings.Contains(strings.ToLower(last), "redis") || !tc.want.MatchString(last) {
 					t.Errorf("%s: last line %q, want one sentence \"throttle: ...\" about Redis that matches %v", p.name, last, tc.want)
 				}
+				if strings.HasSuffix(last, "..") {
+					t.Errorf("%s: last line %q ends in \"..\"", p.name, last)
+				}
 				if strings.Contains(out, secret) {
 					t.Errorf("%s: the output holds the password:\n%s", p.name, out)
 				}

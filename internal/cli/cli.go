@@ -95,16 +95,20 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return ExitUsage
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "throttle: %s.\nRun '%s' for usage.\n", ue.msg, strings.TrimSpace("throttle help "+ue.help))
+		fmt.Fprintf(stderr, "throttle: %s.\nRun '%s' for usage.\n", sentence(ue.msg), strings.TrimSpace("throttle help "+ue.help))
 		return ExitUsage
 	case errors.As(err, new(*configError)):
-		fmt.Fprintf(stderr, "throttle: %s.\n", err)
+		fmt.Fprintf(stderr, "throttle: %s.\n", sentence(err.Error()))
 		return ExitUsage
 	default:
-		fmt.Fprintf(stderr, "throttle: %s.\n", err)
+		fmt.Fprintf(stderr, "throttle: %s.\n", sentence(err.Error()))
 		return ExitFailure
 	}
 }
+
+// sentence returns msg without the full stop that a server's message may
+// end in, so that the one Run adds is not doubled ("disabled..").
+func sentence(msg string) string { return strings.TrimRight(msg, ". ") }
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {

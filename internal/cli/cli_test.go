@@ -70,8 +70,8 @@ sink:
 		yaml string
 		want []string // each in stderr
 	}{
-		{"rate zero", strings.Replace(valid, "rate: 10", "rate: 0", 1), []string{"limit.rate: must be > 0, got 0"}},
-		{"negative burst", strings.Replace(valid, "rate: 10", "rate: 10, burst: -3", 1), []string{"limit.burst: must be >= 1, got -3"}},
+		{"rate zero", strings.Replace(valid, "rate: 10", "rate: 0", 1), []string{"limit.rate: must be a number > 0 and <= 1e+09, got 0"}},
+		{"negative burst", strings.Replace(valid, "rate: 10", "rate: 10, burst: -3", 1), []string{"limit.burst: must be >= 1 and <= 2147483647, got -3"}},
 		{"unknown key", valid + "metrics: {listn: 1.2.3.4:5}\n", []string{"metrics.listn", "unknown key"}},
 		{"missing source", strings.Replace(valid, "  rabbitmq:", "  # rabbitmq:", 1), []string{"source"}},
 		{"two sinks", valid + "  http: {url: \"http://127.0.0.1:1/x\"}\n", []string{"sink: exactly one of http, postgres, stdout"}},
@@ -200,6 +200,18 @@ func TestParseArgsInterspersed(t *testing.T) {
 		}
 		if strings.Join(pos, ",") != strings.Join(tt.wantPos, ",") || *on != tt.wantOn {
 			t.Errorf("%q: positional %q, --on %v; want %q, %v", tt.args, pos, *on, tt.wantPos, tt.wantOn)
+		}
+	}
+}
+
+func TestSentence(t *testing.T) {
+	for in, want := range map[string]string{
+		"redis: ERR scripts disabled.": "redis: ERR scripts disabled",
+		"no answer":                    "no answer",
+		"trailing. ":                   "trailing",
+	} {
+		if got := sentence(in); got != want {
+			t.Errorf("sentence(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

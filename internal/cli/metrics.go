@@ -45,12 +45,35 @@ type metrics struct {
 	backlog      *prometheus.GaugeVec
 	tokensTaken  prometheus.Counter
 	broker       string
+	// own holds the counters' series for broker, looked up once: the
+	// observers run for every message.
+	own brokerCounters
 
 	deliveredN atomic.Int64
 	waitingN   atomic.Int64
 	tokensN    atomic.Int64  // tokens taken, for the average cost of a message
 	grantsN    atomic.Int64  // successful waits
 	rateBits   atomic.Uint64 // math.Float64bits of the last effective rate
+}
+
+// brokerCounters are the per-message counters' series of one broker.
+type brokerCounters struct {
+	received, delivered, retried, deadLettered, failed prometheus.Counter
+}
+
+// counters returns the series of broker: the cached ones for the replica's
+// own broker, else looked up.
+func (m *metrics) counters(broker string) brokerCounters {
+	if broker == m.broker && m.own.received != nil {
+		return m.own
+	}
+	return brokerCounters{
+		received:     m.received.WithLabelValues(broker),
+		delivered:    m.delivered.WithLabelValues(broker),
+		retried:      m.retried.WithLabelValues(broker),
+		deadLettered: m.deadLettered.WithLabelValues(broker),
+		failed:       m.failed.WithLabelValues(broker),
+	}
 }
 
 // newMetrics registers every metric, with a series at zero for broker, so
@@ -112,9 +135,8 @@ func newMetrics(broker string) *metrics {
 		m.waitSeconds, m.waiting, m.tokens, m.rate, m.redisErrors, m.mode, m.backlog, m.tokensTaken, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if broker != "" {
-		for _, c := range []*prometheus.CounterVec{m.received, m.delivered, m.retried, m.deadLettered, m.failed, m.reconnects} {
-			c.WithLabelValues(broker)
-		}
+		m.reconnects.WithLabelValues(broker)
+		m.own = m.counters(broker)
 	}
 	m.setMode(limiter.ModeShared)
 	return m
@@ -167,17 +189,17 @@ func (m *metrics) effectiveRate() float64 { return math.Float64frombits(m.rateBi
 // consumerObserver returns the observer for the consumer.
 func (m *metrics) consumerObserver() *consumer.Observer {
 	return &consumer.Observer{
-		Received: func(msg consumer.Message) { m.received.WithLabelValues(msg.Source.Broker).Inc() },
+		Received: func(msg consumer.Message) { m.counters(msg.Source.Broker).received.Inc() },
 		Delivered: func(msg consumer.Message) {
-			m.delivered.WithLabelValues(msg.Source.Broker).Inc()
+			m.counters(msg.Source.Broker).delivered.Inc()
 			m.deliveredN.Add(1)
 		},
-		Failed: func(msg consumer.Message, _ error) { m.failed.WithLabelValues(msg.Source.Broker).Inc() },
+		Failed: func(msg consumer.Message, _ error) { m.counters(msg.Source.Broker).failed.Inc() },
 		Retried: func(msg consumer.Message, _ error, _ time.Duration) {
-			m.retried.WithLabelValues(msg.Source.Broker).Inc()
+			m.counters(msg.Source.Broker).retried.Inc()
 		},
 		DeadLettered: func(msg consumer.Message, _ error) {
-			m.deadLettered.WithLabelValues(msg.Source.Broker).Inc()
+			m.counters(msg.Source.Broker).deadLettered.Inc()
 		},
 		ReconnectAttempt: func(broker string, _ error) { m.reconnects.WithLabelValues(broker).Inc() },
 	}

@@ -200,7 +200,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		select {
 		case <-ctx.Done():
 			log.Info("shutting down: intake stopped, draining in-flight messages (a second signal exits at once)",
-				"drain_timeout", time.Duration(cfg.Delivery.DrainTimeout))
+				"drain_timeout", drainTimeout(cfg))
 			stopConsuming()
 		case <-runCtx.Done():
 		}
@@ -351,4 +351,13 @@ func logReplaceAttr(_ []string, a slog.Attr) slog.Attr {
 		a.Value = slog.StringValue(a.Value.Duration().String())
 	}
 	return a
+}
+
+// drainTimeout is how long the consumer drains: delivery.drain_timeout, or
+// the consumer's default when it is not set.
+func drainTimeout(cfg *config.Config) time.Duration {
+	if d := time.Duration(cfg.Delivery.DrainTimeout); d > 0 {
+		return d
+	}
+	return consumer.DefaultDrainTimeout
 }
