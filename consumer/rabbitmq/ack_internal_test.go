@@ -92,6 +92,8 @@ func newTestRun(t *testing.T, ctx context.Context, cfg Config, h consumer.Handle
 	hctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	r := &run{Consumer: c, hctx: hctx, cancelHandlers: cancel, sem: make(chan struct{}, c.cfg.Concurrency)}
+	r.startWorkers()
+	t.Cleanup(r.stopWorkers)
 	return &dispatcher{run: r, ctx: hctx, pub: pub}
 }
 

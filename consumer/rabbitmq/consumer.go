@@ -171,6 +171,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		cancelHandlers: cancelHandlers,
 		sem:            make(chan struct{}, c.cfg.Concurrency),
 	}
+	r.startWorkers()
+	defer r.stopWorkers()
 	defer r.drain() // handlers of broken sessions may still be returning
 	return c.loop(ctx, r)
 }

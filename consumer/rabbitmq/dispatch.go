@@ -18,9 +18,40 @@ type run struct {
 	*Consumer
 	hctx           context.Context // parent of every handler's context
 	cancelHandlers context.CancelFunc
-	sem            chan struct{} // one slot per running handler
-	wg             sync.WaitGroup
+	sem            chan struct{}  // one slot per running handler
+	work           chan task      // to the Concurrency workers
+	wg             sync.WaitGroup // tasks dispatched and not finished
+	workers        sync.WaitGroup
 	inflight       atomic.Int64 // deliveries taken and not yet settled
+}
+
+// task is a delivery for a worker, with the session it came from.
+type task struct {
+	p  *dispatcher
+	it item
+}
+
+// startWorkers starts the Concurrency long-lived handler goroutines, which
+// serve every session of the run; stopWorkers ends them once no task is
+// left. Long-lived workers keep their grown stacks, where a goroutine per
+// delivery would grow a new one each time.
+func (r *run) startWorkers() {
+	r.work = make(chan task, cap(r.sem))
+	for range cap(r.sem) {
+		r.workers.Add(1)
+		go func() {
+			defer r.workers.Done()
+			for t := range r.work {
+				t.p.run1(t.it)
+			}
+		}()
+	}
+}
+
+func (r *run) stopWorkers() {
+	r.wg.Wait()
+	close(r.work)
+	r.workers.Wait()
 }
 
 // item is a delivery with its message and, under OrderKey, its key.
@@ -51,36 +82,46 @@ type dispatcher struct {
 }
 
 // dispatch takes it, for which the caller holds a slot. The slot is given
-// back when the goroutine that handles it ends, or at once when it is
+// back when the worker that handles it is done, or at once when it is
 // queued behind its key.
 func (p *dispatcher) dispatch(it item) {
 	p.inflight.Add(1)
 	p.cfg.Observer.ObserveReceived(it.msg)
-	keyed := p.cfg.Ordering == consumer.OrderKey && it.keyErr == nil
-	if keyed && !p.keys.Push(it.key, it) {
+	if p.keyed(it) && !p.keys.Push(it.key, it) {
 		<-p.sem // queued: the key's owner handles it
 		return
 	}
 	p.wg.Add(1)
-	go func() {
-		defer func() {
-			<-p.sem
-			p.wg.Done()
-		}()
-		p.settle(it)
-		for keyed {
-			next, ok := p.keys.Next(it.key)
-			if !ok {
-				return
-			}
-			if p.stopping.Load() {
-				p.requeue(&next.d, nil)
-				p.inflight.Add(-1)
-				continue
-			}
-			p.settle(next)
-		}
+	p.work <- task{p: p, it: it} // never blocks: a slot is held, and there are as many workers
+}
+
+func (p *dispatcher) keyed(it item) bool {
+	return p.cfg.Ordering == consumer.OrderKey && it.keyErr == nil
+}
+
+// run1 handles it and, under OrderKey, the deliveries queued behind it,
+// then gives back the slot.
+func (p *dispatcher) run1(it item) {
+	defer func() {
+		<-p.sem
+		p.wg.Done()
 	}()
+	p.settle(it)
+	if !p.keyed(it) {
+		return
+	}
+	for {
+		next, ok := p.keys.Next(it.key)
+		if !ok {
+			return
+		}
+		if p.stopping.Load() {
+			p.requeue(&next.d, nil)
+			p.inflight.Add(-1)
+			continue
+		}
+		p.settle(next)
+	}
 }
 
 func (p *dispatcher) settle(it item) {

@@ -14,10 +14,10 @@ import (
 const Broker = "rabbitmq"
 
 // ToMessage converts a delivery from queue into a consumer.Message with
-// Attempt 1. The routing key becomes the Key; header values that are not
-// strings or byte slices are formatted with fmt.Sprint. Time is the AMQP
-// timestamp, or now when the publisher set none. The Body is shared with d,
-// not copied.
+// Attempt 1. The routing key becomes the Key (nil when empty); header
+// values that are not strings or byte slices are formatted with fmt.Sprint.
+// Time is the AMQP timestamp, or now when the publisher set none. The Body
+// is shared with d, not copied.
 func ToMessage(d amqp.Delivery, queue string) consumer.Message {
 	var headers map[string]string
 	if len(d.Headers) > 0 {
@@ -37,8 +37,12 @@ func ToMessage(d amqp.Delivery, queue string) consumer.Message {
 	if ts.IsZero() {
 		ts = time.Now()
 	}
+	var key []byte
+	if d.RoutingKey != "" {
+		key = []byte(d.RoutingKey)
+	}
 	return consumer.Message{
-		Key:     []byte(d.RoutingKey),
+		Key:     key,
 		Body:    d.Body,
 		Headers: headers,
 		Attempt: 1,
