@@ -1,5 +1,6 @@
-// Package config loads, expands, defaults, validates and redacts the YAML
-// configuration of the throttle binary.
+// Package config loads, expands, validates and redacts the YAML
+// configuration of the throttle binary, and maps it onto the configurations
+// of the libraries it drives.
 //
 // A configuration file looks like this (every key is optional unless noted;
 // see the field documentation for defaults and rules):
@@ -10,8 +11,8 @@
 //	  timeout: 250ms
 //	limit:
 //	  bucket: sms-outbound   # required
-//	  rate: 100              # required, tokens per second
-//	  burst: 200
+//	  rate: 100              # required: per second, or "6000/min", "5/h", "200000/d"
+//	  burst: 200             # omit for the default; 0 is an error
 //	source:                  # exactly one of kafka, rabbitmq
 //	  kafka:
 //	    brokers: ["127.0.0.1:9092"]
@@ -38,7 +39,21 @@
 // a variable's value cannot change the structure of the document. It happens
 // before values are converted to their Go types, so "rate: ${RATE:-100}"
 // works, and a value that expands to the empty string in a non-string field
-// is treated as absent. Mapping keys are never expanded.
+// is treated as absent. Mapping keys are never expanded. Expansion happens
+// here only: the libraries take values as given, so a secret holding "$" is
+// never expanded twice. In a YAML flow mapping ({...}) a value holding
+// ${NAME} must be quoted, since "{" is YAML syntax there.
+//
+// # One source of truth
+//
+// Settings handed to a library are checked by that library's exported
+// validation (httpsink.Config.Validate, postgres.Config.Validate,
+// redislimiter.ValidateBucketName, limiter.ValidateRate, limiter.ParseRate)
+// and defaulted by it: a zero field means the library's default, and
+// config repeats neither rules nor defaults. Library errors name Go fields;
+// config reports them under the YAML key. Where 0 means nothing (burst,
+// timeouts, concurrency, ...), writing 0 in YAML is an error naming the key,
+// while leaving the key out gives the default.
 //
 // # Errors
 //
@@ -51,5 +66,6 @@
 //
 // Error messages never echo password values. Use [Config.Redacted] or
 // [Config.String] to log a configuration, and [RedactURL] to log a URL or
-// connection string.
+// connection string; secrets become "xxxxx" (internal/redact, the one
+// implementation).
 package config
