@@ -61,6 +61,7 @@ Usage:
   throttle bucket fill [NAME] [flags]      fill the bucket before a known peak
   throttle bucket reset [NAME] [flags]     forget the bucket's state and override
   throttle bucket list [flags]             every bucket in Redis, with its status
+  throttle bucket watch [NAME] [flags]     a live view of a bucket, redrawn every second
   throttle healthcheck [--url URL]         exit 0 if a replica's /healthz answers (for containers)
   throttle version                         print the version
   throttle help [COMMAND]                  show help for a command
@@ -120,6 +121,9 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case "run":
 		return cmdRun(ctx, rest, stdout, stderr)
 	case "bucket":
+		if len(rest) > 0 && rest[0] == "watch" { // watch.go
+			return cmdBucketWatch(ctx, rest[1:], stdout)
+		}
 		return cmdBucket(ctx, rest, stdout)
 	case "demo":
 		return cmdDemo(ctx, rest, stdout, stderr)
@@ -142,16 +146,17 @@ Prints the version, the commit and the Go version the binary was built with.
 
 func cmdHelp(args []string, stdout io.Writer) error {
 	topic := strings.Join(args, " ")
-	if strings.HasPrefix(topic, "bucket ") {
+	if strings.HasPrefix(topic, "bucket ") && topic != "bucket watch" {
 		topic = "bucket"
 	}
 	text, ok := map[string]string{
-		"":            usageText,
-		"run":         runHelp,
-		"bucket":      bucketHelp,
-		"demo":        demoHelp,
-		"healthcheck": healthcheckHelp,
-		"version":     versionHelp,
+		"":             usageText,
+		"run":          runHelp,
+		"bucket":       bucketHelp,
+		"bucket watch": watchHelp,
+		"demo":         demoHelp,
+		"healthcheck":  healthcheckHelp,
+		"version":      versionHelp,
 	}[topic]
 	if !ok {
 		return &usageError{msg: fmt.Sprintf("no help for %q", strings.Join(args, " "))}

@@ -1,0 +1,526 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/term"
+
+	"github.com/throttlehq/throttle/internal/redisconn"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
+)
+
+const watchHelp = `Usage:
+  throttle bucket watch [NAME] (--config FILE | --redis ADDR) [--interval D]
+
+A live view of a shared bucket, for an operator during an incident. It reads
+only Redis (no Prometheus), and redraws every second until Ctrl-C:
+
+  tokens     the tokens in the bucket now, of its burst
+  rate       the effective rate, and where it comes from: the runtime
+             override ('bucket set'), else the configured rate; the
+             adaptive rate when the bucket has one (none yet)
+  paused     a push-back pause, and how long it still holds
+  delivered  the rate the replicas were granted tokens at, with a
+             sparkline of the last minute
+  replicas   each live replica and what its heartbeat reports: its mode
+             (shared, local, closed, open), the rate it was granted tokens
+             at, the messages waiting for tokens, and its configured limits
+  layers     the extra layers of the bucket and their exceeded counts
+             (none yet)
+
+The delivered rate comes from the replicas' heartbeats when they report
+their granted tokens; otherwise it is estimated from the bucket's own
+tokens and refill, which undercounts while the bucket is full.
+
+When standard output is not a terminal, it prints one line per interval
+instead, for logs and scripts:
+  TIME BUCKET tokens=T/B rate=R/s(SOURCE) paused=D replicas=N delivered=R/s waiting=W
+
+Flags:
+  --config FILE   the replicas' YAML configuration (Redis and the configured limits)
+  --redis ADDR    Redis host:port, when no config file is at hand
+  --interval D    how often to redraw (default 1s)
+`
+
+// sparkTicks are the sparkline's levels, lowest first.
+var sparkTicks = []rune("▁▂▃▄▅▆▇█")
+
+// watchWindow is how far back the sparkline reaches, in at most
+// sparkCells cells.
+const (
+	watchWindow = time.Minute
+	sparkCells  = 60
+)
+
+func cmdBucketWatch(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := newFlagSet("bucket watch")
+	cfgPath := fs.String("config", "", "")
+	addr := fs.String("redis", "", "")
+	interval := fs.Duration("interval", time.Second, "")
+	pos, err := parseArgs(fs, args, watchHelp, stdout)
+	if err != nil {
+		return err
+	}
+	help := fs.Name()
+	switch {
+	case len(pos) > 1:
+		return usagef(help, "unexpected argument %q", pos[1])
+	case *cfgPath != "" && *addr != "":
+		return usagef(help, "use either --config or --redis, not both")
+	case *cfgPath == "" && *addr == "":
+		return usagef(help, "bucket watch needs --config FILE or --redis ADDR")
+	case *addr != "" && len(pos) == 0:
+		return usagef(help, "bucket watch needs the bucket NAME with --redis")
+	case *interval < 10*time.Millisecond:
+		return usagef(help, "--interval must be at least 10ms, got %v", *interval)
+	}
+	cfg, rc, err := adminRedis(*cfgPath, *addr, help)
+	if err != nil {
+		return err
+	}
+	name := cfg.Limit.Bucket
+	if len(pos) == 1 {
+		name = pos[0]
+	}
+	if err := redislimiter.ValidateBucketName(name); err != nil {
+		return usagef(help, "bucket NAME: %v", err)
+	}
+	client, err := redisconn.New(rc)
+	if err != nil {
+		return &configError{err: err}
+	}
+	defer client.Close()
+	w := &watcher{name: name, client: client, interval: *interval}
+	if *cfgPath != "" && name == cfg.Limit.Bucket {
+		w.configured = &limitsJSON{Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst}
+		w.from = *cfgPath
+	}
+	return w.run(ctx, stdout, isTerminal(stdout))
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// watcher samples one bucket in Redis and shows it.
+type watcher struct {
+	name     string
+	client   redislimiter.Client
+	interval time.Duration
+	// configured is set when --config gave the bucket's limits; from
+	// names the file.
+	configured *limitsJSON
+	from       string
+}
+
+// sample is what one read of Redis found.
+type sample struct {
+	at       time.Time // Redis's clock, or the local one if Redis gave none
+	status   redislimiter.BucketStatus
+	replicas []redislimiter.Replica
+	// configured and from are the limits used to read the bucket: from
+	// --config, or those every live replica reports; nil if unknown.
+	configured *limitsJSON
+	from       string
+}
+
+// read takes one sample: the live replicas, then the bucket's status with
+// the configured limits they agree on.
+func (w *watcher) read(ctx context.Context) (sample, error) {
+	ctx, cancel := context.WithTimeout(ctx, max(w.interval, adminTimeout/5))
+	defer cancel()
+	s := sample{configured: w.configured, from: w.from}
+	admin, err := redislimiter.NewAdmin(w.client, redislimiter.AdminConfig{Bucket: w.name})
+	if err != nil {
+		return s, err
+	}
+	if s.replicas, err = admin.Replicas(ctx); err != nil {
+		return s, err
+	}
+	if s.configured == nil {
+		if c, ok := agreedConfig(s.replicas); ok {
+			s.configured, s.from = &c, "reported by "+plural(len(s.replicas), "live replica")
+		}
+	}
+	if s.configured != nil {
+		admin, err = redislimiter.NewAdmin(w.client, redislimiter.AdminConfig{Bucket: w.name, Rate: s.configured.Rate, Burst: s.configured.Burst})
+		if err != nil {
+			return s, err
+		}
+	}
+	if s.status, err = admin.Status(ctx); err != nil {
+		return s, err
+	}
+	s.at = s.status.At
+	if s.at.IsZero() {
+		s.at = time.Now()
+	}
+	return s, nil
+}
+
+// run samples every interval and draws each sample until ctx ends. A
+// failed read is shown and retried at the next interval.
+func (w *watcher) run(ctx context.Context, out io.Writer, tty bool) error {
+	if tty {
+		fmt.Fprint(out, "\x1b[?25l\x1b[2J") // hide the cursor, clear the screen
+		defer fmt.Fprint(out, "\x1b[?25h\n")
+	}
+	hist := newWatchHistory(w.name, w.interval)
+	t := time.NewTicker(w.interval)
+	defer t.Stop()
+	for {
+		s, err := w.read(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		v := hist.add(s, err, time.Now())
+		if tty {
+			fmt.Fprint(out, "\x1b[H"+strings.ReplaceAll(renderWatch(v), "\n", "\x1b[K\n")+"\x1b[J")
+		} else {
+			fmt.Fprintln(out, watchLine(v))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// replicaView is one live replica as shown.
+type replicaView struct {
+	id         string
+	configured *limitsJSON
+	// reported is set when the heartbeat carries the replica's report;
+	// then mode, delivered and waiting are known.
+	reported  bool
+	mode      string
+	delivered float64 // tokens granted per second since the last sample; NaN before the second
+	waiting   int
+}
+
+// watchView is everything one frame shows. It is a plain value, built by
+// watchHistory.add and drawn by renderWatch and watchLine.
+type watchView struct {
+	bucket   string
+	now      time.Time
+	interval time.Duration
+	err      error // the last read failed; the rest is from the last good one
+	ok       bool  // a read has succeeded at least once
+
+	status     redislimiter.BucketStatus
+	configured *limitsJSON
+	from       string
+	replicas   []replicaView
+	// delivered is the granted rate over the last interval; NaN when not
+	// known yet. estimated says it comes from the bucket's tokens, not
+	// from the replicas' reports.
+	delivered float64
+	estimated bool
+	// spark are the delivered rates of the last minute, oldest first;
+	// NaN where unknown.
+	spark []float64
+}
+
+// watchHistory turns successive samples into views: rates from the
+// differences between samples, and the last minute of delivered rates.
+type watchHistory struct {
+	bucket   string
+	interval time.Duration
+	last     *sample
+	lastView watchView
+	spark    []float64
+}
+
+func newWatchHistory(bucket string, interval time.Duration) *watchHistory {
+	n := max(2, int(math.Ceil(float64(watchWindow)/float64(interval))))
+	spark := make([]float64, n)
+	for i := range spark {
+		spark[i] = math.NaN()
+	}
+	return &watchHistory{bucket: bucket, interval: interval, spark: spark}
+}
+
+// add records a sample (or the error that replaced it) taken at now and
+// returns the view to draw.
+func (h *watchHistory) add(s sample, err error, now time.Time) watchView {
+	if err != nil {
+		v := h.lastView
+		v.bucket, v.now, v.interval, v.err = h.bucket, now, h.interval, err
+		h.push(math.NaN())
+		v.spark = h.sparkCopy()
+		v.delivered = math.NaN()
+		h.lastView = v
+		return v
+	}
+	v := watchView{
+		bucket: h.bucket, now: now, interval: h.interval, ok: true,
+		status: s.status, configured: s.configured, from: s.from,
+		delivered: math.NaN(),
+	}
+	for _, r := range s.replicas {
+		rv := replicaView{id: r.ID, delivered: math.NaN()}
+		if r.Burst > 0 {
+			rv.configured = &limitsJSON{Rate: r.Rate, Burst: r.Burst}
+		}
+		v.replicas = append(v.replicas, rv)
+	}
+	if p := h.last; p != nil {
+		if dt := s.at.Sub(p.at).Seconds(); dt > 0 {
+			v.delivered, v.estimated = estimateDelivered(p.status, s.status, dt)
+		}
+	}
+	h.last = &s
+	h.push(v.delivered)
+	v.spark = h.sparkCopy()
+	h.lastView = v
+	return v
+}
+
+func (h *watchHistory) push(x float64) {
+	copy(h.spark, h.spark[1:])
+	h.spark[len(h.spark)-1] = x
+}
+
+func (h *watchHistory) sparkCopy() []float64 { return append([]float64(nil), h.spark...) }
+
+// estimateDelivered estimates the tokens granted per second between two
+// reads of the bucket, dt seconds apart, from its refill and its tokens:
+// granted = before + refill − after. It needs both token counts and the
+// same rate, and no pause (which stops the refill); it undercounts while
+// the bucket is full, since the refill above the burst is lost. It
+// returns NaN when it cannot tell.
+func estimateDelivered(before, after redislimiter.BucketStatus, dt float64) (float64, bool) {
+	if !before.TokensKnown || !after.TokensKnown || before.Rate != after.Rate || before.PausedFor > 0 || after.PausedFor > 0 {
+		return math.NaN(), true
+	}
+	granted := before.Tokens + after.Rate*dt - after.Tokens
+	return max(0, granted/dt), true
+}
+
+// rateSource names where the effective rate comes from.
+func rateSource(v watchView) string {
+	switch {
+	case v.status.Override != nil && !v.status.Override.Ignored:
+		return "override"
+	case v.configured != nil:
+		return "configured"
+	}
+	return "unknown"
+}
+
+// renderWatch draws the full-screen view.
+func renderWatch(v watchView) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "throttle bucket watch: %s   %s   (every %v; Ctrl-C quits)\n\n", v.bucket, v.now.UTC().Format("2006-01-02 15:04:05 UTC"), v.interval)
+	if v.err != nil {
+		fmt.Fprintf(&b, "  ! reading Redis failed: %v (retrying; figures below are from the last good read)\n\n", v.err)
+	}
+	if !v.ok {
+		return b.String()
+	}
+	line := func(k, format string, args ...any) { fmt.Fprintf(&b, "  %-11s %s\n", k, fmt.Sprintf(format, args...)) }
+	st := v.status
+	if st.TokensKnown {
+		line("tokens", "%s of %d  %s", formatTokens(st.Tokens), st.Burst, gauge(st.Tokens, float64(st.Burst), 20))
+	} else {
+		line("tokens", "unknown: the burst is in each replica's config; pass --config FILE")
+	}
+	switch {
+	case st.Rate <= 0:
+		line("rate", "each replica's configured rate; pass --config FILE to see it")
+	case st.PausedFor > 0:
+		line("rate", "0/s while paused, then %s (%s)", formatRate(st.Rate), rateSource(v))
+	default:
+		line("rate", "%s (%s)", formatRate(st.Rate), rateSource(v))
+	}
+	if o := st.Override; o != nil {
+		exp := "until cleared"
+		if o.ExpiresIn > 0 {
+			exp = "expires in " + o.ExpiresIn.Round(time.Second).String()
+		}
+		switch {
+		case o.Ignored:
+			line("override", "ignored: Redis holds rate %q burst %q, not valid numbers", o.RawRate, o.RawBurst)
+		case o.Burst > 0:
+			line("override", "%s, burst %d, %s", formatRate(o.Rate), o.Burst, exp)
+		default:
+			line("override", "%s, each replica's burst, %s", formatRate(o.Rate), exp)
+		}
+	} else {
+		line("override", "none")
+	}
+	if c := v.configured; c != nil {
+		line("configured", "%s, burst %d (%s)", formatRate(c.Rate), c.Burst, v.from)
+	} else {
+		line("configured", "unknown: the live replicas do not agree or report none; pass --config FILE")
+	}
+	line("adaptive", "none")
+	if st.PausedFor > 0 {
+		line("paused", "for %v more: a sink asked to slow down", roundDuration(st.PausedFor.Seconds()))
+	} else {
+		line("paused", "no")
+	}
+	how := ""
+	if v.estimated {
+		how = " (estimated from the bucket's tokens)"
+	}
+	line("delivered", "%s%s", formatMaybeRate(v.delivered), how)
+	cells := downsample(v.spark, sparkCells)
+	lo, hi := sparkRange(cells)
+	line("", "%s  last %v, %s–%s", sparkline(cells), watchWindow, formatMaybeRate(lo), formatMaybeRate(hi))
+	b.WriteString("\n")
+	if len(v.replicas) == 0 {
+		line("replicas", "none alive")
+	} else {
+		line("replicas", "%d alive", len(v.replicas))
+		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "    ID\tMODE\tDELIVERED\tWAITING\tCONFIGURED")
+		for _, r := range v.replicas {
+			mode, delivered, waiting := "?", "?", "?"
+			if r.reported {
+				mode, delivered, waiting = r.mode, formatMaybeRate(r.delivered), strconv.Itoa(r.waiting)
+			}
+			conf := "not reported"
+			if c := r.configured; c != nil {
+				conf = fmt.Sprintf("%s burst %d", formatRate(c.Rate), c.Burst)
+			}
+			fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\n", r.id, mode, delivered, waiting, conf)
+		}
+		tw.Flush()
+	}
+	b.WriteString("\n")
+	line("layers", "none")
+	return b.String()
+}
+
+// watchLine is the one-line form, for a standard output that is not a
+// terminal.
+func watchLine(v watchView) string {
+	ts := v.now.UTC().Format(time.RFC3339)
+	if !v.ok {
+		return fmt.Sprintf("%s %s error=%q", ts, v.bucket, fmt.Sprint(v.err))
+	}
+	st := v.status
+	tokens := "?"
+	if st.TokensKnown {
+		tokens = formatTokens(st.Tokens) + "/" + strconv.Itoa(st.Burst)
+	}
+	rate := "?"
+	if st.Rate > 0 {
+		rate = formatRate(st.Rate) + "(" + rateSource(v) + ")"
+	}
+	waiting, reported := 0, false
+	for _, r := range v.replicas {
+		if r.reported {
+			waiting += r.waiting
+			reported = true
+		}
+	}
+	w := "?"
+	if reported {
+		w = strconv.Itoa(waiting)
+	}
+	line := fmt.Sprintf("%s %s tokens=%s rate=%s paused=%v replicas=%d delivered=%s waiting=%s",
+		ts, v.bucket, tokens, rate, roundDuration(st.PausedFor.Seconds()), len(v.replicas), formatMaybeRate(v.delivered), w)
+	if v.err != nil {
+		line += fmt.Sprintf(" error=%q", v.err.Error())
+	}
+	return line
+}
+
+// formatTokens rounds tokens to one decimal.
+func formatTokens(t float64) string {
+	return strconv.FormatFloat(math.Round(t*10)/10, 'f', -1, 64)
+}
+
+// formatMaybeRate formats a rate rounded to one decimal, or "?" for NaN.
+func formatMaybeRate(r float64) string {
+	if math.IsNaN(r) {
+		return "?"
+	}
+	return formatRate(math.Round(r*10) / 10)
+}
+
+// gauge draws x of full as a bar of width cells.
+func gauge(x, full float64, width int) string {
+	n := 0
+	if full > 0 {
+		n = int(math.Round(math.Max(0, math.Min(1, x/full)) * float64(width)))
+	}
+	return "[" + strings.Repeat("█", n) + strings.Repeat("░", width-n) + "]"
+}
+
+// sparkline draws one cell per value, scaled from 0 to the largest value;
+// an unknown (NaN) value is a blank.
+func sparkline(vals []float64) string {
+	_, hi := sparkRange(vals)
+	var b strings.Builder
+	for _, x := range vals {
+		switch {
+		case math.IsNaN(x):
+			b.WriteRune(' ')
+		case hi <= 0:
+			b.WriteRune(sparkTicks[0])
+		default:
+			i := int(x / hi * float64(len(sparkTicks)-1))
+			b.WriteRune(sparkTicks[max(0, min(len(sparkTicks)-1, i))])
+		}
+	}
+	return b.String()
+}
+
+// downsample averages vals into at most n cells, oldest first, each the
+// mean of the known values of consecutive groups; the last cell holds the
+// newest values. A cell without a known value is NaN.
+func downsample(vals []float64, n int) []float64 {
+	if len(vals) <= n {
+		return vals
+	}
+	group := (len(vals) + n - 1) / n
+	var out []float64
+	// Groups end at the newest value; the oldest group may be partial.
+	for end := len(vals); end > 0; end -= group {
+		sum, k := 0.0, 0
+		for _, x := range vals[max(0, end-group):end] {
+			if !math.IsNaN(x) {
+				sum, k = sum+x, k+1
+			}
+		}
+		if k == 0 {
+			out = append(out, math.NaN())
+		} else {
+			out = append(out, sum/float64(k))
+		}
+	}
+	slices.Reverse(out)
+	return out
+}
+
+// sparkRange returns the smallest and largest known value, NaN if none.
+func sparkRange(vals []float64) (lo, hi float64) {
+	lo, hi = math.NaN(), math.NaN()
+	for _, x := range vals {
+		if math.IsNaN(x) {
+			continue
+		}
+		if math.IsNaN(lo) || x < lo {
+			lo = x
+		}
+		if math.IsNaN(hi) || x > hi {
+			hi = x
+		}
+	}
+	return lo, hi
+}

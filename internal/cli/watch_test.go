@@ -1,0 +1,320 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+
+	"github.com/throttlehq/throttle/internal/testenv"
+	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
+)
+
+func TestSparkline(t *testing.T) {
+	nan := math.NaN()
+	for _, tc := range []struct {
+		vals []float64
+		want string
+	}{
+		{[]float64{nan, nan}, "  "},
+		{[]float64{0, 0, nan}, "▁▁ "},
+		{[]float64{nan, 0, 4, 8}, " ▁▄█"},
+		{[]float64{10, 5, 0}, "█▄▁"},
+	} {
+		if got := sparkline(tc.vals); got != tc.want {
+			t.Errorf("sparkline(%v) = %q, want %q", tc.vals, got, tc.want)
+		}
+	}
+}
+
+func TestDownsample(t *testing.T) {
+	nan := math.NaN()
+	// Groups of 3 ending at the newest value: [NaN 1 2] [3 4 5] [NaN NaN 9].
+	vals := []float64{nan, 1, 2, 3, 4, 5, nan, nan, 9}
+	if got := downsample(vals, 3); len(got) != 3 || got[0] != 1.5 || got[1] != 4 || got[2] != 9 {
+		t.Errorf("downsample(%v, 3) = %v, want [1.5 4 9]", vals, got)
+	}
+	// Groups of 3 from the newest: [2 4 6], then the partial [NaN NaN].
+	if got := downsample([]float64{nan, nan, 2, 4, 6}, 2); len(got) != 2 || !math.IsNaN(got[0]) || got[1] != 4 {
+		t.Errorf("downsample into 2 = %v, want [NaN 4]", got)
+	}
+	if got := downsample([]float64{1, 2}, 60); len(got) != 2 {
+		t.Errorf("fewer values than cells: %v, want them as they are", got)
+	}
+}
+
+// TestWatchHistorySteps feeds samples at fixed instants and checks what
+// each frame shows.
+func TestWatchHistorySteps(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	conf := &limitsJSON{Rate: 50, Burst: 50}
+	st := func(tokens, rate float64, paused time.Duration, o *redislimiter.Override) redislimiter.BucketStatus {
+		return redislimiter.BucketStatus{Bucket: "sms", Rate: rate, Burst: 50, TokensKnown: true, Tokens: tokens, PausedFor: paused, Override: o}
+	}
+	reps := []redislimiter.Replica{{ID: "r1", Rate: 50, Burst: 50}, {ID: "r2"}}
+	h := newWatchHistory("sms", time.Second)
+	steps := []struct {
+		at   time.Duration
+		s    redislimiter.BucketStatus
+		err  error
+		want []string // in the full-screen view
+		line string   // the one-line view
+	}{
+		{0, st(40, 50, 0, nil), nil,
+			[]string{"tokens      40 of 50", "rate        50/s (configured)", "override    none", "delivered   ?", "paused      no", "2 alive", "r1", "not reported", "layers      none"},
+			"2026-12-01T03:00:00Z sms tokens=40/50 rate=50/s(configured) paused=0s replicas=2 delivered=? waiting=?"},
+		// 40 + 50·1 − 30 = 60 tokens granted in the second.
+		{time.Second, st(30, 50, 0, nil), nil,
+			[]string{"delivered   60/s (estimated from the bucket's tokens)", "last 1m0s, 60/s–60/s"},
+			"2026-12-01T03:00:01Z sms tokens=30/50 rate=50/s(configured) paused=0s replicas=2 delivered=60/s waiting=?"},
+		// An override to 80/s: the rate changed, so no estimate.
+		{3 * time.Second, st(50, 80, 0, &redislimiter.Override{Rate: 80, ExpiresIn: 90 * time.Second}), nil,
+			[]string{"rate        80/s (override)", "override    80/s, each replica's burst, expires in 1m30s", "delivered   ?"},
+			"2026-12-01T03:00:03Z sms tokens=50/50 rate=80/s(override) paused=0s replicas=2 delivered=? waiting=?"},
+		{4 * time.Second, st(50, 80, 2*time.Second, &redislimiter.Override{Rate: 80}), nil,
+			[]string{"rate        0/s while paused, then 80/s (override)", "paused      for 2s more", "override    80/s, each replica's burst, until cleared"},
+			"2026-12-01T03:00:04Z sms tokens=50/50 rate=80/s(override) paused=2s replicas=2 delivered=? waiting=?"},
+		{5 * time.Second, redislimiter.BucketStatus{}, errors.New("dial tcp: connection refused"),
+			[]string{"! reading Redis failed: dial tcp: connection refused", "rate        0/s while paused"},
+			`2026-12-01T03:00:05Z sms tokens=50/50 rate=80/s(override) paused=2s replicas=2 delivered=? waiting=? error="dial tcp: connection refused"`},
+	}
+	for i, s := range steps {
+		now := t0.Add(s.at)
+		v := h.add(sample{at: now, status: s.s, replicas: reps, configured: conf, from: "throttle.yaml"}, s.err, now)
+		screen := renderWatch(v)
+		for _, w := range s.want {
+			if !strings.Contains(screen, w) {
+				t.Errorf("step %d: screen lacks %q:\n%s", i, w, screen)
+			}
+		}
+		if got := watchLine(v); got != s.line {
+			t.Errorf("step %d: line\n got %s\nwant %s", i, got, s.line)
+		}
+	}
+	// The first six cells of the sparkline are the oldest: blanks.
+	if got := h.spark[len(h.spark)-5:]; !math.IsNaN(got[0]) || got[1] != 60 || !math.IsNaN(got[2]) {
+		t.Errorf("sparkline values %v: want NaN, 60, NaN, ...", got)
+	}
+}
+
+func TestWatchUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"bucket", "watch"},
+		{"bucket", "watch", "--redis", "127.0.0.1:6379"},
+		{"bucket", "watch", "a", "b", "--redis", "127.0.0.1:6379"},
+		{"bucket", "watch", "a", "--redis", "127.0.0.1:6379", "--config", "x.yaml"},
+		{"bucket", "watch", "a", "--redis", "127.0.0.1:6379", "--interval", "1ms"},
+	} {
+		if code, _, stderr := runCLI(t, args...); code != ExitUsage {
+			t.Errorf("%q: exit %d, want %d; stderr %s", args, code, ExitUsage, stderr)
+		}
+	}
+	if code, stdout, _ := runCLI(t, "bucket", "watch", "--help"); code != ExitOK || !strings.Contains(stdout, "throttle bucket watch") {
+		t.Errorf("--help: exit %d, output %q", code, stdout)
+	}
+}
+
+// runningBucket starts a replica of bucket name at rate/s that takes
+// tokens as fast as it may until the test ends, and waits until its
+// heartbeat is in Redis.
+func runningBucket(t *testing.T, addr, name string, rate float64, burst int) {
+	t.Helper()
+	_, store := redisStore(t, addr, name, rate, burst)
+	b, err := limiter.New(store, limiter.Options{ReplicaID: "watched-replica"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			_ = b.Wait(ctx, 1)
+		}
+	})
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		b.Close()
+		runCLI(t, "bucket", "reset", "--redis", addr, name)
+	})
+	wctx := testenv.Context(t, 10*time.Second)
+	for {
+		reps, err := store.Admin().Replicas(wctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(reps) > 0 {
+			return
+		}
+		select {
+		case <-wctx.Done():
+			t.Fatal("the replica never sent a heartbeat")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// TestWatchNotTerminal checks the one-line form on a standard output that
+// is not a terminal.
+func TestWatchNotTerminal(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	name := testenv.Name(t, "watch")
+	runningBucket(t, addr, name, 50, 50)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out testenv.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- Run(ctx, []string{"bucket", "watch", name, "--redis", addr, "--interval", "100ms"}, &out, io.Discard)
+	}()
+	deadline := time.After(10 * time.Second)
+	for strings.Count(out.String(), "\n") < 3 {
+		select {
+		case <-deadline:
+			t.Fatalf("3 lines expected within 10s, got %q", out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	cancel()
+	if code := <-done; code != ExitOK {
+		t.Errorf("exit %d after cancel, want 0", code)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	for _, l := range lines {
+		if strings.Contains(l, "\x1b") || !strings.Contains(l, " "+name+" tokens=") || !strings.Contains(l, "rate=50/s(configured) ") || !strings.Contains(l, " replicas=1 ") {
+			t.Errorf("line %q: want plain text with the bucket, its tokens, rate 50/s (configured) and 1 replica", l)
+		}
+	}
+	if !strings.Contains(lines[len(lines)-1], "delivered=") || strings.HasSuffix(lines[len(lines)-1], "delivered=?") {
+		t.Errorf("last line %q: want a delivered rate", lines[len(lines)-1])
+	}
+}
+
+// screen collects what a program writes to a pseudo-terminal.
+type screen struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+// frame returns the last complete frame: the text between the last two
+// cursor-home sequences.
+func (s *screen) frame() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	frames := strings.Split(s.buf.String(), "\x1b[H")
+	if len(frames) < 3 {
+		return ""
+	}
+	return strings.ReplaceAll(strings.ReplaceAll(frames[len(frames)-2], "\x1b[K", ""), "\x1b[J", "")
+}
+
+// waitFrame waits until a frame holds every string of want.
+func (s *screen) waitFrame(t *testing.T, d time.Duration, want ...string) string {
+	t.Helper()
+	return s.waitFrameFunc(t, d, fmt.Sprintf("%q", want), func(f string) bool {
+		for _, w := range want {
+			if !strings.Contains(f, w) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// waitFrameFunc waits until a frame satisfies ok, described by what.
+func (s *screen) waitFrameFunc(t *testing.T, d time.Duration, what string, ok func(string) bool) string {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		f := s.frame()
+		if f != "" && ok(f) {
+			return f
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("no frame with %s within %v; last frame:\n%s", what, d, f)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// TestWatchTerminal runs bucket watch on a pseudo-terminal against a
+// running bucket and checks that the screen shows the rate change made by
+// bucket set.
+func TestWatchTerminal(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	name := testenv.Name(t, "watch")
+	runningBucket(t, addr, name, 50, 50)
+	ptmx, tty, err := pty.Open()
+	if err != nil {
+		t.Skipf("no pseudo-terminal: %v", err)
+	}
+	defer ptmx.Close()
+	defer tty.Close()
+	if err := pty.Setsize(ptmx, &pty.Winsize{Rows: 40, Cols: 120}); err != nil {
+		t.Fatal(err)
+	}
+	var scr screen
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		buf := make([]byte, 4096)
+		for {
+			n, err := ptmx.Read(buf)
+			scr.mu.Lock()
+			scr.buf.Write(buf[:n])
+			scr.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- Run(ctx, []string{"bucket", "watch", name, "--redis", addr, "--interval", "200ms"}, tty, os.Stderr)
+	}()
+
+	f := scr.waitFrame(t, 10*time.Second, "rate        50/s (configured)", "override    none", "1 alive", "watched-replica", "50/s burst 50")
+	if !strings.Contains(f, "throttle bucket watch: "+name) {
+		t.Errorf("frame lacks the title:\n%s", f)
+	}
+	if code, _, stderr := runCLI(t, "bucket", "set", name, "--redis", addr, "--rate", "80", "--for", "1m"); code != ExitOK {
+		t.Fatalf("bucket set: exit %d: %s", code, stderr)
+	}
+	scr.waitFrame(t, 10*time.Second, "rate        80/s (override)", "override    80/s, each replica's burst, expires in")
+	// The replica takes 80 tokens a second now; the estimate from the
+	// bucket follows within a few frames.
+	f = scr.waitFrameFunc(t, 10*time.Second, "a delivered rate near 80/s", func(f string) bool {
+		_, rest, ok := strings.Cut(f, "delivered   ")
+		rate, _, ok2 := strings.Cut(rest, "/s")
+		r, err := strconv.ParseFloat(rate, 64)
+		return ok && ok2 && err == nil && r > 60 && r < 100
+	})
+	t.Logf("screen:\n%s", f)
+
+	cancel()
+	if code := <-done; code != ExitOK {
+		t.Errorf("exit %d after cancel, want 0", code)
+	}
+	tty.Close()
+	<-readDone
+	scr.mu.Lock()
+	tail := scr.buf.String()
+	scr.mu.Unlock()
+	if !strings.Contains(tail, "\x1b[?25h") {
+		t.Error("the cursor was not shown again at exit")
+	}
+}
