@@ -68,6 +68,7 @@ func TestFaultRedisRefusesAtStart(t *testing.T) {
 				}
 				out := p.out.String()
 				last := faultLastLine(out)
+				t.Logf("%s: exit 1: %s", p.name, last)
 				if !strings.HasPrefix(last, "throttle: ") || !strings.Contains(strings.ToLower(last), "redis") || !tc.want.MatchString(last) {
 					t.Errorf("%s: last line %q, want one sentence \"throttle: ...\" about Redis that matches %v", p.name, last, tc.want)
 				}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -116,6 +117,19 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		}
 	}()
 
+	log.Info("starting",
+		"version", version,
+		"replica", bucket.ReplicaID(),
+		"bucket", cfg.Limit.Bucket,
+		"rate", cfg.Limit.Rate,
+		"burst", cfg.Limit.Burst,
+		"source", describeSource(cfg.Source),
+		"sink", describeSink(cfg.Sink))
+	log.Debug("configuration", "config", cfg.String())
+	if err := checkBucket(ctx, cfg.Redis, bucket, store, m, log); err != nil {
+		return err
+	}
+
 	sink, closeSink, err := newSink(ctx, cfg.Sink, rio.stdout)
 	if err != nil {
 		return err
@@ -163,17 +177,6 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		log.Info("serving metrics", "addr", srv.addr.String(), "paths", "/metrics /healthz /readyz")
 	}
 
-	log.Info("starting",
-		"version", version,
-		"replica", bucket.ReplicaID(),
-		"bucket", cfg.Limit.Bucket,
-		"rate", cfg.Limit.Rate,
-		"burst", cfg.Limit.Burst,
-		"source", describeSource(cfg.Source),
-		"sink", describeSink(cfg.Sink))
-	log.Debug("configuration", "config", cfg.String())
-	checkBucket(ctx, bucket, store, m, log)
-
 	runCtx, stopMonitor := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -216,27 +219,33 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 	return nil
 }
 
-// checkBucket reads the bucket once at start-up, to fill the gauges, to
-// warn early about an unreachable Redis, and to warn when the live replicas
-// are configured with other limits than this one and no override settles
-// it: the bucket would follow whichever replica asked last.
-func checkBucket(ctx context.Context, b *limiter.Bucket, store *redislimiter.Store, m *metrics, log *slog.Logger) {
+// checkBucket reads the bucket once at start-up: it returns an error when
+// Redis refuses this replica (a wrong password or user, missing
+// permissions, a wrong db, scripts disabled), which waiting will not cure.
+// Otherwise it fills the gauges, warns early about an unreachable Redis,
+// and warns when the live replicas are configured with other limits than
+// this one and no override settles it: the bucket would follow whichever
+// replica asked last.
+func checkBucket(ctx context.Context, rc config.Redis, b *limiter.Bucket, store *redislimiter.Store, m *metrics, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	st, err := b.State(ctx)
+	if errors.Is(err, limiter.ErrMisconfigured) {
+		return refusedError(rc, err)
+	}
 	if err != nil {
 		log.Warn("cannot read the bucket in redis yet; the limiter falls back per limit.on_store_error until it can", "error", err)
-		return
+		return nil
 	}
 	m.setBucket(st.Tokens, st.Rate)
 	if st.Override != nil {
 		log.Info("a runtime override wins over the configured rate", "override_rate", st.Override.Rate,
 			"override_burst", st.Override.Burst, "expires_in", st.Override.ExpiresIn)
-		return
+		return nil
 	}
 	reps, err := store.Replicas(ctx)
 	if err != nil {
-		return
+		return nil
 	}
 	rate, burst := store.Limits()
 	own := &bucketStatus{Configured: &limitsJSON{Rate: rate, Burst: burst}}
@@ -248,6 +257,43 @@ func checkBucket(ctx context.Context, b *limiter.Bucket, store *redislimiter.Sto
 	for _, w := range configWarnings(own, "this replica's config") {
 		log.Warn(w)
 	}
+	return nil
+}
+
+// refusedError says in one sentence that Redis refused this replica, what
+// it answered, and which setting to look at. err matches
+// limiter.ErrMisconfigured; Redis's answers carry no secrets.
+func refusedError(rc config.Redis, err error) error {
+	cause := err
+	var se *limiter.StoreError
+	if errors.As(err, &se) {
+		cause = se.Err // without the bucket and operation: the sentence names them
+	}
+	msg, _, _ := strings.Cut(cause.Error(), ", with args beginning with") // Redis echoes keys and script hashes
+	upper := strings.ToUpper(msg)
+	hint := "check the redis section"
+	switch {
+	case strings.Contains(upper, "WRONGPASS") || strings.Contains(upper, "NOAUTH") || strings.Contains(upper, "AUTH") || strings.Contains(upper, "PASSWORD"):
+		hint = "check redis.username and redis.password"
+	case strings.Contains(upper, "NOPERM"):
+		hint = "the Redis user needs EVAL, EVALSHA, SCRIPT and PUBLISH/SUBSCRIBE on the bucket's keys and channel"
+	case strings.Contains(upper, "DB INDEX") || strings.Contains(upper, "INVALID DB"):
+		hint = "check redis.db: the server has fewer databases"
+	case strings.Contains(upper, "UNKNOWN COMMAND") || strings.Contains(upper, "DISABLED") || strings.Contains(upper, "NOSCRIPT"):
+		hint = "the bucket needs Lua scripts (EVAL, EVALSHA), which this Redis does not allow"
+	}
+	return fmt.Errorf("redis at %s refused this replica: %s; %s", describeRedis(rc), sentence(msg), hint)
+}
+
+// describeRedis names the Redis a replica uses, without secrets.
+func describeRedis(rc config.Redis) string {
+	switch {
+	case rc.MasterName != "":
+		return fmt.Sprintf("master %s of the sentinels %s", rc.MasterName, strings.Join(rc.Addrs, ", "))
+	case len(rc.Addrs) > 0:
+		return strings.Join(rc.Addrs, ", ")
+	}
+	return rc.Addr
 }
 
 func showProgress(rio replicaIO) bool {
