@@ -1,0 +1,298 @@
+package storetest
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// LayeredClockedStore is a layered store driven at explicit instants.
+type LayeredClockedStore interface {
+	TakeLayersAt(now time.Time, req limiter.LayerRequest) (limiter.LayerResult, error)
+	RefundLayersAt(now time.Time, req limiter.LayerRequest, res limiter.LayerResult) error
+	LayerStatusAt(now time.Time, layer, key string) (limiter.LayerState, error)
+	StatusAt(now time.Time) (limiter.State, error)
+}
+
+// LayeredFactory returns a new store: a full shared bucket with the given
+// rate and burst, and the layers with no state.
+type LayeredFactory func(t *testing.T, rate float64, burst int, layers []limiter.Layer) LayeredClockedStore
+
+type lop int
+
+const (
+	ltake lop = iota
+	lrefund
+	lstatus // a layer's key
+	lshared // the shared bucket
+)
+
+// lstep is one call at Base+at (or at when, if set) and what it must answer.
+type lstep struct {
+	at   time.Duration
+	when time.Time
+	op   lop
+
+	cost       int
+	keys       map[string]string
+	maxWait    time.Duration
+	skipShared bool
+	refundOf   int // lrefund: the index of the take step to refund
+
+	granted  bool
+	wait     time.Duration
+	limiting string
+	exceeded limiter.Action // "" when no layer refuses
+	err      error
+	// remaining is the shared bucket's tokens (ltake, lshared).
+	remaining float64
+
+	layer, key string // lstatus
+	tokens     float64
+	used       int
+	windowEnd  time.Time
+	full       bool
+}
+
+func k(key string) map[string]string { return map[string]string{"per-key": key} }
+
+func ny() *time.Location {
+	loc, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		panic(err)
+	}
+	return loc
+}
+
+func utc(s string) time.Time {
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+var layerCases = []struct {
+	name   string
+	rate   float64
+	burst  int
+	layers []limiter.Layer
+	steps  []lstep
+}{
+	{"all or nothing: a refusing layer charges no layer", 10, 5,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 2, OnExceed: limiter.ActionDeadLetter}},
+		[]lstep{
+			{op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 4},
+			{op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 3},
+			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, wait: time.Second, limiting: "per-key", exceeded: limiter.ActionDeadLetter, remaining: 3},
+			{op: lshared, remaining: 3},
+			{op: lstatus, layer: "per-key", key: "a", tokens: 0},
+			{op: lstatus, layer: "per-key", key: "b", tokens: 2, full: true},
+			{op: ltake, cost: 1, keys: k("b"), granted: true, remaining: 2},
+			{at: 500 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: 0.5},
+		}},
+	{"all or nothing: a shared bucket that must wait charges no layer", 10, 2,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 3}},
+		[]lstep{
+			{op: ltake, cost: 2, keys: k("a"), granted: true, remaining: 0},
+			{op: ltake, cost: 2, keys: k("b"), wait: 200 * time.Millisecond, remaining: 0},
+			{op: lstatus, layer: "per-key", key: "b", tokens: 3, full: true},
+			{op: lstatus, layer: "per-key", key: "a", tokens: 1},
+		}},
+	{"the longest wait wins and reserves every layer", 10, 5,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 2, Burst: 1}},
+		[]lstep{
+			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, granted: true, remaining: 4},
+			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, granted: true, wait: 500 * time.Millisecond, limiting: "per-key", remaining: 3},
+			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, granted: true, wait: time.Second, limiting: "per-key", remaining: 2},
+			// Beyond the horizon: told to come back when it fits, nothing charged.
+			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, wait: 500 * time.Millisecond, limiting: "per-key", remaining: 2},
+			{op: lstatus, layer: "per-key", key: "a", tokens: -2},
+			{op: ltake, cost: 1, keys: k("b"), maxWait: time.Second, granted: true, remaining: 1},
+		}},
+	{"a cancelled wait refunds every layer", 10, 1,
+		[]limiter.Layer{
+			{Name: "per-key", Keyed: true, Rate: 1, Burst: 1},
+			{Name: "daily", Quota: 10, Per: limiter.PerDay},
+		},
+		[]lstep{
+			{op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 0},
+			{op: ltake, cost: 1, keys: k("a"), maxWait: 2 * time.Second, granted: true, wait: time.Second, limiting: "per-key", remaining: -1},
+			{op: lshared, remaining: -1},
+			{op: lstatus, layer: "daily", used: 2, windowEnd: utc("2026-01-03T00:00:00Z")},
+			{at: 10 * time.Millisecond, op: lrefund, cost: 1, keys: k("a"), refundOf: 1},
+			{at: 10 * time.Millisecond, op: lshared, remaining: 0.1},
+			{at: 10 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: 0.01},
+			{at: 10 * time.Millisecond, op: lstatus, layer: "daily", used: 1, windowEnd: utc("2026-01-03T00:00:00Z")},
+		}},
+	{"a cost above a layer's burst is refused at once, nothing charged", 10, 5,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 2}},
+		[]lstep{
+			{op: ltake, cost: 3, keys: k("a"), maxWait: time.Hour, err: limiter.ErrCostExceedsBurst},
+			{op: ltake, cost: 3, keys: k("a"), maxWait: time.Hour, err: limiter.ErrLimitExceeded},
+			{op: lshared, remaining: 5},
+			{op: lstatus, layer: "per-key", key: "a", tokens: 2, full: true},
+		}},
+	{"a keyed layer needs its key", 10, 5,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 2}},
+		[]lstep{
+			{op: ltake, cost: 1, keys: nil, err: limiter.ErrMissingKey},
+			{op: ltake, cost: 1, keys: k(""), err: limiter.ErrMissingKey},
+			{op: lshared, remaining: 5},
+		}},
+	{"skipping the shared bucket decides the layers alone", 10, 1,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 1}},
+		[]lstep{
+			{op: ltake, cost: 1, keys: k("a"), skipShared: true, granted: true},
+			{op: ltake, cost: 1, keys: k("b"), skipShared: true, granted: true},
+			{op: lshared, remaining: 1},
+			{op: ltake, cost: 1, keys: k("a"), skipShared: true, wait: time.Second, limiting: "per-key"},
+		}},
+	{"delay: says when the layer has room, charges nothing", 10, 5,
+		[]limiter.Layer{{Name: "hourly", Quota: 2, Per: limiter.PerHour, OnExceed: limiter.ActionDelay}},
+		[]lstep{
+			{op: ltake, cost: 2, granted: true, remaining: 3},
+			// Base is 03:04:05 UTC: the hour ends at 04:00:00.
+			{op: ltake, cost: 1, wait: 55*time.Minute + 55*time.Second, limiting: "hourly", exceeded: limiter.ActionDelay, remaining: 3},
+			{at: 55*time.Minute + 55*time.Second, op: ltake, cost: 1, granted: true, remaining: 4},
+		}},
+	{"max_wait: a dead_letter layer waits up to it", 10, 5,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDeadLetter, MaxWait: 1500 * time.Millisecond}},
+		[]lstep{
+			{op: ltake, cost: 1, keys: k("a"), maxWait: 2 * time.Second, granted: true, remaining: 4},
+			{op: ltake, cost: 1, keys: k("a"), maxWait: 2 * time.Second, granted: true, wait: time.Second, limiting: "per-key", remaining: 3},
+			{op: ltake, cost: 1, keys: k("a"), maxWait: 2 * time.Second, wait: 2 * time.Second, limiting: "per-key", exceeded: limiter.ActionDeadLetter, remaining: 3},
+		}},
+	{"dead_letter wins over delay", 10, 5,
+		[]limiter.Layer{
+			{Name: "slow", Keyed: true, Rate: 0.1, Burst: 1, OnExceed: limiter.ActionDelay},
+			{Name: "per-key", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDeadLetter},
+		},
+		[]lstep{
+			{op: ltake, cost: 1, keys: map[string]string{"slow": "x", "per-key": "a"}, granted: true, remaining: 4},
+			{op: ltake, cost: 1, keys: map[string]string{"slow": "x", "per-key": "a"}, wait: time.Second, limiting: "per-key", exceeded: limiter.ActionDeadLetter, remaining: 4},
+			{op: ltake, cost: 1, keys: map[string]string{"slow": "x", "per-key": "b"}, wait: 10 * time.Second, limiting: "slow", exceeded: limiter.ActionDelay, remaining: 4},
+		}},
+	{"quota: the window resets at its start (UTC day), per key", 100, 100,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Quota: 3, Per: limiter.PerDay}},
+		[]lstep{
+			{op: ltake, cost: 2, keys: k("a"), maxWait: time.Second, granted: true, remaining: 98},
+			// Not reserved ahead: come back at midnight (Base is 03:04:05).
+			{op: ltake, cost: 2, keys: k("a"), maxWait: time.Second, wait: 20*time.Hour + 55*time.Minute + 55*time.Second, limiting: "per-key", remaining: 98},
+			{op: ltake, cost: 2, keys: k("b"), maxWait: time.Second, granted: true, remaining: 96},
+			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, granted: true, remaining: 95},
+			{op: lstatus, layer: "per-key", key: "a", used: 3, windowEnd: utc("2026-01-03T00:00:00Z")},
+			{when: utc("2026-01-02T23:59:59.999999Z"), op: ltake, cost: 1, keys: k("a"), wait: time.Microsecond, limiting: "per-key", remaining: 100},
+			{when: utc("2026-01-03T00:00:00Z"), op: ltake, cost: 3, keys: k("a"), granted: true, remaining: 97},
+			{when: utc("2026-01-03T00:00:00Z"), op: lstatus, layer: "per-key", key: "a", used: 3, windowEnd: utc("2026-01-04T00:00:00Z")},
+		}},
+	{"quota: a month window", 100, 100,
+		[]limiter.Layer{{Name: "monthly", Quota: 1, Per: limiter.PerMonth}},
+		[]lstep{
+			{when: utc("2026-02-28T23:00:00Z"), op: ltake, cost: 1, granted: true, remaining: 99},
+			{when: utc("2026-02-28T23:00:00Z"), op: ltake, cost: 1, wait: time.Hour, limiting: "monthly", remaining: 99},
+			{when: utc("2026-03-01T00:00:00Z"), op: ltake, cost: 1, granted: true, remaining: 99},
+		}},
+	{"quota: a 23-hour day when New York springs forward", 100, 100,
+		[]limiter.Layer{{Name: "daily", Quota: 2, Per: limiter.PerDay, Location: ny()}},
+		[]lstep{
+			// 2026-03-08 starts at 05:00 UTC (EST) and ends at 04:00 UTC
+			// on the 9th (EDT): 23 hours. 24 hours would end at 05:00.
+			{when: utc("2026-03-08T15:00:00Z"), op: ltake, cost: 2, granted: true, remaining: 98},
+			{when: utc("2026-03-09T03:30:00Z"), op: ltake, cost: 1, wait: 30 * time.Minute, limiting: "daily", remaining: 100},
+			{when: utc("2026-03-09T03:30:00Z"), op: lstatus, layer: "daily", used: 2, windowEnd: utc("2026-03-09T04:00:00Z")},
+			{when: utc("2026-03-09T04:00:00Z"), op: ltake, cost: 2, granted: true, remaining: 98},
+		}},
+	{"quota: a 25-hour day and two 1 a.m. hours when New York falls back", 100, 100,
+		[]limiter.Layer{
+			{Name: "daily", Quota: 3, Per: limiter.PerDay, Location: ny()},
+			{Name: "hourly", Quota: 1, Per: limiter.PerHour, Location: ny()},
+		},
+		[]lstep{
+			// 2026-11-01 runs from 04:00 UTC (EDT) to 05:00 UTC on the 2nd (EST).
+			{when: utc("2026-11-01T05:30:00Z"), op: ltake, cost: 1, granted: true, remaining: 99}, // 01:30 EDT
+			{when: utc("2026-11-01T05:40:00Z"), op: ltake, cost: 1, wait: 20 * time.Minute, limiting: "hourly", remaining: 100},
+			{when: utc("2026-11-01T06:10:00Z"), op: ltake, cost: 1, granted: true, remaining: 99}, // 01:10 EST: a new hour
+			{when: utc("2026-11-01T06:10:00Z"), op: lstatus, layer: "hourly", used: 1, windowEnd: utc("2026-11-01T07:00:00Z")},
+			{when: utc("2026-11-02T04:30:00Z"), op: ltake, cost: 1, granted: true, remaining: 99}, // 23:30 EST on the 1st
+			{when: utc("2026-11-02T04:40:00Z"), op: ltake, cost: 1, wait: 20 * time.Minute, limiting: "daily", remaining: 100},
+			{when: utc("2026-11-02T04:40:00Z"), op: lstatus, layer: "daily", used: 3, windowEnd: utc("2026-11-02T05:00:00Z")},
+			{when: utc("2026-11-02T05:00:00Z"), op: ltake, cost: 1, granted: true, remaining: 99},
+		}},
+}
+
+// RunLayers runs every layered step table against stores made by newStore.
+func RunLayers(t *testing.T, newStore LayeredFactory) {
+	for _, c := range layerCases {
+		t.Run(c.name, func(t *testing.T) {
+			s := newStore(t, c.rate, c.burst, c.layers)
+			reqs := make([]limiter.LayerRequest, len(c.steps))
+			results := make([]limiter.LayerResult, len(c.steps))
+			for i, st := range c.steps {
+				now := Base.Add(st.at)
+				if !st.when.IsZero() {
+					now = st.when
+				}
+				req := limiter.LayerRequest{Cost: st.cost, Keys: st.keys, MaxWait: st.maxWait, SkipShared: st.skipShared}
+				switch st.op {
+				case ltake:
+					res, err := s.TakeLayersAt(now, req)
+					reqs[i], results[i] = req, res
+					if st.err != nil {
+						if !errors.Is(err, st.err) {
+							t.Fatalf("step %d: err = %v, want %v", i, err, st.err)
+						}
+						continue
+					}
+					if err != nil {
+						t.Fatalf("step %d: %v", i, err)
+					}
+					var action limiter.Action
+					if res.Exceeded != nil {
+						action = res.Exceeded.Action
+						if res.Exceeded.Layer != st.limiting || !errors.Is(res.Exceeded, limiter.ErrLimitExceeded) {
+							t.Fatalf("step %d: Exceeded = %+v, want layer %q", i, res.Exceeded, st.limiting)
+						}
+						if action == limiter.ActionDelay && !res.Exceeded.RetryAt.Equal(now.Add(st.wait)) {
+							t.Fatalf("step %d: RetryAt = %v, want %v", i, res.Exceeded.RetryAt, now.Add(st.wait))
+						}
+					}
+					wantRemaining := st.remaining
+					if res.Granted != st.granted || res.Wait != st.wait || res.Limiting != st.limiting ||
+						action != st.exceeded || !near(res.Remaining, wantRemaining) || !res.At.Equal(now) {
+						t.Fatalf("step %d: take(cost %d, keys %v, maxWait %v) at %v = granted %v wait %v limiting %q exceeded %q remaining %v at %v\nwant granted %v wait %v limiting %q exceeded %q remaining %v",
+							i, st.cost, st.keys, st.maxWait, now, res.Granted, res.Wait, res.Limiting, action, res.Remaining, res.At,
+							st.granted, st.wait, st.limiting, st.exceeded, wantRemaining)
+					}
+					if res.Granted && res.Tokens != st.cost {
+						t.Fatalf("step %d: Tokens = %d, want %d", i, res.Tokens, st.cost)
+					}
+				case lrefund:
+					if err := s.RefundLayersAt(now, reqs[st.refundOf], results[st.refundOf]); err != nil {
+						t.Fatalf("step %d: refund: %v", i, err)
+					}
+				case lshared:
+					got, err := s.StatusAt(now)
+					if err != nil {
+						t.Fatalf("step %d: status: %v", i, err)
+					}
+					if !near(got.Tokens, st.remaining) {
+						t.Fatalf("step %d: shared tokens at %v = %v, want %v", i, now, got.Tokens, st.remaining)
+					}
+				case lstatus:
+					got, err := s.LayerStatusAt(now, st.layer, st.key)
+					if err != nil {
+						t.Fatalf("step %d: layer status: %v", i, err)
+					}
+					if got.Layer != st.layer || got.Key != st.key || !near(got.Tokens, st.tokens) || got.Used != st.used ||
+						!got.WindowEnd.Equal(st.windowEnd) || got.Full != st.full {
+						t.Fatalf("step %d: layer status %s/%s at %v = %+v\nwant tokens %v used %d window end %v full %v",
+							i, st.layer, st.key, now, got, st.tokens, st.used, st.windowEnd, st.full)
+					}
+				}
+			}
+		})
+	}
+}

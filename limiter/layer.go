@@ -1,0 +1,327 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A Layer is a further limit that a message must pass together with the
+// shared bucket: a keyed token bucket (Rate and Burst, one bucket per key,
+// such as one per recipient) or a calendar quota (Quota per hour, day or
+// month in a time zone, optionally one per key). A layered store decides the
+// shared bucket and every layer in one atomic step: all of them grant, or
+// none is charged.
+//
+// A missing key state means a full bucket or an unused quota, so a store
+// keeps state only for the keys in use: a keyed bucket's state expires once
+// it is full again, a quota's at the end of its window.
+type Layer struct {
+	// Name names the layer in errors, metrics and dead-letter headers. It
+	// must be unique among the layers of a bucket, and may not be empty or
+	// contain braces, colons or white space (it is part of Redis keys).
+	Name string
+	// Keyed makes the layer hold one state per key: each request then
+	// names its key (LayerRequest.Keys). A layer that is not keyed is one
+	// more limit shared by every message.
+	Keyed bool
+	// Rate and Burst make the layer a token bucket refilling at Rate tokens
+	// per second up to Burst. A Burst of 0 means DefaultBurst(Rate).
+	Rate  float64
+	Burst int
+	// Quota makes the layer a calendar quota instead: at most Quota tokens
+	// per calendar Per in Location, counted from the window's start. Rate
+	// and Burst must then be 0.
+	Quota int
+	// Per is the quota's window: PerHour, PerDay or PerMonth.
+	Per Period
+	// Location is the quota's time zone. Default UTC.
+	Location *time.Location
+	// OnExceed is what happens when the layer cannot grant within MaxWait:
+	// ActionWait (the default) waits as long as needed, ActionDeadLetter
+	// refuses at once with a *LimitError, ActionDelay refuses with a
+	// *LimitError that says when the layer will have room. A refusal
+	// charges no layer.
+	OnExceed Action
+	// MaxWait is how long a request may wait for this layer before
+	// OnExceed applies; only with ActionDeadLetter or ActionDelay. Default
+	// 0: any wait is refused.
+	MaxWait time.Duration
+}
+
+// IsQuota reports whether the layer is a calendar quota.
+func (l Layer) IsQuota() bool { return l.Quota > 0 }
+
+// Period is the window of a quota.
+type Period string
+
+// The quota windows. Each starts at the calendar boundary in the quota's
+// time zone: the top of the hour, midnight, the first of the month.
+const (
+	PerHour  Period = "hour"
+	PerDay   Period = "day"
+	PerMonth Period = "month"
+)
+
+// Action is what a layer does when it cannot grant within its MaxWait.
+type Action string
+
+// The actions of a layer; see Layer.OnExceed.
+const (
+	ActionWait       Action = "wait"
+	ActionDeadLetter Action = "dead_letter"
+	ActionDelay      Action = "delay"
+)
+
+// ParseAction parses "wait", "dead_letter" or "delay"; "" is ActionWait.
+func ParseAction(s string) (Action, error) {
+	switch a := Action(s); a {
+	case "":
+		return ActionWait, nil
+	case ActionWait, ActionDeadLetter, ActionDelay:
+		return a, nil
+	}
+	return "", &ParamError{Param: "OnExceed", Msg: "must be wait, dead_letter or delay", Value: s}
+}
+
+// ParsePeriod parses "hour", "day" or "month".
+func ParsePeriod(s string) (Period, error) {
+	switch p := Period(s); p {
+	case PerHour, PerDay, PerMonth:
+		return p, nil
+	}
+	return "", &ParamError{Param: "Per", Msg: "must be hour, day or month", Value: s}
+}
+
+// Window returns the calendar window of p, in loc (nil: UTC), that holds t:
+// [start, end). Days and months follow the calendar through daylight-saving
+// changes, so a day may last 23 or 25 hours. An hour starts where loc's
+// clock shows minute 0; in the repeated hour of a fall-back change those are
+// two distinct windows.
+func (p Period) Window(t time.Time, loc *time.Location) (start, end time.Time) {
+	if loc == nil {
+		loc = time.UTC
+	}
+	lt := t.In(loc)
+	switch p {
+	case PerHour:
+		// Subtracting the local minutes keeps to the right side of a
+		// fall-back change, where time.Date's choice is not defined.
+		start = lt.Add(-time.Duration(lt.Minute())*time.Minute - time.Duration(lt.Second())*time.Second - time.Duration(lt.Nanosecond()))
+		return start, start.Add(time.Hour)
+	case PerMonth:
+		y, m, _ := lt.Date()
+		return time.Date(y, m, 1, 0, 0, 0, 0, loc), time.Date(y, m+1, 1, 0, 0, 0, 0, loc)
+	default:
+		y, m, d := lt.Date()
+		return time.Date(y, m, d, 0, 0, 0, 0, loc), time.Date(y, m, d+1, 0, 0, 0, 0, loc)
+	}
+}
+
+// Windows returns four boundaries b0 < b1 < b2 < b3 of p around t: the
+// windows [b0, b1), [b1, b2) ∋ t and [b2, b3). A store whose clock is not
+// the caller's picks the window that holds its own time, so a skew smaller
+// than a window never charges the wrong one.
+func (p Period) Windows(t time.Time, loc *time.Location) [4]time.Time {
+	start, end := p.Window(t, loc)
+	prev, _ := p.Window(start.Add(-time.Nanosecond), loc)
+	_, next := p.Window(end, loc)
+	return [4]time.Time{prev, start, end, next}
+}
+
+// ValidateLayers checks a bucket's layers and fills in their defaults (Burst,
+// OnExceed, Location). Errors are *ParamError whose Param is
+// "Layers[i].Field", joined with errors.Join.
+func ValidateLayers(layers []Layer) error {
+	var errs []error
+	seen := map[string]bool{}
+	for i := range layers {
+		l := &layers[i]
+		bad := func(field, msg string, v any) {
+			errs = append(errs, &ParamError{Param: "Layers[" + strconv.Itoa(i) + "]." + field, Msg: msg, Value: v})
+		}
+		switch {
+		case l.Name == "":
+			bad("Name", "must not be empty", nil)
+		case strings.ContainsAny(l.Name, "{}: \t\r\n"):
+			bad("Name", "must not contain braces, colons or white space", l.Name)
+		case seen[l.Name]:
+			bad("Name", "is used by another layer", l.Name)
+		}
+		seen[l.Name] = true
+		if l.OnExceed == "" {
+			l.OnExceed = ActionWait
+		}
+		if _, err := ParseAction(string(l.OnExceed)); err != nil {
+			bad("OnExceed", "must be wait, dead_letter or delay", string(l.OnExceed))
+		}
+		if l.MaxWait < 0 {
+			bad("MaxWait", "must be >= 0", l.MaxWait)
+		} else if l.MaxWait > 0 && l.OnExceed == ActionWait {
+			bad("MaxWait", "applies only with OnExceed dead_letter or delay", l.MaxWait)
+		}
+		if l.Quota != 0 || l.Per != "" {
+			if l.Rate != 0 || l.Burst != 0 {
+				bad("Quota", "a quota takes no Rate or Burst", l.Quota)
+			}
+			if l.Quota < 1 || l.Quota > MaxBurst {
+				bad("Quota", "must be >= 1 and <= "+strconv.Itoa(MaxBurst), l.Quota)
+			}
+			if _, err := ParsePeriod(string(l.Per)); err != nil {
+				bad("Per", "must be hour, day or month", string(l.Per))
+			}
+			if l.Location == nil {
+				l.Location = time.UTC
+			}
+			continue
+		}
+		if err := ValidateRate(l.Rate); err != nil {
+			bad("Rate", err.(*ParamError).Msg, l.Rate)
+			continue
+		}
+		if l.Burst == 0 {
+			l.Burst = DefaultBurst(l.Rate)
+		}
+		if err := ValidateBurst(l.Burst); err != nil {
+			bad("Burst", err.(*ParamError).Msg, l.Burst)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ErrLimitExceeded is matched by every *LimitError: a layer refused a request
+// under its OnExceed action (dead_letter or delay), or a cost can never pass
+// a layer. No layer was charged.
+var ErrLimitExceeded = errors.New("limit exceeded")
+
+// LimitError is a request refused by a layer. It matches ErrLimitExceeded;
+// one for a cost above a layer's burst or quota also matches
+// ErrCostExceedsBurst.
+type LimitError struct {
+	// Layer is the name of the layer that refused.
+	Layer string
+	// Action is ActionDeadLetter or ActionDelay: what the caller should do
+	// with the message. A cost that can never pass is ActionDeadLetter.
+	Action Action
+	// Reason says why, in a few words, for logs and dead-letter headers.
+	Reason string
+	// RetryAt is, for ActionDelay, the instant on the store's clock when
+	// the layer will have room (if nobody else takes it first).
+	RetryAt time.Time
+	err     error
+}
+
+func (e *LimitError) Error() string {
+	return "limit " + strconv.Quote(e.Layer) + ": " + e.Reason
+}
+
+// Is makes errors.Is(err, ErrLimitExceeded) true.
+func (e *LimitError) Is(target error) bool { return target == ErrLimitExceeded }
+
+// Unwrap returns ErrCostExceedsBurst for a cost that can never pass.
+func (e *LimitError) Unwrap() error { return e.err }
+
+// LayerRequest asks a layered store for a message's tokens on the shared
+// bucket and on every layer.
+type LayerRequest struct {
+	// Cost is the number of tokens, at least 1, charged on every layer.
+	Cost int
+	// MaxWait is the reservation horizon, as in TakeRequest: when the
+	// longest wait of all layers is within max(MaxWait, Cost/rate of the
+	// shared bucket), every layer is charged and Wait says when the tokens
+	// are due.
+	MaxWait time.Duration
+	// Keys maps the name of each keyed layer to this message's key. A keyed
+	// layer without a key, or with an empty one, fails the request with
+	// ErrMissingKey.
+	Keys map[string]string
+	// SkipShared leaves the shared bucket out of the decision: the caller
+	// already holds the shared tokens (from its lease).
+	SkipShared bool
+}
+
+// ErrMissingKey is returned for a request that does not name the key of a
+// keyed layer.
+var ErrMissingKey = errors.New("missing layer key")
+
+// LayerResult is a layered store's answer.
+type LayerResult struct {
+	// TakeResult is the answer as a whole: Granted and Wait (the longest
+	// wait of the layers) for all layers; Remaining, Rate and Burst describe
+	// the shared bucket (zero with SkipShared); At is the store's clock.
+	TakeResult
+	// Limiting names the layer whose wait is Wait, or "" for the shared
+	// bucket (also when nobody waits).
+	Limiting string
+	// Exceeded is set when a layer refused under its OnExceed action;
+	// Granted is then false and nothing was charged.
+	Exceeded *LimitError
+}
+
+// LayeredStore is a Store that also decides further layers with its shared
+// bucket in one atomic step.
+type LayeredStore interface {
+	Store
+	// Layers returns the store's layers, with their defaults filled in.
+	Layers() []Layer
+	// TakeLayers decides the shared bucket and every layer together. It
+	// charges all of them or none. A cost above a layer's burst or quota
+	// returns a *LimitError that wraps ErrCostExceedsBurst; one above the
+	// shared bucket's burst returns ErrCostExceedsBurst as Take does.
+	TakeLayers(ctx context.Context, req LayerRequest) (LayerResult, error)
+	// RefundLayers gives back what a granted TakeLayers charged: a
+	// cancelled reservation. A quota is refunded only while its window is
+	// the one charged.
+	RefundLayers(ctx context.Context, req LayerRequest, res LayerResult) error
+}
+
+// LayerState is the state of one key of one layer.
+type LayerState struct {
+	// Layer and Key name it.
+	Layer, Key string
+	// Tokens is, for a keyed bucket, the tokens available now (negative
+	// while reserved ahead).
+	Tokens float64
+	// Used is, for a quota, the tokens used in the current window, and
+	// WindowEnd when it resets.
+	Used      int
+	WindowEnd time.Time
+	// Full is set when no state is kept: a full bucket or an unused quota.
+	Full bool
+	// At is the store's clock.
+	At time.Time
+}
+
+// CostError returns the *LimitError for a cost that layer l can never grant:
+// above its burst or its quota. It also matches ErrCostExceedsBurst.
+func CostError(l Layer, cost int) error {
+	limit, what := l.Burst, "burst"
+	if l.IsQuota() {
+		limit, what = l.Quota, "quota"
+	}
+	return &LimitError{
+		Layer: l.Name, Action: ActionDeadLetter,
+		Reason: fmt.Sprintf("cost %d exceeds %s %d", cost, what, limit),
+		err:    fmt.Errorf("cost %d, %s %d: %w", cost, what, limit, ErrCostExceedsBurst),
+	}
+}
+
+// ExceededError returns the *LimitError for layer l refusing a request under
+// its OnExceed action, with room after wait. Stores call it so that every
+// store words its refusals alike.
+func ExceededError(l Layer, at time.Time, wait time.Duration) *LimitError {
+	var reason string
+	if l.IsQuota() {
+		reason = fmt.Sprintf("quota of %d per %s used up; resets in %v", l.Quota, l.Per, wait)
+	} else {
+		reason = fmt.Sprintf("rate %g/s (burst %d) exceeded; room in %v", l.Rate, l.Burst, wait)
+	}
+	e := &LimitError{Layer: l.Name, Action: l.OnExceed, Reason: reason}
+	if l.OnExceed == ActionDelay {
+		e.RetryAt = at.Add(wait)
+	}
+	return e
+}

@@ -1,0 +1,376 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+)
+
+// LayeredMemory is a LayeredStore in this process: a Memory store for the
+// shared bucket plus the state of every layer, decided under one lock with
+// the same arithmetic, in the same order, as the Redis layers script, so
+// that both pass the same step tests. It is what a Bucket's local fallback
+// uses for layers, and what a single replica or a test can use.
+//
+// A key's state is dropped once its bucket is full again or its quota
+// window has ended (a missing key means exactly that), so memory grows only
+// with the keys in use.
+//
+// A LayeredMemory is safe for concurrent use.
+type LayeredMemory struct {
+	*Memory
+	layers []Layer
+	index  map[string]int
+	// Guarded by Memory.mu.
+	buckets []map[string]*memLayerBucket
+	quotas  []map[string]*memLayerQuota
+	ops     int
+}
+
+type memLayerBucket struct {
+	tokens float64
+	ts     int64 // µs
+}
+
+type memLayerQuota struct {
+	end  int64 // µs: the end of the window counted
+	used int
+}
+
+// NewLayeredMemory returns a LayeredStore that decides shared (the shared
+// bucket) and layers together. shared must not be used on its own
+// afterwards except through the returned store. The layers are validated
+// (see ValidateLayers) and copied.
+func NewLayeredMemory(shared *Memory, layers []Layer) (*LayeredMemory, error) {
+	if shared == nil {
+		return nil, &ParamError{Param: "shared", Msg: "must not be nil"}
+	}
+	layers = append([]Layer(nil), layers...)
+	if err := ValidateLayers(layers); err != nil {
+		return nil, err
+	}
+	m := &LayeredMemory{Memory: shared, layers: layers, index: map[string]int{}}
+	m.buckets = make([]map[string]*memLayerBucket, len(layers))
+	m.quotas = make([]map[string]*memLayerQuota, len(layers))
+	for i, l := range layers {
+		m.index[l.Name] = i
+		if l.IsQuota() {
+			m.quotas[i] = map[string]*memLayerQuota{}
+		} else {
+			m.buckets[i] = map[string]*memLayerBucket{}
+		}
+	}
+	return m, nil
+}
+
+// Layers implements LayeredStore.
+func (m *LayeredMemory) Layers() []Layer { return append([]Layer(nil), m.layers...) }
+
+// TakeLayers implements LayeredStore.
+func (m *LayeredMemory) TakeLayers(_ context.Context, req LayerRequest) (LayerResult, error) {
+	return m.TakeLayersAt(m.now(), req)
+}
+
+// RefundLayers implements LayeredStore.
+func (m *LayeredMemory) RefundLayers(_ context.Context, req LayerRequest, res LayerResult) error {
+	return m.RefundLayersAt(m.now(), req, res)
+}
+
+// LayerKeys returns the key of each layer for req, in the order of the
+// layers: "" for a layer that is not keyed. It returns an error wrapping
+// ErrMissingKey, naming the layer, for a keyed layer without a key.
+func LayerKeys(layers []Layer, req LayerRequest) ([]string, error) {
+	keys := make([]string, len(layers))
+	for i, l := range layers {
+		if !l.Keyed {
+			continue
+		}
+		k := req.Keys[l.Name]
+		if k == "" {
+			return nil, fmt.Errorf("layer %q: %w", l.Name, ErrMissingKey)
+		}
+		keys[i] = k
+	}
+	return keys, nil
+}
+
+// advanceLayer refills a layer bucket's state up to now, like
+// Memory.advance without a pause.
+func advanceLayer(b *memLayerBucket, now int64, l Layer) (tokens float64, ts int64) {
+	if b == nil {
+		return float64(l.Burst), now
+	}
+	tokens, ts = b.tokens, b.ts
+	if now > ts {
+		tokens += float64(now-ts) * l.Rate / 1e6
+		ts = now
+	}
+	return math.Min(tokens, float64(l.Burst)), ts
+}
+
+// TakeLayersAt is TakeLayers at an explicit instant.
+func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult, error) {
+	if req.Cost < 1 {
+		return LayerResult{}, fmt.Errorf("cost %d: %w", req.Cost, ErrInvalidCost)
+	}
+	keys, err := LayerKeys(m.layers, req)
+	if err != nil {
+		return LayerResult{}, err
+	}
+	now := t.UnixMicro()
+	cost := float64(req.Cost)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sweep(now)
+
+	var res LayerResult
+	res.At = time.UnixMicro(now)
+	var (
+		sAfter float64
+		sTS    int64
+		wait0  int64
+	)
+	if !req.SkipShared {
+		tokens, ts := m.advance(now)
+		res.Rate, res.Burst, res.Remaining = m.rate, m.burst, tokens
+		if ts > now {
+			res.Rate = 0
+		}
+		if req.Cost > m.burst {
+			return res, fmt.Errorf("cost %d, burst %d: %w", req.Cost, m.burst, ErrCostExceedsBurst)
+		}
+		sAfter, sTS = tokens-cost, ts
+		wait0 = ts - now
+		if sAfter < 0 {
+			wait0 = min(wait0+waitUS(-sAfter, m.rate), maxWaitUS)
+		}
+		wait0 = max(wait0, 0)
+	}
+
+	type layerState struct {
+		tokens float64 // bucket: after the refill
+		ts     int64
+		end    int64 // quota: the current window's end
+		used   int
+		wait   int64
+	}
+	st := make([]layerState, len(m.layers))
+	for i, l := range m.layers {
+		s := &st[i]
+		if l.IsQuota() {
+			if req.Cost > l.Quota {
+				return res, CostError(l, req.Cost)
+			}
+			_, end := l.Per.Window(t, l.Location)
+			s.end = end.UnixMicro()
+			if q := m.quotas[i][keys[i]]; q != nil && q.end == s.end {
+				s.used = q.used
+			}
+			if s.used+req.Cost > l.Quota {
+				s.wait = s.end - now
+			}
+			continue
+		}
+		if req.Cost > l.Burst {
+			return res, CostError(l, req.Cost)
+		}
+		s.tokens, s.ts = advanceLayer(m.buckets[i][keys[i]], now, l)
+		s.wait = s.ts - now
+		if after := s.tokens - cost; after < 0 {
+			s.wait = min(s.wait+waitUS(-after, l.Rate), maxWaitUS)
+		}
+		s.wait = max(s.wait, 0)
+	}
+
+	// A layer that must not wait this long refuses; a dead_letter layer
+	// wins over a delay one, and among delay layers the longest wait.
+	refused := -1
+	for i, l := range m.layers {
+		if l.OnExceed == ActionWait || st[i].wait <= l.MaxWait.Microseconds() {
+			continue
+		}
+		if l.OnExceed == ActionDeadLetter {
+			if refused < 0 || m.layers[refused].OnExceed != ActionDeadLetter {
+				refused = i
+			}
+			continue
+		}
+		if refused < 0 || (m.layers[refused].OnExceed == ActionDelay && st[i].wait > st[refused].wait) {
+			refused = i
+		}
+	}
+	if refused >= 0 {
+		w := time.Duration(st[refused].wait) * time.Microsecond
+		res.Wait, res.Limiting = w, m.layers[refused].Name
+		res.Exceeded = ExceededError(m.layers[refused], res.At, w)
+		return res, nil
+	}
+
+	wait, limiting := wait0, -1
+	var quotaWait int64
+	for i, l := range m.layers {
+		if st[i].wait > wait {
+			wait, limiting = st[i].wait, i
+		}
+		if l.IsQuota() {
+			quotaWait = max(quotaWait, st[i].wait)
+		}
+	}
+	if limiting >= 0 {
+		res.Limiting = m.layers[limiting].Name
+	}
+	var horizon int64
+	if req.MaxWait > 0 {
+		horizon = req.MaxWait.Microseconds()
+		if !req.SkipShared {
+			horizon = max(horizon, waitUS(cost, m.rate))
+		}
+	}
+	if wait > horizon || quotaWait > 0 {
+		// Come back when the longest wait fits the horizon, or when the
+		// quota's window starts: a quota is never reserved ahead.
+		res.Wait = time.Duration(max(wait-horizon, quotaWait)) * time.Microsecond
+		return res, nil
+	}
+
+	if !req.SkipShared {
+		m.save(sAfter, sTS)
+		res.Remaining = sAfter
+	}
+	for i, l := range m.layers {
+		if l.IsQuota() {
+			m.quotas[i][keys[i]] = &memLayerQuota{end: st[i].end, used: st[i].used + req.Cost}
+			continue
+		}
+		m.buckets[i][keys[i]] = &memLayerBucket{tokens: st[i].tokens - cost, ts: st[i].ts}
+	}
+	res.Granted, res.Tokens = true, req.Cost
+	res.Wait = time.Duration(wait) * time.Microsecond
+	return res, nil
+}
+
+// RefundLayersAt is RefundLayers at an explicit instant.
+func (m *LayeredMemory) RefundLayersAt(t time.Time, req LayerRequest, res LayerResult) error {
+	if !res.Granted || req.Cost < 1 {
+		return nil
+	}
+	keys, err := LayerKeys(m.layers, req)
+	if err != nil {
+		return err
+	}
+	now := t.UnixMicro()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !req.SkipShared {
+		cur, ts := m.advance(now)
+		m.save(math.Min(float64(m.burst), cur+float64(req.Cost)), ts)
+	}
+	for i, l := range m.layers {
+		if l.IsQuota() {
+			_, end := l.Per.Window(res.At, l.Location)
+			if q := m.quotas[i][keys[i]]; q != nil && q.end == end.UnixMicro() {
+				q.used = max(0, q.used-req.Cost)
+			}
+			continue
+		}
+		tokens, ts := advanceLayer(m.buckets[i][keys[i]], now, l)
+		m.buckets[i][keys[i]] = &memLayerBucket{tokens: math.Min(float64(l.Burst), tokens+float64(req.Cost)), ts: ts}
+	}
+	return nil
+}
+
+// sweep drops the states that a missing key means anyway: full buckets and
+// ended quota windows. It walks every state once per as many calls as there
+// are states, so its cost per call stays constant. m.mu must be held.
+func (m *LayeredMemory) sweep(now int64) {
+	m.ops++
+	n := 0
+	for i := range m.layers {
+		n += len(m.buckets[i]) + len(m.quotas[i])
+	}
+	if m.ops < max(n, 64) {
+		return
+	}
+	m.ops = 0
+	for i, l := range m.layers {
+		for k, b := range m.buckets[i] {
+			if tokens, ts := advanceLayer(b, now, l); ts <= now && tokens >= float64(l.Burst) {
+				delete(m.buckets[i], k)
+			}
+		}
+		for k, q := range m.quotas[i] {
+			if q.end <= now || q.used == 0 {
+				delete(m.quotas[i], k)
+			}
+		}
+	}
+}
+
+func (m *LayeredMemory) layer(name string) (int, error) {
+	i, ok := m.index[name]
+	if !ok {
+		return 0, &ParamError{Param: "Layer", Msg: "no such layer", Value: name}
+	}
+	return i, nil
+}
+
+// LayerStatus returns the state of one key of a layer ("" for a layer that
+// is not keyed).
+func (m *LayeredMemory) LayerStatus(_ context.Context, layer, key string) (LayerState, error) {
+	return m.LayerStatusAt(m.now(), layer, key)
+}
+
+// LayerStatusAt is LayerStatus at an explicit instant.
+func (m *LayeredMemory) LayerStatusAt(t time.Time, layer, key string) (LayerState, error) {
+	i, err := m.layer(layer)
+	if err != nil {
+		return LayerState{}, err
+	}
+	l := m.layers[i]
+	now := t.UnixMicro()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := LayerState{Layer: layer, Key: key, At: time.UnixMicro(now)}
+	if l.IsQuota() {
+		_, end := l.Per.Window(t, l.Location)
+		st.WindowEnd = end
+		if q := m.quotas[i][key]; q != nil && q.end == end.UnixMicro() {
+			st.Used = q.used
+		}
+		st.Full = st.Used == 0
+		return st, nil
+	}
+	b := m.buckets[i][key]
+	st.Tokens, _ = advanceLayer(b, now, l)
+	st.Full = st.Tokens >= float64(l.Burst)
+	return st, nil
+}
+
+// ResetLayer forgets the state of one key of a layer: a full bucket, an
+// unused quota.
+func (m *LayeredMemory) ResetLayer(_ context.Context, layer, key string) error {
+	i, err := m.layer(layer)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.buckets[i], key)
+	delete(m.quotas[i], key)
+	return nil
+}
+
+// LayerKeyCount returns the number of keys of a layer that hold state. It
+// may count keys whose state has just become the same as none.
+func (m *LayeredMemory) LayerKeyCount(_ context.Context, layer string) (int, error) {
+	i, err := m.layer(layer)
+	if err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.buckets[i]) + len(m.quotas[i]), nil
+}
+
+var _ LayeredStore = (*LayeredMemory)(nil)
