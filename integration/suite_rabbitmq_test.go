@@ -2,11 +2,13 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
 )
 
@@ -62,13 +64,7 @@ func (q *suiteAMQPQueue) replica(t *testing.T, spec suiteReplicaSpec) suiteRunne
 		Queue:    q.name,
 		Declare:  true,
 		Prefetch: 10,
-		Options: consumer.Options{
-			Limiter:      spec.limiter,
-			Retry:        spec.retry,
-			Observer:     spec.observer,
-			Logger:       suiteLogger(t),
-			DrainTimeout: 5 * time.Second,
-		},
+		Options:  spec.options(t),
 	}, spec.handler)
 	if err != nil {
 		t.Fatalf("rabbitmq.New: %v", err)
@@ -133,9 +129,9 @@ func (q *suiteAMQPQueue) publish(t *testing.T, bodies []string) {
 	}
 }
 
-func (q *suiteAMQPQueue) deadLettered(t *testing.T, n int) []string {
+func (q *suiteAMQPQueue) deadLettered(t *testing.T, n int) []suiteDLMessage {
 	t.Helper()
-	var out []string
+	var out []suiteDLMessage
 	deadline := time.Now().Add(10 * time.Second)
 	err := q.withChannel(func(ch *amqp.Channel) error {
 		for len(out) < n && time.Now().Before(deadline) {
@@ -147,7 +143,11 @@ func (q *suiteAMQPQueue) deadLettered(t *testing.T, n int) []string {
 				time.Sleep(20 * time.Millisecond) // Get does not block; the test polls
 				continue
 			}
-			out = append(out, string(d.Body))
+			h := map[string]string{}
+			for k, v := range d.Headers {
+				h[k] = fmt.Sprint(v)
+			}
+			out = append(out, suiteDLMessage{body: string(d.Body), headers: h})
 		}
 		return nil
 	})
@@ -159,6 +159,9 @@ func (q *suiteAMQPQueue) deadLettered(t *testing.T, n int) []string {
 	}
 	return out
 }
+
+// origin names the dead-letter header that gives the queue.
+func (q *suiteAMQPQueue) origin() (header, value string) { return consumer.HeaderOriginalQueue, q.name }
 
 // pending returns the messages still in the queue. The replicas stopped,
 // so deliveries they did not ack are back in it.

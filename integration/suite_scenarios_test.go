@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -33,12 +34,21 @@ type suiteQueue interface {
 	// publish sends one message per body and waits until the broker has
 	// them all.
 	publish(t *testing.T, bodies []string)
-	// deadLettered returns the bodies in the dead-letter destination,
+	// deadLettered returns the messages in the dead-letter destination,
 	// reading until there are n of them.
-	deadLettered(t *testing.T, n int) []string
+	deadLettered(t *testing.T, n int) []suiteDLMessage
+	// origin returns the dead-letter header that names the topic or queue
+	// a dead letter came from, and its value for this one.
+	origin() (header, value string)
 	// pending returns how many messages were neither committed nor acked.
 	// Call it after the replicas stopped.
 	pending(t *testing.T) int
+}
+
+// suiteDLMessage is a message read from the dead-letter destination.
+type suiteDLMessage struct {
+	body    string
+	headers map[string]string
 }
 
 // suiteReplicaSpec is what a replica does: wait on limiter before each
@@ -48,6 +58,21 @@ type suiteReplicaSpec struct {
 	retry    consumer.RetryPolicy
 	observer *consumer.Observer
 	handler  consumer.Handler
+	// drain is the drain timeout; default 5s.
+	drain time.Duration
+}
+
+// options returns the consumer.Options that every backend's replica uses,
+// the same for both.
+func (s suiteReplicaSpec) options(t testing.TB) consumer.Options {
+	o := consumer.Options{Retry: s.retry, Observer: s.observer, Logger: suiteLogger(t), DrainTimeout: s.drain}
+	if s.limiter != nil {
+		o.Limiter = s.limiter
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = 5 * time.Second
+	}
+	return o
 }
 
 // suiteRunner is a replica: *kafka.Consumer or *rabbitmq.Consumer.
@@ -63,6 +88,7 @@ var suiteScenarios = []struct {
 }{
 	{"SharedRate", suiteSharedRate},
 	{"DeadLetter", suiteDeadLetter},
+	{"GracefulShutdown", suiteGracefulShutdown},
 }
 
 // suiteSharedRate runs three replicas that share one Redis bucket at 50/s
@@ -218,7 +244,22 @@ func suiteDeadLetter(t *testing.T, env suiteEnv, b suiteBroker) {
 	if !slices.Equal(dead, wantDead) {
 		t.Errorf("consumers dead-lettered %v, want %v", dead, wantDead)
 	}
-	inDLQ := q.deadLettered(t, len(wantDead))
+	dls := q.deadLettered(t, len(wantDead))
+	var inDLQ []string
+	originHeader, origin := q.origin()
+	for _, dl := range dls {
+		inDLQ = append(inDLQ, dl.body)
+		// The same reason headers on both backends, with the backend's
+		// own position.
+		wantErr, wantAttempts := "provider unavailable", strconv.Itoa(maxAttempts)
+		if fate[dl.body] == "permanent" {
+			wantErr, wantAttempts = fmt.Sprintf("message %s is malformed", dl.body), "1"
+		}
+		if h := dl.headers; h[consumer.HeaderError] != wantErr || h[consumer.HeaderAttempts] != wantAttempts || h[originHeader] != origin {
+			t.Errorf("dead letter %s has headers %v; want %s=%q, %s=%s, %s=%s", dl.body, h,
+				consumer.HeaderError, wantErr, consumer.HeaderAttempts, wantAttempts, originHeader, origin)
+		}
+	}
 	slices.Sort(inDLQ)
 	if !slices.Equal(inDLQ, wantDead) {
 		t.Errorf("dead-letter destination holds %v, want %v", inDLQ, wantDead)
@@ -235,6 +276,105 @@ func suiteDeadLetter(t *testing.T, env suiteEnv, b suiteBroker) {
 		t.Errorf("%d messages neither committed nor acked after every message ended", p)
 	}
 	t.Logf("%s: %d delivered (%d after a retry), %d dead-lettered, 0 lost", env.name, len(delivered), len(flaky), len(dead))
+}
+
+// suiteGracefulShutdown checks the shutdown contract both backends share,
+// with one replica whose handlers block until the test releases them:
+// after Run's context ends, no handler starts; Run waits for the running
+// handlers until the drain timeout; what they finished is committed or
+// acked, and nothing else is. Two cases: the handlers finish within the
+// drain timeout, and the drain deadline cancels them.
+func suiteGracefulShutdown(t *testing.T, env suiteEnv, b suiteBroker) {
+	for _, tc := range []struct {
+		name    string
+		drain   time.Duration
+		release bool // whether the handlers finish within the drain
+	}{
+		{"in-flight finish", 10 * time.Second, true},
+		{"drain deadline cancels", 300 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n = 12
+			q := b.newQueue(t)
+			var mu sync.Mutex
+			started, finished, cancelled := 0, 0, 0
+			startedCh := make(chan struct{}, n)
+			release := make(chan struct{})
+			r := q.replica(t, suiteReplicaSpec{
+				drain: tc.drain,
+				retry: consumer.RetryPolicy{MaxAttempts: 1},
+				handler: func(ctx context.Context, _ consumer.Message) error {
+					mu.Lock()
+					started++
+					mu.Unlock()
+					startedCh <- struct{}{}
+					select {
+					case <-release:
+						mu.Lock()
+						finished++
+						mu.Unlock()
+						return nil
+					case <-ctx.Done():
+						mu.Lock()
+						cancelled++
+						mu.Unlock()
+						return ctx.Err()
+					}
+				},
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			errc := make(chan error, 1)
+			go func() { errc <- r.Run(ctx) }()
+			q.waitConsumers(t, 1)
+			q.publish(t, suiteBodies("stop", n))
+			select {
+			case <-startedCh:
+			case <-time.After(30 * time.Second):
+				t.Fatal("no handler started within 30s")
+			}
+			cancel()
+			stopAt := time.Now()
+			// Run waits for the blocked handlers.
+			select {
+			case err := <-errc:
+				t.Fatalf("Run returned %v while its handlers were blocked", err)
+			case <-time.After(100 * time.Millisecond):
+			}
+			mu.Lock()
+			atStop := started
+			mu.Unlock()
+			if tc.release {
+				close(release)
+			}
+			select {
+			case err := <-errc:
+				if err != nil {
+					t.Fatalf("Run = %v", err)
+				}
+			case <-time.After(tc.drain + 15*time.Second):
+				t.Fatal("Run did not return after the drain")
+			}
+			took := time.Since(stopAt)
+			mu.Lock()
+			defer mu.Unlock()
+			if started != atStop {
+				t.Errorf("%d handlers started after shutdown began, want 0", started-atStop)
+			}
+			if !tc.release && (took < tc.drain || cancelled != started) {
+				t.Errorf("Run returned %v after cancel with %d of %d handlers cancelled; want after the drain timeout %v, all cancelled",
+					took, cancelled, started, tc.drain)
+			}
+			if tc.release && finished != started {
+				t.Errorf("%d of %d started handlers finished, want all", finished, started)
+			}
+			if p := q.pending(t); p != n-finished {
+				t.Errorf("%d messages neither committed nor acked, want %d (all but the %d finished)", p, n-finished, finished)
+			}
+			t.Logf("%s: %d handlers in flight at shutdown, %d finished, %d cancelled; Run returned %v after cancel",
+				env.name, started, finished, cancelled, took.Round(time.Millisecond))
+		})
+	}
 }
 
 // suiteSlope returns the least-squares slope, in calls per second, of the
