@@ -5,11 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -43,9 +47,19 @@ type faultFleetSpec struct {
 	Extra string
 	// Env is added to each replica's environment.
 	Env []string
+	// SinkURL is the HTTP sink's URL; empty for the fleet's recording sink.
+	SinkURL string
 	// Metrics turns the metrics server on, on a port the system picks;
 	// faultFleetProc.MetricsAddr finds it.
 	Metrics bool
+}
+
+// sinkURL returns sink.http.url for spec.
+func (f *faultFleet) sinkURL(spec faultFleetSpec) string {
+	if spec.SinkURL != "" {
+		return spec.SinkURL
+	}
+	return f.Sink.srv.URL + "/send"
 }
 
 // metricsListen returns metrics.listen for spec.
@@ -140,7 +154,7 @@ metrics:
 log:
   level: info
   format: json
-%s`, spec.Redis, f.name, rate, spec.Burst, onErr, f.name, prefetch, f.Sink.srv.URL+"/send", f.metricsListen(spec), spec.Extra)
+%s`, spec.Redis, f.name, rate, spec.Burst, onErr, f.name, prefetch, f.sinkURL(spec), f.metricsListen(spec), spec.Extra)
 	path := filepath.Join(f.t.TempDir(), "throttle.yaml")
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		f.t.Fatal(err)
@@ -193,7 +207,7 @@ func (f *faultFleet) Publish(from, n int) {
 func (f *faultFleet) Admin(args ...string) (int, string, string) {
 	f.t.Helper()
 	args = append(append([]string{"bucket"}, args...), f.name, "--config", f.Procs[0].Config)
-	return faultExec(f.t, f.bin, args...)
+	return faultExec(f.t, []string{"FAULT_AMQP_URL=" + f.amqpURL}, f.bin, args...)
 }
 
 // Stop sends SIGTERM to every replica still running and fails the test
@@ -245,14 +259,15 @@ func faultLogRecords(out string) []map[string]any {
 	return recs
 }
 
-// faultExec runs the binary to completion, within 20 s, and returns its exit
-// code and output.
-func faultExec(t *testing.T, bin string, args ...string) (int, string, string) {
+// faultExec runs the binary to completion, within 20 s, with env added to
+// the environment, and returns its exit code and output.
+func faultExec(t *testing.T, env []string, bin string, args ...string) (int, string, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var stdout, stderr testenv.Buffer
 	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	if ctx.Err() != nil {
@@ -349,4 +364,43 @@ func faultCount(ts []time.Time, from, to time.Time) int {
 		}
 	}
 	return n
+}
+
+// TestFaultHangupDrains sends SIGHUP to a replica while it delivers a
+// message to a slow sink: the replica must drain as on SIGTERM, finishing
+// and acking the message, and exit 0. Issue 11 item 10: SIGHUP killed it
+// with status 129, and the message went back to the queue.
+func TestFaultHangupDrains(t *testing.T) {
+	f := faultNewFleet(t)
+	entered := make(chan struct{}, 10)
+	var finished atomic.Int64
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		entered <- struct{}{}
+		time.Sleep(time.Second)
+		finished.Add(1)
+	}))
+	t.Cleanup(slow.Close)
+	srv := faultStartRedis(t)
+	p := f.Start(faultFleetSpec{Redis: "  addr: " + srv.Addr() + "\n", Burst: 5, Prefetch: 1, SinkURL: slow.URL}, 50)
+	f.WaitConsumers(1)
+	f.Publish(0, 3)
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no message reached the sink")
+	}
+	if code := p.Stop(syscall.SIGHUP, 20*time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGHUP, want 0 (drained)", code)
+	}
+	if !strings.Contains(p.out.String(), "shutting down") {
+		t.Errorf("no \"shutting down\" in the log after SIGHUP:\n%s", p.out.String())
+	}
+	if n := finished.Load(); n != 1 {
+		t.Errorf("%d deliveries finished, want the 1 in flight at SIGHUP", n)
+	}
+	// The message in flight was acked; the other two wait in the queue.
+	faultEventually(t, 10*time.Second, "2 messages left in the queue", func() bool {
+		return cliQueueState(f.conn, f.name).Messages == 2
+	})
 }
