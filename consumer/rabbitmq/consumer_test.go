@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,13 +14,11 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
-	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
 
 // tracker records every handler call, by message id.
@@ -92,208 +89,9 @@ func newConsumer(t *testing.T, cfg rabbitmq.Config, h consumer.Handler) *rabbitm
 	return c
 }
 
-// redisBucket returns one replica's handle on the shared Redis bucket name,
-// with conns Redis connections already open, as in a replica that has been
-// running; otherwise the first store calls pay for dialing. Every store
-// round trip is reported to rtt.
-func redisBucket(t *testing.T, addr, name string, rate float64, burst, conns int, rtt *lagLog) *limiter.Bucket {
-	t.Helper()
-	client := redis.NewClient(&redis.Options{Addr: addr})
-	var wg sync.WaitGroup
-	for range conns {
-		wg.Go(func() {
-			if err := client.Ping(context.Background()).Err(); err != nil {
-				t.Errorf("pinging Redis: %v", err)
-			}
-		})
-	}
-	wg.Wait()
-	store, err := redislimiter.New(client, redislimiter.Config{Bucket: name, Rate: rate, Burst: burst})
-	if err != nil {
-		t.Fatalf("redislimiter.New: %v", err)
-	}
-	b, err := limiter.New(timedStore{store, rtt}, limiter.Options{Logger: testLogger(t)})
-	if err != nil {
-		t.Fatalf("limiter.New: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = b.Close()
-		_ = client.Del(context.Background(), store.Keys()...).Err()
-		_ = client.Close()
-	})
-	return b
-}
-
-// timedStore reports the round trip of every Take to rtt. Embedding the
-// *redislimiter.Store keeps its heartbeats (limiter.ReplicaTracker).
-type timedStore struct {
-	*redislimiter.Store
-	rtt *lagLog
-}
-
-func (s timedStore) Take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
-	start := time.Now()
-	res, err := s.Store.Take(ctx, req)
-	end := time.Now()
-	s.rtt.add(end, end.Sub(start))
-	return res, err
-}
-
-// lagLog records delays and when they ended. It is safe for concurrent use.
-type lagLog struct {
-	mu      sync.Mutex
-	samples []lagSample
-}
-
-type lagSample struct {
-	at  time.Time
-	lag time.Duration
-}
-
-func (l *lagLog) add(at time.Time, lag time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.samples = append(l.samples, lagSample{at, lag})
-}
-
-// max returns the largest delay that ended within [from, to].
-func (l *lagLog) max(from, to time.Time) time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var m time.Duration
-	for _, s := range l.samples {
-		if !s.at.Before(from) && !s.at.After(to) {
-			m = max(m, s.lag)
-		}
-	}
-	return m
-}
-
-// probeWakeLag records, until stop is called, how late this process wakes
-// from short timers: the delay that a loaded machine adds to every
-// Bucket.Wait sleep and handler start.
-func probeWakeLag(l *lagLog) (stop func()) {
-	done, exited := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(exited)
-		const tick = 2 * time.Millisecond
-		timer := time.NewTimer(tick)
-		defer timer.Stop()
-		for {
-			start := time.Now()
-			timer.Reset(tick)
-			select {
-			case <-done:
-				return
-			case now := <-timer.C:
-				l.add(now, now.Sub(start)-tick)
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-exited
-	}
-}
-
-// TestSharedRate runs three replicas on one queue and one Redis bucket, and
-// checks the aggregate rate they deliver at.
-func TestSharedRate(t *testing.T) {
-	const (
-		n        = 600
-		rate     = 50.0
-		burst    = 5
-		replicas = 3
-		prefetch = 10
-	)
-	b := newBroker(t)
-	redisAddr := testenv.RedisAddr(t)
-	q := b.declareQueue(t)
-	ids := b.publish(t, q, n)
-	bucket := uniqueName(t)
-
-	tr := newTracker(n)
-	h := func(_ context.Context, msg consumer.Message) error {
-		tr.record(msg)
-		return nil
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var rtt, wake lagLog
-	var runs []func(context.Context) error
-	for range replicas {
-		c := newConsumer(t, rabbitmq.Config{
-			URL:      b.url,
-			Queue:    q,
-			Prefetch: prefetch,
-			Options: consumer.Options{
-				Limiter: redisBucket(t, redisAddr, bucket, rate, burst, prefetch, &rtt),
-			},
-		}, h)
-		runs = append(runs, c.Run)
-	}
-	stopProbe := probeWakeLag(&wake)
-	wait := runAll(t, ctx, runs...)
-	tr.wait(t, 30*time.Second)
-	cancel()
-	wait()
-	stopProbe()
-
-	if m := tr.missing(ids); len(m) > 0 {
-		t.Fatalf("%d messages never handled, first %s", len(m), m[0])
-	}
-	if got := b.waitReady(t, q, 0); got != 0 {
-		t.Errorf("%d messages left in the queue, want 0 (all acked)", got)
-	}
-
-	tr.mu.Lock()
-	calls := slices.Clone(tr.calls)
-	tr.mu.Unlock()
-	slices.SortFunc(calls, func(a, b time.Time) int { return a.Compare(b) })
-	// After the first burst, message k is due at (k-burst+1)/rate past the
-	// start; measure from the first message after the burst to the last.
-	span := calls[len(calls)-1].Sub(calls[burst])
-	measured := float64(len(calls)-1-burst) / span.Seconds()
-	// The bucket grants at most burst + rate·1s = 55 tokens in any second.
-	// A call starts after its grant, late by up to the store's round trip
-	// plus the process's wake-up lag (Bucket.Wait sleeps after the reply),
-	// so a window of calls may hold grants from a span longer by that lag.
-	// On a quiet machine the lag is a few ms and the limit is 55; when the
-	// machine stalls (CI runs packages in parallel), the windows around the
-	// stall may hold rate·lag more.
-	type window struct {
-		count, limit int
-		at, lag      time.Duration
-	}
-	var fullest, worst window // most calls; most calls above the limit
-	for i := range calls {
-		from, to := calls[i], calls[i].Add(time.Second)
-		j, _ := slices.BinarySearchFunc(calls, to, func(a, b time.Time) int { return a.Compare(b) })
-		lag := rtt.max(from.Add(-200*time.Millisecond), to) + wake.max(from.Add(-200*time.Millisecond), to)
-		w := window{count: j - i, limit: burst + int(rate) + int(rate*lag.Seconds()), at: from.Sub(calls[0]), lag: lag}
-		if w.count > fullest.count {
-			fullest = w
-		}
-		if i == 0 || w.count-w.limit > worst.count-worst.limit {
-			worst = w
-		}
-	}
-	t.Logf("shared rate: %d replicas, %d calls for %d messages, %.2f msg/s after the burst (want %.0f ±3%%); "+
-		"max %d in any 1s window (at +%v, limit %d with %v lag); total %v",
-		replicas, len(calls), n, measured, rate, fullest.count, fullest.at.Round(time.Millisecond), fullest.limit,
-		fullest.lag.Round(time.Millisecond), calls[len(calls)-1].Sub(calls[0]).Round(time.Millisecond))
-	// Requests that all pause for longer than the bucket can store lose
-	// the tokens beyond it; the lower bound allows for the longest measured
-	// store round trip plus wake-up lag, and only for it.
-	stall := rtt.max(calls[0], calls[len(calls)-1]) + wake.max(calls[0], calls[len(calls)-1])
-	if minRate := testenv.RateFloor(rate, burst, len(calls)-1-burst, stall); measured < minRate || measured > rate*1.03 {
-		t.Errorf("aggregate rate %.2f msg/s, want %.0f/s +3%% or down to %.2f/s (3%% and %v of measured stall)", measured, rate, minRate, stall.Round(time.Millisecond))
-	}
-	if worst.count > worst.limit {
-		t.Errorf("%d calls in the 1s window at +%v, want at most %d (55 + %.0f/s × %v of measured lag)",
-			worst.count, worst.at.Round(time.Millisecond), worst.limit, rate, worst.lag.Round(time.Millisecond))
-	}
-}
+// The shared-rate scenario (replicas on one queue and one Redis bucket
+// deliver at the bucket's rate together) runs for both backends in the
+// shared broker suite: integration/suite_scenarios_test.go, suiteSharedRate.
 
 // TestReplicaCrash cuts one replica's connection while it holds unacked
 // deliveries, and never lets it reconnect: the other replicas must handle
