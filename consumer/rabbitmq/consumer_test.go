@@ -3,9 +3,11 @@ package rabbitmq_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -677,4 +679,86 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestOrderingKey runs ordering by key against the broker: the messages of
+// one sender (a header) are handled one at a time in publish order, while
+// the other senders' messages proceed past a slow sender's.
+func TestOrderingKey(t *testing.T) {
+	b := newBroker(t)
+	q := b.declareQueue(t)
+	const perKey = 15
+	senders := []string{"slow", "fast1", "fast2"}
+	ctx := testenv.Context(t, 30*time.Second)
+	var confirms []*amqp.DeferredConfirmation
+	for i := range perKey {
+		for _, s := range senders {
+			dc, err := b.ch.PublishWithDeferredConfirmWithContext(ctx, "", q, false, false, amqp.Publishing{
+				MessageId: fmt.Sprintf("%s-%02d", s, i), Headers: amqp.Table{"x-from": s}, Body: []byte("x"),
+			})
+			must(t, err)
+			confirms = append(confirms, dc)
+		}
+	}
+	for _, dc := range confirms {
+		if ok, err := dc.WaitContext(ctx); !ok || err != nil {
+			t.Fatalf("publish not confirmed: %v", err)
+		}
+	}
+
+	var mu sync.Mutex
+	handled := map[string][]string{}
+	var order []string
+	active := map[string]bool{}
+	h := func(_ context.Context, m consumer.Message) error {
+		from := m.Headers["x-from"]
+		mu.Lock()
+		if active[from] {
+			t.Errorf("sender %s handled twice at once", from)
+		}
+		active[from] = true
+		mu.Unlock()
+		if from == "slow" {
+			time.Sleep(20 * time.Millisecond)
+		}
+		mu.Lock()
+		active[from] = false
+		handled[from] = append(handled[from], m.Source.MessageID)
+		order = append(order, from)
+		mu.Unlock()
+		return nil
+	}
+	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Prefetch: 3 * perKey, Concurrency: 3,
+		Options: consumer.Options{Ordering: consumer.OrderKey, OrderingKey: consumer.KeyFromHeader("x-from")}}, h)
+	runCtx, cancel := context.WithCancel(context.Background())
+	wait := runAll(t, runCtx, c.Run)
+	eventually(t, "all handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 3*perKey })
+	cancel()
+	wait()
+	for _, s := range senders {
+		if got := handled[s]; len(got) != perKey || !slices.IsSorted(got) {
+			t.Errorf("sender %s: handled %v, want %d in publish order", s, got, perKey)
+		}
+	}
+	// The fast senders do not wait behind the slow one: they are done
+	// before the slow sender's second half.
+	lastFast := 0
+	for i, from := range order {
+		if from != "slow" {
+			lastFast = i
+		}
+	}
+	slowBefore := 0
+	for _, from := range order[:lastFast] {
+		if from == "slow" {
+			slowBefore++
+		}
+	}
+	if slowBefore > perKey/2 {
+		t.Errorf("%d of the slow sender's %d messages were handled before the fast senders finished; they waited behind it", slowBefore, perKey)
+	}
+	if got := b.waitReady(t, q, 0); got != 0 {
+		t.Errorf("%d messages left in the queue", got)
+	}
+	t.Logf("slow sender: %d of %d handled before the fast senders were done", slowBefore, perKey)
 }

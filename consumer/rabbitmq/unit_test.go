@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -250,5 +252,40 @@ func TestWait(t *testing.T) {
 				t.Fatalf("Wait: %v; want error %v, permanent %v", err, tt.wantErr, tt.wantPermanent)
 			}
 		})
+	}
+}
+
+// TestLogsDurationsAsStrings checks that a JSON log gives retry_in as a
+// duration string ("1.2s"), not as a count of nanoseconds.
+func TestLogsDurationsAsStrings(t *testing.T) {
+	var buf testenv.Buffer
+	c, err := rabbitmq.New(rabbitmq.Config{
+		URL: "amqp://127.0.0.1:1/", Queue: "q", ReconnectBackoff: time.Millisecond,
+		Options: consumer.Options{Logger: slog.New(slog.NewJSONHandler(&buf, nil))},
+	}, nop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(buf.String(), "connect failed"); {
+		if time.Now().After(deadline) {
+			t.Fatal("no failed connect logged within 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if v, ok := rec["retry_in"]; ok {
+			if _, err := time.ParseDuration(fmt.Sprint(v)); err != nil {
+				t.Errorf("retry_in = %v (%T), want a duration string: %s", v, v, line)
+			}
+		}
 	}
 }
