@@ -13,8 +13,10 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/sinks/httpsink"
+	"github.com/throttlehq/throttle/sinks/msgtmpl"
 	"github.com/throttlehq/throttle/sinks/postgres"
 )
 
@@ -216,10 +218,27 @@ type Kafka struct {
 	DeadLetterTopic string `yaml:"dead_letter_topic"`
 	// StartOffset is first or last; empty means first.
 	StartOffset StartOffset `yaml:"start_offset"`
+	// Ordering is partition, key or none (consumer.Ordering); empty means
+	// the consumer's default, partition.
+	Ordering consumer.Ordering `yaml:"ordering"`
+	// OrderingKey is a message template (sinks/msgtmpl) giving the key
+	// for ordering: key, such as '{{index .Headers "x-from"}}'. Empty
+	// means the message key. It requires ordering: key.
+	OrderingKey string `yaml:"ordering_key"`
+	// MaxInFlight bounds the messages handled at once under ordering key
+	// or none. Zero means the consumer's default
+	// (kafka.DefaultMaxInFlight); not 0 in YAML.
+	MaxInFlight int `yaml:"max_in_flight,omitempty" check:"nonzero"`
 	// SASL configures SASL authentication; it is off by default.
 	SASL SASL `yaml:"sasl"`
 	// TLS configures TLS to the brokers; it is off by default.
 	TLS TLS `yaml:"tls"`
+}
+
+// KeyFunc returns the consumer.KeyFunc of OrderingKey, or nil when it is
+// empty (the consumer's default key).
+func (k Kafka) KeyFunc() (consumer.KeyFunc, error) {
+	return orderingKeyFunc("source.kafka.ordering_key", k.OrderingKey)
 }
 
 // SASLMechanism names a Kafka SASL mechanism. It is a plain string and safe
@@ -267,10 +286,44 @@ type RabbitMQ struct {
 	// dead-letter exchange and queue.
 	Declare bool `yaml:"declare"`
 	// DeadLetterExchange receives messages that could not be delivered.
-	// Empty means the consumer's default, Queue + ".dlx".
+	// With Declare it defaults to Queue + ".dlx". Without Declare, setting
+	// it makes the consumer publish dead letters there itself (with the
+	// x-throttle-* headers, checking at connect that it exists); empty
+	// means the broker's own dead-lettering (nack), with a warning at
+	// start.
 	DeadLetterExchange string `yaml:"dead_letter_exchange"`
+	// Ordering is partition, key or none (consumer.Ordering); empty means
+	// the consumer's default, partition.
+	Ordering consumer.Ordering `yaml:"ordering"`
+	// OrderingKey is a message template (sinks/msgtmpl) giving the key
+	// for ordering: key. Empty means the routing key. It requires
+	// ordering: key.
+	OrderingKey string `yaml:"ordering_key"`
 	// TLS configures TLS to the broker; it is off by default.
 	TLS TLS `yaml:"tls"`
+}
+
+// KeyFunc returns the consumer.KeyFunc of OrderingKey, or nil when it is
+// empty (the consumer's default key).
+func (r RabbitMQ) KeyFunc() (consumer.KeyFunc, error) {
+	return orderingKeyFunc("source.rabbitmq.ordering_key", r.OrderingKey)
+}
+
+// orderingKeyFunc parses the message template text named name and returns
+// a KeyFunc rendering it, or nil for an empty text. A message the template
+// fails on fails permanently (consumer.KeyFunc's contract).
+func orderingKeyFunc(name, text string) (consumer.KeyFunc, error) {
+	if text == "" {
+		return nil, nil
+	}
+	t, err := msgtmpl.Parse(name, text)
+	if err != nil {
+		return nil, err
+	}
+	return func(m consumer.Message) (string, error) {
+		b, err := msgtmpl.Render(t, msgtmpl.NewData(m))
+		return string(b), err
+	}, nil
 }
 
 // Sink says where messages are delivered (YAML key "sink"). Exactly one

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/throttlehq/throttle/consumer"
 )
 
 // minimal is the smallest valid configuration.
@@ -1029,5 +1031,43 @@ func TestMetricsListenPortZero(t *testing.T) {
 	_, err := Parse([]byte(minimal+"redis: {addr: '127.0.0.1:0'}\n"), nil)
 	if ps := problemsOf(t, err); ps[0].Key != "redis.addr" {
 		t.Errorf("problems %v", ps)
+	}
+}
+
+func TestOrdering(t *testing.T) {
+	kafka := func(extra string) string {
+		return strings.Replace(minimal, "group: g", "group: g\n    "+extra, 1)
+	}
+	cfg := mustParse(t, kafka("ordering: key\n    ordering_key: '{{index .Headers \"x-from\"}}'\n    max_in_flight: 50"), nil)
+	k := cfg.Source.Kafka
+	if k.Ordering != "key" || k.MaxInFlight != 50 {
+		t.Fatalf("kafka = %+v", k)
+	}
+	f, err := k.KeyFunc()
+	if err != nil || f == nil {
+		t.Fatalf("KeyFunc = %v, %v", f, err)
+	}
+	if key, err := f(consumer.Message{Headers: map[string]string{"x-from": "+1555"}}); key != "+1555" || err != nil {
+		t.Errorf("key = %q, %v", key, err)
+	}
+	if _, err := f(consumer.Message{Headers: map[string]string{}}); err != nil {
+		t.Errorf("a missing header via index: %v", err)
+	}
+	if f, err := (Kafka{}).KeyFunc(); f != nil || err != nil {
+		t.Errorf("empty ordering_key: %v, %v", f, err)
+	}
+	for _, tt := range []struct{ doc, key, want string }{
+		{kafka("ordering: random"), "source.kafka.ordering", `"random" is not`},
+		{kafka("ordering: key\n    ordering_key: '{{nope}}'"), "source.kafka.ordering_key", `function "nope" not defined`},
+		{kafka("ordering_key: '{{.Key}}'"), "source.kafka.ordering_key", "requires source.kafka.ordering: key"},
+		{kafka("max_in_flight: 0"), "source.kafka.max_in_flight", "must not be 0"},
+		{"limit: {bucket: b, rate: 1}\nsink: {stdout: {}}\nsource: {rabbitmq: {url: 'amqp://h/', queue: q, ordering: none, ordering_key: x}}\n",
+			"source.rabbitmq.ordering_key", "requires source.rabbitmq.ordering: key"},
+	} {
+		_, err := Parse([]byte(tt.doc), nil)
+		ps := problemsOf(t, err)
+		if len(ps) != 1 || ps[0].Key != tt.key || !strings.Contains(ps[0].Message, tt.want) {
+			t.Errorf("problems %v, want %s: %s", ps, tt.key, tt.want)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
 	"github.com/throttlehq/throttle/sinks"
@@ -192,6 +193,10 @@ func (k *Kafka) validate(ps *problems) {
 			ps.add(key+".dead_letter_topic", "must differ from %s.topic", key)
 		}
 	}
+	checkOrdering(ps, key, k.Ordering, k.OrderingKey)
+	if k.MaxInFlight < 0 {
+		ps.add(key+".max_in_flight", "must be >= 1, got %d", k.MaxInFlight)
+	}
 	switch k.StartOffset {
 	case "", StartFirst, StartLast:
 	default:
@@ -224,6 +229,7 @@ func (q *RabbitMQ) validate(ps *problems) {
 	if q.Concurrency < 0 {
 		ps.add(key+".concurrency", "must be >= 1, got %d", q.Concurrency)
 	}
+	checkOrdering(ps, key, q.Ordering, q.OrderingKey)
 	q.TLS.validate(ps, key+".tls")
 }
 
@@ -285,6 +291,22 @@ func (l *Log) validate(ps *problems) {
 	case "text", "json":
 	default:
 		ps.add("log.format", "must be one of text, json, got %q", l.Format)
+	}
+}
+
+// checkOrdering checks the ordering and ordering_key keys of a source.
+func checkOrdering(ps *problems, key string, o consumer.Ordering, keyTemplate string) {
+	if err := o.Validate(); err != nil {
+		ps.add(key+".ordering", "%v", err)
+	}
+	if keyTemplate == "" {
+		return
+	}
+	if _, err := orderingKeyFunc(key+".ordering_key", keyTemplate); err != nil {
+		ps.add(key+".ordering_key", "%v", err)
+	}
+	if o != consumer.OrderKey {
+		ps.add(key+".ordering_key", "requires %s.ordering: key, got %q", key, o)
 	}
 }
 

@@ -150,6 +150,27 @@ func newDeps(cfg *config.Config, lim consumer.Limiter, bucket *limiter.Bucket, o
 	return d
 }
 
+// options returns the consumer options of d with the source's ordering and
+// its ordering key function.
+func (d consumerDeps) options(ordering consumer.Ordering, keyFunc func() (consumer.KeyFunc, error)) (consumer.Options, error) {
+	key, err := keyFunc()
+	if err != nil {
+		return consumer.Options{}, err
+	}
+	return consumer.Options{
+		Limiter:      d.limiter,
+		Cost:         d.cost,
+		Pauser:       d.pauser,
+		MaxPause:     d.maxPause,
+		Retry:        d.retry,
+		DrainTimeout: d.drain,
+		Observer:     d.observer,
+		Logger:       d.log,
+		Ordering:     ordering,
+		OrderingKey:  key,
+	}, nil
+}
+
 // newConsumer builds the configured source's consumer around h.
 func newConsumer(src config.Source, d consumerDeps, h consumer.Handler) (runner, error) {
 	switch {
@@ -163,12 +184,17 @@ func newConsumer(src config.Source, d consumerDeps, h consumer.Handler) (runner,
 		if k.StartOffset == config.StartLast {
 			start = kafkago.LastOffset
 		}
+		opts, err := d.options(k.Ordering, k.KeyFunc)
+		if err != nil {
+			return nil, &configError{err: fmt.Errorf("source.kafka.ordering_key: %w", err)}
+		}
 		c, err := kafka.New(kafka.Config{
-			Options:         consumer.Options{Limiter: d.limiter, Cost: d.cost, Pauser: d.pauser, MaxPause: d.maxPause, Retry: d.retry, DrainTimeout: d.drain, Observer: d.observer, Logger: d.log},
+			Options:         opts,
 			Brokers:         k.Brokers,
 			Topic:           k.Topic,
 			Group:           k.Group,
 			Concurrency:     k.Concurrency,
+			MaxInFlight:     k.MaxInFlight,
 			DeadLetterTopic: k.DeadLetterTopic,
 			StartOffset:     start,
 			Dialer:          dialer,
@@ -183,6 +209,10 @@ func newConsumer(src config.Source, d consumerDeps, h consumer.Handler) (runner,
 		if err != nil {
 			return nil, &configError{err: fmt.Errorf("source.rabbitmq.%w", err)}
 		}
+		opts, err := d.options(q.Ordering, q.KeyFunc)
+		if err != nil {
+			return nil, &configError{err: fmt.Errorf("source.rabbitmq.ordering_key: %w", err)}
+		}
 		c, err := rabbitmq.New(rabbitmq.Config{
 			URL:                q.URL,
 			TLS:                tlsConf,
@@ -191,14 +221,7 @@ func newConsumer(src config.Source, d consumerDeps, h consumer.Handler) (runner,
 			Concurrency:        q.Concurrency,
 			Declare:            q.Declare,
 			DeadLetterExchange: q.DeadLetterExchange,
-			Limiter:            d.limiter,
-			Cost:               d.cost,
-			Pauser:             d.pauser,
-			MaxPause:           d.maxPause,
-			Retry:              d.retry,
-			DrainTimeout:       d.drain,
-			Observer:           d.observer,
-			Logger:             d.log,
+			Options:            opts,
 		}, h)
 		if err != nil {
 			return nil, &configError{err: fmt.Errorf("source.rabbitmq: %w", err)}
