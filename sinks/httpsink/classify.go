@@ -100,6 +100,7 @@ type statusSpan struct{ lo, hi int }
 // compiledRule is a Rule with its conditions parsed.
 type compiledRule struct {
 	Rule
+	builtin bool // one of DefaultRules: not named in errors
 	spans   []statusSpan
 	headers []headerCond
 	body    []bodyCond
@@ -135,6 +136,7 @@ func compileRules(lists ...namedRules) (*ruleSet, error) {
 				}
 				return nil, fmt.Errorf("%s: %w", name, err)
 			}
+			c.builtin = l.builtin
 			rs.needBody = rs.needBody || len(c.body) > 0
 			rs.rules = append(rs.rules, c)
 		}
@@ -143,8 +145,9 @@ func compileRules(lists ...namedRules) (*ruleSet, error) {
 }
 
 type namedRules struct {
-	name  string
-	rules []Rule
+	name    string
+	rules   []Rule
+	builtin bool
 }
 
 func compileRule(r Rule) (compiledRule, error) {

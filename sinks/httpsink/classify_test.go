@@ -10,7 +10,7 @@ import (
 // TestDefaultRulesKeepTheClassification: the default rule set decides
 // exactly as the sink did before rules existed.
 func TestDefaultRulesKeepTheClassification(t *testing.T) {
-	rs, err := compileRules(namedRules{"DefaultRules", DefaultRules})
+	rs, err := compileRules(namedRules{name: "DefaultRules", rules: DefaultRules, builtin: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func TestRulesMatchBodyAndHeaders(t *testing.T) {
 		{Name: "header", Headers: map[string][]string{"x-limit": {"hit"}}, Action: PushBack},
 		{Name: "header present", Headers: map[string][]string{"X-Other": nil}, Action: Retry, Delay: time.Second},
 	}
-	rs, err := compileRules(namedRules{"Rules", rules}, namedRules{"DefaultRules", DefaultRules})
+	rs, err := compileRules(namedRules{name: "Rules", rules: rules}, namedRules{name: "DefaultRules", rules: DefaultRules, builtin: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestCompileRulesRejects(t *testing.T) {
 		{Rule{Action: Permanent, Body: map[string][]string{"a..b": nil}}, "empty element"},
 	}
 	for _, tt := range tests {
-		_, err := compileRules(namedRules{"Rules", []Rule{{Action: Delivered}, tt.rule}})
+		_, err := compileRules(namedRules{name: "Rules", rules: []Rule{{Action: Delivered}, tt.rule}})
 		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "Rules[1]") {
 			t.Errorf("%+v: err = %v, want Rules[1] and %q", tt.rule, err, tt.want)
 		}
@@ -179,7 +179,7 @@ func TestPresetRules(t *testing.T) {
 		},
 	}
 	for _, name := range Presets {
-		rs, err := compileRules(namedRules{"preset " + name, presetSpecs[name].rules}, namedRules{"DefaultRules", DefaultRules})
+		rs, err := compileRules(namedRules{name: "preset " + name, rules: presetSpecs[name].rules}, namedRules{name: "DefaultRules", rules: DefaultRules, builtin: true})
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}

@@ -20,23 +20,54 @@
 // of a body that is not JSON, any other execution error) makes the message
 // permanent: it is dead-lettered, never sent half-rendered.
 //
+// The URL may hold template actions too, with the same data, for an API
+// that names the recipient in the path (APNs: /3/device/{{.JSON.token}}).
+//
+// # Presets
+//
+// Config.Preset fills in what a provider needs: twilio, vonage (Messages
+// API), vonage_sms (the legacy SMS API), fcm (HTTP v1) or apns (HTTP/2,
+// token-based). It sets the URL (Config.URL becomes the base URL, so tests
+// can point a preset at a mock), the method, content type, body template,
+// authentication and response rules; every field set in Config wins over
+// the preset's. Credentials come from Config.Credentials or, for its zero
+// fields, from the environment variables each preset names (see
+// Credentials), and key files are read in New; they never appear in logs
+// or errors. Sink.Check verifies them where the provider allows it
+// without sending a message (twilio: the Account resource; fcm: fetching
+// an access token).
+//
 // # Responses and errors
 //
+// Each response is classified by the first matching Rule of Config.Rules,
+// then of the preset, then of DefaultRules, which keep the classification
+// the sink always had:
+//
 //   - 2xx: delivered.
-//   - 408, 429 and 5xx: retryable. If the response has a Retry-After header
-//     (seconds or an HTTP date), the error carries that delay with
-//     consumer.RetryAfter, capped at Config.MaxRetryAfter. A 429 without a
-//     usable Retry-After carries Config.DefaultRetryAfter instead, because
-//     a 429 always means "slow down". The consumer.PushBack middleware turns
-//     that delay into a pause of the shared bucket for every replica.
+//   - 429: retryable, push back: the error carries the Retry-After delay
+//     (seconds or an HTTP date) with consumer.RetryAfter, or
+//     Config.DefaultRetryAfter without a usable one, capped at
+//     Config.MaxRetryAfter. The consumer.PushBack middleware turns that
+//     delay into a pause of the shared bucket for every replica.
+//   - 408 and 5xx: retryable, carrying the Retry-After delay if there is
+//     one.
 //   - Any other status, redirects included (they are not followed): permanent.
+//
+// Rules can look at the status, headers and JSON body fields, so a provider
+// that answers 200 with an error in the body (Vonage's legacy SMS API) is
+// classified correctly. A rule may mark a permanent answer as "recipient
+// gone"; the *StatusError then asks the consumer for the dead-letter header
+// x-throttle-recipient-gone: true. Besides responses:
+//
 //   - Network errors and timeouts: retryable.
-//   - A body template that fails for a message: permanent.
+//   - A body or URL template that fails for a message: permanent.
+//   - An authorizer that cannot get a token: retryable.
 //
 // Error texts name the method, the URL without its query and user
-// information, the status and a short, truncated snippet of the response
-// body. They never include request headers, where credentials live, nor the
-// URL query, where some providers expect an API key. A non-2xx answer is a
+// information, the status, the rule when it is not a default one, and a
+// short, truncated snippet of the response body. They never include
+// request headers, where credentials live, nor the URL query, where some
+// providers expect an API key. A response that is not delivered is a
 // *StatusError, reachable with errors.As.
 //
 // # Connections
@@ -50,6 +81,7 @@ package httpsink
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -121,6 +153,23 @@ type Config struct {
 	// MaxRetryAfter caps the delay taken from a Retry-After header, so a
 	// provider cannot stop delivery for hours. Default 60s.
 	MaxRetryAfter time.Duration
+	// Preset is a provider preset, one of Presets, or empty for none. With
+	// a preset, URL is optional and, when set, replaces the provider's
+	// base URL (scheme, host and an optional path prefix).
+	Preset string
+	// Credentials are the preset's credentials. Zero fields are read from
+	// the environment variables the preset names.
+	Credentials Credentials
+	// Rules classify responses; they are tried in order before the
+	// preset's rules and DefaultRules.
+	Rules []Rule
+	// Auth adds credentials to every request. Nil means the preset's, or
+	// none.
+	Auth Authorizer
+	// TLS is the TLS configuration for https URLs, for example with the
+	// RootCAs of a private CA. Nil means Go's defaults and the system's
+	// roots (which honour SSL_CERT_FILE).
+	TLS *tls.Config
 }
 
 // StatusError is the error for a response whose status is not 2xx. The
@@ -132,16 +181,43 @@ type StatusError struct {
 	// Body is a snippet of the response body: at most 256 bytes, with
 	// control characters replaced by spaces.
 	Body string
+	// Rule is the Name of the rule that classified the response, empty
+	// for DefaultRules.
+	Rule string
+	// RecipientGone is set when that rule says the recipient (number,
+	// device token) no longer exists.
+	RecipientGone bool
 
 	endpoint string
 	status   string
 }
 
 func (e *StatusError) Error() string {
-	if e.Body == "" {
-		return fmt.Sprintf("%s: %s", e.endpoint, e.status)
+	status := e.status
+	if e.Rule != "" {
+		status += " (" + e.Rule + ")"
 	}
-	return fmt.Sprintf("%s: %s: %s", e.endpoint, e.status, e.Body)
+	if e.Body == "" {
+		return fmt.Sprintf("%s: %s", e.endpoint, status)
+	}
+	return fmt.Sprintf("%s: %s: %s", e.endpoint, status, e.Body)
+}
+
+// DeadLetterHeaders are the headers the consumer adds to the message when
+// it dead-letters it for this error: x-throttle-recipient-gone: true when
+// the recipient is gone, none otherwise.
+func (e *StatusError) DeadLetterHeaders() map[string]string {
+	if !e.RecipientGone {
+		return nil
+	}
+	return map[string]string{HeaderRecipientGone: "true"}
+}
+
+// IsRecipientGone reports whether err is, or wraps, a *StatusError whose
+// rule says the recipient is gone.
+func IsRecipientGone(err error) bool {
+	var serr *StatusError
+	return errors.As(err, &serr) && serr.RecipientGone
 }
 
 // Sink delivers messages as HTTP requests. It is safe for concurrent use.
@@ -150,11 +226,15 @@ type Sink struct {
 	client            *http.Client
 	transport         *http.Transport
 	method            string
-	url               string
-	endpoint          string // method and URL without userinfo and query, for errors
-	header            http.Header
+	url               string             // the URL, unless urlTmpl is set
+	urlTmpl           *template.Template // the URL when it holds template actions
+	endpoint          string             // method and URL without userinfo and query, for errors
+	header            http.Header        // never modified after New
 	timeout           time.Duration
 	tmpl              *template.Template
+	rules             *ruleSet
+	auth              Authorizer
+	checker           Checker
 	defaultRetryAfter time.Duration
 	maxRetryAfter     time.Duration
 }
@@ -163,28 +243,50 @@ type Sink struct {
 // returns nil or every problem found, each a *sinks.FieldError naming the
 // Go field at fault (joined with errors.Join; read them with
 // sinks.FieldErrors). Errors never quote a header value nor the URL, which
-// may hold credentials.
+// may hold credentials. It does not read a preset's credentials: New does.
 func (cfg Config) Validate() error {
-	_, _, err := cfg.parse()
+	_, err := cfg.parse()
 	return err
 }
 
-// parse validates cfg and returns its URL and body template.
-func (cfg Config) parse() (*url.URL, *template.Template, error) {
+// parsed is what parse makes of a Config.
+type parsed struct {
+	tmpl  *template.Template // the body template, nil for the raw payload
+	rules *ruleSet           // Rules, the preset's rules, DefaultRules
+}
+
+// parse validates cfg, with a preset's parts where cfg leaves them zero.
+func (cfg Config) parse() (*parsed, error) {
 	var errs []error
 	bad := func(field, key, format string, args ...any) {
 		errs = append(errs, &sinks.FieldError{Field: field, Key: key, Err: fmt.Errorf(format, args...)})
 	}
-	u, err := url.Parse(cfg.URL)
-	switch {
-	case cfg.URL == "":
-		bad("URL", "", "required")
-	case err != nil:
-		bad("URL", "", "not a valid URL")
-	case u.Scheme != "http" && u.Scheme != "https":
-		bad("URL", "", "scheme must be http or https, got %q", u.Scheme)
-	case u.Host == "":
-		bad("URL", "", "has no host")
+	var spec presetSpec
+	if cfg.Preset != "" {
+		var ok bool
+		if spec, ok = presetSpecs[cfg.Preset]; !ok {
+			bad("Preset", "", "must be one of %s, got %q", strings.Join(Presets, ", "), cfg.Preset)
+		}
+	}
+	if cfg.URL != "" || cfg.Preset == "" {
+		// A template action may stand in the path or query: check what
+		// comes before the first one.
+		static, _, _ := strings.Cut(cfg.URL, "{{")
+		u, err := url.Parse(static)
+		switch {
+		case cfg.URL == "":
+			bad("URL", "", "required")
+		case err != nil:
+			bad("URL", "", "not a valid URL")
+		case u.Scheme != "http" && u.Scheme != "https":
+			bad("URL", "", "scheme must be http or https, got %q", u.Scheme)
+		case u.Host == "":
+			bad("URL", "", "has no host")
+		case strings.Contains(cfg.URL, "{{"):
+			if _, err := msgtmpl.Parse("url", cfg.URL); err != nil {
+				bad("URL", "", "%w", err)
+			}
+		}
 	}
 	if cfg.Method != "" && !validToken(cfg.Method) {
 		bad("Method", "", "must be an HTTP method such as POST, got %q", cfg.Method)
@@ -220,63 +322,145 @@ func (cfg Config) parse() (*url.URL, *template.Template, error) {
 			bad("Headers", name, "value holds a control character (CR, LF, NUL, ...)")
 		}
 	}
-	var tmpl *template.Template
-	if cfg.BodyTemplate != "" {
-		if tmpl, err = msgtmpl.Parse(templateName, cfg.BodyTemplate); err != nil {
+	p := &parsed{}
+	body := cfg.BodyTemplate
+	if body == "" {
+		body = spec.bodyTemplate
+	}
+	if body != "" {
+		var err error
+		if p.tmpl, err = msgtmpl.Parse(templateName, body); err != nil {
 			bad("BodyTemplate", "", "%w", err)
 		}
 	}
-	if len(errs) > 0 {
-		return nil, nil, errors.Join(errs...)
+	for i, r := range cfg.Rules {
+		if _, err := compileRule(r); err != nil {
+			bad("Rules", strconv.Itoa(i), "%w", err)
+		}
 	}
-	return u, tmpl, nil
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	var err error
+	p.rules, err = compileRules(
+		namedRules{name: "Rules", rules: cfg.Rules},
+		namedRules{name: "preset " + cfg.Preset, rules: spec.rules},
+		namedRules{name: "DefaultRules", rules: DefaultRules, builtin: true},
+	)
+	if err != nil { // the preset's or the default rules: a bug, tested
+		return nil, err
+	}
+	return p, nil
 }
 
-// New validates cfg (see Validate) and returns a Sink. It makes no network
-// call.
+// New validates cfg (see Validate), loads a preset's credentials and
+// returns a Sink. It makes no network call: Check does.
 func New(cfg Config) (*Sink, error) {
-	u, tmpl, err := cfg.parse()
+	p, err := cfg.parse()
 	if err != nil {
 		return nil, fmt.Errorf("httpsink: %w", err)
-	}
-	method := cfg.Method
-	if method == "" {
-		method = DefaultMethod
-	}
-	s := &Sink{
-		method:            method,
-		url:               u.String(),
-		endpoint:          method + " " + (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}).String(),
-		header:            make(http.Header, len(cfg.Headers)+1),
-		timeout:           orDefault(cfg.Timeout, DefaultTimeout),
-		tmpl:              tmpl,
-		defaultRetryAfter: orDefault(cfg.DefaultRetryAfter, DefaultDefaultRetryAfter),
-		maxRetryAfter:     orDefault(cfg.MaxRetryAfter, DefaultMaxRetryAfter),
-	}
-	s.header.Set("Content-Type", DefaultContentType)
-	if cfg.ContentType != "" {
-		s.header.Set("Content-Type", cfg.ContentType)
-	}
-	for name, v := range cfg.Headers {
-		s.header.Set(name, v)
 	}
 	maxConns := cfg.MaxConns
 	if maxConns == 0 {
 		maxConns = DefaultMaxConns
 	}
-	s.transport = newTransport(maxConns)
+	s := &Sink{
+		method:            cfg.Method,
+		header:            make(http.Header, len(cfg.Headers)+1),
+		timeout:           orDefault(cfg.Timeout, DefaultTimeout),
+		tmpl:              p.tmpl,
+		rules:             p.rules,
+		auth:              cfg.Auth,
+		defaultRetryAfter: orDefault(cfg.DefaultRetryAfter, DefaultDefaultRetryAfter),
+		maxRetryAfter:     orDefault(cfg.MaxRetryAfter, DefaultMaxRetryAfter),
+	}
+	s.transport = newTransport(maxConns, cfg.TLS)
 	s.client = &http.Client{
 		Transport: s.transport,
 		// A redirect is answered as is: a POST must not silently turn
 		// into a GET, nor its credentials follow it elsewhere.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+	target, contentType := cfg.URL, cfg.ContentType
+	if cfg.Preset != "" {
+		rp, err := resolvePreset(cfg.Preset, cfg.URL, cfg.Credentials, cfg.Headers, defaultPresetEnv(), s.client)
+		if err != nil {
+			return nil, fmt.Errorf("httpsink: %w", err)
+		}
+		target = rp.url
+		if s.method == "" {
+			s.method = rp.method
+		}
+		if contentType == "" {
+			contentType = rp.contentType
+		}
+		for name, v := range rp.headers {
+			s.header.Set(name, v)
+		}
+		if s.auth == nil {
+			s.auth, s.checker = rp.auth, rp.checker
+		}
+	}
+	if s.checker == nil {
+		s.checker, _ = s.auth.(Checker)
+	}
+	if s.method == "" {
+		s.method = DefaultMethod
+	}
+	s.header.Set("Content-Type", DefaultContentType)
+	if contentType != "" {
+		s.header.Set("Content-Type", contentType)
+	}
+	for name, v := range cfg.Headers {
+		s.header.Set(name, v)
+	}
+	// The endpoint names the method and the URL without its query and
+	// user information; a template action stays as its text, never a
+	// message's data.
+	pathPart, _, _ := strings.Cut(target, "?")
+	staticPath, rest, inPath := strings.Cut(pathPart, "{{")
+	u, err := url.Parse(staticPath)
+	if err != nil {
+		return nil, errors.New("httpsink: the URL is not valid")
+	}
+	s.endpoint = s.method + " " + (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}).String()
+	if inPath {
+		s.endpoint += "{{" + rest
+	}
+	if strings.Contains(target, "{{") {
+		if s.urlTmpl, err = msgtmpl.Parse("url", target); err != nil {
+			return nil, fmt.Errorf("httpsink: url: %w", err)
+		}
+	} else {
+		full, err := url.Parse(target)
+		if err != nil {
+			return nil, errors.New("httpsink: the URL is not valid")
+		}
+		s.url = full.String()
+	}
 	return s, nil
 }
 
-func newTransport(maxConns int) *http.Transport {
+// Check verifies the credentials where the preset or Config.Auth can do so
+// without sending a message (see Checker), so that wrong credentials stop
+// the program at start-up. It returns nil when there is nothing to check.
+func (s *Sink) Check(ctx context.Context) error {
+	if s.checker == nil {
+		return nil
+	}
+	if err := s.checker.Check(ctx); err != nil {
+		return fmt.Errorf("httpsink: %w", err)
+	}
+	return nil
+}
+
+func newTransport(maxConns int, tlsConf *tls.Config) *http.Transport {
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	if tlsConf != nil {
+		tlsConf = tlsConf.Clone()
+	}
 	return &http.Transport{
+		TLSClientConfig:       tlsConf,
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           dialer.DialContext,
 		ForceAttemptHTTP2:     true,
@@ -307,18 +491,31 @@ func (s *Sink) Close() error {
 // Send delivers msg as one request and classifies the outcome as the
 // package documentation describes.
 func (s *Sink) Send(ctx context.Context, msg consumer.Message) error {
-	body, err := s.body(msg)
+	target, body, err := s.render(msg)
 	if err != nil {
 		return err
 	}
 	reqCtx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(reqCtx, s.method, s.url, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(reqCtx, s.method, target, bytes.NewReader(body))
 	if err != nil {
-		// New validated the method and URL, so this is not expected.
+		// New validated the method and URL; a URL template may still
+		// render something unusable for this message.
 		return consumer.Permanent(fmt.Errorf("%s: building request: %w", s.endpoint, err))
 	}
-	req.Header = s.header.Clone()
+	if s.auth == nil {
+		// net/http never writes to a request's headers, so the shared,
+		// never-modified header map is safe to hand over as is.
+		req.Header = s.header
+	} else {
+		req.Header = s.header.Clone()
+		if err := s.auth.Authorize(reqCtx, req); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("%s: %w", s.endpoint, ctx.Err())
+			}
+			return fmt.Errorf("%s: authorizing: %w", s.endpoint, err)
+		}
+	}
 
 	resp, err := s.client.Do(req)
 	if err != nil {
@@ -328,21 +525,30 @@ func (s *Sink) Send(ctx context.Context, msg consumer.Message) error {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
 		_ = resp.Body.Close()
 	}()
-	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		return nil
-	}
-	return s.statusError(resp)
+	return s.classify(resp)
 }
 
-func (s *Sink) body(msg consumer.Message) ([]byte, error) {
-	if s.tmpl == nil {
-		return msg.Body, nil
+// render returns the URL and body of msg's request.
+func (s *Sink) render(msg consumer.Message) (string, []byte, error) {
+	if s.tmpl == nil && s.urlTmpl == nil {
+		return s.url, msg.Body, nil
 	}
-	b, err := msgtmpl.Render(s.tmpl, msgtmpl.NewData(msg))
-	if err != nil {
-		return nil, consumer.Permanent(err)
+	data := msgtmpl.NewData(msg)
+	target, body := s.url, msg.Body
+	if s.urlTmpl != nil {
+		b, err := msgtmpl.Render(s.urlTmpl, data)
+		if err != nil {
+			return "", nil, consumer.Permanent(err)
+		}
+		target = string(b)
 	}
-	return b, nil
+	if s.tmpl != nil {
+		var err error
+		if body, err = msgtmpl.Render(s.tmpl, data); err != nil {
+			return "", nil, consumer.Permanent(err)
+		}
+	}
+	return target, body, nil
 }
 
 // transportError classifies a failed round trip. All of them are
@@ -361,30 +567,41 @@ func (s *Sink) transportError(ctx context.Context, err error) error {
 	return fmt.Errorf("%s: %w", s.endpoint, err)
 }
 
-func (s *Sink) statusError(resp *http.Response) error {
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, snippetLen+1))
+// classify applies the rules to resp. It reads the body only when a rule
+// looks at it or the answer is not 2xx (for the error's snippet).
+func (s *Sink) classify(resp *http.Response) error {
+	var raw []byte
+	switch {
+	case s.rules.needBody:
+		raw, _ = io.ReadAll(io.LimitReader(resp.Body, drainLimit))
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
+		raw, _ = io.ReadAll(io.LimitReader(resp.Body, snippetLen+1))
+	}
+	d := s.rules.decide(&response{status: resp.StatusCode, header: resp.Header, body: raw},
+		time.Now(), s.defaultRetryAfter, s.maxRetryAfter)
+	if d.rule.Action == Delivered {
+		return nil
+	}
 	serr := &StatusError{
-		StatusCode: resp.StatusCode,
-		Body:       snippet(raw),
-		endpoint:   s.endpoint,
-		status:     resp.Status,
+		StatusCode:    resp.StatusCode,
+		Body:          snippet(raw),
+		RecipientGone: d.rule.RecipientGone,
+		endpoint:      s.endpoint,
+		status:        resp.Status,
+	}
+	if !d.rule.builtin {
+		serr.Rule = d.rule.Name
 	}
 	if serr.status == "" {
 		serr.status = strconv.Itoa(resp.StatusCode)
 	}
-	code := resp.StatusCode
-	if code != http.StatusRequestTimeout && code != http.StatusTooManyRequests && code < 500 {
-		return consumer.Permanent(serr)
-	}
-	d, ok := retryAfter(resp.Header.Get("Retry-After"), time.Now())
 	switch {
-	case ok:
-		return consumer.RetryAfter(serr, min(d, s.maxRetryAfter))
-	case code == http.StatusTooManyRequests:
-		return consumer.RetryAfter(serr, min(s.defaultRetryAfter, s.maxRetryAfter))
-	default:
-		return serr
+	case d.rule.Action == Permanent:
+		return consumer.Permanent(serr)
+	case d.hasDelay:
+		return consumer.RetryAfter(serr, d.delay)
 	}
+	return serr
 }
 
 // retryAfter parses a Retry-After value: delay-seconds or an HTTP date. A
