@@ -24,6 +24,8 @@ type offsetTracker struct {
 	head uint64   // sequence number of the oldest unfinished message
 	tail uint64   // sequence number the next added message gets
 	next int64    // offset after the last added message; valid when fetched
+	// first is the offset of the first added message; valid when fetched.
+	first int64
 	// fetched reports whether any message was added.
 	fetched bool
 }
@@ -50,7 +52,9 @@ func (t *offsetTracker) add(off int64) uint64 {
 	t.done[slot/64] &^= 1 << (slot % 64)
 	t.tail++
 	t.next = off + 1
-	t.fetched = true
+	if !t.fetched {
+		t.first, t.fetched = off, true
+	}
 	return seq
 }
 
@@ -97,15 +101,17 @@ func (t *offsetTracker) finish(seq uint64) bool {
 
 // position returns the offset to commit: the offset of the oldest
 // unfinished message, or the offset after the last fetched one when all
-// finished. ok is false while nothing was fetched.
+// finished. ok is false until the first fetched message finished: there is
+// nothing to commit before.
 func (t *offsetTracker) position() (off int64, ok bool) {
 	if !t.fetched {
 		return 0, false
 	}
-	if t.head == t.tail {
-		return t.next, true
+	off = t.next
+	if t.head != t.tail {
+		off = t.offs[t.head&uint64(len(t.offs)-1)]
 	}
-	return t.offs[t.head&uint64(len(t.offs)-1)], true
+	return off, off != t.first
 }
 
 // window returns the number of fetched messages at or after the commit

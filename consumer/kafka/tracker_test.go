@@ -12,7 +12,7 @@ func TestOffsetTracker(t *testing.T) {
 	type step struct {
 		add    []int64 // offsets fetched, in order
 		finish []int64 // offsets finished
-		want   int64   // commit position after the step; -1: none yet
+		want   int64   // commit position after the step; -1: nothing to commit yet
 		window int     // fetched messages at or after the position
 	}
 	cases := []struct {
@@ -21,19 +21,19 @@ func TestOffsetTracker(t *testing.T) {
 	}{
 		{"nothing fetched", []step{{want: -1}}},
 		{"in order", []step{
-			{add: []int64{0, 1, 2}, want: 0, window: 3},
+			{add: []int64{0, 1, 2}, want: -1, window: 3},
 			{finish: []int64{0}, want: 1, window: 2},
 			{finish: []int64{1, 2}, want: 3, window: 0},
 		}},
 		{"out of order waits for the oldest", []step{
-			{add: []int64{10, 11, 12, 13}, want: 10, window: 4},
-			{finish: []int64{13, 11}, want: 10, window: 4},
+			{add: []int64{10, 11, 12, 13}, want: -1, window: 4},
+			{finish: []int64{13, 11}, want: -1, window: 4},
 			{finish: []int64{10}, want: 12, window: 2},
 			{finish: []int64{12}, want: 14, window: 0},
 		}},
 		{"gaps between offsets (compaction, transaction markers)", []step{
-			{add: []int64{5, 9, 20}, want: 5, window: 3},
-			{finish: []int64{9}, want: 5, window: 3},
+			{add: []int64{5, 9, 20}, want: -1, window: 3},
+			{finish: []int64{9}, want: -1, window: 3},
 			{finish: []int64{5}, want: 20, window: 1},
 			{finish: []int64{20}, want: 21, window: 0},
 			{add: []int64{40}, want: 40, window: 1},
@@ -45,8 +45,11 @@ func TestOffsetTracker(t *testing.T) {
 			// 0 and 3 in flight finish; 1, 2 and 4 were dropped.
 			{add: []int64{0, 1, 2, 3, 4}, finish: []int64{3, 0}, want: 1, window: 4},
 		}},
+		{"revocation before anything finished commits nothing", []step{
+			{add: []int64{7, 8}, finish: []int64{8}, want: -1, window: 2},
+		}},
 		{"a window larger than the initial ring", []step{
-			{add: seq(0, 200), finish: seq(1, 200), want: 0, window: 200},
+			{add: seq(0, 200), finish: seq(1, 200), want: -1, window: 200},
 			{finish: []int64{0}, want: 200, window: 0},
 			{add: seq(200, 500), finish: seq(200, 499), want: 499, window: 1},
 		}},
