@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
 	"github.com/throttlehq/throttle/sinks"
+	"github.com/throttlehq/throttle/sinks/httpsink"
 )
 
 const runHelp = `Usage: throttle run --config FILE
@@ -380,7 +382,7 @@ func describeSource(s config.Source) string {
 func describeSink(s config.Sink) string {
 	switch {
 	case s.HTTP != nil:
-		return "http " + s.HTTP.Method + " " + config.RedactURL(s.HTTP.URL)
+		return "http " + cmp.Or(s.HTTP.Method, httpsink.DefaultMethod) + " " + config.RedactURL(s.HTTP.URL)
 	case s.Postgres != nil:
 		return "postgres table " + s.Postgres.Table
 	case s.Stdout != nil:
