@@ -1,0 +1,386 @@
+package redislimiter
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// Layered is a limiter.LayeredStore in Redis: a Store's shared bucket plus
+// further layers (keyed buckets and calendar quotas; see limiter.Layer).
+//
+// On one Redis node, or a Sentinel-managed master, one script decides the
+// shared bucket and every layer atomically: one round trip per message, all
+// layers charged or none.
+//
+// On a Redis Cluster (a *redis.ClusterClient), the state of each key of a
+// keyed layer lives in the key's own slot, so that a million recipients
+// spread over every master. A request then takes one step per slot group,
+// in order: first the shared bucket with the layers that have no key (the
+// bucket's {NAME} slot), then each keyed layer. Each step is atomic and
+// charges only if all its layers grant; when a later step refuses, the
+// earlier ones are refunded. Nothing is over-granted: every token a message
+// uses was charged on every layer. What Cluster gives up is the single
+// atomic instant: between a step and the refund of a refused message, the
+// tokens of the earlier steps look taken, so another message may wait or be
+// refused that a single script would have granted (under-granting, bounded
+// by one round trip), and a refund lost to a failure loses those tokens
+// until the bucket refills.
+//
+// # Keys
+//
+// Besides the Store's keys, layer NAME-L of bucket NAME uses
+//
+//	PREFIX NAME:L:{KEY}   string "tokens ts" (keyed bucket) or "window_end used" (quota), per key
+//	PREFIX{NAME}:L        the same, for a layer without keys
+//
+// (PREFIX and NAME as in the Store; no space between them). A keyed
+// bucket's key expires when the bucket is full again, a quota's one second
+// after its window ends, so only keys in use hold memory.
+//
+// A Layered is safe for concurrent use.
+type Layered struct {
+	*Store
+	layers  []limiter.Layer
+	cluster bool
+	// keyPrefix[i] + key + "}" names the state of a key of a keyed layer
+	// i; unkeyed[i] names the state of layer i without keys.
+	keyPrefix []string
+	unkeyed   []string
+	// spec[i] are layer i's constant arguments of layersScript: index,
+	// kind, rate or quota, burst, action, max_wait_us.
+	spec [][]any
+	// windows caches each quota's boundaries around the last instant.
+	windows []atomic.Pointer[[4]int64]
+}
+
+// WithLayers returns a layered store on s's bucket. The layers are
+// validated (see limiter.ValidateLayers) and copied. It makes no Redis
+// call. A Cluster client (*redis.ClusterClient) makes the store spread keyed
+// state over the masters, deciding in steps (see Layered).
+func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
+	layers = append([]limiter.Layer(nil), layers...)
+	if err := limiter.ValidateLayers(layers); err != nil {
+		return nil, err
+	}
+	_, cluster := s.client.(*redis.ClusterClient)
+	l := &Layered{
+		Store:     s,
+		layers:    layers,
+		cluster:   cluster,
+		keyPrefix: make([]string, len(layers)),
+		unkeyed:   make([]string, len(layers)),
+		spec:      make([][]any, len(layers)),
+		windows:   make([]atomic.Pointer[[4]int64], len(layers)),
+	}
+	for i, ly := range layers {
+		l.keyPrefix[i] = s.cfg.Prefix + s.cfg.Bucket + ":" + ly.Name + ":{"
+		l.unkeyed[i] = s.cfg.Prefix + "{" + s.cfg.Bucket + "}:" + ly.Name
+		kind, a, b := "b", strconv.FormatFloat(ly.Rate, 'g', -1, 64), ly.Burst
+		if ly.IsQuota() {
+			kind, a, b = "q", strconv.Itoa(ly.Quota), 0
+		}
+		action := map[limiter.Action]string{limiter.ActionWait: "w", limiter.ActionDeadLetter: "d", limiter.ActionDelay: "y"}[ly.OnExceed]
+		l.spec[i] = []any{i + 1, kind, a, b, action, ly.MaxWait.Microseconds()}
+	}
+	return l, nil
+}
+
+// Layers implements limiter.LayeredStore.
+func (l *Layered) Layers() []limiter.Layer { return append([]limiter.Layer(nil), l.layers...) }
+
+// LayerKey returns the Redis key that holds the state of key in layer i.
+func (l *Layered) layerKey(i int, key string) string {
+	if !l.layers[i].Keyed {
+		return l.unkeyed[i]
+	}
+	return l.keyPrefix[i] + key + "}"
+}
+
+// window returns the boundaries of layer i's quota windows around now, in
+// µs, from a cache while now stays in the same window.
+func (l *Layered) window(i int, now time.Time) [4]int64 {
+	us := now.UnixMicro()
+	if w := l.windows[i].Load(); w != nil && us >= w[1] && us < w[2] {
+		return *w
+	}
+	ly := l.layers[i]
+	b := ly.Per.Windows(now, ly.Location)
+	w := [4]int64{b[0].UnixMicro(), b[1].UnixMicro(), b[2].UnixMicro(), b[3].UnixMicro()}
+	l.windows[i].Store(&w)
+	return w
+}
+
+// step is one atomic script call: the shared bucket or not, and some
+// layers.
+type step struct {
+	shared bool
+	layers []int
+}
+
+// steps returns the script calls for one request: one on a single node, one
+// per slot group on a Cluster.
+func (l *Layered) steps(skipShared bool) []step {
+	all := step{shared: !skipShared}
+	if !l.cluster {
+		for i := range l.layers {
+			all.layers = append(all.layers, i)
+		}
+		return []step{all}
+	}
+	out := []step{all}
+	for i, ly := range l.layers {
+		if ly.Keyed {
+			out = append(out, step{layers: []int{i}})
+		} else {
+			out[0].layers = append(out[0].layers, i)
+		}
+	}
+	if !out[0].shared && len(out[0].layers) == 0 {
+		out = out[1:]
+	}
+	return out
+}
+
+// TakeLayers implements limiter.LayeredStore with one script call on a
+// single node or Sentinel master; see Layered for a Cluster.
+func (l *Layered) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
+	return l.takeLayers(ctx, time.Time{}, req)
+}
+
+// takeLayers runs the take at the instant at, or at Redis TIME when at is
+// zero.
+func (l *Layered) takeLayers(ctx context.Context, at time.Time, req limiter.LayerRequest) (limiter.LayerResult, error) {
+	if req.Cost < 1 {
+		return limiter.LayerResult{}, fmt.Errorf("cost %d: %w", req.Cost, limiter.ErrInvalidCost)
+	}
+	keys, err := limiter.LayerKeys(l.layers, req)
+	if err != nil {
+		return limiter.LayerResult{}, err
+	}
+	steps := l.steps(req.SkipShared)
+	var (
+		out  limiter.LayerResult
+		done []step
+	)
+	for _, st := range steps {
+		res, err := l.takeStep(ctx, at, req, keys, st)
+		if err == nil && res.Granted {
+			if len(done) == 0 || st.shared {
+				wait := out.Wait
+				out.TakeResult = res.TakeResult
+				out.Wait = wait
+			}
+			if res.Wait > out.Wait || (len(done) == 0 && res.Limiting != "") {
+				out.Wait, out.Limiting = res.Wait, res.Limiting
+			}
+			done = append(done, st)
+			continue
+		}
+		// A later step refused: give back what the earlier ones charged.
+		for _, d := range done {
+			if rerr := l.refundStep(context.WithoutCancel(ctx), at, req, keys, d, out.At); rerr != nil && err == nil {
+				err = rerr
+			}
+		}
+		if st.shared || len(done) == 0 {
+			return res, err
+		}
+		res.TakeResult.Remaining, res.TakeResult.Rate, res.TakeResult.Burst = out.Remaining, out.Rate, out.Burst
+		return res, err
+	}
+	out.Granted, out.Tokens = true, req.Cost
+	return out, nil
+}
+
+// takeStep runs layersScript for one step.
+func (l *Layered) takeStep(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step) (limiter.LayerResult, error) {
+	nowUS := int64(0)
+	clock := at
+	if at.IsZero() {
+		clock = time.Now()
+	} else {
+		nowUS = at.UnixMicro()
+	}
+	rkeys := make([]string, 0, 2+len(st.layers))
+	args := make([]any, 0, 7+10*len(st.layers))
+	shared := "0"
+	if st.shared {
+		shared = "1"
+		rkeys = append(rkeys, l.stateKeys...)
+	}
+	args = append(args, nowUS, req.Cost, max(req.MaxWait, 0).Microseconds(), shared, l.rateArg, l.burstArg, len(st.layers))
+	for _, i := range st.layers {
+		rkeys = append(rkeys, l.layerKey(i, keys[i]))
+		args = append(args, l.spec[i]...)
+		if l.layers[i].IsQuota() {
+			w := l.window(i, clock)
+			args = append(args, w[0], w[1], w[2], w[3])
+		} else {
+			args = append(args, 0, 0, 0, 0)
+		}
+	}
+	v, err := layersScript.Run(ctx, l.client, rkeys, args...).Int64Slice()
+	if err != nil {
+		return limiter.LayerResult{}, l.fail("take layers", err)
+	}
+	if len(v) != 7 {
+		return limiter.LayerResult{}, l.malformed("take layers", v)
+	}
+	res := limiter.LayerResult{TakeResult: limiter.TakeResult{
+		Wait:      time.Duration(v[1]) * time.Microsecond,
+		Remaining: float64(v[3]) / 1000,
+		Rate:      float64(v[4]) / 1000,
+		Burst:     int(v[5]),
+		At:        time.UnixMicro(v[6]),
+	}}
+	var layer limiter.Layer
+	if v[2] > 0 {
+		if int(v[2]) > len(l.layers) {
+			return limiter.LayerResult{}, l.malformed("take layers", v)
+		}
+		layer = l.layers[v[2]-1]
+		res.Limiting = layer.Name
+	}
+	switch v[0] {
+	case 1:
+		res.Granted, res.Tokens = true, req.Cost
+	case 0:
+	case 2:
+		res.Exceeded = limiter.ExceededError(layer, res.At, res.Wait)
+	case -1:
+		return res, fmt.Errorf("cost %d, burst %d: %w", req.Cost, res.Burst, limiter.ErrCostExceedsBurst)
+	case -2:
+		return res, limiter.CostError(layer, req.Cost)
+	case -3:
+		return res, l.fail("take layers", fmt.Errorf("layer %q: the Redis clock (%v) is outside the quota windows computed around this host's clock (%v)", layer.Name, res.At, clock))
+	default:
+		return limiter.LayerResult{}, l.malformed("take layers", v)
+	}
+	return res, nil
+}
+
+// RefundLayers implements limiter.LayeredStore.
+func (l *Layered) RefundLayers(ctx context.Context, req limiter.LayerRequest, res limiter.LayerResult) error {
+	return l.refundLayers(ctx, time.Time{}, req, res)
+}
+
+func (l *Layered) refundLayers(ctx context.Context, at time.Time, req limiter.LayerRequest, res limiter.LayerResult) error {
+	if !res.Granted || req.Cost < 1 {
+		return nil
+	}
+	keys, err := limiter.LayerKeys(l.layers, req)
+	if err != nil {
+		return err
+	}
+	for _, st := range l.steps(req.SkipShared) {
+		if err := l.refundStep(ctx, at, req, keys, st, res.At); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// refundStep runs layersRefundScript for one step of a take charged at
+// charged (the store's clock).
+func (l *Layered) refundStep(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step, charged time.Time) error {
+	nowUS := int64(0)
+	if !at.IsZero() {
+		nowUS = at.UnixMicro()
+	}
+	rkeys := make([]string, 0, 2+len(st.layers))
+	args := make([]any, 0, 6+4*len(st.layers))
+	shared := "0"
+	if st.shared {
+		shared = "1"
+		rkeys = append(rkeys, l.stateKeys...)
+	}
+	args = append(args, nowUS, req.Cost, shared, l.rateArg, l.burstArg, len(st.layers))
+	for _, i := range st.layers {
+		rkeys = append(rkeys, l.layerKey(i, keys[i]))
+		args = append(args, l.spec[i][1], l.spec[i][2], l.spec[i][3])
+		if ly := l.layers[i]; ly.IsQuota() {
+			_, end := ly.Per.Window(charged, ly.Location)
+			args = append(args, end.UnixMicro())
+		} else {
+			args = append(args, 0)
+		}
+	}
+	if err := layersRefundScript.Run(ctx, l.client, rkeys, args...).Err(); err != nil {
+		return l.fail("refund layers", err)
+	}
+	return nil
+}
+
+func (l *Layered) layerIndex(name string) (int, error) {
+	for i, ly := range l.layers {
+		if ly.Name == name {
+			return i, nil
+		}
+	}
+	return 0, &limiter.ParamError{Param: "Layer", Msg: "no such layer", Value: name}
+}
+
+// LayerStatus returns the state of one key of a layer ("" for a layer
+// without keys), read with one script call.
+func (l *Layered) LayerStatus(ctx context.Context, layer, key string) (limiter.LayerState, error) {
+	return l.layerStatus(ctx, time.Time{}, layer, key)
+}
+
+func (l *Layered) layerStatus(ctx context.Context, at time.Time, layer, key string) (limiter.LayerState, error) {
+	i, err := l.layerIndex(layer)
+	if err != nil {
+		return limiter.LayerState{}, err
+	}
+	nowUS, clock := int64(0), at
+	if at.IsZero() {
+		clock = time.Now()
+	} else {
+		nowUS = at.UnixMicro()
+	}
+	ly := l.layers[i]
+	args := []any{l.spec[i][1], l.spec[i][2], l.spec[i][3], 0, 0, 0, 0, nowUS}
+	if ly.IsQuota() {
+		w := l.window(i, clock)
+		args[3], args[4], args[5], args[6] = w[0], w[1], w[2], w[3]
+	}
+	v, err := layerStatusScript.Run(ctx, l.client, []string{l.layerKey(i, key)}, args...).Int64Slice()
+	if err != nil {
+		return limiter.LayerState{}, l.fail("layer status", err)
+	}
+	if len(v) != 4 || v[1] < 0 {
+		return limiter.LayerState{}, l.malformed("layer status", v)
+	}
+	st := limiter.LayerState{Layer: layer, Key: key, At: time.UnixMicro(v[2])}
+	if ly.IsQuota() {
+		st.Used, st.WindowEnd = int(v[0]), time.UnixMicro(v[1])
+		st.Full = st.Used == 0
+		return st, nil
+	}
+	st.Tokens = float64(v[0]) / 1000
+	st.Full = st.Tokens >= float64(ly.Burst)
+	return st, nil
+}
+
+// ResetLayer deletes the state of one key of a layer: its bucket is full,
+// its quota unused.
+func (l *Layered) ResetLayer(ctx context.Context, layer, key string) error {
+	i, err := l.layerIndex(layer)
+	if err != nil {
+		return err
+	}
+	pipe := l.client.Pipeline()
+	pipe.Del(ctx, l.layerKey(i, key))
+	if _, err := pipe.Exec(ctx); err != nil {
+		return l.fail("reset layer", err)
+	}
+	return nil
+}
+
+var _ limiter.LayeredStore = (*Layered)(nil)

@@ -1,0 +1,211 @@
+package redislimiter
+
+import "github.com/redis/go-redis/v9"
+
+// layerPrelude holds the functions of the layer scripts. A layer's state is
+// one string key: "tokens ts" for a keyed bucket (ts in µs), "window_end
+// used" for a quota. Numbers go through %.17g so that a token count survives
+// a round trip exactly, as it does in the in-process store.
+var layerPrelude = prelude + `
+local function num2(v)
+  if not v then return nil, nil end
+  local a, b = string.match(v, '^(%S+) (%S+)$')
+  return tonumber(a), tonumber(b)
+end
+
+-- bucket_load returns a layer bucket's tokens and timestamp at now. A
+-- missing key is a full bucket.
+local function bucket_load(key, now, rate, burst)
+  local tokens, ts = num2(redis.call('GET', key))
+  if not tokens or not ts then return burst, now end
+  if now > ts then
+    tokens = tokens + (now - ts) * rate / 1e6
+    ts = now
+  end
+  if tokens > burst then tokens = burst end
+  return tokens, ts
+end
+
+-- bucket_save stores a layer bucket that expires when it is full again.
+local function bucket_save(key, tokens, ts, now, rate, burst)
+  local full_us = (ts - now) + (burst - tokens) * 1e6 / rate
+  redis.call('SET', key, string.format('%.17g %.17g', tokens, ts), 'PX', math.ceil(full_us / 1000) + 1000)
+end
+
+-- quota_used returns the tokens used in the window ending at e.
+local function quota_used(key, e)
+  local se, su = num2(redis.call('GET', key))
+  if se == e and su then return su end
+  return 0
+end
+
+local function quota_save(key, e, used, now)
+  redis.call('SET', key, string.format('%.17g %d', e, used), 'PX', math.ceil((e - now) / 1000) + 1000)
+end
+
+-- window_end returns the end of the window among the boundaries
+-- b0 < b1 < b2 < b3 (ARGV[a..a+3]) that holds now, or nil.
+local function window_end(a, now)
+  for j = 0, 2 do
+    local s, e = tonumber(ARGV[a + j]), tonumber(ARGV[a + j + 1])
+    if now >= s and now < e then return e end
+  end
+  return nil
+end
+`
+
+// layersScript decides the shared bucket (optionally) and layers in one
+// atomic step: all grant and are charged, or none is. It mirrors
+// limiter.LayeredMemory.TakeLayersAt line by line.
+//
+// KEYS: with the shared bucket, its state and override keys; then one key
+// per layer. ARGV: now_us (0: TIME), cost, horizon_us, shared (1/0),
+// shared rate, shared burst, n; then 10 values per layer: index (1-based,
+// named in the reply), kind (b: bucket, q: quota), rate or quota, burst,
+// action (w: wait, d: dead_letter, y: delay), max_wait_us, and for a quota
+// four window boundaries b0..b3 around the caller's clock (0 for a bucket).
+//
+// Reply: {status, wait_us, layer, remaining_milli, effective_rate_milli,
+// burst, now_us}. status: 1 granted, 0 not granted (come back after
+// wait_us), 2 refused by layer's action, -1 cost above the shared burst,
+// -2 cost above layer's burst or quota, -3 no window holds now (a clock
+// skew above a window). layer is the 1-based index of the layer that set
+// wait_us or refused, or 0 for the shared bucket.
+var layersScript = redis.NewScript(layerPrelude + `
+local now = now_us(ARGV[1])
+local cost, horizon = tonumber(ARGV[2]), tonumber(ARGV[3])
+local shared = ARGV[4] == '1'
+local n = tonumber(ARGV[7])
+local kb = 0
+local srate, sburst, stokens, sts, safter, wait0, eff = 0, 0, 0, 0, 0, 0, 0
+if shared then
+  kb = 2
+  srate, sburst = limits(KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]))
+  stokens, sts = load(KEYS[1], now, srate, sburst)
+  eff = srate
+  if sts > now then eff = 0 end
+  if cost > sburst then return {-1, 0, 0, milli(stokens), milli(eff), sburst, now} end
+  safter = stokens - cost
+  wait0 = sts - now
+  if safter < 0 then wait0 = clamp(wait0 + wait_us(-safter, srate)) end
+  if wait0 < 0 then wait0 = 0 end
+  if horizon > 0 then horizon = math.max(horizon, wait_us(cost, srate)) end
+end
+
+local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
+local tok, lts, wend, used, w = {}, {}, {}, {}, {}
+for i = 1, n do
+  local a = 7 + (i - 1) * 10
+  local key = KEYS[kb + i]
+  idx[i], kind[i] = tonumber(ARGV[a + 1]), ARGV[a + 2]
+  rate[i], burst[i] = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  action[i], maxw[i] = ARGV[a + 5], tonumber(ARGV[a + 6])
+  if kind[i] == 'q' then
+    local quota = rate[i]
+    if cost > quota then return {-2, 0, idx[i], milli(stokens), milli(eff), sburst, now} end
+    local e = window_end(a + 7, now)
+    if not e then return {-3, 0, idx[i], milli(stokens), milli(eff), sburst, now} end
+    wend[i] = e
+    used[i] = quota_used(key, e)
+    w[i] = 0
+    if used[i] + cost > quota then w[i] = e - now end
+  else
+    if cost > burst[i] then return {-2, 0, idx[i], milli(stokens), milli(eff), sburst, now} end
+    tok[i], lts[i] = bucket_load(key, now, rate[i], burst[i])
+    local wt = lts[i] - now
+    local after = tok[i] - cost
+    if after < 0 then wt = clamp(wt + wait_us(-after, rate[i])) end
+    if wt < 0 then wt = 0 end
+    w[i] = wt
+  end
+end
+
+-- A layer that must not wait this long refuses; dead_letter wins over
+-- delay, and among delay layers the longest wait.
+local refused = 0
+for i = 1, n do
+  if action[i] ~= 'w' and w[i] > maxw[i] then
+    if action[i] == 'd' then
+      if refused == 0 or action[refused] ~= 'd' then refused = i end
+    elseif refused == 0 or (action[refused] == 'y' and w[i] > w[refused]) then
+      refused = i
+    end
+  end
+end
+if refused > 0 then
+  return {2, w[refused], idx[refused], milli(stokens), milli(eff), sburst, now}
+end
+
+local wait, limiting, qwait = wait0, 0, 0
+for i = 1, n do
+  if w[i] > wait then wait, limiting = w[i], idx[i] end
+  if kind[i] == 'q' and w[i] > qwait then qwait = w[i] end
+end
+if wait > horizon or qwait > 0 then
+  return {0, math.max(wait - horizon, qwait), limiting, milli(stokens), milli(eff), sburst, now}
+end
+
+if shared then save(KEYS[1], safter, sts, now, srate, sburst) end
+for i = 1, n do
+  local key = KEYS[kb + i]
+  if kind[i] == 'q' then
+    quota_save(key, wend[i], used[i] + cost, now)
+  else
+    bucket_save(key, tok[i] - cost, lts[i], now, rate[i], burst[i])
+  end
+end
+return {1, wait, limiting, milli(safter), milli(eff), sburst, now}
+`)
+
+// layersRefundScript gives back what layersScript charged. A quota is
+// refunded only while its stored window is the one charged.
+//
+// KEYS: as layersScript. ARGV: now_us, cost, shared (1/0), shared rate,
+// shared burst, n; then 4 values per layer: kind, rate or quota, burst, and
+// for a quota the end of the window charged. Reply: 1.
+var layersRefundScript = redis.NewScript(layerPrelude + `
+local now = now_us(ARGV[1])
+local cost = tonumber(ARGV[2])
+local n = tonumber(ARGV[6])
+local kb = 0
+if ARGV[3] == '1' then
+  kb = 2
+  local rate, burst = limits(KEYS[2], tonumber(ARGV[4]), tonumber(ARGV[5]))
+  local tokens, ts = load(KEYS[1], now, rate, burst)
+  save(KEYS[1], math.min(burst, tokens + cost), ts, now, rate, burst)
+end
+for i = 1, n do
+  local a = 6 + (i - 1) * 4
+  local key = KEYS[kb + i]
+  local r, b = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  if ARGV[a + 1] == 'q' then
+    local e = tonumber(ARGV[a + 4])
+    local se, su = num2(redis.call('GET', key))
+    if se == e and su and e > now then
+      quota_save(key, e, math.max(0, su - cost), now)
+    end
+  else
+    local tokens, ts = bucket_load(key, now, r, b)
+    bucket_save(key, math.min(b, tokens + cost), ts, now, r, b)
+  end
+end
+return 1
+`)
+
+// layerStatusScript reads one key of a layer.
+//
+// KEYS: the layer's key. ARGV: kind, rate or quota, burst, b0..b3, now_us.
+// Reply: {tokens_milli (bucket) or used (quota), window_end_us (quota, 0
+// for a bucket; -1 when no window holds now), now_us, kept (1 when the key
+// exists)}.
+var layerStatusScript = redis.NewScript(layerPrelude + `
+local now = now_us(ARGV[8])
+local kept = redis.call('EXISTS', KEYS[1])
+if ARGV[1] == 'q' then
+  local e = window_end(4, now)
+  if not e then return {0, -1, now, kept} end
+  return {quota_used(KEYS[1], e), e, now, kept}
+end
+local tokens = bucket_load(KEYS[1], now, tonumber(ARGV[2]), tonumber(ARGV[3]))
+return {milli(tokens), 0, now, kept}
+`)
