@@ -166,19 +166,3 @@ func (o Outcome) DeadLetterHeaders(position map[string]string) map[string]string
 	}
 	return h
 }
-
-// DeadLetterHeaders returns o.DeadLetterHeaders with the Kafka position of
-// msg when msg.Source has a Topic.
-//
-// Deprecated: backends pass their own position to Outcome.DeadLetterHeaders.
-func DeadLetterHeaders(msg Message, o Outcome) map[string]string {
-	var pos map[string]string
-	if msg.Source.Topic != "" {
-		pos = map[string]string{
-			HeaderOriginalTopic:     msg.Source.Topic,
-			HeaderOriginalPartition: strconv.Itoa(msg.Source.Partition),
-			HeaderOriginalOffset:    strconv.FormatInt(msg.Source.Offset, 10),
-		}
-	}
-	return o.DeadLetterHeaders(pos)
-}
