@@ -62,7 +62,6 @@ func cliTestSharedRate(t *testing.T, bin, redisAddr, amqpURL string) {
 	procs := make([]*cliProcess, replicas)
 	var cfgPath string
 	for i := range replicas {
-		metrics[i] = cliFreeAddr(t)
 		cfgPath = filepath.Join(dir, fmt.Sprintf("replica-%d.yaml", i+1))
 		// A Redis answer slower than redis.timeout (250 ms by default)
 		// sends a replica to its local fallback, as designed. A loaded CI
@@ -90,11 +89,12 @@ delivery:
   drain_timeout: 10s
 metrics:
   listen: %q
-`, redisAddr, name, rate, burst, amqpURL, name, sink.srv.URL+"/send", metrics[i])
+`, redisAddr, name, rate, burst, amqpURL, name, sink.srv.URL+"/send", cliMetricsListen)
 		if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		procs[i] = cliStart(t, bin, "run", "--config", cfgPath)
+		metrics[i] = cliServingAddr(t, procs[i])
 	}
 	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", name, "--redis", redisAddr) })
 

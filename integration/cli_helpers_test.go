@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -88,7 +89,33 @@ func cliName(t testing.TB) string {
 	return fmt.Sprintf("cli-%s-%08x", strings.ToLower(n), rand.Uint32())
 }
 
-// cliFreeAddr returns a loopback address that was free a moment ago.
+// cliMetricsListen is the metrics.listen of a replica under test: the
+// system picks the port, and cliServingAddr reads it from the log.
+const cliMetricsListen = "127.0.0.1:0"
+
+// cliServingAddr waits up to 20 s for the replica's "serving metrics" log
+// line, in the text or the JSON format, and returns the address in it.
+func cliServingAddr(t *testing.T, p *cliProcess) string {
+	t.Helper()
+	text := regexp.MustCompile(`msg="serving metrics" addr=(\S+)`)
+	jsonRe := regexp.MustCompile(`"msg":"serving metrics","addr":"([^"]+)"`)
+	var addr string
+	cliWait(t, 20*time.Second, "the \"serving metrics\" log line", func() bool {
+		out := p.stderr.String()
+		for _, re := range []*regexp.Regexp{text, jsonRe} {
+			if m := re.FindStringSubmatch(out); m != nil {
+				addr = m[1]
+				return true
+			}
+		}
+		return false
+	})
+	return addr
+}
+
+// cliFreeAddr returns a loopback address that was free a moment ago. Prefer
+// cliMetricsListen: another process may take the port before the replica
+// binds it.
 func cliFreeAddr(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -35,7 +35,8 @@ func faultNeedBinary(t testing.TB, name string) string {
 	return path
 }
 
-// faultFreePort returns a loopback port that was free a moment ago.
+// faultFreePort returns a loopback port that was free a moment ago. A
+// server started on it may find it taken: start it with faultRetryBind.
 func faultFreePort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -146,12 +147,33 @@ type faultRedis struct {
 }
 
 // faultStartRedis starts a redis-server with extra arguments (such as
-// "--replicaof", "127.0.0.1", "6380") and waits until it answers PING.
+// "--replicaof", "127.0.0.1", "6380") on a free port and waits until it
+// answers PING. A port taken between finding it free and the server's
+// bind is retried with another one.
 func faultStartRedis(t testing.TB, extra ...string) *faultRedis {
 	t.Helper()
-	r := &faultRedis{t: t, bin: faultNeedBinary(t, "redis-server"), port: faultFreePort(t), dir: t.TempDir(), extra: extra}
-	r.Start()
+	r := &faultRedis{t: t, bin: faultNeedBinary(t, "redis-server"), dir: t.TempDir(), extra: extra}
+	faultRetryBind(t, func() (*faultProc, error) {
+		r.port = faultFreePort(t)
+		return r.start()
+	})
 	return r
+}
+
+// faultRetryBind calls start, which starts a server on a port it found
+// free, until the server does not fail to bind, up to 5 times.
+func faultRetryBind(t testing.TB, start func() (*faultProc, error)) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		proc, err := start()
+		if err == nil {
+			return
+		}
+		if !strings.Contains(proc.out.String(), "Address already in use") || attempt == 5 {
+			t.Fatal(err)
+		}
+		t.Logf("retrying on another port: %v", err)
+	}
 }
 
 // Addr returns the server's host:port.
@@ -160,16 +182,23 @@ func (r *faultRedis) Addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) 
 // Port returns the server's port.
 func (r *faultRedis) Port() int { return r.port }
 
-// Start starts the server on its port, again after Kill, and waits until it
-// answers PING.
+// Start starts the server on its port again after Kill, and waits until
+// it answers PING.
 func (r *faultRedis) Start() {
 	r.t.Helper()
+	if _, err := r.start(); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// start starts the server on its port and waits until it answers PING.
+func (r *faultRedis) start() (*faultProc, error) {
 	args := append([]string{
 		"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--dir", r.dir,
 		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no",
 	}, r.extra...)
 	r.proc = faultStartProc(r.t, "redis-server :"+strconv.Itoa(r.port), r.bin, args...)
-	faultWaitPing(r.t, r.Addr(), r.proc)
+	return r.proc, faultPing(r.Addr(), r.proc)
 }
 
 // Kill stops the server at once with SIGKILL, as a crash would.
@@ -186,6 +215,14 @@ func (r *faultRedis) Client() *redis.Client {
 // test when proc exits first or after faultStartTimeout.
 func faultWaitPing(t testing.TB, addr string, proc *faultProc) {
 	t.Helper()
+	if err := faultPing(addr, proc); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// faultPing waits until the server at addr answers PING, and returns an
+// error when proc exits first or after faultStartTimeout.
+func faultPing(addr string, proc *faultProc) error {
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond, DialerRetries: 1})
 	defer c.Close()
 	deadline := time.Now().Add(faultStartTimeout)
@@ -199,13 +236,13 @@ func faultWaitPing(t testing.TB, addr string, proc *faultProc) {
 		}
 		var reply redis.Error
 		if err == nil || errors.As(err, &reply) { // an error reply, such as NOAUTH, is an answer too
-			return
+			return nil
 		}
 		if proc.Exited() {
-			t.Fatalf("%s exited before answering PING:\n%s", proc.name, proc.out)
+			return fmt.Errorf("%s exited before answering PING:\n%s", proc.name, proc.out)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s did not answer PING within %v: %v\n%s", proc.name, faultStartTimeout, err, proc.out)
+			return fmt.Errorf("%s did not answer PING within %v: %v\n%s", proc.name, faultStartTimeout, err, proc.out)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -257,9 +294,11 @@ func faultStartSentinelSet(t testing.TB) *faultSentinelSet {
 	set := &faultSentinelSet{Master: master, Replica: replica}
 	bin := faultNeedBinary(t, "redis-server")
 	for range 3 {
-		s := &faultRedis{t: t, bin: bin, port: faultFreePort(t), dir: t.TempDir()}
-		conf := filepath.Join(s.dir, "sentinel.conf")
-		text := fmt.Sprintf(`port %d
+		s := &faultRedis{t: t, bin: bin, dir: t.TempDir()}
+		faultRetryBind(t, func() (*faultProc, error) {
+			s.port = faultFreePort(t)
+			conf := filepath.Join(s.dir, "sentinel.conf")
+			text := fmt.Sprintf(`port %d
 bind 127.0.0.1
 protected-mode no
 dir %s
@@ -268,11 +307,12 @@ sentinel down-after-milliseconds %[3]s 1000
 sentinel failover-timeout %[3]s 10000
 sentinel parallel-syncs %[3]s 1
 `, s.port, s.dir, faultMasterName, master.Port())
-		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		s.proc = faultStartProc(t, "redis-sentinel :"+strconv.Itoa(s.port), bin, conf, "--sentinel")
-		faultWaitPing(t, s.Addr(), s.proc)
+			if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			s.proc = faultStartProc(t, "redis-sentinel :"+strconv.Itoa(s.port), bin, conf, "--sentinel")
+			return s.proc, faultPing(s.Addr(), s.proc)
+		})
 		set.Sentinels = append(set.Sentinels, s)
 	}
 	for _, s := range set.Sentinels {

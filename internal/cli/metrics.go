@@ -173,6 +173,12 @@ func (m *metrics) registerKafkaReader(stats func() kafka.ReaderStats) {
 			func(s kafka.ReaderStats) int64 { return s.Errors }),
 		counter("throttle_kafka_rebalances_total", "Consumer group generations the Kafka reader joined, the first included, and partitions found again after a leader move.",
 			func(s kafka.ReaderStats) int64 { return s.Rebalances }),
+		counter("throttle_kafka_dropped_at_revocation_total", "Messages fetched but not started when their partitions were revoked; another replica consumes them.",
+			func(s kafka.ReaderStats) int64 { return s.DroppedAtRevocation }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "throttle_kafka_partitions_assigned",
+			Help: "Partitions this replica owns now; 0 between a revocation and the next assignment.",
+		}, func() float64 { return float64(stats().PartitionsAssigned) }),
 	)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,15 +18,20 @@ import (
 	"github.com/throttlehq/throttle/internal/testenv"
 )
 
-// freeAddr returns a loopback address that was free a moment ago.
-func freeAddr(t *testing.T) string {
+// servingAddr waits for the "serving metrics" record of a replica's JSON
+// log and returns its address: tests listen on port 0 and let the system
+// pick the port.
+func servingAddr(t *testing.T, stderr *testenv.Buffer) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	re := regexp.MustCompile(`"msg":"serving metrics","addr":"([^"]+)"`)
+	var addr string
+	waitFor(t, 20*time.Second, "the \"serving metrics\" log record", func() bool {
+		m := re.FindStringSubmatch(stderr.String())
+		if m != nil {
+			addr = m[1]
+		}
+		return m != nil
+	})
 	return addr
 }
 
@@ -75,7 +81,6 @@ func TestRunKafkaToStdout(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	metricsAddr := freeAddr(t)
 	bucket := testenv.Name(t, "cli")
 	path := writeConfig(t, fmt.Sprintf(`
 redis: {addr: %q}
@@ -83,9 +88,9 @@ limit: {bucket: %s, rate: 50, burst: 2, cost_header: cost}
 source:
   kafka: {brokers: [%q], topic: %s, group: %s}
 sink: {stdout: {}}
-metrics: {listen: %q}
+metrics: {listen: "127.0.0.1:0"}
 log: {format: json, level: debug}
-`, redisAddr, bucket, cluster.ListenAddrs()[0], topic, testenv.Name(t, "group"), metricsAddr))
+`, redisAddr, bucket, cluster.ListenAddrs()[0], topic, testenv.Name(t, "group")))
 	t.Cleanup(func() { runCLI(t, "bucket", "reset", "--config", path) })
 	// Another live replica, configured with another rate.
 	client, store := redisStore(t, redisAddr, bucket, 1, 1)
@@ -99,6 +104,7 @@ log: {format: json, level: debug}
 	var stdout, stderr testenv.Buffer
 	codec := make(chan int, 1)
 	go func() { codec <- Run(ctx, []string{"run", "--config", path}, &stdout, &stderr) }()
+	metricsAddr := servingAddr(t, &stderr)
 
 	waitFor(t, 30*time.Second, "5 messages on stdout", func() bool { return strings.Count(stdout.String(), "\n") >= n })
 	if code, _ := get(t, "http://"+metricsAddr+"/readyz"); code != 200 {
@@ -114,10 +120,13 @@ log: {format: json, level: debug}
 		return strings.Contains(body, `throttle_source_backlog{broker="kafka"} 0`)
 	})
 	_, body = get(t, "http://"+metricsAddr+"/metrics")
-	for _, name := range []string{"throttle_kafka_reader_dials_total", "throttle_kafka_rebalances_total"} {
+	for _, name := range []string{"throttle_kafka_reader_dials_total", "throttle_kafka_rebalances_total", "throttle_kafka_partitions_assigned"} {
 		if v, ok := metricValue(body, name); !ok || v < 1 {
 			t.Errorf("%s = %v (served: %v), want at least 1 after joining the group", name, v, ok)
 		}
+	}
+	if v, ok := metricValue(body, "throttle_kafka_dropped_at_revocation_total"); !ok || v != 0 {
+		t.Errorf("throttle_kafka_dropped_at_revocation_total = %v (served: %v), want 0 without a revocation", v, ok)
 	}
 	cancel()
 	select {
