@@ -1,0 +1,112 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
+)
+
+// TestLayersCluster decides a shared bucket, a per-recipient bucket and a
+// daily quota on a three-master Redis Cluster: the recipients' states spread
+// over more than one master, every decision is all-or-nothing, and a refusal
+// by the per-recipient step refunds the shared bucket and the quota charged
+// by the first step.
+func TestLayersCluster(t *testing.T) {
+	t.Parallel()
+	cluster := faultStartCluster(t)
+	ctx := context.Background()
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+	defer client.Close()
+	bucket := faultName(t)
+	// The shared bucket barely refills, so its tokens count the charges.
+	s, err := redislimiter.New(client, redislimiter.Config{Bucket: bucket, Rate: 0.001, Burst: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.WithLayers([]limiter.Layer{
+		{Name: "per-recipient", Keyed: true, Rate: 0.001, Burst: 2, OnExceed: limiter.ActionDeadLetter},
+		{Name: "daily", Quota: 100000, Per: limiter.PerDay},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const recipients = 200
+	req := func(i int) limiter.LayerRequest {
+		return limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-recipient": fmt.Sprintf("+1555%07d", i)}}
+	}
+	for round := range 2 {
+		for i := range recipients {
+			res, err := l.TakeLayers(ctx, req(i))
+			if err != nil || !res.Granted {
+				t.Fatalf("round %d recipient %d: %+v %v", round, i, res, err)
+			}
+		}
+	}
+	st, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(st.Tokens-(1000-2*recipients)) > 0.5 {
+		t.Fatalf("shared tokens after %d grants = %v, want %d", 2*recipients, st.Tokens, 1000-2*recipients)
+	}
+	// A third message per recipient: the shared step grants, the
+	// per-recipient step refuses, and the shared step is refunded.
+	for i := range recipients {
+		res, err := l.TakeLayers(ctx, req(i))
+		if err != nil || res.Granted || res.Exceeded == nil || res.Exceeded.Layer != "per-recipient" {
+			t.Fatalf("third message of recipient %d: %+v %v; want refused by per-recipient", i, res, err)
+		}
+	}
+	st2, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(st2.Tokens-st.Tokens) > 0.5 {
+		t.Errorf("shared tokens after %d refusals = %v, want %v (refunded)", recipients, st2.Tokens, st.Tokens)
+	}
+	daily, err := l.LayerStatus(ctx, "daily", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if daily.Used != 2*recipients {
+		t.Errorf("daily quota used = %d, want %d (the refusals refunded)", daily.Used, 2*recipients)
+	}
+	// The per-recipient keys sit on more than one master.
+	var mu sync.Mutex
+	perMaster := map[string]int{}
+	err = client.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		n := 0
+		iter := c.Scan(ctx, 0, redislimiter.DefaultPrefix+bucket+":per-recipient:*", 1000).Iterator()
+		for iter.Next(ctx) {
+			n++
+		}
+		mu.Lock()
+		perMaster[c.Options().Addr] = n
+		mu.Unlock()
+		return iter.Err()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	used, total := 0, 0
+	var report []string
+	for addr, n := range perMaster {
+		total += n
+		if n > 0 {
+			used++
+		}
+		report = append(report, fmt.Sprintf("%s: %d", addr, n))
+	}
+	t.Logf("per-recipient keys per master: %s", strings.Join(report, ", "))
+	if total != recipients || used < 2 {
+		t.Errorf("per-recipient keys per master = %v; want %d keys over at least 2 masters", perMaster, recipients)
+	}
+}
