@@ -56,6 +56,18 @@ func URL(s string) string {
 	return out
 }
 
+// Endpoint returns the scheme, host and path of the URL s, without user
+// information, query or fragment, for error texts that name where a
+// request went: some providers expect an API key in the query. A string
+// that does not parse as a URL with a host yields "".
+func Endpoint(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" {
+		return ""
+	}
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}).String()
+}
+
 // Secrets returns the secret values that URL would hide in s, such as the
 // password of a DSN, so that they can be masked with Text wherever a
 // library quotes a piece of s. A malformed key=value string that mentions

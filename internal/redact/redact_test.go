@@ -91,3 +91,16 @@ func TestErrorKeepsChain(t *testing.T) {
 		t.Error("Error(nil) != nil")
 	}
 }
+
+func TestEndpoint(t *testing.T) {
+	for in, want := range map[string]string{
+		"https://u:p@api.example/v1/send?api_key=k#f": "https://api.example/v1/send",
+		"http://h:8080/a%2Fb":                         "http://h:8080/a%2Fb",
+		"not a url":                                   "",
+		"http://[::1":                                 "",
+	} {
+		if got := Endpoint(in); got != want {
+			t.Errorf("Endpoint(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
