@@ -1,5 +1,7 @@
-// Package envexpand expands ${NAME} and ${NAME:-default} references, the
-// one syntax used by the config file and by the HTTP sink's headers.
+// Package envexpand expands ${NAME} and ${NAME:-default} references in the
+// values of the config file. The config package is its one caller: values
+// are expanded there, once, and every library takes them as given, so a
+// value holding "$" is never expanded twice.
 package envexpand
 
 import (
