@@ -158,6 +158,12 @@ type Limit struct {
 	// CostHeader optionally names the message header holding a message's
 	// integer cost in tokens; empty means every message costs 1.
 	CostHeader string `yaml:"cost_header"`
+	// CostTemplate optionally renders a message's cost: a message
+	// template (package sinks/msgtmpl, the data and functions of the HTTP
+	// sink's templates plus sms_segments) whose output must be a positive
+	// integer, e.g. {{sms_segments .JSON.text}}. A message it fails for
+	// is dead-lettered with the reason. It excludes CostHeader.
+	CostTemplate string `yaml:"cost_template,omitempty"`
 	// OnStoreError is the policy while Redis fails: local, closed or open;
 	// empty means the limiter's default, local.
 	OnStoreError StoreErrorPolicy `yaml:"on_store_error"`
@@ -377,6 +383,106 @@ type HTTP struct {
 	// header may ask for. Zero means the default of the limiter and of the
 	// sink (60s); not 0 in YAML.
 	MaxPause Duration `yaml:"max_pause,omitempty" check:"nonzero"`
+	// Preset is a provider preset, one of httpsink.Presets (twilio,
+	// vonage, vonage_sms, fcm, apns), or empty. With a preset, URL is
+	// optional and replaces the provider's base URL, and every other field
+	// set here wins over the preset's.
+	Preset string `yaml:"preset,omitempty"`
+	// Credentials are the preset's credentials; zero fields come from the
+	// environment variables the preset names. Password is a secret.
+	Credentials Credentials `yaml:"credentials,omitempty"`
+	// Classify is an ordered list of response rules, tried before the
+	// preset's and the default ones (httpsink.Rule).
+	Classify []Rule `yaml:"classify,omitempty"`
+}
+
+// Credentials are a preset's credentials (YAML key
+// "sink.http.credentials"); see httpsink.Credentials for each field and
+// its environment variable.
+type Credentials struct {
+	// Username is Twilio's account SID or Vonage's API key.
+	Username string `yaml:"username"`
+	// Password is Twilio's auth token or Vonage's API secret: a secret.
+	Password string `yaml:"password"`
+	// KeyFile is the path of FCM's service-account JSON or of the APNs
+	// .p8 signing key.
+	KeyFile string `yaml:"key_file"`
+	// KeyID is the APNs key id.
+	KeyID string `yaml:"key_id"`
+	// TeamID is the Apple team id.
+	TeamID string `yaml:"team_id"`
+	// ProjectID is the Firebase project id; by default the key's.
+	ProjectID string `yaml:"project_id"`
+}
+
+// Rule is one response rule of sink.http.classify; see httpsink.Rule. A
+// rule matches when all of the conditions it sets hold.
+type Rule struct {
+	// Name names the rule in error messages.
+	Name string `yaml:"name"`
+	// Status lists codes (429), classes ("4xx") or ranges ("500-599").
+	Status StringList `yaml:"status"`
+	// Headers maps a response header to the values that match; an empty
+	// list matches any value.
+	Headers map[string]StringList `yaml:"headers"`
+	// Body maps a dotted path into the JSON body ("messages.0.status") to
+	// the values that match; an empty list matches when the path exists.
+	Body map[string]StringList `yaml:"body"`
+	// Action is delivered, retry, push_back or permanent.
+	Action string `yaml:"action"`
+	// Delay is the delay of retry or push_back without a Retry-After.
+	Delay Duration `yaml:"delay"`
+	// RecipientGone marks a permanent answer meaning the recipient no
+	// longer exists (dead-letter header x-throttle-recipient-gone).
+	RecipientGone bool `yaml:"recipient_gone"`
+}
+
+// StringList is a list of strings that YAML may also give as one scalar:
+// status: 429 is status: ["429"].
+type StringList []string
+
+// UnmarshalYAML accepts a scalar or a sequence of scalars.
+func (l *StringList) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		*l = StringList{n.Value}
+		return nil
+	}
+	var s []string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	*l = s
+	return nil
+}
+
+// rules maps the classify list onto the sink's rules.
+func (h HTTP) rules() []httpsink.Rule {
+	if len(h.Classify) == 0 {
+		return nil
+	}
+	out := make([]httpsink.Rule, len(h.Classify))
+	for i, r := range h.Classify {
+		out[i] = httpsink.Rule{
+			Name:          r.Name,
+			Status:        r.Status,
+			Action:        httpsink.Action(r.Action),
+			Delay:         time.Duration(r.Delay),
+			RecipientGone: r.RecipientGone,
+		}
+		if r.Headers != nil {
+			out[i].Headers = make(map[string][]string, len(r.Headers))
+			for k, v := range r.Headers {
+				out[i].Headers[k] = v
+			}
+		}
+		if r.Body != nil {
+			out[i].Body = make(map[string][]string, len(r.Body))
+			for k, v := range r.Body {
+				out[i].Body[k] = v
+			}
+		}
+	}
+	return out
 }
 
 // PushBackEnabled reports whether push-back is on; a nil PushBack means on.
@@ -397,7 +503,24 @@ func (h HTTP) SinkConfig() httpsink.Config {
 		ContentType:   h.ContentType,
 		MaxConns:      h.MaxConns,
 		MaxRetryAfter: time.Duration(h.MaxPause),
+		Preset:        h.Preset,
+		Credentials:   httpsink.Credentials(h.Credentials),
+		Rules:         h.rules(),
 	}
+}
+
+// CostFunc returns the cost of a message for the consumer: rendered by
+// CostTemplate (see msgtmpl.CostFunc), read from CostHeader (see
+// consumer.CostFromHeader), or nil when neither is set, which means one
+// token per message. The error is CostTemplate's parse error.
+func (l Limit) CostFunc() (consumer.CostFunc, error) {
+	switch {
+	case l.CostTemplate != "":
+		return msgtmpl.CostFunc("limit.cost_template", l.CostTemplate)
+	case l.CostHeader != "":
+		return consumer.CostFromHeader(l.CostHeader), nil
+	}
+	return nil, nil
 }
 
 // Postgres configures the PostgreSQL sink (YAML key "sink.postgres"). Its

@@ -137,6 +137,11 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 		if isNull(n) {
 			return
 		}
+		if n.Kind == yaml.ScalarNode && base == reflect.TypeFor[StringList]() {
+			// A StringList may be written as one scalar: status: 429.
+			item := *n
+			*n = yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq", Line: n.Line, Column: n.Column, Content: []*yaml.Node{&item}}
+		}
 		if n.Kind != yaml.SequenceNode {
 			w.reject(n, t, path, "expected a list, got %s (line %d)", describeNode(n), n.Line)
 			return

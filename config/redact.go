@@ -36,6 +36,8 @@ func (c *Config) Redacted() *Config {
 	if h := c.Sink.HTTP; h != nil {
 		h2 := *h
 		h2.URL = redact.URL(h.URL)
+		h2.Credentials.Password = redact.Value(h.Credentials.Password)
+		h2.Classify = slices.Clone(h.Classify)
 		if h.PushBack != nil {
 			pushBack := *h.PushBack
 			h2.PushBack = &pushBack

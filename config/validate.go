@@ -153,6 +153,14 @@ func (l *Limit) validate(ps *problems) {
 	default:
 		ps.add("limit.lease", "must be one of auto, off, got %q", l.Lease)
 	}
+	if l.CostTemplate != "" {
+		if l.CostHeader != "" {
+			ps.add("limit.cost_template", "set either limit.cost_header or limit.cost_template, not both")
+		}
+		if _, err := l.CostFunc(); err != nil {
+			ps.add("limit.cost_template", "%s", err)
+		}
+	}
 }
 
 func (s *Source) validate(ps *problems) {
@@ -454,4 +462,5 @@ func yamlKeyOf(t reflect.Type, goName string) string {
 // configuration's, as "ConfigType.LibraryField", to their YAML key.
 var libraryNames = map[string]string{
 	"HTTP.MaxRetryAfter": "max_pause",
+	"HTTP.Rules":         "classify",
 }

@@ -335,7 +335,11 @@ func (cfg Config) parse() (*parsed, error) {
 	}
 	for i, r := range cfg.Rules {
 		if _, err := compileRule(r); err != nil {
-			bad("Rules", strconv.Itoa(i), "%w", err)
+			name := ""
+			if r.Name != "" {
+				name = fmt.Sprintf(" (%s)", r.Name)
+			}
+			bad("Rules", "", "rule %d%s: %w", i, name, err)
 		}
 	}
 	if len(errs) > 0 {
