@@ -153,7 +153,11 @@ func (cfg Config) parse() (pgx.Identifier, *pgxpool.Config, []string, error) {
 	} else {
 		secrets = dsnSecrets(cfg.DSN)
 		var err error
-		if pcfg, err = pgxpool.ParseConfig(cfg.DSN); err != nil {
+		if scheme, _, _ := strings.Cut(cfg.DSN, "://"); redact.HasScheme(cfg.DSN) && scheme != "postgres" && scheme != "postgresql" {
+			// pgx would take it for a key=value string and say only that
+			// it is not one.
+			bad("DSN", fmt.Errorf("URL scheme must be postgres or postgresql, got %q", scheme))
+		} else if pcfg, err = pgxpool.ParseConfig(cfg.DSN); err != nil {
 			// Not wrapped: the parse error carries the DSN.
 			bad("DSN", errors.New(parseErrorText(err, secrets)))
 		} else if pw := pcfg.ConnConfig.Password; pw != "" {
@@ -521,6 +525,9 @@ func parseTable(table string) (pgx.Identifier, error) {
 	}
 	for _, p := range parts {
 		if !identRE.MatchString(p) || len(p) > 63 {
+			if len(parts) == 1 {
+				return nil, fmt.Errorf("%q is not an unquoted identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)", table)
+			}
 			return nil, fmt.Errorf("%q: %q is not an unquoted identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)", table, p)
 		}
 	}
