@@ -2,11 +2,7 @@ package integration
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"log/slog"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -141,12 +137,7 @@ func (w suiteWhy) Fatalf(format string, args ...any) {
 // name and a random suffix, unique across parallel test runs.
 func suiteName(t testing.TB, prefix string) string {
 	t.Helper()
-	b := make([]byte, 4)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	name := regexp.MustCompile(`[^a-zA-Z0-9]+`).ReplaceAllString(t.Name(), "-")
-	return strings.ToLower("suite-" + prefix + "-" + name + "-" + hex.EncodeToString(b))
+	return testenv.Name(t, "suite-"+prefix)
 }
 
 // suiteLogger returns a logger that writes warnings and errors to t's log.

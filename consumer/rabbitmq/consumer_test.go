@@ -522,7 +522,7 @@ func TestGracefulShutdown(t *testing.T) {
 // fails Run at once, naming the queue.
 func TestRunMissingQueue(t *testing.T) {
 	b := newBroker(t)
-	q := uniqueName(t)
+	q := testenv.Name(t, "throttle-test")
 	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q}, func(context.Context, consumer.Message) error { return nil })
 	ctx := testenv.Context(t, 10*time.Second)
 	err := c.Run(ctx)
@@ -588,7 +588,7 @@ func TestAccessRefusedAtStart(t *testing.T) {
 	wrongPassword := *u
 	wrongPassword.User = url.UserPassword(u.User.Username(), "wrong-s3cret")
 	noVhost := *u
-	noVhost.Path = "/" + uniqueName(t)
+	noVhost.Path = "/" + testenv.Name(t, "throttle-test")
 	for name, raw := range map[string]string{"wrong password": wrongPassword.String(), "unknown vhost": noVhost.String()} {
 		t.Run(name, func(t *testing.T) {
 			var attempts atomic.Int64

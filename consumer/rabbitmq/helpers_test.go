@@ -2,13 +2,10 @@ package rabbitmq_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,15 +18,6 @@ import (
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-// uniqueName returns a queue or bucket name made of the test's name and a
-// random suffix, so that parallel test runs never share one.
-func uniqueName(t testing.TB) string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	name := strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())
-	return "throttle-test-" + name + "-" + hex.EncodeToString(b[:])
 }
 
 // testLogger sends log records to t.Log, so that they show with -v or on
@@ -65,7 +53,7 @@ func newBroker(t *testing.T) *broker {
 // Config.Declare sets up, and deletes it all when the test ends.
 func (b *broker) declareQueue(t *testing.T) string {
 	t.Helper()
-	q := uniqueName(t)
+	q := testenv.Name(t, "throttle-test")
 	dlx, dlq := q+".dlx", q+".dlq"
 	t.Cleanup(func() {
 		conn, err := amqp.Dial(b.url)
