@@ -39,7 +39,13 @@ type LeaseOptions struct {
 
 func (o *LeaseOptions) validate() error {
 	if o.Fraction < 0 || o.Fraction > 1 || math.IsNaN(o.Fraction) {
-		return &ParamError{Param: "lease.fraction", Msg: "must be between 0 and 1", Value: o.Fraction}
+		return &ParamError{Param: "Lease.Fraction", Msg: "must be between 0 and 1", Value: o.Fraction}
+	}
+	if o.MinBatch < 0 {
+		return &ParamError{Param: "Lease.MinBatch", Msg: "must be >= 0 (0 for the default)", Value: o.MinBatch}
+	}
+	if o.MaxBatch < 0 {
+		return &ParamError{Param: "Lease.MaxBatch", Msg: "must be >= 0 (0 for the default)", Value: o.MaxBatch}
 	}
 	if o.Fraction == 0 {
 		o.Fraction = 0.01
@@ -51,7 +57,7 @@ func (o *LeaseOptions) validate() error {
 		o.MaxBatch = 10000
 	}
 	if o.MaxBatch < o.MinBatch {
-		return &ParamError{Param: "lease.max_batch", Msg: "must be >= lease.min_batch", Value: o.MaxBatch}
+		return &ParamError{Param: "Lease.MaxBatch", Msg: "must be >= Lease.MinBatch", Value: o.MaxBatch}
 	}
 	if o.Idle <= 0 {
 		o.Idle = 100 * time.Millisecond
@@ -65,8 +71,8 @@ type leasePool struct {
 	opts   LeaseOptions
 	mu     sync.Mutex
 	tokens int
-	used   bool        // spent from or refilled since the idle timer last fired
-	idle   *time.Timer // gives unused tokens back; nil until the first lease
+	used   bool  // spent from or refilled since the idle timer last fired
+	idle   Timer // gives unused tokens back; nil until the first lease
 	// refilling is closed when the caller refilling the pool has its answer.
 	refilling chan struct{}
 }
@@ -160,7 +166,7 @@ func (p *leasePool) put(n int) {
 	p.tokens += n
 	p.used = true
 	if p.idle == nil {
-		p.idle = time.AfterFunc(p.opts.Idle, p.expire)
+		p.idle = p.b.clock.AfterFunc(p.opts.Idle, p.expire)
 	}
 }
 

@@ -221,20 +221,28 @@ func TestConfigurationErrorsAreNotOutages(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			o := tc.opts
-			o.Network, o.Addr, o.MaxRetries = "unix", sock, -1
-			c := redis.NewClient(&o)
-			defer c.Close()
-			s, err := New(c, Config{Bucket: "b", Rate: 10, Burst: 5})
-			if err != nil {
-				t.Fatal(err)
+			// Each call on a client of its own: Redis drops the connection
+			// after some of these errors.
+			store := func() *Store {
+				o := tc.opts
+				o.Network, o.Addr, o.MaxRetries = "unix", sock, -1
+				c := redis.NewClient(&o)
+				t.Cleanup(func() { c.Close() })
+				s, err := New(c, Config{Bucket: "b", Rate: 10, Burst: 5})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
 			}
-			_, err = s.Take(ctx, limiter.TakeRequest{Cost: 1})
+			_, err := store().Take(ctx, limiter.TakeRequest{Cost: 1})
 			if !errors.Is(err, limiter.ErrMisconfigured) || !errors.Is(err, limiter.ErrStore) {
 				t.Fatalf("Take = %v; want ErrMisconfigured and ErrStore", err)
 			}
-			if _, err := s.Status(ctx); !errors.Is(err, limiter.ErrMisconfigured) {
+			if _, err := store().Status(ctx); !errors.Is(err, limiter.ErrMisconfigured) {
 				t.Fatalf("Status = %v; want ErrMisconfigured", err)
+			}
+			if _, err := store().Heartbeat(ctx, "r", time.Second); !errors.Is(err, limiter.ErrMisconfigured) {
+				t.Fatalf("Heartbeat = %v; want ErrMisconfigured", err)
 			}
 		})
 	}

@@ -58,6 +58,11 @@ type Layered struct {
 	spec [][]any
 	// windows caches each quota's boundaries around the last instant.
 	windows []atomic.Pointer[[4]int64]
+	// allLayers lists every layer's index: the one step on a single node.
+	allLayers []int
+	// batch pipelines concurrent takes on a single node; nil on a Cluster
+	// or with Config.NoBatching.
+	batch *layerBatcher
 }
 
 // WithLayers returns a layered store on s's bucket. The layers are
@@ -79,7 +84,11 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 		spec:      make([][]any, len(layers)),
 		windows:   make([]atomic.Pointer[[4]int64], len(layers)),
 	}
+	if !cluster && !s.cfg.NoBatching {
+		l.batch = &layerBatcher{l: l}
+	}
 	for i, ly := range layers {
+		l.allLayers = append(l.allLayers, i)
 		l.keyPrefix[i] = s.cfg.Prefix + s.cfg.Bucket + ":" + ly.Name + ":{"
 		l.unkeyed[i] = s.cfg.Prefix + "{" + s.cfg.Bucket + "}:" + ly.Name
 		kind, a, b := "b", strconv.FormatFloat(ly.Rate, 'g', -1, 64), ly.Burst
@@ -127,14 +136,10 @@ type step struct {
 // steps returns the script calls for one request: one on a single node, one
 // per slot group on a Cluster.
 func (l *Layered) steps(skipShared bool) []step {
-	all := step{shared: !skipShared}
 	if !l.cluster {
-		for i := range l.layers {
-			all.layers = append(all.layers, i)
-		}
-		return []step{all}
+		return []step{{shared: !skipShared, layers: l.allLayers}}
 	}
-	out := []step{all}
+	out := []step{{shared: !skipShared}}
 	for i, ly := range l.layers {
 		if ly.Keyed {
 			out = append(out, step{layers: []int{i}})
@@ -149,7 +154,9 @@ func (l *Layered) steps(skipShared bool) []step {
 }
 
 // TakeLayers implements limiter.LayeredStore with one script call on a
-// single node or Sentinel master; see Layered for a Cluster.
+// single node or Sentinel master, batched with concurrent calls into one
+// pipeline as Store.Take is (see Config.NoBatching); see Layered for a
+// Cluster.
 func (l *Layered) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
 	return l.takeLayers(ctx, time.Time{}, req)
 }
@@ -163,6 +170,9 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req limiter.Laye
 	keys, err := limiter.LayerKeys(l.layers, req)
 	if err != nil {
 		return limiter.LayerResult{}, err
+	}
+	if at.IsZero() && l.batch != nil {
+		return l.batch.take(ctx, req, keys)
 	}
 	steps := l.steps(req.SkipShared)
 	var (
@@ -201,6 +211,14 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req limiter.Laye
 
 // takeStep runs layersScript for one step.
 func (l *Layered) takeStep(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step) (limiter.LayerResult, error) {
+	rkeys, args, clock := l.takeArgs(at, req, keys, st)
+	v, err := layersScript.Run(ctx, l.client, rkeys, args...).Int64Slice()
+	return l.takeReply(req, v, err, clock)
+}
+
+// takeArgs returns the KEYS and ARGV of layersScript for one step, and the
+// local clock the quota windows were computed around.
+func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string, st step) ([]string, []any, time.Time) {
 	nowUS := int64(0)
 	clock := at
 	if at.IsZero() {
@@ -226,7 +244,11 @@ func (l *Layered) takeStep(ctx context.Context, at time.Time, req limiter.LayerR
 			args = append(args, 0, 0, 0, 0)
 		}
 	}
-	v, err := layersScript.Run(ctx, l.client, rkeys, args...).Int64Slice()
+	return rkeys, args, clock
+}
+
+// takeReply turns layersScript's reply, or its error, into a LayerResult.
+func (l *Layered) takeReply(req limiter.LayerRequest, v []int64, err error, clock time.Time) (limiter.LayerResult, error) {
 	if err != nil {
 		return limiter.LayerResult{}, l.fail("take layers", err)
 	}

@@ -1,0 +1,247 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"time"
+)
+
+// The store-failure state machine.
+//
+//	shared ──store error──► local | closed | open   (Options.OnStoreError)
+//	shared ──ErrMisconfigured──► closed              (whatever the policy)
+//	local | open ──probe: ErrMisconfigured──► closed
+//	any ──probe: the store answers, Drain succeeds──► shared
+//
+// Going to local: the local bucket starts empty, and grants nothing before
+// the instant until which this replica saw the shared bucket booked, since
+// the reservations already made there are still being served. Its share is
+// Options.FallbackRate, or the last effective rate divided by the live
+// replicas; a replica that never learnt the count is closed instead.
+//
+// Coming back: the shared bucket may have refilled while nobody took from
+// it, or restarted full and empty of state, or (after a Sentinel failover)
+// lag behind what was spent. So the Bucket drains it and charges it with the
+// tokens its local bucket has booked ahead, before it takes from it again.
+
+// fallbackState is the part of a Bucket that changes with the mode.
+type fallbackState struct {
+	mu sync.Mutex // guards every field and the mode transitions
+	// local is the in-process bucket of ModeLocal, or nil.
+	local *Memory
+	// recovered is closed when the Bucket returns to ModeShared; nil in
+	// ModeShared.
+	recovered chan struct{}
+	// probing is set while the probe goroutine runs.
+	probing bool
+}
+
+var errRetryShared = errors.New("store recovered")
+
+// errUnknownShare is the cause logged when a replica closes because it
+// never learnt how many replicas share the bucket.
+var errUnknownShare = errors.New("the number of live replicas is unknown (none was ever counted) and Options.FallbackRate is not set")
+
+// fallbackBucket returns the local bucket of ModeLocal, or nil.
+func (b *Bucket) fallbackBucket() *Memory {
+	b.fb.mu.Lock()
+	defer b.fb.mu.Unlock()
+	return b.fb.local
+}
+
+// waitFallback waits under the store-failure policy. It returns
+// errRetryShared when the store came back before tokens were granted.
+func (b *Bucket) waitFallback(ctx context.Context, cost int) error {
+	b.fb.mu.Lock()
+	mode, local, recovered := b.Mode(), b.fb.local, b.fb.recovered
+	b.fb.mu.Unlock()
+	if recovered == nil {
+		return errRetryShared
+	}
+	switch mode {
+	case ModeOpen:
+		return nil
+	case ModeClosed:
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-b.done:
+			return ErrClosed
+		case <-recovered:
+			return errRetryShared
+		}
+	}
+	// A cost above the local share's burst is taken in chunks, each
+	// reserved in turn, so that it costs the right time without being
+	// impossible. Reservations reach no further than the horizon, as in
+	// the shared bucket, so that little is booked ahead when the store
+	// comes back.
+	for left := cost; left > 0; {
+		n := min(left, local.burst)
+		gen := b.gen.Load()
+		res, err := local.TakeAt(b.clock.Now(), TakeRequest{Cost: n, MaxWait: b.opts.MaxReserve})
+		if err != nil {
+			return err
+		}
+		if !res.Granted {
+			if err := b.sleep(ctx, gen.changed, res.Wait); err != nil && !errors.Is(err, errChanged) {
+				return err
+			}
+			continue
+		}
+		if err := b.sleep(ctx, nil, res.Wait); err != nil {
+			local.RefundAt(b.clock.Now(), n)
+			return err
+		}
+		left -= n
+	}
+	return nil
+}
+
+// storeFailed reports a failed store call and, in ModeShared, switches to
+// the policy for it.
+func (b *Bucket) storeFailed(err error) {
+	if o := b.opts.Observer; o != nil && o.StoreError != nil {
+		o.StoreError(err)
+	}
+	b.fb.mu.Lock()
+	defer b.fb.mu.Unlock()
+	select {
+	case <-b.done:
+		return
+	default:
+	}
+	from := b.Mode()
+	switch {
+	case errors.Is(err, ErrMisconfigured):
+		if from == ModeClosed {
+			return
+		}
+		b.log.Error("the bucket store refused this replica: not granting until it is fixed", "mode", ModeClosed, "error", err)
+		b.switchLocked(from, ModeClosed, err)
+	case from != ModeShared:
+		return
+	case b.opts.OnStoreError == ModeLocal:
+		b.fallBackLocked(err)
+	default:
+		b.log.Warn("bucket store failed", "mode", b.opts.OnStoreError, "error", err)
+		b.switchLocked(from, b.opts.OnStoreError, err)
+	}
+}
+
+// fallBackLocked switches from ModeShared to ModeLocal, or to ModeClosed
+// when this replica does not know its share. b.fb.mu is held.
+func (b *Bucket) fallBackLocked(err error) {
+	rate := b.opts.FallbackRate
+	replicas := float64(max(1, b.replicas.Load()))
+	full, burst := math.Float64frombits(b.lastRate.Load()), b.lastBurst.Load()
+	if rate == 0 {
+		if !b.countKnown.Load() {
+			b.log.Error("bucket store failed and this replica does not know its share of the rate: not granting until the store answers",
+				"mode", ModeClosed, "reason", errUnknownShare, "error", err)
+			b.switchLocked(ModeShared, ModeClosed, err)
+			return
+		}
+		rate = full / replicas
+	} else if full > 0 {
+		replicas = max(1, full/rate)
+	}
+	now := b.clock.Now()
+	local, ferr := NewMemory(rate, max(1, int(math.Ceil(float64(burst)/replicas))))
+	if ferr != nil {
+		b.log.Error("bucket store failed and the local share is unusable: not granting", "mode", ModeClosed, "local_rate", rate, "error", ferr)
+		b.switchLocked(ModeShared, ModeClosed, err)
+		return
+	}
+	local.now = b.clock.Now
+	// The local bucket starts empty: the shared bucket's tokens were spent
+	// or are about to be. Reservations already made there are still
+	// served: the local bucket refills only after them.
+	booked := time.Unix(0, b.bookedUntil.Load())
+	local.save(0, max(now.UnixMicro(), booked.UnixMicro()))
+	b.fb.local = local
+	b.log.Warn("bucket store failed, limiting locally", "mode", ModeLocal, "local_rate", rate, "local_burst", local.burst,
+		"replicas", int(replicas), "local_start_in", max(0, booked.Sub(now)), "error", err)
+	b.switchLocked(ModeShared, ModeLocal, err)
+}
+
+// switchLocked moves from one mode to another, and starts the probe when
+// leaving ModeShared. b.fb.mu is held.
+func (b *Bucket) switchLocked(from, to Mode, err error) {
+	if from == ModeShared {
+		b.fb.recovered = make(chan struct{})
+	}
+	if to != ModeLocal {
+		b.fb.local = nil
+	}
+	b.mode.Store(&to)
+	if o := b.opts.Observer; o != nil && o.ModeChanged != nil {
+		o.ModeChanged(from, to, err)
+	}
+	if !b.fb.probing {
+		b.fb.probing = true
+		b.wg.Add(1)
+		go b.probe()
+	}
+}
+
+// probe asks the store every ProbeInterval whether it is back, and switches
+// to ModeShared when it is.
+func (b *Bucket) probe() {
+	defer b.wg.Done()
+	t := b.clock.NewTimer(b.opts.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.done:
+			return
+		case <-t.C():
+		}
+		if b.tryRecover() {
+			return
+		}
+		t.Reset(b.opts.ProbeInterval)
+	}
+}
+
+// tryRecover asks the store whether it is back and, if it is, switches to
+// ModeShared. Coming from ModeLocal or ModeOpen it first drains the shared
+// bucket and charges it with what the local bucket has booked ahead. It
+// reports whether the probe is done.
+func (b *Bucket) tryRecover() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), b.opts.ProbeInterval)
+	defer cancel()
+	st, err := b.store.Status(ctx)
+	if err == nil && b.Mode() != ModeClosed { // a closed replica granted nothing
+		debt := 0
+		if local := b.fallbackBucket(); local != nil {
+			ls := local.StatusAt(b.clock.Now())
+			debt = int(math.Ceil(max(0, -ls.Tokens)))
+		}
+		err = b.store.Drain(ctx, debt)
+	}
+	if err != nil {
+		if errors.Is(err, ErrMisconfigured) {
+			b.storeFailed(err)
+		}
+		return false
+	}
+	b.recoveredAt.Store(b.clock.Now().UnixNano())
+	b.observeState(st)
+	b.fb.mu.Lock()
+	from := b.Mode()
+	shared := ModeShared
+	b.mode.Store(&shared)
+	b.fb.local = nil
+	close(b.fb.recovered)
+	b.fb.recovered = nil
+	b.fb.probing = false
+	b.fb.mu.Unlock()
+	b.log.Info("bucket store is back, sharing the bucket again", "previous_mode", from)
+	if o := b.opts.Observer; o != nil && o.ModeChanged != nil {
+		o.ModeChanged(from, ModeShared, nil)
+	}
+	return true
+}

@@ -1,0 +1,176 @@
+package limiter
+
+import (
+	"errors"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// Mode says how a Bucket is limiting right now.
+type Mode string
+
+// The modes of a Bucket. ModeShared is normal operation; the others are the
+// policies for a store failure, chosen with Options.OnStoreError.
+const (
+	// ModeShared takes every token from the Store, shared by all replicas.
+	ModeShared Mode = "shared"
+	// ModeLocal limits with an in-process bucket at this replica's share of
+	// the rate while the Store is down. It is the default policy.
+	ModeLocal Mode = "local"
+	// ModeClosed stops granting until the Store answers again. A Bucket is
+	// also closed, whatever its policy, while the store reports
+	// ErrMisconfigured, and while the store is down before this replica has
+	// learnt how many replicas share the bucket (see Options.FallbackRate).
+	ModeClosed Mode = "closed"
+	// ModeOpen grants everything while the Store is down. It is dangerous:
+	// the sink sees the unthrottled rate of every replica.
+	ModeOpen Mode = "open"
+)
+
+// ParseMode parses a store-error policy: "local", "closed" or "open".
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case ModeLocal, ModeClosed, ModeOpen:
+		return m, nil
+	}
+	return "", &ParamError{Param: "OnStoreError", Msg: "must be local, closed or open", Value: s}
+}
+
+// Options configure a Bucket. The zero value is ready to use; each field
+// documents its default.
+type Options struct {
+	// MaxReserve is the reservation horizon: Wait reserves tokens that will
+	// be due within max(MaxReserve, cost/rate), so that waiting replicas are
+	// served in order with one store call per message. A caller beyond the
+	// horizon is told how long to wait before it asks again. When more
+	// callers wait than the rate serves within MaxReserve, the horizon grows
+	// to fit them all (up to 10·MaxReserve), so that they queue instead of
+	// coming back. When a store that implements Notifier announces a rate
+	// change or a pause, the Bucket reads the bucket once and moves every
+	// reservation its callers sleep on to where the new rate or the pause
+	// puts it, keeping their order. The local fallback uses the same
+	// horizon. Default 1s.
+	MaxReserve time.Duration
+	// OnStoreError is the policy while the store is unreachable or too
+	// slow: ModeLocal (the default), ModeClosed or ModeOpen. A store error
+	// that matches ErrMisconfigured always closes the Bucket.
+	OnStoreError Mode
+	// FallbackRate is the rate of the local bucket in ModeLocal. Default:
+	// the last effective rate divided by the live replicas seen in
+	// heartbeats before the failure. A replica that has never reached a
+	// store that counts replicas (one started while Redis is down) does not
+	// know its share: without a FallbackRate it stays closed until the
+	// store answers, since any guess could let the fleet run above the
+	// rate. Its local burst is the burst in the same proportion.
+	FallbackRate float64
+	// ProbeInterval is how often a Bucket in fallback asks the store
+	// whether it is back. Default 1s.
+	ProbeInterval time.Duration
+	// ReplicaID names this replica in heartbeats. Default: host name,
+	// process id and a counter.
+	ReplicaID string
+	// HeartbeatInterval is how often the Bucket reports itself alive to a
+	// store that implements ReplicaTracker. A replica counts as gone after
+	// three missed heartbeats. Default 3s.
+	HeartbeatInterval time.Duration
+	// MaxPause caps Pause. Default 60s.
+	MaxPause time.Duration
+	// Lease configures token leasing. Default: on, adapting to the rate.
+	Lease LeaseOptions
+	// Observer receives events for metrics. Default: none.
+	Observer *Observer
+	// Logger receives mode transitions. Default: slog.Default().
+	Logger *slog.Logger
+	// Clock is the Bucket's one time source for its timers (sleeps, probe,
+	// heartbeats, lease expiry) and for the Observer. The token arithmetic
+	// never uses it: the store has its own clock. Default SystemClock.
+	Clock Clock
+}
+
+// Validate returns the *ParamError of every field out of range, joined,
+// each naming the Go field (such as "FallbackRate" or "Lease.Fraction"),
+// or nil. New calls it; a program may call it to check its configuration
+// before it has a store.
+func (o Options) Validate() error {
+	var errs []error
+	if o.OnStoreError != "" {
+		if _, err := ParseMode(string(o.OnStoreError)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if o.FallbackRate != 0 {
+		if err := ValidateRate(o.FallbackRate); err != nil {
+			errs = append(errs, &ParamError{Param: "FallbackRate", Msg: "must be 0 (the replica's share) or a number > 0 and <= " + strconv.FormatFloat(MaxRate, 'g', -1, 64), Value: o.FallbackRate})
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"MaxReserve", o.MaxReserve}, {"ProbeInterval", o.ProbeInterval},
+		{"HeartbeatInterval", o.HeartbeatInterval}, {"MaxPause", o.MaxPause}, {"Lease.Idle", o.Lease.Idle},
+	} {
+		if d.v < 0 {
+			errs = append(errs, &ParamError{Param: d.name, Msg: "must be >= 0 (0 for the default)", Value: d.v})
+		}
+	}
+	lease := o.Lease
+	if err := lease.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// withDefaults returns o with every zero field set to its default. o is
+// valid.
+func (o Options) withDefaults() Options {
+	if o.MaxReserve <= 0 {
+		o.MaxReserve = time.Second
+	}
+	if o.OnStoreError == "" {
+		o.OnStoreError = ModeLocal
+	}
+	if o.ProbeInterval <= 0 {
+		o.ProbeInterval = time.Second
+	}
+	if o.HeartbeatInterval <= 0 {
+		o.HeartbeatInterval = 3 * time.Second
+	}
+	if o.MaxPause <= 0 {
+		o.MaxPause = time.Minute
+	}
+	if o.ReplicaID == "" {
+		host, _ := os.Hostname()
+		o.ReplicaID = host + "-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(replicaSeq.Add(1), 10)
+	}
+	_ = o.Lease.validate() // sets the lease defaults
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Clock == nil {
+		o.Clock = SystemClock
+	}
+	return o
+}
+
+var replicaSeq atomic.Int64
+
+// Observer receives a Bucket's events, for metrics. Every field is optional.
+// The functions are called from many goroutines and must be safe for that.
+type Observer struct {
+	// Waited is called after each successful Wait with the time it
+	// blocked.
+	Waited func(d time.Duration)
+	// Took is called after each store answer with the bucket's tokens,
+	// effective rate and burst.
+	Took func(remaining, rate float64, burst int)
+	// ModeChanged is called once per transition, just after Mode reports
+	// the new mode. err is the store error that caused it, or nil on
+	// recovery.
+	ModeChanged func(from, to Mode, err error)
+	// StoreError is called for every failed store call.
+	StoreError func(err error)
+}

@@ -1,0 +1,137 @@
+package redislimiter
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// layerBatcher combines the concurrent TakeLayers of one Layered store on a
+// single node into pipelines, as batcher does for Take: a call that finds
+// none in flight is sent at once, alone; calls that arrive meanwhile queue
+// up, and when the flight returns the head of the queue sends them all (up
+// to maxBatch) as one pipeline. Each script still runs atomically on its
+// own. A batch is sent on a context without its callers' deadlines, so it
+// is bounded by the client's timeouts; a caller whose ctx ends while queued
+// leaves the queue at once, and one whose ctx ends while its batch is in
+// flight gets ctx.Err() when the batch returns, its tokens refunded.
+//
+// A layerBatcher is safe for concurrent use.
+type layerBatcher struct {
+	l *Layered
+
+	mu       sync.Mutex
+	flushing bool // a call is in flight or the head of the queue leads next
+	queue    []*layerPending
+}
+
+type layerPending struct {
+	req   limiter.LayerRequest
+	keys  []string
+	res   limiter.LayerResult
+	err   error
+	state pendingState // changes under layerBatcher.mu
+	// ready is signalled once, when state becomes leading or done.
+	ready chan struct{}
+}
+
+func (b *layerBatcher) take(ctx context.Context, req limiter.LayerRequest, keys []string) (limiter.LayerResult, error) {
+	b.mu.Lock()
+	if !b.flushing {
+		b.flushing = true
+		b.mu.Unlock()
+		res, err := b.l.takeStep(ctx, time.Time{}, req, keys, step{shared: !req.SkipShared, layers: b.l.allLayers})
+		b.mu.Lock()
+		b.handOffLocked()
+		b.mu.Unlock()
+		return res, err
+	}
+	p := &layerPending{req: req, keys: keys, ready: make(chan struct{}, 1)}
+	b.queue = append(b.queue, p)
+	b.mu.Unlock()
+
+	select {
+	case <-p.ready:
+	case <-ctx.Done():
+		b.mu.Lock()
+		if p.state == queued {
+			b.queue = slices.DeleteFunc(b.queue, func(q *layerPending) bool { return q == p })
+			b.mu.Unlock()
+			return limiter.LayerResult{}, ctx.Err()
+		}
+		b.mu.Unlock()
+		<-p.ready
+	}
+	if p.state == leading {
+		b.lead(ctx, p)
+	}
+	if err := ctx.Err(); err != nil {
+		if p.err == nil && p.res.Granted {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+			_ = b.l.RefundLayers(rctx, req, p.res)
+			cancel()
+		}
+		return limiter.LayerResult{}, err
+	}
+	return p.res, p.err
+}
+
+// lead sends the batch that p heads, sets every answer, and hands the lead
+// on.
+func (b *layerBatcher) lead(ctx context.Context, p *layerPending) {
+	b.mu.Lock()
+	n := min(len(b.queue), maxBatch-1)
+	batch := append([]*layerPending{p}, b.queue[:n]...)
+	b.queue = slices.Delete(b.queue, 0, n)
+	for _, q := range batch {
+		q.state = sent
+	}
+	b.mu.Unlock()
+
+	ctx = context.WithoutCancel(ctx)
+	pipe := b.l.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(batch))
+	clocks := make([]time.Time, len(batch))
+	for i, q := range batch {
+		rkeys, args, clock := b.l.takeArgs(time.Time{}, q.req, q.keys, step{shared: !q.req.SkipShared, layers: b.l.allLayers})
+		cmds[i], clocks[i] = layersScript.EvalSha(ctx, pipe, rkeys, args...), clock
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, q := range batch {
+		c := cmds[i]
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			// Redis lost the script (a restart, SCRIPT FLUSH): Run loads it.
+			q.res, q.err = b.l.takeStep(ctx, time.Time{}, q.req, q.keys, step{shared: !q.req.SkipShared, layers: b.l.allLayers})
+			continue
+		}
+		v, err := c.Int64Slice()
+		q.res, q.err = b.l.takeReply(q.req, v, err, clocks[i])
+	}
+	b.mu.Lock()
+	for _, q := range batch {
+		q.state = done
+		if q != p {
+			q.ready <- struct{}{}
+		}
+	}
+	b.handOffLocked()
+	b.mu.Unlock()
+}
+
+// handOffLocked passes the lead to the head of the queue, or ends the
+// flight. b.mu must be held.
+func (b *layerBatcher) handOffLocked() {
+	if len(b.queue) == 0 {
+		b.flushing = false
+		return
+	}
+	head := b.queue[0]
+	b.queue = slices.Delete(b.queue, 0, 1)
+	head.state = leading
+	head.ready <- struct{}{}
+}

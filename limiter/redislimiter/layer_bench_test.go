@@ -1,0 +1,82 @@
+package redislimiter
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// BenchmarkLayers compares messages/s through the shared bucket alone
+// (Store.Take, batched as in production) with the shared bucket plus one
+// keyed layer over 100k distinct keys (Layered.TakeLayers, one script per
+// message), from 64 goroutines, and one caller at a time.
+func BenchmarkLayers(b *testing.B) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", PoolSize: 64})
+	b.Cleanup(func() { c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		b.Skipf("Redis at 127.0.0.1:6379: %v", err)
+	}
+	const keys = 100000
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = fmt.Sprintf("+1555%07d", i)
+	}
+	for _, parallel := range []bool{true, false} {
+		for _, layered := range []bool{false, true} {
+			name := map[bool]string{false: "shared", true: "shared+keyed-100k"}[layered] + map[bool]string{false: "/serial", true: "/parallel-64"}[parallel]
+			b.Run(name, func(b *testing.B) {
+				s, err := New(c, Config{Bucket: uniqueBucket(b, c), Rate: 1e9, Burst: 1e9})
+				if err != nil {
+					b.Fatal(err)
+				}
+				l, err := s.WithLayers([]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1000, Burst: 1000}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { deleteLayerKeys(b, c, l) })
+				ctx := context.Background()
+				var n atomic.Int64
+				one := func() error {
+					if !layered {
+						_, err := s.Take(ctx, limiter.TakeRequest{Cost: 1})
+						return err
+					}
+					i := n.Add(1)
+					_, err := l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": names[i%keys]}})
+					return err
+				}
+				if err := one(); err != nil { // loads the script
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				start := time.Now()
+				if parallel {
+					b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if err := one(); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				} else {
+					for b.Loop() {
+						if err := one(); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+			})
+		}
+	}
+}
