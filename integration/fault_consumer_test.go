@@ -253,11 +253,19 @@ func TestFaultRabbitMQConnectionCut(t *testing.T) {
 	}
 	tr := newFaultTracker()
 	c, err := rabbitmq.New(rabbitmq.Config{
-		URL: proxied.String(), Queue: queue, Declare: true, Prefetch: 20,
-		Limiter: bucket, Observer: tr.Observer(), Logger: faultLogger(t),
-		Retry:            consumer.RetryPolicy{MaxAttempts: 3, Backoff: 10 * time.Millisecond},
-		ReconnectBackoff: 50 * time.Millisecond, MaxReconnectBackoff: 500 * time.Millisecond,
-		DrainTimeout: 5 * time.Second,
+		URL:                 proxied.String(),
+		Queue:               queue,
+		Declare:             true,
+		Prefetch:            20,
+		ReconnectBackoff:    50 * time.Millisecond,
+		MaxReconnectBackoff: 500 * time.Millisecond,
+		Options: consumer.Options{
+			Limiter:      bucket,
+			Observer:     tr.Observer(),
+			Logger:       faultLogger(t),
+			Retry:        consumer.RetryPolicy{MaxAttempts: 3, Backoff: 10 * time.Millisecond},
+			DrainTimeout: 5 * time.Second,
+		},
 	}, tr.Handler(nil))
 	if err != nil {
 		t.Fatal(err)

@@ -192,9 +192,15 @@ func TestSinkRejectionIsDeadLetteredRabbitMQ(t *testing.T) {
 	p, h, l := sinkE2ESetup(t)
 	ctx := testenv.Context(t, 60*time.Second)
 	c, err := rabbitmq.New(rabbitmq.Config{
-		URL: url, Queue: queue, Prefetch: 10, Declare: true,
-		Limiter: l, Retry: consumer.RetryPolicy{MaxAttempts: 5, Backoff: 10 * time.Millisecond},
-		Logger: slog.New(slog.DiscardHandler),
+		URL:      url,
+		Queue:    queue,
+		Prefetch: 10,
+		Declare:  true,
+		Options: consumer.Options{
+			Limiter: l,
+			Retry:   consumer.RetryPolicy{MaxAttempts: 5, Backoff: 10 * time.Millisecond},
+			Logger:  slog.New(slog.DiscardHandler),
+		},
 	}, h)
 	if err != nil {
 		t.Fatal(err)

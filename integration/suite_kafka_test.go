@@ -63,7 +63,7 @@ type suiteTopic struct {
 func (q *suiteTopic) replica(t *testing.T, spec suiteReplicaSpec) suiteRunner {
 	t.Helper()
 	c, err := kafka.New(kafka.Config{
-		Options:       consumer.Options{Limiter: spec.limiter, Retry: spec.retry, Observer: spec.observer, Logger: suiteLogger(t), DrainTimeout: 5 * time.Second},
+		Options:       spec.options(t),
 		Brokers:       q.kafka.brokers,
 		Topic:         q.topic,
 		Group:         q.group,
@@ -131,21 +131,30 @@ func (q *suiteTopic) publish(t *testing.T, bodies []string) {
 	}
 }
 
-func (q *suiteTopic) deadLettered(t *testing.T, n int) []string {
+func (q *suiteTopic) deadLettered(t *testing.T, n int) []suiteDLMessage {
 	t.Helper()
 	cl := suiteKgo(t, q.kafka.brokers, kgo.ConsumeTopics(q.topic+".dlq"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var out []string
+	var out []suiteDLMessage
 	for len(out) < n {
 		fs := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
 			t.Fatalf("read %d of %d records of %s.dlq: %v", len(out), n, q.topic, ctx.Err())
 		}
-		fs.EachRecord(func(r *kgo.Record) { out = append(out, string(r.Value)) })
+		fs.EachRecord(func(r *kgo.Record) {
+			h := map[string]string{}
+			for _, kv := range r.Headers {
+				h[kv.Key] = string(kv.Value)
+			}
+			out = append(out, suiteDLMessage{body: string(r.Value), headers: h})
+		})
 	}
 	return out
 }
+
+// origin names the dead-letter header that gives the topic.
+func (q *suiteTopic) origin() (header, value string) { return consumer.HeaderOriginalTopic, q.topic }
 
 // pending returns the group's lag: the records after its committed offsets.
 func (q *suiteTopic) pending(t *testing.T) int {
