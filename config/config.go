@@ -181,6 +181,20 @@ type Limit struct {
 	Lease LeaseMode `yaml:"lease"`
 }
 
+// LimiterOptions maps l onto the limiter's options: the store-error
+// policy, the fallback rate, the probe interval and leasing. It is the one
+// mapping: Validate checks its result with limiter.Options.Validate, and
+// the binary adds what does not come from this section (observer, logger,
+// the push-back cap).
+func (l Limit) LimiterOptions() limiter.Options {
+	return limiter.Options{
+		OnStoreError:  limiter.Mode(l.OnStoreError),
+		FallbackRate:  l.FallbackRate,
+		ProbeInterval: time.Duration(l.ProbeInterval),
+		Lease:         limiter.LeaseOptions{Disabled: l.Lease == LeaseOff},
+	}
+}
+
 // Source says where messages come from (YAML key "source"). Exactly one
 // field is non-nil in a valid Config; a key that is present in the YAML
 // counts as set even when its value is empty. It is a plain value: safe to

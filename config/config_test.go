@@ -195,7 +195,7 @@ func TestParseBadInputs(t *testing.T) {
 			name: "bad on_store_error",
 			doc:  strings.Replace(minimal, "rate: 10", "rate: 10\n  on_store_error: retry", 1),
 			key:  "limit.on_store_error",
-			want: `must be one of local, closed, open, got "retry"`,
+			want: `must be local, closed or open, got "retry"`,
 		},
 		{
 			name: "bad rabbitmq url scheme",
@@ -317,7 +317,7 @@ func TestParseBadInputs(t *testing.T) {
 		{"postgres bad key=value", strings.Replace(minimal, "stdout: {}", "postgres: {dsn: 'mydb', table: t}", 1), nil, "sink.postgres.dsn", "invalid connection string"},
 		{"postgres missing table", strings.Replace(minimal, "stdout: {}", "postgres: {dsn: 'postgres://h/db'}", 1), nil, "sink.postgres.table", "required"},
 		{"bad lease", strings.Replace(minimal, "rate: 10", "rate: 10\n  lease: always", 1), nil, "limit.lease", `must be one of auto, off, got "always"`},
-		{"negative fallback rate", strings.Replace(minimal, "rate: 10", "rate: 10\n  fallback_rate: -1", 1), nil, "limit.fallback_rate", "must be a number > 0 and <= 1e+09, got -1 (0 means rate / live replicas)"},
+		{"negative fallback rate", strings.Replace(minimal, "rate: 10", "rate: 10\n  fallback_rate: -1", 1), nil, "limit.fallback_rate", "must be 0 (the replica's share) or a number > 0 and <= 1e+09, got -1"},
 		{"zero probe interval", strings.Replace(minimal, "rate: 10", "rate: 10\n  probe_interval: 0s", 1), nil, "limit.probe_interval", "must not be 0; omit the key for the default"},
 		{"negative max wait", strings.Replace(minimal, "rate: 10", "rate: 10\n  max_wait: -1s", 1), nil, "limit.max_wait", "must be >= 0, got -1s"},
 		{"zero drain timeout", minimal + "delivery: {drain_timeout: 0s}\n", nil, "delivery.drain_timeout", "must not be 0; omit the key for the default"},
@@ -405,7 +405,7 @@ log: {format: xml}
 		"limit.bucket: must not be empty",
 		"limit.rate: must be a number > 0 and <= 1e+09, got -5",
 		"limit.burst: must be >= 1 and <= 2147483647, got -1",
-		`limit.on_store_error: must be one of local, closed, open, got "sometimes"`,
+		`limit.on_store_error: must be local, closed or open, got "sometimes"`,
 		"source.kafka.brokers: required",
 		"source: exactly one of kafka, rabbitmq must be set, got 2 (kafka, rabbitmq)",
 		"sink.http.max_conns: must not be 0; omit the key for the default",
@@ -1068,6 +1068,31 @@ func TestOrdering(t *testing.T) {
 		ps := problemsOf(t, err)
 		if len(ps) != 1 || ps[0].Key != tt.key || !strings.Contains(ps[0].Message, tt.want) {
 			t.Errorf("problems %v, want %s: %s", ps, tt.key, tt.want)
+		}
+	}
+}
+
+// TestLibraryFieldsNameYAMLKeys checks the translation of the Go field
+// names in library errors into YAML keys.
+func TestLibraryFieldsNameYAMLKeys(t *testing.T) {
+	limit, http := reflect.TypeFor[Limit](), reflect.TypeFor[HTTP]()
+	for _, tt := range []struct {
+		t          reflect.Type
+		goName, yk string
+	}{
+		{limit, "Bucket", "bucket"},
+		{limit, "FallbackRate", "fallback_rate"},
+		{limit, "fallback_rate", "fallback_rate"},
+		{limit, "OnStoreError", "on_store_error"},
+		{limit, "Lease.Fraction", "lease.fraction"},
+		{limit, "Lease.MinBatch", "lease.min_batch"},
+		{limit, "Nope", ""},
+		{http, "BodyTemplate", "body_template"},
+		{http, "MaxRetryAfter", "max_pause"},
+		{http, "URL", "url"},
+	} {
+		if got := yamlKeyOf(tt.t, tt.goName); got != tt.yk {
+			t.Errorf("yamlKeyOf(%s, %q) = %q, want %q", tt.t.Name(), tt.goName, got, tt.yk)
 		}
 	}
 }

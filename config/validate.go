@@ -132,19 +132,7 @@ func (l *Limit) validate(ps *problems) {
 	if l.Burst != 0 {
 		ps.library("limit", reflect.TypeFor[Limit](), limiter.ValidateBurst(l.Burst))
 	}
-	if l.OnStoreError != "" {
-		if _, err := limiter.ParseMode(string(l.OnStoreError)); err != nil {
-			ps.add("limit.on_store_error", "must be one of local, closed, open, got %q", l.OnStoreError)
-		}
-	}
-	if l.FallbackRate != 0 {
-		if err := limiter.ValidateRate(l.FallbackRate); err != nil {
-			ps.add("limit.fallback_rate", "%s (0 means rate / live replicas)", paramMessage(err))
-		}
-	}
-	if l.ProbeInterval < 0 {
-		ps.add("limit.probe_interval", "must be > 0, got %v", l.ProbeInterval)
-	}
+	ps.library("limit", reflect.TypeFor[Limit](), l.LimiterOptions().Validate())
 	if l.MaxWait < 0 {
 		ps.add("limit.max_wait", "must be >= 0, got %v", l.MaxWait)
 	}
@@ -407,25 +395,41 @@ func checkTopic(ps *problems, key, name string) {
 // "fallback_rate" both land on limit.fallback_rate. A field t does not
 // know (one the configuration never sets) is reported under prefix.
 func (ps *problems) library(prefix string, t reflect.Type, err error) {
-	if err == nil {
-		return
-	}
-	if fes := sinks.FieldErrors(err); len(fes) > 0 {
-		for _, fe := range fes {
+	for _, err := range leaves(err) {
+		var (
+			fe *sinks.FieldError
+			pe *limiter.ParamError
+		)
+		switch {
+		case errors.As(err, &fe):
 			key := join(prefix, yamlKeyOf(t, fe.Field))
 			if fe.Key != "" {
 				key += "." + fe.Key
 			}
 			ps.add(key, "%s", fe.Err)
+		case errors.As(err, &pe):
+			ps.add(join(prefix, yamlKeyOf(t, pe.Param)), "%s", paramMessage(pe))
+		default:
+			ps.add(prefix, "%s", err)
 		}
-		return
 	}
-	var pe *limiter.ParamError
-	if errors.As(err, &pe) {
-		ps.add(join(prefix, yamlKeyOf(t, pe.Param)), "%s", paramMessage(pe))
-		return
+}
+
+// leaves returns the errors joined in err (errors.Join, recursively), or
+// err itself; nil for nil.
+func leaves(err error) []error {
+	if err == nil {
+		return nil
 	}
-	ps.add(prefix, "%s", err)
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return []error{err}
+	}
+	var out []error
+	for _, e := range j.Unwrap() {
+		out = append(out, leaves(e)...)
+	}
+	return out
 }
 
 // paramMessage returns the text of a limiter.ParamError without the Go
@@ -455,7 +459,30 @@ func yamlKeyOf(t reflect.Type, goName string) string {
 			return name
 		}
 	}
+	// A nested library field, such as limiter's "Lease.Fraction", lands
+	// under the key of its first part: limit.lease.fraction.
+	if first, rest, ok := strings.Cut(goName, "."); ok {
+		if key := yamlKeyOf(t, first); key != "" {
+			return key + "." + snakeCase(rest)
+		}
+	}
 	return ""
+}
+
+// snakeCase turns a Go name such as "MinBatch" or "Lease.MinBatch" into
+// YAML style: "min_batch", "lease.min_batch".
+func snakeCase(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if r >= 'A' && r <= 'Z' {
+			if i > 0 && s[i-1] != '.' {
+				b.WriteByte('_')
+			}
+			r += 'a' - 'A'
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // libraryNames maps the library fields whose name differs from the

@@ -40,14 +40,9 @@ func newLogger(cfg config.Log, w io.Writer) *slog.Logger {
 
 // limiterOptions maps the limit section to the bucket's options.
 func limiterOptions(cfg *config.Config, obs *limiter.Observer, log *slog.Logger) limiter.Options {
-	opts := limiter.Options{
-		OnStoreError:  limiter.Mode(cfg.Limit.OnStoreError),
-		FallbackRate:  cfg.Limit.FallbackRate,
-		ProbeInterval: time.Duration(cfg.Limit.ProbeInterval),
-		Lease:         limiter.LeaseOptions{Disabled: cfg.Limit.Lease == config.LeaseOff},
-		Observer:      obs,
-		Logger:        log,
-	}
+	opts := cfg.Limit.LimiterOptions()
+	opts.Observer = obs
+	opts.Logger = log
 	if h := cfg.Sink.HTTP; h != nil && h.PushBackEnabled() {
 		opts.MaxPause = time.Duration(h.MaxPause)
 	}
@@ -99,6 +94,12 @@ func newSink(ctx context.Context, cfg config.Sink, out io.Writer) (sinks.Sink, f
 		if err != nil {
 			return nil, nil, &configError{err: fmt.Errorf("sink.http: %w", err)}
 		}
+		// A preset's credentials are checked now where the provider
+		// allows it, so that wrong ones stop the start, not every message.
+		if err := s.Check(ctx); err != nil {
+			_ = s.Close()
+			return nil, nil, fmt.Errorf("sink.http: checking the credentials: %w", err)
+		}
 		return s, func() { _ = s.Close() }, nil
 	case cfg.Postgres != nil:
 		s, err := postgres.New(ctx, cfg.Postgres.SinkConfig())
@@ -140,8 +141,10 @@ func newDeps(cfg *config.Config, lim consumer.Limiter, bucket *limiter.Bucket, o
 		observer: obs,
 		log:      log,
 	}
-	if cfg.Limit.CostHeader != "" {
-		d.cost = consumer.CostFromHeader(cfg.Limit.CostHeader)
+	// limit.cost_template or limit.cost_header; config.Validate parsed
+	// the template already, so there is no error left to report.
+	if cost, err := cfg.Limit.CostFunc(); err == nil {
+		d.cost = cost
 	}
 	if h := cfg.Sink.HTTP; h != nil && h.PushBackEnabled() {
 		d.pauser = bucket
