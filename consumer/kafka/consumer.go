@@ -57,10 +57,12 @@
 // revocation is logged with the partitions, the messages dropped and the
 // offsets committed; ReaderStats counts them.
 //
-// kafka-go stops the generation's heartbeats while it revokes, so keep
-// DrainTimeout + CommitTimeout below the group's RebalanceTimeout and
-// SessionTimeout (both 30s by default), or the group evicts the member
-// before its final commit and the next owners redeliver what it finished.
+// The group waits the RebalanceTimeout (30s by default, ConfigureReader)
+// for its members to rejoin, and goes on without the late ones, whose
+// commits it then refuses. At a rebalance the drain is therefore cut to
+// 4/5 of RebalanceTimeout when DrainTimeout is longer, leaving time for
+// the final commit; at shutdown the generation stays live while it drains
+// and DrainTimeout applies in full.
 // A replica that crashes or loses its connection does not commit: the
 // messages it fetched after its last commit, at most its in-flight bound
 // (workers + QueueSize per replica), are handled again by the next owner.

@@ -148,12 +148,19 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl *deadLe
 		r.sched.wait()
 		close(drained)
 	}()
-	timer := time.NewTimer(c.cfg.DrainTimeout)
+	drain := c.cfg.DrainTimeout
+	if reason == "rebalance" {
+		// The group waits RebalanceTimeout for the members to rejoin and
+		// then goes on without the late ones, whose commits it refuses:
+		// leave time for the final commit.
+		drain = min(drain, c.gc.RebalanceTimeout*4/5)
+	}
+	timer := time.NewTimer(drain)
 	select {
 	case <-drained:
 	case <-timer.C:
 		log.Warn("drain timeout reached; cancelling in-flight handlers, their messages stay uncommitted",
-			"drain_timeout", c.cfg.DrainTimeout)
+			"drain_timeout", drain.String())
 		cancelHandlers()
 		<-drained
 	}
