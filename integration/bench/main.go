@@ -108,7 +108,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.latency, "latency", time.Second, "length of each unsaturated latency run")
 	fs.IntVar(&cfg.replicas, "replicas", 8, "simulated replicas")
 	fs.IntVar(&cfg.goroutines, "goroutines", 8, "goroutines calling Wait in each replica")
-	fs.StringVar(&wl, "workloads", "low,medium,high,fast", "comma-separated workloads to run")
+	fs.StringVar(&wl, "workloads", "low,medium,high,fast", "comma-separated workloads to run; none for the latency table only")
 	fs.StringVar(&im, "impls", "a,b,c,d", "comma-separated implementations to run")
 	fs.StringVar(&cfg.out, "out", "RESULTS.md", "markdown report to write")
 	fs.StringVar(&cfg.plot, "plot", "lowrate.png", "PNG plot of the low-rate run to write")
@@ -153,6 +153,9 @@ func parseFlags(args []string) (config, error) {
 		return config{}, fmt.Errorf("-replicas and -goroutines must be at least 1")
 	}
 	for name := range strings.SplitSeq(wl, ",") {
+		if name == "none" { // the latency table only
+			continue
+		}
 		i := indexOf(workloads, func(w workload) bool { return w.name == name })
 		if i < 0 {
 			return config{}, fmt.Errorf("-workloads: unknown workload %q", name)

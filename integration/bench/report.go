@@ -91,36 +91,38 @@ func (rep *report) markdown() string {
 	fmt.Fprintf(&b, "Command: `cd integration/bench && go run .%s`\n\n", c.flags)
 	fmt.Fprintf(&b, "Machine: %s. Load average (1, 5, 15 min): %s.\n\n", rep.machine, rep.load)
 	from, to := steadyWindow(c.duration)
-	fmt.Fprintf(&b, "%d replicas, each its own Redis client and limiter with %d goroutines calling `Wait(ctx, 1)` in a loop, on one fresh bucket per run at %s; each run lasts %v. Rates and accuracy count the whole run; Redis calls and CPU are per token granted in the steady window from %v to %v.",
-		c.replicas, c.goroutines, c.redisAddr, c.duration, from, to)
-	if c.opts.MaxReserve > 0 || c.opts.HeartbeatInterval > 0 {
-		fmt.Fprintf(&b, " Limiter options of (c) and (d): MaxReserve %v, HeartbeatInterval %v (0: default).", c.opts.MaxReserve, c.opts.HeartbeatInterval)
-	}
-	b.WriteString("\n\n")
-	b.WriteString("| workload | implementation | granted/s | Redis calls/token (client) | Redis cmds/token | accuracy | max 1 s window | replica share min–max | CPU s/M tokens | Redis CPU s/M tokens |\n")
-	b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
-	for _, r := range rep.results {
-		acc := "—"
-		if r.w.saturated {
-			acc = fmt.Sprintf("%+.2f%%", r.accuracy())
-			if r.accuracy() < -10 {
-				acc += " †"
-			}
+	if len(rep.results) > 0 {
+		fmt.Fprintf(&b, "%d replicas, each its own Redis client and limiter with %d goroutines calling `Wait(ctx, 1)` in a loop, on one fresh bucket per run at %s; each run lasts %v. Rates and accuracy count the whole run; Redis calls and CPU are per token granted in the steady window from %v to %v.",
+			c.replicas, c.goroutines, c.redisAddr, c.duration, from, to)
+		if c.opts.MaxReserve > 0 || c.opts.HeartbeatInterval > 0 {
+			fmt.Fprintf(&b, " Limiter options of (c) and (d): MaxReserve %v, HeartbeatInterval %v (0: default).", c.opts.MaxReserve, c.opts.HeartbeatInterval)
 		}
-		lo, hi := r.shares()
-		fmt.Fprintf(&b, "| %s | %s | %s | %s (%s) | %s | %s | %s | %.1f–%.1f%% | %.2f | %.2f |\n",
-			workloadLabel(r.w), r.im.name, thousands(r.perSecond()),
-			ratio(r.perToken(r.u.redis.calls)), ratio(r.perToken(r.u.clientCalls)), ratio(r.perToken(r.u.redis.cmds)),
-			acc, thousands(float64(r.maxWindow())), lo, hi,
-			r.cpuPerMillion(r.u.cpu), r.cpuPerMillion(r.u.redis.cpu))
-	}
-	b.WriteString(`
-- Redis calls/token: commands from INFO commandstats deltas, without INFO itself and without the commands that scripts run inside Redis; in parentheses the same count taken by a hook on the benchmark's own clients, which other traffic on the server cannot disturb (the targets use it). Redis cmds/token counts the commands inside scripts too. Heartbeats, reservations cancelled and lease refunds count.
-- accuracy: granted against rate × T + burst; meaningful only for saturated workloads. † the implementation's ceiling is below the rate, so the figure is a shortfall, not an error.
-- max 1 s window: the most tokens granted in any one-second window sliding by 1 ms, including the initial burst; its bound is rate + burst.
-- CPU: this process's user + system time (getrusage), and Redis's used_cpu_user + used_cpu_sys deltas (all of Redis's clients).
+		b.WriteString("\n\n")
+		b.WriteString("| workload | implementation | granted/s | Redis calls/token (client) | Redis cmds/token | accuracy | max 1 s window | replica share min–max | CPU s/M tokens | Redis CPU s/M tokens |\n")
+		b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		for _, r := range rep.results {
+			acc := "—"
+			if r.w.saturated {
+				acc = fmt.Sprintf("%+.2f%%", r.accuracy())
+				if r.accuracy() < -10 {
+					acc += " †"
+				}
+			}
+			lo, hi := r.shares()
+			fmt.Fprintf(&b, "| %s | %s | %s | %s (%s) | %s | %s | %s | %.1f–%.1f%% | %.2f | %.2f |\n",
+				workloadLabel(r.w), r.im.name, thousands(r.perSecond()),
+				ratio(r.perToken(r.u.redis.calls)), ratio(r.perToken(r.u.clientCalls)), ratio(r.perToken(r.u.redis.cmds)),
+				acc, thousands(float64(r.maxWindow())), lo, hi,
+				r.cpuPerMillion(r.u.cpu), r.cpuPerMillion(r.u.redis.cpu))
+		}
+		b.WriteString(`
+	- Redis calls/token: commands from INFO commandstats deltas, without INFO itself and without the commands that scripts run inside Redis; in parentheses the same count taken by a hook on the benchmark's own clients, which other traffic on the server cannot disturb (the targets use it). Redis cmds/token counts the commands inside scripts too. Heartbeats, reservations cancelled and lease refunds count.
+	- accuracy: granted against rate × T + burst; meaningful only for saturated workloads. † the implementation's ceiling is below the rate, so the figure is a shortfall, not an error.
+	- max 1 s window: the most tokens granted in any one-second window sliding by 1 ms, including the initial burst; its bound is rate + burst.
+	- CPU: this process's user + system time (getrusage), and Redis's used_cpu_user + used_cpu_sys deltas (all of Redis's clients).
 
-`)
+	`)
+	}
 	fmt.Fprintf(&b, "Latency that `Wait` adds when tokens are plentiful (rate 1e9/s, one caller per replica pausing 1 ms between calls, %v):\n\n", c.latency)
 	b.WriteString("| implementation | waits | p50 | p99 | Redis calls/Wait | allocs/Wait |\n|---|--:|--:|--:|--:|--:|\n")
 	for _, l := range rep.latencies {
@@ -180,6 +182,20 @@ func (rep *report) targets() []target {
 			}
 			ts = append(ts, target{l.im.name + " ≤ 1.1 Redis calls/token at 50/s, 8 saturated replicas", got, n <= 1.1})
 		}
+	}
+	var rr, tc *latency
+	for i, l := range rep.latencies {
+		switch l.im.key {
+		case "b":
+			rr = &rep.latencies[i]
+		case "c":
+			tc = &rep.latencies[i]
+		}
+	}
+	if rr != nil && tc != nil {
+		ts = append(ts,
+			target{"(c) a single `Wait` without leasing: p50 at or below redis_rate's", fmt.Sprintf("%v against %v", roundDur(tc.p50), roundDur(rr.p50)), tc.p50 <= rr.p50},
+			target{"(c) a single `Wait` without leasing: no more allocations than redis_rate", fmt.Sprintf("%.1f against %.1f", tc.allocs, rr.allocs), tc.allocs <= rr.allocs})
 	}
 	ts = append(ts, target{"`Wait` served from a lease does not allocate", fmt.Sprintf("%.4f allocs/Wait", rep.leaseAllocs), rep.leaseAllocs == 0})
 	return ts
