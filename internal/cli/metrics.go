@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/kafka"
 	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/sinks/httpsink"
 )
 
 // modes lists every limiter mode, so that throttle_limiter_mode always has
@@ -44,7 +46,11 @@ type metrics struct {
 	mode         *prometheus.GaugeVec
 	backlog      *prometheus.GaugeVec
 	tokensTaken  prometheus.Counter
-	broker       string
+	// recipientGone counts dead letters whose sink error says the
+	// recipient is gone (httpsink.IsRecipientGone), by preset.
+	recipientGone *prometheus.CounterVec
+	preset        string // the label of recipientGone
+	broker        string
 	// own holds the counters' series for broker, looked up once: the
 	// observers run for every message.
 	own brokerCounters
@@ -124,6 +130,10 @@ func newMetrics(broker string) *metrics {
 			Name: "throttle_limiter_tokens_total",
 			Help: "Tokens this replica took from the bucket: the sum of the costs of the messages granted, retries included.",
 		}),
+		recipientGone: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "throttle_sink_recipient_gone_total",
+			Help: "Messages dead-lettered because the provider said the recipient (number, device token) is gone; the sender should remove it from its lists.",
+		}, []string{"preset"}),
 		broker: broker,
 	}
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -132,7 +142,7 @@ func newMetrics(broker string) *metrics {
 	}, []string{"version", "commit"})
 	buildInfo.WithLabelValues(version, commit).Set(1)
 	reg.MustRegister(m.received, m.delivered, m.retried, m.deadLettered, m.failed, m.reconnects,
-		m.waitSeconds, m.waiting, m.tokens, m.rate, m.redisErrors, m.mode, m.backlog, m.tokensTaken, buildInfo,
+		m.waitSeconds, m.waiting, m.tokens, m.rate, m.redisErrors, m.mode, m.backlog, m.tokensTaken, m.recipientGone, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if broker != "" {
 		m.reconnects.WithLabelValues(broker)
@@ -192,6 +202,14 @@ func (m *metrics) backlogUnknown() { m.backlog.DeleteLabelValues(m.broker) }
 // effectiveRate returns the rate last seen from the bucket.
 func (m *metrics) effectiveRate() float64 { return math.Float64frombits(m.rateBits.Load()) }
 
+// setPreset labels throttle_sink_recipient_gone_total with the HTTP sink's
+// preset ("none" without one) and starts its series at zero. Call it
+// before the consumer starts.
+func (m *metrics) setPreset(preset string) {
+	m.preset = cmp.Or(preset, "none")
+	m.recipientGone.WithLabelValues(m.preset)
+}
+
 // consumerObserver returns the observer for the consumer.
 func (m *metrics) consumerObserver() *consumer.Observer {
 	return &consumer.Observer{
@@ -204,8 +222,11 @@ func (m *metrics) consumerObserver() *consumer.Observer {
 		Retried: func(msg consumer.Message, _ error, _ time.Duration) {
 			m.counters(msg.Source.Broker).retried.Inc()
 		},
-		DeadLettered: func(msg consumer.Message, _ error) {
+		DeadLettered: func(msg consumer.Message, err error) {
 			m.counters(msg.Source.Broker).deadLettered.Inc()
+			if m.preset != "" && httpsink.IsRecipientGone(err) {
+				m.recipientGone.WithLabelValues(m.preset).Inc()
+			}
 		},
 		ReconnectAttempt: func(broker string, _ error) { m.reconnects.WithLabelValues(broker).Inc() },
 	}

@@ -137,6 +137,9 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		return err
 	}
 	defer closeSink()
+	if cfg.Sink.HTTP != nil {
+		m.setPreset(cfg.Sink.HTTP.Preset)
+	}
 
 	lim := &waitLimiter{l: bucket, maxWait: time.Duration(cfg.Limit.MaxWait), m: m}
 	c, err := buildConsumer(cfg.Source, newDeps(cfg, lim, bucket, m.consumerObserver(), log), sinks.Handler(sink))

@@ -40,9 +40,14 @@ func newLogger(cfg config.Log, w io.Writer) *slog.Logger {
 
 // limiterOptions maps the limit section to the bucket's options.
 func limiterOptions(cfg *config.Config, obs *limiter.Observer, log *slog.Logger) limiter.Options {
-	opts := cfg.Limit.LimiterOptions()
-	opts.Observer = obs
-	opts.Logger = log
+	opts := limiter.Options{
+		OnStoreError:  limiter.Mode(cfg.Limit.OnStoreError),
+		FallbackRate:  cfg.Limit.FallbackRate,
+		ProbeInterval: time.Duration(cfg.Limit.ProbeInterval),
+		Lease:         limiter.LeaseOptions{Disabled: cfg.Limit.Lease == config.LeaseOff},
+		Observer:      obs,
+		Logger:        log,
+	}
 	if h := cfg.Sink.HTTP; h != nil && h.PushBackEnabled() {
 		opts.MaxPause = time.Duration(h.MaxPause)
 	}
