@@ -1,0 +1,55 @@
+package cli
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/throttlehq/throttle/consumer"
+)
+
+// TestREADMEPushWebhookStartsAndRenders is the regression test of issue 11
+// item 1 on the binary's path: the README's push-webhook template made
+// `throttle run` exit 2 with `function "json" not defined`, because config
+// parsed templates without the sink's functions. Loading the file (what
+// run does first) and building the sink from it (what run does next) must
+// both succeed, and the sink must render the template.
+func TestREADMEPushWebhookStartsAndRenders(t *testing.T) {
+	got := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- r.Header.Get("Authorization") + " " + string(b)
+	}))
+	defer srv.Close()
+	t.Setenv("PUSH_TOKEN", "p$$sw0rd") // expanded once: "$$" reaches the sink as is
+	path := writeConfig(t, `
+limit: {bucket: push, rate: 240/min}
+source: {kafka: {brokers: ["127.0.0.1:9092"], topic: push, group: g}}
+sink:
+  http:
+    url: "`+srv.URL+`/v1/send"
+    headers: {Authorization: "Bearer ${PUSH_TOKEN}"}
+    body_template: '{"token":{{json .JSON.device}}}'
+`)
+	cfg, err := loadConfig(path)
+	if err != nil {
+		t.Fatalf("loading the README's push-webhook configuration: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, closeSink, err := newSink(ctx, cfg.Sink, io.Discard)
+	if err != nil {
+		t.Fatalf("starting the sink: %v", err)
+	}
+	defer closeSink()
+	if err := s.Send(ctx, consumer.Message{Body: []byte(`{"device":"tok-1"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if req, want := <-got, `Bearer p$$sw0rd {"token":"tok-1"}`; !strings.Contains(req, want) {
+		t.Errorf("request %q, want %q", req, want)
+	}
+}
