@@ -249,6 +249,11 @@ func (m *Memory) StatusAt(t time.Time) State {
 // SetRate changes the rate and burst of the bucket, keeping its tokens, and
 // tells the watchers. It returns a *ParamError for a value out of range.
 func (m *Memory) SetRate(rate float64, burst int) error {
+	return m.SetRateAt(m.now(), rate, burst)
+}
+
+// SetRateAt is SetRate at an explicit instant.
+func (m *Memory) SetRateAt(t time.Time, rate float64, burst int) error {
 	if err := ValidateRate(rate); err != nil {
 		return err
 	}
@@ -256,7 +261,7 @@ func (m *Memory) SetRate(rate float64, burst int) error {
 		return err
 	}
 	m.mu.Lock()
-	m.save(m.advance(m.now().UnixMicro()))
+	m.save(m.advance(t.UnixMicro()))
 	m.rate, m.burst = rate, burst
 	m.mu.Unlock()
 	m.notify()

@@ -17,6 +17,7 @@ type Clock struct {
 	now    time.Time
 	timers []*timer
 	seq    int
+	made   int // timers made or reset
 	// changed is closed and replaced whenever a timer is added or stopped,
 	// for WaitTimers.
 	changed chan struct{}
@@ -72,6 +73,7 @@ func (t *timer) Reset(d time.Duration) bool {
 	was := t.live
 	c.removeLocked(t)
 	t.at, t.live = c.now.Add(d), true
+	c.made++
 	c.seq++
 	t.seq = c.seq
 	c.timers = append(c.timers, t)
@@ -138,6 +140,34 @@ func (c *Clock) Timers() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.timers)
+}
+
+// Armed returns how many times a timer was made or reset so far.
+func (c *Clock) Armed() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.made
+}
+
+// WaitArmed waits until timers were made or reset n times in all, so that a
+// test knows goroutines it woke are asleep again. It fails the test after
+// 10 s of real time.
+func (c *Clock) WaitArmed(t testing.TB, n int) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		c.mu.Lock()
+		k, ch := c.made, c.changed
+		c.mu.Unlock()
+		if k >= n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("waited 10s for %d timers armed, have %d", n, k)
+		}
+	}
 }
 
 // WaitTimers waits until at least n timers are pending, so that a test

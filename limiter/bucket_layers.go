@@ -1,0 +1,257 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// Request is what WaitN waits for: a message's cost, charged on the shared
+// bucket and on every layer of a layered store, and the message's key for
+// each keyed layer.
+type Request struct {
+	// Cost is the number of tokens, at least 1.
+	Cost int
+	// Keys maps each keyed layer's name to the message's key in it, such as
+	// the recipient of an SMS. A keyed layer without a key fails the request
+	// with ErrMissingKey. Ignored by a store without layers.
+	Keys map[string]string
+}
+
+// WaitN blocks until req.Cost tokens are granted on the shared bucket and on
+// every layer of the store (see LayeredStore), ctx ends, or the Bucket is
+// closed. All layers are decided together: they all grant, or none is
+// charged. The wait is the longest of the layers'; a reservation holds on
+// every layer, and if ctx ends while it is pending every layer gets its
+// tokens back.
+//
+// A layer whose OnExceed is dead_letter or delay and that cannot grant
+// within its MaxWait makes WaitN return a *LimitError (matching
+// ErrLimitExceeded) at once, without charging any layer. A cost above a
+// layer's burst or quota returns a *LimitError that also matches
+// ErrCostExceedsBurst.
+//
+// On a store without layers WaitN is Wait(ctx, req.Cost). With layers,
+// every call asks the store, in one round trip, since the keyed layers must
+// be decided there; tokens this replica leased are used for the shared
+// bucket when it has them.
+//
+// While the store fails, under ModeLocal, the layers are decided in this
+// process at this replica's share, like the shared bucket: each keyed
+// layer's rate and burst and each quota divided by the live replicas, with
+// fresh state (full buckets, unused quotas) from the moment the fallback
+// starts. What this can over-grant, summed over the replicas: a keyed
+// bucket's burst once per key, and a quota's whole allowance once in the
+// window the outage starts in, since the tokens used in Redis before it are
+// not known locally. A key whose messages all go to one replica gets only
+// that replica's share of its rate (under-granting).
+func (b *Bucket) WaitN(ctx context.Context, req Request) error {
+	ls, ok := b.store.(LayeredStore)
+	if !ok || len(ls.Layers()) == 0 {
+		return b.Wait(ctx, req.Cost)
+	}
+	if req.Cost < 1 {
+		return fmt.Errorf("cost %d: %w", req.Cost, ErrInvalidCost)
+	}
+	start := b.clock.Now()
+	b.waiting.Add(1)
+	defer b.waiting.Add(-1)
+	for {
+		select {
+		case <-b.done:
+			return ErrClosed
+		default:
+		}
+		if b.Mode() != ModeShared {
+			err := b.waitLayersFallback(ctx, ls, req)
+			if errors.Is(err, errRetryShared) {
+				continue
+			}
+			b.observeLayered(start, err)
+			return err
+		}
+		lr := LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon()}
+		if b.lease.take(req.Cost) {
+			lr.SkipShared = true
+		}
+		gen := b.gen.Load()
+		res, err := ls.TakeLayers(ctx, lr)
+		if lr.SkipShared && (err != nil || !res.Granted) {
+			b.lease.put(req.Cost) // not used: back to the lease
+		}
+		if err != nil {
+			if cerr := ctx.Err(); cerr != nil {
+				return cerr
+			}
+			if errors.Is(err, ErrCostExceedsBurst) || errors.Is(err, ErrMissingKey) || errors.Is(err, ErrInvalidCost) {
+				b.observeLayered(start, err)
+				return err
+			}
+			b.storeFailed(err)
+			continue
+		}
+		if !lr.SkipShared {
+			b.observeTake(res.TakeResult)
+		}
+		if res.Exceeded != nil {
+			b.observeLayered(start, res.Exceeded)
+			return res.Exceeded
+		}
+		if !res.Granted {
+			if err := b.sleep(ctx, gen.changed, res.Wait); err != nil && !errors.Is(err, errChanged) {
+				return err
+			}
+			continue
+		}
+		if res.Wait > 0 {
+			// A change of the shared bucket does not move a layered
+			// reservation: the keyed layers' part of it still stands.
+			// It reaches the next request within the horizon.
+			if err := b.sleep(ctx, nil, res.Wait); err != nil {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
+				if rerr := ls.RefundLayers(rctx, lr, res); rerr != nil {
+					b.log.Debug("refunding a cancelled layered reservation failed", "tokens", req.Cost, "error", rerr)
+				}
+				cancel()
+				return err
+			}
+		}
+		b.observeLayered(start, nil)
+		return nil
+	}
+}
+
+// observeLayered reports the end of a WaitN: its wait, or a layer's refusal.
+func (b *Bucket) observeLayered(start time.Time, err error) {
+	if err == nil {
+		b.observeWaited(b.clock.Now().Sub(start))
+	}
+}
+
+// layeredFallback is the layer state of a Bucket's local fallback. It
+// belongs to one local *Memory: a new fallback starts afresh.
+type layeredFallback struct {
+	mu     sync.Mutex
+	shared *Memory
+	local  *LayeredMemory
+}
+
+// layeredBuckets holds each Bucket's layeredFallback.
+// TODO(H-layers): a field of Bucket once bucket.go is free.
+var layeredBuckets sync.Map // *Bucket → *layeredFallback
+
+func (b *Bucket) layeredState() *layeredFallback {
+	v, _ := layeredBuckets.LoadOrStore(b, &layeredFallback{})
+	return v.(*layeredFallback)
+}
+
+// localLayers returns the in-process layers that go with the fallback
+// bucket local, at this replica's share of each layer.
+func (b *Bucket) localLayers(local *Memory, layers []Layer) (*LayeredMemory, error) {
+	lf := b.layeredState()
+	lf.mu.Lock()
+	defer lf.mu.Unlock()
+	if lf.shared == local && lf.local != nil {
+		return lf.local, nil
+	}
+	replicas := float64(max(1, b.replicas.Load()))
+	if full := math.Float64frombits(b.lastRate.Load()); b.opts.FallbackRate > 0 && full > 0 {
+		replicas = max(1, full/b.opts.FallbackRate)
+	}
+	lm, err := NewLayeredMemory(local, ShareLayers(layers, replicas))
+	if err != nil {
+		return nil, err
+	}
+	lf.shared, lf.local = local, lm
+	return lm, nil
+}
+
+// ShareLayers returns layers at one replica's share of n: rates divided by
+// n, bursts and quotas divided by n and rounded up (at least 1).
+func ShareLayers(layers []Layer, n float64) []Layer {
+	out := append([]Layer(nil), layers...)
+	if n <= 1 {
+		return out
+	}
+	for i := range out {
+		l := &out[i]
+		if l.IsQuota() {
+			l.Quota = max(1, int(math.Ceil(float64(l.Quota)/n)))
+			continue
+		}
+		l.Rate /= n
+		if l.Burst > 0 {
+			l.Burst = max(1, int(math.Ceil(float64(l.Burst)/n)))
+		}
+	}
+	return out
+}
+
+// waitLayersFallback is WaitN under the store-failure policy. It returns
+// errRetryShared when the store came back before tokens were granted.
+func (b *Bucket) waitLayersFallback(ctx context.Context, ls LayeredStore, req Request) error {
+	b.fb.mu.Lock()
+	mode, local, recovered := b.Mode(), b.fb.local, b.fb.recovered
+	b.fb.mu.Unlock()
+	if recovered == nil {
+		return errRetryShared
+	}
+	switch mode {
+	case ModeOpen:
+		return nil
+	case ModeClosed:
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-b.done:
+			return ErrClosed
+		case <-recovered:
+			return errRetryShared
+		}
+	}
+	lm, err := b.localLayers(local, ls.Layers())
+	if err != nil {
+		return err
+	}
+	// A cost above a local share's burst or quota is charged as much as
+	// the share holds, so that a message the shared limits allow is not
+	// refused for the split.
+	cost := min(req.Cost, local.burst)
+	for _, l := range lm.layers {
+		if l.IsQuota() {
+			cost = min(cost, l.Quota)
+		} else {
+			cost = min(cost, l.Burst)
+		}
+	}
+	lr := LayerRequest{Cost: cost, Keys: req.Keys, MaxWait: b.opts.MaxReserve}
+	for {
+		gen := b.gen.Load()
+		res, err := lm.TakeLayersAt(b.clock.Now(), lr)
+		if err != nil {
+			return err
+		}
+		if res.Exceeded != nil {
+			return res.Exceeded
+		}
+		if !res.Granted {
+			if err := b.sleep(ctx, gen.changed, res.Wait); err != nil && !errors.Is(err, errChanged) {
+				return err
+			}
+			select {
+			case <-recovered:
+				return errRetryShared
+			default:
+			}
+			continue
+		}
+		if err := b.sleep(ctx, nil, res.Wait); err != nil {
+			_ = lm.RefundLayersAt(b.clock.Now(), lr, res)
+			return err
+		}
+		return nil
+	}
+}

@@ -1,0 +1,471 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/internal/clocktest"
+	"github.com/throttlehq/throttle/limiter/internal/storetest"
+)
+
+// clockedStore is a Store on a Memory driven by a fake clock, which can be
+// taken down or made to refuse this client. It reports `replicas` live
+// replicas in its status, without tracking heartbeats, so a Bucket on it
+// runs no heartbeat timer.
+type clockedStore struct {
+	clk      *clocktest.Clock
+	mu       sync.Mutex
+	m        *limiter.Memory
+	down     atomic.Bool
+	refuse   atomic.Bool
+	replicas int
+	drained  []int
+	watchers []func()
+}
+
+var errRefused = &limiter.StoreError{Op: "take", Bucket: "t", Err: errors.New("WRONGPASS"), Misconfigured: true}
+
+func newClockedStore(t *testing.T, clk *clocktest.Clock, rate float64, burst, replicas int) *clockedStore {
+	t.Helper()
+	m, err := limiter.NewMemory(rate, burst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &clockedStore{clk: clk, m: m, replicas: replicas}
+}
+
+func (s *clockedStore) mem() *limiter.Memory {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m
+}
+
+func (s *clockedStore) fail() error {
+	switch {
+	case s.refuse.Load():
+		return errRefused
+	case s.down.Load():
+		return errDown
+	}
+	return nil
+}
+
+func (s *clockedStore) Take(_ context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+	if err := s.fail(); err != nil {
+		return limiter.TakeResult{}, err
+	}
+	return s.mem().TakeAt(s.clk.Now(), req)
+}
+
+func (s *clockedStore) Refund(_ context.Context, n int) error {
+	if err := s.fail(); err != nil {
+		return err
+	}
+	s.mem().RefundAt(s.clk.Now(), n)
+	return nil
+}
+
+func (s *clockedStore) Pause(_ context.Context, d time.Duration) error {
+	if err := s.fail(); err != nil {
+		return err
+	}
+	s.mem().PauseAt(s.clk.Now(), d)
+	s.announce()
+	return nil
+}
+
+// setRate changes the rate now, as an operator's override, and announces
+// it.
+func (s *clockedStore) setRate(t *testing.T, rate float64, burst int) {
+	if err := s.mem().SetRateAt(s.clk.Now(), rate, burst); err != nil {
+		t.Fatal(err)
+	}
+	s.announce()
+}
+
+func (s *clockedStore) announce() {
+	s.mu.Lock()
+	ws := append([]func(){}, s.watchers...)
+	s.mu.Unlock()
+	for _, w := range ws {
+		w()
+	}
+}
+
+func (s *clockedStore) Drain(_ context.Context, debt int) error {
+	if err := s.fail(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.drained = append(s.drained, debt)
+	s.mu.Unlock()
+	s.mem().DrainAt(s.clk.Now(), debt)
+	return nil
+}
+
+func (s *clockedStore) Status(_ context.Context) (limiter.State, error) {
+	if err := s.fail(); err != nil {
+		return limiter.State{}, err
+	}
+	st := s.mem().StatusAt(s.clk.Now())
+	st.Replicas = s.replicas
+	return st, nil
+}
+
+func (s *clockedStore) Limits() (float64, int) { return s.mem().Limits() }
+
+func (s *clockedStore) Watch(ctx context.Context, changed func()) {
+	s.mu.Lock()
+	s.watchers = append(s.watchers, changed)
+	s.mu.Unlock()
+	<-ctx.Done()
+}
+
+// rig drives a Bucket at fixed instants: callers run in goroutines, and the
+// clock moves one millisecond at a time, each step only once every caller
+// is asleep again.
+type rig struct {
+	t     *testing.T
+	clk   *clocktest.Clock
+	store *clockedStore
+	b     *limiter.Bucket
+	// open counts callers that have not returned; results get their
+	// return instants (as offsets from storetest.Base).
+	open    atomic.Int64
+	mu      sync.Mutex
+	results []time.Duration
+}
+
+func newRig(t *testing.T, rate float64, burst, replicas int, opts limiter.Options) *rig {
+	t.Helper()
+	clk := clocktest.New(storetest.Base)
+	r := &rig{t: t, clk: clk, store: newClockedStore(t, clk, rate, burst, replicas)}
+	opts.Clock = clk
+	opts.Lease.Disabled = true
+	if opts.ProbeInterval == 0 {
+		opts.ProbeInterval = time.Hour
+	}
+	opts.Logger = discardLogger()
+	b, err := limiter.New(r.store, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	r.b = b
+	deadline := time.Now().Add(10 * time.Second)
+	for { // the Bucket's Watch has subscribed
+		r.store.mu.Lock()
+		n := len(r.store.watchers)
+		r.store.mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the Bucket did not watch the store")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	return r
+}
+
+// change runs f, which wakes the n callers asleep, and waits until they
+// sleep again.
+func (r *rig) change(n int, f func()) {
+	armed := r.clk.Armed()
+	f()
+	r.clk.WaitArmed(r.t, armed+n)
+	r.settle()
+}
+
+func (r *rig) at() time.Duration { return r.clk.Now().Sub(storetest.Base) }
+
+// wait starts a Wait(cost) and returns once it has returned or sleeps.
+func (r *rig) wait(cost int) {
+	r.open.Add(1)
+	go func() {
+		defer r.open.Add(-1)
+		if err := r.b.Wait(context.Background(), cost); err != nil {
+			r.t.Errorf("Wait(%d) at +%v: %v", cost, r.at(), err)
+			return
+		}
+		r.mu.Lock()
+		r.results = append(r.results, r.at())
+		r.mu.Unlock()
+	}()
+	r.settle()
+}
+
+// background is the number of timers that are not callers' sleeps: the
+// probe while the Bucket is not shared.
+func (r *rig) background() int {
+	if r.b.Mode() == limiter.ModeShared {
+		return 0
+	}
+	return 1
+}
+
+// settle waits until every open caller sleeps on a timer.
+func (r *rig) settle() {
+	r.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.clk.Timers() != int(r.open.Load())+r.background() {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("at +%v: %d timers, want %d callers asleep and %d background", r.at(), r.clk.Timers(), r.open.Load(), r.background())
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// advance moves the clock by d, one millisecond at a time.
+func (r *rig) advance(d time.Duration) {
+	for end := r.clk.Now().Add(d); r.clk.Now().Before(end); {
+		r.clk.Advance(time.Millisecond)
+		r.settle()
+	}
+}
+
+// grants returns the return instants so far, in order, and forgets them.
+func (r *rig) grants() []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	g := r.results
+	r.results = nil
+	return g
+}
+
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// TestFallbackStartsAfterTheSharedBookings: at 20/s with two replicas, four
+// tokens are booked in the shared bucket 50–200 ms ahead when it fails.
+// They are still served; the local bucket (10/s, the replica's share)
+// must start after them. It used to start at once, so the first second of
+// an outage saw the booked tokens and the local rate together (35 instead
+// of 20 deliveries in the fault test).
+func TestFallbackStartsAfterTheSharedBookings(t *testing.T) {
+	r := newRig(t, 20, 5, 2, limiter.Options{})
+	if _, err := r.b.State(context.Background()); err != nil { // learns 2 replicas
+		t.Fatal(err)
+	}
+	r.wait(5) // the burst, at once
+	for range 4 {
+		r.wait(1) // reserved at +50, +100, +150, +200 ms
+	}
+	r.store.down.Store(true)
+	r.wait(1)
+	if r.b.Mode() != limiter.ModeLocal {
+		t.Fatalf("mode = %s, want local", r.b.Mode())
+	}
+	r.wait(1)
+	r.advance(ms(500))
+	want := []time.Duration{0, ms(50), ms(100), ms(150), ms(200), ms(300), ms(400)}
+	if got := r.grants(); !equalDurations(got, want) {
+		t.Fatalf("grants at %v, want %v (local 10/s only after the shared bookings end at +200ms)", got, want)
+	}
+}
+
+// TestRecoveryDrainsTheSharedBucket: a replica in local mode with tokens
+// booked ahead finds Redis back, restarted empty (a full bucket). It must
+// charge its local bookings and not let the new bucket's burst add to them:
+// before, 44 deliveries came in the second after a restart, against 30.
+func TestRecoveryDrainsTheSharedBucket(t *testing.T) {
+	r := newRig(t, 20, 5, 2, limiter.Options{ProbeInterval: ms(100)})
+	if _, err := r.b.State(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.store.down.Store(true)
+	for range 3 {
+		r.wait(1) // local 10/s from empty: +100, +200, +300 ms
+	}
+	// Redis restarts empty of state, so the bucket is full again.
+	fresh, _ := limiter.NewMemory(20, 5)
+	r.store.mu.Lock()
+	r.store.m = fresh
+	r.store.mu.Unlock()
+	r.store.down.Store(false)
+	r.advance(ms(100)) // the probe fires at +100ms, with +200 and +300 still booked
+	if r.b.Mode() != limiter.ModeShared {
+		t.Fatalf("mode = %s after the probe, want shared", r.b.Mode())
+	}
+	st := fresh.StatusAt(r.clk.Now())
+	if st.Tokens > -1.99 {
+		t.Fatalf("shared bucket after recovery holds %v tokens; want drained and charged with the 2 booked locally (-2)", st.Tokens)
+	}
+	r.wait(1) // the first shared grant comes after the local bookings: -2 -1 at 20/s = +150ms from now
+	r.advance(ms(400))
+	want := []time.Duration{ms(100), ms(200), ms(250), ms(300)}
+	if got := r.grants(); !equalDurations(got, want) {
+		t.Fatalf("grants at %v, want %v", got, want)
+	}
+}
+
+// TestMisconfiguredStoreClosesTheBucket: a store that refuses the client
+// is not an outage, whatever the policy: no local fallback, and Check says
+// so at start.
+func TestMisconfiguredStoreClosesTheBucket(t *testing.T) {
+	for _, policy := range []limiter.Mode{limiter.ModeLocal, limiter.ModeOpen} {
+		t.Run(string(policy), func(t *testing.T) {
+			r := newRig(t, 20, 5, 1, limiter.Options{OnStoreError: policy, ProbeInterval: ms(100)})
+			r.store.refuse.Store(true)
+			if err := r.b.Check(context.Background()); !errors.Is(err, limiter.ErrMisconfigured) {
+				t.Fatalf("Check = %v, want ErrMisconfigured", err)
+			}
+			if r.b.Mode() != limiter.ModeClosed {
+				t.Fatalf("mode = %s, want closed", r.b.Mode())
+			}
+			if ok, _ := r.b.Allow(context.Background(), 1); ok {
+				t.Fatal("Allow granted while misconfigured")
+			}
+			r.open.Add(1) // a closed caller waits on the recovery, not on a timer
+			go func() {
+				defer r.open.Add(-1)
+				if err := r.b.Wait(context.Background(), 1); err == nil {
+					r.mu.Lock()
+					r.results = append(r.results, r.at())
+					r.mu.Unlock()
+				}
+			}()
+			r.clk.Advance(ms(100)) // the probe: still refused
+			r.clk.WaitTimers(t, 1)
+			if g := r.grants(); len(g) != 0 || r.b.Mode() != limiter.ModeClosed {
+				t.Fatalf("granted %v, mode %s while still refused", g, r.b.Mode())
+			}
+			r.store.refuse.Store(false)
+			r.clk.Advance(ms(100))
+			deadline := time.Now().Add(5 * time.Second)
+			for r.open.Load() > 0 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			if g := r.grants(); len(g) != 1 || r.b.Mode() != limiter.ModeShared {
+				t.Fatalf("after the fix: granted %v, mode %s; want one grant, shared", g, r.b.Mode())
+			}
+		})
+	}
+}
+
+// TestUnknownShareAtStart: a replica that never reached the store does not
+// know how many replicas share the bucket. Three of them starting during an
+// outage used to run at the whole rate each (3×). Without a FallbackRate
+// they stay closed; with one, they use it.
+func TestUnknownShareAtStart(t *testing.T) {
+	const rate, replicas = 20, 3
+	fleet := func(fallback float64) int {
+		total := 0
+		for range replicas {
+			clk := clocktest.New(storetest.Base)
+			s := &trackedStore{clockedStore: newClockedStore(t, clk, rate, 5, 0)}
+			s.down.Store(true)
+			b, err := limiter.New(s, limiter.Options{Clock: clk, FallbackRate: fallback, ProbeInterval: time.Hour, Logger: discardLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			clk.WaitTimers(t, 1) // the heartbeat failed and sleeps
+			for range 100 {
+				if ok, _ := b.Allow(context.Background(), 1); ok {
+					total++
+				}
+				clk.Advance(ms(100)) // 10 s in all
+			}
+			b.Close()
+		}
+		return total
+	}
+	if got := fleet(0); got != 0 {
+		t.Errorf("3 replicas started during an outage without FallbackRate granted %d in 10 s, want 0 (closed)", got)
+	}
+	// With FallbackRate = rate/3 the fleet stays within the rate: 10 s at
+	// 20/s, plus nothing for the local buckets start empty.
+	if got, limit := fleet(rate/replicas), int(math.Ceil(1.1*rate*10)); got > limit || got < rate*10*8/10 {
+		t.Errorf("3 replicas at FallbackRate %v granted %d in 10 s, want about %d and at most %d", float64(rate)/replicas, got, rate*10, limit)
+	}
+}
+
+// trackedStore is a clockedStore that tracks replicas, as Redis does.
+type trackedStore struct{ *clockedStore }
+
+func (s *trackedStore) Heartbeat(context.Context, string, time.Duration) (int, error) {
+	if err := s.fail(); err != nil {
+		return 0, err
+	}
+	return max(1, s.replicas), nil
+}
+
+func (s *trackedStore) Leave(context.Context, string) error { return s.fail() }
+
+// TestRateCutKeepsTheQueueInOrder: at 20/s, ten callers hold reservations
+// 50–500 ms ahead when the rate is cut to 5/s. Each keeps its place and
+// comes due at the new rate: 200 ms, 400 ms, ... It used to give its tokens
+// back and take them again, which put every caller at the end of the
+// queue together: a stall, then several due within a few milliseconds.
+func TestRateCutKeepsTheQueueInOrder(t *testing.T) {
+	r := newRig(t, 20, 5, 1, limiter.Options{MaxReserve: 10 * time.Second})
+	r.wait(5)
+	for range 10 {
+		r.wait(1) // +50 ms ... +500 ms
+	}
+	r.advance(ms(10))
+	r.change(10, func() { r.store.setRate(t, 5, 5) })
+	r.advance(ms(2100))
+	// Position p (tokens before it is due, at +10 ms: 0.8, 1.8, ... 9.8)
+	// is due p/5 s after the change.
+	want := []time.Duration{0}
+	for p := 0.8; p < 10; p++ {
+		want = append(want, ms(10)+time.Duration(math.Round(p/5*1000))*time.Millisecond)
+	}
+	if got := r.grants(); !equalDurations(got, want) {
+		t.Fatalf("grants at %v, want %v", got, want)
+	}
+}
+
+// TestRateRiseBringsReservationsForward: the same queue, raised to 100/s,
+// comes due at once in order.
+func TestRateRiseBringsReservationsForward(t *testing.T) {
+	r := newRig(t, 2, 1, 1, limiter.Options{MaxReserve: 10 * time.Second})
+	r.wait(1)
+	for range 4 {
+		r.wait(1) // +0.5 s ... +2 s
+	}
+	r.change(4, func() { r.store.setRate(t, 100, 1) })
+	r.advance(ms(50))
+	want := []time.Duration{0, ms(10), ms(20), ms(30), ms(40)}
+	if got := r.grants(); !equalDurations(got, want) {
+		t.Fatalf("grants at %v, want %v", got, want)
+	}
+}
+
+// TestPauseMovesReservationsBehindIt: a pause keeps the queue and starts it
+// when the pause ends.
+func TestPauseMovesReservationsBehindIt(t *testing.T) {
+	r := newRig(t, 10, 1, 1, limiter.Options{})
+	r.wait(1)
+	r.wait(1) // +100 ms
+	r.wait(1) // +200 ms
+	r.advance(ms(20))
+	r.change(2, func() {
+		if err := r.b.Pause(context.Background(), ms(400)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	r.advance(ms(700))
+	want := []time.Duration{0, ms(420 + 80), ms(420 + 180)}
+	if got := r.grants(); !equalDurations(got, want) {
+		t.Fatalf("grants at %v, want %v", got, want)
+	}
+}
+
+func equalDurations(a, b []time.Duration) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if d := a[i] - b[i]; d < -time.Millisecond || d > time.Millisecond {
+			return false
+		}
+	}
+	return true
+}
