@@ -2,40 +2,16 @@ package stdout_test
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
-	"sync"
+	"strings"
 	"testing"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/sinks"
 	"github.com/throttlehq/throttle/sinks/internal/sinktest"
 	"github.com/throttlehq/throttle/sinks/stdout"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the concurrent reads of the
-// suite; the sink itself serializes its writes.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) lines() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []string
-	sc := bufio.NewScanner(bytes.NewReader(b.buf.Bytes()))
-	for sc.Scan() {
-		out = append(out, sc.Text())
-	}
-	return out
-}
 
 // TestSinkContract runs the suite every sink passes. stdout keeps key,
 // body and headers; it has no permanent failure, and a write cannot be
@@ -45,10 +21,12 @@ func TestSinkContract(t *testing.T) {
 		KeepsKey:     true,
 		KeepsHeaders: true,
 		New: func(t *testing.T) (sinks.Sink, func() []sinktest.Received) {
-			var buf lockedBuffer
+			var buf testenv.Buffer
 			return stdout.New(&buf), func() []sinktest.Received {
 				var got []sinktest.Received
-				for _, l := range buf.lines() {
+				sc := bufio.NewScanner(strings.NewReader(buf.String()))
+				for sc.Scan() {
+					l := sc.Text()
 					var line struct {
 						Key     string            `json:"key"`
 						Body    json.RawMessage   `json:"body"`
