@@ -43,6 +43,8 @@ type Bucket struct {
 	recoveredAt atomic.Int64 // unix nanoseconds of the last switch back to ModeShared
 
 	lease leasePool
+	// layered is the local fallback's layer state (bucket_layers.go).
+	layered layeredFallback
 
 	// gen is the current generation of the bucket's settings; it ends when
 	// the store announces a change.
