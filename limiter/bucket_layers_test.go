@@ -1,0 +1,260 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/internal/clocktest"
+	"github.com/throttlehq/throttle/limiter/internal/storetest"
+)
+
+var errLayersDown = &limiter.StoreError{Op: "take layers", Bucket: "t", Err: errors.New("connection refused")}
+
+// layeredClocked is a LayeredStore on a LayeredMemory driven by a fake
+// clock, which can be taken down. Its status reports `replicas` live
+// replicas.
+type layeredClocked struct {
+	clk      *clocktest.Clock
+	m        *limiter.LayeredMemory
+	down     atomic.Bool
+	replicas int
+}
+
+func newLayeredClocked(t *testing.T, clk *clocktest.Clock, rate float64, burst, replicas int, layers ...limiter.Layer) *layeredClocked {
+	t.Helper()
+	shared, err := limiter.NewMemory(rate, burst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := limiter.NewLayeredMemory(shared, layers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &layeredClocked{clk: clk, m: m, replicas: replicas}
+}
+
+func (s *layeredClocked) fail() error {
+	if s.down.Load() {
+		return errLayersDown
+	}
+	return nil
+}
+
+func (s *layeredClocked) Take(_ context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+	if err := s.fail(); err != nil {
+		return limiter.TakeResult{}, err
+	}
+	return s.m.TakeAt(s.clk.Now(), req)
+}
+
+func (s *layeredClocked) Refund(_ context.Context, n int) error {
+	if err := s.fail(); err != nil {
+		return err
+	}
+	s.m.RefundAt(s.clk.Now(), n)
+	return nil
+}
+
+func (s *layeredClocked) Pause(_ context.Context, d time.Duration) error {
+	if err := s.fail(); err != nil {
+		return err
+	}
+	s.m.PauseAt(s.clk.Now(), d)
+	return nil
+}
+
+func (s *layeredClocked) Drain(_ context.Context, debt int) error {
+	if err := s.fail(); err != nil {
+		return err
+	}
+	s.m.DrainAt(s.clk.Now(), debt)
+	return nil
+}
+
+func (s *layeredClocked) Status(_ context.Context) (limiter.State, error) {
+	if err := s.fail(); err != nil {
+		return limiter.State{}, err
+	}
+	st := s.m.StatusAt(s.clk.Now())
+	st.Replicas = s.replicas
+	return st, nil
+}
+
+func (s *layeredClocked) Limits() (float64, int) { return s.m.Limits() }
+
+func (s *layeredClocked) Layers() []limiter.Layer { return s.m.Layers() }
+
+func (s *layeredClocked) TakeLayers(_ context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
+	if err := s.fail(); err != nil {
+		return limiter.LayerResult{}, err
+	}
+	return s.m.TakeLayersAt(s.clk.Now(), req)
+}
+
+func (s *layeredClocked) RefundLayers(_ context.Context, req limiter.LayerRequest, res limiter.LayerResult) error {
+	if err := s.fail(); err != nil {
+		return err
+	}
+	return s.m.RefundLayersAt(s.clk.Now(), req, res)
+}
+
+func (s *layeredClocked) layer(t *testing.T, layer, key string) limiter.LayerState {
+	t.Helper()
+	st, err := s.m.LayerStatusAt(s.clk.Now(), layer, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func newLayeredBucket(t *testing.T, clk *clocktest.Clock, s limiter.Store) *limiter.Bucket {
+	t.Helper()
+	b, err := limiter.New(s, limiter.Options{Clock: clk, Lease: limiter.LeaseOptions{Disabled: true}, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func keyReq(k string) limiter.Request {
+	return limiter.Request{Cost: 1, Keys: map[string]string{"per-key": k}}
+}
+
+// waitN runs WaitN in a goroutine and returns its result channel.
+func waitN(b *limiter.Bucket, ctx context.Context, req limiter.Request) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- b.WaitN(ctx, req) }()
+	return done
+}
+
+func TestWaitNDeadLetterChargesNothing(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := newLayeredClocked(t, clk, 100, 10, 1,
+		limiter.Layer{Name: "per-key", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDeadLetter})
+	b := newLayeredBucket(t, clk, s)
+	ctx := context.Background()
+	if err := b.WaitN(ctx, keyReq("a")); err != nil {
+		t.Fatal(err)
+	}
+	err := b.WaitN(ctx, keyReq("a"))
+	var le *limiter.LimitError
+	if !errors.As(err, &le) || le.Layer != "per-key" || le.Action != limiter.ActionDeadLetter || !errors.Is(err, limiter.ErrLimitExceeded) {
+		t.Fatalf("second WaitN on key a = %v, want a dead_letter LimitError of per-key", err)
+	}
+	if st := s.m.StatusAt(clk.Now()); !nearTokens(st.Tokens, 9) {
+		t.Errorf("shared tokens = %v, want 9: the refusal charged the shared bucket", st.Tokens)
+	}
+	if err := b.WaitN(ctx, keyReq("b")); err != nil {
+		t.Errorf("WaitN on key b = %v", err)
+	}
+	if err := b.WaitN(ctx, limiter.Request{Cost: 1}); !errors.Is(err, limiter.ErrMissingKey) {
+		t.Errorf("WaitN without a key = %v, want ErrMissingKey", err)
+	}
+	if err := b.WaitN(ctx, limiter.Request{Cost: 2, Keys: map[string]string{"per-key": "c"}}); !errors.Is(err, limiter.ErrCostExceedsBurst) || !errors.As(err, &le) || le.Layer != "per-key" {
+		t.Errorf("WaitN above the layer's burst = %v, want ErrCostExceedsBurst naming per-key", err)
+	}
+}
+
+func TestWaitNWaitsForTheSlowestLayer(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := newLayeredClocked(t, clk, 100, 10, 1, limiter.Layer{Name: "per-key", Keyed: true, Rate: 10, Burst: 1})
+	b := newLayeredBucket(t, clk, s)
+	ctx := context.Background()
+	if err := b.WaitN(ctx, keyReq("a")); err != nil {
+		t.Fatal(err)
+	}
+	done := waitN(b, ctx, keyReq("a"))
+	clk.WaitTimers(t, 1)
+	// Another key is not held up.
+	if err := b.WaitN(ctx, keyReq("b")); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(99 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("WaitN on key a returned after 99ms (%v), want after 100ms (10/s)", err)
+	default:
+	}
+	clk.Advance(time.Millisecond)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// The reservation held the shared bucket too: 10 - 3 tokens, plus the
+	// 100ms refill at 100/s.
+	if st := s.m.StatusAt(clk.Now()); !nearTokens(st.Tokens, 10) {
+		t.Errorf("shared tokens = %v, want 10 (7 + 10 refilled, capped)", st.Tokens)
+	}
+	if got := s.layer(t, "per-key", "a"); !nearTokens(got.Tokens, 0) {
+		t.Errorf("per-key a tokens = %v, want 0", got.Tokens)
+	}
+}
+
+func TestWaitNCancelRefundsEveryLayer(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := newLayeredClocked(t, clk, 100, 10, 1,
+		limiter.Layer{Name: "per-key", Keyed: true, Rate: 1, Burst: 1},
+		limiter.Layer{Name: "daily", Quota: 100, Per: limiter.PerDay})
+	b := newLayeredBucket(t, clk, s)
+	if err := b.WaitN(context.Background(), keyReq("a")); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := waitN(b, ctx, keyReq("a")) // reserved: due in 1s
+	clk.WaitTimers(t, 1)
+	if got := s.layer(t, "daily", ""); got.Used != 2 {
+		t.Fatalf("daily used while reserved = %d, want 2", got.Used)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled WaitN = %v", err)
+	}
+	if got := s.layer(t, "daily", ""); got.Used != 1 {
+		t.Errorf("daily used after the cancel = %d, want 1", got.Used)
+	}
+	if got := s.layer(t, "per-key", "a"); !nearTokens(got.Tokens, 0) {
+		t.Errorf("per-key a tokens after the cancel = %v, want 0 (from -1)", got.Tokens)
+	}
+	if st := s.m.StatusAt(clk.Now()); !nearTokens(st.Tokens, 9) {
+		t.Errorf("shared tokens after the cancel = %v, want 9", st.Tokens)
+	}
+}
+
+// TestWaitNFallbackKeepsLayersAtShare takes the store down: the layers go on
+// in this process at this replica's share (of 2 replicas), so a key whose
+// burst is 2 gets 1.
+func TestWaitNFallbackKeepsLayersAtShare(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := newLayeredClocked(t, clk, 100, 10, 2,
+		limiter.Layer{Name: "per-key", Keyed: true, Rate: 1, Burst: 2, OnExceed: limiter.ActionDeadLetter})
+	b := newLayeredBucket(t, clk, s)
+	ctx := context.Background()
+	if err := b.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.down.Store(true)
+	done := waitN(b, ctx, keyReq("a"))
+	// The local bucket starts empty and refills at 50/s: 20ms.
+	clk.WaitTimers(t, 1)
+	clk.Advance(20 * time.Millisecond)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if m := b.Mode(); m != limiter.ModeLocal {
+		t.Fatalf("mode = %s, want local", m)
+	}
+	var le *limiter.LimitError
+	if err := b.WaitN(ctx, keyReq("a")); !errors.As(err, &le) || le.Layer != "per-key" {
+		t.Fatalf("second WaitN on key a in fallback = %v, want refused by per-key (burst 2 at a share of 1/2)", err)
+	}
+	if got := s.layer(t, "per-key", "a"); !nearTokens(got.Tokens, 2) {
+		t.Errorf("Redis-side per-key a = %v, want untouched (2)", got.Tokens)
+	}
+}
+
+func nearTokens(a, b float64) bool { return math.Abs(a-b) < 0.0015 }
