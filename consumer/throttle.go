@@ -16,6 +16,14 @@ type Limiter interface {
 	Wait(ctx context.Context, cost int) error
 }
 
+// MessageLimiter is a Limiter that decides with the message in hand, such
+// as a bucket with further limits keyed by the message's recipient. Throttle
+// calls WaitMessage instead of Wait when its Limiter implements it.
+type MessageLimiter interface {
+	Limiter
+	WaitMessage(ctx context.Context, msg Message, cost int) error
+}
+
 // Pauser is a limiter that can be paused for every replica at once, as the
 // PushBack middleware does when a provider asks to slow down.
 // *limiter.Bucket satisfies it.
@@ -66,7 +74,12 @@ func Throttle(l Limiter, cost CostFunc) Middleware {
 			if err != nil {
 				return err
 			}
-			if err := l.Wait(ctx, n); err != nil {
+			if ml, ok := l.(MessageLimiter); ok {
+				err = ml.WaitMessage(ctx, msg, n)
+			} else {
+				err = l.Wait(ctx, n)
+			}
+			if err != nil {
 				switch {
 				case errors.Is(err, limiter.ErrCostExceedsBurst):
 					return Permanent(fmt.Errorf("waiting for %d tokens: %w", n, err))
