@@ -423,100 +423,11 @@ func TestQueueRecreated(t *testing.T) {
 	}
 }
 
-// TestGracefulShutdown cancels Run while handlers are in flight.
-func TestGracefulShutdown(t *testing.T) {
-	tests := []struct {
-		name        string
-		publish     int
-		concurrency int
-		drain       time.Duration
-		release     bool // whether the handlers finish within the drain
-		wantLeft    int  // messages back in the queue afterwards
-	}{
-		// In-flight handlers finish and their messages are acked.
-		{name: "in-flight finish", publish: 5, concurrency: 5, drain: 10 * time.Second, release: true, wantLeft: 0},
-		// Prefetched deliveries that no handler took are not acked.
-		{name: "unhandled not acked", publish: 20, concurrency: 2, drain: 10 * time.Second, release: true, wantLeft: 18},
-		// Handlers still running at the drain deadline are cancelled and
-		// their messages requeued.
-		{name: "drain timeout", publish: 3, concurrency: 3, drain: 200 * time.Millisecond, wantLeft: 3},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			b := newBroker(t)
-			q := b.declareQueue(t)
-			b.publish(t, q, tt.publish)
-
-			started := make(chan struct{}, tt.publish)
-			release := make(chan struct{})
-			var ctxErrAtRelease atomic.Int64
-			h := func(ctx context.Context, _ consumer.Message) error {
-				started <- struct{}{}
-				select {
-				case <-release:
-					if ctx.Err() != nil {
-						ctxErrAtRelease.Add(1)
-					}
-					return nil
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			c := newConsumer(t, rabbitmq.Config{
-				URL:         b.url,
-				Queue:       q,
-				Prefetch:    10,
-				Concurrency: tt.concurrency,
-				Options: consumer.Options{
-					DrainTimeout: tt.drain,
-				},
-			}, h)
-			ctx, cancel := context.WithCancel(context.Background())
-			errc := make(chan error, 1)
-			go func() { errc <- c.Run(ctx) }()
-			for range tt.concurrency {
-				select {
-				case <-started:
-				case <-time.After(10 * time.Second):
-					cancel()
-					<-errc
-					t.Fatalf("fewer than %d handlers started", tt.concurrency)
-				}
-			}
-			stopAt := time.Now()
-			cancel()
-			select {
-			case err := <-errc:
-				t.Fatalf("Run returned %v before its handlers finished", err)
-			case <-time.After(100 * time.Millisecond):
-			}
-			if tt.release {
-				close(release)
-			}
-			select {
-			case err := <-errc:
-				if err != nil {
-					t.Errorf("Run returned %v, want nil", err)
-				}
-			case <-time.After(15 * time.Second):
-				t.Fatal("Run did not return")
-			}
-			took := time.Since(stopAt)
-			if !tt.release && took < tt.drain {
-				t.Errorf("Run returned %v after cancel, before the drain timeout %v", took, tt.drain)
-			}
-			if got := ctxErrAtRelease.Load(); got != 0 {
-				t.Errorf("%d handlers saw a cancelled context before the drain deadline", got)
-			}
-			if extra := len(started); extra != 0 {
-				t.Errorf("%d more handlers started after cancel", extra)
-			}
-			if got := b.waitReady(t, q, tt.wantLeft); got != tt.wantLeft {
-				t.Errorf("%d messages in the queue after shutdown, want %d", got, tt.wantLeft)
-			}
-		})
-	}
-}
+// The graceful-shutdown scenario (in-flight handlers finish within the
+// drain timeout or are cancelled at its deadline; nothing starts after
+// shutdown began; only what finished is acked) runs for both backends in
+// the shared broker suite: integration/suite_scenarios_test.go,
+// suiteGracefulShutdown.
 
 // TestRunMissingQueue checks that a first connect refused by the broker
 // fails Run at once, naming the queue.
