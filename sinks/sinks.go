@@ -36,7 +36,18 @@
 //
 // Every sink in this repository is safe for concurrent use: the consumers
 // call Send from many goroutines at once. Sinks that hold connections also
-// implement io.Closer; call Close once no Send is running.
+// implement io.Closer; call Close once no Send is running (a second Close
+// is harmless).
+//
+// # Contract tests
+//
+// sinks/internal/sinktest is one suite that every sink here passes: a
+// message is delivered with its body (and key and headers where the
+// destination keeps them), concurrent Sends each arrive once, a Send with
+// an ended context fails retryably and delivers nothing, a Send to a
+// destination that does not answer returns when its context ends, the
+// sink's permanent and retryable failures are classified as such, and
+// Close may be called twice. A new sink adds a harness and runs it.
 package sinks
 
 import (

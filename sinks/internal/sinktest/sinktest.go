@@ -86,6 +86,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("ReturnsWhenContextEnds", func(t *testing.T) { testBlocked(t, h) })
 	t.Run("FailsPermanent", func(t *testing.T) { testFail(t, h, Permanent) })
 	t.Run("FailsRetryable", func(t *testing.T) { testFail(t, h, Retryable) })
+	t.Run("Close", func(t *testing.T) { testClose(t, h) })
 }
 
 func ctx(t *testing.T, d time.Duration) context.Context {
@@ -218,6 +219,26 @@ func testFail(t *testing.T, h Harness, kind Kind) {
 		t.Errorf("Send = %v, want a permanent error", err)
 	case kind == Retryable && consumer.IsPermanent(err):
 		t.Errorf("Send = %v, want a retryable error", err)
+	}
+}
+
+// testClose checks a sink that holds connections (an io.Closer, as the
+// sinks package asks): Close after use returns nil, and a second Close is
+// harmless, since shutdown paths may close twice.
+func testClose(t *testing.T, h Harness) {
+	s, _ := h.New(t)
+	c, ok := s.(io.Closer)
+	if !ok {
+		t.Skip("this sink holds no connection")
+	}
+	if err := s.Send(ctx(t, 30*time.Second), message(1, `{"a":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
 	}
 }
 
