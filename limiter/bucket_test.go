@@ -385,86 +385,30 @@ func TestLeasedTokensGoBackWhenIdle(t *testing.T) {
 	}
 }
 
+// TestCloseStopsWaiters: a caller asleep on a reservation returns
+// ErrClosed at Close. The fake clock shows the caller asleep before Close,
+// so the test exercises the sleeping path, not the check at Wait's start.
 func TestCloseStopsWaiters(t *testing.T) {
-	b, err := limiter.NewLocal(0.1, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	_ = b.Wait(ctx, 1)
+	r := newRig(t, 0.1, 1, 1, limiter.Options{MaxReserve: time.Minute})
+	r.wait(1) // the burst
 	done := make(chan error, 1)
-	go func() { done <- b.Wait(ctx, 1) }()
-	time.Sleep(20 * time.Millisecond)
-	b.Close()
+	armed := r.clk.Armed()
+	go func() { done <- r.b.Wait(context.Background(), 1) }() // reserved 10 s ahead
+	r.clk.WaitArmed(t, armed+1)
+	r.b.Close()
 	select {
 	case err := <-done:
 		if !errors.Is(err, limiter.ErrClosed) {
 			t.Fatalf("Wait after Close = %v, want ErrClosed", err)
 		}
-	case <-time.After(time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("Wait did not return after Close")
 	}
-}
-
-func TestRateChangeReachesSleepingReservations(t *testing.T) {
-	m, _ := limiter.NewMemory(2, 1)
-	b, err := limiter.New(m, limiter.Options{MaxReserve: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ctx := context.Background()
-	if err := b.Wait(ctx, 1); err != nil { // empty the bucket
-		t.Fatal(err)
-	}
-	const waiters = 4 // reserved 0.5 s, 1 s, 1.5 s and 2 s ahead at 2/s
-	done := make(chan error, waiters)
-	for range waiters {
-		go func() { done <- b.Wait(ctx, 1) }()
-	}
-	time.Sleep(50 * time.Millisecond) // let the reservations be made
-	start := time.Now()
-	if err := m.SetRate(1000, 1); err != nil {
-		t.Fatal(err)
-	}
-	for range waiters {
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(time.Second):
-			t.Fatal("a reservation made at the old rate was not taken again at the new one")
-		}
-	}
-	if d := time.Since(start); d > time.Second { // the old rate needs 1.95 s more
-		t.Fatalf("waiters took %v after the rate went to 1000/s", d)
+	// The reservation of the caller Close stopped went back to the store.
+	if st := r.store.mem().StatusAt(r.clk.Now()); st.Tokens < -0.01 {
+		t.Fatalf("tokens after Close = %v, want the cancelled reservation refunded (0)", st.Tokens)
 	}
 }
 
-func TestPauseReachesSleepingReservations(t *testing.T) {
-	b, err := limiter.NewLocal(10, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ctx := context.Background()
-	if err := b.Wait(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan time.Time, 1)
-	go func() {
-		if err := b.Wait(ctx, 1); err != nil { // reserved 100 ms ahead
-			t.Error(err)
-		}
-		done <- time.Now()
-	}()
-	time.Sleep(20 * time.Millisecond)
-	paused := time.Now()
-	if err := b.Pause(ctx, 400*time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
-	if got := (<-done).Sub(paused); got < 390*time.Millisecond {
-		t.Fatalf("a reservation made before a 400 ms pause was served %v after it", got)
-	}
-}
+// The re-timing of sleeping reservations on a rate change or a pause is
+// tested at fixed instants in fixed_test.go.
