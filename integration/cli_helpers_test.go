@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -84,10 +83,7 @@ func cliBuild(t *testing.T) string {
 }
 
 // cliName returns a bucket or queue name unique to this test run.
-func cliName(t testing.TB) string {
-	n := strings.NewReplacer("/", "-", " ", "-", "{", "", "}", "").Replace(t.Name())
-	return fmt.Sprintf("cli-%s-%08x", strings.ToLower(n), rand.Uint32())
-}
+func cliName(t testing.TB) string { return testenv.Name(t, "cli") }
 
 // cliMetricsListen is the metrics.listen of a replica under test: the
 // system picks the port, and cliServingAddr reads it from the log.
@@ -126,28 +122,14 @@ func cliFreeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// cliBuffer is a bytes.Buffer safe for concurrent use.
-type cliBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (c *cliBuffer) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.Write(p)
-}
-
-func (c *cliBuffer) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.String()
-}
+// cliBuffer is testenv.Buffer, under the name providers_e2e_test.go still
+// uses.
+type cliBuffer = testenv.Buffer
 
 // cliProcess is a running throttle process.
 type cliProcess struct {
 	cmd    *exec.Cmd
-	stderr *cliBuffer
+	stderr *testenv.Buffer
 	done   chan struct{}
 	err    error // Wait's result, once done is closed
 }
@@ -156,7 +138,7 @@ type cliProcess struct {
 // test ends, if it still runs; its stderr is logged when the test failed.
 func cliStart(t *testing.T, bin string, args ...string) *cliProcess {
 	t.Helper()
-	p := &cliProcess{cmd: exec.Command(bin, args...), stderr: &cliBuffer{}, done: make(chan struct{})}
+	p := &cliProcess{cmd: exec.Command(bin, args...), stderr: &testenv.Buffer{}, done: make(chan struct{})}
 	p.cmd.Stdout = io.Discard
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,10 +20,7 @@ import (
 )
 
 // faultName returns a bucket, queue or topic name unique to this test run.
-func faultName(t testing.TB) string {
-	n := strings.NewReplacer("/", "-", " ", "-", "{", "", "}", "").Replace(t.Name())
-	return fmt.Sprintf("fault-%s-%08x", n, rand.Uint32())
-}
+func faultName(t testing.TB) string { return testenv.Name(t, "fault") }
 
 // faultLogger returns a logger that writes to the test's log.
 func faultLogger(t testing.TB) *slog.Logger { return testenv.Logger(t, slog.LevelInfo) }

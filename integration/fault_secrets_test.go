@@ -1,7 +1,7 @@
 package integration
 
 import (
-	"bytes"
+	"context"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -15,25 +15,6 @@ import (
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
-
-// faultLockedBuffer is a bytes.Buffer safe for the concurrent writes of a
-// logger shared by background goroutines.
-type faultLockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *faultLockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *faultLockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // TestFaultSecretsNeverLogged drives the error paths that carry Redis
 // errors into logs and errors — a wrong password, a wrong Sentinel
@@ -59,7 +40,7 @@ func TestFaultSecretsNeverLogged(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var logs faultLockedBuffer
+			var logs testenv.Buffer
 			var (
 				mu   sync.Mutex
 				errs []string
@@ -86,13 +67,16 @@ func TestFaultSecretsNeverLogged(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// A wrong password closes the bucket, an outage sends it to its
+			// local fallback, which may wait before it grants: what
+			// matters here is what reaches the log and the errors.
+			wctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = b.Wait(wctx, 1)
+			cancel()
+			if b.Mode() == limiter.ModeShared {
+				t.Fatalf("mode %s, want a fallback after a store failure", b.Mode())
+			}
 			ctx := testenv.Context(t, 10*time.Second)
-			if err := b.Wait(ctx, 1); err != nil {
-				t.Fatalf("Wait in fallback: %v", err)
-			}
-			if b.Mode() != limiter.ModeLocal {
-				t.Fatalf("mode %s, want local after a store failure", b.Mode())
-			}
 			_, serr := store.Status(ctx)
 			if serr == nil {
 				t.Fatal("Status succeeded against a failing Redis")
@@ -103,8 +87,8 @@ func TestFaultSecretsNeverLogged(t *testing.T) {
 			errs = append(errs, serr.Error())
 			out := logs.String() + strings.Join(errs, "\n")
 			mu.Unlock()
-			if !strings.Contains(logs.String(), "bucket store failed") {
-				t.Fatalf("the fallback was not logged; log:\n%s", logs.String())
+			if !strings.Contains(logs.String(), "bucket store") {
+				t.Fatalf("the store failure was not logged; log:\n%s", logs.String())
 			}
 			for _, secret := range []string{password, sentinelPassword} {
 				if strings.Contains(out, secret) {

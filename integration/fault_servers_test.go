@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -52,26 +50,8 @@ func faultFreePort(t testing.TB) int {
 type faultProc struct {
 	name string
 	cmd  *exec.Cmd
-	out  *faultSyncBuffer
+	out  *testenv.Buffer // its output, for failure messages
 	exit chan struct{}
-}
-
-// faultSyncBuffer collects a process's output for failure messages.
-type faultSyncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *faultSyncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *faultSyncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // faultStartProc starts a program whose lifetime the test controls.
@@ -84,7 +64,7 @@ func faultStartProc(t testing.TB, name, bin string, args ...string) *faultProc {
 // test ends.
 func faultStartCmd(t testing.TB, name string, cmd *exec.Cmd) *faultProc {
 	t.Helper()
-	p := &faultProc{name: name, cmd: cmd, out: &faultSyncBuffer{}, exit: make(chan struct{})}
+	p := &faultProc{name: name, cmd: cmd, out: &testenv.Buffer{}, exit: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.SysProcAttr = faultSysProcAttr()
 	if err := p.cmd.Start(); err != nil {
