@@ -179,6 +179,9 @@ type Limit struct {
 	MaxWait Duration `yaml:"max_wait"`
 	// Lease is auto or off; empty means auto.
 	Lease LeaseMode `yaml:"lease"`
+	// Extra lists further limits (keyed buckets, calendar quotas) decided
+	// with the bucket in one atomic step; see LimitLayer.
+	Extra []LimitLayer `yaml:"extra,omitempty"`
 }
 
 // LimiterOptions maps l onto the limiter's options: the store-error

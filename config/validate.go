@@ -127,6 +127,7 @@ func (t *TLS) validate(ps *problems, key string) {
 }
 
 func (l *Limit) validate(ps *problems) {
+	defer l.validateExtra(ps)
 	ps.library("limit", reflect.TypeFor[Limit](), redislimiter.ValidateBucketName(l.Bucket))
 	ps.library("limit", reflect.TypeFor[Limit](), limiter.ValidateRate(l.Rate))
 	if l.Burst != 0 {
