@@ -234,12 +234,16 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 func checkBucket(ctx context.Context, rc config.Redis, b *limiter.Bucket, store *redislimiter.Store, m *metrics, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	st, err := b.State(ctx)
+	err := b.Check(ctx)
 	if errors.Is(err, limiter.ErrMisconfigured) {
 		return refusedError(rc, err)
 	}
 	if err != nil {
-		log.Warn("cannot read the bucket in redis yet; the limiter falls back per limit.on_store_error until it can", "error", err)
+		log.Warn("cannot reach the bucket in redis yet; until it can, the limiter follows limit.on_store_error and limit.fallback_rate (see the README, Failure modes)", "error", err)
+		return nil
+	}
+	st, err := b.State(ctx)
+	if err != nil {
 		return nil
 	}
 	m.setBucket(st.Tokens, st.Rate)
