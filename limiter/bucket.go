@@ -67,6 +67,7 @@ func New(store Store, opts Options) (*Bucket, error) {
 	}
 	opts = opts.withDefaults()
 	b := &Bucket{store: store, opts: opts, log: opts.Logger, clock: opts.Clock, done: make(chan struct{})}
+	b.fb.probeNow = make(chan struct{}, 1)
 	shared := ModeShared
 	b.mode.Store(&shared)
 	rate, burst := store.Limits()

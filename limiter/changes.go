@@ -39,10 +39,16 @@ func newGeneration() *generation { return &generation{changed: make(chan struct{
 
 // changed starts a new generation, waking every caller sleeping on the old
 // one, and gives back the tokens this replica leased under the old
-// settings.
+// settings. In fallback it makes the probe ask the store at once.
 func (b *Bucket) changed() {
 	old := b.gen.Swap(newGeneration())
 	close(old.changed)
+	if b.Mode() != ModeShared {
+		select { // the store is back for someone: probe now
+		case b.fb.probeNow <- struct{}{}:
+		default:
+		}
+	}
 	if n := b.lease.drain(); n > 0 && b.Mode() == ModeShared {
 		b.refund(context.Background(), n)
 	}

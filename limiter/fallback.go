@@ -25,6 +25,8 @@ import (
 // it, or restarted full and empty of state, or (after a Sentinel failover)
 // lag behind what was spent. So the Bucket drains it and charges it with the
 // tokens its local bucket has booked ahead, before it takes from it again.
+// The drain is announced, and every replica still in fallback probes at
+// once when it hears an announcement.
 
 // fallbackState is the part of a Bucket that changes with the mode.
 type fallbackState struct {
@@ -36,6 +38,9 @@ type fallbackState struct {
 	recovered chan struct{}
 	// probing is set while the probe goroutine runs.
 	probing bool
+	// probeNow asks the probe to ask the store at once: the store has
+	// announced something, so it is back at least for someone.
+	probeNow chan struct{}
 }
 
 var errRetryShared = errors.New("store recovered")
@@ -188,7 +193,12 @@ func (b *Bucket) switchLocked(from, to Mode, err error) {
 }
 
 // probe asks the store every ProbeInterval whether it is back, and switches
-// to ModeShared when it is.
+// to ModeShared when it is. It also asks at once when the store announces a
+// change (see Notifier): the subscription of a Notifier comes back with the
+// store, and another replica's recovery is announced, so that the replicas
+// of a fleet come back together instead of up to a ProbeInterval apart,
+// while the first ones back already take the whole rate from the shared
+// bucket and the others still grant their local share.
 func (b *Bucket) probe() {
 	defer b.wg.Done()
 	t := b.clock.NewTimer(b.opts.ProbeInterval)
@@ -198,6 +208,7 @@ func (b *Bucket) probe() {
 		case <-b.done:
 			return
 		case <-t.C():
+		case <-b.fb.probeNow:
 		}
 		if b.tryRecover() {
 			return

@@ -178,9 +178,9 @@ return {tokens, milli(rate), burst, paused, ov[1] or false, ov[2] or false, ottl
 `)
 
 // drainScript empties the bucket and reserves debt tokens ahead, keeping a
-// pause.
+// pause, and announces it: replicas still in fallback then probe at once.
 //
-// KEYS: state, override. ARGV: rate, burst, debt, now_us. Reply:
+// KEYS: state, override. ARGV: rate, burst, debt, now_us, channel. Reply:
 // remaining_milli.
 var drainScript = redis.NewScript(prelude + `
 local now = now_us(ARGV[4])
@@ -188,6 +188,7 @@ local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
 local tokens, ts = load(KEYS[1], now, rate, burst)
 tokens = math.min(tokens, 0) - math.max(tonumber(ARGV[3]), 0)
 save(KEYS[1], tokens, ts, now, rate, burst)
+redis.call('PUBLISH', ARGV[5], 'recovered')
 return milli(tokens)
 `)
 

@@ -274,7 +274,7 @@ func (s *Store) Drain(ctx context.Context, debt int) error {
 }
 
 func (s *Store) drain(ctx context.Context, nowUS int64, debt int) error {
-	if err := drainScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, max(debt, 0), nowUS).Err(); err != nil {
+	if err := drainScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, max(debt, 0), nowUS, s.channel).Err(); err != nil {
 		return s.fail("drain", err)
 	}
 	return nil
