@@ -109,7 +109,11 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 	if err != nil {
 		return &configError{err: fmt.Errorf("limit: %w", err)}
 	}
-	bucket, err := limiter.New(store, limiterOptions(cfg, m.limiterObserver(), log))
+	lstore, err := layeredStore(store, cfg.Limit)
+	if err != nil {
+		return err
+	}
+	bucket, err := limiter.New(lstore, limiterOptions(cfg, m.limiterObserver(), log))
 	if err != nil {
 		return &configError{err: fmt.Errorf("limit: %w", err)}
 	}
@@ -141,7 +145,10 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		m.setPreset(cfg.Sink.HTTP.Preset)
 	}
 
-	lim := &waitLimiter{l: bucket, maxWait: time.Duration(cfg.Limit.MaxWait), m: m}
+	lim, err := consumerLimiter(cfg.Limit, bucket, &waitLimiter{l: bucket, maxWait: time.Duration(cfg.Limit.MaxWait), m: m})
+	if err != nil {
+		return err
+	}
 	c, err := buildConsumer(cfg.Source, newDeps(cfg, lim, bucket, m.consumerObserver(), log), sinks.Handler(sink))
 	if err != nil {
 		return err
