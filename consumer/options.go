@@ -56,38 +56,53 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// ErrInvalidOptions is wrapped by the errors of Options.WithDefaults; the
-// message names the field at fault.
+// ErrInvalidOptions is wrapped by the errors of Options.WithDefaults.
 var ErrInvalidOptions = errors.New("invalid consumer options")
 
-// WithDefaults validates o and returns it with every default filled in
-// (OrderingKey only under OrderKey). Its errors wrap ErrInvalidOptions and
-// name the Go field at fault. It is idempotent. Backends call it from
-// their constructors, so a caller rarely needs to.
-func (o Options) WithDefaults() (Options, error) {
-	invalid := o.invalid
-	switch {
-	case o.Cost != nil && o.Limiter == nil:
-		return invalid("Cost is set but Limiter is nil")
-	case o.MaxPause < 0:
-		return invalid("MaxPause %v must not be negative", o.MaxPause)
-	case o.DrainTimeout < 0:
-		return invalid("DrainTimeout %v must not be negative", o.DrainTimeout)
-	case o.Retry.MaxAttempts < 0:
-		return invalid("Retry.MaxAttempts %d must not be negative", o.Retry.MaxAttempts)
-	case o.Retry.Backoff < 0:
-		return invalid("Retry.Backoff %v must not be negative", o.Retry.Backoff)
-	case o.Retry.MaxBackoff < 0:
-		return invalid("Retry.MaxBackoff %v must not be negative", o.Retry.MaxBackoff)
+// Validate returns nil or every problem of o, each a *FieldError naming
+// the Go field at fault ("MaxPause", "Retry.MaxAttempts"), joined with
+// errors.Join (read them with FieldErrors).
+func (o Options) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, args...)})
+	}
+	if o.Cost != nil && o.Limiter == nil {
+		bad("Cost", "is set but Limiter is nil")
+	}
+	if o.MaxPause < 0 {
+		bad("MaxPause", "%v must not be negative", o.MaxPause)
+	}
+	if o.DrainTimeout < 0 {
+		bad("DrainTimeout", "%v must not be negative", o.DrainTimeout)
+	}
+	if o.Retry.MaxAttempts < 0 {
+		bad("Retry.MaxAttempts", "%d must not be negative", o.Retry.MaxAttempts)
+	}
+	if o.Retry.Backoff < 0 {
+		bad("Retry.Backoff", "%v must not be negative", o.Retry.Backoff)
+	}
+	if o.Retry.MaxBackoff < 0 {
+		bad("Retry.MaxBackoff", "%v must not be negative", o.Retry.MaxBackoff)
 	}
 	if err := o.Ordering.Validate(); err != nil {
-		return invalid("Ordering: %w", err)
+		bad("Ordering", "%w", err)
+	} else if o.OrderingKey != nil && o.Ordering != OrderKey {
+		bad("OrderingKey", "is set but Ordering is %q, not %q", o.Ordering, OrderKey)
+	}
+	return errors.Join(errs...)
+}
+
+// WithDefaults validates o (Validate) and returns it with every default
+// filled in (OrderingKey only under OrderKey). Its errors wrap
+// ErrInvalidOptions and the *FieldError of each problem. It is idempotent.
+// Backends call it from their constructors, so a caller rarely needs to.
+func (o Options) WithDefaults() (Options, error) {
+	if err := o.Validate(); err != nil {
+		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	if o.Ordering == "" {
 		o.Ordering = OrderPartition
-	}
-	if o.OrderingKey != nil && o.Ordering != OrderKey {
-		return invalid("OrderingKey is set but Ordering is %q, not %q", o.Ordering, OrderKey)
 	}
 	if o.OrderingKey == nil && o.Ordering == OrderKey {
 		o.OrderingKey = KeyOf
@@ -100,10 +115,6 @@ func (o Options) WithDefaults() (Options, error) {
 		o.Logger = slog.Default()
 	}
 	return o, nil
-}
-
-func (o Options) invalid(format string, args ...any) (Options, error) {
-	return o, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
 }
 
 // middleware returns the Throttle and PushBack middleware that o asks for.

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 )
@@ -24,7 +25,7 @@ type Processor struct {
 // that calls h, wrapped in the middleware o asks for.
 func NewProcessor(o Options, h Handler) (*Processor, error) {
 	if h == nil {
-		return nil, errorf("handler must not be nil")
+		return nil, fmt.Errorf("%w: handler must not be nil", ErrInvalidOptions)
 	}
 	o, err := o.WithDefaults()
 	if err != nil {
@@ -46,11 +47,6 @@ func NewProcessor(o Options, h Handler) (*Processor, error) {
 		Retried: func(m Message, err error, d time.Duration) { user.retry(m, err, d) },
 	}
 	return p, nil
-}
-
-func errorf(format string, args ...any) error {
-	_, err := Options{}.invalid(format, args...)
-	return err
 }
 
 // Options returns the options with their defaults filled in.

@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -94,71 +95,89 @@ type Config struct {
 	ConsumerTag string
 }
 
-// withDefaults validates c and returns it with every default filled in,
-// along with the parsed URL and its redacted form for logs.
-func (c Config) withDefaults() (Config, amqp.URI, string, error) {
-	if c.URL == "" {
-		return c, amqp.URI{}, "", errors.New("rabbitmq: URL is required")
+// Validate returns nil or every problem of c, each a *consumer.FieldError
+// naming the Go field at fault ("URL", "Prefetch", "Retry.MaxAttempts"),
+// joined with errors.Join (read them with consumer.FieldErrors). No error
+// contains the URL's password. New calls it; the config package calls it
+// to name its own keys.
+func (c Config) Validate() error {
+	_, errs := c.check()
+	return errors.Join(errs...)
+}
+
+// check validates c and returns the parsed URL with every problem.
+func (c Config) check() (amqp.URI, []error) {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &consumer.FieldError{Field: field, Err: fmt.Errorf(format, args...)})
 	}
-	u, err := url.Parse(c.URL)
-	if err != nil {
+	var uri amqp.URI
+	if c.URL == "" {
+		bad("URL", "required")
+	} else if u, err := url.Parse(c.URL); err != nil {
 		// *url.Error quotes the whole URL, password included: keep only
 		// its cause.
 		var uerr *url.Error
 		if errors.As(err, &uerr) {
 			err = uerr.Err
 		}
-		return c, amqp.URI{}, "", fmt.Errorf("rabbitmq: URL: %w", err)
-	}
-	redacted := u.Redacted()
-	uri, err := amqp.ParseURI(c.URL)
-	if err != nil {
-		return c, amqp.URI{}, "", fmt.Errorf("rabbitmq: URL %s: %w", redacted, err)
-	}
-	if c.TLS != nil && uri.Scheme != "amqps" {
-		return c, amqp.URI{}, "", fmt.Errorf("rabbitmq: TLS is set but URL %s is not amqps://", redacted)
+		bad("URL", "%w", err)
+	} else {
+		redacted := u.Redacted()
+		if uri, err = amqp.ParseURI(c.URL); err != nil {
+			bad("URL", "%s: %w", redacted, err)
+		} else if c.TLS != nil && uri.Scheme != "amqps" {
+			bad("TLS", "is set but URL %s is not amqps://", redacted)
+		}
 	}
 	if c.Queue == "" {
-		return c, amqp.URI{}, "", errors.New("rabbitmq: Queue is required")
+		bad("Queue", "required")
 	}
-	switch {
-	case c.Prefetch < 0 || c.Prefetch > 65535:
-		return c, amqp.URI{}, "", fmt.Errorf("rabbitmq: Prefetch %d: must be between 0 and 65535", c.Prefetch)
-	case c.Prefetch == 0:
+	if c.Prefetch < 0 || c.Prefetch > 65535 {
+		bad("Prefetch", "%d must be between 1 and 65535 (0: default %d)", c.Prefetch, DefaultPrefetch)
+	}
+	if c.Concurrency < 0 {
+		bad("Concurrency", "%d must not be negative", c.Concurrency)
+	}
+	if c.ReconnectBackoff < 0 {
+		bad("ReconnectBackoff", "%v must not be negative", c.ReconnectBackoff)
+	}
+	if c.MaxReconnectBackoff < 0 {
+		bad("MaxReconnectBackoff", "%v must not be negative", c.MaxReconnectBackoff)
+	}
+	lo, hi := cmp.Or(c.ReconnectBackoff, DefaultReconnectBackoff), cmp.Or(c.MaxReconnectBackoff, DefaultMaxReconnectBackoff)
+	if c.ReconnectBackoff >= 0 && c.MaxReconnectBackoff >= 0 && hi < lo {
+		bad("MaxReconnectBackoff", "%v is below ReconnectBackoff %v", hi, lo)
+	}
+	if err := c.Options.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return uri, errs
+}
+
+// withDefaults validates c and returns it with every default filled in,
+// along with the parsed URL and its redacted form for logs.
+func (c Config) withDefaults() (Config, amqp.URI, string, error) {
+	uri, errs := c.check()
+	if len(errs) > 0 {
+		return c, uri, "", fmt.Errorf("rabbitmq: %w", errors.Join(errs...))
+	}
+	u, _ := url.Parse(c.URL) // check parsed it
+	if c.Prefetch == 0 {
 		c.Prefetch = DefaultPrefetch
 	}
-	switch {
-	case c.Concurrency < 0:
-		return c, amqp.URI{}, "", fmt.Errorf("rabbitmq: Concurrency %d: must not be negative", c.Concurrency)
-	case c.Concurrency == 0:
+	if c.Concurrency == 0 {
 		c.Concurrency = c.Prefetch
 	}
 	if c.DeadLetterExchange == "" && c.Declare {
 		c.DeadLetterExchange = c.Queue + ".dlx"
 	}
+	c.ReconnectBackoff = cmp.Or(c.ReconnectBackoff, DefaultReconnectBackoff)
+	c.MaxReconnectBackoff = cmp.Or(c.MaxReconnectBackoff, DefaultMaxReconnectBackoff)
 	opts, err := c.Options.WithDefaults()
 	if err != nil {
-		return c, amqp.URI{}, "", fmt.Errorf("rabbitmq: %w", err)
+		return c, uri, "", fmt.Errorf("rabbitmq: %w", err) // unreachable: check validated them
 	}
 	c.Options = opts
-	for _, d := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"ReconnectBackoff", &c.ReconnectBackoff, DefaultReconnectBackoff},
-		{"MaxReconnectBackoff", &c.MaxReconnectBackoff, DefaultMaxReconnectBackoff},
-	} {
-		switch {
-		case *d.v < 0:
-			return c, amqp.URI{}, "", fmt.Errorf("rabbitmq: %s %v: must not be negative", d.name, *d.v)
-		case *d.v == 0:
-			*d.v = d.def
-		}
-	}
-	if c.MaxReconnectBackoff < c.ReconnectBackoff {
-		return c, amqp.URI{}, "", fmt.Errorf("rabbitmq: MaxReconnectBackoff %v is below ReconnectBackoff %v",
-			c.MaxReconnectBackoff, c.ReconnectBackoff)
-	}
-	return c, uri, redacted, nil
+	return c, uri, u.Redacted(), nil
 }

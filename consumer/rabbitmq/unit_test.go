@@ -34,20 +34,20 @@ func TestNewValidation(t *testing.T) {
 		name    string
 		cfg     rabbitmq.Config
 		nilH    bool
-		wantErr string // substring; empty means success
+		wantErr string // the Go field named by a *consumer.FieldError; empty means success
 	}{
 		{name: "minimal", cfg: rabbitmq.Config{URL: url, Queue: "q"}},
 		{name: "amqps with TLS", cfg: rabbitmq.Config{URL: "amqps://u:p@host/", TLS: &tls.Config{MinVersion: tls.VersionTLS12}, Queue: "q"}},
 		{name: "throttled", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{Limiter: local, Cost: consumer.CostFromHeader("n")}}},
-		{name: "nil handler", cfg: rabbitmq.Config{URL: url, Queue: "q"}, nilH: true, wantErr: "handler is nil"},
-		{name: "no URL", cfg: rabbitmq.Config{Queue: "q"}, wantErr: "URL is required"},
+		{name: "nil handler", cfg: rabbitmq.Config{URL: url, Queue: "q"}, nilH: true, wantErr: "handler"},
+		{name: "no URL", cfg: rabbitmq.Config{Queue: "q"}, wantErr: "URL"},
 		{name: "bad scheme", cfg: rabbitmq.Config{URL: "http://u:p@host/", Queue: "q"}, wantErr: "URL"},
-		{name: "TLS without amqps", cfg: rabbitmq.Config{URL: url, TLS: &tls.Config{}, Queue: "q"}, wantErr: "TLS is set"},
-		{name: "no queue", cfg: rabbitmq.Config{URL: url}, wantErr: "Queue is required"},
-		{name: "negative prefetch", cfg: rabbitmq.Config{URL: url, Queue: "q", Prefetch: -1}, wantErr: "Prefetch -1"},
-		{name: "prefetch too large", cfg: rabbitmq.Config{URL: url, Queue: "q", Prefetch: 70000}, wantErr: "Prefetch 70000"},
-		{name: "negative concurrency", cfg: rabbitmq.Config{URL: url, Queue: "q", Concurrency: -2}, wantErr: "Concurrency -2"},
-		{name: "cost without limiter", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{Cost: consumer.CostOne}}, wantErr: "Limiter is nil"},
+		{name: "TLS without amqps", cfg: rabbitmq.Config{URL: url, TLS: &tls.Config{}, Queue: "q"}, wantErr: "TLS"},
+		{name: "no queue", cfg: rabbitmq.Config{URL: url}, wantErr: "Queue"},
+		{name: "negative prefetch", cfg: rabbitmq.Config{URL: url, Queue: "q", Prefetch: -1}, wantErr: "Prefetch"},
+		{name: "prefetch too large", cfg: rabbitmq.Config{URL: url, Queue: "q", Prefetch: 70000}, wantErr: "Prefetch"},
+		{name: "negative concurrency", cfg: rabbitmq.Config{URL: url, Queue: "q", Concurrency: -2}, wantErr: "Concurrency"},
+		{name: "cost without limiter", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{Cost: consumer.CostOne}}, wantErr: "Cost"},
 		{name: "negative drain", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{DrainTimeout: -time.Second}}, wantErr: "DrainTimeout"},
 		{name: "negative max pause", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{MaxPause: -time.Second}}, wantErr: "MaxPause"},
 		{name: "max backoff below backoff", cfg: rabbitmq.Config{URL: url, Queue: "q", ReconnectBackoff: time.Second, MaxReconnectBackoff: time.Millisecond}, wantErr: "MaxReconnectBackoff"},
@@ -65,8 +65,21 @@ func TestNewValidation(t *testing.T) {
 				}
 				return
 			}
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-				t.Fatalf("New error %v, want one containing %q", err, tt.wantErr)
+			if tt.nilH {
+				if err == nil || !strings.Contains(err.Error(), "handler is nil") {
+					t.Fatalf("New error %v, want one about the nil handler", err)
+				}
+				return
+			}
+			var fields []string
+			for _, fe := range consumer.FieldErrors(err) {
+				fields = append(fields, fe.Field)
+			}
+			if len(fields) != 1 || fields[0] != tt.wantErr || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("New error %v names fields %v, want [%s]", err, fields, tt.wantErr)
+			}
+			if verr := tt.cfg.Validate(); verr == nil || verr.Error() != strings.TrimPrefix(err.Error(), "rabbitmq: ") {
+				t.Errorf("Validate = %v, want New's error %v", verr, err)
 			}
 		})
 	}
@@ -287,5 +300,25 @@ func TestLogsDurationsAsStrings(t *testing.T) {
 				t.Errorf("retry_in = %v (%T), want a duration string: %s", v, v, line)
 			}
 		}
+	}
+}
+
+// TestValidateNamesEveryField checks that Validate reports every bad
+// field at once, each by its Go name, the shared options' too.
+func TestValidateNamesEveryField(t *testing.T) {
+	err := rabbitmq.Config{
+		Prefetch: -1, Concurrency: -1, ReconnectBackoff: -time.Second,
+		Options: consumer.Options{MaxPause: -time.Second, Ordering: "random", Retry: consumer.RetryPolicy{MaxAttempts: -1}},
+	}.Validate()
+	var fields []string
+	for _, fe := range consumer.FieldErrors(err) {
+		fields = append(fields, fe.Field)
+	}
+	want := []string{"URL", "Queue", "Prefetch", "Concurrency", "ReconnectBackoff", "MaxPause", "Retry.MaxAttempts", "Ordering"}
+	if strings.Join(fields, " ") != strings.Join(want, " ") {
+		t.Fatalf("Validate named %v, want %v (error: %v)", fields, want, err)
+	}
+	if err := (rabbitmq.Config{URL: "amqp://u:p@host/", Queue: "q"}).Validate(); err != nil {
+		t.Fatalf("Validate of a minimal config = %v", err)
 	}
 }
