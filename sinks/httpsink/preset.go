@@ -90,7 +90,9 @@ var presetSpecs = map[string]presetSpec{
 	PresetVonageSMS: {
 		base:         "https://rest.nexmo.com",
 		contentType:  "application/x-www-form-urlencoded",
-		bodyTemplate: `{{form "to" .JSON.to "from" .JSON.from "text" .JSON.text}}`,
+		// type=unicode is required for UCS-2 text, else it arrives garbled.
+		bodyTemplate: `{{$type := "text"}}{{if eq (sms_encoding .JSON.text) "UCS-2"}}{{$type = "unicode"}}{{end}}` +
+			`{{form "to" .JSON.to "from" .JSON.from "text" .JSON.text "type" $type}}`,
 		rules: []Rule{
 			{Name: "vonage sms status 0 success", Status: []string{"2xx"}, Body: map[string][]string{"messages.0.status": {"0"}}, Action: Delivered},
 			{Name: "vonage sms status 1 throttled", Status: []string{"2xx"}, Body: map[string][]string{"messages.0.status": {"1"}}, Action: PushBack},

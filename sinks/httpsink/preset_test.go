@@ -6,7 +6,10 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"fmt"
+	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -235,5 +238,31 @@ func TestPresetFromEnvironment(t *testing.T) {
 	defer s.Close()
 	if err := s.Send(context.Background(), consumer.Message{Body: []byte(sms("+15551234567"))}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestVonageSMSUnicodeType: the legacy Vonage API must be told type=unicode
+// for UCS-2 text; GSM-7 text goes as type=text.
+func TestVonageSMSUnicodeType(t *testing.T) {
+	got := make(chan url.Values, 2)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = r.ParseForm()
+		got <- r.PostForm
+		fmt.Fprint(w, `{"message-count":"1","messages":[{"status":"0"}]}`)
+	}))
+	defer srv.Close()
+	s, err := httpsink.New(httpsink.Config{Preset: "vonage_sms", URL: srv.URL, Credentials: httpsink.Credentials{Username: "k", Password: "s"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, tt := range []struct{ text, want string }{{"hello {€}", "text"}, {"привет", "unicode"}} {
+		if err := s.Send(context.Background(), consumer.Message{Body: []byte(`{"to":"1555","from":"Acme","text":"` + tt.text + `"}`)}); err != nil {
+			t.Fatal(err)
+		}
+		f := <-got
+		if f.Get("type") != tt.want || f.Get("text") != tt.text || f.Get("api_key") != "k" || f.Get("api_secret") != "s" {
+			t.Errorf("%q: form %v, want type=%s with the credentials", tt.text, f, tt.want)
+		}
 	}
 }

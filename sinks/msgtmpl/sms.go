@@ -7,7 +7,10 @@ import (
 	"github.com/throttlehq/throttle/sinks/sms"
 )
 
-func init() { funcs["sms_segments"] = smsSegments }
+func init() {
+	funcs["sms_segments"] = smsSegments
+	funcs["sms_encoding"] = smsEncoding
+}
 
 // smsSegments is the template function sms_segments: the number of SMS
 // segments its argument occupies, by the rules of package sms (GSM-7: 160
@@ -27,4 +30,19 @@ func smsSegments(v any) (int, error) {
 		return 0, fmt.Errorf("sms_segments: the text is null or missing")
 	}
 	return 0, fmt.Errorf("sms_segments: want a string, got %T", v)
+}
+
+// smsEncoding is the template function sms_encoding: "GSM-7" or "UCS-2",
+// the encoding its argument is sent in (package sms), for APIs that must
+// be told, such as Vonage's type=unicode. It takes what sms_segments takes.
+func smsEncoding(v any) (string, error) {
+	switch t := v.(type) {
+	case string:
+		return sms.Detect(t).String(), nil
+	case json.Number:
+		return sms.Detect(t.String()).String(), nil
+	case nil:
+		return "", fmt.Errorf("sms_encoding: the text is null or missing")
+	}
+	return "", fmt.Errorf("sms_encoding: want a string, got %T", v)
 }

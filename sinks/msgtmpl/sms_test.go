@@ -20,6 +20,9 @@ func TestSMSSegmentsFunc(t *testing.T) {
 		{"usable in arithmetic-free pipelines", `{"text":"hi"}`, `{{.JSON.text | sms_segments}}`, "1", ""},
 		{"null fails", `{"text":null}`, `{{sms_segments .JSON.text}}`, "", "null or missing"},
 		{"object fails", `{"text":{}}`, `{{sms_segments .JSON.text}}`, "", "want a string"},
+		{"encoding gsm", `{"text":"a€"}`, `{{sms_encoding .JSON.text}}`, "GSM-7", ""},
+		{"encoding ucs2", `{"text":"a😀"}`, `{{sms_encoding .JSON.text}}`, "UCS-2", ""},
+		{"encoding null fails", `{"text":null}`, `{{sms_encoding .JSON.text}}`, "", "null or missing"},
 	}
 	for _, tt := range tests {
 		tmpl, err := Parse("limit.cost_template", tt.text)
