@@ -21,7 +21,8 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 	p("- RabbitMQ (127.0.0.1:5672): prefetch %d, %d handlers; bare: amqp091, one POST per message "+
 		"with a keep-alive client of %d idle connections, ack after a 2xx.\n", rabbitPrefetch, rabbitHandlers, rabbitHandlers)
 	p("- Kafka (kfake, in the child process): %d partitions, one worker per partition; bare: kafka-go "+
-		"reader (1 s fetch wait, 32 queued), one POST per message, the highest handled offset of each "+
+		"reader (1 s fetch wait, 32 queued; each worker queues up to 32 of its own), one POST per message, "+
+		"the highest handled offset of each "+
 		"partition committed after handling, batched while a commit is in flight.\n\n", kafkaPartitions)
 
 	p("Limit out of reach (1,000,000/s, burst 1,000,000), %d messages per run:\n\n", cfg.messages)
