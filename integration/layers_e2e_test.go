@@ -1,0 +1,132 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/throttlehq/throttle/internal/testenv"
+)
+
+// TestLayersDeadLetterEndToEnd runs two replicas of the binary on one
+// RabbitMQ queue with a per-recipient limit (burst 3, 1/h, on_exceed
+// dead_letter): each recipient gets exactly 3 messages across both
+// replicas, the rest are dead-lettered with x-throttle-limit naming the
+// layer, and a message without a recipient is dead-lettered with the
+// reason.
+func TestLayersDeadLetterEndToEnd(t *testing.T) {
+	redisAddr := testenv.RedisAddr(t)
+	amqpURL := testenv.AMQPURL(t)
+	bin := cliBuild(t)
+	const (
+		recipients = 10
+		perRecip   = 5
+		allowed    = 3
+		replicas   = 2
+	)
+	name := cliName(t)
+	sink := cliNewSink(t)
+	conn, ch := cliQueue(t, amqpURL, name)
+	dir := t.TempDir()
+	for i := range replicas {
+		cfgPath := filepath.Join(dir, fmt.Sprintf("replica-%d.yaml", i+1))
+		cfg := fmt.Sprintf(`
+redis:
+  addr: %q
+  timeout: 2s
+limit:
+  bucket: %s
+  rate: 200
+  extra:
+    - name: per-recipient
+      key: '{{.JSON.to}}'
+      rate: 1/h
+      burst: %d
+      on_exceed: dead_letter
+source:
+  rabbitmq:
+    url: %q
+    queue: %s
+    prefetch: 20
+    declare: true
+sink:
+  http:
+    url: %q
+    timeout: 5s
+delivery:
+  drain_timeout: 10s
+metrics:
+  listen: %q
+`, redisAddr, name, allowed, amqpURL, name, sink.srv.URL+"/send", cliMetricsListen)
+		if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p := cliStart(t, bin, "run", "--config", cfgPath)
+		t.Cleanup(func() { p.stop(t, 15*time.Second) })
+	}
+	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", name, "--redis", redisAddr) })
+	cliWait(t, 20*time.Second, "two consumers on the queue", func() bool { return cliQueueState(conn, name).Consumers == replicas })
+
+	ctx := testenv.Context(t, 60*time.Second)
+	publish := func(id int, body string) {
+		err := ch.PublishWithContext(ctx, "", name, true, false, amqp.Publishing{
+			ContentType: "application/json", DeliveryMode: amqp.Persistent,
+			MessageId: strconv.Itoa(id), Body: []byte(body),
+		})
+		if err != nil {
+			t.Fatalf("publishing: %v", err)
+		}
+	}
+	// The recipient of message id is id % recipients; a unique name per
+	// test run keeps the keys of earlier runs out.
+	to := func(id int) string { return fmt.Sprintf("%s-r%d", name, id%recipients) }
+	for id := range recipients * perRecip {
+		publish(id, fmt.Sprintf(`{"id":%d,"to":%q}`, id, to(id)))
+	}
+	publish(10000, `{"id":10000}`)
+
+	wantDead := recipients*(perRecip-allowed) + 1
+	cliWait(t, 30*time.Second, "every message delivered or dead-lettered", func() bool {
+		_, unique := sink.counts()
+		return unique == recipients*allowed && cliQueueState(conn, name+".dlq").Messages == wantDead
+	})
+	sink.mu.Lock()
+	perTo := map[string]int{}
+	for id := range sink.seen {
+		perTo[to(id)]++
+	}
+	sink.mu.Unlock()
+	for r := range recipients {
+		if n := perTo[to(r)]; n != allowed {
+			t.Errorf("recipient %s got %d messages, want exactly %d", to(r), n, allowed)
+		}
+	}
+	// The dead letters name the limit, or the failed key.
+	limited, keyless := 0, 0
+	for range wantDead {
+		d, ok, err := ch.Get(name+".dlq", true)
+		if err != nil || !ok {
+			t.Fatalf("reading the dead letters: %v %v", ok, err)
+		}
+		switch {
+		case d.Headers["x-throttle-limit"] == "per-recipient":
+			limited++
+			if r, _ := d.Headers["x-throttle-limit-reason"].(string); !strings.Contains(r, "exceeded") {
+				t.Errorf("x-throttle-limit-reason = %q", r)
+			}
+		case strings.Contains(fmt.Sprint(d.Headers), "per-recipient") && strings.Contains(fmt.Sprint(d.Headers), "limit.extra[0].key"):
+			keyless++
+		default:
+			t.Errorf("dead letter %s: headers %v", d.Body, d.Headers)
+		}
+	}
+	if limited != wantDead-1 || keyless != 1 {
+		t.Errorf("dead letters: %d limited, %d without a key; want %d and 1", limited, keyless, wantDead-1)
+	}
+}
