@@ -41,8 +41,8 @@ pauses the shared bucket for every replica (sink.http.push_back).
 Observability, on metrics.listen (default 127.0.0.1:9464; "off" disables):
   /metrics   Prometheus metrics, all named throttle_*
   /healthz   200 while the process is alive
-  /readyz    200 while the consumer runs and, with
-             limit.on_store_error: closed, Redis answers
+  /readyz    200 while the consumer runs, is connected to its broker, and
+             the limiter is not closed (see limit.on_store_error)
 Logs go to stderr (log.level, log.format: text or json). When stderr is a
 terminal, a progress line follows every 5 s.
 
