@@ -172,9 +172,10 @@ type Config struct {
 	TLS *tls.Config
 }
 
-// StatusError is the error for a response whose status is not 2xx. The
-// sink wraps it with consumer.Permanent or consumer.RetryAfter as the
-// package documentation describes; use errors.As to read it.
+// StatusError is the error for a response that the rules did not classify
+// as delivered: with DefaultRules, one whose status is not 2xx; with a
+// body rule, possibly a 200. The sink wraps it with consumer.Permanent or
+// consumer.RetryAfter as the rule says; use errors.As to read it.
 type StatusError struct {
 	// StatusCode is the response status code.
 	StatusCode int
