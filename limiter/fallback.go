@@ -84,6 +84,12 @@ func (b *Bucket) waitFallback(ctx context.Context, cost int) error {
 	// the shared bucket, so that little is booked ahead when the store
 	// comes back.
 	for left := cost; left > 0; {
+		if left == cost && b.fallbackBucket() != local {
+			// The store came back while this caller waited for the
+			// local bucket: the tokens the local bucket grants now
+			// would not be charged to the shared one.
+			return errRetryShared
+		}
 		n := min(left, local.burst)
 		gen := b.gen.Load()
 		res, err := local.TakeAt(b.clock.Now(), TakeRequest{Cost: n, MaxWait: b.opts.MaxReserve})

@@ -492,3 +492,36 @@ func TestAnnouncementEndsTheFallbackAtOnce(t *testing.T) {
 		time.Sleep(100 * time.Microsecond)
 	}
 }
+
+// TestCallersTurnedAwayLocallyGoSharedOnRecovery: callers that the local
+// bucket told to come back later must, when they come back after the
+// store recovered, take from the shared bucket. They used to keep taking
+// from the old local bucket, whose grants after the recovery nobody
+// charged: 44 deliveries in the second after a Sentinel promotion, at
+// 30/s with burst 5.
+func TestCallersTurnedAwayLocallyGoSharedOnRecovery(t *testing.T) {
+	r := newRig(t, 20, 5, 2, limiter.Options{ProbeInterval: ms(50), MaxReserve: ms(100)})
+	if _, err := r.b.State(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.store.down.Store(true)
+	for range 4 {
+		r.wait(1) // local 10/s, horizon 100 ms: +100 ms booked, the rest told to come back at +100 ms
+	}
+	r.store.down.Store(false)
+	r.advance(ms(50)) // the probe: back to shared, charged the 0.5 token still booked locally
+	if r.b.Mode() != limiter.ModeShared {
+		t.Fatalf("mode = %s, want shared", r.b.Mode())
+	}
+	r.advance(ms(450))
+	// At +100 ms the local reservation is due, and the three callers come
+	// back to the shared bucket (-1 at +50 ms, 20/s): +150, +200, +250 ms.
+	// Before, they took from the old local bucket: +200, +300, +400 ms.
+	want := []time.Duration{ms(100), ms(150), ms(200), ms(250)}
+	if got := r.grants(); !equalDurations(got, want) {
+		t.Fatalf("grants at %v, want %v", got, want)
+	}
+	if st := r.store.mem().StatusAt(r.clk.Now()); st.Tokens < 4.9 {
+		t.Fatalf("shared tokens at +500 ms = %v, want refilled to 5 after its 3 grants", st.Tokens)
+	}
+}
