@@ -113,7 +113,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 	if err != nil {
 		return err
 	}
-	bucket, err := limiter.New(lstore, limiterOptions(cfg, m.limiterObserver(), log))
+	bucket, err := limiter.New(lstore, limiterOptions(cfg, layerObserver(m, m.limiterObserver(), cfg.Limit), log))
 	if err != nil {
 		return &configError{err: fmt.Errorf("limit: %w", err)}
 	}
@@ -395,6 +395,8 @@ func describeSource(s config.Source) string {
 // describeSink names the sink for logs, without secrets.
 func describeSink(s config.Sink) string {
 	switch {
+	case s.HTTP != nil && s.HTTP.Preset != "":
+		return strings.TrimSpace("http preset " + s.HTTP.Preset + " " + config.RedactURL(s.HTTP.URL))
 	case s.HTTP != nil:
 		return "http " + cmp.Or(s.HTTP.Method, httpsink.DefaultMethod) + " " + config.RedactURL(s.HTTP.URL)
 	case s.Postgres != nil:
