@@ -34,6 +34,7 @@ func TestLayersDeadLetterEndToEnd(t *testing.T) {
 	sink := cliNewSink(t)
 	conn, ch := cliQueue(t, amqpURL, name)
 	dir := t.TempDir()
+	var metricsAddrs []string
 	for i := range replicas {
 		cfgPath := filepath.Join(dir, fmt.Sprintf("replica-%d.yaml", i+1))
 		cfg := fmt.Sprintf(`
@@ -69,6 +70,7 @@ metrics:
 		}
 		p := cliStart(t, bin, "run", "--config", cfgPath)
 		t.Cleanup(func() { p.stop(t, 15*time.Second) })
+		metricsAddrs = append(metricsAddrs, cliServingAddr(t, p))
 	}
 	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", name, "--redis", redisAddr) })
 	cliWait(t, 20*time.Second, "two consumers on the queue", func() bool { return cliQueueState(conn, name).Consumers == replicas })
@@ -128,5 +130,17 @@ metrics:
 	}
 	if limited != wantDead-1 || keyless != 1 {
 		t.Errorf("dead letters: %d limited, %d without a key; want %d and 1", limited, keyless, wantDead-1)
+	}
+	// The refusals are counted by layer and action, never by key.
+	var refused float64
+	for _, addr := range metricsAddrs {
+		_, body := cliGet("http://" + addr + "/metrics")
+		refused += cliMetric(body, `throttle_limit_exceeded_total{action="dead_letter",layer="per-recipient"}`)
+		if strings.Contains(body, name+"-r") {
+			t.Errorf("a metric of %s names a key", addr)
+		}
+	}
+	if int(refused) != wantDead-1 {
+		t.Errorf("throttle_limit_exceeded_total{per-recipient,dead_letter} over the replicas = %v, want %d", refused, wantDead-1)
 	}
 }

@@ -59,6 +59,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 	start := b.clock.Now()
 	b.waiting.Add(1)
 	defer b.waiting.Add(-1)
+	limiting := "" // the layer that made this call wait last
 	for {
 		select {
 		case <-b.done:
@@ -70,7 +71,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			if errors.Is(err, errRetryShared) {
 				continue
 			}
-			b.observeLayered(start, err)
+			b.observeLayered(start, limiting, err)
 			return err
 		}
 		lr := LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon()}
@@ -87,7 +88,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 				return cerr
 			}
 			if errors.Is(err, ErrCostExceedsBurst) || errors.Is(err, ErrMissingKey) || errors.Is(err, ErrInvalidCost) {
-				b.observeLayered(start, err)
+				b.observeLayered(start, limiting, err)
 				return err
 			}
 			b.storeFailed(err)
@@ -97,8 +98,11 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			b.observeTake(res.TakeResult)
 		}
 		if res.Exceeded != nil {
-			b.observeLayered(start, res.Exceeded)
+			b.observeLayered(start, limiting, res.Exceeded)
 			return res.Exceeded
+		}
+		if res.Wait > 0 {
+			limiting = res.Limiting
 		}
 		if !res.Granted {
 			if err := b.sleep(ctx, gen.changed, res.Wait); err != nil && !errors.Is(err, errChanged) {
@@ -119,15 +123,25 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 				return err
 			}
 		}
-		b.observeLayered(start, nil)
+		b.observeLayered(start, limiting, nil)
 		return nil
 	}
 }
 
-// observeLayered reports the end of a WaitN: its wait, or a layer's refusal.
-func (b *Bucket) observeLayered(start time.Time, err error) {
-	if err == nil {
-		b.observeWaited(b.clock.Now().Sub(start))
+// observeLayered reports the end of a WaitN: its wait and the layer that
+// set it, or a layer's refusal.
+func (b *Bucket) observeLayered(start time.Time, limiting string, err error) {
+	o := b.opts.Observer
+	var le *LimitError
+	switch {
+	case err == nil:
+		d := b.clock.Now().Sub(start)
+		b.observeWaited(d)
+		if o != nil && o.LayerWaited != nil {
+			o.LayerWaited(limiting, d)
+		}
+	case errors.As(err, &le) && o != nil && o.LimitExceeded != nil:
+		o.LimitExceeded(le.Layer, le.Action)
 	}
 }
 
@@ -139,14 +153,7 @@ type layeredFallback struct {
 	local  *LayeredMemory
 }
 
-// layeredBuckets holds each Bucket's layeredFallback.
-// TODO(H-layers): a field of Bucket once bucket.go is free.
-var layeredBuckets sync.Map // *Bucket → *layeredFallback
-
-func (b *Bucket) layeredState() *layeredFallback {
-	v, _ := layeredBuckets.LoadOrStore(b, &layeredFallback{})
-	return v.(*layeredFallback)
-}
+func (b *Bucket) layeredState() *layeredFallback { return &b.layered }
 
 // localLayers returns the in-process layers that go with the fallback
 // bucket local, at this replica's share of each layer.

@@ -112,9 +112,13 @@ func (s *layeredClocked) layer(t *testing.T, layer, key string) limiter.LayerSta
 	return st
 }
 
-func newLayeredBucket(t *testing.T, clk *clocktest.Clock, s limiter.Store) *limiter.Bucket {
+func newLayeredBucket(t *testing.T, clk *clocktest.Clock, s limiter.Store, obs ...*limiter.Observer) *limiter.Bucket {
 	t.Helper()
-	b, err := limiter.New(s, limiter.Options{Clock: clk, Lease: limiter.LeaseOptions{Disabled: true}, Logger: discardLogger()})
+	opts := limiter.Options{Clock: clk, Lease: limiter.LeaseOptions{Disabled: true}, Logger: discardLogger()}
+	if len(obs) > 0 {
+		opts.Observer = obs[0]
+	}
+	b, err := limiter.New(s, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,12 +141,18 @@ func TestWaitNDeadLetterChargesNothing(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	s := newLayeredClocked(t, clk, 100, 10, 1,
 		limiter.Layer{Name: "per-key", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDeadLetter})
-	b := newLayeredBucket(t, clk, s)
+	var exceeded []string
+	b := newLayeredBucket(t, clk, s, &limiter.Observer{LimitExceeded: func(layer string, action limiter.Action) {
+		exceeded = append(exceeded, layer+"/"+string(action))
+	}})
 	ctx := context.Background()
 	if err := b.WaitN(ctx, keyReq("a")); err != nil {
 		t.Fatal(err)
 	}
 	err := b.WaitN(ctx, keyReq("a"))
+	if len(exceeded) != 1 || exceeded[0] != "per-key/dead_letter" {
+		t.Errorf("Observer.LimitExceeded calls = %v, want [per-key/dead_letter]", exceeded)
+	}
 	var le *limiter.LimitError
 	if !errors.As(err, &le) || le.Layer != "per-key" || le.Action != limiter.ActionDeadLetter || !errors.Is(err, limiter.ErrLimitExceeded) {
 		t.Fatalf("second WaitN on key a = %v, want a dead_letter LimitError of per-key", err)
@@ -164,7 +174,10 @@ func TestWaitNDeadLetterChargesNothing(t *testing.T) {
 func TestWaitNWaitsForTheSlowestLayer(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	s := newLayeredClocked(t, clk, 100, 10, 1, limiter.Layer{Name: "per-key", Keyed: true, Rate: 10, Burst: 1})
-	b := newLayeredBucket(t, clk, s)
+	waited := make(chan string, 10)
+	b := newLayeredBucket(t, clk, s, &limiter.Observer{LayerWaited: func(layer string, d time.Duration) {
+		waited <- layer + "/" + d.String()
+	}})
 	ctx := context.Background()
 	if err := b.WaitN(ctx, keyReq("a")); err != nil {
 		t.Fatal(err)
@@ -184,6 +197,11 @@ func TestWaitNWaitsForTheSlowestLayer(t *testing.T) {
 	clk.Advance(time.Millisecond)
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+	for _, want := range []string{"/0s", "/0s", "per-key/100ms"} {
+		if got := <-waited; got != want {
+			t.Errorf("Observer.LayerWaited = %s, want %s", got, want)
+		}
 	}
 	// The reservation held the shared bucket too: 10 - 3 tokens, plus the
 	// 100ms refill at 100/s.

@@ -173,4 +173,13 @@ type Observer struct {
 	ModeChanged func(from, to Mode, err error)
 	// StoreError is called for every failed store call.
 	StoreError func(err error)
+	// LayerWaited is called after each successful WaitN on a layered
+	// store (besides Waited), with the time it blocked and the layer whose
+	// wait was the longest: "" for the shared bucket, or when it did not
+	// wait.
+	LayerWaited func(layer string, d time.Duration)
+	// LimitExceeded is called when a layer refuses a WaitN under its
+	// OnExceed action (ActionDeadLetter or ActionDelay), or for a cost it
+	// can never grant (ActionDeadLetter).
+	LimitExceeded func(layer string, action Action)
 }

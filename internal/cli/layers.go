@@ -31,6 +31,36 @@ func layeredStore(store *redislimiter.Store, cfg config.Limit) (limiter.Store, e
 	return ls, nil
 }
 
+// layerObserver returns obs with the metrics of limit.extra added, or obs
+// itself without layers: throttle_limit_exceeded_total{layer,action}, the
+// refusals, and throttle_limit_wait_seconds{layer}, the waits by the layer
+// that set them ("bucket" for the shared bucket). Labels name layers, never
+// keys, so their number is bounded by the configuration.
+func layerObserver(m *metrics, obs *limiter.Observer, cfg config.Limit) *limiter.Observer {
+	if len(cfg.Extra) == 0 {
+		return obs
+	}
+	exceeded := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "throttle_limit_exceeded_total",
+		Help: "Messages a layer of limit.extra refused, by layer and action (dead_letter, delay).",
+	}, []string{"layer", "action"})
+	waits := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "throttle_limit_wait_seconds",
+		Help:    "Time a message waited for tokens, by the layer whose wait was the longest (bucket: the shared bucket).",
+		Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600},
+	}, []string{"layer"})
+	m.reg.MustRegister(exceeded, waits)
+	o := *obs
+	o.LimitExceeded = func(layer string, action limiter.Action) { exceeded.WithLabelValues(layer, string(action)).Inc() }
+	o.LayerWaited = func(layer string, d time.Duration) {
+		if layer == "" {
+			layer = "bucket"
+		}
+		waits.WithLabelValues(layer).Observe(d.Seconds())
+	}
+	return &o
+}
+
 // consumerLimiter returns the consumer's limiter: w, or, with limit.extra,
 // a layeredLimiter around it.
 func consumerLimiter(cfg config.Limit, bucket *limiter.Bucket, w *waitLimiter) (consumer.Limiter, error) {
@@ -41,14 +71,7 @@ func consumerLimiter(cfg config.Limit, bucket *limiter.Bucket, w *waitLimiter) (
 	if err != nil {
 		return nil, &configError{err: err}
 	}
-	exceeded := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "throttle_limit_exceeded_total",
-		Help: "Messages a layer of limit.extra refused, by layer and action (dead_letter, delay).",
-	}, []string{"layer", "action"})
-	if err := w.m.reg.Register(exceeded); err != nil {
-		return nil, err
-	}
-	return &layeredLimiter{waitLimiter: w, bucket: bucket, keys: keys, exceeded: exceeded}, nil
+	return &layeredLimiter{waitLimiter: w, bucket: bucket, keys: keys}, nil
 }
 
 // layeredLimiter waits on the shared bucket and the layers of limit.extra
@@ -59,9 +82,8 @@ func consumerLimiter(cfg config.Limit, bucket *limiter.Bucket, w *waitLimiter) (
 // yet). It is safe for concurrent use.
 type layeredLimiter struct {
 	*waitLimiter
-	bucket   *limiter.Bucket
-	keys     func(consumer.Message) (map[string]string, error) // nil: no keyed layer
-	exceeded *prometheus.CounterVec
+	bucket *limiter.Bucket
+	keys   func(consumer.Message) (map[string]string, error) // nil: no keyed layer
 }
 
 // WaitMessage implements consumer.MessageLimiter.
@@ -85,13 +107,11 @@ func (w *layeredLimiter) WaitMessage(ctx context.Context, msg consumer.Message, 
 			return err
 		}
 		if le.Action == limiter.ActionDelay && !errors.Is(err, limiter.ErrCostExceedsBurst) {
-			w.exceeded.WithLabelValues(le.Layer, string(limiter.ActionDelay)).Inc()
 			if err := consumer.Sleep(ctx, max(le.Wait, time.Millisecond)); err != nil {
 				return err
 			}
 			continue
 		}
-		w.exceeded.WithLabelValues(le.Layer, string(limiter.ActionDeadLetter)).Inc()
 		return consumer.Permanent(limitRefusal{le})
 	}
 }
