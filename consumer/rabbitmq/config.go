@@ -75,7 +75,10 @@ type Config struct {
 	// fail for good, with the headers consumer.HeaderError,
 	// consumer.HeaderAttempts and the original queue, exchange and routing
 	// key (consumer.HeaderOriginalQueue...), under a publisher confirm,
-	// and only then acks them. Default with Declare: Queue+".dlx".
+	// and only then acks them. The dead letter keeps the body, the
+	// properties and the routing key, and is persistent; as with
+	// RabbitMQ's own dead-lettering, one that the exchange routes to no
+	// queue is dropped. Default with Declare: Queue+".dlx".
 	//
 	// Without Declare, set it to the queue's dead-letter exchange: Run
 	// then checks at each connect that it exists. Left empty without
