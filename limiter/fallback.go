@@ -16,8 +16,9 @@ import (
 //	any ──probe: the store answers, Drain succeeds──► shared
 //
 // Going to local: the local bucket starts empty, and grants nothing before
-// the instant until which this replica saw the shared bucket booked, since
-// the reservations already made there are still being served. Its share is
+// the reservations already made in the shared bucket are served: until the
+// tail this replica saw booked, or the failure plus the queue it last saw
+// (other replicas kept booking since), whichever is later. Its share is
 // Options.FallbackRate, or the last effective rate divided by the live
 // replicas; a replica that never learnt the count is closed instead.
 //
@@ -171,6 +172,15 @@ func (b *Bucket) fallBackLocked(err error) {
 	// or are about to be. Reservations already made there are still
 	// served: the local bucket refills only after them.
 	booked := time.Unix(0, b.bookedUntil.Load())
+	// Other replicas booked more since this one last looked: a queue
+	// seen D tokens deep stays about that deep while the bucket is busy,
+	// so it reaches at least D/rate past the failure.
+	if full > 0 {
+		queue := math.Float64frombits(b.lastDebt.Load()) / full
+		if t := now.Add(time.Duration(min(queue, 1e6) * float64(time.Second))); t.After(booked) {
+			booked = t
+		}
+	}
 	local.save(0, max(now.UnixMicro(), booked.UnixMicro()))
 	b.fb.local = local
 	b.log.Warn("bucket store failed, limiting locally", "mode", ModeLocal, "local_rate", rate, "local_burst", local.burst,

@@ -525,3 +525,33 @@ func TestCallersTurnedAwayLocallyGoSharedOnRecovery(t *testing.T) {
 		t.Fatalf("shared tokens at +500 ms = %v, want refilled to 5 after its 3 grants", st.Tokens)
 	}
 }
+
+// TestFallbackAssumesTheQueueKeptItsDepth: a replica that last saw the
+// shared bucket booked 200 ms deep, 150 ms before the failure, must assume
+// the other replicas kept it about that deep: its local bucket starts 200
+// ms after the failure, not 50 ms. (A replica that noticed the failure
+// late started its local share while the others' bookings still ran.)
+func TestFallbackAssumesTheQueueKeptItsDepth(t *testing.T) {
+	r := newRig(t, 20, 5, 2, limiter.Options{})
+	if _, err := r.b.State(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.wait(5)
+	for range 4 {
+		r.wait(1) // booked to +200 ms, queue 4 tokens deep
+	}
+	r.advance(ms(150)) // the other replicas keep the queue 4 deep meanwhile
+	for range 3 {
+		if _, err := r.store.mem().TakeAt(r.clk.Now(), limiter.TakeRequest{Cost: 1, MaxWait: time.Second}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.store.down.Store(true)
+	r.grants()
+	r.wait(1)
+	r.advance(ms(500))
+	// Local 10/s from +150 + 200 ms: due at +450 ms.
+	if got := r.grants(); len(got) != 2 || !equalDurations(got[1:], []time.Duration{ms(450)}) {
+		t.Fatalf("grants at %v; want the last shared one at +200 ms, then the local one at +450 ms", got)
+	}
+}
