@@ -148,10 +148,24 @@ func TestFaultRedisRefusesAtRunTime(t *testing.T) {
 // burst 5, with on_store_error local, while their Redis is down, and starts
 // Redis 10 s later. A replica that has never reached Redis does not know
 // how many replicas share the bucket; issue 11 item 3 asks that together
-// they deliver at most 1.1× the limit (each took the whole rate: 3×).
-// Once Redis answers they share the bucket: no 1 s window above rate + 2 ×
-// burst, and deliveries resume.
+// they deliver at most 1.1× the limit (each took the whole rate: 3×). The
+// limiter's rule: without limit.fallback_rate such a replica does not
+// grant until Redis answers; with it, it runs at fallback_rate. Once Redis
+// answers they share the bucket: deliveries resume, and no 1 s window
+// holds more than rate + 2 × burst.
 func TestFaultFleetStartDuringOutage(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		extra string
+	}{
+		{"without fallback_rate", ""},
+		{"fallback_rate a third", "  fallback_rate: 6.67\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { faultStartDuringOutage(t, tc.extra) })
+	}
+}
+
+func faultStartDuringOutage(t *testing.T, limitExtra string) {
 	const (
 		rate  = 20.0
 		burst = 5
@@ -160,7 +174,8 @@ func TestFaultFleetStartDuringOutage(t *testing.T) {
 	srv := faultStartRedis(t)
 	srv.Kill()
 	f := faultStartFleet(t, faultFleetSpec{
-		Redis: "  addr: " + srv.Addr() + "\n", Rates: []float64{rate, rate, rate}, Burst: burst, OnStoreError: "local",
+		Redis: "  addr: " + srv.Addr() + "\n", Rates: []float64{rate, rate, rate}, Burst: burst,
+		OnStoreError: "local", LimitExtra: limitExtra,
 	})
 	f.Publish(0, 600)
 	start := time.Now()
@@ -185,6 +200,35 @@ func TestFaultFleetStartDuringOutage(t *testing.T) {
 	}
 	t.Logf("Redis up at +%.1f s; deliveries resumed %v later", upAt.Sub(start).Seconds(), resumed.Sub(upAt).Round(time.Millisecond))
 	faultReport(t, ts, rate, burst, upAt, end, int(rate)+2*burst, faultPhase{"after Redis came up", upAt, end})
+}
+
+// TestFaultRabbitMQRefusesAtStart starts a replica with a wrong AMQP
+// password: it must exit 1 within 15 s with one sentence that says the
+// broker refused it, and never print the password. Issue 11 item 7: it
+// logged "Exception (403)" every 3 s forever.
+func TestFaultRabbitMQRefusesAtStart(t *testing.T) {
+	f := faultNewFleet(t)
+	u, err := url.Parse(f.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const secret = "wrong-Pa55-for-test"
+	u.User = url.UserPassword(u.User.Username(), secret)
+	srv := faultStartRedis(t)
+	p := f.Start(faultFleetSpec{Redis: "  addr: " + srv.Addr() + "\n", Burst: 5, Env: []string{"FAULT_AMQP_URL=" + u.String()}}, 20)
+	code := p.Stop(nil, 15*time.Second)
+	out := p.out.String()
+	last := faultLastLine(out)
+	t.Logf("exit %d: %s", code, last)
+	if code != 1 {
+		t.Fatalf("exit code %d, want 1 within 15 s", code)
+	}
+	if !strings.HasPrefix(last, "throttle: ") || !regexp.MustCompile(`(?i)access refused|ACCESS_REFUSED|403`).MatchString(last) {
+		t.Errorf("last line %q, want one sentence \"throttle: ...\" saying the broker refused access", last)
+	}
+	if strings.Contains(out, secret) {
+		t.Errorf("the output holds the password:\n%s", out)
+	}
 }
 
 // TestFaultRabbitMQDisconnected cuts a running replica off RabbitMQ for 6 s

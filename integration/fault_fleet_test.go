@@ -40,6 +40,9 @@ type faultFleetSpec struct {
 	Burst int
 	// OnStoreError is limit.on_store_error; empty for the default.
 	OnStoreError string
+	// LimitExtra is added to the limit section as is, indented by two
+	// spaces, such as "  fallback_rate: 5\n".
+	LimitExtra string
 	// Prefetch is source.rabbitmq.prefetch; 0 means 10.
 	Prefetch int
 	// Extra is appended to the config as is, such as a sink.http.push_back
@@ -128,9 +131,9 @@ func (f *faultFleet) Config(spec faultFleetSpec, rate float64) string {
 	if prefetch == 0 {
 		prefetch = 10
 	}
-	onErr := ""
+	onErr := spec.LimitExtra
 	if spec.OnStoreError != "" {
-		onErr = "  on_store_error: " + spec.OnStoreError + "\n"
+		onErr += "  on_store_error: " + spec.OnStoreError + "\n"
 	}
 	yaml := fmt.Sprintf(`redis:
 %slimit:
