@@ -145,7 +145,7 @@ func provCases() []provCase {
 // provStart starts the binary with extra environment variables.
 func provStart(t *testing.T, bin string, env []string, args ...string) *cliProcess {
 	t.Helper()
-	p := &cliProcess{cmd: exec.Command(bin, args...), stderr: &cliBuffer{}, done: make(chan struct{})}
+	p := &cliProcess{cmd: exec.Command(bin, args...), stderr: &testenv.Buffer{}, done: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout = p.stderr
 	p.cmd.Stderr = p.stderr
@@ -287,9 +287,9 @@ func provTestFlow(t *testing.T, c provCase, bin, redisAddr, amqpURL string) {
 	srv := provServe(t, p, c.tls)
 	name := cliName(t)
 	conn, ch := cliQueue(t, amqpURL, name)
-	metrics := cliFreeAddr(t)
-	cfg := provConfig(t, c, name, redisAddr, amqpURL, srv.URL, metrics)
+	cfg := provConfig(t, c, name, redisAddr, amqpURL, srv.URL, cliMetricsListen)
 	proc := provStart(t, bin, c.env(t, p, srv, true), "run", "--config", cfg)
+	metrics := cliServingAddr(t, proc)
 	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", name, "--redis", redisAddr) })
 	cliWait(t, 20*time.Second, "the consumer on the queue", func() bool { return cliQueueState(conn, name).Consumers == 1 })
 
@@ -366,7 +366,7 @@ func provTestBadAuth(t *testing.T, c provCase, bin, redisAddr, amqpURL string) {
 	srv := provServe(t, p, c.tls)
 	name := cliName(t)
 	conn, ch := cliQueue(t, amqpURL, name)
-	cfg := provConfig(t, c, name, redisAddr, amqpURL, srv.URL, cliFreeAddr(t))
+	cfg := provConfig(t, c, name, redisAddr, amqpURL, srv.URL, cliMetricsListen)
 	proc := provStart(t, bin, c.env(t, p, srv, false), "run", "--config", cfg)
 	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", name, "--redis", redisAddr) })
 	if c.authAtStart {

@@ -2,6 +2,7 @@ package httpsink
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/rand"
@@ -24,6 +25,8 @@ import (
 	"golang.org/x/oauth2"
 	"golang.org/x/oauth2/google"
 	"golang.org/x/oauth2/jwt"
+
+	"github.com/throttlehq/throttle/internal/redact"
 )
 
 // Authorizer adds credentials to each request just before it is sent: a
@@ -204,11 +207,7 @@ func tokenError(err error) error {
 }
 
 func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "the token endpoint"
-	}
-	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
+	return cmp.Or(redact.Endpoint(s), "the token endpoint")
 }
 
 // APNs provider tokens: APNs rejects a token older than an hour and

@@ -97,6 +97,7 @@ import (
 	"unicode"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/redact"
 	"github.com/throttlehq/throttle/sinks"
 	"github.com/throttlehq/throttle/sinks/msgtmpl"
 )
@@ -424,11 +425,11 @@ func New(cfg Config) (*Sink, error) {
 	// message's data.
 	pathPart, _, _ := strings.Cut(target, "?")
 	staticPath, rest, inPath := strings.Cut(pathPart, "{{")
-	u, err := url.Parse(staticPath)
-	if err != nil {
+	endpoint := redact.Endpoint(staticPath)
+	if endpoint == "" {
 		return nil, errors.New("httpsink: the URL is not valid")
 	}
-	s.endpoint = s.method + " " + (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}).String()
+	s.endpoint = s.method + " " + endpoint
 	if inPath {
 		s.endpoint += "{{" + rest
 	}

@@ -88,8 +88,8 @@ var presetSpecs = map[string]presetSpec{
 		},
 	},
 	PresetVonageSMS: {
-		base:         "https://rest.nexmo.com",
-		contentType:  "application/x-www-form-urlencoded",
+		base:        "https://rest.nexmo.com",
+		contentType: "application/x-www-form-urlencoded",
 		// type=unicode is required for UCS-2 text, else it arrives garbled.
 		bodyTemplate: `{{$type := "text"}}{{if eq (sms_encoding .JSON.text) "UCS-2"}}{{$type = "unicode"}}{{end}}` +
 			`{{form "to" .JSON.to "from" .JSON.from "text" .JSON.text "type" $type}}`,
