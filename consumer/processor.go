@@ -15,15 +15,25 @@ import (
 // for each message, then commits, acks or dead-letters by the Outcome. It
 // is safe for concurrent use.
 type Processor struct {
-	opts    Options
-	handler Handler
-	obs     *Observer // opts.Observer plus the failure log
-	trouble *troubleLog
+	opts     Options
+	setAside bool // the backend sets messages aside itself (SetsAside)
+	handler  Handler
+	obs      *Observer // opts.Observer plus the failure log
+	trouble  *troubleLog
 }
+
+// ProcessorOption is an option of NewProcessor, for the backend.
+type ProcessorOption func(*Processor)
+
+// SetsAside tells the Processor that its backend can set a message aside
+// (a RabbitMQ delay queue): Process then returns a handler's SetAside
+// error as Outcome.SetAside at once. Without it, Process waits the delay
+// in the handler and tries again.
+func SetsAside() ProcessorOption { return func(p *Processor) { p.setAside = true } }
 
 // NewProcessor validates o (Options.WithDefaults) and returns a Processor
 // that calls h, wrapped in the middleware o asks for.
-func NewProcessor(o Options, h Handler) (*Processor, error) {
+func NewProcessor(o Options, h Handler, opts ...ProcessorOption) (*Processor, error) {
 	if h == nil {
 		return nil, fmt.Errorf("%w: handler must not be nil", ErrInvalidOptions)
 	}
@@ -32,6 +42,9 @@ func NewProcessor(o Options, h Handler) (*Processor, error) {
 		return nil, err
 	}
 	p := &Processor{opts: o, handler: Chain(h, o.middleware()...), trouble: newTroubleLog(o.Logger)}
+	for _, opt := range opts {
+		opt(p)
+	}
 	user := o.Observer
 	p.obs = &Observer{
 		Delivered: func(m Message) {
@@ -55,10 +68,11 @@ func (p *Processor) Options() Options { return p.opts }
 // Process handles msg under the retry policy (RetryPolicy.Process): it
 // numbers the attempts from 1, waits on the limiter before each, reports
 // each event to the Observer, and returns how the message ended. The
-// caller commits or acks a delivered message, dead-letters a failed one
-// (then calls DeadLettered), and leaves an abandoned one for redelivery.
+// caller commits or acks a delivered message, sets aside one with
+// Outcome.SetAside (only with SetsAside), dead-letters a failed one (then
+// calls DeadLettered), and leaves an abandoned one for redelivery.
 func (p *Processor) Process(ctx context.Context, msg Message) Outcome {
-	return p.opts.Retry.Process(ctx, p.handler, msg, p.obs)
+	return p.opts.Retry.process(ctx, p.handler, msg, p.obs, p.setAside)
 }
 
 // Key returns msg's ordering key (Options.OrderingKey). Its error is

@@ -54,7 +54,8 @@ func (p RetryPolicy) Delay(attempt int, err error) time.Duration {
 
 // Outcome is how one message ended in Process.
 type Outcome struct {
-	// Attempts is the number of handler calls made.
+	// Attempts is the number of handler calls made, not counting those
+	// that asked to set the message aside (SetAside).
 	Attempts int
 	// Err is nil when the message was delivered. Otherwise it is the last
 	// handler error, and the message must be dead-lettered, unless Abandoned
@@ -64,21 +65,53 @@ type Outcome struct {
 	// dead-lettered. Such a message must not be committed or acked, so that
 	// the broker delivers it again.
 	Abandoned bool
+	// SetAside, when positive, says that the handler asked (SetAside) for
+	// the message to come back after that long; Err holds its error. Only
+	// a Processor made with SetsAside returns it: the backend sets the
+	// message aside, then commits or acks it, and does not dead-letter it.
+	SetAside time.Duration
 }
 
 // Delivered reports whether the handler succeeded.
-func (o Outcome) Delivered() bool { return o.Err == nil && !o.Abandoned }
+func (o Outcome) Delivered() bool { return o.Err == nil && !o.Abandoned && o.SetAside == 0 }
 
 // Process calls h for msg until it succeeds, fails permanently, or uses up
 // the policy's attempts, sleeping Delay between attempts. It sets
 // msg.Attempt for each call and reports each failure to obs, which may be nil.
 //
+// A handler error made with SetAside is not a failure: Process waits for
+// its delay and calls h again with the same attempt number. (A backend's
+// Processor made with SetsAside returns such an Outcome instead, for the
+// backend to set the message aside.)
+//
 // When ctx ends, during an attempt or a backoff, or the handler returns an
 // error that wraps ErrAbandoned, Process stops and returns an Abandoned
 // outcome. Process is safe for concurrent use.
 func (p RetryPolicy) Process(ctx context.Context, h Handler, msg Message, obs *Observer) Outcome {
+	return p.process(ctx, h, msg, obs, false)
+}
+
+func (p RetryPolicy) process(ctx context.Context, h Handler, msg Message, obs *Observer, setAside bool) Outcome {
 	p = p.withDefaults()
 	var timer *time.Timer
+	wait := func(d time.Duration) bool {
+		if timer == nil {
+			timer = time.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-timer.C:
+			return true
+		}
+	}
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for attempt := 1; ; attempt++ {
 		msg.Attempt = attempt
 		err := call(ctx, h, msg)
@@ -89,22 +122,24 @@ func (p RetryPolicy) Process(ctx context.Context, h Handler, msg Message, obs *O
 		if ctx.Err() != nil || errors.Is(err, ErrAbandoned) {
 			return Outcome{Attempts: attempt, Err: err, Abandoned: true}
 		}
+		if d, ok := SetAsideOf(err); ok {
+			if setAside {
+				return Outcome{Attempts: attempt - 1, Err: err, SetAside: d}
+			}
+			if !wait(d) {
+				return Outcome{Attempts: attempt - 1, Err: err, Abandoned: true}
+			}
+			attempt-- // not an attempt: call again with the same number
+			continue
+		}
 		obs.failed(msg, err)
 		if IsPermanent(err) || attempt >= p.MaxAttempts {
 			return Outcome{Attempts: attempt, Err: err}
 		}
 		delay := p.Delay(attempt, err)
 		obs.retry(msg, err, delay)
-		if timer == nil {
-			timer = time.NewTimer(delay)
-			defer timer.Stop()
-		} else {
-			timer.Reset(delay)
-		}
-		select {
-		case <-ctx.Done():
+		if !wait(delay) {
 			return Outcome{Attempts: attempt, Err: err, Abandoned: true}
-		case <-timer.C:
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/internal/testenv"
+	"github.com/throttlehq/throttle/limiter"
 )
 
 func TestBackoffDelay(t *testing.T) {
@@ -216,5 +217,62 @@ func TestProcessorLogsSinkTrouble(t *testing.T) {
 	logs = strings.TrimPrefix(buf.String(), logs)
 	if deadAttempt != 1 || !strings.Contains(logs, `level=WARN msg="message dead-lettered" queue=sms attempts=1 err="400 bad number"`) || strings.Count(logs, "\n") != 1 {
 		t.Fatalf("dead-letter: attempt %d, logs:\n%s", deadAttempt, logs)
+	}
+}
+
+// TestSetAside checks both ways a handler's SetAside error ends: a plain
+// RetryPolicy (a backend that cannot set aside) waits the delay and calls
+// the handler again with the same attempt number, reporting no failure; a
+// Processor made with SetsAside returns it at once for the backend.
+func TestSetAside(t *testing.T) {
+	var attempts []int
+	h := func(_ context.Context, m consumer.Message) error {
+		attempts = append(attempts, m.Attempt)
+		if len(attempts) <= 2 {
+			return consumer.SetAside(errors.New("limit per-recipient: no room"), 5*time.Millisecond)
+		}
+		return nil
+	}
+	var failed int
+	obs := &consumer.Observer{Failed: func(consumer.Message, error) { failed++ }}
+	start := time.Now()
+	out := fastRetry.Process(context.Background(), h, consumer.Message{}, obs)
+	if !out.Delivered() || out.Attempts != 1 || failed != 0 || !slices.Equal(attempts, []int{1, 1, 1}) {
+		t.Fatalf("in-handler wait: outcome %+v, attempts %v, failures %d; want delivered at attempt 1 after two waits", out, attempts, failed)
+	}
+	if took := time.Since(start); took < 10*time.Millisecond {
+		t.Fatalf("in-handler wait took %v, want at least the two 5ms delays", took)
+	}
+
+	attempts = nil
+	p, err := consumer.NewProcessor(consumer.Options{Retry: fastRetry}, h, consumer.SetsAside())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = p.Process(context.Background(), consumer.Message{})
+	if out.SetAside != 5*time.Millisecond || out.Delivered() || out.Abandoned || out.Attempts != 0 || len(attempts) != 1 {
+		t.Fatalf("SetsAside: outcome %+v after %d calls; want SetAside 5ms after one call", out, len(attempts))
+	}
+	if _, ok := consumer.SetAsideOf(consumer.Permanent(consumer.SetAside(errors.New("x"), time.Second))); ok {
+		t.Fatal("a permanent error counts as set aside")
+	}
+}
+
+type refusingLimiter struct{ err error }
+
+func (l refusingLimiter) Wait(context.Context, int) error { return l.err }
+
+// TestThrottleSetsAsideForADelayLayer checks that a layer refusing with
+// on_exceed delay becomes a SetAside for the layer's wait, not a failure.
+func TestThrottleSetsAsideForADelayLayer(t *testing.T) {
+	le := &limiter.LimitError{Layer: "per-recipient", Action: limiter.ActionDelay, Reason: "5 per 1h", Wait: 2 * time.Second}
+	h := consumer.Throttle(refusingLimiter{le}, nil)(func(context.Context, consumer.Message) error { return nil })
+	err := h(context.Background(), consumer.Message{})
+	if d, ok := consumer.SetAsideOf(err); !ok || d != 2*time.Second || !errors.As(err, &le) {
+		t.Fatalf("Throttle error %v: set aside %v, %v; want 2s, wrapping the LimitError", err, d, ok)
+	}
+	le.Action = limiter.ActionDeadLetter
+	if _, ok := consumer.SetAsideOf(h(context.Background(), consumer.Message{})); ok {
+		t.Fatal("a dead_letter layer's refusal was set aside")
 	}
 }

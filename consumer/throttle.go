@@ -63,7 +63,9 @@ func CostFromHeader(name string) CostFunc {
 // each handler attempt, so retries are throttled like first attempts. A nil
 // cost means CostOne. A cost the limiter can never grant (above its burst)
 // becomes a Permanent error, so the message is dead-lettered instead of
-// blocking the consumer.
+// blocking the consumer. A layer that refuses with on_exceed delay (a
+// *limiter.LimitError with ActionDelay) becomes a SetAside error for the
+// layer's wait.
 func Throttle(l Limiter, cost CostFunc) Middleware {
 	if cost == nil {
 		cost = CostOne
@@ -80,7 +82,11 @@ func Throttle(l Limiter, cost CostFunc) Middleware {
 				err = l.Wait(ctx, n)
 			}
 			if err != nil {
+				var le *limiter.LimitError
 				switch {
+				case errors.As(err, &le) && le.Action == limiter.ActionDelay && !errors.Is(err, limiter.ErrCostExceedsBurst):
+					// A layer asks to set the message aside until it has room.
+					return SetAside(fmt.Errorf("waiting for %d tokens: %w", n, err), le.Wait)
 				case errors.Is(err, limiter.ErrCostExceedsBurst):
 					return Permanent(fmt.Errorf("waiting for %d tokens: %w", n, err))
 				case errors.Is(err, limiter.ErrClosed):
