@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/rabbitmq"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/sinks/httpsink"
 	"github.com/throttlehq/throttle/sinks/msgtmpl"
@@ -332,6 +334,25 @@ func (r RabbitMQ) KeyFunc() (consumer.KeyFunc, error) {
 	return orderingKeyFunc("source.rabbitmq.ordering_key", r.OrderingKey)
 }
 
+// ConsumerConfig maps r onto the RabbitMQ consumer's configuration, with
+// the TLS configuration tlsConf (from r.TLS.ClientConfig) and the options
+// the binary builds (limiter, retry policy, observer, ...), whose Ordering
+// it sets from r. It is the one mapping: Validate checks its result with
+// rabbitmq.Config.Validate, and the binary builds the consumer from it.
+func (r RabbitMQ) ConsumerConfig(tlsConf *tls.Config, opts consumer.Options) rabbitmq.Config {
+	opts.Ordering = r.Ordering
+	return rabbitmq.Config{
+		URL:                r.URL,
+		TLS:                tlsConf,
+		Queue:              r.Queue,
+		Prefetch:           r.Prefetch,
+		Concurrency:        r.Concurrency,
+		Declare:            r.Declare,
+		DeadLetterExchange: r.DeadLetterExchange,
+		Options:            opts,
+	}
+}
+
 // orderingKeyFunc parses the message template text named name and returns
 // a KeyFunc rendering it, or nil for an empty text. A message the template
 // fails on fails permanently (consumer.KeyFunc's contract).
@@ -593,6 +614,16 @@ type Delivery struct {
 	// DrainTimeout bounds how long in-flight messages may finish on
 	// shutdown. Zero means the consumer's default (30s); not 0 in YAML.
 	DrainTimeout Duration `yaml:"drain_timeout,omitempty" check:"nonzero"`
+}
+
+// RetryPolicy maps d's retry settings onto the consumers' retry policy,
+// whose defaults apply to zero fields.
+func (d Delivery) RetryPolicy() consumer.RetryPolicy {
+	return consumer.RetryPolicy{
+		MaxAttempts: d.MaxAttempts,
+		Backoff:     time.Duration(d.Backoff),
+		MaxBackoff:  time.Duration(d.MaxBackoff),
+	}
 }
 
 // Metrics configures the Prometheus endpoint (YAML key "metrics"). It is a

@@ -201,7 +201,7 @@ func TestParseBadInputs(t *testing.T) {
 			name: "bad rabbitmq url scheme",
 			doc:  "limit: {bucket: b, rate: 1}\nsink: {stdout: {}}\nsource:\n  rabbitmq: {url: 'http://u:hunter2@h/', queue: q}\n",
 			key:  "source.rabbitmq.url",
-			want: `scheme must be amqp or amqps, got "http"`,
+			want: `AMQP scheme must be either 'amqp://' or 'amqps://'`,
 		},
 		{
 			name: "bad http url scheme",
@@ -299,9 +299,8 @@ func TestParseBadInputs(t *testing.T) {
 			key:  "redis.tls",
 			want: "no effect unless redis.tls.enabled is true",
 		},
-		{"prefetch too large", rmq("prefetch: 70000"), nil, "source.rabbitmq.prefetch", "must be between 1 and 65535, got 70000"},
-		{"negative rabbitmq concurrency", rmq("concurrency: -1"), nil, "source.rabbitmq.concurrency", "must be >= 1, got -1"},
-		{"rabbitmq without host", strings.Replace(rmq(""), "amqp://h/", "amqp:///vhost", 1), nil, "source.rabbitmq.url", "must include a host"},
+		{"prefetch too large", rmq("prefetch: 70000"), nil, "source.rabbitmq.prefetch", "70000 must be between 1 and 65535"},
+		{"negative rabbitmq concurrency", rmq("concurrency: -1"), nil, "source.rabbitmq.concurrency", "-1 must not be negative"},
 		{"bad topic", strings.Replace(minimal, "topic: sms", "topic: 'a/b'", 1), nil, "source.kafka.topic", "must be a Kafka topic name"},
 		{"dead letter topic is topic", strings.Replace(minimal, "group: g", "group: g\n    dead_letter_topic: sms", 1), nil, "source.kafka.dead_letter_topic", "must differ from source.kafka.topic"},
 		{"bad start offset", strings.Replace(minimal, "group: g", "group: g\n    start_offset: middle", 1), nil, "source.kafka.start_offset", `must be one of first, last, got "middle"`},
@@ -1062,7 +1061,7 @@ func TestOrdering(t *testing.T) {
 		{kafka("ordering_key: '{{.Key}}'"), "source.kafka.ordering_key", "requires source.kafka.ordering: key"},
 		{kafka("max_in_flight: 0"), "source.kafka.max_in_flight", "must not be 0"},
 		{"limit: {bucket: b, rate: 1}\nsink: {stdout: {}}\nsource: {rabbitmq: {url: 'amqp://h/', queue: q, ordering: none, ordering_key: x}}\n",
-			"source.rabbitmq.ordering_key", "requires source.rabbitmq.ordering: key"},
+			"source.rabbitmq.ordering_key", `is set but Ordering is "none", not "key"`},
 	} {
 		_, err := Parse([]byte(tt.doc), nil)
 		ps := problemsOf(t, err)
@@ -1094,5 +1093,29 @@ func TestLibraryFieldsNameYAMLKeys(t *testing.T) {
 		if got := yamlKeyOf(tt.t, tt.goName); got != tt.yk {
 			t.Errorf("yamlKeyOf(%s, %q) = %q, want %q", tt.t.Name(), tt.goName, got, tt.yk)
 		}
+	}
+}
+
+// TestDeliveryValidatedByTheConsumer checks that the delivery section goes
+// through consumer.Options.Validate, whose Go names (Retry.MaxAttempts)
+// land on the YAML keys.
+func TestDeliveryValidatedByTheConsumer(t *testing.T) {
+	_, err := Parse([]byte(minimal+"delivery: {max_attempts: -1, backoff: -1s, max_backoff: -2s, drain_timeout: -3s}\n"), nil)
+	got := map[string]string{}
+	for _, p := range problemsOf(t, err) {
+		got[p.Key] = p.Message
+	}
+	want := map[string]string{
+		"delivery.max_attempts":  "-1 must not be negative",
+		"delivery.backoff":       "-1s must not be negative",
+		"delivery.max_backoff":   "-2s must not be negative",
+		"delivery.drain_timeout": "-3s must not be negative",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("problems %v, want %v", got, want)
+	}
+	_, err = Parse([]byte(minimal+"delivery: {backoff: 2s, max_backoff: 1s}\n"), nil)
+	if ps := problemsOf(t, err); ps[0].Key != "delivery.max_backoff" {
+		t.Errorf("problems %v", ps)
 	}
 }

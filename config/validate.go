@@ -1,14 +1,14 @@
 package config
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
-	"math"
 	"net"
-	"net/url"
 	"reflect"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/limiter"
@@ -216,17 +216,18 @@ func (k *Kafka) validate(ps *problems) {
 
 func (q *RabbitMQ) validate(ps *problems) {
 	const key = "source.rabbitmq"
-	checkURL(ps, key+".url", q.URL, "amqp", "amqps")
-	if q.Queue == "" {
-		ps.add(key+".queue", "required")
+	var tlsConf *tls.Config
+	if q.TLS.Enabled {
+		// A stand-in: the files are read when the consumer is built.
+		tlsConf = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
-	if q.Prefetch < 0 || q.Prefetch > math.MaxUint16 {
-		ps.add(key+".prefetch", "must be between 1 and 65535, got %d", q.Prefetch)
+	var opts consumer.Options
+	if f, err := q.KeyFunc(); err != nil {
+		ps.add(key+".ordering_key", "%v", err)
+	} else {
+		opts.OrderingKey = f
 	}
-	if q.Concurrency < 0 {
-		ps.add(key+".concurrency", "must be >= 1, got %d", q.Concurrency)
-	}
-	checkOrdering(ps, key, q.Ordering, q.OrderingKey)
+	ps.library(key, reflect.TypeFor[RabbitMQ](), q.ConsumerConfig(tlsConf, opts).Validate())
 	q.TLS.validate(ps, key+".tls")
 }
 
@@ -255,20 +256,11 @@ func (p *Postgres) validate(ps *problems) {
 }
 
 func (d *Delivery) validate(ps *problems) {
-	if d.MaxAttempts < 0 {
-		ps.add("delivery.max_attempts", "must be >= 1, got %d", d.MaxAttempts)
-	}
-	if d.Backoff < 0 {
-		ps.add("delivery.backoff", "must be > 0, got %v", d.Backoff)
-	}
-	switch {
-	case d.MaxBackoff < 0:
-		ps.add("delivery.max_backoff", "must be > 0, got %v", d.MaxBackoff)
-	case d.MaxBackoff > 0 && d.MaxBackoff < d.Backoff:
+	opts := consumer.Options{Retry: d.RetryPolicy(), DrainTimeout: time.Duration(d.DrainTimeout)}
+	ps.library("delivery", reflect.TypeFor[Delivery](), opts.Validate())
+	if d.MaxBackoff > 0 && d.MaxBackoff < d.Backoff {
+		// The retry policy would quietly raise max_backoff to backoff.
 		ps.add("delivery.max_backoff", "must be >= delivery.backoff (%v), got %v", d.Backoff, d.MaxBackoff)
-	}
-	if d.DrainTimeout < 0 {
-		ps.add("delivery.drain_timeout", "must be > 0, got %v", d.DrainTimeout)
 	}
 }
 
@@ -340,40 +332,6 @@ func checkAddr(ps *problems, key, addr string, zeroPort bool) {
 	case !zeroPort && (err != nil || n == 0):
 		ps.add(key, "port must be a number between 1 and 65535, got %q", port)
 	}
-}
-
-// checkURL reports unless raw is an absolute URL with a host and one of the
-// given schemes. Messages never include a password from raw.
-func checkURL(ps *problems, key, raw string, schemes ...string) {
-	if raw == "" {
-		ps.add(key, "required")
-		return
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		ps.add(key, "invalid URL %s: %v", RedactURL(raw), urlErr(err))
-		return
-	}
-	ok := false
-	for _, s := range schemes {
-		ok = ok || u.Scheme == s
-	}
-	if !ok {
-		ps.add(key, "scheme must be %s, got %q", strings.Join(schemes, " or "), u.Scheme)
-		return
-	}
-	if u.Host == "" {
-		ps.add(key, "must include a host, got %s", RedactURL(raw))
-	}
-}
-
-// urlErr strips the URL, which may hold a password, from a url.Parse error.
-func urlErr(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err
-	}
-	return err
 }
 
 // checkTopic reports unless name is a legal Kafka topic name.
@@ -489,6 +447,9 @@ func snakeCase(s string) string {
 // libraryNames maps the library fields whose name differs from the
 // configuration's, as "ConfigType.LibraryField", to their YAML key.
 var libraryNames = map[string]string{
+	"Delivery.Retry.MaxAttempts": "max_attempts",
+	"Delivery.Retry.Backoff":     "backoff",
+	"Delivery.Retry.MaxBackoff":  "max_backoff",
 	"HTTP.MaxRetryAfter": "max_pause",
 	"HTTP.Rules":         "classify",
 }

@@ -40,14 +40,9 @@ func newLogger(cfg config.Log, w io.Writer) *slog.Logger {
 
 // limiterOptions maps the limit section to the bucket's options.
 func limiterOptions(cfg *config.Config, obs *limiter.Observer, log *slog.Logger) limiter.Options {
-	opts := limiter.Options{
-		OnStoreError:  limiter.Mode(cfg.Limit.OnStoreError),
-		FallbackRate:  cfg.Limit.FallbackRate,
-		ProbeInterval: time.Duration(cfg.Limit.ProbeInterval),
-		Lease:         limiter.LeaseOptions{Disabled: cfg.Limit.Lease == config.LeaseOff},
-		Observer:      obs,
-		Logger:        log,
-	}
+	opts := cfg.Limit.LimiterOptions()
+	opts.Observer = obs
+	opts.Logger = log
 	if h := cfg.Sink.HTTP; h != nil && h.PushBackEnabled() {
 		opts.MaxPause = time.Duration(h.MaxPause)
 	}
@@ -136,12 +131,8 @@ type consumerDeps struct {
 // sink.http.push_back on, the one sink that reports Retry-After.
 func newDeps(cfg *config.Config, lim consumer.Limiter, bucket *limiter.Bucket, obs *consumer.Observer, log *slog.Logger) consumerDeps {
 	d := consumerDeps{
-		limiter: lim,
-		retry: consumer.RetryPolicy{
-			MaxAttempts: cfg.Delivery.MaxAttempts,
-			Backoff:     time.Duration(cfg.Delivery.Backoff),
-			MaxBackoff:  time.Duration(cfg.Delivery.MaxBackoff),
-		},
+		limiter:  lim,
+		retry:    cfg.Delivery.RetryPolicy(),
 		drain:    time.Duration(cfg.Delivery.DrainTimeout),
 		observer: obs,
 		log:      log,
@@ -221,16 +212,7 @@ func newConsumer(src config.Source, d consumerDeps, h consumer.Handler) (runner,
 		if err != nil {
 			return nil, &configError{err: fmt.Errorf("source.rabbitmq.ordering_key: %w", err)}
 		}
-		c, err := rabbitmq.New(rabbitmq.Config{
-			URL:                q.URL,
-			TLS:                tlsConf,
-			Queue:              q.Queue,
-			Prefetch:           q.Prefetch,
-			Concurrency:        q.Concurrency,
-			Declare:            q.Declare,
-			DeadLetterExchange: q.DeadLetterExchange,
-			Options:            opts,
-		}, h)
+		c, err := rabbitmq.New(q.ConsumerConfig(tlsConf, opts), h)
 		if err != nil {
 			return nil, &configError{err: fmt.Errorf("source.rabbitmq: %w", err)}
 		}
