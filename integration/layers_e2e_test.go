@@ -35,8 +35,9 @@ func TestLayersDeadLetterEndToEnd(t *testing.T) {
 	conn, ch := cliQueue(t, amqpURL, name)
 	dir := t.TempDir()
 	var metricsAddrs []string
+	var cfgPath string
 	for i := range replicas {
-		cfgPath := filepath.Join(dir, fmt.Sprintf("replica-%d.yaml", i+1))
+		cfgPath = filepath.Join(dir, fmt.Sprintf("replica-%d.yaml", i+1))
 		cfg := fmt.Sprintf(`
 redis:
   addr: %q
@@ -142,5 +143,24 @@ metrics:
 	}
 	if int(refused) != wantDead-1 {
 		t.Errorf("throttle_limit_exceeded_total{per-recipient,dead_letter} over the replicas = %v, want %d", refused, wantDead-1)
+	}
+
+	// The operator's view: the layer list with its keys in use, one key,
+	// and a reset of that key.
+	out := cliRun(t, bin, "bucket", "status", "--config", cfgPath)
+	if !strings.Contains(out, "per-recipient") || !strings.Contains(out, fmt.Sprintf("%d keys in use", recipients)) {
+		t.Errorf("bucket status --config: want the layer with %d keys in use, got\n%s", recipients, out)
+	}
+	out = cliRun(t, bin, "bucket", "status", "--config", cfgPath, "--layer", "per-recipient", "--key", to(0))
+	if !strings.Contains(out, "tokens:  0.000 of 3") {
+		t.Errorf("bucket status --layer --key: want 0.000 of 3 tokens, got\n%s", out)
+	}
+	out = cliRun(t, bin, "bucket", "reset", "--config", cfgPath, "--layer", "per-recipient", "--key", to(0))
+	if !strings.Contains(out, "its bucket is full") {
+		t.Errorf("bucket reset --layer --key: %s", out)
+	}
+	out = cliRun(t, bin, "bucket", "status", "--config", cfgPath, "--layer", "per-recipient", "--key", to(0), "--json")
+	if !strings.Contains(out, `"full": true`) {
+		t.Errorf("bucket status --layer --key --json after the reset: want full, got\n%s", out)
 	}
 }

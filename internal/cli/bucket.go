@@ -28,6 +28,8 @@ const bucketHelp = `Usage:
   throttle bucket set    [NAME] (--config FILE | --redis ADDR) --clear [--json]
   throttle bucket fill   [NAME] (--config FILE | --redis ADDR) [--json]
   throttle bucket reset  [NAME] (--config FILE | --redis ADDR) [--json]
+  throttle bucket status [NAME] --config FILE --layer L [--key K] [--json]
+  throttle bucket reset  [NAME] --config FILE --layer L [--key K] [--json]
   throttle bucket list          (--config FILE | --redis ADDR) [--json]
 
 Reads or changes a shared bucket in Redis while the replicas run. NAME
@@ -48,6 +50,12 @@ replica reports the same ones in its heartbeats.
           pause stays in force.
   reset   deletes the bucket's state and its override: the bucket is full,
           not paused, and each replica's configured rate applies again.
+  --layer L [--key K]
+          (status, reset) one key of a layer of limit.extra (needs --config):
+          its tokens, or its quota used and when it resets; reset makes its
+          bucket full or its quota unused. Plain 'status' with --config also
+          lists the layers with the keys each has in use (SCAN, estimated
+          past 100000 keys per master).
   list    every bucket that has keys in Redis (one that is not full, has an
           override or a pause, or has live replicas), with its status. It
           scans the keyspace, every master of a Cluster.
@@ -96,6 +104,8 @@ Flags:
   --burst B       (set) the override burst, >= 1
   --for D         (set) how long the override holds, such as 30m
   --clear         (set) remove the override
+  --layer L       (status, reset) a layer of limit.extra, by name
+  --key K         (status, reset) the key in that layer, e.g. a recipient
 `
 
 // adminTimeout bounds each admin command against Redis.
@@ -132,6 +142,11 @@ func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 	var burst int
 	var ttl time.Duration
 	var clear bool
+	var layerArg, keyArg string // bucket_layers.go
+	if sub == "status" || sub == "reset" {
+		fs.StringVar(&layerArg, "layer", "", "")
+		fs.StringVar(&keyArg, "key", "", "")
+	}
 	if sub == "set" {
 		fs.StringVar(&rateArg, "rate", "", "")
 		fs.IntVar(&burst, "burst", 0, "")
@@ -154,6 +169,9 @@ func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 			return usagef(fs.Name(), "bucket list takes no NAME, got %q", name)
 		}
 		return listBuckets(ctx, *cfgPath, *addr, *asJSON, stdout, fs.Name())
+	}
+	if layerArg != "" || keyArg != "" {
+		return cmdBucketLayer(ctx, sub, name, *cfgPath, *addr, layerArg, keyArg, *asJSON, stdout, fs.Name())
 	}
 	var rate float64
 	if sub == "set" {
@@ -207,7 +225,7 @@ func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 		return enc.Encode(st)
 	}
 	writeStatus(stdout, st, t.from)
-	return nil
+	return writeLayerList(ctx, stdout, t, *cfgPath)
 }
 
 // checkSetFlags checks the flags of bucket set and returns the rate in

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -79,4 +81,72 @@ func BenchmarkLayers(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkLayersRatio measures the shared bucket alone and the shared
+// bucket plus one keyed layer over 100k keys in alternating half-second
+// rounds from 64 goroutines, so that both see the same load on a shared
+// machine, and reports the medians and the median of the per-round ratios.
+// Run it with -benchtime 1x: it runs its own rounds.
+func BenchmarkLayersRatio(b *testing.B) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", PoolSize: 64})
+	b.Cleanup(func() { c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		b.Skipf("Redis at 127.0.0.1:6379: %v", err)
+	}
+	const keys = 100000
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = fmt.Sprintf("+1555%07d", i)
+	}
+	s, err := New(c, Config{Bucket: uniqueBucket(b, c), Rate: 1e9, Burst: 1e9})
+	if err != nil {
+		b.Fatal(err)
+	}
+	l, err := s.WithLayers([]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1000, Burst: 1000}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { deleteLayerKeys(b, c, l) })
+	ctx := context.Background()
+	var n atomic.Int64
+	round := func(layered bool) float64 {
+		var done atomic.Int64
+		stop := time.Now().Add(500 * time.Millisecond)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(stop) {
+					var err error
+					if layered {
+						i := n.Add(1)
+						_, err = l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": names[i%keys]}})
+					} else {
+						_, err = s.Take(ctx, limiter.TakeRequest{Cost: 1})
+					}
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					done.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		return float64(done.Load()) / time.Since(start).Seconds()
+	}
+	round(false)
+	round(true)
+	var shared, layered, ratios []float64
+	for range 10 {
+		a, z := round(false), round(true)
+		shared, layered, ratios = append(shared, a), append(layered, z), append(ratios, z/a)
+	}
+	median := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return (v[4] + v[5]) / 2 }
+	b.ReportMetric(median(shared), "shared-msgs/s")
+	b.ReportMetric(median(layered), "keyed-msgs/s")
+	b.ReportMetric(median(ratios), "ratio")
 }

@@ -2,6 +2,7 @@ package redislimiter
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -63,4 +64,47 @@ func TestRedisLayerSteps(t *testing.T) {
 	storetest.RunLayers(t, func(t *testing.T, rate float64, burst int, layers []limiter.Layer) storetest.LayeredClockedStore {
 		return clockedLayers{newLayered(t, c, rate, burst, layers)}
 	})
+}
+
+func TestLayerAdmin(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	l := newLayered(t, c, 1000, 1000, []limiter.Layer{
+		{Name: "per-key", Keyed: true, Rate: 1, Burst: 3},
+		{Name: "daily", Quota: 100, Per: limiter.PerDay},
+	})
+	for i := range 50 {
+		if _, err := l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": fmt.Sprint("k", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := l.CountLayerKeys(ctx, c, "per-key")
+	if err != nil || n.Keys != 50 || !n.Exact {
+		t.Fatalf("CountLayerKeys(per-key) = %+v, %v; want exactly 50", n, err)
+	}
+	if n, err := l.CountLayerKeys(ctx, c, "daily"); err != nil || n.Keys != 1 {
+		t.Fatalf("CountLayerKeys(daily) = %+v, %v; want 1", n, err)
+	}
+	st, err := l.LayerStatus(ctx, "per-key", "k7")
+	if err != nil || st.Full || st.Tokens < 2 || st.Tokens > 2.1 {
+		t.Fatalf("LayerStatus(per-key, k7) = %+v, %v; want about 2 tokens", st, err)
+	}
+	if err := l.ResetLayer(ctx, "per-key", "k7"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := l.LayerStatus(ctx, "per-key", "k7"); err != nil || !st.Full || st.Tokens != 3 {
+		t.Fatalf("LayerStatus after ResetLayer = %+v, %v; want full", st, err)
+	}
+	if n, _ := l.CountLayerKeys(ctx, c, "per-key"); n.Keys != 49 {
+		t.Errorf("CountLayerKeys after a reset = %+v, want 49", n)
+	}
+	if _, err := l.LayerStatus(ctx, "nope", ""); err == nil {
+		t.Error("LayerStatus of an unknown layer succeeded")
+	}
+	// Past the scan limit the count is an estimate.
+	defer func(limit, count int64) { layerScanLimit, layerScanCount = limit, count }(layerScanLimit, layerScanCount)
+	layerScanLimit, layerScanCount = 5, 5
+	if n, err := l.CountLayerKeys(ctx, c, "per-key"); err != nil || n.Exact {
+		t.Errorf("CountLayerKeys with a scan limit of 1 = %+v, %v; want an estimate", n, err)
+	}
 }

@@ -1,0 +1,105 @@
+package redislimiter
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// LayerKeyCount is how many keys of a layer hold state in Redis: the keys in
+// use (a key whose bucket is full again, or whose quota window ended, has
+// none).
+type LayerKeyCount struct {
+	// Layer is the layer's name.
+	Layer string
+	// Keys is the count, exact when Exact is set, else an estimate from a
+	// sample of the keyspace.
+	Keys  int64
+	Exact bool
+}
+
+// layerScanLimit bounds the keys CountLayerKeys reads from each master
+// before it estimates instead of counting; layerScanCount is the COUNT of
+// each SCAN. Tests lower them.
+var layerScanLimit, layerScanCount int64 = 100000, 1000
+
+// CountLayerKeys counts the keys in use of a layer with SCAN (never KEYS),
+// on every master of a Cluster client. Up to 100000 keys per master it
+// counts exactly; beyond, it stops and estimates the count as the share of
+// the layer's keys among those read times the master's DBSIZE. It suits an
+// operator's command, not a hot path.
+func (l *Layered) CountLayerKeys(ctx context.Context, client redis.UniversalClient, layer string) (LayerKeyCount, error) {
+	i, err := l.layerIndex(layer)
+	if err != nil {
+		return LayerKeyCount{}, err
+	}
+	out := LayerKeyCount{Layer: layer, Exact: true}
+	if !l.layers[i].Keyed {
+		n, err := client.Exists(ctx, l.unkeyed[i]).Result()
+		if err != nil {
+			return LayerKeyCount{}, l.fail("count layer keys", err)
+		}
+		out.Keys = n
+		return out, nil
+	}
+	prefix := l.keyPrefix[i]
+	var mu sync.Mutex
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		var cursor uint64
+		var scanned, matched int64
+		for {
+			keys, next, err := c.Scan(ctx, cursor, "", layerScanCount).Result()
+			if err != nil {
+				return err
+			}
+			scanned += int64(len(keys))
+			for _, k := range keys {
+				if strings.HasPrefix(k, prefix) {
+					matched++
+				}
+			}
+			cursor = next
+			if cursor == 0 {
+				break
+			}
+			if scanned >= layerScanLimit {
+				size, err := c.DBSize(ctx).Result()
+				if err != nil {
+					return err
+				}
+				matched = matched * size / scanned
+				mu.Lock()
+				out.Exact = false
+				mu.Unlock()
+				break
+			}
+		}
+		mu.Lock()
+		out.Keys += matched
+		mu.Unlock()
+		return nil
+	}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	} else {
+		err = scan(ctx, client)
+	}
+	if err != nil {
+		return LayerKeyCount{}, l.fail("count layer keys", fmt.Errorf("scanning the keys of layer %q: %w", layer, err))
+	}
+	return out, nil
+}
+
+// Layer returns the layer named name, with its defaults filled in.
+func (l *Layered) Layer(name string) (limiter.Layer, error) {
+	i, err := l.layerIndex(name)
+	if err != nil {
+		return limiter.Layer{}, err
+	}
+	return l.layers[i], nil
+}
