@@ -104,6 +104,10 @@ func newSink(ctx context.Context, cfg config.Sink, out io.Writer) (sinks.Sink, f
 	case cfg.Postgres != nil:
 		s, err := postgres.New(ctx, cfg.Postgres.SinkConfig())
 		if err != nil {
+			if errors.Is(err, postgres.ErrNoTable) {
+				// The library names its Go field; say it in the file's terms.
+				err = fmt.Errorf("%w; sink.postgres.create_table: true creates it", err)
+			}
 			return nil, nil, fmt.Errorf("starting the postgres sink: %w", err)
 		}
 		return s, func() { _ = s.Close() }, nil

@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/testenv"
 )
 
 // TestREADMEPushWebhookStartsAndRenders is the regression test of issue 11
@@ -51,5 +53,20 @@ sink:
 	}
 	if req, want := <-got, `Bearer p$$sw0rd {"token":"tok-1"}`; !strings.Contains(req, want) {
 		t.Errorf("request %q, want %q", req, want)
+	}
+}
+
+// TestPostgresMissingTableNamesTheKey checks that the sink's error, which
+// names its Go field, reaches the user with the YAML key to set.
+func TestPostgresMissingTableNamesTheKey(t *testing.T) {
+	dsn := testenv.PostgresDSN(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, _, err := newSink(ctx, config.Sink{Postgres: &config.Postgres{DSN: dsn, Table: "surely_missing_table_wire_test"}}, io.Discard)
+	if err != nil && strings.Contains(err.Error(), "connecting") {
+		testenv.Missing(t, "PostgreSQL", "check PGHOST/PGPORT or DATABASE_URL", err)
+	}
+	if err == nil || !strings.Contains(err.Error(), "sink.postgres.create_table: true creates it") {
+		t.Fatalf("newSink = %v, want the create_table hint", err)
 	}
 }

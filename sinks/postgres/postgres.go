@@ -78,6 +78,10 @@ import (
 	"github.com/throttlehq/throttle/sinks/internal/msgjson"
 )
 
+// ErrNoTable is wrapped by the error of New when the table does not exist
+// and Config.CreateTable is not set.
+var ErrNoTable = errors.New("does not exist")
+
 // Config configures a Sink.
 type Config struct {
 	// DSN is the connection string, as a URL (postgres://...) or in
@@ -245,7 +249,7 @@ func (s *Sink) check(ctx context.Context, conn *pgx.Conn, cfg Config) error {
 	if !exists {
 		ddl := createSQL(s.table)
 		if !cfg.CreateTable {
-			return fmt.Errorf("table %q does not exist (set create_table: true or create it with: %s)", cfg.Table, ddl)
+			return fmt.Errorf("table %q %w (set Config.CreateTable, or create it with: %s)", cfg.Table, ErrNoTable, ddl)
 		}
 		if _, err := conn.Exec(ctx, ddl); err != nil {
 			// Another replica may have created it at the same moment.

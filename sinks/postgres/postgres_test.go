@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -243,7 +244,10 @@ func TestMissingTable(t *testing.T) {
 	if err == nil {
 		t.Fatal("New succeeded on a missing table")
 	}
-	for _, want := range []string{fmt.Sprintf("table %q does not exist", table), "create_table: true", "CREATE TABLE IF NOT EXISTS"} {
+	if !errors.Is(err, postgres.ErrNoTable) {
+		t.Errorf("error %v does not wrap ErrNoTable", err)
+	}
+	for _, want := range []string{fmt.Sprintf("table %q does not exist", table), "CreateTable", "CREATE TABLE IF NOT EXISTS"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not contain %q", err, want)
 		}
