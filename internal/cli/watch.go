@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"golang.org/x/term"
 
 	"github.com/throttlehq/throttle/internal/redisconn"
@@ -34,8 +35,11 @@ only Redis (no Prometheus), and redraws every second until Ctrl-C:
   replicas   each live replica and what its heartbeat reports: its mode
              (shared, local, closed, open), the rate it was granted tokens
              at, the messages waiting for tokens, and its configured limits
-  layers     the extra layers of the bucket and their exceeded counts
-             (none yet)
+  layers     the extra layers of --config's limit.extra: each one's limit
+             and what Redis holds for it (an unkeyed layer's tokens or
+             quota used, a keyed layer's keys in use, counted every 10 s);
+             how often each was exceeded is in the replicas' metrics
+             (throttle_limit_exceeded_total), not in Redis
 
 The delivered rate comes from the replicas' heartbeats when they report
 their granted tokens; otherwise it is estimated from the bucket's own
@@ -99,10 +103,13 @@ func cmdBucketWatch(ctx context.Context, args []string, stdout io.Writer) error 
 		return &configError{err: err}
 	}
 	defer client.Close()
-	w := &watcher{name: name, client: client, interval: *interval}
+	w := &watcher{name: name, client: client, admin: client, interval: *interval}
 	if *cfgPath != "" && name == cfg.Limit.Bucket {
 		w.configured = &limitsJSON{Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst}
 		w.from = *cfgPath
+		if w.layers, err = layersOf(client, cfg); err != nil {
+			return &configError{err: err}
+		}
 	}
 	return w.run(ctx, stdout, isTerminal(stdout))
 }
@@ -122,6 +129,26 @@ type watcher struct {
 	// names the file.
 	configured *limitsJSON
 	from       string
+	// layers are the extra layers of --config's limit.extra, nil without
+	// them; keyCounts caches their keys in use, counted with SCAN at most
+	// every layerCountEvery.
+	layers    *redislimiter.Layered
+	admin     redis.UniversalClient
+	keyCounts map[string]redislimiter.LayerKeyCount
+	countedAt time.Time
+}
+
+// layerCountEvery is how often watch counts the keys in use of a keyed
+// layer: the count scans the keyspace, which suits an operator's command
+// once in a while, not every second.
+const layerCountEvery = 10 * time.Second
+
+// layerView is one extra layer as shown.
+type layerView struct {
+	name, desc string
+	// state is what Redis holds: an unkeyed layer's tokens or quota used,
+	// a keyed layer's keys in use.
+	state string
 }
 
 // sample is what one read of Redis found.
@@ -133,6 +160,7 @@ type sample struct {
 	// --config, or those every live replica reports; nil if unknown.
 	configured *limitsJSON
 	from       string
+	layers     []layerView
 }
 
 // read takes one sample: the live replicas, then the bucket's status with
@@ -166,7 +194,58 @@ func (w *watcher) read(ctx context.Context) (sample, error) {
 	if s.at.IsZero() {
 		s.at = time.Now()
 	}
+	if s.layers, err = w.readLayers(ctx); err != nil {
+		return s, err
+	}
 	return s, nil
+}
+
+// readLayers reads the state of each extra layer: an unkeyed layer's
+// tokens or quota used, a keyed layer's keys in use (recounted every
+// layerCountEvery).
+func (w *watcher) readLayers(ctx context.Context) ([]layerView, error) {
+	if w.layers == nil {
+		return nil, nil
+	}
+	recount := time.Since(w.countedAt) >= layerCountEvery
+	if recount {
+		w.keyCounts, w.countedAt = map[string]redislimiter.LayerKeyCount{}, time.Now()
+	}
+	var out []layerView
+	for _, l := range w.layers.Layers() {
+		v := layerView{name: l.Name, desc: describeLayer(l)}
+		switch {
+		case l.Keyed:
+			n, ok := w.keyCounts[l.Name]
+			if recount {
+				var err error
+				if n, err = w.layers.CountLayerKeys(ctx, w.admin, l.Name); err != nil {
+					return nil, err
+				}
+				w.keyCounts[l.Name], ok = n, true
+			}
+			switch {
+			case !ok:
+				v.state = "keys in use: ?"
+			case n.Exact:
+				v.state = fmt.Sprintf("%d keys in use", n.Keys)
+			default:
+				v.state = fmt.Sprintf("about %d keys in use", n.Keys)
+			}
+		default:
+			st, err := w.layers.LayerStatus(ctx, l.Name, "")
+			if err != nil {
+				return nil, err
+			}
+			if l.IsQuota() {
+				v.state = fmt.Sprintf("used %d of %d this %s", st.Used, l.Quota, l.Per)
+			} else {
+				v.state = fmt.Sprintf("%s of %d tokens", formatTokens(st.Tokens), l.Burst)
+			}
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }
 
 // run samples every interval and draws each sample until ctx ends. A
@@ -177,6 +256,7 @@ func (w *watcher) run(ctx context.Context, out io.Writer, tty bool) error {
 		defer fmt.Fprint(out, "\x1b[?25h\n")
 	}
 	hist := newWatchHistory(w.name, w.interval)
+	hist.layersKnown = w.from != "" && !strings.HasPrefix(w.from, "reported by")
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
 	for {
@@ -231,16 +311,22 @@ type watchView struct {
 	// spark are the delivered rates of the last minute, oldest first;
 	// NaN where unknown.
 	spark []float64
+	// layers are the extra layers, known only from --config.
+	layers      []layerView
+	layersKnown bool
 }
 
 // watchHistory turns successive samples into views: rates from the
 // differences between samples, and the last minute of delivered rates.
 type watchHistory struct {
-	bucket   string
-	interval time.Duration
-	last     *sample
-	lastView watchView
-	spark    []float64
+	// layersKnown is set when the layers come from a config file, so that
+	// "none" means none.
+	layersKnown bool
+	bucket      string
+	interval    time.Duration
+	last        *sample
+	lastView    watchView
+	spark       []float64
 }
 
 func newWatchHistory(bucket string, interval time.Duration) *watchHistory {
@@ -267,7 +353,7 @@ func (h *watchHistory) add(s sample, err error, now time.Time) watchView {
 	v := watchView{
 		bucket: h.bucket, now: now, interval: h.interval, ok: true,
 		status: s.status, configured: s.configured, from: s.from,
-		delivered: math.NaN(),
+		delivered: math.NaN(), layers: s.layers, layersKnown: h.layersKnown,
 	}
 	for _, r := range s.replicas {
 		rv := replicaView{id: r.ID, delivered: math.NaN()}
@@ -401,7 +487,19 @@ func renderWatch(v watchView) string {
 		tw.Flush()
 	}
 	b.WriteString("\n")
-	line("layers", "none")
+	switch {
+	case len(v.layers) > 0:
+		line("layers", "%d (limit.extra of %s; exceeded counts are in the replicas' throttle_limit_exceeded_total)", len(v.layers), v.from)
+		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		for _, l := range v.layers {
+			fmt.Fprintf(tw, "    %s\t%s\t%s\n", l.name, l.desc, l.state)
+		}
+		tw.Flush()
+	case v.layersKnown:
+		line("layers", "none")
+	default:
+		line("layers", "unknown: they are in the replicas' limit.extra; pass --config FILE")
+	}
 	return b.String()
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/creack/pty"
 
+	"github.com/throttlehq/throttle/internal/redisconn"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
@@ -64,6 +65,7 @@ func TestWatchHistorySteps(t *testing.T) {
 	}
 	reps := []redislimiter.Replica{{ID: "r1", Rate: 50, Burst: 50}, {ID: "r2"}}
 	h := newWatchHistory("sms", time.Second)
+	h.layersKnown = true // from a config file
 	steps := []struct {
 		at   time.Duration
 		s    redislimiter.BucketStatus
@@ -76,7 +78,8 @@ func TestWatchHistorySteps(t *testing.T) {
 			"2026-12-01T03:00:00Z sms tokens=40/50 rate=50/s(configured) paused=0s replicas=2 delivered=? waiting=?"},
 		// 40 + 50·1 − 30 = 60 tokens granted in the second.
 		{time.Second, st(30, 50, 0, nil), nil,
-			[]string{"delivered   60/s (estimated from the bucket's tokens)", "last 1m0s, 60/s–60/s"},
+			[]string{"delivered   60/s (estimated from the bucket's tokens)", "last 1m0s, 60/s–60/s",
+				"layers      1 (limit.extra of throttle.yaml;", "    per-recipient  1/s, burst 3, per key, on_exceed delay  12 keys in use"},
 			"2026-12-01T03:00:01Z sms tokens=30/50 rate=50/s(configured) paused=0s replicas=2 delivered=60/s waiting=?"},
 		// An override to 80/s: the rate changed, so no estimate.
 		{3 * time.Second, st(50, 80, 0, &redislimiter.Override{Rate: 80, ExpiresIn: 90 * time.Second}), nil,
@@ -91,7 +94,11 @@ func TestWatchHistorySteps(t *testing.T) {
 	}
 	for i, s := range steps {
 		now := t0.Add(s.at)
-		v := h.add(sample{at: now, status: s.s, replicas: reps, configured: conf, from: "throttle.yaml"}, s.err, now)
+		var layers []layerView
+		if i == 1 {
+			layers = []layerView{{name: "per-recipient", desc: "1/s, burst 3, per key, on_exceed delay", state: "12 keys in use"}}
+		}
+		v := h.add(sample{at: now, status: s.s, replicas: reps, configured: conf, from: "throttle.yaml", layers: layers}, s.err, now)
 		screen := renderWatch(v)
 		for _, w := range s.want {
 			if !strings.Contains(screen, w) {
@@ -316,5 +323,74 @@ func TestWatchTerminal(t *testing.T) {
 	scr.mu.Unlock()
 	if !strings.Contains(tail, "\x1b[?25h") {
 		t.Error("the cursor was not shown again at exit")
+	}
+}
+
+// TestWatchLayers reads the extra layers of a config file from Redis: an
+// unkeyed layer's tokens and a keyed layer's keys in use.
+func TestWatchLayers(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	name := testenv.Name(t, "watch")
+	path := writeConfig(t, fmt.Sprintf(`redis:
+  addr: %s
+limit:
+  bucket: %s
+  rate: 100
+  burst: 100
+  extra:
+    - name: per-recipient
+      key: '{{.JSON.to}}'
+      rate: 1/s
+      burst: 3
+    - name: whole-provider
+      rate: 10/s
+      burst: 20
+source:
+  rabbitmq:
+    url: amqp://guest:guest@127.0.0.1:5672/
+    queue: unused
+sink:
+  stdout: {}
+`, addr, name))
+	cfg, err := loadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := redisconn.New(cfg.Redis)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ls, err := layersOf(client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testenv.Context(t, 10*time.Second)
+	// Two recipients and the provider layer take tokens.
+	for _, to := range []string{"+1555000001", "+1555000002"} {
+		req := limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-recipient": to}}
+		if _, err := ls.TakeLayers(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, l := range []struct{ layer, key string }{{"per-recipient", "+1555000001"}, {"per-recipient", "+1555000002"}, {"whole-provider", ""}} {
+			_ = ls.ResetLayer(context.Background(), l.layer, l.key)
+		}
+		runCLI(t, "bucket", "reset", "--config", path)
+	})
+	w := &watcher{name: name, client: client, admin: client, interval: time.Second, layers: ls,
+		configured: &limitsJSON{Rate: 100, Burst: 100}, from: path}
+	s, err := w.read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newWatchHistory(name, time.Second)
+	h.layersKnown = true
+	screen := renderWatch(h.add(s, nil, time.Now()))
+	for _, want := range []string{"layers      2 (limit.extra of " + path, "per-recipient", "2 keys in use", "whole-provider", "18 of 20 tokens"} {
+		if !strings.Contains(screen, want) {
+			t.Errorf("screen lacks %q:\n%s", want, screen)
+		}
 	}
 }
