@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"regexp"
 	"strconv"
@@ -224,5 +225,23 @@ log: {format: json}
 		if !strings.Contains(logs, `"drain_timeout":"30s"`) {
 			t.Fatalf("run #%d: the JSON log does not give drain_timeout as \"30s\":\n%s", i+1, logs)
 		}
+	}
+}
+
+// TestPauseReporterBoundsTheRate checks that push-back pauses are logged at
+// most once per interval, and that the next line counts the ones left out.
+func TestPauseReporterBoundsTheRate(t *testing.T) {
+	var buf testenv.Buffer
+	r := newPauseReporter(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{ReplaceAttr: logReplaceAttr})), time.Hour)
+	r.report(3*time.Second, "replica r2")
+	r.report(2*time.Second, "another replica")
+	r.report(time.Second, "another replica")
+	r.last = r.last.Add(-time.Hour) // the interval has passed
+	r.report(1500*time.Millisecond, "replica r1")
+	got := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(got) != 2 ||
+		!strings.Contains(got[0], `"msg":"bucket paused 3s by push-back from replica r2","pause":"3s"`) ||
+		!strings.Contains(got[1], `"msg":"bucket paused 1.5s by push-back from replica r1","pause":"1.5s","pauses_not_logged":2`) {
+		t.Errorf("log:\n%s\nwant the first pause, then the fourth counting 2 left out", buf.String())
 	}
 }
