@@ -210,7 +210,7 @@ func (b *batcher) send(ctx context.Context, batch []*pending) {
 	pipe := s.client.Pipeline()
 	cmds := b.cmds[:0]
 	for _, q := range batch {
-		cmd := takeEvalSha(ctx, s, q.req)
+		cmd := takeEvalSha(ctx, s, q.req, 0)
 		_ = pipe.Process(ctx, cmd) // only queues it
 		cmds = append(cmds, cmd)
 	}
@@ -228,25 +228,24 @@ func (b *batcher) send(ctx context.Context, batch []*pending) {
 		}
 	}
 	for i, q := range batch {
-		v, cerr := cmds[i].Int64Slice()
-		if cerr != nil && err != nil && cmds[i].Err() == nil && cmds[i].Val() == nil {
+		if err != nil && cmds[i].Err() == nil && cmds[i].Val() == nil {
 			// Never answered: a hook failed the pipeline without setting
 			// each command's error.
-			cerr = err
+			cmds[i].SetErr(err)
 		}
-		q.res, q.err = s.takeResult(q.req, v, cerr)
+		q.res, q.err = s.takeResult(q.req, cmds[i])
 	}
 	clear(cmds)
 	b.cmds = cmds[:0]
 }
 
-// takeEvalSha returns the EVALSHA of takeScript for req, as
-// takeScript.EvalSha would build it but with one allocation for the
-// arguments instead of five.
-func takeEvalSha(ctx context.Context, s *Store, req limiter.TakeRequest) *redis.Cmd {
+// takeEvalSha returns the EVALSHA of takeScript for req at nowUS (0: Redis
+// TIME), as takeScript.EvalSha would build it but with one allocation for
+// the arguments instead of five.
+func takeEvalSha(ctx context.Context, s *Store, req limiter.TakeRequest, nowUS int64) *redis.Cmd {
 	args := make([]any, 0, len(s.takeHead)+6)
 	args = append(args, s.takeHead...)
-	args = append(args, s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), req.MaxWait.Microseconds(), 0)
+	args = append(args, s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), s.maxWaitArg(req.MaxWait), nowUS)
 	cmd := redis.NewCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	return cmd

@@ -147,3 +147,27 @@ func BenchmarkTakeParallel(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTakeAlone is one Store.Take on a plentiful bucket by a lone
+// caller, without the Bucket: the script call, its arguments and the
+// parsing of its reply. Run with -benchmem: a Take allocates 7 times
+// (go-redis's command, connection check and reply reading included).
+func BenchmarkTakeAlone(b *testing.B) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+	b.Cleanup(func() { c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		b.Skipf("Redis at 127.0.0.1:6379: %v", err)
+	}
+	s, err := New(c, Config{Bucket: uniqueBucket(b, c), Rate: 1e9, Burst: 1e9})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	req := limiter.TakeRequest{Cost: 1, MaxWait: time.Second}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.Take(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
