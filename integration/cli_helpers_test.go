@@ -122,10 +122,6 @@ func cliFreeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// cliBuffer is testenv.Buffer, under the name providers_e2e_test.go still
-// uses.
-type cliBuffer = testenv.Buffer
-
 // cliProcess is a running throttle process.
 type cliProcess struct {
 	cmd    *exec.Cmd

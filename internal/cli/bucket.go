@@ -31,6 +31,8 @@ const bucketHelp = `Usage:
   throttle bucket status [NAME] --config FILE --layer L [--key K] [--json]
   throttle bucket reset  [NAME] --config FILE --layer L [--key K] [--json]
   throttle bucket list          (--config FILE | --redis ADDR) [--json]
+  throttle bucket watch  [NAME] (--config FILE | --redis ADDR) [--interval D]
+                         a live view; see 'throttle help bucket watch'
 
 Reads or changes a shared bucket in Redis while the replicas run. NAME
 defaults to limit.bucket of --config. With --config, Redis is reached as the
