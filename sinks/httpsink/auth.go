@@ -133,10 +133,20 @@ func (o *oauthAuth) Authorize(ctx context.Context, req *http.Request) error {
 }
 
 // Check fetches a token, so that a bad key fails at start-up.
+//
+// Only a refusal by the token endpoint fails the check: an endpoint that
+// cannot be reached at start-up is no reason to refuse to start, and every
+// send tries again.
 func (o *oauthAuth) Check(ctx context.Context) error {
 	_, err := o.token(ctx)
-	return err
+	if errors.Is(err, errTokenRefused) {
+		return err
+	}
+	return nil
 }
+
+// errTokenRefused marks a token endpoint's answer that refuses the key.
+var errTokenRefused = errors.New("the token endpoint refused the service-account key")
 
 func (o *oauthAuth) token(ctx context.Context) (*oauth2.Token, error) {
 	o.mu.Lock()
@@ -197,7 +207,7 @@ func tokenError(err error) error {
 		if re.Response != nil {
 			status = re.Response.Status
 		}
-		return fmt.Errorf("token endpoint answered %s (%s): check the service-account key", status, code)
+		return fmt.Errorf("%w: it answered %s (%s)", errTokenRefused, status, code)
 	}
 	var uerr *url.Error
 	if errors.As(err, &uerr) {

@@ -192,3 +192,35 @@ func TestNewOAuthAuthRejects(t *testing.T) {
 		}
 	}
 }
+
+// TestOAuthCheck: Check fails when the token endpoint refuses the key, not
+// when it cannot be reached.
+func TestOAuthCheck(t *testing.T) {
+	refuse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprint(w, `{"error":"invalid_grant"}`)
+	}))
+	defer refuse.Close()
+	a, _, err := newOAuthAuth(serviceAccount(t, refuse.URL+"/token"), refuse.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Check(context.Background()); err == nil || !strings.Contains(err.Error(), "refused") || !strings.Contains(err.Error(), "invalid_grant") {
+		t.Errorf("refused: Check = %v", err)
+	}
+	down := httptest.NewServer(http.NotFoundHandler())
+	url := down.URL
+	down.Close() // nothing listens there any more
+	a, _, err = newOAuthAuth(serviceAccount(t, url+"/token"), http.DefaultClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Check(context.Background()); err != nil {
+		t.Errorf("unreachable: Check = %v, want nil (sends retry)", err)
+	}
+	req := httptest.NewRequest(http.MethodPost, "/", nil)
+	if err := a.Authorize(context.Background(), req); err == nil {
+		t.Error("unreachable: Authorize succeeded")
+	}
+}
