@@ -283,11 +283,28 @@ type firstWaitKey struct{}
 type revocableLimiter struct{ l consumer.Limiter }
 
 func (r revocableLimiter) Wait(ctx context.Context, cost int) error {
+	return r.wait(ctx, func(ctx context.Context) error { return r.l.Wait(ctx, cost) })
+}
+
+// WaitMessage implements consumer.MessageLimiter (limits keyed by the
+// message), with the same rule for the first wait, when the configured
+// limiter does; else it is Wait.
+func (r revocableLimiter) WaitMessage(ctx context.Context, msg consumer.Message, cost int) error {
+	ml, ok := r.l.(consumer.MessageLimiter)
+	if !ok {
+		return r.Wait(ctx, cost)
+	}
+	return r.wait(ctx, func(ctx context.Context) error { return ml.WaitMessage(ctx, msg, cost) })
+}
+
+// wait runs wait on ctx, or, for the first wait of a message, on the
+// revocation's context.
+func (r revocableLimiter) wait(ctx context.Context, wait func(context.Context) error) error {
 	f, _ := ctx.Value(firstWaitKey{}).(*firstWait)
 	if f == nil || f.started {
-		return r.l.Wait(ctx, cost)
+		return wait(ctx)
 	}
-	err := r.l.Wait(f.revoke, cost)
+	err := wait(f.revoke)
 	if err != nil && f.revoke.Err() != nil && ctx.Err() == nil {
 		f.dropped = true
 		return fmt.Errorf("partition revoked before the message started: %w", consumer.ErrAbandoned)

@@ -319,3 +319,130 @@ func TestFetchStopsOnFatalError(t *testing.T) {
 		t.Fatalf("FetchMessage calls = %d, want 2 (the transient error is retried)", n)
 	}
 }
+
+// revokeWatcher closes revoked when a fetch ends with its context, as at
+// a revocation.
+type revokeWatcher struct {
+	r       partitionReader
+	revoked chan struct{}
+	once    sync.Once
+}
+
+func (w *revokeWatcher) FetchMessage(ctx context.Context) (kafkago.Message, error) {
+	m, err := w.r.FetchMessage(ctx)
+	if err != nil && ctx.Err() != nil {
+		w.once.Do(func() { close(w.revoked) })
+	}
+	return m, err
+}
+
+// blockingLimiter grants the first free waits at once and blocks the
+// others until their context ends, counting those: a cancelled wait is
+// where a real bucket gives the reserved tokens back.
+type blockingLimiter struct {
+	free      atomic.Int32
+	waiting   atomic.Int32
+	cancelled atomic.Int32
+}
+
+func (l *blockingLimiter) Wait(ctx context.Context, cost int) error {
+	if l.free.Add(-1) >= 0 {
+		return nil
+	}
+	l.waiting.Add(1)
+	<-ctx.Done()
+	l.waiting.Add(-1)
+	l.cancelled.Add(1)
+	return ctx.Err()
+}
+
+// TestRevocation ends a generation while one message is in its handler,
+// some wait for tokens and others are queued: the queued and waiting ones
+// are dropped and their waits cancelled, the handler in flight finishes
+// within the drain timeout, and what finished is committed before
+// runGeneration returns.
+func TestRevocation(t *testing.T) {
+	for _, ordering := range []consumer.Ordering{consumer.OrderPartition, consumer.OrderNone} {
+		t.Run(string(ordering), func(t *testing.T) {
+			lim := &blockingLimiter{}
+			lim.free.Store(2) // two messages pass; the rest wait
+			release := make(chan struct{})
+			var (
+				mu      sync.Mutex
+				started []int64
+			)
+			c := newTestConsumer(t, Config{
+				Options: consumer.Options{Ordering: ordering, Limiter: lim,
+					Retry: consumer.RetryPolicy{MaxAttempts: 1}, DrainTimeout: 10 * time.Second},
+				// Room for all ten messages, so the fetcher waits in
+				// FetchMessage when the revocation comes.
+				MaxInFlight: 3, QueueSize: 20,
+			}, func(ctx context.Context, m consumer.Message) error {
+				mu.Lock()
+				started = append(started, m.Source.Offset)
+				second := len(started) == 2
+				mu.Unlock()
+				if second { // held until the revocation began
+					select {
+					case <-release:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+				return nil
+			})
+			rd := &revokeWatcher{r: newFakeReader(msgs(0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9)...), revoked: make(chan struct{})}
+			f := newFakeGroup(map[int]partitionReader{0: rd})
+			rg := startGeneration(t, c, f, &fakeWriter{})
+			wantWaiting := int32(0)
+			if ordering == consumer.OrderNone {
+				wantWaiting = 2 // three workers: one done, one held, two wait
+			}
+			calls := func() int {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(started)
+			}
+			waitFor(t, "one message held, all fetched", func() bool {
+				return calls() == 2 && lim.waiting.Load() == wantWaiting && len(rd.r.(*fakeReader).msgs) == 0
+			})
+			if got := c.ReaderStats().PartitionsAssigned; got != 1 {
+				t.Fatalf("PartitionsAssigned = %d, want 1", got)
+			}
+			rg.end()
+			// The revocation cancels the waits; the handler in flight
+			// finishes afterwards, within the drain timeout.
+			<-rd.revoked
+			waitFor(t, "waits cancelled", func() bool { return lim.cancelled.Load() == wantWaiting })
+			close(release)
+			rg.finish(t, false)
+
+			mu.Lock()
+			done := map[int64]bool{}
+			for _, o := range started {
+				done[o] = true
+			}
+			mu.Unlock()
+			var want int64 // the end of the finished prefix
+			for done[want] {
+				want++
+			}
+			if got := f.committed()[0]; got != want {
+				t.Errorf("committed offset %d, want %d (started %v): the held handler finished within the drain timeout", got, want, started)
+			}
+			if n := calls(); n != 2 {
+				t.Errorf("handler called %d times, want 2: nothing starts after the revocation", n)
+			}
+			if n := lim.cancelled.Load(); n != wantWaiting {
+				t.Errorf("%d limiter waits cancelled, want %d", n, wantWaiting)
+			}
+			st := c.ReaderStats()
+			if st.DroppedAtRevocation != 8 {
+				t.Errorf("DroppedAtRevocation = %d, want 8: every message fetched and not started", st.DroppedAtRevocation)
+			}
+			if st.PartitionsAssigned != 0 {
+				t.Errorf("PartitionsAssigned = %d after the revocation, want 0", st.PartitionsAssigned)
+			}
+		})
+	}
+}
