@@ -78,7 +78,9 @@ type ready struct {
 // Ordering demands. Messages of one lane run one at a time in the order
 // they were enqueued; lanes take turns, one message each, so a busy lane
 // does not starve the others. Up to maxWorkers goroutines run messages;
-// they are started when there is work and end when there is none.
+// one is started when there is work and no idle worker, and it stays,
+// idle between messages, until stop, so that a busy consumer does not
+// start a goroutine per message.
 //
 // A scheduler is safe for concurrent use.
 type scheduler struct {
@@ -89,15 +91,19 @@ type scheduler struct {
 	newWorker func() func(work)
 
 	mu      sync.Mutex
+	cond    *sync.Cond // signalled when ready work arrives, or at stop
 	lanes   map[laneID]*lane
 	ready   fifo[ready]
-	workers int
+	workers int // goroutines started
+	idle    int // of which waiting on cond
 	stopped bool
 	wg      sync.WaitGroup
 }
 
 func newScheduler(o consumer.Ordering, maxWorkers int, newWorker func() func(work)) *scheduler {
-	return &scheduler{ordering: o, maxWorkers: maxWorkers, newWorker: newWorker, lanes: make(map[laneID]*lane)}
+	s := &scheduler{ordering: o, maxWorkers: maxWorkers, newWorker: newWorker, lanes: make(map[laneID]*lane)}
+	s.cond = sync.NewCond(&s.mu)
+	return s
 }
 
 // enqueue queues w. It reports false, and queues nothing, after stop.
@@ -125,20 +131,38 @@ func (s *scheduler) enqueue(w work) bool {
 		}
 		s.ready.push(ready{lane: l})
 	}
-	if s.workers < s.maxWorkers {
+	s.wakeWorker()
+	return true
+}
+
+// wakeWorker gets a worker for newly ready work: an idle one, or a new one
+// while fewer than maxWorkers run. The caller holds mu.
+func (s *scheduler) wakeWorker() {
+	switch {
+	case s.idle > 0:
+		s.cond.Signal()
+	case s.workers < s.maxWorkers:
 		s.workers++
 		s.wg.Add(1)
 		go s.work()
 	}
-	return true
 }
 
-// work runs ready messages until there are none, or until stop.
+// work runs ready messages until stop.
 func (s *scheduler) work() {
 	defer s.wg.Done()
 	run := s.newWorker()
 	s.mu.Lock()
-	for !s.stopped && s.ready.len() > 0 {
+	defer s.mu.Unlock()
+	for {
+		for !s.stopped && s.ready.len() == 0 {
+			s.idle++
+			s.cond.Wait()
+			s.idle--
+		}
+		if s.stopped {
+			return
+		}
 		r := s.ready.pop()
 		w := r.w
 		if r.lane != nil {
@@ -158,8 +182,6 @@ func (s *scheduler) work() {
 			}
 		}
 	}
-	s.workers--
-	s.mu.Unlock()
 }
 
 // stop makes enqueue refuse messages and workers end after the message
@@ -168,6 +190,7 @@ func (s *scheduler) stop() []work {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stopped = true
+	s.cond.Broadcast()
 	var dropped []work
 	s.ready.each(func(r ready) {
 		if r.lane == nil {
