@@ -17,6 +17,15 @@
 //
 // INFO counts every client of the Redis server, so other traffic on it adds
 // noise to the Redis figures; the client-side count in parentheses is exact.
+//
+// With -e2e it runs the end-to-end comparison instead: `throttle run`
+// (cli.Run, in process) against a bare amqp091 loop on RabbitMQ and a bare
+// kafka-go loop on kfake, each into the same HTTP sink, alternating, and
+// throttle alone with a limit in reach; -profile DIR adds CPU, allocation,
+// block and mutex profiles of throttle runs. It needs RabbitMQ on
+// 127.0.0.1:5672 and redis-server on the PATH (it starts its own, so that
+// INFO counts the replica's calls only); the sink and kfake run in a child
+// process (this binary with -serve-services). It writes E2E.md.
 package main
 
 import (
