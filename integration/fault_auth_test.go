@@ -199,7 +199,7 @@ func faultStartDuringOutage(t *testing.T, limitExtra string) {
 		t.Errorf("%d deliveries in %v, want at most %.0f (1.1 × the limit, and one burst)", n, span, limit)
 	}
 	t.Logf("Redis up at +%.1f s; deliveries resumed %v later", upAt.Sub(start).Seconds(), resumed.Sub(upAt).Round(time.Millisecond))
-	faultReport(t, ts, rate, burst, upAt, end, int(rate)+2*burst, faultPhase{"after Redis came up", upAt, end})
+	faultReport(t, f, rate, burst, upAt, end, int(rate)+2*burst, faultPhase{"after Redis came up", upAt, end})
 }
 
 // TestFaultRabbitMQRefusesAtStart starts a replica with a wrong AMQP

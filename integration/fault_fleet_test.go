@@ -83,6 +83,9 @@ type faultFleet struct {
 	ch      *amqp.Channel
 	Sink    *cliSink
 	Procs   []*faultFleetProc
+	// Stalls measures how late the test's goroutines wake up: the sink's
+	// clock stands still as long.
+	Stalls *testenv.Stalls
 }
 
 // faultFleetProc is one replica.
@@ -111,6 +114,7 @@ func faultNewFleet(t *testing.T) *faultFleet {
 	f.bin = cliBuild(t)
 	f.conn, f.ch = cliQueue(t, f.amqpURL, f.name)
 	f.Sink = cliNewSink(t)
+	f.Stalls = testenv.MeasureStalls(t)
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, p := range f.Procs {
@@ -119,6 +123,13 @@ func faultNewFleet(t *testing.T) *faultFleet {
 		}
 	})
 	return f
+}
+
+// WindowBound returns bound, the most deliveries a 1 s window may hold at
+// rate on a machine that never stalls, widened by the longest stall
+// measured so far.
+func (f *faultFleet) WindowBound(bound int, rate float64) int {
+	return testenv.WindowBound(bound, rate, f.Stalls.Max())
 }
 
 // Name returns the fleet's bucket and queue name.

@@ -20,3 +20,27 @@ func TestRateFloor(t *testing.T) {
 		}
 	}
 }
+
+func TestWindowBound(t *testing.T) {
+	for _, tt := range []struct {
+		stall time.Duration
+		want  int
+	}{
+		{0, 30},
+		{50 * time.Millisecond, 30}, // within one interval at 20/s
+		{120 * time.Millisecond, 33},
+	} {
+		if got := WindowBound(30, 20, tt.stall); got != tt.want {
+			t.Errorf("WindowBound(30, 20, %v) = %d, want %d", tt.stall, got, tt.want)
+		}
+	}
+}
+
+func TestMeasureStalls(t *testing.T) {
+	s := MeasureStalls(t)
+	time.Sleep(50 * time.Millisecond)
+	// A timer never fires early, so some lateness is always measured.
+	if s.Max() <= 0 || s.Max() > 10*time.Second {
+		t.Errorf("Max = %v after 50 ms, want a small positive lateness", s.Max())
+	}
+}

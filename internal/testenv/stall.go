@@ -1,0 +1,57 @@
+package testenv
+
+import (
+	"math"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Stalls measures how late this process's goroutines wake up while a test
+// runs: the longest overshoot of a 5 ms sleep, which on a loaded CI machine
+// is the longest time everything stood still. Timing bounds of a test may
+// be widened by what it measured, and only by that. Start it with
+// MeasureStalls; it stops when the test ends.
+type Stalls struct {
+	max  atomic.Int64 // time.Duration
+	done chan struct{}
+}
+
+// MeasureStalls starts measuring until t ends.
+func MeasureStalls(t testing.TB) *Stalls {
+	s := &Stalls{done: make(chan struct{})}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			start := time.Now()
+			select {
+			case <-s.done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if late := time.Since(start) - 5*time.Millisecond; late > time.Duration(s.max.Load()) {
+				s.max.Store(int64(late))
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(s.done)
+		<-stopped
+	})
+	return s
+}
+
+// Max returns the longest stall measured so far.
+func (s *Stalls) Max() time.Duration { return time.Duration(s.max.Load()) }
+
+// WindowBound returns the most events a limiter at rate may show in any
+// window, given bound for a machine that never stalls: a stall longer
+// than one event's interval releases the events held up during it
+// together, so the bound grows by the events due in the stall.
+func WindowBound(bound int, rate float64, stall time.Duration) int {
+	if stall <= time.Duration(float64(time.Second)/rate) {
+		return bound
+	}
+	return bound + int(math.Ceil(rate*stall.Seconds()))
+}
