@@ -208,8 +208,11 @@ type LimitError struct {
 	Action Action
 	// Reason says why, in a few words, for logs and dead-letter headers.
 	Reason string
-	// RetryAt is, for ActionDelay, the instant on the store's clock when
-	// the layer will have room (if nobody else takes it first).
+	// Wait is how long after the store's answer the layer will have room,
+	// if nobody else takes it first; RetryAt is that instant on the
+	// store's clock, set for ActionDelay only. Both are 0 for a cost that
+	// can never pass.
+	Wait    time.Duration
 	RetryAt time.Time
 	err     error
 }
@@ -313,13 +316,17 @@ func CostError(l Layer, cost int) error {
 // its OnExceed action, with room after wait. Stores call it so that every
 // store words its refusals alike.
 func ExceededError(l Layer, at time.Time, wait time.Duration) *LimitError {
+	shown := wait.Round(time.Millisecond) // the reason is for people
+	if wait >= time.Minute {
+		shown = wait.Round(time.Second)
+	}
 	var reason string
 	if l.IsQuota() {
-		reason = fmt.Sprintf("quota of %d per %s used up; resets in %v", l.Quota, l.Per, wait)
+		reason = fmt.Sprintf("quota of %d per %s used up; resets in %v", l.Quota, l.Per, shown)
 	} else {
-		reason = fmt.Sprintf("rate %g/s (burst %d) exceeded; room in %v", l.Rate, l.Burst, wait)
+		reason = fmt.Sprintf("rate %g/s (burst %d) exceeded; room in %v", l.Rate, l.Burst, shown)
 	}
-	e := &LimitError{Layer: l.Name, Action: l.OnExceed, Reason: reason}
+	e := &LimitError{Layer: l.Name, Action: l.OnExceed, Reason: reason, Wait: wait}
 	if l.OnExceed == ActionDelay {
 		e.RetryAt = at.Add(wait)
 	}
