@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttlehq/throttle/internal/testenv"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
 
 // The tests in this file hold the limit of a fleet of throttle processes
@@ -254,4 +256,68 @@ func TestFaultFleetRateCut(t *testing.T) {
 // repetitions, to stay within a minute.
 func TestFaultFleetRateCutMixed(t *testing.T) {
 	faultRateCut(t, []float64{20, 30}, 5, 5, 4)
+}
+
+// TestFaultOverrideOutOfRange is issue 11 item 2 through the binary: with
+// one replica at 20/s, 'bucket set --rate 1e20' turned the limit off (300
+// deliveries in one second), and status and the metrics showed
+// -9223372036854776/s. Now the command is a usage error that changes
+// nothing; and an override out of range that Redis holds anyway (written
+// by an older binary) is ignored by the replica, which keeps its
+// configured rate, while 'bucket status' shows it as Redis holds it.
+func TestFaultOverrideOutOfRange(t *testing.T) {
+	const (
+		rate  = 20.0
+		burst = 5
+	)
+	srv := faultStartRedis(t)
+	f := faultStartFleet(t, faultFleetSpec{Redis: "  addr: " + srv.Addr() + "\n", Rates: []float64{rate}, Burst: burst, Metrics: true})
+	metrics := f.Procs[0].MetricsAddr(t)
+	f.Publish(0, 300)
+	faultWaitFlowing(t, f, burst)
+
+	code, _, stderr := f.Admin("set", "--rate", "1e20")
+	t.Logf("bucket set --rate 1e20: exit %d: %s", code, strings.TrimSpace(stderr))
+	if code != 2 || !strings.Contains(stderr, "--rate") {
+		t.Errorf("bucket set --rate 1e20: exit %d, want 2 with a message naming --rate:\n%s", code, stderr)
+	}
+
+	// What an older binary wrote.
+	admin, err := redislimiter.NewAdmin(srv.Client(), redislimiter.AdminConfig{Bucket: f.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Client().HSet(context.Background(), admin.Keys()[1], "rate", "1e20").Err(); err != nil {
+		t.Fatal(err)
+	}
+	writtenAt := time.Now()
+	faultSleepUntil(context.Background(), writtenAt.Add(3*time.Second))
+	end := time.Now()
+	ts := f.Sink.times()
+	n := faultCount(ts, writtenAt, end)
+	_, body := cliGet("http://" + metrics + "/metrics")
+	effective := cliMetric(body, "throttle_bucket_effective_rate")
+	code, stdout, _ := f.Admin("status", "--json")
+	t.Logf("override rate 1e20 in Redis: %d deliveries in the next %.1f s (per second %v); throttle_bucket_effective_rate %v; bucket status --json:\n%s",
+		n, end.Sub(writtenAt).Seconds(), faultPerSecond(ts, writtenAt, end), effective, stdout)
+	if limit := f.WindowBound(int(rate)+burst, rate); faultWorstWindow(ts, writtenAt, end, time.Second).N > limit {
+		t.Errorf("busiest 1 s window after the out-of-range override: %d, want at most %d", faultWorstWindow(ts, writtenAt, end, time.Second).N, limit)
+	}
+	if effective != rate {
+		t.Errorf("throttle_bucket_effective_rate = %v, want the configured %v", effective, rate)
+	}
+	var st struct {
+		Rate     *float64 `json:"rate"`
+		Override *struct {
+			Ignored bool   `json:"ignored"`
+			RawRate string `json:"raw_rate"`
+		} `json:"override"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil || code != 0 {
+		t.Fatalf("bucket status --json: exit %d, %v", code, err)
+	}
+	if st.Override == nil || !st.Override.Ignored || st.Override.RawRate != "1e20" || st.Rate == nil || *st.Rate != rate {
+		t.Errorf("bucket status --json: rate %v, override %+v; want the configured rate and the override shown as ignored with raw_rate 1e20", st.Rate, st.Override)
+	}
+	f.Stop()
 }
