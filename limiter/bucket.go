@@ -323,7 +323,15 @@ func (b *Bucket) Pause(ctx context.Context, d time.Duration) error {
 	d = min(d, b.opts.MaxPause)
 	b.lease.drop()
 	if b.Mode() == ModeShared {
-		err := b.store.Pause(ctx, d)
+		var err error
+		if ap, ok := b.store.(AttributedPauser); ok {
+			err = ap.PauseBy(ctx, d, b.opts.ReplicaID)
+		} else {
+			err = b.store.Pause(ctx, d)
+		}
+		if err == nil {
+			b.observePaused(d, b.opts.ReplicaID)
+		}
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
@@ -403,6 +411,12 @@ func (b *Bucket) observeState(st State) {
 	}
 	if o := b.opts.Observer; o != nil && o.Took != nil {
 		o.Took(st.Tokens, st.Rate, st.Burst)
+	}
+}
+
+func (b *Bucket) observePaused(d time.Duration, by string) {
+	if o := b.opts.Observer; o != nil && o.Paused != nil {
+		o.Paused(d, by)
 	}
 }
 

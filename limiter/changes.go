@@ -41,8 +41,16 @@ func newGeneration() *generation { return &generation{changed: make(chan struct{
 // one, and gives back the tokens this replica leased under the old
 // settings. In fallback it makes the probe ask the store at once.
 func (b *Bucket) changed() {
-	old := b.gen.Swap(newGeneration())
+	gen := newGeneration()
+	old := b.gen.Swap(gen)
 	close(old.changed)
+	if o := b.opts.Observer; o != nil && o.Paused != nil && b.Mode() == ModeShared {
+		// Read what changed (the read serves the sleepers too) and
+		// report a pause that another replica set.
+		if st, _, err := b.settings(context.Background(), gen); err == nil && st.PausedFor > 0 && st.PausedBy != b.opts.ReplicaID {
+			o.Paused(st.PausedFor, st.PausedBy)
+		}
+	}
 	if b.Mode() != ModeShared {
 		select { // the store is back for someone: probe now
 		case b.fb.probeNow <- struct{}{}:

@@ -80,6 +80,15 @@ func (s *clockedStore) Pause(_ context.Context, d time.Duration) error {
 	return nil
 }
 
+func (s *clockedStore) PauseBy(_ context.Context, d time.Duration, by string) error {
+	if err := s.fail(); err != nil {
+		return err
+	}
+	s.mem().PauseByAt(s.clk.Now(), d, by)
+	s.announce()
+	return nil
+}
+
 // setRate changes the rate now, as an operator's override, and announces
 // it.
 func (s *clockedStore) setRate(t *testing.T, rate float64, burst int) {
@@ -553,5 +562,35 @@ func TestFallbackAssumesTheQueueKeptItsDepth(t *testing.T) {
 	// Local 10/s from +150 + 200 ms: due at +450 ms.
 	if got := r.grants(); len(got) != 2 || !equalDurations(got[1:], []time.Duration{ms(450)}) {
 		t.Fatalf("grants at %v; want the last shared one at +200 ms, then the local one at +450 ms", got)
+	}
+}
+
+// TestObserverHearsPauses: the Observer hears this replica's own pause and
+// one that another replica set, with who set it, so that a replica can log
+// "bucket paused 3s by push-back from replica r2".
+func TestObserverHearsPauses(t *testing.T) {
+	type pause struct {
+		d  time.Duration
+		by string
+	}
+	heard := make(chan pause, 4)
+	obs := &limiter.Observer{Paused: func(d time.Duration, by string) { heard <- pause{d, by} }}
+	r := newRig(t, 10, 5, 1, limiter.Options{ReplicaID: "r1", Observer: obs})
+	if err := r.b.Pause(context.Background(), 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if p := <-heard; p != (pause{3 * time.Second, "r1"}) {
+		t.Fatalf("own pause heard as %+v", p)
+	}
+	r.clk.Advance(4 * time.Second)
+	r.store.mem().PauseByAt(r.clk.Now(), 2*time.Second, "r2")
+	r.store.announce()
+	select {
+	case p := <-heard:
+		if p != (pause{2 * time.Second, "r2"}) {
+			t.Fatalf("another replica's pause heard as %+v", p)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("another replica's pause was not heard")
 	}
 }

@@ -85,6 +85,9 @@ type State struct {
 	Override *Override
 	// PausedFor is how long the bucket stays paused, or 0.
 	PausedFor time.Duration
+	// PausedBy names the replica whose push-back set the pause in force,
+	// when the store records it (see AttributedPauser); else "".
+	PausedBy string
 	// Replicas is the number of live replicas known from heartbeats, or 0
 	// when the store does not track them.
 	Replicas int
@@ -174,6 +177,15 @@ type Store interface {
 	// store, for example to size its fallback when the store is down from
 	// the start.
 	Limits() (rate float64, burst int)
+}
+
+// AttributedPauser is implemented by stores that record which replica set
+// a pause, for State.PausedBy. A Bucket pauses with PauseBy, naming itself,
+// when its store implements it.
+type AttributedPauser interface {
+	// PauseBy is Pause, recording by as the replica that paused when the
+	// pause extends the one in force.
+	PauseBy(ctx context.Context, d time.Duration, by string) error
 }
 
 // ReplicaTracker is implemented by stores that count the live replicas of a

@@ -24,6 +24,7 @@ type Memory struct {
 	tokens   float64
 	ts       int64 // µs; the bucket is paused while ts is after now
 	init     bool
+	pausedBy string // who set the pause ending at ts
 }
 
 // NewMemory returns a full in-process bucket that refills at rate tokens per
@@ -213,8 +214,18 @@ func (m *Memory) DrainAt(t time.Time, debt int) {
 	m.save(math.Min(tokens, 0)-float64(max(debt, 0)), ts)
 }
 
+// PauseBy implements AttributedPauser.
+func (m *Memory) PauseBy(_ context.Context, d time.Duration, by string) error {
+	m.PauseByAt(m.now(), d, by)
+	m.notify()
+	return nil
+}
+
 // PauseAt is Pause at an explicit instant.
-func (m *Memory) PauseAt(t time.Time, d time.Duration) {
+func (m *Memory) PauseAt(t time.Time, d time.Duration) { m.PauseByAt(t, d, "") }
+
+// PauseByAt is PauseBy at an explicit instant.
+func (m *Memory) PauseByAt(t time.Time, d time.Duration, by string) {
 	if d <= 0 {
 		return
 	}
@@ -224,6 +235,7 @@ func (m *Memory) PauseAt(t time.Time, d time.Duration) {
 	tokens, ts := m.advance(now)
 	if until := now + d.Microseconds(); until > ts {
 		ts = until
+		m.pausedBy = by
 	}
 	m.save(math.Min(tokens, 0), ts)
 }
@@ -242,6 +254,7 @@ func (m *Memory) StatusAt(t time.Time) State {
 	if ts > now {
 		st.Rate = 0
 		st.PausedFor = time.Duration(ts-now) * time.Microsecond
+		st.PausedBy = m.pausedBy
 	}
 	return st
 }

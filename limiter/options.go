@@ -173,6 +173,13 @@ type Observer struct {
 	ModeChanged func(from, to Mode, err error)
 	// StoreError is called for every failed store call.
 	StoreError func(err error)
+	// Paused is called when this Bucket learns of a push-back pause of the
+	// shared bucket: its own Pause (by is its ReplicaID), or a pause that
+	// another replica set, heard as an announcement of a store that
+	// implements Notifier (by is that replica's ID when the store records
+	// it, else ""). d is how long the pause still holds. It is called from
+	// the Bucket's own goroutines and must not block.
+	Paused func(d time.Duration, by string)
 	// LayerWaited is called after each successful WaitN on a layered
 	// store (besides Waited), with the time it blocked and the layer whose
 	// wait was the longest: "" for the shared bucket, or when it did not

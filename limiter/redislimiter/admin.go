@@ -111,6 +111,9 @@ type BucketStatus struct {
 	Tokens float64
 	// PausedFor is how long a push-back pause still holds, or 0.
 	PausedFor time.Duration
+	// PausedBy is the ReplicaID of the replica whose push-back set the
+	// pause, or "" when unknown.
+	PausedBy string
 	// Override is the runtime override, or nil when none is set.
 	Override *Override
 	// Replicas is the number of live replicas, from their heartbeats.
@@ -132,7 +135,7 @@ func (a *Admin) status(ctx context.Context, nowUS int64) (BucketStatus, error) {
 	malformed := func() (BucketStatus, error) {
 		return BucketStatus{}, storeError("status", a.name, fmt.Errorf("%w: %v", limiter.ErrMalformedReply, v))
 	}
-	if len(v) != 9 {
+	if len(v) != 10 {
 		return malformed()
 	}
 	ints := make([]int64, len(v))
@@ -154,6 +157,7 @@ func (a *Admin) status(ctx context.Context, nowUS int64) (BucketStatus, error) {
 	if n, ok := v[0].(int64); ok {
 		st.Tokens, st.TokensKnown = float64(n)/1000, true
 	}
+	st.PausedBy, _ = v[9].(string)
 	rawRate, hasRate := v[4].(string)
 	rawBurst, hasBurst := v[5].(string)
 	if hasRate || hasBurst {

@@ -253,3 +253,34 @@ func TestConfigurationErrorsAreNotOutages(t *testing.T) {
 		t.Fatalf("Take on a missing server = %v; want ErrStore only", err)
 	}
 }
+
+// TestPauseRecordsWhoPaused: the replica whose push-back set the pause in
+// force is recorded, and a shorter pause by another keeps it.
+func TestPauseRecordsWhoPaused(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 10, Burst: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PauseBy(ctx, time.Minute, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PauseBy(ctx, time.Second, "r2"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Status(ctx)
+	if err != nil || st.PausedBy != "r1" || st.PausedFor < 59*time.Second {
+		t.Fatalf("status = %+v, %v; want paused a minute by r1", st, err)
+	}
+	a, _ := NewAdmin(c, AdminConfig{Bucket: s.cfg.Bucket})
+	if bs, err := a.Status(ctx); err != nil || bs.PausedBy != "r1" {
+		t.Fatalf("admin status = %+v, %v; want paused by r1", bs, err)
+	}
+	if err := a.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Status(ctx); err != nil || st.PausedBy != "" || st.PausedFor != 0 {
+		t.Fatalf("after reset = %+v, %v; want no pause", st, err)
+	}
+}

@@ -146,15 +146,18 @@ return milli(tokens)
 // it. A longer pause already in place is kept. Reservations already made
 // stay valid.
 //
-// KEYS: state, override. ARGV: rate, burst, d_us, now_us, channel. Reply:
-// paused_us.
+// KEYS: state, override. ARGV: rate, burst, d_us, now_us, channel, by (the
+// pausing replica, recorded in the state's "by" field when this pause is
+// the longer). Reply: paused_us.
 var pauseScript = redis.NewScript(prelude + `
 local now = now_us(ARGV[4])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
 local tokens, ts = load(KEYS[1], now, rate, burst)
 local untl = now + tonumber(ARGV[3])
-if untl > ts then ts = untl end
+local longer = untl > ts
+if longer then ts = untl end
 save(KEYS[1], math.min(tokens, 0), ts, now, rate, burst)
+if longer then redis.call('HSET', KEYS[1], 'by', ARGV[6]) end
 redis.call('PUBLISH', ARGV[5], 'pause')
 return clamp(ts - now)
 `)
@@ -168,20 +171,21 @@ return clamp(ts - now)
 // Reply: {tokens_milli (or false when unknown), effective_rate_milli (the
 // refill rate apart from a pause, 0 when unknown), burst (0 when unknown),
 // paused_us, override_rate (verbatim, or false), override_burst (verbatim,
-// or false), override_ttl_ms, replicas, now_us}.
+// or false), override_ttl_ms, replicas, now_us, paused_by ("" when not
+// paused or unknown)}.
 var statusScript = redis.NewScript(prelude + `
 local now = now_us(ARGV[3])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
-local st = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-local paused = 0
+local st = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'by')
+local paused, by = 0, ''
 local ts = tonumber(st[2])
-if ts and ts > now then paused = clamp(ts - now) end
+if ts and ts > now then paused = clamp(ts - now); by = st[3] or '' end
 local tokens = false
 if rate > 0 and burst > 0 then tokens = milli(load(KEYS[1], now, rate, burst)) end
 local ov = redis.call('HMGET', KEYS[2], 'rate', 'burst')
 local ottl = redis.call('PTTL', KEYS[2])
 local replicas = redis.call('ZCOUNT', KEYS[3], string.format('(%d', now), '+inf')
-return {tokens, milli(rate), burst, paused, ov[1] or false, ov[2] or false, ottl, replicas, now}
+return {tokens, milli(rate), burst, paused, ov[1] or false, ov[2] or false, ottl, replicas, now, by}
 `)
 
 // drainScript empties the bucket and reserves debt tokens ahead, keeping a

@@ -27,7 +27,7 @@ func (c clocked) RefundAt(now time.Time, n int) error {
 }
 
 func (c clocked) PauseAt(now time.Time, d time.Duration) error {
-	return c.s.pause(context.Background(), now.UnixMicro(), d)
+	return c.s.pause(context.Background(), now.UnixMicro(), d, "")
 }
 
 func (c clocked) StatusAt(now time.Time) (limiter.State, error) {

@@ -320,14 +320,20 @@ func (s *Store) refund(ctx context.Context, nowUS int64, tokens int) error {
 
 // Pause implements limiter.Store.
 func (s *Store) Pause(ctx context.Context, d time.Duration) error {
-	return s.pause(ctx, 0, d)
+	return s.pause(ctx, 0, d, "")
 }
 
-func (s *Store) pause(ctx context.Context, nowUS int64, d time.Duration) error {
+// PauseBy implements limiter.AttributedPauser: Pause, recording by as the
+// replica that paused (Admin's BucketStatus.PausedBy, limiter.State.PausedBy).
+func (s *Store) PauseBy(ctx context.Context, d time.Duration, by string) error {
+	return s.pause(ctx, 0, d, by)
+}
+
+func (s *Store) pause(ctx context.Context, nowUS int64, d time.Duration, by string) error {
 	if d <= 0 {
 		return nil
 	}
-	if err := pauseScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, d.Microseconds(), nowUS, s.channel).Err(); err != nil {
+	if err := pauseScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, d.Microseconds(), nowUS, s.channel, by).Err(); err != nil {
 		return s.fail("pause", err)
 	}
 	return nil
@@ -361,6 +367,7 @@ func (s *Store) status(ctx context.Context, nowUS int64) (limiter.State, error) 
 		Rate:            bs.Rate,
 		Burst:           bs.Burst,
 		PausedFor:       bs.PausedFor,
+		PausedBy:        bs.PausedBy,
 		ConfiguredRate:  s.cfg.Rate,
 		ConfiguredBurst: s.cfg.Burst,
 		Replicas:        bs.Replicas,
@@ -409,6 +416,7 @@ func (s *Store) malformed(op string, v []int64) error {
 
 var _ limiter.Store = (*Store)(nil)
 var _ limiter.ReplicaTracker = (*Store)(nil)
+var _ limiter.AttributedPauser = (*Store)(nil)
 
 // Buckets returns the names of the buckets that have keys in Redis under
 // prefix (DefaultPrefix when empty), sorted. A bucket has keys while it is
