@@ -40,6 +40,15 @@ type layerPending struct {
 	ready chan struct{}
 }
 
+var layerPendingPool = sync.Pool{New: func() any { return &layerPending{ready: make(chan struct{}, 1)} }}
+
+// release recycles p once its caller has its answer. Its ready channel is
+// empty then: every signal sent to it was received.
+func (p *layerPending) release() {
+	*p = layerPending{ready: p.ready}
+	layerPendingPool.Put(p)
+}
+
 func (b *layerBatcher) take(ctx context.Context, req limiter.LayerRequest, keys []string) (limiter.LayerResult, error) {
 	b.mu.Lock()
 	if !b.flushing {
@@ -51,9 +60,11 @@ func (b *layerBatcher) take(ctx context.Context, req limiter.LayerRequest, keys 
 		b.mu.Unlock()
 		return res, err
 	}
-	p := &layerPending{req: req, keys: keys, ready: make(chan struct{}, 1)}
+	p := layerPendingPool.Get().(*layerPending)
+	p.req, p.keys = req, keys
 	b.queue = append(b.queue, p)
 	b.mu.Unlock()
+	defer p.release()
 
 	select {
 	case <-p.ready:

@@ -3,6 +3,8 @@ package redislimiter
 import (
 	"context"
 	"fmt"
+	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -107,4 +109,59 @@ func TestLayerAdmin(t *testing.T) {
 	if n, err := l.CountLayerKeys(ctx, c, "per-key"); err != nil || n.Exact {
 		t.Errorf("CountLayerKeys with a scan limit of 1 = %+v, %v; want an estimate", n, err)
 	}
+}
+
+// TestLayeredBatchedConcurrent sends layered takes from 64 goroutines, so
+// that they are batched into pipelines, some of them with contexts that end
+// while queued or in flight: every grant a caller received was charged on
+// the shared bucket and on its key, and nothing else was.
+func TestLayeredBatchedConcurrent(t *testing.T) {
+	c := newClient(t)
+	l := newLayered(t, c, 0.001, 10000, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 0.001, Burst: 5}})
+	const keys = 20
+	var mu sync.Mutex
+	granted := map[string]int{}
+	total := 0
+	var wg sync.WaitGroup
+	for g := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 10 {
+				key := fmt.Sprint("k", (g*10+i)%keys)
+				ctx, cancel := context.WithCancel(context.Background())
+				if (g+i)%7 == 0 {
+					ctx, cancel = context.WithTimeout(context.Background(), time.Duration(i)*100*time.Microsecond)
+				}
+				res, err := l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": key}})
+				cancel()
+				if err == nil && res.Granted {
+					mu.Lock()
+					granted[key]++
+					total++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	ctx := context.Background()
+	st, err := l.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(st.Tokens-float64(10000-total)) > 0.5 {
+		t.Errorf("shared tokens = %v after %d grants, want %d", st.Tokens, total, 10000-total)
+	}
+	for k := range keys {
+		key := fmt.Sprint("k", k)
+		ls, err := l.LayerStatus(ctx, "per-key", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if granted[key] > 5 || math.Abs(ls.Tokens-float64(5-granted[key])) > 0.5 {
+			t.Errorf("key %s: %d grants, %v tokens left; want at most 5 grants and 5 - grants left", key, granted[key], ls.Tokens)
+		}
+	}
+	t.Logf("%d grants over %d keys", total, keys)
 }
