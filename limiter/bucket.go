@@ -41,6 +41,9 @@ type Bucket struct {
 	// or status. Leasing and the default fallback share wait for it.
 	countKnown  atomic.Bool
 	recoveredAt atomic.Int64 // unix nanoseconds of the last switch back to ModeShared
+	// heardPauseEnd is the end (store clock, µs) of the last pause of
+	// another replica reported to Observer.Paused.
+	heardPauseEnd atomic.Int64
 
 	lease leasePool
 	// layered is the local fallback's layer state (bucket_layers.go).

@@ -47,7 +47,9 @@ func (b *Bucket) changed() {
 	if o := b.opts.Observer; o != nil && o.Paused != nil && b.Mode() == ModeShared {
 		// Read what changed (the read serves the sleepers too) and
 		// report a pause that another replica set.
-		if st, _, err := b.settings(context.Background(), gen); err == nil && st.PausedFor > 0 && st.PausedBy != b.opts.ReplicaID {
+		st, _, err := b.settings(context.Background(), gen)
+		if end := st.At.Add(st.PausedFor).UnixMicro(); err == nil && st.PausedFor > 0 && st.PausedBy != b.opts.ReplicaID &&
+			b.heardPauseEnd.Swap(end) != end { // once per pause, not per announcement
 			o.Paused(st.PausedFor, st.PausedBy)
 		}
 	}

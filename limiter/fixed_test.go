@@ -593,4 +593,13 @@ func TestObserverHearsPauses(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("another replica's pause was not heard")
 	}
+	// Another announcement during the same pause is not a new pause.
+	r.store.announce()
+	r.store.announce()
+	r.clk.Advance(time.Second)
+	r.store.mem().PauseByAt(r.clk.Now(), 3*time.Second, "r3")
+	r.store.announce()
+	if p := <-heard; p != (pause{3 * time.Second, "r3"}) {
+		t.Fatalf("after repeated announcements, heard %+v; want only the new pause by r3", p)
+	}
 }
