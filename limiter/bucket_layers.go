@@ -34,7 +34,8 @@ type Request struct {
 // layer's burst or quota returns a *LimitError that also matches
 // ErrCostExceedsBurst.
 //
-// On a store without layers WaitN is Wait(ctx, req.Cost). With layers,
+// On a store without layers WaitN is Wait(ctx, req.Cost); on a layered
+// store, Wait and Allow decide the shared bucket alone. With layers,
 // every call asks the store, in one round trip, since the keyed layers must
 // be decided there; tokens this replica leased are used for the shared
 // bucket when it has them.
