@@ -18,8 +18,8 @@ import (
 )
 
 // kafkaE2E runs throttle replicas, built from this tree, against one Kafka
-// topic of kafkaE2EPartitions partitions (kfake, or KAFKA_BROKERS when set),
-// the real Redis and an HTTP sink that counts every request.
+// topic (kfake, or KAFKA_BROKERS when set), the real Redis and an HTTP sink
+// that counts every request.
 type kafkaE2E struct {
 	t                  *testing.T
 	bin, redis         string
@@ -28,24 +28,32 @@ type kafkaE2E struct {
 	sink               *cliSink
 	dir                string
 	rate               float64
-	burst, queue, conc int
-	admin              *kadm.Client
-	replicas           []*cliProcess
+	burst, conc        int
+	partitions         int32
+	// extraLimit and extraSource are YAML lines added to the limit and
+	// source.kafka sections, indented.
+	extraLimit, extraSource string
+	admin                   *kadm.Client
+	replicas                []*cliProcess
 }
 
 const kafkaE2EPartitions = 6
 
 func newKafkaE2E(t *testing.T, bin string, rate float64) *kafkaE2E {
+	return newKafkaE2EWith(t, bin, rate, kafkaE2EPartitions)
+}
+
+func newKafkaE2EWith(t *testing.T, bin string, rate float64, partitions int32) *kafkaE2E {
 	t.Helper()
 	e := &kafkaE2E{
 		t: t, bin: bin, redis: testenv.RedisAddr(t), name: cliName(t),
-		sink: cliNewSink(t), dir: t.TempDir(), rate: rate, burst: 5,
+		sink: cliNewSink(t), dir: t.TempDir(), rate: rate, burst: 5, partitions: partitions,
 	}
 	e.topic, e.group = e.name+"-topic", e.name+"-group"
 	if brokers := testenv.KafkaBrokers(); len(brokers) > 0 {
 		e.brokers = brokers
 	} else {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(kafkaE2EPartitions, e.topic),
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, e.topic),
 			kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1))
 		if err != nil {
 			t.Fatalf("starting kfake: %v", err)
@@ -56,7 +64,7 @@ func newKafkaE2E(t *testing.T, bin string, rate float64) *kafkaE2E {
 	e.admin = kadm.NewClient(suiteKgo(t, e.brokers))
 	if len(testenv.KafkaBrokers()) > 0 {
 		ctx := testenv.Context(t, 30*time.Second)
-		if _, err := e.admin.CreateTopic(ctx, kafkaE2EPartitions, -1, nil, e.topic); err != nil {
+		if _, err := e.admin.CreateTopic(ctx, partitions, -1, nil, e.topic); err != nil {
 			t.Fatalf("creating topic %s: %v", e.topic, err)
 		}
 		t.Cleanup(func() {
@@ -94,6 +102,7 @@ func (e *kafkaE2E) start() *cliProcess {
 	if e.conc > 0 {
 		fmt.Fprintf(&extra, "    concurrency: %d\n", e.conc)
 	}
+	extra.WriteString(e.extraSource)
 	cfg := fmt.Sprintf(`
 redis:
   addr: %q
@@ -102,7 +111,7 @@ limit:
   bucket: %s
   rate: %v
   burst: %d
-source:
+%ssource:
   kafka:
     brokers: [%s]
     topic: %s
@@ -117,7 +126,7 @@ metrics:
   listen: %q
 log:
   level: info
-`, e.redis, e.name, e.rate, e.burst, kafkaE2EList(e.brokers), e.topic, e.group, extra.String(), e.sink.srv.URL+"/send",
+`, e.redis, e.name, e.rate, e.burst, e.extraLimit, kafkaE2EList(e.brokers), e.topic, e.group, extra.String(), e.sink.srv.URL+"/send",
 		cliFreeAddr(e.t))
 	path := filepath.Join(e.dir, fmt.Sprintf("replica-%d.yaml", i))
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
@@ -141,24 +150,7 @@ func kafkaE2EList(addrs []string) string {
 // have partitions.
 func (e *kafkaE2E) waitMembers(n int, d time.Duration) {
 	e.t.Helper()
-	cliWait(e.t, d, fmt.Sprintf("group stable with %d members", n), func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		gs, err := e.admin.DescribeGroups(ctx, e.group)
-		if err != nil {
-			return false
-		}
-		g := gs[e.group]
-		if g.State != "Stable" || len(g.Members) != n {
-			return false
-		}
-		for _, m := range g.Members {
-			if a, ok := m.Assigned.AsConsumer(); !ok || len(a.Topics) == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	testenv.WaitGroupStable(e.t, e.admin, e.group, n, d)
 }
 
 // waitDelivered waits until the sink received n distinct messages.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/kafka"
+	"github.com/throttlehq/throttle/internal/testenv"
 )
 
 // suitePartitions is the number of partitions of each test topic: two for
@@ -89,30 +90,7 @@ func (q *suiteTopic) replica(t *testing.T, spec suiteReplicaSpec) suiteRunner {
 // have partitions, so that no rebalance interrupts the test.
 func (q *suiteTopic) waitConsumers(t *testing.T, n int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		gs, err := q.admin.DescribeGroups(ctx, q.group)
-		if err == nil {
-			g := gs[q.group]
-			ok := g.State == "Stable" && len(g.Members) == n
-			for _, m := range g.Members {
-				if a, isConsumer := m.Assigned.AsConsumer(); !isConsumer || len(a.Topics) == 0 {
-					ok = false
-				}
-			}
-			if ok {
-				return
-			}
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("group %s did not become stable with %d members: %v (last error: %v)", q.group, n, ctx.Err(), err)
-		case <-tick.C:
-		}
-	}
+	testenv.WaitGroupStable(t, q.admin, q.group, n, 30*time.Second)
 }
 
 // publish writes the bodies round-robin over the partitions, so that every
