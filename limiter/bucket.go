@@ -41,6 +41,8 @@ type Bucket struct {
 	// or status. Leasing and the default fallback share wait for it.
 	countKnown  atomic.Bool
 	recoveredAt atomic.Int64 // unix nanoseconds of the last switch back to ModeShared
+	// granted counts the tokens Wait and Allow granted since New.
+	granted atomic.Int64
 	// heardPauseEnd is the end (store clock, µs) of the last pause of
 	// another replica reported to Observer.Paused.
 	heardPauseEnd atomic.Int64
@@ -117,6 +119,12 @@ func (b *Bucket) Mode() Mode { return *b.mode.Load() }
 // ReplicaID returns the name this replica uses in heartbeats.
 func (b *Bucket) ReplicaID() string { return b.opts.ReplicaID }
 
+// Granted returns the tokens Wait and Allow granted since New.
+func (b *Bucket) Granted() int64 { return b.granted.Load() }
+
+// Waiting returns the number of Wait calls that wait for the store now.
+func (b *Bucket) Waiting() int { return int(b.waiting.Load()) }
+
 // Replicas returns the number of live replicas seen in the last heartbeat,
 // or 1 when the store does not track replicas.
 func (b *Bucket) Replicas() int { return int(b.replicas.Load()) }
@@ -135,7 +143,7 @@ func (b *Bucket) Check(ctx context.Context) error {
 		b.observeState(st)
 		if rt, ok := b.store.(ReplicaTracker); ok {
 			var n int
-			if n, err = rt.Heartbeat(ctx, b.opts.ReplicaID, 3*b.opts.HeartbeatInterval); err == nil && n > 0 {
+			if n, err = b.beat(ctx, rt); err == nil && n > 0 {
 				b.setReplicas(n)
 			}
 		}
@@ -153,6 +161,14 @@ func (b *Bucket) Check(ctx context.Context) error {
 // back to the bucket. A cost above the burst fails at once with
 // ErrCostExceedsBurst.
 func (b *Bucket) Wait(ctx context.Context, cost int) error {
+	err := b.wait(ctx, cost)
+	if err == nil {
+		b.granted.Add(int64(cost))
+	}
+	return err
+}
+
+func (b *Bucket) wait(ctx context.Context, cost int) error {
 	if cost < 1 {
 		return fmt.Errorf("cost %d: %w", cost, ErrInvalidCost)
 	}
@@ -258,6 +274,14 @@ func (b *Bucket) horizon() time.Duration {
 // did. In ModeClosed it reports false and in ModeOpen true without asking
 // the store.
 func (b *Bucket) Allow(ctx context.Context, cost int) (bool, error) {
+	ok, err := b.allow(ctx, cost)
+	if ok && err == nil {
+		b.granted.Add(int64(cost))
+	}
+	return ok, err
+}
+
+func (b *Bucket) allow(ctx context.Context, cost int) (bool, error) {
 	if cost < 1 {
 		return false, fmt.Errorf("cost %d: %w", cost, ErrInvalidCost)
 	}

@@ -603,3 +603,42 @@ func TestObserverHearsPauses(t *testing.T) {
 		t.Fatalf("after repeated announcements, heard %+v; want only the new pause by r3", p)
 	}
 }
+
+// reportingStore records the reports heartbeats carry.
+type reportingStore struct {
+	*trackedStore
+	reports chan limiter.ReplicaReport
+}
+
+func (s *reportingStore) HeartbeatReport(ctx context.Context, id string, ttl time.Duration, r limiter.ReplicaReport) (int, error) {
+	s.reports <- r
+	return s.Heartbeat(ctx, id, ttl)
+}
+
+// TestHeartbeatCarriesTheReport: each heartbeat says the replica's mode,
+// the tokens it granted so far and its waiting calls, for `bucket watch`.
+func TestHeartbeatCarriesTheReport(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := &reportingStore{trackedStore: &trackedStore{clockedStore: newClockedStore(t, clk, 10, 5, 1)}, reports: make(chan limiter.ReplicaReport, 8)}
+	b, err := limiter.New(s, limiter.Options{Clock: clk, Logger: discardLogger(), Lease: limiter.LeaseOptions{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if r := <-s.reports; r != (limiter.ReplicaReport{Mode: limiter.ModeShared}) { // the first beat, at start
+		t.Fatalf("first report = %+v", r)
+	}
+	for range 3 {
+		if ok, err := b.Allow(context.Background(), 1); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+	}
+	if err := b.Wait(context.Background(), 2); err != nil {
+		t.Fatal(err)
+	}
+	clk.WaitTimers(t, 1)
+	clk.Advance(500 * time.Millisecond) // the second beat
+	if r := <-s.reports; r != (limiter.ReplicaReport{Mode: limiter.ModeShared, Granted: 5}) {
+		t.Fatalf("report after granting 5 tokens = %+v", r)
+	}
+}

@@ -11,13 +11,12 @@ import (
 // and fallback shares for it.
 func (b *Bucket) heartbeat(rt ReplicaTracker) {
 	defer b.wg.Done()
-	ttl := 3 * b.opts.HeartbeatInterval
 	t := b.clock.NewTimer(min(b.opts.HeartbeatInterval, 500*time.Millisecond))
 	defer t.Stop()
 	for {
 		if b.Mode() == ModeShared {
 			ctx, cancel := context.WithTimeout(context.Background(), b.opts.HeartbeatInterval)
-			n, err := rt.Heartbeat(ctx, b.opts.ReplicaID, ttl)
+			n, err := b.beat(ctx, rt)
 			cancel()
 			if err == nil && n > 0 {
 				b.setReplicas(n)
@@ -30,6 +29,16 @@ func (b *Bucket) heartbeat(rt ReplicaTracker) {
 			t.Reset(b.opts.HeartbeatInterval)
 		}
 	}
+}
+
+// beat sends one heartbeat, with this replica's report when the tracker
+// takes one.
+func (b *Bucket) beat(ctx context.Context, rt ReplicaTracker) (int, error) {
+	ttl := 3 * b.opts.HeartbeatInterval
+	if r, ok := rt.(ReportingTracker); ok {
+		return r.HeartbeatReport(ctx, b.opts.ReplicaID, ttl, ReplicaReport{Mode: b.Mode(), Granted: b.Granted(), Waiting: b.Waiting()})
+	}
+	return rt.Heartbeat(ctx, b.opts.ReplicaID, ttl)
 }
 
 // setReplicas records the live replica count. For three heartbeat

@@ -199,6 +199,27 @@ type ReplicaTracker interface {
 	Leave(ctx context.Context, id string) error
 }
 
+// ReplicaReport is what a Bucket says about itself with each heartbeat, for
+// operators' tools. It is a plain value.
+type ReplicaReport struct {
+	// Mode is how the Bucket limits now.
+	Mode Mode
+	// Granted is the number of tokens its Wait and Allow granted since it
+	// started: a counter, so that a reader derives the rate from two reads.
+	Granted int64
+	// Waiting is the number of Wait calls waiting for the store now.
+	Waiting int
+}
+
+// ReportingTracker is a ReplicaTracker that also records each replica's
+// report. A Bucket sends its heartbeats with HeartbeatReport when its store
+// implements it.
+type ReportingTracker interface {
+	ReplicaTracker
+	// HeartbeatReport is Heartbeat, recording r for replica id.
+	HeartbeatReport(ctx context.Context, id string, ttl time.Duration, r ReplicaReport) (int, error)
+}
+
 // Notifier is implemented by stores that announce the changes operators and
 // push-back make to a bucket (a rate override, a fill, a reset, a pause) to
 // every replica. A Bucket that hears one takes again the reservations its

@@ -253,6 +253,16 @@ type Replica struct {
 	// Config.Burst), or 0 when its heartbeat did not carry them.
 	Rate  float64
 	Burst int
+	// Reported is set when the heartbeat carried the replica's report
+	// (limiter.ReplicaReport): Mode, Granted and Waiting are then as of
+	// its last heartbeat, else zero.
+	Reported bool
+	Mode     limiter.Mode
+	// Granted counts the tokens the replica granted since it started; two
+	// reads give its rate.
+	Granted int64
+	// Waiting is the number of its Wait calls waiting for the store.
+	Waiting int
 }
 
 // Replicas returns the live replicas, from their heartbeats, sorted by id.
@@ -267,11 +277,20 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 	out := make([]Replica, 0, len(v)/2)
 	for i := 0; i < len(v); i += 2 {
 		r := Replica{ID: v[i]}
-		if rate, burst, ok := strings.Cut(v[i+1], " "); ok {
-			r.Rate, _ = strconv.ParseFloat(rate, 64)
-			r.Burst, _ = strconv.Atoi(burst)
+		// "rate burst", then from replicas that report it "mode granted
+		// waiting".
+		if f := strings.Fields(v[i+1]); len(f) >= 2 {
+			r.Rate, _ = strconv.ParseFloat(f[0], 64)
+			r.Burst, _ = strconv.Atoi(f[1])
 			if limiter.ValidateRate(r.Rate) != nil || limiter.ValidateBurst(r.Burst) != nil {
 				r.Rate, r.Burst = 0, 0
+			}
+			if len(f) == 5 {
+				granted, gerr := strconv.ParseInt(f[3], 10, 64)
+				waiting, werr := strconv.Atoi(f[4])
+				if f[2] != "-" && gerr == nil && werr == nil && granted >= 0 && waiting >= 0 {
+					r.Mode, r.Granted, r.Waiting, r.Reported = limiter.Mode(f[2]), granted, waiting, true
+				}
 			}
 		}
 		out = append(out, r)

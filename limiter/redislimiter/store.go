@@ -386,7 +386,21 @@ func (s *Store) status(ctx context.Context, nowUS int64) (limiter.State, error) 
 // also records its configured rate and burst, which Replicas reports, so an
 // operator can see replicas that disagree.
 func (s *Store) Heartbeat(ctx context.Context, id string, ttl time.Duration) (int, error) {
-	n, err := heartbeatScript.Run(ctx, s.client, s.allKeys[2:], id, ttl.Microseconds(), 0, s.configArg).Int()
+	return s.heartbeat(ctx, id, ttl, s.configArg)
+}
+
+// HeartbeatReport implements limiter.ReportingTracker: Heartbeat, recording
+// r with the configured limits, which Replicas reports.
+func (s *Store) HeartbeatReport(ctx context.Context, id string, ttl time.Duration, r limiter.ReplicaReport) (int, error) {
+	mode := string(r.Mode)
+	if mode == "" || strings.ContainsAny(mode, " \t\r\n") {
+		mode = "-"
+	}
+	return s.heartbeat(ctx, id, ttl, s.configArg+" "+mode+" "+strconv.FormatInt(r.Granted, 10)+" "+strconv.Itoa(r.Waiting))
+}
+
+func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration, config string) (int, error) {
+	n, err := heartbeatScript.Run(ctx, s.client, s.allKeys[2:], id, ttl.Microseconds(), 0, config).Int()
 	if err != nil {
 		return 0, s.fail("heartbeat", err)
 	}
@@ -417,6 +431,7 @@ func (s *Store) malformed(op string, v []int64) error {
 var _ limiter.Store = (*Store)(nil)
 var _ limiter.ReplicaTracker = (*Store)(nil)
 var _ limiter.AttributedPauser = (*Store)(nil)
+var _ limiter.ReportingTracker = (*Store)(nil)
 
 // Buckets returns the names of the buckets that have keys in Redis under
 // prefix (DefaultPrefix when empty), sorted. A bucket has keys while it is

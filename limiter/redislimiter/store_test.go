@@ -246,10 +246,17 @@ func TestReplicasReportTheirConfiguredLimits(t *testing.T) {
 	c := newClient(t)
 	ctx := context.Background()
 	name := uniqueBucket(t, c)
-	for _, r := range []Replica{{"old", 50, 5}, {"new-1", 120.5, 12}, {"new-2", 120.5, 12}} {
+	rep := func(id string, rate float64, burst int) Replica { return Replica{ID: id, Rate: rate, Burst: burst} }
+	for _, r := range []Replica{rep("old", 50, 5), rep("new-1", 120.5, 12), rep("new-2", 120.5, 12)} {
 		s, err := New(c, Config{Bucket: name, Rate: r.Rate, Burst: r.Burst})
 		if err != nil {
 			t.Fatal(err)
+		}
+		if r.ID == "new-2" { // a replica that reports its state
+			if _, err := s.HeartbeatReport(ctx, r.ID, time.Minute, limiter.ReplicaReport{Mode: limiter.ModeShared, Granted: 1234, Waiting: 3}); err != nil {
+				t.Fatal(err)
+			}
+			continue
 		}
 		if _, err := s.Heartbeat(ctx, r.ID, time.Minute); err != nil {
 			t.Fatal(err)
@@ -263,7 +270,9 @@ func TestReplicasReportTheirConfiguredLimits(t *testing.T) {
 	}
 	c.HSet(ctx, s.allKeys[3], "garbled", "fast 10")
 	got, err := s.Replicas(ctx)
-	want := []Replica{{"garbled", 0, 0}, {"legacy", 0, 0}, {"new-1", 120.5, 12}, {"new-2", 120.5, 12}, {"old", 50, 5}}
+	reported := rep("new-2", 120.5, 12)
+	reported.Reported, reported.Mode, reported.Granted, reported.Waiting = true, limiter.ModeShared, 1234, 3
+	want := []Replica{rep("garbled", 0, 0), rep("legacy", 0, 0), rep("new-1", 120.5, 12), reported, rep("old", 50, 5)}
 	if err != nil || !slices.Equal(got, want) {
 		t.Fatalf("Replicas = %+v, %v; want %+v", got, err, want)
 	}
