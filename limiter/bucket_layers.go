@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -37,8 +38,10 @@ type Request struct {
 // On a store without layers WaitN is Wait(ctx, req.Cost); on a layered
 // store, Wait and Allow decide the shared bucket alone. With layers,
 // every call asks the store, in one round trip, since the keyed layers must
-// be decided there; tokens this replica leased are used for the shared
-// bucket when it has them.
+// be decided there. Leasing (Options.Lease) keeps working for the shared
+// bucket: one call at a time asks for a batch of extra shared tokens with
+// its message, and while this replica holds leased tokens the store call
+// decides the layers alone, which is cheaper for the store.
 //
 // While the store fails, under ModeLocal, the layers are decided in this
 // process at this replica's share, like the shared bucket: each keyed
@@ -76,13 +79,24 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			return err
 		}
 		lr := LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon()}
+		leading := false
 		if b.lease.take(req.Cost) {
 			lr.SkipShared = true
+		} else if extra := b.lease.extra(req.Cost); extra > 0 && b.layered.refilling.CompareAndSwap(false, true) {
+			// One caller at a time asks for a lease of the shared bucket
+			// with its message.
+			lr.Extra, leading = extra, true
 		}
 		gen := b.gen.Load()
 		res, err := ls.TakeLayers(ctx, lr)
+		if leading {
+			b.layered.refilling.Store(false)
+		}
 		if lr.SkipShared && (err != nil || !res.Granted) {
 			b.lease.put(req.Cost) // not used: back to the lease
+		}
+		if err == nil && res.Granted && res.Tokens > req.Cost {
+			b.lease.put(res.Tokens - req.Cost)
 		}
 		if err != nil {
 			if cerr := ctx.Err(); cerr != nil {
@@ -146,12 +160,15 @@ func (b *Bucket) observeLayered(start time.Time, limiting string, err error) {
 	}
 }
 
-// layeredFallback is the layer state of a Bucket's local fallback. It
-// belongs to one local *Memory: a new fallback starts afresh.
+// layeredFallback is a Bucket's layer state: the local fallback's layers,
+// which belong to one local *Memory (a new fallback starts afresh), and
+// whether a WaitN is leasing shared tokens.
 type layeredFallback struct {
 	mu     sync.Mutex
 	shared *Memory
 	local  *LayeredMemory
+	// refilling is set while one WaitN asks for a lease with its message.
+	refilling atomic.Bool
 }
 
 func (b *Bucket) layeredState() *layeredFallback { return &b.layered }

@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync/atomic"
 	"testing"
@@ -276,3 +277,48 @@ func TestWaitNFallbackKeepsLayersAtShare(t *testing.T) {
 }
 
 func nearTokens(a, b float64) bool { return math.Abs(a-b) < 0.0015 }
+
+// recordingLayers records the requests a Bucket sends to its layered store.
+type recordingLayers struct {
+	*layeredClocked
+	reqs []limiter.LayerRequest
+}
+
+func (s *recordingLayers) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
+	s.reqs = append(s.reqs, req)
+	return s.layeredClocked.TakeLayers(ctx, req)
+}
+
+// TestWaitNLeasesTheSharedBucket: with leasing on, one WaitN asks for a
+// batch of shared tokens with its message, and the next ones, served by the
+// lease, ask the store for their layers alone.
+func TestWaitNLeasesTheSharedBucket(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := &recordingLayers{layeredClocked: newLayeredClocked(t, clk, 1e5, 1e5, 1,
+		limiter.Layer{Name: "per-key", Keyed: true, Rate: 10, Burst: 10})}
+	b, err := limiter.New(s, limiter.Options{Clock: clk, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx := context.Background()
+	for i := range 5 {
+		if err := b.WaitN(ctx, keyReq(fmt.Sprint("k", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(s.reqs) != 5 || s.reqs[0].Extra != 999 || s.reqs[0].SkipShared {
+		t.Fatalf("first request = %+v, want a lease of 999 extra tokens (1%% of 1e5/s) with the message", s.reqs[0])
+	}
+	for i, r := range s.reqs[1:] {
+		if !r.SkipShared || r.Extra != 0 {
+			t.Errorf("request %d = %+v, want the layers alone (the lease pays the shared bucket)", i+1, r)
+		}
+	}
+	if st := s.m.StatusAt(clk.Now()); !nearTokens(st.Tokens, 1e5-1000) {
+		t.Errorf("shared tokens = %v, want %v: one lease of 1000", st.Tokens, 1e5-1000)
+	}
+	if got := s.layer(t, "per-key", "k3"); !nearTokens(got.Tokens, 9) {
+		t.Errorf("per-key k3 = %v, want 9: the layer is charged per message", got.Tokens)
+	}
+}

@@ -244,6 +244,11 @@ type LayerRequest struct {
 	// SkipShared leaves the shared bucket out of the decision: the caller
 	// already holds the shared tokens (from its lease).
 	SkipShared bool
+	// Extra asks for up to this many more tokens of the shared bucket (a
+	// lease), granted only when the whole request is granted without a
+	// wait, and only from tokens the shared bucket holds now. The layers
+	// are charged Cost only. LayerResult.Tokens counts them.
+	Extra int
 }
 
 // ErrMissingKey is returned for a request that does not name the key of a
@@ -253,7 +258,8 @@ var ErrMissingKey = errors.New("missing layer key")
 // LayerResult is a layered store's answer.
 type LayerResult struct {
 	// TakeResult is the answer as a whole: Granted and Wait (the longest
-	// wait of the layers) for all layers; Remaining, Rate and Burst describe
+	// wait of the layers) for all layers; Tokens is Cost plus the Extra
+	// shared tokens granted; Remaining, Rate and Burst describe
 	// the shared bucket (zero with SkipShared); At is the store's clock.
 	TakeResult
 	// Limiting names the layer whose wait is Wait, or "" for the shared

@@ -234,7 +234,13 @@ func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult
 		return res, nil
 	}
 
+	got := req.Cost
 	if !req.SkipShared {
+		if wait == 0 && req.Extra > 0 && sAfter >= 1 {
+			k := min(req.Extra, int(math.Floor(sAfter)))
+			sAfter -= float64(k)
+			got += k
+		}
 		m.save(sAfter, sTS)
 		res.Remaining = sAfter
 	}
@@ -245,7 +251,7 @@ func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult
 		}
 		m.buckets[i][keys[i]] = &memLayerBucket{tokens: st[i].tokens - cost, ts: st[i].ts}
 	}
-	res.Granted, res.Tokens = true, req.Cost
+	res.Granted, res.Tokens = true, got
 	res.Wait = time.Duration(wait) * time.Microsecond
 	return res, nil
 }

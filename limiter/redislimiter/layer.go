@@ -205,7 +205,10 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req limiter.Laye
 		res.TakeResult.Remaining, res.TakeResult.Rate, res.TakeResult.Burst = out.Remaining, out.Rate, out.Burst
 		return res, err
 	}
-	out.Granted, out.Tokens = true, req.Cost
+	out.Granted = true
+	if out.Tokens < req.Cost { // the first step granted had no shared bucket
+		out.Tokens = req.Cost
+	}
 	return out, nil
 }
 
@@ -227,13 +230,17 @@ func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string
 		nowUS = at.UnixMicro()
 	}
 	rkeys := make([]string, 0, 2+len(st.layers))
-	args := make([]any, 0, 7+10*len(st.layers))
+	args := make([]any, 0, 8+10*len(st.layers))
 	shared := "0"
 	if st.shared {
 		shared = "1"
 		rkeys = append(rkeys, l.stateKeys...)
 	}
-	args = append(args, nowUS, req.Cost, max(req.MaxWait, 0).Microseconds(), shared, l.rateArg, l.burstArg, len(st.layers))
+	extra := 0
+	if st.shared && !l.cluster { // a refused later step refunds Cost only
+		extra = max(req.Extra, 0)
+	}
+	args = append(args, nowUS, req.Cost, max(req.MaxWait, 0).Microseconds(), shared, l.rateArg, l.burstArg, len(st.layers), extra)
 	for _, i := range st.layers {
 		rkeys = append(rkeys, l.layerKey(i, keys[i]))
 		args = append(args, l.spec[i]...)
@@ -252,7 +259,7 @@ func (l *Layered) takeReply(req limiter.LayerRequest, v []int64, err error, cloc
 	if err != nil {
 		return limiter.LayerResult{}, l.fail("take layers", err)
 	}
-	if len(v) != 7 {
+	if len(v) != 8 {
 		return limiter.LayerResult{}, l.malformed("take layers", v)
 	}
 	res := limiter.LayerResult{TakeResult: limiter.TakeResult{
@@ -272,7 +279,7 @@ func (l *Layered) takeReply(req limiter.LayerRequest, v []int64, err error, cloc
 	}
 	switch v[0] {
 	case 1:
-		res.Granted, res.Tokens = true, req.Cost
+		res.Granted, res.Tokens = true, int(v[7])
 	case 0:
 	case 2:
 		res.Exceeded = limiter.ExceededError(layer, res.At, res.Wait)

@@ -60,13 +60,14 @@ end
 //
 // KEYS: with the shared bucket, its state and override keys; then one key
 // per layer. ARGV: now_us (0: TIME), cost, horizon_us, shared (1/0),
-// shared rate, shared burst, n; then 10 values per layer: index (1-based,
+// shared rate, shared burst, n, extra (shared tokens to lease when all is
+// granted at once); then 10 values per layer: index (1-based,
 // named in the reply), kind (b: bucket, q: quota), rate or quota, burst,
 // action (w: wait, d: dead_letter, y: delay), max_wait_us, and for a quota
 // four window boundaries b0..b3 around the caller's clock (0 for a bucket).
 //
 // Reply: {status, wait_us, layer, remaining_milli, effective_rate_milli,
-// burst, now_us}. status: 1 granted, 0 not granted (come back after
+// burst, now_us, tokens (cost plus the extra granted)}. status: 1 granted, 0 not granted (come back after
 // wait_us), 2 refused by layer's action, -1 cost above the shared burst,
 // -2 cost above layer's burst or quota, -3 no window holds now (a clock
 // skew above a window). layer is the 1-based index of the layer that set
@@ -76,6 +77,7 @@ local now = now_us(ARGV[1])
 local cost, horizon = tonumber(ARGV[2]), tonumber(ARGV[3])
 local shared = ARGV[4] == '1'
 local n = tonumber(ARGV[7])
+local extra = tonumber(ARGV[8])
 local kb = 0
 local srate, sburst, stokens, sts, safter, wait0, eff = 0, 0, 0, 0, 0, 0, 0
 if shared then
@@ -84,7 +86,7 @@ if shared then
   stokens, sts = load(KEYS[1], now, srate, sburst)
   eff = srate
   if sts > now then eff = 0 end
-  if cost > sburst then return {-1, 0, 0, milli(stokens), milli(eff), sburst, now} end
+  if cost > sburst then return {-1, 0, 0, milli(stokens), milli(eff), sburst, now, 0} end
   safter = stokens - cost
   wait0 = sts - now
   if safter < 0 then wait0 = clamp(wait0 + wait_us(-safter, srate)) end
@@ -95,22 +97,22 @@ end
 local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
 local tok, lts, wend, used, w = {}, {}, {}, {}, {}
 for i = 1, n do
-  local a = 7 + (i - 1) * 10
+  local a = 8 + (i - 1) * 10
   local key = KEYS[kb + i]
   idx[i], kind[i] = tonumber(ARGV[a + 1]), ARGV[a + 2]
   rate[i], burst[i] = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   action[i], maxw[i] = ARGV[a + 5], tonumber(ARGV[a + 6])
   if kind[i] == 'q' then
     local quota = rate[i]
-    if cost > quota then return {-2, 0, idx[i], milli(stokens), milli(eff), sburst, now} end
+    if cost > quota then return {-2, 0, idx[i], milli(stokens), milli(eff), sburst, now, 0} end
     local e = window_end(a + 7, now)
-    if not e then return {-3, 0, idx[i], milli(stokens), milli(eff), sburst, now} end
+    if not e then return {-3, 0, idx[i], milli(stokens), milli(eff), sburst, now, 0} end
     wend[i] = e
     used[i] = quota_used(key, e)
     w[i] = 0
     if used[i] + cost > quota then w[i] = e - now end
   else
-    if cost > burst[i] then return {-2, 0, idx[i], milli(stokens), milli(eff), sburst, now} end
+    if cost > burst[i] then return {-2, 0, idx[i], milli(stokens), milli(eff), sburst, now, 0} end
     tok[i], lts[i] = bucket_load(key, now, rate[i], burst[i])
     local wt = lts[i] - now
     local after = tok[i] - cost
@@ -133,7 +135,7 @@ for i = 1, n do
   end
 end
 if refused > 0 then
-  return {2, w[refused], idx[refused], milli(stokens), milli(eff), sburst, now}
+  return {2, w[refused], idx[refused], milli(stokens), milli(eff), sburst, now, 0}
 end
 
 local wait, limiting, qwait = wait0, 0, 0
@@ -142,10 +144,18 @@ for i = 1, n do
   if kind[i] == 'q' and w[i] > qwait then qwait = w[i] end
 end
 if wait > horizon or qwait > 0 then
-  return {0, math.max(wait - horizon, qwait), limiting, milli(stokens), milli(eff), sburst, now}
+  return {0, math.max(wait - horizon, qwait), limiting, milli(stokens), milli(eff), sburst, now, 0}
 end
 
-if shared then save(KEYS[1], safter, sts, now, srate, sburst) end
+local got = cost
+if shared then
+  if wait == 0 and extra > 0 and safter >= 1 then
+    local k = math.min(extra, math.floor(safter))
+    safter = safter - k
+    got = got + k
+  end
+  save(KEYS[1], safter, sts, now, srate, sburst)
+end
 for i = 1, n do
   local key = KEYS[kb + i]
   if kind[i] == 'q' then
@@ -154,7 +164,7 @@ for i = 1, n do
     bucket_save(key, tok[i] - cost, lts[i], now, rate[i], burst[i])
   end
 end
-return {1, wait, limiting, milli(safter), milli(eff), sburst, now}
+return {1, wait, limiting, milli(safter), milli(eff), sburst, now, got}
 `)
 
 // layersRefundScript gives back what layersScript charged. A quota is

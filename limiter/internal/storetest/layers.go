@@ -36,12 +36,14 @@ type lstep struct {
 	op   lop
 
 	cost       int
+	extra      int
 	keys       map[string]string
 	maxWait    time.Duration
 	skipShared bool
 	refundOf   int // lrefund: the index of the take step to refund
 
 	granted  bool
+	got      int // granted tokens, when not cost (extra)
 	wait     time.Duration
 	limiting string
 	exceeded limiter.Action // "" when no layer refuses
@@ -150,6 +152,17 @@ var layerCases = []struct {
 			{op: lshared, remaining: 1},
 			{op: ltake, cost: 1, keys: k("a"), skipShared: true, wait: time.Second, limiting: "per-key"},
 		}},
+	{"extra shared tokens: only when all is granted now, and never on the layers", 10, 5,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 2}},
+		[]lstep{
+			{op: ltake, cost: 1, extra: 2, keys: k("a"), granted: true, got: 3, remaining: 2},
+			{op: lstatus, layer: "per-key", key: "a", tokens: 1},
+			{op: ltake, cost: 1, extra: 5, keys: k("a"), granted: true, got: 2, remaining: 0},
+			// A wait (here the key's) grants no extra.
+			{op: ltake, cost: 1, extra: 5, keys: k("b"), maxWait: time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -1},
+			{op: ltake, cost: 1, extra: 5, keys: k("a"), maxWait: time.Second, granted: true, wait: time.Second, limiting: "per-key", remaining: -2},
+			{op: lstatus, layer: "per-key", key: "a", tokens: -1},
+		}},
 	{"delay: says when the layer has room, charges nothing", 10, 5,
 		[]limiter.Layer{{Name: "hourly", Quota: 2, Per: limiter.PerHour, OnExceed: limiter.ActionDelay}},
 		[]lstep{
@@ -235,7 +248,7 @@ func RunLayers(t *testing.T, newStore LayeredFactory) {
 				if !st.when.IsZero() {
 					now = st.when
 				}
-				req := limiter.LayerRequest{Cost: st.cost, Keys: st.keys, MaxWait: st.maxWait, SkipShared: st.skipShared}
+				req := limiter.LayerRequest{Cost: st.cost, Extra: st.extra, Keys: st.keys, MaxWait: st.maxWait, SkipShared: st.skipShared}
 				switch st.op {
 				case ltake:
 					res, err := s.TakeLayersAt(now, req)
@@ -266,8 +279,8 @@ func RunLayers(t *testing.T, newStore LayeredFactory) {
 							i, st.cost, st.keys, st.maxWait, now, res.Granted, res.Wait, res.Limiting, action, res.Remaining, res.At,
 							st.granted, st.wait, st.limiting, st.exceeded, wantRemaining)
 					}
-					if res.Granted && res.Tokens != st.cost {
-						t.Fatalf("step %d: Tokens = %d, want %d", i, res.Tokens, st.cost)
+					if want := max(st.got, st.cost); res.Granted && res.Tokens != want {
+						t.Fatalf("step %d: Tokens = %d, want %d", i, res.Tokens, want)
 					}
 				case lrefund:
 					if err := s.RefundLayersAt(now, reqs[st.refundOf], results[st.refundOf]); err != nil {
