@@ -110,7 +110,10 @@ func BenchmarkLayersRatio(b *testing.B) {
 	b.Cleanup(func() { deleteLayerKeys(b, c, l) })
 	ctx := context.Background()
 	var n atomic.Int64
-	round := func(layered bool) float64 {
+	// mode 0: the shared bucket alone; 1: shared + keyed; 2: the keyed
+	// layer alone, as a Bucket sends it while its lease pays the shared
+	// bucket.
+	round := func(mode int) float64 {
 		var done atomic.Int64
 		stop := time.Now().Add(500 * time.Millisecond)
 		var wg sync.WaitGroup
@@ -121,9 +124,9 @@ func BenchmarkLayersRatio(b *testing.B) {
 				defer wg.Done()
 				for time.Now().Before(stop) {
 					var err error
-					if layered {
+					if mode > 0 {
 						i := n.Add(1)
-						_, err = l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": names[i%keys]}})
+						_, err = l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": names[i%keys]}, SkipShared: mode == 2})
 					} else {
 						_, err = s.Take(ctx, limiter.TakeRequest{Cost: 1})
 					}
@@ -138,15 +141,18 @@ func BenchmarkLayersRatio(b *testing.B) {
 		wg.Wait()
 		return float64(done.Load()) / time.Since(start).Seconds()
 	}
-	round(false)
-	round(true)
-	var shared, layered, ratios []float64
+	round(0)
+	round(1)
+	var shared, layered, leased, ratios, leasedRatios []float64
 	for range 10 {
-		a, z := round(false), round(true)
-		shared, layered, ratios = append(shared, a), append(layered, z), append(ratios, z/a)
+		a, z, y := round(0), round(1), round(2)
+		shared, layered, leased = append(shared, a), append(layered, z), append(leased, y)
+		ratios, leasedRatios = append(ratios, z/a), append(leasedRatios, y/a)
 	}
 	median := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return (v[4] + v[5]) / 2 }
 	b.ReportMetric(median(shared), "shared-msgs/s")
 	b.ReportMetric(median(layered), "keyed-msgs/s")
+	b.ReportMetric(median(leased), "keyed-leased-msgs/s")
 	b.ReportMetric(median(ratios), "ratio")
+	b.ReportMetric(median(leasedRatios), "leased-ratio")
 }
