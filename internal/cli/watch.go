@@ -41,9 +41,13 @@ only Redis (no Prometheus), and redraws every second until Ctrl-C:
              how often each was exceeded is in the replicas' metrics
              (throttle_limit_exceeded_total), not in Redis
 
-The delivered rate comes from the replicas' heartbeats when they report
-their granted tokens; otherwise it is estimated from the bucket's own
-tokens and refill, which undercounts while the bucket is full.
+Each replica reports its mode, the tokens it granted and its waiting calls
+with its heartbeat (every 3 s): its delivered rate is taken between the
+reads at which its count changed, over up to 15 s, so it shows about 6 s
+after the start and lags a change by a few seconds. The bucket's
+delivered rate is the sum when every live replica reports one; otherwise
+it is estimated from the bucket's own tokens and refill, which undercounts
+while the bucket is full.
 
 When standard output is not a terminal, it prints one line per interval
 instead, for logs and scripts:
@@ -322,11 +326,13 @@ type watchHistory struct {
 	// layersKnown is set when the layers come from a config file, so that
 	// "none" means none.
 	layersKnown bool
-	bucket      string
-	interval    time.Duration
-	last        *sample
-	lastView    watchView
-	spark       []float64
+	// grants follows each live replica's reported granted tokens.
+	grants   map[string]*grantTrack
+	bucket   string
+	interval time.Duration
+	last     *sample
+	lastView watchView
+	spark    []float64
 }
 
 func newWatchHistory(bucket string, interval time.Duration) *watchHistory {
@@ -355,16 +361,45 @@ func (h *watchHistory) add(s sample, err error, now time.Time) watchView {
 		status: s.status, configured: s.configured, from: s.from,
 		delivered: math.NaN(), layers: s.layers, layersKnown: h.layersKnown,
 	}
+	if h.grants == nil {
+		h.grants = map[string]*grantTrack{}
+	}
+	live := map[string]bool{}
+	allReported, sum := len(s.replicas) > 0, 0.0
 	for _, r := range s.replicas {
 		rv := replicaView{id: r.ID, delivered: math.NaN()}
 		if r.Burst > 0 {
 			rv.configured = &limitsJSON{Rate: r.Rate, Burst: r.Burst}
 		}
+		live[r.ID] = true
+		if r.Reported {
+			g := h.grants[r.ID]
+			if g == nil {
+				g = &grantTrack{}
+				h.grants[r.ID] = g
+			}
+			g.observe(s.at, r.Granted)
+			rv.reported, rv.mode, rv.waiting = true, string(r.Mode), r.Waiting
+			rv.delivered = g.rate(s.at)
+		}
+		if math.IsNaN(rv.delivered) {
+			allReported = false
+		} else {
+			sum += rv.delivered
+		}
 		v.replicas = append(v.replicas, rv)
 	}
-	if p := h.last; p != nil {
-		if dt := s.at.Sub(p.at).Seconds(); dt > 0 {
-			v.delivered, v.estimated = estimateDelivered(p.status, s.status, dt)
+	for id := range h.grants {
+		if !live[id] {
+			delete(h.grants, id)
+		}
+	}
+	switch {
+	case allReported:
+		v.delivered = sum
+	case h.last != nil:
+		if dt := s.at.Sub(h.last.at).Seconds(); dt > 0 {
+			v.delivered, v.estimated = estimateDelivered(h.last.status, s.status, dt)
 		}
 	}
 	h.last = &s
@@ -372,6 +407,63 @@ func (h *watchHistory) add(s sample, err error, now time.Time) watchView {
 	v.spark = h.sparkCopy()
 	h.lastView = v
 	return v
+}
+
+// A replica's report reaches Redis with its heartbeat (every 3 s by
+// default), so a granted count read every second changes only now and
+// then. The rate is taken between the reads at which it changed, over up
+// to grantWindow, and is 0 once it has not changed for grantIdleAfter.
+const (
+	grantWindow    = 15 * time.Second
+	grantIdleAfter = 10 * time.Second
+)
+
+// grantTrack turns one replica's reported granted tokens into a rate.
+type grantTrack struct {
+	seen    bool
+	last    int64     // the count last read
+	since   time.Time // when last was first read
+	changes []grantPoint
+}
+
+// grantPoint is a count read at the first read that saw it.
+type grantPoint struct {
+	at      time.Time
+	granted int64
+}
+
+// observe records the count read at at.
+func (g *grantTrack) observe(at time.Time, granted int64) {
+	switch {
+	case !g.seen:
+		// The first read's count may be seconds old: not a change.
+		g.seen, g.last, g.since = true, granted, at
+		return
+	case granted == g.last:
+		return
+	case granted < g.last: // the replica restarted
+		g.changes = nil
+	}
+	g.last, g.since = granted, at
+	g.changes = append(g.changes, grantPoint{at, granted})
+	for len(g.changes) > 2 && at.Sub(g.changes[0].at) > grantWindow {
+		g.changes = g.changes[1:]
+	}
+}
+
+// rate returns the tokens granted per second between the first and last
+// change in the window, 0 when the count has not moved for
+// grantIdleAfter, and NaN when it cannot tell yet.
+func (g *grantTrack) rate(now time.Time) float64 {
+	n := len(g.changes)
+	switch {
+	case g.seen && now.Sub(g.since) >= grantIdleAfter:
+		return 0
+	case n < 2:
+		return math.NaN()
+	}
+	first, last := g.changes[0], g.changes[n-1]
+	return float64(last.granted-first.granted) / last.at.Sub(first.at).Seconds()
 }
 
 func (h *watchHistory) push(x float64) {
@@ -459,8 +551,11 @@ func renderWatch(v watchView) string {
 		line("paused", "no")
 	}
 	how := ""
-	if v.estimated {
+	switch {
+	case v.estimated:
 		how = " (estimated from the bucket's tokens)"
+	case !math.IsNaN(v.delivered):
+		how = " (reported by the replicas)"
 	}
 	line("delivered", "%s%s", formatMaybeRate(v.delivered), how)
 	cells := downsample(v.spark, sparkCells)

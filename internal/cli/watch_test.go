@@ -294,7 +294,8 @@ func TestWatchTerminal(t *testing.T) {
 		done <- Run(ctx, []string{"bucket", "watch", name, "--redis", addr, "--interval", "200ms"}, tty, os.Stderr)
 	}()
 
-	f := scr.waitFrame(t, 10*time.Second, "rate        50/s (configured)", "override    none", "1 alive", "watched-replica", "50/s burst 50")
+	// The replica's heartbeat reports its mode.
+	f := scr.waitFrame(t, 10*time.Second, "rate        50/s (configured)", "override    none", "1 alive", "watched-replica  shared", "50/s burst 50")
 	if !strings.Contains(f, "throttle bucket watch: "+name) {
 		t.Errorf("frame lacks the title:\n%s", f)
 	}
@@ -392,5 +393,63 @@ sink:
 		if !strings.Contains(screen, want) {
 			t.Errorf("screen lacks %q:\n%s", want, screen)
 		}
+	}
+}
+
+// TestGrantTrackSteps follows a replica's reported count, read every
+// second while its heartbeat updates it every 3 s.
+func TestGrantTrackSteps(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	var g grantTrack
+	for i, s := range []struct {
+		at      int // seconds
+		granted int64
+		want    float64 // NaN: unknown
+	}{
+		{0, 1000, math.NaN()}, // may be old: not a change
+		{1, 1000, math.NaN()},
+		{2, 1150, math.NaN()}, // first change
+		{3, 1150, math.NaN()},
+		{5, 1300, 50},        // 150 in 3 s
+		{8, 1450, 50},        // 300 in 6 s
+		{11, 1750, 600. / 9}, // 600 in 9 s
+		{20, 1750, 600. / 9}, // unchanged for 9 s: still the last rate
+		{21, 1750, 0},        // unchanged for 10 s: idle
+		{22, 100, 0},         // restarted: the old changes are gone
+		{25, 250, math.NaN()},
+		{28, 400, 50},
+	} {
+		g.observe(t0.Add(time.Duration(s.at)*time.Second), s.granted)
+		got := g.rate(t0.Add(time.Duration(s.at) * time.Second))
+		if !(math.IsNaN(got) && math.IsNaN(s.want)) && math.Abs(got-s.want) > 1e-9 {
+			t.Errorf("step %d (t=%ds, granted %d): rate %v, want %v", i, s.at, s.granted, got, s.want)
+		}
+	}
+}
+
+// TestWatchReportedReplicas checks the replica table and the delivered
+// rate when the replicas report with their heartbeats.
+func TestWatchReportedReplicas(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	h := newWatchHistory("sms", time.Second)
+	st := redislimiter.BucketStatus{Bucket: "sms", Rate: 1e6, Burst: 1e6, TokensKnown: true, Tokens: 1e6}
+	var v watchView
+	for sec, g := range [][2]int64{{0, 0}, {100, 0}, {400, 300}, {700, 600}} {
+		at := t0.Add(time.Duration(3*sec) * time.Second)
+		reps := []redislimiter.Replica{
+			{ID: "a", Rate: 1e6, Burst: 1e6, Reported: true, Mode: limiter.ModeShared, Granted: g[0], Waiting: 2},
+			{ID: "b", Rate: 1e6, Burst: 1e6, Reported: true, Mode: limiter.ModeLocal, Granted: g[1], Waiting: 5},
+		}
+		v = h.add(sample{at: at, status: st, replicas: reps, configured: &limitsJSON{Rate: 1e6, Burst: 1e6}, from: "x.yaml"}, nil, at)
+	}
+	screen := renderWatch(v)
+	// a: 600 in 6 s; b: 600 in 6 s, from its first change at 6 s.
+	for _, want := range []string{"delivered   200/s (reported by the replicas)", "a   shared  100/s      2", "b   local   100/s      5"} {
+		if !strings.Contains(screen, want) {
+			t.Errorf("screen lacks %q:\n%s", want, screen)
+		}
+	}
+	if line := watchLine(v); !strings.Contains(line, " delivered=200/s waiting=7") {
+		t.Errorf("line %q: want delivered=200/s waiting=7", line)
 	}
 }
