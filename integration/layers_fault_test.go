@@ -1,0 +1,91 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
+)
+
+// TestLayersFallbackWhenRedisDies kills the Redis of two replicas that share
+// a bucket with a per-recipient layer (burst 4, on_exceed dead_letter): both
+// fall back to their local stores, where the layer keeps refusing at each
+// replica's share (2 per recipient each). A recipient that had used its
+// burst in Redis gets it once more across the replicas, as the README says.
+func TestLayersFallbackWhenRedisDies(t *testing.T) {
+	t.Parallel()
+	srv := faultStartRedis(t)
+	name := faultName(t)
+	layers := []limiter.Layer{{Name: "per-recipient", Keyed: true, Rate: 0.001, Burst: 4, OnExceed: limiter.ActionDeadLetter}}
+	var buckets []*limiter.Bucket
+	for i := range 2 {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond,
+			ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
+		t.Cleanup(func() { c.Close() })
+		s, err := redislimiter.New(c, redislimiter.Config{Bucket: name, Rate: 100, Burst: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls, err := s.WithLayers(layers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := limiter.New(ls, limiter.Options{ReplicaID: fmt.Sprint("r", i), Logger: faultLogger(t), Lease: limiter.LeaseOptions{Disabled: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		buckets = append(buckets, b)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, b := range buckets {
+		if err := b.Check(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first replica counted itself alone; a second heartbeat counts both.
+	if err := buckets[0].Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := buckets[0].Replicas(), buckets[1].Replicas(); a != 2 || b != 2 {
+		t.Fatalf("replica counts %d and %d, want 2", a, b)
+	}
+	// grants counts the WaitNs granted for key on b until one is refused.
+	grants := func(b *limiter.Bucket, key string) int {
+		n := 0
+		for ; n < 10; n++ {
+			err := b.WaitN(ctx, limiter.Request{Cost: 1, Keys: map[string]string{"per-recipient": key}})
+			var le *limiter.LimitError
+			if errors.As(err, &le) && le.Layer == "per-recipient" {
+				return n
+			}
+			if err != nil {
+				t.Fatalf("WaitN(%s): %v", key, err)
+			}
+		}
+		return n
+	}
+	if n := grants(buckets[0], "x"); n != 4 {
+		t.Fatalf("recipient x in Redis: %d granted, want 4 (its burst)", n)
+	}
+	srv.Kill()
+	ax, bx := grants(buckets[0], "x"), grants(buckets[1], "x")
+	for i, b := range buckets {
+		if m := b.Mode(); m != limiter.ModeLocal {
+			t.Fatalf("replica %d mode %s, want local", i, m)
+		}
+	}
+	if ax != 2 || bx != 2 {
+		t.Errorf("recipient x after the kill: %d and %d granted, want 2 each (burst 4 shared by 2 replicas; over-granted once)", ax, bx)
+	}
+	if n := grants(buckets[0], "y"); n != 2 {
+		t.Errorf("recipient y on one replica in fallback: %d granted, want 2 (its share)", n)
+	}
+}
