@@ -89,3 +89,49 @@ func TestLayersFallbackWhenRedisDies(t *testing.T) {
 		t.Errorf("recipient y on one replica in fallback: %d granted, want 2 (its share)", n)
 	}
 }
+
+// TestLayersSentinelFailover decides a per-recipient layer through a
+// Sentinel-managed master (one script per message), forces a failover, and
+// checks that the layer keeps refusing on the promoted master: the state
+// written before the failover was replicated, so a recipient that used its
+// burst is still refused.
+func TestLayersSentinelFailover(t *testing.T) {
+	t.Parallel()
+	set := faultStartSentinelSet(t)
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: faultMasterName, SentinelAddrs: set.Addrs(),
+		MaxRetries: -1, DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond})
+	t.Cleanup(func() { c.Close() })
+	s, err := redislimiter.New(c, redislimiter.Config{Bucket: faultName(t), Rate: 100, Burst: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := s.WithLayers([]limiter.Layer{{Name: "per-recipient", Keyed: true, Rate: 0.001, Burst: 2, OnExceed: limiter.ActionDeadLetter}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	take := func(key string) (limiter.LayerResult, error) {
+		return ls.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-recipient": key}})
+	}
+	for range 2 {
+		if res, err := take("x"); err != nil || !res.Granted {
+			t.Fatalf("take x: %+v %v", res, err)
+		}
+	}
+	// WAIT for the replica to have the writes, then fail over.
+	if n, err := c.Wait(ctx, 1, 5*time.Second).Result(); err != nil || n < 1 {
+		t.Fatalf("WAIT 1: %d %v", n, err)
+	}
+	set.Failover(t)
+	faultEventually(t, 30*time.Second, "the failover client never reached the new master", func() bool {
+		_, err := take("probe")
+		return err == nil
+	})
+	if res, err := take("x"); err != nil || res.Granted || res.Exceeded == nil {
+		t.Errorf("take x on the promoted master: %+v %v; want refused by per-recipient", res, err)
+	}
+	if res, err := take("y"); err != nil || !res.Granted {
+		t.Errorf("take y on the promoted master: %+v %v", res, err)
+	}
+}
