@@ -75,7 +75,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			if errors.Is(err, errRetryShared) {
 				continue
 			}
-			b.observeLayered(start, limiting, err)
+			b.observeLayered(start, req.Cost, limiting, err)
 			return err
 		}
 		lr := LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon()}
@@ -103,7 +103,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 				return cerr
 			}
 			if errors.Is(err, ErrCostExceedsBurst) || errors.Is(err, ErrMissingKey) || errors.Is(err, ErrInvalidCost) {
-				b.observeLayered(start, limiting, err)
+				b.observeLayered(start, req.Cost, limiting, err)
 				return err
 			}
 			b.storeFailed(err)
@@ -113,7 +113,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			b.observeTake(res.TakeResult)
 		}
 		if res.Exceeded != nil {
-			b.observeLayered(start, limiting, res.Exceeded)
+			b.observeLayered(start, req.Cost, limiting, res.Exceeded)
 			return res.Exceeded
 		}
 		if res.Wait > 0 {
@@ -138,18 +138,19 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 				return err
 			}
 		}
-		b.observeLayered(start, limiting, nil)
+		b.observeLayered(start, req.Cost, limiting, nil)
 		return nil
 	}
 }
 
 // observeLayered reports the end of a WaitN: its wait and the layer that
 // set it, or a layer's refusal.
-func (b *Bucket) observeLayered(start time.Time, limiting string, err error) {
+func (b *Bucket) observeLayered(start time.Time, cost int, limiting string, err error) {
 	o := b.opts.Observer
 	var le *LimitError
 	switch {
 	case err == nil:
+		b.granted.Add(int64(cost))
 		d := b.clock.Now().Sub(start)
 		b.observeWaited(d)
 		if o != nil && o.LayerWaited != nil {

@@ -307,6 +307,9 @@ func TestWaitNLeasesTheSharedBucket(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if g := b.Granted(); g != 5 {
+		t.Errorf("Granted() = %d after 5 WaitN, want 5", g)
+	}
 	if len(s.reqs) != 5 || s.reqs[0].Extra != 999 || s.reqs[0].SkipShared {
 		t.Fatalf("first request = %+v, want a lease of 999 extra tokens (1%% of 1e5/s) with the message", s.reqs[0])
 	}
