@@ -17,6 +17,9 @@ type Observer struct {
 	// DeadLettered is called after a message was handed to the dead-letter
 	// destination.
 	DeadLettered func(msg Message, err error)
+	// SetAside is called when a backend set a message aside for d, as
+	// its handler asked with SetAside (a RabbitMQ delay queue).
+	SetAside func(msg Message, d time.Duration)
 	// Reconnected is called each time a backend re-established its broker
 	// connection after losing it; err is why the previous session ended.
 	Reconnected func(broker string, err error)
@@ -45,6 +48,13 @@ func (o *Observer) ObserveReceived(m Message) { o.received(m) }
 func (o *Observer) ObserveDeadLettered(m Message, err error) {
 	if o != nil && o.DeadLettered != nil {
 		o.DeadLettered(m, err)
+	}
+}
+
+// ObserveSetAside reports a message set aside to o, which may be nil.
+func (o *Observer) ObserveSetAside(m Message, d time.Duration) {
+	if o != nil && o.SetAside != nil {
+		o.SetAside(m, d)
 	}
 }
 

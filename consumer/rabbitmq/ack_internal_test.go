@@ -56,11 +56,26 @@ func (f *fakeAck) of(tag uint64) []string {
 // fakePublisher answers each publish with the next of its results (nil
 // after the last) and records what was published.
 type fakePublisher struct {
-	mu        sync.Mutex
-	results   []error
-	published []amqp.Publishing
-	exchanges []string
-	keys      []string
+	mu         sync.Mutex
+	results    []error
+	published  []amqp.Publishing
+	exchanges  []string
+	keys       []string
+	declareErr error
+	declared   map[string]amqp.Table
+}
+
+func (p *fakePublisher) declareQueue(name string, args amqp.Table) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.declareErr != nil {
+		return p.declareErr
+	}
+	if p.declared == nil {
+		p.declared = map[string]amqp.Table{}
+	}
+	p.declared[name] = args
+	return nil
 }
 
 func (p *fakePublisher) publish(_ context.Context, exchange, key string, msg amqp.Publishing) error {
@@ -119,6 +134,8 @@ func TestAckPaths(t *testing.T) {
 		ackErr     error   // every ack/nack fails, as on a closed channel
 		cancel     bool    // the session's context ends during the handler
 		keyErr     bool    // the ordering key function fails
+		declareErr error   // declaring the delay queue fails
+		setAside   bool    // published to the delay queue
 		want       string  // the one call
 		published  int     // dead letters published
 		dead       bool    // reported to Observer.DeadLettered
@@ -138,6 +155,10 @@ func TestAckPaths(t *testing.T) {
 		{name: "unfinished at the drain deadline: requeued", handler: blockUntilDone, cancel: true, want: "requeue multiple=false"},
 		{name: "ordering key fails: dead-lettered without a handler call", handler: ok, keyErr: true, want: "ack multiple=false",
 			published: 1, dead: true, wantErr: "no key for you", attempts: "0"},
+		{name: "set aside: published to the delay queue, then acked", handler: setAside, want: "ack multiple=false",
+			published: 1, setAside: true},
+		{name: "set aside without a delay queue: waited, then requeued", handler: setAside, declareErr: errors.New("403"),
+			want: "requeue multiple=false"},
 		{name: "ack on a closed channel: one call, logged", handler: ok, ackErr: amqp.ErrClosed, want: "ack multiple=false"},
 		{name: "nack on a closed channel: one call, not reported", handler: permanent, noDLX: true, ackErr: amqp.ErrClosed, want: "nack multiple=false"},
 	}
@@ -171,12 +192,8 @@ func TestAckPaths(t *testing.T) {
 				}
 				return tt.handler(ctx, m)
 			}
-			var p *dispatcher
-			if tt.noDLX {
-				p = newTestRun(t, ctx, cfg, h, nil)
-			} else {
-				p = newTestRun(t, ctx, cfg, h, pub)
-			}
+			pub.declareErr = tt.declareErr
+			p := newTestRun(t, ctx, cfg, h, pub)
 			ack := &fakeAck{err: tt.ackErr}
 			p.deliverForTest(amqp.Delivery{
 				Acknowledger: ack, DeliveryTag: 7, MessageId: "m-7", Exchange: "in", RoutingKey: "eu.sms",
@@ -196,6 +213,20 @@ func TestAckPaths(t *testing.T) {
 			}
 			if tt.keyErr && calls != 0 {
 				t.Fatalf("handler called %d times for a message without a key", calls)
+			}
+			if tt.setAside {
+				m := pub.published[0]
+				if pub.exchanges[0] != "" || pub.keys[0] != "sms.delay" || m.Expiration != "250" ||
+					m.Headers[HeaderSetAsideReason] != "limit per-recipient: no room" || m.Headers["trace"] != "abc" ||
+					string(m.Body) != "hello" || m.DeliveryMode != amqp.Persistent {
+					t.Errorf("set aside as %+v to exchange %q key %q; want the message to sms.delay via the default exchange, expiring in 250ms, with the reason",
+						m, pub.exchanges[0], pub.keys[0])
+				}
+				args := pub.declared["sms.delay"]
+				if args["x-dead-letter-exchange"] != "" || args["x-dead-letter-routing-key"] != "sms" {
+					t.Errorf("delay queue declared with %v, want dead-lettering back to sms", args)
+				}
+				return
 			}
 			if !tt.dead || tt.noDLX {
 				return
@@ -223,6 +254,10 @@ func TestAckPaths(t *testing.T) {
 }
 
 func ok(context.Context, consumer.Message) error { return nil }
+
+func setAside(context.Context, consumer.Message) error {
+	return consumer.SetAside(errors.New("limit per-recipient: no room"), 250*time.Millisecond)
+}
 
 func permanent(context.Context, consumer.Message) error {
 	return consumer.Permanent(errors.New("400 bad number"))

@@ -15,6 +15,13 @@
 //     DeadLetterExchange), Nack without requeue instead, so that the
 //     queue's own dead-letter exchange takes it with RabbitMQ's x-death
 //     header only;
+//   - set aside (the handler returned a consumer.SetAside error, as a
+//     layered limit with on_exceed delay does): published to the delay
+//     queue "<Queue>.delay" with a per-message TTL, under a publisher
+//     confirm, then Ack; when the TTL expires, RabbitMQ dead-letters it
+//     back to the queue. The handler is free meanwhile. As always with
+//     per-message TTLs, a message expires only at the head of the delay
+//     queue, so a short delay may wait behind a longer one;
 //   - not finished (shutdown past the drain deadline, or the limiter
 //     closed): Nack with requeue, so that the broker delivers it again.
 //
@@ -106,7 +113,7 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	log := cfg.Logger.With("broker", Broker, "queue", cfg.Queue)
 	opts := cfg.Options
 	opts.Logger = log
-	proc, err := consumer.NewProcessor(opts, h)
+	proc, err := consumer.NewProcessor(opts, h, consumer.SetsAside())
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: %w", err)
 	}

@@ -673,3 +673,72 @@ func TestOrderingKey(t *testing.T) {
 	}
 	t.Logf("slow sender: %d of %d handled before the fast senders were done", slowBefore, perKey)
 }
+
+// TestSetAside runs a handler that asks, the first time it sees each
+// message, to set it aside for 300ms (as a layered limit with on_exceed
+// delay does): the message goes to "<queue>.delay", comes back to the
+// queue when its TTL expires, and is delivered then, while the handler is
+// free meanwhile. Nothing is lost or left in either queue.
+func TestSetAside(t *testing.T) {
+	const n, delay = 5, 300 * time.Millisecond
+	b := newBroker(t)
+	q := b.declareQueue(t)
+	t.Cleanup(func() { _, _ = b.ch.QueueDelete(q+".delay", false, false, false) })
+	ids := b.publish(t, q, n)
+
+	var mu sync.Mutex
+	first := map[string]time.Time{}
+	second := map[string]time.Time{}
+	reasons := map[string]string{}
+	h := func(_ context.Context, m consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		id := m.Source.MessageID
+		if _, seen := first[id]; !seen {
+			first[id] = time.Now()
+			return consumer.SetAside(errors.New("limit per-recipient: 5 per 1h"), delay)
+		}
+		second[id] = time.Now()
+		reasons[id] = m.Headers[rabbitmq.HeaderSetAsideReason]
+		return nil
+	}
+	var setAside atomic.Int64
+	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Concurrency: 1,
+		Options: consumer.Options{Observer: &consumer.Observer{SetAside: func(consumer.Message, time.Duration) { setAside.Add(1) }}}}, h)
+	ctx, cancel := context.WithCancel(context.Background())
+	wait := runAll(t, ctx, c.Run)
+	eventually(t, "every message delivered after its delay", func() bool { mu.Lock(); defer mu.Unlock(); return len(second) == n })
+	cancel()
+	wait()
+	mu.Lock()
+	defer mu.Unlock()
+	var firstRound time.Time
+	for _, id := range ids {
+		if waited := second[id].Sub(first[id]); waited < delay-50*time.Millisecond {
+			t.Errorf("%s came back after %v, want at least the %v delay", id, waited, delay)
+		}
+		if reasons[id] != "limit per-recipient: 5 per 1h" {
+			t.Errorf("%s came back with reason header %q", id, reasons[id])
+		}
+		if first[id].After(firstRound) {
+			firstRound = first[id]
+		}
+	}
+	// With one handler, all five were set aside before the first came
+	// back: none held the handler for its delay.
+	for _, id := range ids {
+		if second[id].Before(firstRound) {
+			t.Errorf("%s came back before every message had been seen once", id)
+		}
+	}
+	if got := setAside.Load(); got != n {
+		t.Errorf("Observer.SetAside called %d times, want %d", got, n)
+	}
+	if got := b.waitReady(t, q, 0); got != 0 {
+		t.Errorf("%d messages left in the queue", got)
+	}
+	if got := b.waitReady(t, q+".delay", 0); got != 0 {
+		t.Errorf("%d messages left in the delay queue", got)
+	}
+	t.Logf("%d messages set aside for %v each and delivered when they came back", n, delay)
+}

@@ -4,19 +4,25 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
+	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
 )
 
-// publisher publishes a dead letter and waits for the broker's confirm.
+// publisher publishes dead letters and messages set aside, and waits for
+// the broker's confirms.
 type publisher interface {
 	// publish returns nil once the broker confirmed the message. It
 	// returns errPublisherClosed when the channel closed (the session is
 	// over), errNotConfirmed when the broker nacked it, and ctx's error
 	// when ctx ended first.
 	publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error
+	// declareQueue declares a durable queue with args, on a channel of
+	// its own, so that a refusal closes nothing else.
+	declareQueue(name string, args amqp.Table) error
 }
 
 var (
@@ -28,7 +34,36 @@ var (
 // concurrent use: amqp091 serializes publishes on a channel and matches
 // each confirm to its publish.
 type confirmPublisher struct {
-	ch *amqp.Channel
+	conn *amqp.Connection
+	ch   *amqp.Channel
+
+	mu       sync.Mutex
+	declared map[string]bool // queues declared on conn; guarded by mu
+}
+
+// declareQueue declares the queue once per connection: a later call for a
+// queue declared already returns nil at once. Calls for the same queue
+// wait for each other.
+func (p *confirmPublisher) declareQueue(name string, args amqp.Table) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.declared[name] {
+		return nil
+	}
+	ch, err := p.conn.Channel()
+	if err != nil {
+		return err
+	}
+	// A refused declare closes ch already, and Close does nothing.
+	defer func() { _ = ch.Close() }()
+	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
+		return err
+	}
+	if p.declared == nil {
+		p.declared = map[string]bool{}
+	}
+	p.declared[name] = true
+	return nil
 }
 
 func (p *confirmPublisher) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
@@ -62,9 +97,9 @@ func position(d *amqp.Delivery, queue string) map[string]string {
 	}
 }
 
-// deadLetter returns the message to publish for d: its body and
-// properties, its headers with dlh added (dlh wins over an original header
-// of the same name), persistent. As RabbitMQ does when it dead-letters,
+// deadLetter returns the message to publish for d (a dead letter, or a
+// copy set aside): its body and properties, its headers with dlh added (dlh
+// wins over an original header of the same name), persistent. As RabbitMQ does when it dead-letters,
 // the per-message TTL is dropped, so the dead letter does not expire; so
 // is the user-id, which the broker checks against this connection's user.
 func deadLetter(d *amqp.Delivery, dlh map[string]string) amqp.Publishing {
@@ -92,11 +127,11 @@ func deadLetter(d *amqp.Delivery, dlh map[string]string) amqp.Publishing {
 }
 
 // handle runs the handler for it under the retry policy, then settles the
-// delivery with exactly one call: Ack when it was delivered, or
-// dead-lettered by publishing; Nack without requeue when it failed and no
-// dead-letter exchange is known (pub is nil); Nack with requeue when it
-// was not finished (ctx ended). A call that fails because the channel
-// closed is logged: the broker redelivers the message.
+// delivery with exactly one call: Ack when it was delivered, set aside (see
+// setAside) or dead-lettered by publishing; Nack without requeue when it
+// failed and no dead-letter exchange is known; Nack with requeue when it was
+// not finished (ctx ended). A call that fails because the channel closed is
+// logged: the broker redelivers the message.
 func (r *run) handle(ctx context.Context, it item, pub publisher) {
 	d := &it.d
 	var out consumer.Outcome
@@ -112,12 +147,14 @@ func (r *run) handle(ctx context.Context, it item, pub publisher) {
 	switch {
 	case out.Abandoned:
 		r.requeue(d, attrs)
+	case out.SetAside > 0:
+		r.setAside(ctx, it, out, pub, attrs)
 	case out.Err == nil:
 		if err := d.Ack(false); err != nil {
 			r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq ack failed; the broker will redeliver the message",
 				append(attrs, slog.String("err", err.Error()))...)
 		}
-	case pub == nil:
+	case r.cfg.DeadLetterExchange == "":
 		if err := d.Nack(false, false); err != nil {
 			r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq nack failed; the broker will redeliver the message",
 				append(attrs, slog.String("err", err.Error()))...)
@@ -125,45 +162,82 @@ func (r *run) handle(ctx context.Context, it item, pub publisher) {
 		}
 		r.proc.DeadLettered(it.msg, out, append(attrs, slog.String("nacked_to", "the queue's dead-letter exchange"))...)
 	default:
-		r.publishDeadLetter(ctx, it, out, pub, attrs)
+		dlx := r.cfg.DeadLetterExchange
+		msg := deadLetter(d, out.DeadLetterHeaders(position(d, r.cfg.Queue)))
+		if r.publishThenAck(ctx, d, pub, dlx, d.RoutingKey, msg, append(attrs, slog.String("dead_letter_exchange", dlx))) {
+			r.proc.DeadLettered(it.msg, out, append(attrs, slog.String("dead_letter_exchange", dlx))...)
+		}
 	}
 }
 
-// publishDeadLetter publishes the failed delivery to the dead-letter
-// exchange, retrying until the broker confirms it, then acks it. If the
-// session ends or ctx ends first, it requeues the delivery instead.
-func (r *run) publishDeadLetter(ctx context.Context, it item, out consumer.Outcome, pub publisher, attrs []slog.Attr) {
+// delayQueue returns the name of the queue that messages are set aside in.
+func (c *Consumer) delayQueue() string { return c.cfg.Queue + ".delay" }
+
+// setAside publishes the delivery to the delay queue, "<Queue>.delay", with
+// a per-message TTL of out.SetAside; when it expires, the delay queue
+// dead-letters it back to the queue through the default exchange. The
+// delay queue is declared (durable, x-dead-letter-exchange "",
+// x-dead-letter-routing-key Queue) at the first message set aside on each
+// connection. Once the broker confirmed the copy, the delivery is acked.
+// If the delay queue cannot be declared, the handler waits out the delay
+// and the delivery goes back to the queue.
+func (r *run) setAside(ctx context.Context, it item, out consumer.Outcome, pub publisher, attrs []slog.Attr) {
 	d := &it.d
-	dlx := r.cfg.DeadLetterExchange
-	msg := deadLetter(d, out.DeadLetterHeaders(position(d, r.cfg.Queue)))
+	q := r.delayQueue()
+	attrs = append(attrs, slog.String("delay_queue", q), slog.String("delay", out.SetAside.String()))
+	if err := pub.declareQueue(q, amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": r.cfg.Queue}); err != nil {
+		r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq cannot declare the delay queue; waiting out the delay in the handler",
+			append(attrs, slog.String("err", err.Error()))...)
+		_ = consumer.Sleep(ctx, out.SetAside)
+		r.requeue(d, attrs)
+		return
+	}
+	msg := deadLetter(d, nil)
+	msg.Expiration = strconv.FormatInt(max(out.SetAside.Milliseconds(), 1), 10)
+	if out.Err != nil {
+		msg.Headers[HeaderSetAsideReason] = out.Err.Error()
+	}
+	if r.publishThenAck(ctx, d, pub, "", q, msg, attrs) {
+		r.log.LogAttrs(ctx, slog.LevelDebug, "rabbitmq message set aside", attrs...)
+		r.cfg.Observer.ObserveSetAside(it.msg, out.SetAside)
+	}
+}
+
+// HeaderSetAsideReason names the header of a message set aside in the delay
+// queue that says why (the handler's error, such as a layer's refusal).
+const HeaderSetAsideReason = "x-throttle-set-aside-reason"
+
+// publishThenAck publishes msg to exchange with key, retrying until the
+// broker confirms it, then acks d and reports true. If the session or ctx
+// ends first, it requeues d and reports false.
+func (r *run) publishThenAck(ctx context.Context, d *amqp.Delivery, pub publisher, exchange, key string, msg amqp.Publishing, attrs []slog.Attr) bool {
 	backoff := consumer.Backoff{Initial: r.cfg.ReconnectBackoff, Max: r.cfg.MaxReconnectBackoff}
 	for failures := 0; ; failures++ {
-		err := pub.publish(ctx, dlx, d.RoutingKey, msg)
+		err := pub.publish(ctx, exchange, key, msg)
 		if err == nil {
 			break
 		}
 		if ctx.Err() != nil || errors.Is(err, errPublisherClosed) {
-			r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq dead-letter publish abandoned; the message goes back to the queue",
-				append(attrs, slog.String("dead_letter_exchange", dlx), slog.String("err", err.Error()))...)
+			r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq publish abandoned; the message goes back to the queue",
+				append(attrs, slog.String("err", err.Error()))...)
 			r.requeue(d, attrs)
-			return
+			return false
 		}
 		delay := backoff.Delay(failures)
-		r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq dead-letter publish failed; retrying",
-			append(attrs, slog.String("dead_letter_exchange", dlx), slog.Int("attempt", failures+1),
-				slog.String("retry_in", delay.String()), slog.String("err", err.Error()))...)
+		r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq publish failed; retrying",
+			append(attrs, slog.Int("attempt", failures+1), slog.String("retry_in", delay.String()), slog.String("err", err.Error()))...)
 		if consumer.Sleep(ctx, delay) != nil {
 			r.requeue(d, attrs)
-			return
+			return false
 		}
 	}
 	if err := d.Ack(false); err != nil {
-		// The dead letter is out; the broker redelivers the original,
-		// which may be dead-lettered twice.
-		r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq ack after dead-lettering failed; the broker will redeliver the message",
+		// The copy is out; the broker redelivers the original, which may
+		// then be published twice.
+		r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq ack after publishing failed; the broker will redeliver the message",
 			append(attrs, slog.String("err", err.Error()))...)
 	}
-	r.proc.DeadLettered(it.msg, out, append(attrs, slog.String("dead_letter_exchange", dlx))...)
+	return true
 }
 
 // requeue gives d back to the broker, for this or another consumer.

@@ -76,7 +76,7 @@ func (r *run) item(d amqp.Delivery) item {
 type dispatcher struct {
 	*run
 	ctx      context.Context // the session's handler context
-	pub      publisher       // nil without a dead-letter exchange
+	pub      publisher       // the session's publishing channel
 	keys     consumer.KeyQueue[item]
 	stopping atomic.Bool // shutting down: queued deliveries are requeued, not started
 }
@@ -135,10 +135,7 @@ func (p *dispatcher) settle(it item) {
 func (r *run) serve(ctx context.Context, s *session) error {
 	sctx, cancel := context.WithCancel(r.hctx)
 	defer cancel()
-	p := &dispatcher{run: r, ctx: sctx}
-	if s.pub != nil {
-		p.pub = s.pub
-	}
+	p := &dispatcher{run: r, ctx: sctx, pub: s.pub}
 	broken := func(err error) error {
 		cancel()
 		s.close()
@@ -156,7 +153,7 @@ func (r *run) serve(ctx context.Context, s *session) error {
 		case e := <-s.chClosed:
 			return broken(closeError("channel", e))
 		case e := <-s.pubClosed:
-			return broken(closeError("dead-letter channel", e))
+			return broken(closeError("publishing channel", e))
 		}
 		select {
 		case d, ok := <-s.deliveries:
@@ -182,7 +179,7 @@ func (r *run) serve(ctx context.Context, s *session) error {
 			return broken(closeError("channel", e))
 		case e := <-s.pubClosed:
 			<-r.sem
-			return broken(closeError("dead-letter channel", e))
+			return broken(closeError("publishing channel", e))
 		}
 	}
 }

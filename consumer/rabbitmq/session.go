@@ -12,22 +12,20 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// session is one connection with its consuming channel and, when a
-// dead-letter exchange is known, a channel in confirm mode to publish dead
-// letters on.
+// session is one connection with its consuming channel and a channel in
+// confirm mode to publish dead letters and messages set aside on.
 type session struct {
 	conn       *amqp.Connection
 	ch         *amqp.Channel
 	deliveries <-chan amqp.Delivery
-	// pub publishes dead letters; nil when no dead-letter exchange is
-	// known.
+	// pub publishes dead letters and messages set aside, with confirms.
 	pub *confirmPublisher
 	// The close notifications, registered right after each was opened. A
 	// receive yields the broker's or the library's error, or nil once the
 	// connection or channel was closed by this process.
 	connClosed chan *amqp.Error
 	chClosed   chan *amqp.Error
-	pubClosed  chan *amqp.Error // nil (never ready) without pub
+	pubClosed  chan *amqp.Error
 }
 
 // close closes the connection, and with it the channels. The broker
@@ -58,8 +56,8 @@ func closeError(what string, e *amqp.Error) error {
 	return fmt.Errorf("%s closed: %w", what, e)
 }
 
-// connect dials the broker and sets up a consuming channel and, when a
-// dead-letter exchange is known, the dead-letter channel. If ctx ends
+// connect dials the broker and sets up a consuming channel and the
+// publishing channel. If ctx ends
 // meanwhile, it closes the socket so that no step blocks, and returns
 // ctx's error.
 func (c *Consumer) connect(ctx context.Context) (_ *session, err error) {
@@ -138,25 +136,23 @@ func (c *Consumer) connect(ctx context.Context) (_ *session, err error) {
 			return nil, err
 		}
 	}
-	if dlx := c.cfg.DeadLetterExchange; dlx != "" {
-		pch, err := conn.Channel()
-		if err != nil {
-			return nil, fmt.Errorf("opening dead-letter channel: %w", err)
-		}
-		s.pubClosed = pch.NotifyClose(make(chan *amqp.Error, 1))
-		if !c.cfg.Declare {
-			// Publishing to a missing exchange would close the channel
-			// at the first dead letter; find out now. A failed passive
-			// declare closes pch, which the session then never uses.
-			if err := pch.ExchangeDeclarePassive(dlx, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
-				return nil, fmt.Errorf("checking dead-letter exchange %q: %w", dlx, err)
-			}
-		}
-		if err := pch.Confirm(false); err != nil {
-			return nil, fmt.Errorf("enabling publisher confirms on the dead-letter channel: %w", err)
-		}
-		s.pub = &confirmPublisher{ch: pch}
+	pch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("opening the publishing channel: %w", err)
 	}
+	s.pubClosed = pch.NotifyClose(make(chan *amqp.Error, 1))
+	if dlx := c.cfg.DeadLetterExchange; dlx != "" && !c.cfg.Declare {
+		// Publishing to a missing exchange would close the channel at
+		// the first dead letter; find out now. A failed passive declare
+		// closes pch, and connect fails.
+		if err := pch.ExchangeDeclarePassive(dlx, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+			return nil, fmt.Errorf("checking dead-letter exchange %q: %w", dlx, err)
+		}
+	}
+	if err := pch.Confirm(false); err != nil {
+		return nil, fmt.Errorf("enabling publisher confirms: %w", err)
+	}
+	s.pub = &confirmPublisher{conn: conn, ch: pch}
 	s.deliveries, err = s.ch.Consume(c.cfg.Queue, c.tag, false, false, false, false, nil)
 	if err != nil {
 		return nil, fmt.Errorf("consuming queue %q: %w", c.cfg.Queue, err)
