@@ -77,9 +77,10 @@ func consumerLimiter(cfg config.Limit, bucket *limiter.Bucket, w *waitLimiter) (
 // layeredLimiter waits on the shared bucket and the layers of limit.extra
 // in one decision (limiter.Bucket.WaitN), with the message's key in each
 // keyed layer. A layer whose on_exceed is dead_letter refuses with a
-// permanent error whose dead-letter headers name it; delay waits here
-// until the layer has room, charging nothing meanwhile (no delay queue
-// yet). It is safe for concurrent use.
+// permanent error whose dead-letter headers name it; a delay layer's
+// refusal goes back to consumer.Throttle, which sets the message aside
+// until the layer has room, charging nothing meanwhile. It is safe for
+// concurrent use.
 type layeredLimiter struct {
 	*waitLimiter
 	bucket *limiter.Bucket
@@ -96,24 +97,17 @@ func (w *layeredLimiter) WaitMessage(ctx context.Context, msg consumer.Message, 
 		}
 	}
 	defer w.m.startWaiting()()
-	req := limiter.Request{Cost: cost, Keys: keys}
-	for {
-		err := w.waitN(ctx, req)
-		var le *limiter.LimitError
-		if !errors.As(err, &le) {
-			if err == nil {
-				w.m.tookTokens(cost)
-			}
-			return err
-		}
-		if le.Action == limiter.ActionDelay && !errors.Is(err, limiter.ErrCostExceedsBurst) {
-			if err := consumer.Sleep(ctx, max(le.Wait, time.Millisecond)); err != nil {
-				return err
-			}
-			continue
-		}
+	err := w.waitN(ctx, limiter.Request{Cost: cost, Keys: keys})
+	var le *limiter.LimitError
+	switch {
+	case err == nil:
+		w.m.tookTokens(cost)
+	case errors.As(err, &le) && le.Action == limiter.ActionDeadLetter:
 		return consumer.Permanent(limitRefusal{le})
 	}
+	// A delay layer's *limiter.LimitError goes to consumer.Throttle as is:
+	// it sets the message aside (consumer.SetAside) for le.Wait.
+	return err
 }
 
 // waitN is WaitN bounded by limit.max_wait, as waitLimiter.wait bounds
