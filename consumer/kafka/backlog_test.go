@@ -76,7 +76,7 @@ func TestBacklog(t *testing.T) {
 		n          = 30
 		k          = 12
 	)
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 	brokers := newTopics(t, partitions, topic)
 	produce(t, brokers, records(topic, partitions, n)...)
 
@@ -200,7 +200,7 @@ func TestBacklog(t *testing.T) {
 // commit below the first offset and with a commit past the last offset
 // count, under both start offsets.
 func TestBacklogStartOffset(t *testing.T) {
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 	brokers := newTopics(t, 2, topic)
 	var recs []*kgo.Record
 	for range 10 {

@@ -2,11 +2,7 @@ package kafka
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"log/slog"
-	"regexp"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,17 +18,6 @@ import (
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-// uniqueName returns a topic or group name unique to this test run.
-func uniqueName(t testing.TB, prefix string) string {
-	t.Helper()
-	b := make([]byte, 4)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	name := regexp.MustCompile(`[^a-zA-Z0-9]+`).ReplaceAllString(t.Name(), "-")
-	return strings.ToLower(prefix + "-" + name + "-" + hex.EncodeToString(b))
 }
 
 // realBrokers reports whether the tests run against the brokers named by

@@ -94,34 +94,6 @@ func records(topic string, partitions, n int) []*kgo.Record {
 	return recs
 }
 
-// waitGroupStable waits until the group is stable with members members that
-// all have partitions assigned.
-func waitGroupStable(t *testing.T, brokers []string, group string, members int) {
-	t.Helper()
-	adm := newAdmin(t, brokers)
-	ctx := testenv.Context(t, 20*time.Second)
-	for {
-		gs, err := adm.DescribeGroups(ctx, group)
-		if err == nil {
-			g := gs[group]
-			ok := g.State == "Stable" && len(g.Members) == members
-			for _, m := range g.Members {
-				if a, isConsumer := m.Assigned.AsConsumer(); !isConsumer || len(a.Topics) == 0 {
-					ok = false
-				}
-			}
-			if ok {
-				return
-			}
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("group %s did not become stable with %d members: %v", group, members, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
 // TestSharedRate runs three replicas in one group on one Redis bucket at
 // 50/s, burst 5, over 600 messages in 12 partitions. Each replica works its
 // 4 partitions at once, so 12 reservations queue at the bucket (240 ms of
@@ -142,9 +114,9 @@ func TestSharedRate(t *testing.T) {
 		replicas   = 3
 	)
 	addr := testenv.RedisAddr(t)
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 	brokers := newTopics(t, partitions, topic)
-	bucket := uniqueName(t, "kafka-rate")
+	bucket := testenv.Name(t, "kafka-rate")
 
 	log, warm := newHandledLog(n), newHandledLog(partitions)
 	for i := range replicas {
@@ -186,7 +158,7 @@ func TestSharedRate(t *testing.T) {
 	// connections, so that their set-up cost (large under -race on two
 	// cores) does not delay the handlers of the first burst and skew the
 	// windows. The warm-up calls count in the windows, not in the rate.
-	waitGroupStable(t, brokers, group, replicas)
+	testenv.WaitGroupStable(t, newAdmin(t, brokers), group, replicas, 20*time.Second)
 	// The probe measures how late this process's goroutines wake up, and
 	// how slow Redis answers (other packages' tests share it in CI).
 	stallDone := make(chan struct{})
@@ -324,7 +296,7 @@ func TestReplicaCrash(t *testing.T) {
 		replicas   = 3
 		crashed    = 2
 	)
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 	brokers := newTopics(t, partitions, topic)
 	l, err := limiter.NewLocal(150, 5)
 	if err != nil {
@@ -374,7 +346,7 @@ func TestReplicaCrash(t *testing.T) {
 			}
 		}()
 	}
-	waitGroupStable(t, brokers, group, replicas)
+	testenv.WaitGroupStable(t, newAdmin(t, brokers), group, replicas, 20*time.Second)
 	produce(t, brokers, records(topic, partitions, n)...)
 
 	<-crashNow
@@ -439,7 +411,7 @@ func recordHeaders(r *kgo.Record) map[string]string {
 // dead-lettered messages are committed: a restarted consumer does not see
 // them again.
 func TestHandlerErrors(t *testing.T) {
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 	dlq := topic + ".dlq"
 	brokers := newTopics(t, 1, topic, dlq)
 	produce(t, brokers,
@@ -578,7 +550,7 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+			topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 			brokers := newTopics(t, 1, topic)
 			produce(t, brokers, records(topic, 1, 5)...)
 
@@ -642,7 +614,7 @@ func TestGracefulShutdown(t *testing.T) {
 // TestCostAboveBurst dead-letters a message whose cost the limiter can
 // never grant, or cannot be read, instead of hanging on it.
 func TestCostAboveBurst(t *testing.T) {
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 	dlq := topic + ".dlq"
 	brokers := newTopics(t, 1, topic, dlq)
 	cost := func(v string) []kgo.RecordHeader { return []kgo.RecordHeader{{Key: "x-segments", Value: []byte(v)}} }

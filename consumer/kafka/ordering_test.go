@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -53,7 +54,7 @@ func TestKeyOrdering(t *testing.T) {
 		perKey      = 15
 		maxInFlight = 8
 	)
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 	brokers := newTopics(t, partitions, topic)
 	var recs []*kgo.Record
 	for p := range partitions {
@@ -149,7 +150,7 @@ func TestKeyOrdering(t *testing.T) {
 // skipped.
 func TestCommitNeverPassesUnfinished(t *testing.T) {
 	const n = 10
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 	brokers := newTopics(t, 1, topic)
 	produce(t, brokers, keyedRecords(topic, n, 1, false)...) // k0/0 .. k9/0 at offsets 0..9
 
@@ -231,7 +232,7 @@ func TestKeyOrderingThroughput(t *testing.T) {
 		{consumer.OrderPartition, 3500 * time.Millisecond, 0.8, 1.2},
 	} {
 		t.Run(string(tc.ordering), func(t *testing.T) {
-			topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+			topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 			brokers := newTopics(t, 1, topic)
 			recs := keyedRecords(topic, keys, perKey, true)
 			produce(t, brokers, recs...)

@@ -12,6 +12,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/testenv"
 )
 
 // statsBelow returns the fields in which a is greater than b, so that an
@@ -104,7 +105,7 @@ func TestReaderStats(t *testing.T) {
 		n          = 40
 		partitions = 2
 	)
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 	brokers := newTopics(t, partitions, topic)
 	produce(t, brokers, records(topic, partitions, n)...)
 
@@ -178,7 +179,7 @@ func (n *crashableNet) cut() {
 // the partition leader.
 func TestReaderStatsReconnect(t *testing.T) {
 	const n = 10
-	topic, group := uniqueName(t, "t"), uniqueName(t, "g")
+	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 	brokers := newTopics(t, 1, topic)
 
 	var network crashableNet
