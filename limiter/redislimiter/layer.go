@@ -35,10 +35,10 @@ import (
 //
 // # Keys
 //
-// Besides the Store's keys, layer NAME-L of bucket NAME uses
+// Besides the Store's keys, layer L of bucket NAME uses
 //
 //	PREFIX NAME:L:{KEY}   string "tokens ts" (keyed bucket) or "window_end used" (quota), per key
-//	PREFIX{NAME}:L        the same, for a layer without keys
+//	PREFIX{NAME}:layer:L  the same, for a layer without keys (in the bucket's slot)
 //
 // (PREFIX and NAME as in the Store; no space between them). A keyed
 // bucket's key expires when the bucket is full again, a quota's one second
@@ -90,7 +90,7 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 	for i, ly := range layers {
 		l.allLayers = append(l.allLayers, i)
 		l.keyPrefix[i] = s.cfg.Prefix + s.cfg.Bucket + ":" + ly.Name + ":{"
-		l.unkeyed[i] = s.cfg.Prefix + "{" + s.cfg.Bucket + "}:" + ly.Name
+		l.unkeyed[i] = s.cfg.Prefix + "{" + s.cfg.Bucket + "}:layer:" + ly.Name
 		kind, a, b := "b", strconv.FormatFloat(ly.Rate, 'g', -1, 64), ly.Burst
 		if ly.IsQuota() {
 			kind, a, b = "q", strconv.Itoa(ly.Quota), 0
