@@ -366,8 +366,15 @@ func faultStartCluster(t testing.TB) *faultCluster {
 	cli := faultNeedBinary(t, "redis-cli")
 	c := &faultCluster{}
 	for range 3 {
-		n := faultStartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "2000", "--cluster-port", strconv.Itoa(faultFreePort(t)))
+		// Both the client port and the bus port are picked again when
+		// either bind fails.
+		n := &faultRedis{t: t, bin: faultNeedBinary(t, "redis-server"), dir: t.TempDir()}
+		faultRetryBind(t, func() (*faultProc, error) {
+			n.port = faultFreePort(t)
+			n.extra = []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+				"--cluster-node-timeout", "2000", "--cluster-port", strconv.Itoa(faultFreePort(t))}
+			return n.start()
+		})
 		c.Nodes = append(c.Nodes, n)
 	}
 	args := []string{"--cluster", "create"}
