@@ -164,3 +164,41 @@ metrics:
 		t.Errorf("bucket status --layer --key --json after the reset: want full, got\n%s", out)
 	}
 }
+
+// TestLayersBadConfigExits2 runs the binary on configurations with a bad
+// limit.extra: each exits 2 with the YAML key at fault.
+func TestLayersBadConfigExits2(t *testing.T) {
+	bin := cliBuild(t)
+	base := `
+redis: {addr: "127.0.0.1:6379"}
+limit:
+  bucket: b
+  rate: 10
+  extra:
+    - name: l
+%s
+source:
+  rabbitmq: {url: "amqp://guest:guest@127.0.0.1:5672/", queue: q}
+sink:
+  stdout: {}
+`
+	cases := []struct{ name, layer, key string }{
+		{"bad rate", "      rate: 5/fortnight", "limit.extra[0].rate"},
+		{"unknown on_exceed", "      rate: 1\n      on_exceed: drop", "limit.extra[0].on_exceed"},
+		{"template that does not parse", "      rate: 1\n      key: '{{.JSON.to'", "limit.extra[0].key"},
+		{"quota with rate", "      rate: 1\n      quota: 5\n      per: day", "limit.extra[0].quota"},
+		{"unknown time zone", "      quota: 5\n      per: day\n      timezone: Europe/Atlantis", "limit.extra[0].timezone"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "throttle.yaml")
+			if err := os.WriteFile(path, []byte(fmt.Sprintf(base, tc.layer)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			code, _, stderr := faultExec(t, nil, bin, "run", "--config", path)
+			if code != 2 || !strings.Contains(stderr, tc.key) {
+				t.Errorf("exit %d, stderr %q; want exit 2 naming %s", code, stderr, tc.key)
+			}
+		})
+	}
+}
