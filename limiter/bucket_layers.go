@@ -53,8 +53,8 @@ type Request struct {
 // not known locally. A key whose messages all go to one replica gets only
 // that replica's share of its rate (under-granting).
 func (b *Bucket) WaitN(ctx context.Context, req Request) error {
-	ls, ok := b.store.(LayeredStore)
-	if !ok || len(ls.Layers()) == 0 {
+	ls := b.layeredStore()
+	if ls == nil {
 		return b.Wait(ctx, req.Cost)
 	}
 	if req.Cost < 1 {
@@ -170,6 +170,20 @@ type layeredFallback struct {
 	local  *LayeredMemory
 	// refilling is set while one WaitN asks for a lease with its message.
 	refilling atomic.Bool
+	// store is the Bucket's store when it has layers, found once.
+	once  sync.Once
+	store LayeredStore
+}
+
+// layeredStore returns the Bucket's store if it is a LayeredStore with at
+// least one layer, else nil.
+func (b *Bucket) layeredStore() LayeredStore {
+	b.layered.once.Do(func() {
+		if ls, ok := b.store.(LayeredStore); ok && len(ls.Layers()) > 0 {
+			b.layered.store = ls
+		}
+	})
+	return b.layered.store
 }
 
 func (b *Bucket) layeredState() *layeredFallback { return &b.layered }
