@@ -50,10 +50,10 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("second Start = %v, want ErrClosed", err)
 	}
 	returned := make(chan struct{})
-	go func() {
-		defer close(returned)
+	go func() { // Run
 		defer end()
-		<-ctx.Done() // Run stops when Close cancels it
+		defer close(returned) // Run's last act before end
+		<-ctx.Done()          // Run stops when Close cancels it
 	}()
 	_ = l.Close()
 	select {
