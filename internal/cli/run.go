@@ -150,11 +150,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 	if err != nil {
 		return err
 	}
-	deps := newDeps(cfg, lim, bucket, m.consumerObserver(), log)
-	if deps.pauser != nil {
-		deps.pauser = pauses.pauser(deps.pauser, bucket.ReplicaID(), deps.maxPause)
-	}
-	c, err := buildConsumer(cfg.Source, deps, sinks.Handler(sink))
+	c, err := buildConsumer(cfg.Source, newDeps(cfg, lim, bucket, m.consumerObserver(), log), sinks.Handler(sink))
 	if err != nil {
 		return err
 	}
@@ -196,11 +192,6 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 
 	runCtx, stopMonitor := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		pauses.run(runCtx, bucket)
-	}()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -441,99 +432,37 @@ var pauseLogEvery = 5 * time.Second // a variable for tests
 
 // pauseReporter logs push-back pauses of the shared bucket at info, at most
 // once per every, counting the ones it leaves out: "bucket paused 3s by
-// push-back from replica r2" when this replica paused it, "... from another
-// replica" when it learns of a pause from the bucket (the store does not
-// say which replica). Its methods are safe for concurrent use; run, its
-// one goroutine, ends with its context.
+// push-back from replica r2", on every replica (the limiter reports its
+// own pauses and those it hears of, with the pausing replica's id). It is
+// safe for concurrent use.
 type pauseReporter struct {
 	log   *slog.Logger
 	every time.Duration
-	// seen is signalled when the bucket's rate drops to 0: a pause.
-	seen   chan struct{}
-	paused atomic.Bool
 
-	mu       sync.Mutex
-	last     time.Time // when a line was last logged
-	skipped  int       // pauses not logged since
-	ownUntil time.Time // the end of the last pause this replica made
+	mu      sync.Mutex
+	last    time.Time // when a line was last logged
+	skipped int       // pauses not logged since
 }
 
 func newPauseReporter(log *slog.Logger, every time.Duration) *pauseReporter {
-	return &pauseReporter{log: log, every: every, seen: make(chan struct{}, 1)}
+	return &pauseReporter{log: log, every: every}
 }
 
-// observe returns obs with its Took hook also watching for the bucket's
-// rate dropping to 0, which is how a replica learns of a pause it did not
-// make.
+// observe returns obs with a Paused hook that reports to r.
 func (r *pauseReporter) observe(obs *limiter.Observer) *limiter.Observer {
 	o := *obs
-	took := o.Took
-	o.Took = func(remaining, rate float64, burst int) {
-		if took != nil {
-			took(remaining, rate, burst)
+	paused := o.Paused
+	o.Paused = func(d time.Duration, by string) {
+		if paused != nil {
+			paused(d, by)
 		}
-		if rate > 0 {
-			r.paused.Store(false)
-			return
+		who := "another replica" // a store that does not record who paused
+		if by != "" {
+			who = "replica " + by
 		}
-		if !r.paused.Swap(true) {
-			select {
-			case r.seen <- struct{}{}:
-			default:
-			}
-		}
+		r.report(d, who)
 	}
 	return &o
-}
-
-// pauser returns p, logging each pause it makes as this replica's.
-func (r *pauseReporter) pauser(p consumer.Pauser, replica string, maxPause time.Duration) consumer.Pauser {
-	return pauseLogger{p: p, r: r, replica: replica, max: maxPause}
-}
-
-type pauseLogger struct {
-	p       consumer.Pauser
-	r       *pauseReporter
-	replica string
-	max     time.Duration
-}
-
-func (l pauseLogger) Pause(ctx context.Context, d time.Duration) error {
-	err := l.p.Pause(ctx, d)
-	if err == nil && d > 0 {
-		if l.max > 0 {
-			d = min(d, l.max)
-		}
-		l.r.mu.Lock()
-		l.r.ownUntil = time.Now().Add(d)
-		l.r.mu.Unlock()
-		l.r.report(d, "replica "+l.replica)
-	}
-	return err
-}
-
-// run reads how long each pause that the bucket reports lasts, and logs the
-// ones this replica did not make, until ctx ends.
-func (r *pauseReporter) run(ctx context.Context, b *limiter.Bucket) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-r.seen:
-		}
-		r.mu.Lock()
-		own := time.Now().Before(r.ownUntil)
-		r.mu.Unlock()
-		if own {
-			continue // logged by Pause
-		}
-		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		st, err := b.State(sctx)
-		cancel()
-		if err == nil && st.Mode == limiter.ModeShared && st.PausedFor > 0 {
-			r.report(st.PausedFor, "another replica")
-		}
-	}
 }
 
 // report logs a pause of d, unless one was logged less than every ago.
