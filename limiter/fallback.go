@@ -25,7 +25,9 @@ import (
 // Coming back: the shared bucket may have refilled while nobody took from
 // it, or restarted full and empty of state, or (after a Sentinel failover)
 // lag behind what was spent. So the Bucket drains it and charges it with the
-// tokens its local bucket has booked ahead, before it takes from it again.
+// tokens its local bucket has booked ahead, times the live replicas (the
+// others booked about as much, and may come back later), before it takes
+// from it again.
 // The drain is announced, and every replica still in fallback probes at
 // once when it hears an announcement.
 
@@ -242,10 +244,14 @@ func (b *Bucket) tryRecover() bool {
 	defer cancel()
 	st, err := b.store.Status(ctx)
 	if err == nil && b.Mode() != ModeClosed { // a closed replica granted nothing
+		// The other replicas fell back too, most likely, and booked about
+		// as much as this one: charge the fleet's estimate, since the
+		// first replica back takes from the shared bucket while the
+		// others still serve their local bookings.
 		debt := 0
 		if local := b.fallbackBucket(); local != nil {
 			ls := local.StatusAt(b.clock.Now())
-			debt = int(math.Ceil(max(0, -ls.Tokens)))
+			debt = int(math.Ceil(max(0, -ls.Tokens) * float64(max(1, b.replicas.Load()))))
 		}
 		err = b.store.Drain(ctx, debt)
 	}

@@ -166,11 +166,13 @@ type Store interface {
 	// Status reads the bucket without changing it.
 	Status(ctx context.Context) (State, error)
 	// Drain empties the bucket, as if its tokens had been spent, and
-	// reserves debt more tokens ahead of every later caller. A Bucket calls
-	// it when it comes back from its fallback, so that the tokens its
-	// replica granted and booked locally are charged to the shared bucket
-	// instead of adding to a bucket that refilled, or restarted full,
-	// meanwhile.
+	// leaves at least debt tokens reserved ahead of every later caller:
+	// the tokens become min(tokens, -debt). A Bucket calls it when it
+	// comes back from its fallback, so that the tokens its replicas
+	// granted and booked locally are charged to the shared bucket instead
+	// of adding to a bucket that refilled, or restarted full, meanwhile.
+	// Drains do not add up: replicas coming back one after the other each
+	// charge their estimate of the whole fleet's bookings.
 	Drain(ctx context.Context, debt int) error
 	// Limits returns the rate and burst the store was configured with,
 	// without any I/O. The Bucket uses them before it has heard from the

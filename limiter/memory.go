@@ -24,7 +24,8 @@ type Memory struct {
 	tokens   float64
 	ts       int64 // µs; the bucket is paused while ts is after now
 	init     bool
-	pausedBy string // who set the pause ending at ts
+	pausedBy string        // who set the pause ending at ts
+	ad       adaptiveCurve // adaptive.go: the adaptive rate, when on
 }
 
 // NewMemory returns a full in-process bucket that refills at rate tokens per
@@ -132,7 +133,7 @@ func (m *Memory) advance(now int64) (tokens float64, ts int64) {
 	}
 	tokens, ts = m.tokens, m.ts
 	if now > ts {
-		tokens += float64(now-ts) * m.rate / 1e6
+		tokens += m.ad.refill(m.rate, ts, now)
 		ts = now
 	}
 	return math.Min(tokens, float64(m.burst)), ts
@@ -152,7 +153,8 @@ func (m *Memory) TakeAt(t time.Time, req TakeRequest) (TakeResult, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	tokens, ts := m.advance(now)
-	res := TakeResult{Rate: m.rate, Burst: m.burst, Remaining: tokens, At: time.UnixMicro(now)}
+	rate := m.ad.rateAt(m.rate, now) // the configured rate unless adaptive (adaptive.go)
+	res := TakeResult{Rate: rate, Burst: m.burst, Remaining: tokens, At: time.UnixMicro(now)}
 	if ts > now {
 		res.Rate = 0
 	}
@@ -163,7 +165,7 @@ func (m *Memory) TakeAt(t time.Time, req TakeRequest) (TakeResult, error) {
 	after := tokens - cost
 	wait := ts - now
 	if after < 0 {
-		wait = min(wait+waitUS(-after, m.rate), maxWaitUS)
+		wait = min(wait+waitUS(-after, rate), maxWaitUS)
 	}
 	got := req.Cost
 	if wait <= 0 {
@@ -176,7 +178,7 @@ func (m *Memory) TakeAt(t time.Time, req TakeRequest) (TakeResult, error) {
 	} else {
 		var horizon int64
 		if req.MaxWait > 0 {
-			horizon = max(req.MaxWait.Microseconds(), waitUS(cost, m.rate))
+			horizon = max(req.MaxWait.Microseconds(), waitUS(cost, rate))
 		}
 		if wait > horizon {
 			res.Wait = time.Duration(wait-horizon) * time.Microsecond
@@ -211,7 +213,7 @@ func (m *Memory) DrainAt(t time.Time, debt int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	tokens, ts := m.advance(t.UnixMicro())
-	m.save(math.Min(tokens, 0)-float64(max(debt, 0)), ts)
+	m.save(math.Min(tokens, -float64(max(debt, 0))), ts)
 }
 
 // PauseBy implements AttributedPauser.
@@ -247,7 +249,7 @@ func (m *Memory) StatusAt(t time.Time) State {
 	defer m.mu.Unlock()
 	tokens, ts := m.advance(now)
 	st := State{
-		Tokens: tokens, Rate: m.rate, Burst: m.burst,
+		Tokens: tokens, Rate: m.ad.rateAt(m.rate, now), Burst: m.burst,
 		ConfiguredRate: m.rate, ConfiguredBurst: m.burst, Replicas: 1,
 		At: time.UnixMicro(now),
 	}
@@ -276,6 +278,7 @@ func (m *Memory) SetRateAt(t time.Time, rate float64, burst int) error {
 	m.mu.Lock()
 	m.save(m.advance(t.UnixMicro()))
 	m.rate, m.burst = rate, burst
+	m.ad = adaptiveCurve{} // an operator's rate starts again from it
 	m.mu.Unlock()
 	m.notify()
 	return nil

@@ -20,6 +20,11 @@ func (m clockedMemory) PauseAt(now time.Time, d time.Duration) error {
 	return nil
 }
 
+func (m clockedMemory) DrainAt(now time.Time, debt int) error {
+	m.Memory.DrainAt(now, debt)
+	return nil
+}
+
 func (m clockedMemory) StatusAt(now time.Time) (limiter.State, error) {
 	return m.Memory.StatusAt(now), nil
 }

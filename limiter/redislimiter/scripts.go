@@ -22,6 +22,7 @@ import (
 var prelude = `
 local MAXRATE = ` + strconv.FormatFloat(limiter.MaxRate, 'g', -1, 64) + `
 local MAXBURST = ` + strconv.Itoa(limiter.MaxBurst) + `
+` + adaptiveLua + `
 
 local function clamp(x)
   if x ~= x then return 0 end
@@ -32,9 +33,12 @@ end
 
 local function now_us(arg)
   local n = tonumber(arg)
-  if n and n > 0 then return n end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if not (n and n > 0) then
+    local t = redis.call('TIME')
+    n = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  NOW = n -- adaptive: limits() computes the rate at NOW
+  return n
 end
 
 -- valid_rate and valid_burst return their argument as a number if it is
@@ -52,10 +56,14 @@ local function valid_burst(v)
 end
 
 -- limits returns the effective rate and burst: the override's where it
--- holds a valid value, else the configured ones.
+-- holds a valid value, else the configured ones; the rate is the adaptive
+-- rate at NOW below that ceiling when the hash holds one (adaptiveLua).
 local function limits(okey, rate, burst)
-  local ov = redis.call('HMGET', okey, 'rate', 'burst')
-  return valid_rate(ov[1]) or rate, valid_burst(ov[2]) or burst
+  local ov = redis.call('HMGET', okey, 'rate', 'burst', 'arate', 'ats', 'ainc')
+  CEIL = valid_rate(ov[1]) or rate
+  AD = ad_from(ov, CEIL)
+  if AD then return ad_rate(AD, NOW), valid_burst(ov[2]) or burst end
+  return CEIL, valid_burst(ov[2]) or burst
 end
 
 -- load returns the tokens and timestamp at now. A missing bucket is full.
@@ -65,7 +73,11 @@ local function load(skey, now, rate, burst)
   local tokens, ts = tonumber(st[1]), tonumber(st[2])
   if not tokens or not ts then return burst, now end
   if now > ts then
-    tokens = tokens + (now - ts) * rate / 1e6
+    if AD then
+      tokens = tokens + (ad_cum(AD, now) - ad_cum(AD, ts)) / 1e6
+    else
+      tokens = tokens + (now - ts) * rate / 1e6
+    end
     ts = now
   end
   if tokens > burst then tokens = burst end
@@ -188,8 +200,8 @@ local replicas = redis.call('ZCOUNT', KEYS[3], string.format('(%d', now), '+inf'
 return {tokens, milli(rate), burst, paused, ov[1] or false, ov[2] or false, ottl, replicas, now, by}
 `)
 
-// drainScript empties the bucket and reserves debt tokens ahead, keeping a
-// pause, and announces it: replicas still in fallback then probe at once.
+// drainScript empties the bucket and leaves at least debt tokens reserved
+// ahead (tokens = min(tokens, -debt)), keeping a pause, and announces it: replicas still in fallback then probe at once.
 //
 // KEYS: state, override. ARGV: rate, burst, debt, now_us, channel. Reply:
 // remaining_milli.
@@ -197,7 +209,7 @@ var drainScript = redis.NewScript(prelude + `
 local now = now_us(ARGV[4])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
 local tokens, ts = load(KEYS[1], now, rate, burst)
-tokens = math.min(tokens, 0) - math.max(tonumber(ARGV[3]), 0)
+tokens = math.min(tokens, -math.max(tonumber(ARGV[3]), 0))
 save(KEYS[1], tokens, ts, now, rate, burst)
 redis.call('PUBLISH', ARGV[5], 'recovered')
 return milli(tokens)

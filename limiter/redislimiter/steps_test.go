@@ -30,6 +30,10 @@ func (c clocked) PauseAt(now time.Time, d time.Duration) error {
 	return c.s.pause(context.Background(), now.UnixMicro(), d, "")
 }
 
+func (c clocked) DrainAt(now time.Time, debt int) error {
+	return c.s.drain(context.Background(), now.UnixMicro(), debt)
+}
+
 func (c clocked) StatusAt(now time.Time) (limiter.State, error) {
 	return c.s.status(context.Background(), now.UnixMicro())
 }

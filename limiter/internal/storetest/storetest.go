@@ -17,6 +17,7 @@ type ClockedStore interface {
 	TakeAt(now time.Time, req limiter.TakeRequest) (limiter.TakeResult, error)
 	RefundAt(now time.Time, tokens int) error
 	PauseAt(now time.Time, d time.Duration) error
+	DrainAt(now time.Time, debt int) error
 	StatusAt(now time.Time) (limiter.State, error)
 }
 
@@ -33,6 +34,7 @@ const (
 	refund
 	pause
 	status
+	drain
 )
 
 // step is one call at Base+at, and what it must answer.
@@ -40,7 +42,7 @@ type step struct {
 	at   time.Duration
 	op   op
 	cost int
-	// extra and maxWait for take; n for refund; d for pause.
+	// extra and maxWait for take; n for refund and drain; d for pause.
 	extra   int
 	maxWait time.Duration
 	n       int
@@ -136,6 +138,25 @@ var cases = []struct {
 		{op: pause, d: time.Second},
 		{op: take, cost: 1, maxWait: 3 * time.Second, granted: true, tokens: 1, wait: 1200 * time.Millisecond, remaining: -2, rate: 0},
 	}},
+	{"drain empties the bucket and leaves the debt reserved ahead", 10, 5, []step{
+		{op: drain, n: 3},
+		{op: status, remaining: -3, rate: 10},
+		{op: take, cost: 1, maxWait: time.Second, granted: true, tokens: 1, wait: 400 * time.Millisecond, remaining: -4, rate: 10},
+	}},
+	{"drains do not add up, and keep a deeper queue", 10, 5, []step{
+		{op: drain, n: 3},
+		{op: drain, n: 2},
+		{op: status, remaining: -3, rate: 10},
+		{at: 100 * time.Millisecond, op: drain, n: 3},
+		{at: 100 * time.Millisecond, op: status, remaining: -3, rate: 10},
+		{at: 100 * time.Millisecond, op: drain, n: 0},
+		{at: 100 * time.Millisecond, op: status, remaining: -3, rate: 10},
+	}},
+	{"drain keeps a pause", 10, 5, []step{
+		{op: pause, d: time.Second},
+		{op: drain, n: 2},
+		{op: status, remaining: -2, rate: 0, paused: time.Second},
+	}},
 	{"fractional rate: one token every two seconds", 0.5, 1, []step{
 		{op: take, cost: 1, granted: true, tokens: 1, remaining: 0, rate: 0.5},
 		{op: take, cost: 1, wait: 2 * time.Second, remaining: 0, rate: 0.5},
@@ -175,6 +196,10 @@ func Run(t *testing.T, newStore Factory) {
 				case pause:
 					if err := s.PauseAt(now, st.d); err != nil {
 						t.Fatalf("step %d: pause: %v", i, err)
+					}
+				case drain:
+					if err := s.DrainAt(now, st.n); err != nil {
+						t.Fatalf("step %d: drain: %v", i, err)
 					}
 				case status:
 					got, err := s.StatusAt(now)
