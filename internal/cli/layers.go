@@ -96,7 +96,8 @@ func (w *layeredLimiter) WaitMessage(ctx context.Context, msg consumer.Message, 
 			return err
 		}
 	}
-	defer w.m.startWaiting()()
+	w.m.startWaiting()
+	defer w.m.stopWaiting()
 	err := w.waitN(ctx, limiter.Request{Cost: cost, Keys: keys})
 	var le *limiter.LimitError
 	switch {

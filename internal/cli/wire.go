@@ -64,7 +64,8 @@ type waitLimiter struct {
 }
 
 func (w *waitLimiter) Wait(ctx context.Context, cost int) error {
-	defer w.m.startWaiting()()
+	w.m.startWaiting()
+	defer w.m.stopWaiting()
 	err := w.wait(ctx, cost)
 	if err == nil {
 		w.m.tookTokens(cost)
