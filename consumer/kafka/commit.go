@@ -19,10 +19,16 @@ import (
 type partState struct {
 	partition int
 
+	// skip lists the messages the previous owner finished after the
+	// committed offset (OrderKey, OrderNone): they are not handled again.
+	skip finishedSet
+
 	mu      sync.Mutex
 	tracker *offsetTracker
-	// committed is the last offset committed in this generation, or -1.
+	// committed is the last offset committed in this generation, or -1;
+	// meta the metadata committed with it.
 	committed int64
+	meta      string
 }
 
 func newPartState(partition int) *partState {
@@ -30,8 +36,9 @@ func newPartState(partition int) *partState {
 }
 
 // commitFunc commits offsets (partition → next offset to read) of the
-// consumer's topic in the current generation.
-type commitFunc func(offsets map[int]int64) error
+// consumer's topic in the current generation, with metadata (partition →
+// finishedMetadata) when it is not nil.
+type commitFunc func(offsets map[int]int64, metadata map[int]string) error
 
 // committer commits, for each partition of a generation, the end of the
 // longest prefix of finished messages. Workers wake it without blocking;
@@ -45,10 +52,13 @@ type committer struct {
 	parts  []*partState
 	log    *slog.Logger
 	wakeC  chan struct{}
+	// withMeta commits, with each offset, the messages that finished
+	// after it (finishedMetadata), for orderings that finish out of order.
+	withMeta bool
 }
 
-func newCommitter(commit commitFunc, parts []*partState, log *slog.Logger) *committer {
-	return &committer{commit: commit, parts: parts, log: log, wakeC: make(chan struct{}, 1)}
+func newCommitter(commit commitFunc, parts []*partState, withMeta bool, log *slog.Logger) *committer {
+	return &committer{commit: commit, parts: parts, withMeta: withMeta, log: log, wakeC: make(chan struct{}, 1)}
 }
 
 // wake asks run to commit.
@@ -68,7 +78,7 @@ func (c *committer) run(ctx context.Context) {
 			return
 		case <-c.wakeC:
 		}
-		_, err := c.commitMoved()
+		err := c.commitMoved()
 		if err == nil {
 			failures = 0
 			continue
@@ -91,7 +101,7 @@ func (c *committer) run(ctx context.Context) {
 // partition that has one.
 func (c *committer) flush(ctx context.Context) (map[int]int64, error) {
 	for failures := 0; ; failures++ {
-		_, err := c.commitMoved()
+		err := c.commitMoved()
 		if err == nil || !retriableCommit(err) {
 			return c.committed(), err
 		}
@@ -115,35 +125,57 @@ func retriableCommit(err error) bool {
 	return true
 }
 
-// commitMoved makes one commit call for the partitions whose position
-// moved since their last commit, and returns what it committed.
-func (c *committer) commitMoved() (map[int]int64, error) {
-	var offsets map[int]int64
+// commitMoved makes one commit call for the partitions whose position, or
+// the set of messages finished after it, changed since their last commit.
+func (c *committer) commitMoved() error {
+	var (
+		offsets  map[int]int64
+		metadata map[int]string
+	)
 	for _, p := range c.parts {
 		p.mu.Lock()
 		pos, ok := p.tracker.position()
-		if ok && pos > p.committed {
+		var meta string
+		if c.withMeta {
+			if !ok {
+				// Nothing finished at the start yet; later messages may
+				// have. The position is still the first fetched one.
+				pos, ok = p.tracker.first, p.tracker.fetched
+			}
+			if ok {
+				meta = p.tracker.finishedMetadata(pos)
+			}
+		}
+		if ok && (pos > p.committed || meta != p.meta) && (pos != p.tracker.first || meta != "") {
 			if offsets == nil {
 				offsets = make(map[int]int64)
+				if c.withMeta {
+					metadata = make(map[int]string)
+				}
 			}
 			offsets[p.partition] = pos
+			if c.withMeta {
+				metadata[p.partition] = meta
+			}
 		}
 		p.mu.Unlock()
 	}
 	if len(offsets) == 0 {
-		return nil, nil
+		return nil
 	}
-	if err := c.commit(offsets); err != nil {
-		return nil, fmt.Errorf("committing %d partition offsets: %w", len(offsets), err)
+	if err := c.commit(offsets, metadata); err != nil {
+		return fmt.Errorf("committing %d partition offsets: %w", len(offsets), err)
 	}
 	for _, p := range c.parts {
 		if pos, ok := offsets[p.partition]; ok {
 			p.mu.Lock()
-			p.committed = max(p.committed, pos)
+			if pos >= p.committed {
+				p.committed, p.meta = pos, metadata[p.partition]
+			}
 			p.mu.Unlock()
 		}
 	}
-	return offsets, nil
+	return nil
 }
 
 // committed returns the offsets committed in this generation.

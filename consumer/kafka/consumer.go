@@ -451,8 +451,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: reader group: %w", ErrInvalidConfig, err) // checked by New
 	}
+	// One transport for the dead-letter writer and the commits with
+	// metadata, closed when Run returns.
 	transport := newTransport(c.cfg.Dialer)
 	writer := c.newWriter(transport)
+	client := &kafkago.Client{Addr: kafkago.TCP(c.cfg.Brokers...), Transport: transport}
 	dl := &deadLetterer{w: writer, topic: c.cfg.DeadLetterTopic, log: c.log}
 
 	var cur *generation
@@ -472,7 +475,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			continue
 		}
 		c.stats.joined()
-		g := c.newGeneration(gen, ctx.Done())
+		g := c.newGeneration(ctx, client, gen, ctx.Done())
 		cur = g
 		gen.Start(func(gctx context.Context) { c.runGeneration(gctx, g, dl) })
 	}
@@ -506,20 +509,93 @@ func (c *Consumer) fail(err error) {
 	}
 }
 
-// newGeneration wraps a kafka-go generation for runGeneration.
-func (c *Consumer) newGeneration(gen *kafkago.Generation, shutdown <-chan struct{}) *generation {
+// newGeneration wraps a kafka-go generation for runGeneration. With
+// OrderPartition it commits through the generation. With OrderKey and
+// OrderNone, whose messages finish out of order, it commits with each
+// offset the messages that finished after it (as metadata, which kafka-go's
+// Generation cannot send, so through client with the generation's ID and
+// member ID), and reads what the previous owners committed so, to skip
+// those messages.
+func (c *Consumer) newGeneration(ctx context.Context, client *kafkago.Client, gen *kafkago.Generation, shutdown <-chan struct{}) *generation {
 	parts := slices.Clone(gen.Assignments[c.cfg.Topic])
 	slices.SortFunc(parts, func(a, b kafkago.PartitionAssignment) int { return a.ID - b.ID })
-	return &generation{
+	g := &generation{
 		id:         gen.ID,
 		partitions: parts,
-		commit: func(offsets map[int]int64) error {
+		commit: func(offsets map[int]int64, _ map[int]string) error {
 			return gen.CommitOffsets(map[string]map[int]int64{c.cfg.Topic: offsets})
 		},
 		open:     c.openPartition,
 		shutdown: shutdown,
 		drained:  make(chan struct{}),
 	}
+	if c.cfg.Ordering == consumer.OrderPartition {
+		return g
+	}
+	g.commit = func(offsets map[int]int64, metadata map[int]string) error {
+		return c.commitWithMetadata(client, gen, offsets, metadata)
+	}
+	g.skips = c.readFinished(ctx, client, parts)
+	return g
+}
+
+// commitWithMetadata commits offsets and metadata in gen.
+func (c *Consumer) commitWithMetadata(client *kafkago.Client, gen *kafkago.Generation, offsets map[int]int64, metadata map[int]string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
+	defer cancel()
+	commits := make([]kafkago.OffsetCommit, 0, len(offsets))
+	for p, o := range offsets {
+		commits = append(commits, kafkago.OffsetCommit{Partition: p, Offset: o, Metadata: metadata[p]})
+	}
+	resp, err := client.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
+		GroupID:      c.cfg.Group,
+		GenerationID: int(gen.ID),
+		MemberID:     gen.MemberID,
+		Topics:       map[string][]kafkago.OffsetCommit{c.cfg.Topic: commits},
+	})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, p := range resp.Topics[c.cfg.Topic] {
+		if p.Error != nil {
+			errs = append(errs, fmt.Errorf("partition %d: %w", p.Partition, p.Error))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// readFinished reads, for each assigned partition, the messages that the
+// previous owner finished after the committed offset. On an error it logs
+// and returns what it has: those messages are then handled again.
+func (c *Consumer) readFinished(ctx context.Context, client *kafkago.Client, parts []kafkago.PartitionAssignment) map[int]finishedSet {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.CommitTimeout)
+	defer cancel()
+	ids := make([]int, len(parts))
+	for i, a := range parts {
+		ids[i] = a.ID
+	}
+	resp, err := client.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{
+		GroupID: c.cfg.Group,
+		Topics:  map[string][]int{c.cfg.Topic: ids},
+	})
+	if err == nil {
+		err = resp.Error
+	}
+	if err != nil {
+		c.log.Warn("reading the messages finished after the committed offsets failed; they will be handled again",
+			"topic", c.cfg.Topic, "group", c.cfg.Group, "err", err)
+		return nil
+	}
+	out := make(map[int]finishedSet)
+	for _, p := range resp.Topics[c.cfg.Topic] {
+		if p.Error == nil && p.CommittedOffset >= 0 {
+			if f := parseFinished(p.CommittedOffset, p.Metadata); f.len() > 0 {
+				out[p.Partition] = f
+			}
+		}
+	}
+	return out
 }
 
 // openPartition starts a reader of one partition at offset, which may be

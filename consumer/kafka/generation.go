@@ -30,6 +30,9 @@ type generation struct {
 	partitions []kafkago.PartitionAssignment
 	// commit commits offsets in this generation.
 	commit commitFunc
+	// skips lists, by partition, the messages the previous owners finished
+	// after the committed offset (OrderKey, OrderNone).
+	skips map[int]finishedSet
 	// open returns the reader of a partition at offset, and the function
 	// that closes it.
 	open func(partition int, offset int64) (partitionReader, func())
@@ -68,8 +71,9 @@ type genRun struct {
 	com   *committer
 	dl    *deadLetterer
 	// dropped counts the messages fetched and not started when the
-	// partitions were revoked.
-	dropped atomic.Int64
+	// partitions were revoked; skipped those not handled because the
+	// previous owner had finished them.
+	dropped, skipped atomic.Int64
 }
 
 // runGeneration consumes the partitions of one generation until it ends
@@ -91,6 +95,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl *deadLe
 	ids := make([]int, len(g.partitions))
 	for i, a := range g.partitions {
 		parts[i] = newPartState(a.ID)
+		parts[i].skip = g.skips[a.ID]
 		ids[i] = a.ID
 	}
 	log := c.log.With("topic", c.cfg.Topic, "group", c.cfg.Group, "generation", g.id)
@@ -102,7 +107,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl *deadLe
 		workers = c.cfg.MaxInFlight
 	}
 	r := &genRun{c: c, hctx: hctx, rctx: rctx, slots: make(chan struct{}, workers+queue), dl: dl}
-	r.com = newCommitter(g.commit, parts, log)
+	r.com = newCommitter(g.commit, parts, c.cfg.Ordering != consumer.OrderPartition, log)
 	r.sched = newScheduler(c.cfg.Ordering, workers, r.newWorker)
 
 	comCtx, stopCommitter := context.WithCancel(hctx)
@@ -174,7 +179,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl *deadLe
 	closing.Wait()
 	n := r.dropped.Load()
 	c.stats.revoked(n)
-	args := []any{"partitions", ids, "reason", reason, "dropped", n,
+	args := []any{"partitions", ids, "reason", reason, "dropped", n, "skipped", r.skipped.Load(),
 		"committed", formatOffsets(committed), "took", time.Since(start).Round(time.Millisecond)}
 	if err != nil {
 		log.Warn("partitions revoked; the final commit failed, messages finished since the last commit will be redelivered",
@@ -210,6 +215,15 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 			continue
 		}
 		failures = 0
+		if p.skip.has(m.Offset) {
+			// Finished by the previous owner, after its committed offset.
+			p.mu.Lock()
+			p.tracker.finish(p.tracker.add(m.Offset))
+			p.mu.Unlock()
+			r.skipped.Add(1)
+			r.com.wake()
+			continue
+		}
 		select {
 		case r.slots <- struct{}{}:
 		case <-r.rctx.Done():

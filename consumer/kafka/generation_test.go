@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -56,18 +57,22 @@ func (r *erringReader) FetchMessage(ctx context.Context) (kafkago.Message, error
 // Commits fail while failCommits > 0.
 type fakeGroup struct {
 	readers map[int]partitionReader
+	// skips is what the generation reads from the previous commit's
+	// metadata.
+	skips map[int]finishedSet
 
 	mu          sync.Mutex
-	commits     map[int]int64 // partition -> next offset
+	commits     map[int]int64  // partition -> next offset
+	meta        map[int]string // partition -> metadata committed with it
 	calls       int
 	failCommits int
 }
 
 func newFakeGroup(readers map[int]partitionReader) *fakeGroup {
-	return &fakeGroup{readers: readers, commits: map[int]int64{}}
+	return &fakeGroup{readers: readers, commits: map[int]int64{}, meta: map[int]string{}}
 }
 
-func (f *fakeGroup) commit(offsets map[int]int64) error {
+func (f *fakeGroup) commit(offsets map[int]int64, metadata map[int]string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -80,6 +85,7 @@ func (f *fakeGroup) commit(offsets map[int]int64) error {
 			return fmt.Errorf("commit of partition %d moved back from %d to %d", p, f.commits[p], o)
 		}
 		f.commits[p] = o
+		f.meta[p] = metadata[p]
 	}
 	return nil
 }
@@ -111,6 +117,7 @@ func startGeneration(t *testing.T, c *Consumer, f *fakeGroup, w messageWriter) *
 	rg.g = &generation{
 		id:       1,
 		commit:   f.commit,
+		skips:    f.skips,
 		shutdown: shutdown,
 		drained:  make(chan struct{}),
 		open: func(p int, _ int64) (partitionReader, func()) {
@@ -444,5 +451,65 @@ func TestRevocation(t *testing.T) {
 				t.Errorf("PartitionsAssigned = %d after the revocation, want 0", st.PartitionsAssigned)
 			}
 		})
+	}
+}
+
+// TestGenerationSkipsFinished: with OrderKey, a revocation that leaves an
+// early message unfinished while later ones finished commits the early
+// offset with the later ones listed in the metadata; the next generation
+// handles only the unfinished message.
+func TestGenerationSkipsFinished(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		handled []int64
+		second  atomic.Bool // the next generation runs
+	)
+	c := newTestConsumer(t, Config{
+		Options: consumer.Options{Ordering: consumer.OrderKey, DrainTimeout: 200 * time.Millisecond,
+			Retry: consumer.RetryPolicy{MaxAttempts: 1}},
+	}, func(ctx context.Context, m consumer.Message) error {
+		mu.Lock()
+		handled = append(handled, m.Source.Offset)
+		mu.Unlock()
+		if !second.Load() && m.Source.Offset == 1 {
+			<-ctx.Done() // abandoned at the drain deadline
+			return ctx.Err()
+		}
+		return nil
+	})
+	all := msgs(0, 0, 1, 2, 3, 4, 5)
+	for i := range all {
+		all[i].Key = []byte{byte(i)}
+	}
+	f := newFakeGroup(map[int]partitionReader{0: newFakeReader(all...)})
+	rg := startGeneration(t, c, f, &fakeWriter{})
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(handled)
+	}
+	waitFor(t, "all six handled or held", func() bool { return count() == 6 })
+	rg.finish(t, false)
+	f.mu.Lock()
+	pos, meta := f.commits[0], f.meta[0]
+	f.mu.Unlock()
+	if pos != 1 || meta == "" {
+		t.Fatalf("committed %d with metadata %q, want 1 with the finished offsets 2-5", pos, meta)
+	}
+
+	// The next owner starts at offset 1 with what the metadata lists.
+	mu.Lock()
+	handled = nil
+	mu.Unlock()
+	second.Store(true)
+	f2 := newFakeGroup(map[int]partitionReader{0: newFakeReader(all[1:]...)})
+	f2.skips = map[int]finishedSet{0: parseFinished(pos, meta)}
+	rg2 := startGeneration(t, c, f2, &fakeWriter{})
+	waitFor(t, "offset 6 committed", func() bool { return f2.committed()[0] == 6 })
+	rg2.finish(t, true)
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(handled, []int64{1}) {
+		t.Fatalf("the next generation handled %v, want only offset 1", handled)
 	}
 }

@@ -1,5 +1,11 @@
 package kafka
 
+import (
+	"encoding/base64"
+	"math/bits"
+	"strings"
+)
+
 // offsetTracker follows the messages of one partition that were fetched and
 // have not finished, and gives the offset a commit may name: the end of the
 // longest prefix of finished messages (the design of Confluent's Parallel
@@ -118,3 +124,83 @@ func (t *offsetTracker) position() (off int64, ok bool) {
 // position: the unfinished ones and those that finished out of order after
 // an unfinished one.
 func (t *offsetTracker) window() int { return int(t.tail - t.head) }
+
+// finishedPrefix marks the commit metadata that lists the messages that
+// finished after the committed offset (OrderKey, OrderNone), so that the
+// partition's next owner skips them instead of handling them again.
+const finishedPrefix = "throttle-finished:v1:"
+
+// maxFinishedSpan bounds the offsets after the commit position that the
+// metadata can list (one bit each): 8192 bits are 1,366 characters in
+// base64, well below the brokers' default limit of 4096
+// (offset.metadata.max.bytes). Finished messages beyond it are handled
+// again by the next owner.
+const maxFinishedSpan = 8192
+
+// finishedMetadata returns the commit metadata listing the messages that
+// finished at or after pos, the commit position: a bitset over the offsets
+// pos, pos+1, ..., in base64 after finishedPrefix. It returns "" when none
+// did.
+func (t *offsetTracker) finishedMetadata(pos int64) string {
+	var bits []byte
+	mask := uint64(len(t.offs) - 1)
+	for seq := t.head; seq != t.tail; seq++ {
+		s := seq & mask
+		if t.done[s/64]&(1<<(s%64)) == 0 {
+			continue
+		}
+		i := t.offs[s] - pos
+		if i < 0 || i >= maxFinishedSpan {
+			continue
+		}
+		for int64(len(bits)) <= i/8 {
+			bits = append(bits, 0)
+		}
+		bits[i/8] |= 1 << (i % 8)
+	}
+	if len(bits) == 0 {
+		return ""
+	}
+	return finishedPrefix + base64.RawStdEncoding.EncodeToString(bits)
+}
+
+// finishedSet is the set of offsets a previous owner finished after the
+// committed offset, read from the commit metadata. The zero value is the
+// empty set.
+type finishedSet struct {
+	base int64
+	bits []byte
+}
+
+// parseFinished reads the metadata committed with offset base. Metadata
+// that another client wrote, or that does not parse, gives the empty set:
+// those messages are then handled again, which is safe.
+func parseFinished(base int64, metadata string) finishedSet {
+	rest, ok := strings.CutPrefix(metadata, finishedPrefix)
+	if !ok {
+		return finishedSet{}
+	}
+	bits, err := base64.RawStdEncoding.DecodeString(rest)
+	if err != nil || len(bits) > maxFinishedSpan/8 {
+		return finishedSet{}
+	}
+	return finishedSet{base: base, bits: bits}
+}
+
+// has reports whether off is in the set.
+func (f finishedSet) has(off int64) bool {
+	i := off - f.base
+	if i < 0 || i/8 >= int64(len(f.bits)) {
+		return false
+	}
+	return f.bits[i/8]&(1<<(i%8)) != 0
+}
+
+// len returns the number of offsets in the set.
+func (f finishedSet) len() int {
+	n := 0
+	for _, b := range f.bits {
+		n += bits.OnesCount8(b)
+	}
+	return n
+}

@@ -106,3 +106,43 @@ func TestOffsetTrackerAllocations(t *testing.T) {
 		t.Fatalf("%v allocations per add/finish pair, want 0", allocs)
 	}
 }
+
+// TestFinishedMetadata: the commit metadata lists the messages that
+// finished after the commit position, and reads back as the same set.
+func TestFinishedMetadata(t *testing.T) {
+	tr := newOffsetTracker()
+	seqs := map[int64]uint64{}
+	for _, o := range []int64{10, 11, 12, 13, 14, 20, 10_000} {
+		seqs[o] = tr.add(o)
+	}
+	for _, o := range []int64{10, 12, 14, 20, 10_000} {
+		tr.finish(seqs[o])
+	}
+	pos, ok := tr.position()
+	if !ok || pos != 11 {
+		t.Fatalf("position = %d, %v; want 11", pos, ok)
+	}
+	meta := tr.finishedMetadata(pos)
+	f := parseFinished(pos, meta)
+	for o, want := range map[int64]bool{10: false, 11: false, 12: true, 13: false, 14: true, 15: false, 20: true,
+		10_000: false /* beyond maxFinishedSpan */} {
+		if f.has(o) != want {
+			t.Errorf("offset %d in the set = %v, want %v (metadata %q)", o, f.has(o), want, meta)
+		}
+	}
+	if f.len() != 3 {
+		t.Errorf("len = %d, want 3", f.len())
+	}
+	if len(meta) > 4096 {
+		t.Errorf("metadata of %d bytes, above the brokers' default limit", len(meta))
+	}
+
+	if m := newOffsetTracker().finishedMetadata(0); m != "" {
+		t.Errorf("metadata of an empty tracker = %q, want empty", m)
+	}
+	for _, foreign := range []string{"", "some other client", finishedPrefix + "!!"} {
+		if f := parseFinished(0, foreign); f.len() != 0 || f.has(0) {
+			t.Errorf("metadata %q gave a non-empty set", foreign)
+		}
+	}
+}
