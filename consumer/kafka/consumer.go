@@ -34,9 +34,9 @@
 // order (OrderingKey, OrderingNone), so the consumer tracks, per partition,
 // which fetched messages finished, in a fixed ring that allocates nothing
 // per message, and commits the end of the longest finished prefix: the
-// offset of the oldest unfinished message. A crash therefore never skips
-// an unfinished message; it may redeliver messages that finished after an
-// unfinished one. Workers do not wait for commits: a committer goroutine
+// offset of the oldest unfinished message, with the messages that finished
+// after it in the commit's metadata (see Rebalances). A crash therefore
+// never skips an unfinished message. Workers do not wait for commits: a committer goroutine
 // commits whatever moved as soon as the previous commit returned, so
 // commits are synchronous (on the broker when the call returns) yet
 // batched under load. A failed commit is retried with backoff.
@@ -50,12 +50,14 @@
 // flight finish within Config.DrainTimeout; and commits what finished, in
 // the ending generation. The partitions' next owners therefore start after
 // every message finished here: a clean rebalance (a replica joins, or
-// leaves through Close or its context) redelivers nothing with
-// OrderingPartition. With OrderingKey and OrderingNone a message dropped
-// while later messages of its partition finished keeps those later ones
-// uncommitted, and the next owner handles them again. Each assignment and
-// revocation is logged with the partitions, the messages dropped and the
-// offsets committed; ReaderStats counts them.
+// leaves through Close or its context) redelivers nothing. With OrderKey
+// and OrderNone a message dropped while later messages of its partition
+// finished keeps the committed offset before it; so that the next owner
+// does not handle those later messages again, each commit carries them in
+// its metadata (a bitset after the committed offset, up to 8192 offsets)
+// and the next owner skips them. Each assignment and revocation is logged
+// with the partitions, the messages dropped and skipped, and the offsets
+// committed; ReaderStats counts them.
 //
 // The group waits the RebalanceTimeout (30s by default, ConfigureReader)
 // for its members to rejoin, and goes on without the late ones, whose
