@@ -742,3 +742,23 @@ func TestSetAside(t *testing.T) {
 	}
 	t.Logf("%d messages set aside for %v each and delivered when they came back", n, delay)
 }
+
+// TestDeadLetterExchangeMissing checks that a DeadLetterExchange that does
+// not exist (without Declare) ends Run at start with NOT_FOUND naming it,
+// rather than closing the channel at the first dead letter.
+func TestDeadLetterExchangeMissing(t *testing.T) {
+	b := newBroker(t)
+	q := b.declareQueue(t)
+	dlx := testenv.Name(t, "throttle-test-no-dlx")
+	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, DeadLetterExchange: dlx},
+		func(context.Context, consumer.Message) error { return nil })
+	ctx := testenv.Context(t, 10*time.Second)
+	err := c.Run(ctx)
+	var aerr *amqp.Error
+	if !errors.As(err, &aerr) || aerr.Code != amqp.NotFound || !strings.Contains(err.Error(), strconv.Quote(dlx)) {
+		t.Fatalf("Run returned %v, want a NOT_FOUND naming exchange %q", err, dlx)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("Run retried until the test deadline instead of failing at once")
+	}
+}
