@@ -223,10 +223,13 @@ type ReportingTracker interface {
 }
 
 // Notifier is implemented by stores that announce the changes operators and
-// push-back make to a bucket (a rate override, a fill, a reset, a pause) to
-// every replica. A Bucket that hears one takes again the reservations its
-// callers are sleeping on, so the change reaches them within a round trip
-// instead of after the reservation horizon.
+// push-back make to a bucket (a rate override, a fill, a reset, a pause, a
+// replica's return from fallback) to every replica. A Bucket that hears one
+// reads the bucket once and moves the reservations its callers are sleeping
+// on to where the new rate or pause puts them, keeping their order, so the
+// change reaches them within a round trip instead of after the reservation
+// horizon; it gives back its leased tokens; and, in fallback, it asks the
+// store at once whether it is back.
 type Notifier interface {
 	// Watch calls changed for every announced change until ctx ends, then
 	// returns. It resubscribes by itself after a connection failure, and
