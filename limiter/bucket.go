@@ -358,6 +358,7 @@ func (b *Bucket) Pause(ctx context.Context, d time.Duration) error {
 		}
 		if err == nil {
 			b.observePaused(d, b.opts.ReplicaID)
+			b.pushedBack(ctx, true) // adaptive.go
 		}
 		if err == nil || ctx.Err() != nil {
 			return err
@@ -366,6 +367,7 @@ func (b *Bucket) Pause(ctx context.Context, d time.Duration) error {
 	}
 	if fb := b.fallbackBucket(); fb != nil {
 		fb.PauseAt(b.clock.Now(), d)
+		b.pushedBack(ctx, false)
 	}
 	return nil
 }

@@ -80,6 +80,10 @@ type Options struct {
 	MaxPause time.Duration
 	// Lease configures token leasing. Default: on, adapting to the rate.
 	Lease LeaseOptions
+	// Adaptive, when set, makes each Pause also lower the bucket's rate,
+	// which then climbs back (AIMD; see Adaptive), in a store that
+	// implements Adapter. Default nil: the rate stays the configured one.
+	Adaptive *Adaptive
 	// Observer receives events for metrics. Default: none.
 	Observer *Observer
 	// Logger receives mode transitions. Default: slog.Default().
@@ -116,6 +120,9 @@ func (o Options) Validate() error {
 		if d.v < 0 {
 			errs = append(errs, &ParamError{Param: d.name, Msg: "must be >= 0 (0 for the default)", Value: d.v})
 		}
+	}
+	if o.Adaptive != nil {
+		errs = append(errs, o.Adaptive.Validate())
 	}
 	lease := o.Lease
 	if err := lease.validate(); err != nil {

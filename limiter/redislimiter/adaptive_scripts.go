@@ -1,0 +1,93 @@
+package redislimiter
+
+import "github.com/redis/go-redis/v9"
+
+// adaptiveLua is the part of the scripts' prelude that computes the
+// adaptive rate (limiter.Adaptive). The decrease script keeps it in the
+// bucket's override hash, which every script already reads in limits():
+//
+//	arate  the rate (tokens/s) at ats, written with %.17g
+//	ats    µs: the climb starts here (the decrease, or the end of the pause then in force)
+//	ainc   the climb in tokens/s per µs
+//	adec   µs: the last decrease, for the merge window
+//
+// SetOverride, ClearOverride and Reset delete the hash, so an operator's
+// override starts again from its own rate. The functions perform the same
+// floating-point operations in the same order as limiter's adaptiveCurve,
+// so that the Memory store and Redis pass the same step tables.
+//
+// NOW is set by now_us; limits() sets CEIL (the override's or configured
+// rate) and AD (the curve, or nil when none is in force) and returns the
+// adaptive rate at NOW; load() integrates the refill over the curve.
+const adaptiveLua = `
+local NOW, CEIL, AD = nil, nil, nil
+
+local function ad_from(ov, ceil)
+  local a, at, k = tonumber(ov[3]), tonumber(ov[4]), tonumber(ov[5])
+  if not (a and at and k and NOW and ceil and ceil > 0) then return nil end
+  if not (a > 0 and k >= 0) then return nil end
+  return {a = a, at = at, k = k, ceil = ceil}
+end
+
+local function ad_rate(ad, t)
+  local r = ad.a
+  if t > ad.at then r = r + ad.k * (t - ad.at) end
+  return math.min(r, ad.ceil)
+end
+
+local function ad_cum(ad, t)
+  local u = t - ad.at
+  local a = math.min(ad.a, ad.ceil)
+  if u <= 0 or ad.k <= 0 or a >= ad.ceil then return a * u end
+  local uc = (ad.ceil - a) / ad.k
+  if u <= uc then return a * u + ad.k * u * u / 2 end
+  return a * uc + ad.k * uc * uc / 2 + ad.ceil * (u - uc)
+end
+`
+
+// decreaseScript records a push-back for the adaptive rate: unless the
+// last decrease is within the merge window, it multiplies the rate in force
+// by decrease (floored at min_rate, capped at the ceiling), restarts the
+// climb from now (or the end of a pause in force), and announces it. The
+// adaptive fields expire with an override that has a TTL, and otherwise
+// when the rate is back at the ceiling.
+//
+// KEYS: state, override. ARGV: rate, burst, decrease, min_rate, slope
+// (tokens/s per µs), window_us, now_us, channel. Reply: {decreased (1/0),
+// rate_milli}.
+var decreaseScript = redis.NewScript(prelude + `
+local now = now_us(ARGV[7])
+local cur, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
+local last = tonumber(redis.call('HGET', KEYS[2], 'adec'))
+if AD and last and now - last < tonumber(ARGV[6]) then return {0, milli(cur)} end
+local tokens, ts = load(KEYS[1], now, cur, burst)
+save(KEYS[1], tokens, ts, now, cur, burst)
+local nr = math.min(CEIL, math.max(tonumber(ARGV[4]), cur * tonumber(ARGV[3])))
+local at = math.max(now, ts)
+local k = tonumber(ARGV[5])
+redis.call('HSET', KEYS[2], 'arate', string.format('%.17g', nr), 'ats', string.format('%d', at),
+  'ainc', ARGV[5], 'adec', string.format('%d', now))
+if redis.call('HEXISTS', KEYS[2], 'rate') == 0 then
+  local ms = 1000 + (at - now) / 1000
+  if k > 0 then ms = ms + (CEIL - nr) / k / 1000 end
+  redis.call('PEXPIRE', KEYS[2], math.ceil(math.min(ms, 1e12)))
+end
+redis.call('PUBLISH', ARGV[8], 'adaptive')
+return {1, milli(nr)}
+`)
+
+// adaptiveStatusScript reads the adaptive state.
+//
+// KEYS: state, override. ARGV: rate (0: unknown), burst, now_us. Reply:
+// {on (1/0), rate_milli (at now), ceiling_milli, since_decrease_us (-1 when
+// never), now_us}.
+var adaptiveStatusScript = redis.NewScript(prelude + `
+local now = now_us(ARGV[3])
+local rate = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
+local last = tonumber(redis.call('HGET', KEYS[2], 'adec'))
+local since = -1
+if last then since = clamp(now - last) end
+local on = 0
+if AD then on = 1 end
+return {on, milli(rate), milli(CEIL or 0), since, now}
+`)
