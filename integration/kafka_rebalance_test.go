@@ -191,10 +191,25 @@ func revocations(p *cliProcess) []string {
 // grows the group from one replica to three while messages flow, the third
 // joining mid-run, then lets one leave with SIGTERM: every message arrives
 // exactly once, since each generation drops what it did not start and
-// commits what it finished before the members rejoin.
+// commits what it finished before the members rejoin. With ordering: key,
+// the messages finished after the committed offset travel in the commit
+// metadata.
 func TestKafkaRebalanceNoDuplicates(t *testing.T) {
+	bin := cliBuild(t)
+	for _, ordering := range []string{"partition", "key"} {
+		t.Run(ordering, func(t *testing.T) {
+			if ordering != "partition" && testing.Short() {
+				t.Skip("one ordering is enough in -short")
+			}
+			kafkaRebalance(t, bin, ordering)
+		})
+	}
+}
+
+func kafkaRebalance(t *testing.T, bin, ordering string) {
 	const total = 600
-	e := newKafkaE2E(t, cliBuild(t), 40)
+	e := newKafkaE2E(t, bin, 40)
+	e.extraSource = fmt.Sprintf("    ordering: %s\n", ordering)
 	e.produce(0, total)
 
 	e.start()
@@ -223,7 +238,7 @@ func TestKafkaRebalanceNoDuplicates(t *testing.T) {
 			t.Logf("replica %d: %s", i+1, l)
 		}
 	}
-	t.Logf("%d messages, %d requests at the sink, %d duplicates", unique, requests, dups)
+	t.Logf("ordering %s: %d messages, %d requests at the sink, %d duplicates", ordering, unique, requests, dups)
 	if unique != total {
 		t.Errorf("%d distinct messages arrived, want %d", unique, total)
 	}
@@ -243,6 +258,7 @@ func TestKafkaCrashDuplicatesBounded(t *testing.T) {
 	}
 	const total = 400
 	e := newKafkaE2E(t, cliBuild(t), 40)
+	e.extraSource = ""
 	e.conc = 3
 	e.produce(0, total)
 	e.start()

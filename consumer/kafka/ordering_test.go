@@ -146,8 +146,8 @@ func TestKeyOrdering(t *testing.T) {
 // TestCommitNeverPassesUnfinished holds one early message (offset 1) while
 // later messages of other keys finish: the committed offset stops at 1.
 // When the replica then stops and its handler is cancelled at the drain
-// deadline, the next replica receives the held message: nothing is
-// skipped.
+// deadline, the next replica receives the held message, nothing is
+// skipped, and it does not handle again the messages that had finished.
 func TestCommitNeverPassesUnfinished(t *testing.T) {
 	const n = 10
 	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
@@ -200,7 +200,7 @@ func TestCommitNeverPassesUnfinished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runConsumer(t, c2)
+	stop2 := runConsumer(t, c2)
 	select {
 	case o := <-got:
 		if o != 1 {
@@ -210,6 +210,14 @@ func TestCommitNeverPassesUnfinished(t *testing.T) {
 		t.Fatal("the next replica received nothing")
 	}
 	waitFor(t, "all committed", func() bool { return committed(t, brokers, group, topic)[0] == n })
+	if err := stop2(); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	// The first replica's commit listed offsets 2-9 as finished: the next
+	// one skips them.
+	if len(got) != 0 {
+		t.Fatalf("the next replica handled %d more messages after offset 1, want 0: they had finished", len(got))
+	}
 }
 
 // TestKeyOrderingThroughput simulates the per-key limit of the layered
