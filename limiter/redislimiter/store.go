@@ -15,13 +15,21 @@
 // A bucket named NAME uses these keys, all with the hash tag {NAME} so that
 // they land in one Redis Cluster slot and one script can touch them all:
 //
-//	PREFIX{NAME}:state     hash: tokens, ts (µs)        TTL: until the bucket is full again
-//	PREFIX{NAME}:override  hash: rate, burst            TTL: the override's duration, if any
-//	PREFIX{NAME}:replicas  sorted set: replica → expiry  TTL: twice the heartbeat TTL
-//	PREFIX{NAME}:configs   hash: replica → "rate burst"  TTL: as replicas
+//	PREFIX{NAME}:state     hash: tokens, ts (µs), by (who paused)  TTL: until the bucket is full again
+//	PREFIX{NAME}:override  hash: rate, burst                       TTL: the override's duration, if any
+//	PREFIX{NAME}:replicas  sorted set: replica → expiry             TTL: twice the heartbeat TTL
+//	PREFIX{NAME}:configs   hash: replica → "rate burst [mode granted waiting]"  TTL: as replicas
 //
-// PREFIX defaults to "throttle:". A missing state key means a full bucket, so
-// the TTL only ever removes state that no longer matters.
+// and announce changes on the Pub/Sub channel PREFIX{NAME}:changes (see
+// Watch). PREFIX defaults to "throttle:". A missing state key means a full
+// bucket, so the TTL only ever removes state that no longer matters. An
+// override holding values outside (0, limiter.MaxRate] or [1,
+// limiter.MaxBurst] is ignored by the scripts and shown by Admin.Status.
+//
+// Store is a replica's side; Admin is an operator's, and needs no
+// configured limits. Errors are *limiter.StoreError; those that waiting
+// will not cure (credentials, ACL permissions, scripts disabled, a wrong
+// db) also match limiter.ErrMisconfigured.
 package redislimiter
 
 import (
