@@ -184,10 +184,39 @@ type Limit struct {
 	// Extra lists further limits (keyed buckets, calendar quotas) decided
 	// with the bucket in one atomic step; see LimitLayer.
 	Extra []LimitLayer `yaml:"extra,omitempty"`
+	// Adaptive turns on the adaptive rate (AIMD, limiter.Adaptive): each
+	// push-back from the sink lowers the bucket's rate for every replica,
+	// and it climbs back while sends succeed. Rate becomes the ceiling.
+	// Absent: off.
+	Adaptive *LimitAdaptive `yaml:"adaptive,omitempty"`
+}
+
+// LimitAdaptive is limit.adaptive, mapped onto limiter.Adaptive, which
+// validates it and gives the defaults of the keys left out.
+type LimitAdaptive struct {
+	// MinRate is the floor of the adaptive rate. Required; a rate like
+	// Limit.Rate.
+	MinRate float64 `yaml:"min_rate" check:"rate"`
+	// Decrease multiplies the rate at each push-back, in (0, 1).
+	Decrease float64 `yaml:"decrease,omitempty" check:"nonzero"`
+	// Increase is what the rate gains every Interval, a rate like
+	// Limit.Rate ("1/s").
+	Increase float64 `yaml:"increase,omitempty" check:"rate,nonzero"`
+	// Interval is the period of Increase.
+	Interval Duration `yaml:"interval,omitempty" check:"nonzero"`
+}
+
+// Limiter returns the limiter's options for a, or nil for a nil a.
+func (a *LimitAdaptive) Limiter() *limiter.Adaptive {
+	if a == nil {
+		return nil
+	}
+	return &limiter.Adaptive{MinRate: a.MinRate, Decrease: a.Decrease, Increase: a.Increase, Interval: time.Duration(a.Interval)}
 }
 
 // LimiterOptions maps l onto the limiter's options: the store-error
-// policy, the fallback rate, the probe interval and leasing. It is the one
+// policy, the fallback rate, the probe interval, leasing and the adaptive
+// rate. It is the one
 // mapping: Validate checks its result with limiter.Options.Validate, and
 // the binary adds what does not come from this section (observer, logger,
 // the push-back cap).
@@ -197,6 +226,7 @@ func (l Limit) LimiterOptions() limiter.Options {
 		FallbackRate:  l.FallbackRate,
 		ProbeInterval: time.Duration(l.ProbeInterval),
 		Lease:         limiter.LeaseOptions{Disabled: l.Lease == LeaseOff},
+		Adaptive:      l.Adaptive.Limiter(),
 	}
 }
 

@@ -1,0 +1,41 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+func TestLimitAdaptiveMapsOntoTheLimiter(t *testing.T) {
+	cfg := mustParse(t, strings.Replace(minimal, "rate: 10", "rate: 100/s\n  adaptive: {min_rate: 5, decrease: 0.5, increase: 60/min, interval: 2s}", 1), nil)
+	got := cfg.Limit.LimiterOptions().Adaptive
+	want := limiter.Adaptive{MinRate: 5, Decrease: 0.5, Increase: 1, Interval: 2 * time.Second}
+	if got == nil || *got != want {
+		t.Fatalf("Adaptive = %+v, want %+v", got, want)
+	}
+	if a := mustParse(t, minimal, nil).Limit.LimiterOptions().Adaptive; a != nil {
+		t.Errorf("without limit.adaptive: %+v, want nil", a)
+	}
+	// Round trip through String.
+	again := mustParse(t, cfg.String(), nil)
+	if a := again.Limit.LimiterOptions().Adaptive; a == nil || *a != want {
+		t.Errorf("after String(): %+v", a)
+	}
+}
+
+func TestLimitAdaptiveErrorsNameTheKey(t *testing.T) {
+	for _, c := range []struct{ adaptive, key, msg string }{
+		{"{decrease: 0.5}", "limit.adaptive.min_rate", "is required"},
+		{"{min_rate: 5, decrease: 1.5}", "limit.adaptive.decrease", "must be > 0 and < 1"},
+		{"{min_rate: 5, increase: fast}", "limit.adaptive.increase", ""},
+		{"{min_rate: 5, interval: -1s}", "limit.adaptive.interval", ">= 1µs"},
+		{"{min_rate: 5, interval: 0s}", "limit.adaptive.interval", "must not be 0"},
+	} {
+		_, err := Parse([]byte(strings.Replace(minimal, "rate: 10", "rate: 10\n  adaptive: "+c.adaptive, 1)), nil)
+		if err == nil || !strings.Contains(err.Error(), c.key) || !strings.Contains(err.Error(), c.msg) {
+			t.Errorf("adaptive %s: err = %v, want %s: ...%s", c.adaptive, err, c.key, c.msg)
+		}
+	}
+}
