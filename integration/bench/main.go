@@ -65,13 +65,16 @@ var workloads = []workload{
 
 // config is the command line.
 type config struct {
-	redisAddr  string
-	duration   time.Duration
-	latency    time.Duration
-	replicas   int
-	goroutines int
-	workloads  []workload
-	impls      []impl
+	redisAddr string
+	duration  time.Duration
+	latency   time.Duration
+	// latencyRounds is how many latency phases each implementation runs,
+	// alternating the order.
+	latencyRounds int
+	replicas      int
+	goroutines    int
+	workloads     []workload
+	impls         []impl
 	// opts are the limiter options of (c) and (d); zero means the
 	// limiter's defaults.
 	opts       limiter.Options
@@ -115,6 +118,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.redisAddr, "redis", "127.0.0.1:6379", "Redis address")
 	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "length of each saturated or ceiling run")
 	fs.DurationVar(&cfg.latency, "latency", time.Second, "length of each unsaturated latency run")
+	fs.IntVar(&cfg.latencyRounds, "latency-rounds", 3, "latency runs of each implementation, alternating their order")
 	fs.IntVar(&cfg.replicas, "replicas", 8, "simulated replicas")
 	fs.IntVar(&cfg.goroutines, "goroutines", 8, "goroutines calling Wait in each replica")
 	fs.StringVar(&wl, "workloads", "low,medium,high,fast", "comma-separated workloads to run; none for the latency table only")
@@ -155,8 +159,8 @@ func parseFlags(args []string) (config, error) {
 		cfg.e2e = &e2e
 		return cfg, nil
 	}
-	if cfg.duration < time.Second || cfg.latency <= 0 {
-		return config{}, fmt.Errorf("-duration must be at least 1s and -latency above 0")
+	if cfg.duration < time.Second || cfg.latency <= 0 || cfg.latencyRounds < 1 {
+		return config{}, fmt.Errorf("-duration must be at least 1s, -latency above 0 and -latency-rounds at least 1")
 	}
 	if cfg.replicas < 1 || cfg.goroutines < 1 {
 		return config{}, fmt.Errorf("-replicas and -goroutines must be at least 1")
@@ -226,13 +230,11 @@ func run(ctx context.Context, cfg config) error {
 			rep.results = append(rep.results, r)
 		}
 	}
-	for _, im := range cfg.impls {
-		l, err := b.measureLatency(ctx, im)
-		if err != nil {
-			return fmt.Errorf("latency, %s: %w", im.name, err)
-		}
-		fmt.Fprintf(os.Stderr, "latency %-44s p50 %v p99 %v\n", im.name, l.p50, l.p99)
-		rep.latencies = append(rep.latencies, l)
+	if rep.latencies, err = b.measureLatency(ctx, cfg.impls, cfg.latencyRounds); err != nil {
+		return fmt.Errorf("latency: %w", err)
+	}
+	for _, l := range rep.latencies {
+		fmt.Fprintf(os.Stderr, "latency %-44s p50 %v p99 %v\n", l.im.name, l.p50, l.p99)
 	}
 	if rep.leaseAllocs, err = b.leaseAllocs(ctx); err != nil {
 		return fmt.Errorf("lease allocations: %w", err)

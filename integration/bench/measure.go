@@ -53,25 +53,50 @@ type latency struct {
 
 // measureLatency times each Wait of one caller per replica on a bucket far
 // above the demand, with a 1 ms pause between calls so that the callers do
-// not load the machine.
-func (b *bench) measureLatency(ctx context.Context, im impl) (latency, error) {
+// not load the machine. It runs rounds phases of each implementation of ims,
+// alternating their order from one round to the next, and merges each
+// implementation's phases, so that the load of a shared machine, which
+// drifts from minute to minute, weighs on all of them alike.
+func (b *bench) measureLatency(ctx context.Context, ims []impl, rounds int) ([]latency, error) {
+	type acc struct {
+		lat                    []time.Duration
+		mallocs, tokens, calls int64
+	}
+	accs := make([]acc, len(ims))
 	l := load{goroutines: 1, duration: b.cfg.latency, pace: time.Millisecond, timeEach: true}
-	t, m, err := b.phase(ctx, "latency", 1e9, 1e9, im, l)
-	if err != nil {
-		return latency{}, err
+	for r := range rounds {
+		for k := range ims {
+			i := k
+			if r%2 == 1 {
+				i = len(ims) - 1 - k
+			}
+			t, m, err := b.phase(ctx, fmt.Sprintf("latency%d", r), 1e9, 1e9, ims[i], l)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", ims[i].name, err)
+			}
+			a := &accs[i]
+			a.lat = append(a.lat, t.latencies...)
+			a.mallocs += int64(m.mallocs)
+			a.tokens += m.tokens
+			a.calls += m.clientCalls
+		}
 	}
-	lat := slices.Clone(t.latencies)
-	slices.Sort(lat)
-	n := len(lat)
-	if n == 0 {
-		return latency{}, fmt.Errorf("no Wait returned in %v", l.duration)
+	out := make([]latency, len(ims))
+	for i, a := range accs {
+		lat := slices.Clone(a.lat)
+		slices.Sort(lat)
+		n := len(lat)
+		if n == 0 {
+			return nil, fmt.Errorf("%s: no Wait returned in %d runs of %v", ims[i].name, rounds, l.duration)
+		}
+		out[i] = latency{
+			im: ims[i], waits: n,
+			p50: lat[n/2], p99: lat[n*99/100],
+			allocs: float64(a.mallocs) / float64(max(1, a.tokens)),
+			calls:  float64(a.calls) / float64(max(1, a.tokens)),
+		}
 	}
-	return latency{
-		im: im, waits: n,
-		p50: lat[n/2], p99: lat[n*99/100],
-		allocs: float64(m.mallocs) / float64(max(1, m.tokens)),
-		calls:  float64(m.clientCalls) / float64(max(1, m.tokens)),
-	}, nil
+	return out, nil
 }
 
 // steadyWindow is the part of a phase over which costs are measured: from
