@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -304,6 +305,20 @@ type LayerState struct {
 	At time.Time
 }
 
+// formatRate writes a rate in the unit it was most likely given in, as
+// ParseRate reads it: "1/s", "240/min", "5/h", "200000/d", else per second.
+func formatRate(rate float64) string {
+	for _, u := range []struct {
+		name string
+		secs float64
+	}{{"s", 1}, {"min", 60}, {"h", 3600}, {"d", 86400}} {
+		if n := rate * u.secs; n >= 1 && math.Abs(n-math.Round(n)) < 1e-6*n {
+			return strconv.FormatFloat(math.Round(n), 'f', -1, 64) + "/" + u.name
+		}
+	}
+	return strconv.FormatFloat(rate, 'g', 4, 64) + "/s"
+}
+
 // CostError returns the *LimitError for a cost that layer l can never grant:
 // above its burst or its quota. It also matches ErrCostExceedsBurst.
 func CostError(l Layer, cost int) error {
@@ -330,7 +345,7 @@ func ExceededError(l Layer, at time.Time, wait time.Duration) *LimitError {
 	if l.IsQuota() {
 		reason = fmt.Sprintf("quota of %d per %s used up; resets in %v", l.Quota, l.Per, shown)
 	} else {
-		reason = fmt.Sprintf("rate %g/s (burst %d) exceeded; room in %v", l.Rate, l.Burst, shown)
+		reason = fmt.Sprintf("rate %s (burst %d) exceeded; room in %v", formatRate(l.Rate), l.Burst, shown)
 	}
 	e := &LimitError{Layer: l.Name, Action: l.OnExceed, Reason: reason, Wait: wait}
 	if l.OnExceed == ActionDelay {

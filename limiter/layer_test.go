@@ -75,7 +75,19 @@ func TestExceededErrorWording(t *testing.T) {
 		t.Errorf("quota refusal: %q, RetryAt %v", e.Error(), e.RetryAt)
 	}
 	e = limiter.ExceededError(limiter.Layer{Name: "per-recipient", Rate: 0.5, Burst: 1, OnExceed: limiter.ActionDeadLetter}, at, 1500400*time.Microsecond)
-	if !strings.HasSuffix(e.Reason, "room in 1.5s") || !e.RetryAt.IsZero() || !errors.Is(e, limiter.ErrLimitExceeded) {
+	if e.Reason != "rate 30/min (burst 1) exceeded; room in 1.5s" || !e.RetryAt.IsZero() || !errors.Is(e, limiter.ErrLimitExceeded) {
 		t.Errorf("bucket refusal: %q, RetryAt %v", e.Reason, e.RetryAt)
+	}
+}
+
+func TestExceededErrorNamesTheRateInItsUnit(t *testing.T) {
+	for _, tc := range []struct {
+		rate float64
+		want string
+	}{{5.0 / 3600, "5/h"}, {1, "1/s"}, {4, "4/s"}, {200000.0 / 86400, "200000/d"}, {2.5, "150/min"}, {0.3, "18/min"}, {1.0 / 7, "0.1429/s"}} {
+		e := limiter.ExceededError(limiter.Layer{Name: "l", Rate: tc.rate, Burst: 1, OnExceed: limiter.ActionDeadLetter}, time.Time{}, time.Second)
+		if !strings.HasPrefix(e.Reason, "rate "+tc.want+" ") {
+			t.Errorf("rate %v: reason %q, want the rate as %s", tc.rate, e.Reason, tc.want)
+		}
 	}
 }
