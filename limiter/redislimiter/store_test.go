@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -522,6 +523,7 @@ func TestSkewedClocksKeepTheRateThroughAChange(t *testing.T) {
 		bs = append(bs, newBucket(t, name, rate, burst, limiter.Options{Clock: skewedClock{skew}, Lease: limiter.LeaseOptions{Disabled: true}}))
 	}
 	admin, _ := NewAdmin(c, AdminConfig{Bucket: name})
+	stalls := testenv.MeasureStalls(t)
 	// Grants are timed when Wait returns, on this machine's clock, which is
 	// Redis's: that is when a message would go out.
 	var mu sync.Mutex
@@ -566,14 +568,16 @@ func TestSkewedClocksKeepTheRateThroughAChange(t *testing.T) {
 	slices.SortFunc(after, time.Time.Compare)
 	wantBefore := float64(rate)*changeAt.Sub(start).Seconds() + burst
 	worst := maxInWindow(after, time.Second)
-	t.Logf("before the change: %d (want about %.0f); after: %d, max %d in 1 s (want <= %d)", len(before), wantBefore, len(after), worst, cut+burst)
+	// A stall of this process releases the grants due during it together.
+	bound := testenv.WindowBound(cut+burst, cut, stalls.Max())
+	t.Logf("before the change: %d (want about %.0f); after: %d, max %d in 1 s (want <= %d, longest stall %v)", len(before), wantBefore, len(after), worst, bound, stalls.Max())
 	if float64(len(before)) > wantBefore+5 || float64(len(before)) < 0.8*wantBefore {
 		t.Errorf("granted %d before the change, want about %.0f", len(before), wantBefore)
 	}
 	// The reservations booked at the old rate keep their places in the
 	// queue, now served at the new rate: no window holds more than it.
-	if worst > cut+burst {
-		t.Errorf("max grants in a 1 s window after the change = %d, want <= %d", worst, cut+burst)
+	if worst > bound {
+		t.Errorf("max grants in a 1 s window after the change = %d, want <= %d", worst, bound)
 	}
 	if len(after) < cut {
 		t.Errorf("only %d grants in the last %v at %d/s", len(after), run-half, cut)
@@ -608,6 +612,7 @@ func TestOverrideReachesReservationsOnEveryReplica(t *testing.T) {
 	for _, bk := range []*limiter.Bucket{a, b, a, b} { // reserved 0.5 s to 2 s ahead
 		go func() { done <- bk.Wait(ctx, 1) }()
 	}
+	stalls := testenv.MeasureStalls(t)
 	waitFor(t, "four reservations", func() bool {
 		st, err := admin.Status(ctx)
 		return err == nil && st.Tokens < -3.5
@@ -626,8 +631,11 @@ func TestOverrideReachesReservationsOnEveryReplica(t *testing.T) {
 			t.Fatal("a reservation made at 2/s was not taken again after the override")
 		}
 	}
-	if d := time.Since(start); d > time.Second { // the old rate needs 1.9 s more
-		t.Fatalf("waiters finished %v after the override to 1000/s, want well under the 1.5 s the old rate needed", d)
+	// The old rate needs 1.9 s more; the new one a few milliseconds, and a
+	// round trip per replica to hear of it, plus whatever this process
+	// stood still.
+	if d, bound := time.Since(start), time.Second+stalls.Max(); d > bound {
+		t.Fatalf("waiters finished %v after the override to 1000/s, want within %v (1.9 s at the old rate)", d, bound)
 	}
 }
 
