@@ -11,7 +11,9 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/consumer/kafka"
+	"github.com/throttlehq/throttle/limiter"
 )
 
 // grafanaDir is the example Grafana setup, relative to this package.
@@ -211,13 +213,18 @@ func (s metricSet) has(name string) bool {
 	return false
 }
 
-// servedMetrics returns every metric family a Kafka replica serves, with a
-// series in each.
+// servedMetrics returns every metric family a Kafka replica with an extra
+// layer serves, with a series in each.
 func servedMetrics(t *testing.T) metricSet {
 	t.Helper()
 	m := newMetrics("kafka")
 	m.setBacklog(0) // a series appears with the first reading
 	m.registerKafkaReader(func() kafka.ReaderStats { return kafka.ReaderStats{} })
+	// The layers' metrics exist with limit.extra, their series with the
+	// first event.
+	o := layerObserver(m, m.limiterObserver(), config.Limit{Extra: []config.LimitLayer{{Name: "per-recipient"}}})
+	o.LimitExceeded("per-recipient", limiter.ActionDelay)
+	o.LayerWaited("", 0)
 	families, err := m.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
