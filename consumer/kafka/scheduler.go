@@ -95,7 +95,7 @@ type scheduler struct {
 	lanes   map[laneID]*lane
 	ready   fifo[ready]
 	workers int // goroutines started
-	idle    int // of which waiting on cond
+	idle    int // of which waiting on cond and not yet signalled
 	stopped bool
 	wg      sync.WaitGroup
 }
@@ -140,6 +140,11 @@ func (s *scheduler) enqueue(w work) bool {
 func (s *scheduler) wakeWorker() {
 	switch {
 	case s.idle > 0:
+		// The signalled worker is no longer idle from now on: counting it
+		// until it runs would let the next enqueue signal the same worker
+		// again instead of another, and the work would run one after the
+		// other.
+		s.idle--
 		s.cond.Signal()
 	case s.workers < s.maxWorkers:
 		s.workers++
@@ -156,9 +161,8 @@ func (s *scheduler) work() {
 	defer s.mu.Unlock()
 	for {
 		for !s.stopped && s.ready.len() == 0 {
-			s.idle++
+			s.idle++ // wakeWorker takes it back when it signals
 			s.cond.Wait()
-			s.idle--
 		}
 		if s.stopped {
 			return
