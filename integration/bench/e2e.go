@@ -29,6 +29,7 @@ import (
 type e2eConfig struct {
 	messages   int     // messages per run with the limit out of reach
 	rounds     int     // runs of each consumer, alternating
+	layer      bool    // also run consLayer in each round
 	inReach    float64 // the limit of the in-reach runs
 	inReachFor time.Duration
 	scenarios  []string
@@ -56,10 +57,28 @@ type prepared interface {
 	cleanup()
 }
 
+// The consumers compared.
+const (
+	consThrottle = "throttle"
+	// consLayer is throttle with a keyed layer in limit.extra: one bucket
+	// per recipient ("to" in the body; every message has its own), with a
+	// limit far above reach, as layerYAML says.
+	consLayer = "throttle + per-recipient layer"
+	consBare  = "bare"
+)
+
+// layerYAML is limit.extra of consLayer.
+const layerYAML = `  extra:
+    - name: per-recipient
+      key: '{{.JSON.to}}'
+      rate: 1000
+      burst: 1000
+`
+
 // e2eRun is one consumer's run over one prepared queue or topic.
 type e2eRun struct {
 	source   string
-	consumer string // "throttle" or "bare"
+	consumer string // consThrottle, consLayer or consBare
 	round    int
 	rate     float64 // the limit; 0 for the bare loop
 	burst    int
@@ -155,9 +174,12 @@ func runE2E(ctx context.Context, cfg e2eConfig) error {
 			}
 		}
 		for round := 1; round <= cfg.rounds; round++ {
-			order := []string{"throttle", "bare"}
+			order := []string{consThrottle, consBare}
+			if cfg.layer {
+				order = append(order, consLayer)
+			}
 			if round%2 == 0 {
-				order = []string{"bare", "throttle"}
+				slices.Reverse(order)
 			}
 			for _, c := range order {
 				r, err := b.run(ctx, src, c, round, 1e6, 1_000_000, cfg.messages)
@@ -171,7 +193,7 @@ func runE2E(ctx context.Context, cfg e2eConfig) error {
 		}
 		burst := int(cfg.inReach / 10)
 		n := int(cfg.inReach*cfg.inReachFor.Seconds()) + burst
-		r, err := b.run(ctx, src, "throttle", 0, cfg.inReach, burst, n)
+		r, err := b.run(ctx, src, consThrottle, 0, cfg.inReach, burst, n)
 		if err != nil {
 			return fmt.Errorf("%s, limit in reach: %w", name, err)
 		}
@@ -196,7 +218,7 @@ func (b *e2eBench) run(ctx context.Context, src source, consumer string, round i
 	}
 	defer p.cleanup()
 	r := e2eRun{source: src.name(), consumer: consumer, round: round, n: n}
-	if consumer == "throttle" {
+	if consumer != consBare {
 		r.rate, r.burst = rate, burst
 	}
 	if err := b.svc.resetSink(ctx); err != nil {
@@ -217,8 +239,8 @@ func (b *e2eBench) run(ctx context.Context, src source, consumer string, round i
 	var logs bytes.Buffer
 	done := make(chan error, 1)
 	switch consumer {
-	case "throttle":
-		path, err := b.writeConfig(p, rate, burst)
+	case consThrottle, consLayer:
+		path, err := b.writeConfig(p, rate, burst, consumer == consLayer)
 		if err != nil {
 			return r, err
 		}
@@ -230,7 +252,7 @@ func (b *e2eBench) run(ctx context.Context, src source, consumer string, round i
 			}
 			done <- nil
 		}()
-	case "bare":
+	case consBare:
 		go func() { done <- p.bare(runCtx, b.svc.Sink+"/"+src.name()) }()
 	}
 	timeout := time.Duration(float64(n)/min(rate, 1000)*float64(time.Second)) + 60*time.Second
@@ -300,11 +322,15 @@ func (b *e2eBench) waitSink(ctx context.Context, n int, timeout time.Duration, d
 }
 
 // writeConfig writes throttle's config for p and returns its path.
-func (b *e2eBench) writeConfig(p prepared, rate float64, burst int) (string, error) {
+func (b *e2eBench) writeConfig(p prepared, rate float64, burst int, layer bool) (string, error) {
 	b.seq++
 	port, err := freePort()
 	if err != nil {
 		return "", err
+	}
+	extra := ""
+	if layer {
+		extra = layerYAML
 	}
 	yaml := fmt.Sprintf(`redis:
   addr: %s
@@ -312,7 +338,7 @@ limit:
   bucket: e2e-%s-%d
   rate: %s
   burst: %d
-source:
+%ssource:
 %s
 sink:
   http:
@@ -323,7 +349,7 @@ metrics:
   listen: 127.0.0.1:%d
 log:
   level: warn
-`, b.redis.addr, b.runID, b.seq, strconv.FormatFloat(rate, 'f', -1, 64), burst, p.throttleConfig(), b.svc.Sink, port)
+`, b.redis.addr, b.runID, b.seq, strconv.FormatFloat(rate, 'f', -1, 64), burst, extra, p.throttleConfig(), b.svc.Sink, port)
 	f, err := os.CreateTemp("", "throttle-e2e-*.yaml")
 	if err != nil {
 		return "", err
@@ -364,7 +390,7 @@ func (b *e2eBench) profile(ctx context.Context, src source) error {
 		}
 		return writeProfile("allocs", path("allocs"))
 	}
-	r, err := b.run(ctx, src, "throttle", 0, 1e6, 1_000_000, n)
+	r, err := b.run(ctx, src, consThrottle, 0, 1e6, 1_000_000, n)
 	if err != nil {
 		return err
 	}
@@ -390,7 +416,7 @@ func (b *e2eBench) profile(ctx context.Context, src source) error {
 		}
 		return writeProfile("mutex", path("mutex"))
 	}
-	if r, err = b.run(ctx, src, "throttle", 0, 1e6, 1_000_000, n); err != nil {
+	if r, err = b.run(ctx, src, consThrottle, 0, 1e6, 1_000_000, n); err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "%-9s throttle, block profile: %8.0f msg/s\n", src.name(), r.perSecond())

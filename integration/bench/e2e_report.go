@@ -30,7 +30,7 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 	p("|---|---|--:|---|--:|--:|--:|--:|--:|\n")
 	for _, src := range cfg.scenarios {
 		var bareMed float64
-		for _, c := range []string{"bare", "throttle"} {
+		for _, c := range []string{consBare, consThrottle, consLayer} {
 			var rates []float64
 			var sel []e2eRun
 			for _, r := range runs {
@@ -44,7 +44,7 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 			}
 			med := median(rates)
 			ratio := "—"
-			if c == "bare" {
+			if c == consBare {
 				bareMed = med
 			} else if bareMed > 0 {
 				ratio = fmt.Sprintf("**%.2f×**", med/bareMed)
@@ -64,33 +64,42 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 				src, c, med, strings.Join(each, ", "), ratio, cpu/n, allocs/n, calls/n, left)
 		}
 	}
-	p("\nPer round, throttle ÷ the bare run of the same round:")
-	for _, src := range cfg.scenarios {
-		var ratios []string
-		for round := 1; round <= cfg.rounds; round++ {
-			var t, bare float64
-			for _, r := range runs {
-				if r.source == src && r.round == round {
-					if r.consumer == "throttle" {
-						t = r.perSecond()
-					} else {
-						bare = r.perSecond()
+	for _, c := range []string{consThrottle, consLayer} {
+		if c == consLayer && !cfg.layer {
+			continue
+		}
+		p("\nPer round, %s ÷ the bare run of the same round:", c)
+		for _, src := range cfg.scenarios {
+			var ratios []string
+			for round := 1; round <= cfg.rounds; round++ {
+				var t, bare float64
+				for _, r := range runs {
+					if r.source == src && r.round == round {
+						switch r.consumer {
+						case c:
+							t = r.perSecond()
+						case consBare:
+							bare = r.perSecond()
+						}
 					}
 				}
+				if bare > 0 {
+					ratios = append(ratios, fmt.Sprintf("%.2f", t/bare))
+				}
 			}
-			if bare > 0 {
-				ratios = append(ratios, fmt.Sprintf("%.2f", t/bare))
-			}
+			p(" %s %s;", src, strings.Join(ratios, ", "))
 		}
-		p(" %s %s;", src, strings.Join(ratios, ", "))
 	}
 	p("\n\n")
+	if cfg.layer {
+		p("`%s`: limit.extra holds a keyed layer, one bucket per recipient (`key: '{{.JSON.to}}'`, rate 1000, burst 1000), and every message has its own recipient, so each run creates as many layer keys in Redis as it has messages.\n\n", consLayer)
+	}
 
 	p("Limit in reach (%s/s, burst %d), throttle only, about %v of messages:\n\n", fmtThousands(cfg.inReach), int(cfg.inReach/10), cfg.inReachFor)
 	p("| source | messages | rate after the first second | accuracy | max 1 s window (bound rate + burst) | Redis calls/msg | left in broker |\n")
 	p("|---|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range runs {
-		if r.round != 0 || r.consumer != "throttle" || r.rate == 1e6 {
+		if r.round != 0 || r.consumer != consThrottle || r.rate == 1e6 {
 			continue
 		}
 		p("| %s | %d | %.0f/s | %+.2f%% | %d (%d) | %.4f | %d |\n", r.source, r.n, r.steadyRate(),
