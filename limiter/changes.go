@@ -137,6 +137,8 @@ func baseRate(st State) float64 {
 	switch {
 	case st.Rate > 0:
 		return st.Rate
+	case st.BaseRate > 0: // paused: the adaptive rate, else override or configured
+		return st.BaseRate
 	case st.Override != nil:
 		return st.Override.Rate
 	}

@@ -133,7 +133,7 @@ func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult
 	)
 	if !req.SkipShared {
 		tokens, ts := m.advance(now)
-		res.Rate, res.Burst, res.Remaining = m.rate, m.burst, tokens
+		res.Rate, res.Burst, res.Remaining = m.ad.rateAt(m.rate, now), m.burst, tokens
 		if ts > now {
 			res.Rate = 0
 		}
@@ -143,7 +143,7 @@ func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult
 		sAfter, sTS = tokens-cost, ts
 		wait0 = ts - now
 		if sAfter < 0 {
-			wait0 = min(wait0+waitUS(-sAfter, m.rate), maxWaitUS)
+			wait0 = min(wait0+waitUS(-sAfter, m.ad.rateAt(m.rate, now)), maxWaitUS)
 		}
 		wait0 = max(wait0, 0)
 	}
@@ -224,7 +224,7 @@ func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult
 	if req.MaxWait > 0 {
 		horizon = req.MaxWait.Microseconds()
 		if !req.SkipShared {
-			horizon = max(horizon, waitUS(cost, m.rate))
+			horizon = max(horizon, waitUS(cost, m.ad.rateAt(m.rate, now)))
 		}
 	}
 	if wait > horizon || quotaWait > 0 {

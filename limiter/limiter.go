@@ -77,6 +77,10 @@ type State struct {
 	Rate float64
 	// Burst is the effective capacity.
 	Burst int
+	// BaseRate is the refill rate apart from a pause: Rate once the pause
+	// ends, which is the adaptive rate when one is in force (see
+	// Adaptive). 0 when the store does not say.
+	BaseRate float64
 	// ConfiguredRate and ConfiguredBurst are the values this replica was
 	// started with.
 	ConfiguredRate  float64

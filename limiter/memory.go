@@ -26,6 +26,8 @@ type Memory struct {
 	init     bool
 	pausedBy string        // who set the pause ending at ts
 	ad       adaptiveCurve // adaptive.go: the adaptive rate, when on
+	warm     int64         // warmup.go: the warm-up period (µs), 0 = none
+	wts      int64         // warmup.go: the start of the last ramp (µs)
 }
 
 // NewMemory returns a full in-process bucket that refills at rate tokens per
@@ -152,8 +154,7 @@ func (m *Memory) TakeAt(t time.Time, req TakeRequest) (TakeResult, error) {
 	now := t.UnixMicro()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	tokens, ts := m.advance(now)
-	rate := m.ad.rateAt(m.rate, now) // the configured rate unless adaptive (adaptive.go)
+	tokens, ts, rate, wts := m.takeAdvance(now) // adaptive.go, warmup.go
 	res := TakeResult{Rate: rate, Burst: m.burst, Remaining: tokens, At: time.UnixMicro(now)}
 	if ts > now {
 		res.Rate = 0
@@ -186,6 +187,7 @@ func (m *Memory) TakeAt(t time.Time, req TakeRequest) (TakeResult, error) {
 		}
 	}
 	m.save(after, ts)
+	m.wts = wts
 	res.Granted, res.Tokens, res.Remaining = true, got, after
 	res.Wait = time.Duration(wait) * time.Microsecond
 	return res, nil
@@ -249,7 +251,7 @@ func (m *Memory) StatusAt(t time.Time) State {
 	defer m.mu.Unlock()
 	tokens, ts := m.advance(now)
 	st := State{
-		Tokens: tokens, Rate: m.ad.rateAt(m.rate, now), Burst: m.burst,
+		Tokens: tokens, Rate: m.ad.rateAt(m.rate, now), BaseRate: m.ad.rateAt(m.rate, now), Burst: m.burst,
 		ConfiguredRate: m.rate, ConfiguredBurst: m.burst, Replicas: 1,
 		At: time.UnixMicro(now),
 	}

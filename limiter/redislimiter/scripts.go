@@ -22,7 +22,7 @@ import (
 var prelude = `
 local MAXRATE = ` + strconv.FormatFloat(limiter.MaxRate, 'g', -1, 64) + `
 local MAXBURST = ` + strconv.Itoa(limiter.MaxBurst) + `
-` + adaptiveLua + `
+` + adaptiveLua + warmupLua + `
 
 local function clamp(x)
   if x ~= x then return 0 end
@@ -69,6 +69,11 @@ end
 -- load returns the tokens and timestamp at now. A missing bucket is full.
 -- The bucket refills only after ts; ts lies in the future while it is paused.
 local function load(skey, now, rate, burst)
+  if WARM then -- a take with a warm-up (warmupLua)
+    local st = redis.call('HMGET', skey, 'tokens', 'ts', 'wts')
+    local wt, wts = warm_load(st, now, rate, burst)
+    if wt then return wt, wts end
+  end
   local st = redis.call('HMGET', skey, 'tokens', 'ts')
   local tokens, ts = tonumber(st[1]), tonumber(st[2])
   if not tokens or not ts then return burst, now end
@@ -89,6 +94,10 @@ end
 local function save(skey, tokens, ts, now, rate, burst)
   redis.call('HSET', skey, 'tokens', tokens, 'ts', ts)
   local full_us = (ts - now) + (burst - tokens) * 1e6 / rate
+  if WARM then -- warmupLua: the ramp start, and "missing" = idle longer than WARM
+    if WTS then redis.call('HSET', skey, 'wts', string.format('%d', WTS)) end
+    full_us = full_us + WARM
+  end
   redis.call('PEXPIRE', skey, math.ceil(full_us / 1000) + 1000)
 end
 

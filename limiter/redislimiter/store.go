@@ -373,6 +373,7 @@ func (s *Store) status(ctx context.Context, nowUS int64) (limiter.State, error) 
 	st := limiter.State{
 		Tokens:          bs.Tokens,
 		Rate:            bs.Rate,
+		BaseRate:        bs.Rate,
 		Burst:           bs.Burst,
 		PausedFor:       bs.PausedFor,
 		PausedBy:        bs.PausedBy,

@@ -1,0 +1,73 @@
+package limiter
+
+import (
+	"math"
+	"time"
+)
+
+// Warm-up
+//
+// A bucket with a warm-up (Memory.SetWarmup, redislimiter.Config.Warmup)
+// is cold on its first use and after it has been idle, with no take, for
+// longer than the warm-up period W. A cold bucket holds a third of its
+// burst (at least 1 token) instead of a full burst, and its rate ramps
+// from a third of the rate R to R over W, along the curve of Guava's
+// SmoothWarmingUp with its coldFactor of 3, read in time:
+//
+//	rate(t) = R / √(9 − 8t/W)   for 0 ≤ t < W, then R
+//
+// Guava's limiter spends W going from its cold interval (3/R) to its
+// stable interval (1/R) when it is saturated, and its interval is linear
+// in the permits stored above the threshold; solving dt = interval(p)·dp
+// for that line gives exactly this rate over time, and the tokens of the
+// ramp, ∫rate = R·W/2, are the trapezoid of Guava's diagram. Unlike Guava,
+// the ramp here advances with time, not with the permits taken: a bucket
+// used below its rate warms up in W as well. Only takes observe the
+// warm-up; refunds, pauses and status refill at the plain rate.
+
+// warmCum returns ∫₀ᵘ rate(t) dt for the ramp at rate (tokens/s) over w
+// µs, in tokens·µs/s. The Redis scripts compute the same expression
+// (warmupLua in package redislimiter).
+func warmCum(rate float64, w, u int64) float64 {
+	if u >= w {
+		return rate*float64(w)/2 + rate*float64(u-w)
+	}
+	return rate * float64(w) / 4 * (3 - math.Sqrt(9-8*float64(u)/float64(w)))
+}
+
+// SetWarmup sets the warm-up period of the bucket (see the package's
+// warm-up section); 0 turns it off. Call it before the bucket is used. It
+// returns a *ParamError for a negative d.
+func (m *Memory) SetWarmup(d time.Duration) error {
+	if d < 0 {
+		return &ParamError{Param: "Warmup", Msg: "must be >= 0 (0 for none)", Value: d}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.warm = d.Microseconds()
+	return nil
+}
+
+// takeAdvance is advance for a take: with a warm-up it starts a cold
+// bucket's ramp and refills along a ramp in progress. It returns the tokens
+// and timestamp at now, the refill rate at now, and the ramp start to save
+// with the take (the current one when there is no ramp). m.mu is held.
+func (m *Memory) takeAdvance(now int64) (tokens float64, ts int64, rate float64, wts int64) {
+	rate = m.ad.rateAt(m.rate, now)
+	if m.warm > 0 {
+		if !m.init || now-m.ts > m.warm {
+			b := float64(m.burst)
+			return math.Min(b, math.Max(1, b/3)), now, rate / 3, now
+		}
+		if now-m.wts < m.warm {
+			tokens, ts = m.tokens, m.ts
+			if now > ts {
+				tokens += (warmCum(rate, m.warm, now-m.wts) - warmCum(rate, m.warm, ts-m.wts)) / 1e6
+				ts = now
+			}
+			return math.Min(tokens, float64(m.burst)), ts, rate / math.Sqrt(9-8*float64(now-m.wts)/float64(m.warm)), m.wts
+		}
+	}
+	tokens, ts = m.advance(now)
+	return tokens, ts, rate, m.wts
+}
