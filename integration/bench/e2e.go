@@ -364,7 +364,8 @@ log:
 // profile runs throttle twice with the limit out of reach, on four times
 // the messages of a measured run: once recording a CPU and an allocation
 // profile of this process, once a block and a mutex profile (which slow
-// the run down), into cfg.profileDir, named after the source.
+// the run down), into cfg.profileDir, named after the source; and the bare
+// loop once under a CPU and an allocation profile (bare-cpu, bare-allocs).
 func (b *e2eBench) profile(ctx context.Context, src source) error {
 	if err := os.MkdirAll(b.cfg.profileDir, 0o755); err != nil {
 		return err
@@ -395,6 +396,30 @@ func (b *e2eBench) profile(ctx context.Context, src source) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "%-9s throttle, CPU profile: %8.0f msg/s\n", src.name(), r.perSecond())
+	// The bare loop under the same CPU and allocation profile, to compare
+	// with.
+	bare := func(kind string) string { return path("bare-" + kind) }
+	b.onStart = func() error {
+		var err error
+		if cpu, err = os.Create(bare("cpu")); err != nil {
+			return err
+		}
+		if err := writeProfile("allocs", bare("allocs-base")); err != nil {
+			return err
+		}
+		return pprof.StartCPUProfile(cpu)
+	}
+	b.onStop = func() error {
+		pprof.StopCPUProfile()
+		if err := cpu.Close(); err != nil {
+			return err
+		}
+		return writeProfile("allocs", bare("allocs"))
+	}
+	if r, err = b.run(ctx, src, consBare, 0, 1e6, 1_000_000, n); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "%-9s bare, CPU profile: %8.0f msg/s\n", src.name(), r.perSecond())
 	b.onStart = func() error {
 		// The block and mutex profiles count from the start of the
 		// process: the bases let pprof -base show this run alone.
