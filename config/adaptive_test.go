@@ -39,3 +39,15 @@ func TestLimitAdaptiveErrorsNameTheKey(t *testing.T) {
 		}
 	}
 }
+
+func TestLimitWarmup(t *testing.T) {
+	cfg := mustParse(t, strings.Replace(minimal, "rate: 10", "rate: 10\n  warmup: 60s", 1), nil)
+	if cfg.Limit.Warmup != Duration(time.Minute) {
+		t.Errorf("Warmup = %v", cfg.Limit.Warmup)
+	}
+	mustParse(t, strings.Replace(minimal, "rate: 10", "rate: 10\n  warmup: 0s", 1), nil)
+	_, err := Parse([]byte(strings.Replace(minimal, "rate: 10", "rate: 10\n  warmup: -5s", 1)), nil)
+	if err == nil || !strings.Contains(err.Error(), "limit.warmup") || !strings.Contains(err.Error(), "between 1ms and 24h") {
+		t.Errorf("warmup -5s: %v", err)
+	}
+}

@@ -189,6 +189,11 @@ type Limit struct {
 	// and it climbs back while sends succeed. Rate becomes the ceiling.
 	// Absent: off.
 	Adaptive *LimitAdaptive `yaml:"adaptive,omitempty"`
+	// Warmup is the warm-up period (redislimiter.Config.Warmup): on first
+	// use, and after the bucket has been idle for longer than Warmup, its
+	// rate ramps from a third of Rate to Rate over Warmup. 0 means none;
+	// limiter.ValidateWarmup says which values are valid.
+	Warmup Duration `yaml:"warmup,omitempty"`
 }
 
 // LimitAdaptive is limit.adaptive, mapped onto limiter.Adaptive, which

@@ -134,6 +134,7 @@ func (l *Limit) validate(ps *problems) {
 		ps.library("limit", reflect.TypeFor[Limit](), limiter.ValidateBurst(l.Burst))
 	}
 	ps.library("limit", reflect.TypeFor[Limit](), l.LimiterOptions().Validate())
+	ps.library("limit", reflect.TypeFor[Limit](), limiter.ValidateWarmup(time.Duration(l.Warmup)))
 	if l.MaxWait < 0 {
 		ps.add("limit.max_wait", "must be >= 0, got %v", l.MaxWait)
 	}

@@ -25,6 +25,18 @@ import (
 // used below its rate warms up in W as well. Only takes observe the
 // warm-up; refunds, pauses and status refill at the plain rate.
 
+// MaxWarmup is the longest warm-up period a bucket accepts.
+const MaxWarmup = 24 * time.Hour
+
+// ValidateWarmup returns a *ParamError for the parameter "Warmup" unless d
+// is 0 (no warm-up) or between 1ms and MaxWarmup.
+func ValidateWarmup(d time.Duration) error {
+	if d != 0 && (d < time.Millisecond || d > MaxWarmup) {
+		return &ParamError{Param: "Warmup", Msg: "must be 0 (none) or between 1ms and 24h", Value: d}
+	}
+	return nil
+}
+
 // warmCum returns ∫₀ᵘ rate(t) dt for the ramp at rate (tokens/s) over w
 // µs, in tokens·µs/s. The Redis scripts compute the same expression
 // (warmupLua in package redislimiter).
@@ -39,8 +51,8 @@ func warmCum(rate float64, w, u int64) float64 {
 // warm-up section); 0 turns it off. Call it before the bucket is used. It
 // returns a *ParamError for a negative d.
 func (m *Memory) SetWarmup(d time.Duration) error {
-	if d < 0 {
-		return &ParamError{Param: "Warmup", Msg: "must be >= 0 (0 for none)", Value: d}
+	if err := ValidateWarmup(d); err != nil {
+		return err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
