@@ -81,7 +81,13 @@ func TestFaultSecretsNeverLogged(t *testing.T) {
 			if serr == nil {
 				t.Fatal("Status succeeded against a failing Redis")
 			}
-			time.Sleep(200 * time.Millisecond) // let the probe fail a few times
+			// Wait for the store errors that the Bucket reports, so that
+			// they are checked too.
+			faultEventually(t, 5*time.Second, "the Bucket reported no store error", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(errs) >= 1
+			})
 			b.Close()
 			mu.Lock()
 			errs = append(errs, serr.Error())
