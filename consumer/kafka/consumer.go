@@ -274,14 +274,15 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	if h == nil {
 		return nil, fmt.Errorf("%w: handler must not be nil", ErrInvalidConfig)
 	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	opts, err := cfg.Options.WithDefaults()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	cfg.Options = opts
-	if err := cfg.setDefaults(); err != nil {
-		return nil, err
-	}
+	cfg.setDefaults()
 	// The processor waits on the limiter through revocableLimiter and
 	// calls h through markStarted, so that a revocation drops a message
 	// whose first wait has not ended (see firstWait).
@@ -304,33 +305,80 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	return c, nil
 }
 
-// setDefaults checks and defaults the Kafka fields; New checked the
-// Options.
-func (cfg *Config) setDefaults() error {
-	invalid := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+// Validate returns nil or every problem of cfg, each a
+// *consumer.FieldError naming the Go field at fault ("Brokers[0]", "Topic",
+// "Retry.MaxAttempts"), joined with errors.Join (read them with
+// consumer.FieldErrors). New calls it; the config package calls it to name
+// its own keys. It does not run ConfigureReader: New checks the reader
+// configuration that hook makes.
+func (cfg Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &consumer.FieldError{Field: field, Err: fmt.Errorf(format, args...)})
 	}
-	switch {
-	case len(cfg.Brokers) == 0:
-		return invalid("Brokers must name at least one broker")
-	case cfg.Topic == "":
-		return invalid("Topic must not be empty")
-	case cfg.Group == "":
-		return invalid("Group must not be empty")
-	case cfg.Concurrency < 0:
-		return invalid("Concurrency %d must not be negative", cfg.Concurrency)
-	case cfg.MaxInFlight < 0:
-		return invalid("MaxInFlight %d must not be negative", cfg.MaxInFlight)
-	case cfg.QueueSize < 0:
-		return invalid("QueueSize %d must not be negative", cfg.QueueSize)
-	case cfg.CommitTimeout < 0:
-		return invalid("CommitTimeout %v must not be negative", cfg.CommitTimeout)
+	if len(cfg.Brokers) == 0 {
+		bad("Brokers", "required (at least one host:port)")
 	}
 	for i, b := range cfg.Brokers {
 		if _, _, err := net.SplitHostPort(b); err != nil {
-			return invalid("Brokers[%d] %q is not host:port", i, b)
+			bad(fmt.Sprintf("Brokers[%d]", i), "%q is not host:port", b)
 		}
 	}
+	if cfg.Topic == "" {
+		bad("Topic", "required")
+	} else if err := checkTopicName(cfg.Topic); err != nil {
+		bad("Topic", "%w", err)
+	}
+	if cfg.Group == "" {
+		bad("Group", "required")
+	}
+	if cfg.Concurrency < 0 {
+		bad("Concurrency", "%d must not be negative", cfg.Concurrency)
+	}
+	if cfg.MaxInFlight < 0 {
+		bad("MaxInFlight", "%d must not be negative", cfg.MaxInFlight)
+	}
+	if cfg.QueueSize < 0 {
+		bad("QueueSize", "%d must not be negative", cfg.QueueSize)
+	}
+	if cfg.CommitTimeout < 0 {
+		bad("CommitTimeout", "%v must not be negative", cfg.CommitTimeout)
+	}
+	if cfg.DeadLetterTopic != "" {
+		if err := checkTopicName(cfg.DeadLetterTopic); err != nil {
+			bad("DeadLetterTopic", "%w", err)
+		} else if cfg.DeadLetterTopic == cfg.Topic {
+			bad("DeadLetterTopic", "must differ from Topic %q", cfg.Topic)
+		}
+	}
+	switch cfg.StartOffset {
+	case 0, kafkago.FirstOffset, kafkago.LastOffset:
+	default:
+		bad("StartOffset", "%d must be kafka-go's FirstOffset or LastOffset", cfg.StartOffset)
+	}
+	if err := cfg.Options.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// checkTopicName reports whether name is a legal Kafka topic name.
+func checkTopicName(name string) error {
+	ok := len(name) <= 249 && name != "." && name != ".."
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			ok = false
+		}
+	}
+	if !ok {
+		return fmt.Errorf("%q is not a Kafka topic name (at most 249 of a-z A-Z 0-9 . _ -, not . or ..)", name)
+	}
+	return nil
+}
+
+// setDefaults fills in the defaults of the Kafka fields; Validate checked
+// them.
+func (cfg *Config) setDefaults() {
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = 1
 	}
@@ -343,20 +391,12 @@ func (cfg *Config) setDefaults() error {
 	if cfg.DeadLetterTopic == "" {
 		cfg.DeadLetterTopic = cfg.Topic + ".dlq"
 	}
-	if cfg.DeadLetterTopic == cfg.Topic {
-		return invalid("DeadLetterTopic must differ from Topic %q", cfg.Topic)
-	}
-	switch cfg.StartOffset {
-	case 0:
+	if cfg.StartOffset == 0 {
 		cfg.StartOffset = kafkago.FirstOffset
-	case kafkago.FirstOffset, kafkago.LastOffset:
-	default:
-		return invalid("StartOffset %d must be kafka-go's FirstOffset or LastOffset", cfg.StartOffset)
 	}
 	if cfg.CommitTimeout == 0 {
 		cfg.CommitTimeout = DefaultCommitTimeout
 	}
-	return nil
 }
 
 // readerConfig builds the kafka-go group and partition reader

@@ -33,6 +33,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"no brokers", func(c *Config) { c.Brokers = nil }, ok, "Brokers"},
 		{"broker without port", func(c *Config) { c.Brokers = []string{"localhost"} }, ok, "Brokers[0]"},
 		{"no topic", func(c *Config) { c.Topic = "" }, ok, "Topic"},
+		{"illegal topic name", func(c *Config) { c.Topic = "a b" }, ok, "Topic"},
+		{"illegal dead-letter topic name", func(c *Config) { c.DeadLetterTopic = ".." }, ok, "DeadLetterTopic"},
+		{"negative max in flight", func(c *Config) { c.MaxInFlight = -1 }, ok, "MaxInFlight"},
+		{"unknown ordering", func(c *Config) { c.Ordering = "random" }, ok, "Ordering"},
 		{"no group", func(c *Config) { c.Group = "" }, ok, "Group"},
 		{"negative concurrency", func(c *Config) { c.Concurrency = -1 }, ok, "Concurrency"},
 		{"dead-letter topic is the topic", func(c *Config) { c.DeadLetterTopic = "t" }, ok, "DeadLetterTopic"},
@@ -75,6 +79,24 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			t.Fatalf("reader config: %+v", c.rc)
 		}
 	})
+}
+
+// TestValidateFieldErrors: Validate reports every problem, each naming its
+// Go field, so that the config package can name its own keys.
+func TestValidateFieldErrors(t *testing.T) {
+	err := Config{Brokers: []string{"nohost"}, Group: "g", QueueSize: -1,
+		Options: consumer.Options{Retry: consumer.RetryPolicy{MaxAttempts: -1}}}.Validate()
+	var fields []string
+	for _, fe := range consumer.FieldErrors(err) {
+		fields = append(fields, fe.Field)
+	}
+	want := []string{"Brokers[0]", "Topic", "QueueSize", "Retry.MaxAttempts"}
+	if !equalStrings(fields, want) {
+		t.Fatalf("fields at fault %v, want %v (error: %v)", fields, want, err)
+	}
+	if err := (Config{Brokers: []string{"h:1"}, Topic: "t", Group: "g"}).Validate(); err != nil {
+		t.Fatalf("a minimal config: %v", err)
+	}
 }
 
 func TestRunOnceAndClose(t *testing.T) {
