@@ -44,6 +44,9 @@ type fallbackState struct {
 	// probeNow asks the probe to ask the store at once: the store has
 	// announced something, so it is back at least for someone.
 	probeNow chan struct{}
+	// replicas is how many replicas the local share assumed: the live
+	// count, or the rate over Options.FallbackRate.
+	replicas float64
 }
 
 var errRetryShared = errors.New("store recovered")
@@ -185,8 +188,9 @@ func (b *Bucket) fallBackLocked(err error) {
 	}
 	local.save(0, max(now.UnixMicro(), booked.UnixMicro()))
 	b.fb.local = local
+	b.fb.replicas = replicas
 	b.log.Warn("bucket store failed, limiting locally", "mode", ModeLocal, "local_rate", rate, "local_burst", local.burst,
-		"replicas", int(replicas), "local_start_in", max(0, booked.Sub(now)), "error", err)
+		"replicas", math.Round(replicas*100)/100, "local_start_in", max(0, booked.Sub(now)), "error", err)
 	b.switchLocked(ModeShared, ModeLocal, err)
 }
 
@@ -249,9 +253,12 @@ func (b *Bucket) tryRecover() bool {
 		// first replica back takes from the shared bucket while the
 		// others still serve their local bookings.
 		debt := 0
-		if local := b.fallbackBucket(); local != nil {
+		b.fb.mu.Lock()
+		local, replicas := b.fb.local, max(b.fb.replicas, float64(b.replicas.Load()), 1)
+		b.fb.mu.Unlock()
+		if local != nil {
 			ls := local.StatusAt(b.clock.Now())
-			debt = int(math.Ceil(max(0, -ls.Tokens) * float64(max(1, b.replicas.Load()))))
+			debt = int(math.Ceil(max(0, -ls.Tokens) * replicas))
 		}
 		err = b.store.Drain(ctx, debt)
 	}

@@ -643,3 +643,49 @@ func TestHeartbeatCarriesTheReport(t *testing.T) {
 		t.Fatalf("report after granting 5 tokens = %+v", r)
 	}
 }
+
+// TestRecoveryWithAFallbackRateChargesTheFleet: replicas that started
+// during an outage with FallbackRate = rate/3 never counted each other.
+// Coming back, each must still charge the fleet's bookings (3 × its own),
+// as the share it ran at implies, not only its own: three replicas back
+// at once gave 35 deliveries in a second against 30 (20/s, burst 5).
+func TestRecoveryWithAFallbackRateChargesTheFleet(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := &trackedStore{clockedStore: newClockedStore(t, clk, 30, 5, 0)}
+	s.down.Store(true)
+	b, err := limiter.New(s, limiter.Options{Clock: clk, FallbackRate: 10, ProbeInterval: ms(150), Logger: discardLogger(), Lease: limiter.LeaseOptions{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	clk.WaitTimers(t, 1) // the failed first heartbeat sleeps
+	done := make(chan error, 4)
+	for range 4 {
+		go func() { done <- b.Wait(context.Background(), 1) }()
+	}
+	// Local 10/s from empty: booked at +100, +200, +300 and +400 ms.
+	clk.WaitTimers(t, 1+1+4) // heartbeat, probe, 4 callers
+	s.down.Store(false)
+	fresh, _ := limiter.NewMemory(30, 5) // Redis came back empty: full
+	s.mu.Lock()
+	s.m = fresh
+	s.mu.Unlock()
+	clk.Advance(ms(150)) // the probe at +150 ms: 2.5 tokens still booked here
+	deadline := time.Now().Add(10 * time.Second)
+	for b.Mode() != limiter.ModeShared && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Microsecond)
+	}
+	if b.Mode() != limiter.ModeShared {
+		t.Fatal("did not recover")
+	}
+	// 30/s over a FallbackRate of 10/s: 3 replicas, each about as booked.
+	if got := s.drained; len(got) != 1 || got[0] != 8 {
+		t.Fatalf("drains = %v, want one charging ceil(2.5 × 3) = 8", got)
+	}
+	clk.Advance(time.Second)
+	for range 4 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
