@@ -509,7 +509,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 			c.stats.joinFailed()
 			if isFatal(err) {
-				c.fail(fmt.Errorf("joining group %q: %w", c.cfg.Group, err))
+				c.fail(fatalError(fmt.Sprintf("joining group %q", c.cfg.Group), err))
 				break
 			}
 			c.log.Warn("joining the consumer group failed; retrying",
@@ -673,9 +673,23 @@ func (c *Consumer) Close() error {
 	return nil
 }
 
-// isFatal reports whether a fetch or join error cannot heal by retrying.
-// An authentication or authorization error is one; Run wraps it with
-// consumer.ErrAccessRefused.
+// fatalError wraps a fatal error of what; an authentication or
+// authorization error also wraps consumer.ErrAccessRefused.
+func fatalError(what string, err error) error {
+	var kerr kafkago.Error
+	if errors.As(err, &kerr) {
+		switch kerr {
+		case kafkago.SASLAuthenticationFailed, kafkago.TopicAuthorizationFailed,
+			kafkago.GroupAuthorizationFailed, kafkago.ClusterAuthorizationFailed:
+			return fmt.Errorf("%s: %w: %w", what, consumer.ErrAccessRefused, err)
+		}
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// isFatal reports whether a fetch or join error cannot heal by retrying:
+// an authentication or authorization error (fatalError wraps it with
+// consumer.ErrAccessRefused), an invalid group, or a closed reader.
 func isFatal(err error) bool {
 	if errors.Is(err, io.EOF) {
 		return true // the reader was closed under us

@@ -202,7 +202,7 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 				return
 			}
 			if isFatal(err) {
-				c.fail(fmt.Errorf("fetching from topic %q partition %d: %w", c.cfg.Topic, p.partition, err))
+				c.fail(fatalError(fmt.Sprintf("fetching from topic %q partition %d", c.cfg.Topic, p.partition), err))
 				return
 			}
 			delay := backoff.Delay(failures)

@@ -319,8 +319,8 @@ func TestFetchStopsOnFatalError(t *testing.T) {
 	c.mu.Lock()
 	fatal := c.fatal
 	c.mu.Unlock()
-	if !errors.Is(fatal, kafkago.GroupAuthorizationFailed) {
-		t.Fatalf("fatal = %v, want the authorization error", fatal)
+	if !errors.Is(fatal, kafkago.GroupAuthorizationFailed) || !errors.Is(fatal, consumer.ErrAccessRefused) {
+		t.Fatalf("fatal = %v, want the authorization error, as consumer.ErrAccessRefused", fatal)
 	}
 	if n := r.calls.Load(); n != 2 {
 		t.Fatalf("FetchMessage calls = %d, want 2 (the transient error is retried)", n)
