@@ -66,13 +66,15 @@ With --json, every subcommand prints the bucket's status as one JSON object
 (list prints an array of them):
   {"bucket", "tokens", "rate", "burst", "configured": {"rate", "burst"},
    "override": {"rate", "burst", "expires_in_seconds"}, "paused_seconds",
-   "replicas": [{"id", "configured": {"rate", "burst"}}], "warnings": [...]}
+   "replicas": [{"id", "configured": {"rate", "burst"}}], "warnings": [...],
+   "adaptive": {"rate", "ceiling", "since_decrease_seconds"}}
 A value that cannot be known is null: tokens, rate and burst when the
 configured values are unknown and no override is set; configured without
 --config when the live replicas do not all report the same; a replica's
 configured when its heartbeat does not carry it; override when none is set;
 an override's burst when it keeps the configured burst; expires_in_seconds
-when the override does not expire.
+when the override does not expire; adaptive unless limit.adaptive holds the
+rate below its ceiling.
 
 The runtime override and each replica's configured rate:
   Each replica's config file gives limit.rate and limit.burst: its default.
@@ -478,6 +480,9 @@ type bucketStatus struct {
 	// Warnings are configuration problems an operator should fix, such
 	// as replicas whose configured rates differ.
 	Warnings []string `json:"warnings"`
+	// Adaptive is the adaptive rate (limit.adaptive) while a push-back
+	// holds it below its ceiling; nil otherwise.
+	Adaptive *adaptiveJSON `json:"adaptive"`
 
 	// baseRate is the rate once a pause ends, when known.
 	baseRate *float64
@@ -521,7 +526,12 @@ func (t *bucketTarget) status(ctx context.Context) (*bucketStatus, error) {
 	if err != nil {
 		return nil, err
 	}
+	adaptive, err := readAdaptive(ctx, t.admin)
+	if err != nil {
+		return nil, err
+	}
 	out := &bucketStatus{
+		Adaptive:      adaptive,
 		Bucket:        t.name,
 		Configured:    t.configured,
 		PausedSeconds: st.PausedFor.Seconds(),
@@ -672,6 +682,7 @@ func writeStatus(w io.Writer, st *bucketStatus, from string) {
 	} else {
 		line("paused", "no")
 	}
+	writeAdaptive(w, st.Adaptive)
 	ids := make([]string, len(st.Replicas))
 	for i, r := range st.Replicas {
 		ids[i] = r.ID

@@ -192,6 +192,14 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 
 	runCtx, stopMonitor := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
+	if cfg.Limit.Adaptive != nil {
+		g := adaptiveGauge(m.reg)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			watchAdaptive(runCtx, store.Admin(), g, monitorInterval)
+		}()
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
