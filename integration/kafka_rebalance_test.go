@@ -127,7 +127,7 @@ metrics:
 log:
   level: info
 `, e.redis, e.name, e.rate, e.burst, e.extraLimit, kafkaE2EList(e.brokers), e.topic, e.group, extra.String(), e.sink.srv.URL+"/send",
-		cliFreeAddr(e.t))
+		cliMetricsListen)
 	path := filepath.Join(e.dir, fmt.Sprintf("replica-%d.yaml", i))
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		e.t.Fatal(err)
