@@ -105,6 +105,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -409,11 +410,14 @@ func (c *Consumer) readerConfig() error {
 		StartOffset: c.cfg.StartOffset,
 		MaxWait:     DefaultMaxWait,
 		ErrorLogger: kafkago.LoggerFunc(func(format string, args ...any) {
+			msg := fmt.Sprintf(format, args...)
 			level := slog.LevelWarn
-			if c.closing.Load() {
+			if c.closing.Load() || strings.Contains(msg, kafkago.RebalanceInProgress.Title()) {
+				// Expected while closing, and at every rebalance: the
+				// consumer logs the revocation and the assignment itself.
 				level = slog.LevelDebug
 			}
-			log.Log(context.Background(), level, "kafka-go: "+fmt.Sprintf(format, args...), "topic", c.cfg.Topic, "group", c.cfg.Group)
+			log.Log(context.Background(), level, "kafka-go: "+msg, "topic", c.cfg.Topic, "group", c.cfg.Group)
 		}),
 	}
 	rc.QueueCapacity = c.cfg.QueueSize
@@ -506,6 +510,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, kafkago.ErrGroupClosed) {
 				break
+			}
+			if errors.Is(err, kafkago.RebalanceInProgress) {
+				// Another member joined or left while this one joined:
+				// kafka-go joins again at once.
+				c.log.Debug("rebalance in progress; joining again", "topic", c.cfg.Topic, "group", c.cfg.Group)
+				continue
 			}
 			c.stats.joinFailed()
 			if isFatal(err) {
