@@ -180,7 +180,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl *deadLe
 	n := r.dropped.Load()
 	c.stats.revoked(n)
 	args := []any{"partitions", ids, "reason", reason, "dropped", n, "skipped", r.skipped.Load(),
-		"committed", formatOffsets(committed), "took", time.Since(start).Round(time.Millisecond)}
+		"committed", formatOffsets(committed), "took", time.Since(start).Round(time.Millisecond).String()}
 	if err != nil {
 		log.Warn("partitions revoked; the final commit failed, messages finished since the last commit will be redelivered",
 			append(args, "err", err)...)
