@@ -243,9 +243,9 @@ func (b *batcher) send(ctx context.Context, batch []*pending) {
 // TIME), as takeScript.EvalSha would build it but with one allocation for
 // the arguments instead of five.
 func takeEvalSha(ctx context.Context, s *Store, req limiter.TakeRequest, nowUS int64) *redis.Cmd {
-	args := make([]any, 0, len(s.takeHead)+6)
+	args := make([]any, 0, len(s.takeHead)+7)
 	args = append(args, s.takeHead...)
-	args = append(args, s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), s.maxWaitArg(req.MaxWait), nowUS)
+	args = append(args, s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), s.maxWaitArg(req.MaxWait), nowUS, s.warmArg)
 	cmd := redis.NewCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	return cmd

@@ -113,8 +113,8 @@ end
 
 // takeScript takes or reserves tokens.
 //
-// KEYS: state, override. ARGV: rate, burst, cost, extra, max_wait_us, now_us.
-// Reply: one string of seven integers separated by spaces: granted (1,
+// KEYS: state, override. ARGV: rate, burst, cost, extra, max_wait_us, now_us,
+// warmup_us (0 or absent: none; see warmupLua). Reply: one string of seven integers separated by spaces: granted (1,
 // 0, or -1 when cost > burst), tokens, wait_us, remaining_milli,
 // effective_rate_milli, burst, now_us. One string costs the client two
 // allocations to read, where an array of seven integers costs up to nine.
@@ -124,7 +124,10 @@ var takeSrc = prelude + `
 local now = now_us(ARGV[6])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
 local cost, extra, max_wait = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+WARM = tonumber(ARGV[7]) -- warmupLua
+if WARM and WARM <= 0 then WARM = nil end
 local tokens, ts = load(KEYS[1], now, rate, burst)
+if WRATE then rate = WRATE end -- warmupLua: a cold start or a ramp in progress
 local eff = rate
 if ts > now then eff = 0 end
 local function reply(granted, got, wait, remaining)

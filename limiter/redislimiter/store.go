@@ -79,6 +79,12 @@ type Config struct {
 	// gone and return for more (measured: twice the Redis calls per token
 	// on a saturated bucket). Refund, Pause and Status are never batched.
 	NoBatching bool
+	// Warmup is the bucket's warm-up period: on first use, and after the
+	// bucket has gone without a take for longer than Warmup, it holds a
+	// third of its burst and its rate ramps from a third of Rate to Rate
+	// over Warmup (see the warm-up section of package limiter). Every
+	// replica of the bucket should give the same value. 0 means none.
+	Warmup time.Duration
 }
 
 // Client is what a Store and an Admin need of a Redis client: running
@@ -116,6 +122,8 @@ type Store struct {
 	burstArg any
 	// configArg is this replica's "rate burst", sent with each heartbeat.
 	configArg string
+	// warmArg is Config.Warmup in µs, the take script's ARGV[7].
+	warmArg any
 	// takeHead is the start of a take's EVALSHA, up to its ARGV.
 	takeHead []any
 	// lastMaxWait is the last MaxWait argument, boxed.
@@ -141,6 +149,9 @@ func New(client Client, cfg Config) (*Store, error) {
 	if err := limiter.ValidateBurst(cfg.Burst); err != nil {
 		return nil, err
 	}
+	if err := limiter.ValidateWarmup(cfg.Warmup); err != nil {
+		return nil, err
+	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
 	}
@@ -154,6 +165,7 @@ func New(client Client, cfg Config) (*Store, error) {
 		rateArg:   any(strconv.FormatFloat(cfg.Rate, 'g', -1, 64)),
 		burstArg:  any(cfg.Burst),
 		configArg: strconv.FormatFloat(cfg.Rate, 'g', -1, 64) + " " + strconv.Itoa(cfg.Burst),
+		warmArg:   any(cfg.Warmup.Microseconds()),
 	}
 	s.admin = &Admin{client: client, name: cfg.Bucket, keys: k, rate: cfg.Rate, burst: cfg.Burst, rateArg: s.rateArg, burstArg: s.burstArg}
 	s.takeHead = []any{"evalsha", takeScript.Hash(), len(s.stateKeys), s.stateKeys[0], s.stateKeys[1]}
@@ -230,7 +242,7 @@ func (s *Store) take(ctx context.Context, nowUS int64, req limiter.TakeRequest) 
 
 // takeArgs returns the ARGV of takeScript for req.
 func (s *Store) takeArgs(req limiter.TakeRequest, nowUS int64) []any {
-	return []any{s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), s.maxWaitArg(req.MaxWait), nowUS}
+	return []any{s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), s.maxWaitArg(req.MaxWait), nowUS, s.warmArg}
 }
 
 // maxWaitArg returns d in microseconds as a script argument, reusing the
