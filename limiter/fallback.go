@@ -240,7 +240,8 @@ func (b *Bucket) probe() {
 }
 
 // tryRecover asks the store whether it is back and, if it is, switches to
-// ModeShared. Coming from ModeLocal or ModeOpen it first drains the shared
+// ModeShared. A failed probe is reported to Observer.StoreError, so that an
+// error count keeps rising through an outage. Coming from ModeLocal or ModeOpen it first drains the shared
 // bucket and charges it with what the local bucket has booked ahead. It
 // reports whether the probe is done.
 func (b *Bucket) tryRecover() bool {
@@ -264,7 +265,9 @@ func (b *Bucket) tryRecover() bool {
 	}
 	if err != nil {
 		if errors.Is(err, ErrMisconfigured) {
-			b.storeFailed(err)
+			b.storeFailed(err) // reports it, and closes a local or open Bucket
+		} else if o := b.opts.Observer; o != nil && o.StoreError != nil {
+			o.StoreError(err)
 		}
 		return false
 	}

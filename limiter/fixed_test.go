@@ -689,3 +689,30 @@ func TestRecoveryWithAFallbackRateChargesTheFleet(t *testing.T) {
 		}
 	}
 }
+
+// TestFailedProbesAreReported: every failed probe reaches
+// Observer.StoreError, so an error counter keeps rising through an outage
+// instead of stopping at the failure that started the fallback.
+func TestFailedProbesAreReported(t *testing.T) {
+	var errs atomic.Int64
+	r := newRig(t, 20, 5, 1, limiter.Options{ProbeInterval: ms(100), Observer: &limiter.Observer{StoreError: func(error) { errs.Add(1) }}})
+	r.store.down.Store(true)
+	if ok, _ := r.b.Allow(context.Background(), 1); ok {
+		t.Fatal("granted from an empty local bucket")
+	}
+	if n := errs.Load(); n != 1 {
+		t.Fatalf("%d store errors reported at the failure, want 1", n)
+	}
+	r.clk.WaitTimers(t, 1) // the probe sleeps
+	for i := range 3 {
+		armed := r.clk.Armed()
+		r.clk.Advance(ms(100))
+		r.clk.WaitArmed(t, armed+1) // the probe failed and sleeps again
+		if n := errs.Load(); n != int64(2+i) {
+			t.Fatalf("%d store errors after %d failed probes, want %d", n, i+1, 2+i)
+		}
+	}
+	if n := errs.Load(); n != 4 {
+		t.Fatalf("%d store errors after 3 failed probes, want 4", n)
+	}
+}
