@@ -105,7 +105,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		return &configError{err: err}
 	}
 	defer client.Close()
-	store, err := redislimiter.New(client, redislimiter.Config{Bucket: cfg.Limit.Bucket, Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst})
+	store, err := redislimiter.New(client, redislimiter.Config{Bucket: cfg.Limit.Bucket, Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst, Warmup: time.Duration(cfg.Limit.Warmup)})
 	if err != nil {
 		return &configError{err: fmt.Errorf("limit: %w", err)}
 	}
