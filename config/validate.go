@@ -451,6 +451,6 @@ var libraryNames = map[string]string{
 	"Delivery.Retry.MaxAttempts": "max_attempts",
 	"Delivery.Retry.Backoff":     "backoff",
 	"Delivery.Retry.MaxBackoff":  "max_backoff",
-	"HTTP.MaxRetryAfter": "max_pause",
-	"HTTP.Rules":         "classify",
+	"HTTP.MaxRetryAfter":         "max_pause",
+	"HTTP.Rules":                 "classify",
 }
