@@ -79,3 +79,43 @@ func watchAdaptive(ctx context.Context, admin *redislimiter.Admin, g prometheus.
 		}
 	}
 }
+
+// warmupJSON is the warm-up state (limit.warmup) in 'bucket status':
+// present while a ramp is in progress, or while the bucket is cold.
+type warmupJSON struct {
+	// Ramping: the rate is RateFactor of the rate for SecondsLeft more.
+	Ramping     bool     `json:"ramping"`
+	RateFactor  *float64 `json:"rate_factor"`
+	SecondsLeft *float64 `json:"seconds_left"`
+	// Cold: the next take starts a ramp (when the replicas have a
+	// warm-up).
+	Cold bool `json:"cold"`
+}
+
+// readWarmup reads the bucket's warm-up state; nil when the replicas have
+// no warm-up (warmup is 0) and no ramp is in progress.
+func readWarmup(ctx context.Context, admin *redislimiter.Admin, warmup time.Duration) (*warmupJSON, error) {
+	st, err := admin.Warmup(ctx)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case st.Ramping:
+		f, left := st.Factor, st.Left.Seconds()
+		return &warmupJSON{Ramping: true, RateFactor: &f, SecondsLeft: &left}, nil
+	case st.Cold && warmup > 0:
+		return &warmupJSON{Cold: true}, nil
+	}
+	return nil, nil
+}
+
+// writeWarmup prints the warm-up line of 'bucket status', if any.
+func writeWarmup(w io.Writer, wj *warmupJSON) {
+	switch {
+	case wj == nil:
+	case wj.Ramping:
+		fmt.Fprintf(w, "  %-11s ramping: %.0f%% of the rate, %.0fs left\n", "warm-up", 100**wj.RateFactor, *wj.SecondsLeft)
+	case wj.Cold:
+		fmt.Fprintf(w, "  %-11s cold: the next message starts the ramp from a third of the rate\n", "warm-up")
+	}
+}

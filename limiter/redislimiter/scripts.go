@@ -95,7 +95,7 @@ local function save(skey, tokens, ts, now, rate, burst)
   redis.call('HSET', skey, 'tokens', tokens, 'ts', ts)
   local full_us = (ts - now) + (burst - tokens) * 1e6 / rate
   if WARM then -- warmupLua: the ramp start, and "missing" = idle longer than WARM
-    if WTS then redis.call('HSET', skey, 'wts', string.format('%d', WTS)) end
+    if WTS then redis.call('HSET', skey, 'wts', string.format('%d', WTS), 'wu', string.format('%d', WARM)) end
     full_us = full_us + WARM
   end
   redis.call('PEXPIRE', skey, math.ceil(full_us / 1000) + 1000)

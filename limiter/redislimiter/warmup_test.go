@@ -41,3 +41,29 @@ func TestWarmupKeepsTheStateForTheWarmup(t *testing.T) {
 		t.Error("New accepted a negative Warmup")
 	}
 }
+
+func TestAdminWarmupStatus(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 30, Burst: 30, Warmup: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(d time.Duration) int64 { return storetest.Base.Add(d).UnixMicro() }
+	if st, err := s.Admin().warmup(ctx, at(0)); err != nil || !st.Cold || st.Ramping {
+		t.Errorf("new bucket: %+v %v, want cold", st, err)
+	}
+	if _, err := s.take(ctx, at(0), limiter.TakeRequest{Cost: 1}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Admin().warmup(ctx, at(15*time.Second))
+	if err != nil || !st.Ramping || st.Cold || st.Left != 45*time.Second || st.Period != time.Minute || st.Factor < 0.3779 || st.Factor > 0.3780 {
+		t.Errorf("15s into the ramp: %+v %v, want ramping at 1/√7 of the rate, 45s left", st, err)
+	}
+	if st, err := s.Admin().warmup(ctx, at(30*time.Second)); err != nil || !st.Ramping || st.Left != 30*time.Second {
+		t.Errorf("30s into the ramp: %+v %v, want ramping, 30s left", st, err)
+	}
+	if st, err := s.Admin().warmup(ctx, at(61*time.Second)); err != nil || !st.Cold || st.Ramping {
+		t.Errorf("idle for longer than the warm-up: %+v %v, want cold", st, err)
+	}
+}
