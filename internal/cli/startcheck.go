@@ -80,8 +80,21 @@ func refusedError(rc config.Redis, err error) error {
 	case strings.Contains(upper, "UNKNOWN COMMAND") || strings.Contains(upper, "DISABLED") || strings.Contains(upper, "NOSCRIPT"):
 		hint = "the bucket needs Lua scripts (EVAL, EVALSHA), which this Redis does not allow"
 	}
-	return fmt.Errorf("redis at %s refused this replica: %s; %s", describeRedis(rc), sentence(msg), hint)
+	return &redisRefusedError{
+		msg: fmt.Sprintf("redis at %s refused this replica: %s; %s", describeRedis(rc), sentence(msg), hint),
+		err: err,
+	}
 }
+
+// redisRefusedError is the sentence of refusedError; it unwraps to the
+// store's error, so it still matches limiter.ErrMisconfigured.
+type redisRefusedError struct {
+	msg string
+	err error
+}
+
+func (e *redisRefusedError) Error() string { return e.msg }
+func (e *redisRefusedError) Unwrap() error { return e.err }
 
 // describeRedis names the Redis a replica uses, without secrets.
 func describeRedis(rc config.Redis) string {
