@@ -67,14 +67,16 @@ With --json, every subcommand prints the bucket's status as one JSON object
   {"bucket", "tokens", "rate", "burst", "configured": {"rate", "burst"},
    "override": {"rate", "burst", "expires_in_seconds"}, "paused_seconds",
    "replicas": [{"id", "configured": {"rate", "burst"}}], "warnings": [...],
-   "adaptive": {"rate", "ceiling", "since_decrease_seconds"}}
+   "adaptive": {"rate", "ceiling", "since_decrease_seconds"},
+   "warmup": {"ramping", "rate_factor", "seconds_left", "cold"}}
 A value that cannot be known is null: tokens, rate and burst when the
 configured values are unknown and no override is set; configured without
 --config when the live replicas do not all report the same; a replica's
 configured when its heartbeat does not carry it; override when none is set;
 an override's burst when it keeps the configured burst; expires_in_seconds
 when the override does not expire; adaptive unless limit.adaptive holds the
-rate below its ceiling.
+rate below its ceiling; warmup unless a warm-up ramp is in progress (or,
+with --config and limit.warmup, the bucket is cold).
 
 The runtime override and each replica's configured rate:
   Each replica's config file gives limit.rate and limit.burst: its default.
@@ -122,7 +124,10 @@ type bucketTarget struct {
 	admin  *redislimiter.Admin
 	// configured is set when the configured rate and burst are known.
 	configured *limitsJSON
-	from       string // where they come from, for the text output
+	// warmup is limit.warmup of the config file, when it names this
+	// bucket; 0 when unknown.
+	warmup time.Duration
+	from   string // where they come from, for the text output
 }
 
 func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
@@ -338,6 +343,7 @@ func newBucketTarget(client redis.UniversalClient, cfg *config.Config, cfgPath, 
 	ac := redislimiter.AdminConfig{Bucket: name}
 	if cfgPath != "" && name == cfg.Limit.Bucket {
 		t.configured = &limitsJSON{Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst}
+		t.warmup = time.Duration(cfg.Limit.Warmup)
 		t.from = cfgPath
 		ac.Rate, ac.Burst = cfg.Limit.Rate, cfg.Limit.Burst
 	}
@@ -483,6 +489,9 @@ type bucketStatus struct {
 	// Adaptive is the adaptive rate (limit.adaptive) while a push-back
 	// holds it below its ceiling; nil otherwise.
 	Adaptive *adaptiveJSON `json:"adaptive"`
+	// Warmup is the warm-up state (limit.warmup) while it matters; nil
+	// otherwise.
+	Warmup *warmupJSON `json:"warmup"`
 
 	// baseRate is the rate once a pause ends, when known.
 	baseRate *float64
@@ -530,8 +539,13 @@ func (t *bucketTarget) status(ctx context.Context) (*bucketStatus, error) {
 	if err != nil {
 		return nil, err
 	}
+	warmup, err := readWarmup(ctx, t.admin, t.warmup)
+	if err != nil {
+		return nil, err
+	}
 	out := &bucketStatus{
 		Adaptive:      adaptive,
+		Warmup:        warmup,
 		Bucket:        t.name,
 		Configured:    t.configured,
 		PausedSeconds: st.PausedFor.Seconds(),
@@ -683,6 +697,7 @@ func writeStatus(w io.Writer, st *bucketStatus, from string) {
 		line("paused", "no")
 	}
 	writeAdaptive(w, st.Adaptive)
+	writeWarmup(w, st.Warmup)
 	ids := make([]string, len(st.Replicas))
 	for i, r := range st.Replicas {
 		ids[i] = r.ID
