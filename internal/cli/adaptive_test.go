@@ -2,12 +2,14 @@ package cli
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
 
 // TestBucketStatusShowsTheAdaptiveRate: after a push-back lowered the
@@ -51,5 +53,51 @@ func TestBucketStatusShowsTheAdaptiveRate(t *testing.T) {
 	}
 	if a := adaptiveOf(); a != nil {
 		t.Errorf("adaptive after bucket set = %v, want null (the override replaces it)", a)
+	}
+}
+
+// TestBucketStatusShowsTheWarmup: with limit.warmup, 'bucket status' says a
+// new bucket is cold, and that a ramp is in progress after a first take.
+func TestBucketStatusShowsTheWarmup(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	name := testenv.Name(t, "cli-warmup")
+	path := writeConfig(t, fmt.Sprintf(`
+redis: {addr: %q}
+limit: {bucket: %s, rate: 30, burst: 30, warmup: 60s}
+source:
+  rabbitmq: {url: "amqp://guest:guest@127.0.0.1:5672/", queue: q}
+sink: {stdout: {}}
+`, addr, name))
+	t.Cleanup(func() { runCLI(t, "bucket", "reset", "--config", path) })
+	client, _ := redisStore(t, addr, name, 30, 30)
+	store, err := redislimiter.New(client, redislimiter.Config{Bucket: name, Rate: 30, Burst: 30, Warmup: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	warmupOf := func() map[string]any {
+		t.Helper()
+		code, stdout, stderr := runCLI(t, "bucket", "status", "--config", path, "--json")
+		if code != ExitOK {
+			t.Fatalf("status: %d %s", code, stderr)
+		}
+		var v map[string]any
+		if err := json.Unmarshal([]byte(stdout), &v); err != nil {
+			t.Fatal(err)
+		}
+		w, _ := v["warmup"].(map[string]any)
+		return w
+	}
+	if w := warmupOf(); w == nil || w["cold"] != true {
+		t.Errorf("new bucket: warmup = %v, want cold", w)
+	}
+	if _, err := store.Take(testenv.Context(t, 10*time.Second), limiter.TakeRequest{Cost: 1}); err != nil {
+		t.Fatal(err)
+	}
+	w := warmupOf()
+	if w == nil || w["ramping"] != true || w["rate_factor"].(float64) < 0.33 || w["rate_factor"].(float64) > 0.35 || w["seconds_left"].(float64) < 50 {
+		t.Errorf("after the first take: warmup = %v, want ramping at ~1/3 of the rate, ~60s left", w)
+	}
+	if code, stdout, _ := runCLI(t, "bucket", "status", "--config", path); code != ExitOK || !strings.Contains(stdout, "ramping: 33% of the rate") {
+		t.Errorf("text status:\n%s", stdout)
 	}
 }
