@@ -344,7 +344,7 @@ limit:
       rate: 1/s
       burst: 3
     - name: whole-provider
-      rate: 10/s
+      rate: 1/h # slow enough that no token comes back before the screen is read
       burst: 20
 source:
   rabbitmq:
