@@ -52,6 +52,9 @@ replica reports the same ones in its heartbeats.
           pause stays in force.
   reset   deletes the bucket's state and its override: the bucket is full,
           not paused, and each replica's configured rate applies again.
+          With --config it also deletes the keys of every layer of
+          limit.extra (SCAN and UNLINK, every master of a Cluster) and says
+          how many; with --redis the layers are unknown and are left.
   --layer L [--key K]
           (status, reset) one key of a layer of limit.extra (needs --config):
           its tokens, or its quota used and when it resets; reset makes its
@@ -68,7 +71,10 @@ With --json, every subcommand prints the bucket's status as one JSON object
    "override": {"rate", "burst", "expires_in_seconds"}, "paused_seconds",
    "replicas": [{"id", "configured": {"rate", "burst"}}], "warnings": [...],
    "adaptive": {"rate", "ceiling", "since_decrease_seconds"},
-   "warmup": {"ramping", "rate_factor", "seconds_left", "cold"}}
+   "warmup": {"ramping", "rate_factor", "seconds_left", "cold"},
+   "layers": [{"layer", "kind" (bucket|quota), "keyed", "rate", "burst",
+     "quota", "per", "timezone", "on_exceed", "keys_in_use",
+     "keys_estimated", "tokens", "used"}]}
 A value that cannot be known is null: tokens, rate and burst when the
 configured values are unknown and no override is set; configured without
 --config when the live replicas do not all report the same; a replica's
@@ -76,7 +82,10 @@ configured when its heartbeat does not carry it; override when none is set;
 an override's burst when it keeps the configured burst; expires_in_seconds
 when the override does not expire; adaptive unless limit.adaptive holds the
 rate below its ceiling; warmup unless a warm-up ramp is in progress (or,
-with --config and limit.warmup, the bucket is cold).
+with --config and limit.warmup, the bucket is cold); layers without --config
+(a layer lists only the keys that apply: rate and burst for a bucket, quota,
+per and timezone for a quota, keys_in_use for a keyed layer, tokens or used
+for one without keys).
 
 The runtime override and each replica's configured rate:
   Each replica's config file gives limit.rate and limit.burst: its default.
@@ -216,6 +225,9 @@ func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 	case "reset":
 		err = t.admin.Reset(ctx)
 		done = fmt.Sprintf("Reset bucket %s: it is full, and its override and pause are gone.", t.name)
+		if err == nil {
+			done, err = t.resetLayers(ctx, *cfgPath, done)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("%s bucket %s: %w", sub, t.name, err)
@@ -228,13 +240,17 @@ func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("reading bucket %s: %w", t.name, err)
 	}
+	if st.Layers, err = readLayers(ctx, t, *cfgPath); err != nil {
+		return fmt.Errorf("reading the layers of bucket %s: %w", t.name, err)
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(st)
 	}
 	writeStatus(stdout, st, t.from)
-	return writeLayerList(ctx, stdout, t, *cfgPath)
+	writeLayers(stdout, st.Layers)
+	return nil
 }
 
 // checkSetFlags checks the flags of bucket set and returns the rate in
@@ -492,6 +508,9 @@ type bucketStatus struct {
 	// Warmup is the warm-up state (limit.warmup) while it matters; nil
 	// otherwise.
 	Warmup *warmupJSON `json:"warmup"`
+	// Layers are the layers of limit.extra with the keys each has in use
+	// (bucket status with --config); nil when unknown.
+	Layers []layerJSON `json:"layers"`
 
 	// baseRate is the rate once a pause ends, when known.
 	baseRate *float64

@@ -43,6 +43,7 @@ type layerStatusJSON struct {
 	Tokens    *float64   `json:"tokens,omitempty"`
 	Quota     int        `json:"quota,omitempty"`
 	Per       string     `json:"per,omitempty"`
+	Timezone  string     `json:"timezone,omitempty"`
 	Used      *int       `json:"used,omitempty"`
 	WindowEnd *time.Time `json:"window_end,omitempty"`
 	Full      bool       `json:"full"`
@@ -116,7 +117,7 @@ func cmdBucketLayer(ctx context.Context, sub, name, cfgPath, addr, layer, key st
 	out := layerStatusJSON{Bucket: t.name, Layer: layer, Key: key, Full: st.Full}
 	if l.IsQuota() {
 		end := st.WindowEnd.In(l.Location)
-		out.Kind, out.Quota, out.Per, out.Used, out.WindowEnd = "quota", l.Quota, string(l.Per), &st.Used, &end
+		out.Kind, out.Quota, out.Per, out.Timezone, out.Used, out.WindowEnd = "quota", l.Quota, string(l.Per), l.Location.String(), &st.Used, &end
 	} else {
 		out.Kind, out.Rate, out.Burst, out.Tokens = "bucket", l.Rate, l.Burst, &st.Tokens
 	}
@@ -161,40 +162,150 @@ func describeLayer(l limiter.Layer) string {
 	return s
 }
 
-// writeLayerList prints the layers of cfgPath's limit.extra, when it is the
-// config of bucket t, with the keys each has in use (counted with SCAN,
-// estimated past 100000 keys per master).
-func writeLayerList(ctx context.Context, w io.Writer, t *bucketTarget, cfgPath string) error {
+// layerJSON is a layer of limit.extra as 'bucket status' shows it, in text
+// and JSON (readLayers computes it, writeLayers and --json render it).
+type layerJSON struct {
+	Layer string `json:"layer"`
+	// Kind is "bucket" (a token bucket) or "quota" (a count per window).
+	Kind  string `json:"kind"`
+	Keyed bool   `json:"keyed"`
+	// Rate and Burst are set for a bucket; Quota, Per and Timezone for a
+	// quota.
+	Rate     float64 `json:"rate,omitempty"`
+	Burst    int     `json:"burst,omitempty"`
+	Quota    int     `json:"quota,omitempty"`
+	Per      string  `json:"per,omitempty"`
+	Timezone string  `json:"timezone,omitempty"`
+	OnExceed string  `json:"on_exceed"`
+	// KeysInUse is, for a keyed layer, how many keys hold state in Redis,
+	// counted with SCAN; KeysEstimated is set when it is an estimate (past
+	// 100000 keys per master). Nil for a layer without keys.
+	KeysInUse     *int64 `json:"keys_in_use,omitempty"`
+	KeysEstimated bool   `json:"keys_estimated,omitempty"`
+	// Tokens (bucket) or Used (quota) is the state of a layer without
+	// keys.
+	Tokens *float64 `json:"tokens,omitempty"`
+	Used   *int     `json:"used,omitempty"`
+
+	layer limiter.Layer
+}
+
+// bucketLayers returns the layers of cfgPath's limit.extra when it is the
+// config of bucket t. known is false when the layers are unknown: no
+// --config, or one of another bucket; ls is nil when the config has none.
+func bucketLayers(t *bucketTarget, cfgPath string) (ls *redislimiter.Layered, known bool, err error) {
 	if cfgPath == "" {
-		return nil
+		return nil, false, nil
 	}
 	cfg, err := loadConfig(cfgPath)
 	if err != nil || cfg.Limit.Bucket != t.name {
-		return err
+		return nil, false, err
 	}
-	ls, err := layersOf(t.client, cfg)
-	if err != nil || ls == nil {
-		return err
+	if ls, err = layersOf(t.client, cfg); err != nil {
+		return nil, false, &configError{err: err}
 	}
-	fmt.Fprintln(w, "Layers (limit.extra):")
+	return ls, true, nil
+}
+
+// readLayers returns the layers of cfgPath's limit.extra, when it is the
+// config of bucket t, with the keys each has in use (counted with SCAN,
+// estimated past 100000 keys per master), or a layer without keys its
+// state. It returns nil when the layers are unknown (no --config, or one of
+// another bucket) and an empty slice when the config has none.
+func readLayers(ctx context.Context, t *bucketTarget, cfgPath string) ([]layerJSON, error) {
+	ls, known, err := bucketLayers(t, cfgPath)
+	if err != nil || !known {
+		return nil, err
+	}
+	out := []layerJSON{}
+	if ls == nil {
+		return out, nil
+	}
 	for _, l := range ls.Layers() {
-		n, err := ls.CountLayerKeys(ctx, t.client, l.Name)
-		if err != nil {
-			return err
+		lj := layerJSON{Layer: l.Name, Kind: "bucket", Keyed: l.Keyed, OnExceed: string(l.OnExceed), layer: l}
+		if l.IsQuota() {
+			lj.Kind, lj.Quota, lj.Per, lj.Timezone = "quota", l.Quota, string(l.Per), l.Location.String()
+		} else {
+			lj.Rate, lj.Burst = l.Rate, l.Burst
 		}
-		count := fmt.Sprintf("%d keys in use", n.Keys)
-		if !n.Exact {
-			count = fmt.Sprintf("about %d keys in use (estimated)", n.Keys)
-		}
-		if !l.Keyed {
-			count = "no key"
-			if st, err := ls.LayerStatus(ctx, l.Name, ""); err == nil && l.IsQuota() {
-				count = fmt.Sprintf("used %d this %s", st.Used, l.Per)
-			} else if err == nil {
-				count = fmt.Sprintf("%.3f tokens", st.Tokens)
+		if l.Keyed {
+			n, err := ls.CountLayerKeys(ctx, t.client, l.Name)
+			if err != nil {
+				return nil, err
+			}
+			lj.KeysInUse, lj.KeysEstimated = &n.Keys, !n.Exact
+		} else {
+			st, err := ls.LayerStatus(ctx, l.Name, "")
+			if err != nil {
+				return nil, fmt.Errorf("reading layer %s: %w", l.Name, err)
+			}
+			if l.IsQuota() {
+				lj.Used = &st.Used
+			} else {
+				lj.Tokens = &st.Tokens
 			}
 		}
-		fmt.Fprintf(w, "  %-16s %s; %s\n", l.Name, describeLayer(l), count)
+		out = append(out, lj)
 	}
-	return nil
+	return out, nil
+}
+
+// writeLayers prints the layers readLayers read, if any.
+func writeLayers(w io.Writer, layers []layerJSON) {
+	if len(layers) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "Layers (limit.extra):")
+	for _, l := range layers {
+		var count string
+		switch {
+		case l.KeysInUse != nil && l.KeysEstimated:
+			count = fmt.Sprintf("about %d keys in use (estimated)", *l.KeysInUse)
+		case l.KeysInUse != nil:
+			count = fmt.Sprintf("%d keys in use", *l.KeysInUse)
+		case l.Used != nil:
+			count = fmt.Sprintf("used %d this %s", *l.Used, l.Per)
+		case l.Tokens != nil:
+			count = fmt.Sprintf("%.3f tokens", *l.Tokens)
+		}
+		fmt.Fprintf(w, "  %-16s %s; %s\n", l.Layer, describeLayer(l.layer), count)
+	}
+}
+
+// resetLayers, for 'bucket reset' of the whole bucket, deletes the state of
+// every key of every layer of cfgPath's limit.extra (SCAN and UNLINK, every
+// master of a Cluster), and returns done with a sentence saying what
+// happened to the layers: how many keys it removed, or, without --config,
+// that layers, if any, were left.
+func (t *bucketTarget) resetLayers(ctx context.Context, cfgPath, done string) (string, error) {
+	ls, known, err := bucketLayers(t, cfgPath)
+	switch {
+	case err != nil:
+		return done, err
+	case !known && cfgPath == "":
+		return done + " The keys of layers of limit.extra, if any, were left: pass --config FILE to reset them too.", nil
+	case !known:
+		return done + fmt.Sprintf(" %s configures another bucket: the keys of the layers of limit.extra of %s, if any, were left.", cfgPath, t.name), nil
+	case ls == nil:
+		return done, nil
+	}
+	n, err := resetLayers(ctx, t, ls)
+	if err != nil {
+		return done, fmt.Errorf("resetting its layers after %d keys: %w", n, err)
+	}
+	return done + fmt.Sprintf(" Reset its %s (limit.extra): removed %s.", plural(len(ls.Layers()), "layer"), plural(int(n), "key")), nil
+}
+
+// resetLayers deletes the state of every key of every layer in ls, and
+// returns how many keys it deleted.
+func resetLayers(ctx context.Context, t *bucketTarget, ls *redislimiter.Layered) (int64, error) {
+	var total int64
+	for _, l := range ls.Layers() {
+		n, err := ls.ResetLayerKeys(ctx, t.client, l.Name)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("layer %s: %w", l.Name, err)
+		}
+	}
+	return total, nil
 }

@@ -36,6 +36,8 @@ type statusJSON struct {
 	PausedSeconds *float64      `json:"paused_seconds"`
 	Replicas      []replicaJSON `json:"replicas"`
 	Warnings      []string      `json:"warnings"`
+	// Layers holds each layer of limit.extra as JSON keys and values.
+	Layers []map[string]any `json:"layers"`
 }
 
 // replica returns the configured limits of the live replica id, zero when
@@ -64,7 +66,7 @@ func bucketJSON(t *testing.T, args ...string) statusJSON {
 	if err := json.Unmarshal([]byte(stdout), &keys); err != nil {
 		t.Fatalf("bucket %q: output is not a JSON object: %v\n%s", args, err, stdout)
 	}
-	for _, k := range []string{"bucket", "tokens", "rate", "burst", "configured", "override", "paused_seconds", "replicas", "warnings"} {
+	for _, k := range []string{"bucket", "tokens", "rate", "burst", "configured", "override", "paused_seconds", "replicas", "warnings", "layers"} {
 		if _, ok := keys[k]; !ok {
 			t.Errorf("bucket %q: JSON lacks key %q:\n%s", args, k, stdout)
 		}

@@ -103,3 +103,65 @@ func (l *Layered) Layer(name string) (limiter.Layer, error) {
 	}
 	return l.layers[i], nil
 }
+
+// ResetLayerKeys deletes the state of every key of a layer with UNLINK: each
+// key's bucket is full again, its quota unused. It finds a keyed layer's
+// keys with SCAN (never KEYS), on every master of a Cluster client, and
+// returns how many keys it deleted; a key taken while it scans may remain.
+// It suits an operator's command, not a hot path.
+func (l *Layered) ResetLayerKeys(ctx context.Context, client redis.UniversalClient, layer string) (int64, error) {
+	i, err := l.layerIndex(layer)
+	if err != nil {
+		return 0, err
+	}
+	if !l.layers[i].Keyed {
+		n, err := client.Unlink(ctx, l.unkeyed[i]).Result()
+		if err != nil {
+			return 0, l.fail("reset layer keys", err)
+		}
+		return n, nil
+	}
+	prefix := l.keyPrefix[i]
+	var mu sync.Mutex
+	var deleted int64
+	reset := func(ctx context.Context, c redis.Cmdable) error {
+		var cursor uint64
+		for {
+			keys, next, err := c.Scan(ctx, cursor, "", layerScanCount).Result()
+			if err != nil {
+				return err
+			}
+			// One key per UNLINK: a Cluster's keys of a layer lie in
+			// different slots.
+			pipe := c.Pipeline()
+			var cmds []*redis.IntCmd
+			for _, k := range keys {
+				if strings.HasPrefix(k, prefix) {
+					cmds = append(cmds, pipe.Unlink(ctx, k))
+				}
+			}
+			if len(cmds) > 0 {
+				if _, err := pipe.Exec(ctx); err != nil {
+					return err
+				}
+				mu.Lock()
+				for _, cmd := range cmds {
+					deleted += cmd.Val()
+				}
+				mu.Unlock()
+			}
+			if cursor = next; cursor == 0 {
+				return nil
+			}
+		}
+	}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return reset(ctx, c) })
+	} else {
+		err = reset(ctx, client)
+	}
+	if err != nil {
+		return deleted, l.fail("reset layer keys", fmt.Errorf("scanning the keys of layer %q: %w", layer, err))
+	}
+	return deleted, nil
+}
