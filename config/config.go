@@ -14,7 +14,10 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	kafkago "github.com/segmentio/kafka-go"
+
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/kafka"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/sinks/httpsink"
@@ -299,6 +302,29 @@ type Kafka struct {
 // empty (the consumer's default key).
 func (k Kafka) KeyFunc() (consumer.KeyFunc, error) {
 	return orderingKeyFunc("source.kafka.ordering_key", k.OrderingKey)
+}
+
+// ConsumerConfig maps k onto the Kafka consumer's configuration, with
+// opts (the delivery options shared by both sources) and dialer (TLS and
+// SASL, or nil). The consumer validates and defaults the result: config
+// keeps no copy of its rules.
+func (k Kafka) ConsumerConfig(opts consumer.Options, dialer *kafkago.Dialer) kafka.Config {
+	opts.Ordering = k.Ordering
+	start := kafkago.FirstOffset
+	if k.StartOffset == StartLast {
+		start = kafkago.LastOffset
+	}
+	return kafka.Config{
+		Options:         opts,
+		Brokers:         k.Brokers,
+		Topic:           k.Topic,
+		Group:           k.Group,
+		Concurrency:     k.Concurrency,
+		MaxInFlight:     k.MaxInFlight,
+		DeadLetterTopic: k.DeadLetterTopic,
+		StartOffset:     start,
+		Dialer:          dialer,
+	}
 }
 
 // SASLMechanism names a Kafka SASL mechanism. It is a plain string and safe

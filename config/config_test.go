@@ -240,10 +240,16 @@ func TestParseBadInputs(t *testing.T) {
 			want: "duplicate key",
 		},
 		{
+			name: "broker port out of range",
+			doc:  strings.Replace(minimal, `"127.0.0.1:9092"`, `"127.0.0.1:99999"`, 1),
+			key:  "source.kafka.brokers[0]",
+			want: "no port between 1 and 65535",
+		},
+		{
 			name: "bad broker address",
 			doc:  strings.Replace(minimal, `"127.0.0.1:9092"`, `"127.0.0.1"`, 1),
 			key:  "source.kafka.brokers[0]",
-			want: "must be host:port",
+			want: `"127.0.0.1" is not host:port`,
 		},
 		{
 			name: "max_backoff below backoff",
@@ -301,8 +307,8 @@ func TestParseBadInputs(t *testing.T) {
 		},
 		{"prefetch too large", rmq("prefetch: 70000"), nil, "source.rabbitmq.prefetch", "70000 must be between 1 and 65535"},
 		{"negative rabbitmq concurrency", rmq("concurrency: -1"), nil, "source.rabbitmq.concurrency", "-1 must not be negative"},
-		{"bad topic", strings.Replace(minimal, "topic: sms", "topic: 'a/b'", 1), nil, "source.kafka.topic", "must be a Kafka topic name"},
-		{"dead letter topic is topic", strings.Replace(minimal, "group: g", "group: g\n    dead_letter_topic: sms", 1), nil, "source.kafka.dead_letter_topic", "must differ from source.kafka.topic"},
+		{"bad topic", strings.Replace(minimal, "topic: sms", "topic: 'a/b'", 1), nil, "source.kafka.topic", "is not a Kafka topic name"},
+		{"dead letter topic is topic", strings.Replace(minimal, "group: g", "group: g\n    dead_letter_topic: sms", 1), nil, "source.kafka.dead_letter_topic", `must differ from the topic "sms"`},
 		{"bad start offset", strings.Replace(minimal, "group: g", "group: g\n    start_offset: middle", 1), nil, "source.kafka.start_offset", `must be one of first, last, got "middle"`},
 		{"bad sasl mechanism", strings.Replace(minimal, "group: g", "group: g\n    sasl: {mechanism: gssapi, username: u}", 1), nil, "source.kafka.sasl.mechanism", `got "gssapi"`},
 		{"sasl password without mechanism", strings.Replace(minimal, "group: g", "group: g\n    sasl: {password: p}", 1), nil, "source.kafka.sasl", "no effect unless"},
@@ -1058,10 +1064,10 @@ func TestOrdering(t *testing.T) {
 	for _, tt := range []struct{ doc, key, want string }{
 		{kafka("ordering: random"), "source.kafka.ordering", `"random" is not`},
 		{kafka("ordering: key\n    ordering_key: '{{nope}}'"), "source.kafka.ordering_key", `function "nope" not defined`},
-		{kafka("ordering_key: '{{.Key}}'"), "source.kafka.ordering_key", "requires source.kafka.ordering: key"},
+		{kafka("ordering_key: '{{.Key}}'"), "source.kafka.ordering_key", `requires ordering "key", got ""`},
 		{kafka("max_in_flight: 0"), "source.kafka.max_in_flight", "must not be 0"},
 		{"limit: {bucket: b, rate: 1}\nsink: {stdout: {}}\nsource: {rabbitmq: {url: 'amqp://h/', queue: q, ordering: none, ordering_key: x}}\n",
-			"source.rabbitmq.ordering_key", `is set but Ordering is "none", not "key"`},
+			"source.rabbitmq.ordering_key", `requires ordering "key", got "none"`},
 	} {
 		_, err := Parse([]byte(tt.doc), nil)
 		ps := problemsOf(t, err)

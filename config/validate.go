@@ -168,33 +168,13 @@ func (s *Source) validate(ps *problems) {
 
 func (k *Kafka) validate(ps *problems) {
 	const key = "source.kafka"
-	if len(k.Brokers) == 0 {
-		ps.add(key+".brokers", "required (at least one host:port)")
-	}
-	for i, b := range k.Brokers {
-		checkAddr(ps, fmt.Sprintf("%s.brokers[%d]", key, i), b, false)
-	}
-	if k.Topic == "" {
-		ps.add(key+".topic", "required")
+	var opts consumer.Options
+	if f, err := k.KeyFunc(); err != nil {
+		ps.add(key+".ordering_key", "%v", err)
 	} else {
-		checkTopic(ps, key+".topic", k.Topic)
+		opts.OrderingKey = f
 	}
-	if k.Group == "" {
-		ps.add(key+".group", "required")
-	}
-	if k.Concurrency < 0 {
-		ps.add(key+".concurrency", "must be >= 1, got %d", k.Concurrency)
-	}
-	if k.DeadLetterTopic != "" {
-		checkTopic(ps, key+".dead_letter_topic", k.DeadLetterTopic)
-		if k.DeadLetterTopic == k.Topic {
-			ps.add(key+".dead_letter_topic", "must differ from %s.topic", key)
-		}
-	}
-	checkOrdering(ps, key, k.Ordering, k.OrderingKey)
-	if k.MaxInFlight < 0 {
-		ps.add(key+".max_in_flight", "must be >= 1, got %d", k.MaxInFlight)
-	}
+	ps.library(key, reflect.TypeFor[Kafka](), k.ConsumerConfig(opts, nil).Validate())
 	switch k.StartOffset {
 	case "", StartFirst, StartLast:
 	default:
@@ -284,22 +264,6 @@ func (l *Log) validate(ps *problems) {
 	}
 }
 
-// checkOrdering checks the ordering and ordering_key keys of a source.
-func checkOrdering(ps *problems, key string, o consumer.Ordering, keyTemplate string) {
-	if err := o.Validate(); err != nil {
-		ps.add(key+".ordering", "%v", err)
-	}
-	if keyTemplate == "" {
-		return
-	}
-	if _, err := orderingKeyFunc(key+".ordering_key", keyTemplate); err != nil {
-		ps.add(key+".ordering_key", "%v", err)
-	}
-	if o != consumer.OrderKey {
-		ps.add(key+".ordering_key", "requires %s.ordering: key, got %q", key, o)
-	}
-}
-
 // checkOneOf reports unless exactly one of the choices was set.
 func checkOneOf(ps *problems, key string, choices, set []string) {
 	if len(set) == 1 {
@@ -332,18 +296,6 @@ func checkAddr(ps *problems, key, addr string, zeroPort bool) {
 		ps.add(key, "port must be a number between 0 (any free port) and 65535, got %q", port)
 	case !zeroPort && (err != nil || n == 0):
 		ps.add(key, "port must be a number between 1 and 65535, got %q", port)
-	}
-}
-
-// checkTopic reports unless name is a legal Kafka topic name.
-func checkTopic(ps *problems, key, name string) {
-	valid := len(name) <= 249 && name != "." && name != ".."
-	for _, c := range name {
-		valid = valid && (c == '.' || c == '_' || c == '-' ||
-			c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9')
-	}
-	if !valid {
-		ps.add(key, "must be a Kafka topic name (at most 249 of a-z A-Z 0-9 . _ -), got %q", name)
 	}
 }
 
@@ -411,6 +363,13 @@ func yamlKeyOf(t reflect.Type, goName string) string {
 	want := norm(goName)
 	if alias, ok := libraryNames[t.Name()+"."+goName]; ok {
 		return alias
+	}
+	// An element of a list, such as kafka's "Brokers[0]", keeps its index
+	// under the list's key: brokers[0].
+	if i := strings.IndexByte(goName, '['); i > 0 {
+		if key := yamlKeyOf(t, goName[:i]); key != "" {
+			return key + goName[i:]
+		}
 	}
 	for i := range t.NumField() {
 		f := t.Field(i)

@@ -88,7 +88,7 @@ func (o Options) Validate() error {
 	if err := o.Ordering.Validate(); err != nil {
 		bad("Ordering", "%w", err)
 	} else if o.OrderingKey != nil && o.Ordering != OrderKey {
-		bad("OrderingKey", "is set but Ordering is %q, not %q", o.Ordering, OrderKey)
+		bad("OrderingKey", "requires ordering %q, got %q", OrderKey, o.Ordering)
 	}
 	return errors.Join(errs...)
 }

@@ -105,6 +105,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -321,8 +322,10 @@ func (cfg Config) Validate() error {
 		bad("Brokers", "required (at least one host:port)")
 	}
 	for i, b := range cfg.Brokers {
-		if _, _, err := net.SplitHostPort(b); err != nil {
+		if _, port, err := net.SplitHostPort(b); err != nil {
 			bad(fmt.Sprintf("Brokers[%d]", i), "%q is not host:port", b)
+		} else if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			bad(fmt.Sprintf("Brokers[%d]", i), "%q has no port between 1 and 65535", b)
 		}
 	}
 	if cfg.Topic == "" {
@@ -349,7 +352,7 @@ func (cfg Config) Validate() error {
 		if err := checkTopicName(cfg.DeadLetterTopic); err != nil {
 			bad("DeadLetterTopic", "%w", err)
 		} else if cfg.DeadLetterTopic == cfg.Topic {
-			bad("DeadLetterTopic", "must differ from Topic %q", cfg.Topic)
+			bad("DeadLetterTopic", "must differ from the topic %q", cfg.Topic)
 		}
 	}
 	switch cfg.StartOffset {

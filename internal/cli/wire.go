@@ -184,25 +184,11 @@ func newConsumer(src config.Source, d consumerDeps, h consumer.Handler) (runner,
 		if err != nil {
 			return nil, err
 		}
-		start := kafkago.FirstOffset
-		if k.StartOffset == config.StartLast {
-			start = kafkago.LastOffset
-		}
 		opts, err := d.options(k.Ordering, k.KeyFunc)
 		if err != nil {
 			return nil, &configError{err: fmt.Errorf("source.kafka.ordering_key: %w", err)}
 		}
-		c, err := kafka.New(kafka.Config{
-			Options:         opts,
-			Brokers:         k.Brokers,
-			Topic:           k.Topic,
-			Group:           k.Group,
-			Concurrency:     k.Concurrency,
-			MaxInFlight:     k.MaxInFlight,
-			DeadLetterTopic: k.DeadLetterTopic,
-			StartOffset:     start,
-			Dialer:          dialer,
-		}, h)
+		c, err := kafka.New(k.ConsumerConfig(opts, dialer), h)
 		if err != nil {
 			return nil, &configError{err: fmt.Errorf("source.kafka: %w", err)}
 		}
