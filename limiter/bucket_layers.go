@@ -233,24 +233,9 @@ func ShareLayers(layers []Layer, n float64) []Layer {
 // waitLayersFallback is WaitN under the store-failure policy. It returns
 // errRetryShared when the store came back before tokens were granted.
 func (b *Bucket) waitLayersFallback(ctx context.Context, ls LayeredStore, req Request) error {
-	b.fb.mu.Lock()
-	mode, local, recovered := b.Mode(), b.fb.local, b.fb.recovered
-	b.fb.mu.Unlock()
-	if recovered == nil {
-		return errRetryShared
-	}
-	switch mode {
-	case ModeOpen:
-		return nil
-	case ModeClosed:
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-b.done:
-			return ErrClosed
-		case <-recovered:
-			return errRetryShared
-		}
+	local, recovered, settled, err := b.fallbackGate(ctx)
+	if settled {
+		return err
 	}
 	lm, err := b.localLayers(local, ls.Layers())
 	if err != nil {

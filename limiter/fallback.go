@@ -62,27 +62,40 @@ func (b *Bucket) fallbackBucket() *Memory {
 	return b.fb.local
 }
 
-// waitFallback waits under the store-failure policy. It returns
-// errRetryShared when the store came back before tokens were granted.
-func (b *Bucket) waitFallback(ctx context.Context, cost int) error {
+// fallbackGate settles a wait under the store-failure policy in the modes
+// that need no local bucket: ModeOpen grants at once (settled, nil error),
+// ModeClosed blocks until ctx ends, the Bucket closes or the store comes
+// back, and a store already back gives errRetryShared. In ModeLocal it
+// returns the local bucket and the channel closed on recovery, unsettled.
+func (b *Bucket) fallbackGate(ctx context.Context) (local *Memory, recovered <-chan struct{}, settled bool, err error) {
 	b.fb.mu.Lock()
-	mode, local, recovered := b.Mode(), b.fb.local, b.fb.recovered
+	mode, local, rec := b.Mode(), b.fb.local, b.fb.recovered
 	b.fb.mu.Unlock()
-	if recovered == nil {
-		return errRetryShared
+	if rec == nil {
+		return nil, nil, true, errRetryShared
 	}
 	switch mode {
 	case ModeOpen:
-		return nil
+		return nil, nil, true, nil
 	case ModeClosed:
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, nil, true, ctx.Err()
 		case <-b.done:
-			return ErrClosed
-		case <-recovered:
-			return errRetryShared
+			return nil, nil, true, ErrClosed
+		case <-rec:
+			return nil, nil, true, errRetryShared
 		}
+	}
+	return local, rec, false, nil
+}
+
+// waitFallback waits under the store-failure policy. It returns
+// errRetryShared when the store came back before tokens were granted.
+func (b *Bucket) waitFallback(ctx context.Context, cost int) error {
+	local, _, settled, err := b.fallbackGate(ctx)
+	if settled {
+		return err
 	}
 	// A cost above the local share's burst is taken in chunks, each
 	// reserved in turn, so that it costs the right time without being
