@@ -134,7 +134,17 @@ type cliProcess struct {
 // test ends, if it still runs; its stderr is logged when the test failed.
 func cliStart(t *testing.T, bin string, args ...string) *cliProcess {
 	t.Helper()
+	return cliStartEnv(t, bin, nil, args...)
+}
+
+// cliStartEnv is cliStart with env (NAME=value) added to this process's
+// environment.
+func cliStartEnv(t *testing.T, bin string, env []string, args ...string) *cliProcess {
+	t.Helper()
 	p := &cliProcess{cmd: exec.Command(bin, args...), stderr: &testenv.Buffer{}, done: make(chan struct{})}
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.Stdout = io.Discard
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {

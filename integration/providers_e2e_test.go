@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -142,34 +141,6 @@ func provCases() []provCase {
 	}
 }
 
-// provStart starts the binary with extra environment variables.
-func provStart(t *testing.T, bin string, env []string, args ...string) *cliProcess {
-	t.Helper()
-	p := &cliProcess{cmd: exec.Command(bin, args...), stderr: &testenv.Buffer{}, done: make(chan struct{})}
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout = p.stderr
-	p.cmd.Stderr = p.stderr
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", bin, err)
-	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			t.Logf("output of %v:\n%s", args, p.stderr.String())
-		}
-	})
-	return p
-}
-
 // provServe starts the mock: plain HTTP, or HTTP/2 over TLS.
 func provServe(t *testing.T, p *providers.Provider, tls bool) *httptest.Server {
 	t.Helper()
@@ -288,7 +259,7 @@ func provTestFlow(t *testing.T, c provCase, bin, redisAddr, amqpURL string) {
 	name := cliName(t)
 	conn, ch := cliQueue(t, amqpURL, name)
 	cfg := provConfig(t, c, name, redisAddr, amqpURL, srv.URL, cliMetricsListen)
-	proc := provStart(t, bin, c.env(t, p, srv, true), "run", "--config", cfg)
+	proc := cliStartEnv(t, bin, c.env(t, p, srv, true), "run", "--config", cfg)
 	metrics := cliServingAddr(t, proc)
 	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", name, "--redis", redisAddr) })
 	cliWait(t, 20*time.Second, "the consumer on the queue", func() bool { return cliQueueState(conn, name).Consumers == 1 })
@@ -369,7 +340,7 @@ func provTestBadAuth(t *testing.T, c provCase, bin, redisAddr, amqpURL string) {
 	name := cliName(t)
 	conn, ch := cliQueue(t, amqpURL, name)
 	cfg := provConfig(t, c, name, redisAddr, amqpURL, srv.URL, cliMetricsListen)
-	proc := provStart(t, bin, c.env(t, p, srv, false), "run", "--config", cfg)
+	proc := cliStartEnv(t, bin, c.env(t, p, srv, false), "run", "--config", cfg)
 	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", name, "--redis", redisAddr) })
 	if c.authAtStart {
 		select {
