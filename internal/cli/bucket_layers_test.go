@@ -10,7 +10,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/throttlehq/throttle/internal/redisconn"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
@@ -50,19 +49,7 @@ source:
 sink:
   stdout: {}
 `, addr, name))
-	cfg, err := loadConfig(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := redisconn.New(cfg.Redis)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	ls, err := layersOf(client, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client, ls := openLayers(t, path)
 	ctx := testenv.Context(t, 10*time.Second)
 	for _, k := range keys {
 		req := limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-recipient": k, "daily": k}}

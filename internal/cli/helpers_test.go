@@ -7,7 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/internal/redisconn"
 	"github.com/throttlehq/throttle/internal/testenv"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
 
 // runCLI runs the command line and returns its exit code and output.
@@ -28,4 +32,24 @@ func writeConfig(t *testing.T, yaml string) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// openLayers loads the config file at path and returns a Redis client for
+// it, closed when the test ends, and the extra layers of its limit.
+func openLayers(t *testing.T, path string) (redis.UniversalClient, *redislimiter.Layered) {
+	t.Helper()
+	cfg, err := loadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := redisconn.New(cfg.Redis)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	ls, err := layersOf(client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client, ls
 }

@@ -16,7 +16,6 @@ import (
 
 	"github.com/creack/pty"
 
-	"github.com/throttlehq/throttle/internal/redisconn"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
@@ -353,19 +352,7 @@ source:
 sink:
   stdout: {}
 `, addr, name))
-	cfg, err := loadConfig(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := redisconn.New(cfg.Redis)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	ls, err := layersOf(client, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client, ls := openLayers(t, path)
 	ctx := testenv.Context(t, 10*time.Second)
 	// Two recipients and the provider layer take tokens.
 	for _, to := range []string{"+1555000001", "+1555000002"} {
