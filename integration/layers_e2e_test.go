@@ -99,17 +99,7 @@ metrics:
 		_, unique := sink.counts()
 		return unique == recipients*allowed && cliQueueState(conn, name+".dlq").Messages == wantDead
 	})
-	sink.mu.Lock()
-	perTo := map[string]int{}
-	for id := range sink.seen {
-		perTo[to(id)]++
-	}
-	sink.mu.Unlock()
-	for r := range recipients {
-		if n := perTo[to(r)]; n != allowed {
-			t.Errorf("recipient %s got %d messages, want exactly %d", to(r), n, allowed)
-		}
-	}
+	checkPerRecipient(t, sink, recipients, allowed, to)
 	// The dead letters name the limit, or the failed key.
 	limited, keyless := 0, 0
 	for range wantDead {
@@ -200,5 +190,23 @@ sink:
 				t.Errorf("exit %d, stderr %q; want exit 2 naming %s", code, stderr, tc.key)
 			}
 		})
+	}
+}
+
+// checkPerRecipient fails t unless the sink received exactly allowed
+// distinct messages for each of the recipients, to(id) naming the
+// recipient of message id.
+func checkPerRecipient(t *testing.T, sink *cliSink, recipients, allowed int, to func(int) string) {
+	t.Helper()
+	sink.mu.Lock()
+	perTo := map[string]int{}
+	for id := range sink.seen {
+		perTo[to(id)]++
+	}
+	sink.mu.Unlock()
+	for r := range recipients {
+		if n := perTo[to(r)]; n != allowed {
+			t.Errorf("recipient %s got %d messages, want exactly %d", to(r), n, allowed)
+		}
 	}
 }

@@ -102,17 +102,7 @@ metrics:
 		_, unique := sink.counts()
 		return unique == recipients*allowed
 	})
-	sink.mu.Lock()
-	perTo := map[string]int{}
-	for id := range sink.seen {
-		perTo[to(id)]++
-	}
-	sink.mu.Unlock()
-	for r := range recipients {
-		if n := perTo[to(r)]; n != allowed {
-			t.Errorf("recipient %s got %d messages, want exactly %d", to(r), n, allowed)
-		}
-	}
+	checkPerRecipient(t, sink, recipients, allowed, to)
 	for _, r := range dead {
 		h := map[string]string{}
 		for _, kv := range r.Headers {
