@@ -20,6 +20,9 @@ type Request struct {
 	// the recipient of an SMS. A keyed layer without a key fails the request
 	// with ErrMissingKey. Ignored by a store without layers.
 	Keys map[string]string
+	// Priority is the request's class. The zero value, PriorityNormal,
+	// means the Bucket's Options.Priority.
+	Priority Priority
 }
 
 // WaitN blocks until req.Cost tokens are granted on the shared bucket and on

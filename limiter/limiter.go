@@ -128,6 +128,12 @@ type TakeRequest struct {
 	// TakeResult.Wait says when they are due. If MaxWait is 0, tokens are
 	// taken only if available now.
 	MaxWait time.Duration
+	// Priority is the request's class (see Priority). A store without
+	// classes treats every request alike.
+	Priority Priority
+	// MinShare is the floor of each class's share of the rate while it has
+	// reservations waiting (Options.MinShare).
+	MinShare Shares
 }
 
 // TakeResult is a Store's answer to a TakeRequest.
@@ -150,6 +156,13 @@ type TakeResult struct {
 	// At is the store's clock when it answered. At+Wait is the instant, on
 	// the store's clock, when granted tokens are due.
 	At time.Time
+	// Class is the class whose queue holds a reservation: the request's
+	// Priority, or a lower class when the request could not jump ahead
+	// without taking a lower class below its MinShare. Pushes of Class
+	// move the reservation (see Push).
+	Class Priority
+	// Pushed is Class's push counter when the store answered.
+	Pushed float64
 }
 
 // Store keeps the state of one token bucket. Implementations must make each

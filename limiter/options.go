@@ -84,6 +84,15 @@ type Options struct {
 	// which then climbs back (AIMD; see Adaptive), in a store that
 	// implements Adapter. Default nil: the rate stays the configured one.
 	Adaptive *Adaptive
+	// Priority is the class of the requests that do not name one (Wait,
+	// Allow, and WaitN with a zero Request.Priority). Default
+	// PriorityNormal.
+	Priority Priority
+	// MinShare keeps a floor under each class: while a class has
+	// reservations waiting, the higher classes jump ahead of them only as
+	// far as leaves it this fraction of the rate. Every replica that shares
+	// a bucket should name the same shares. Default: none.
+	MinShare Shares
 	// Observer receives events for metrics. Default: none.
 	Observer *Observer
 	// Logger receives mode transitions. Default: slog.Default().
@@ -120,6 +129,12 @@ func (o Options) Validate() error {
 		if d.v < 0 {
 			errs = append(errs, &ParamError{Param: d.name, Msg: "must be >= 0 (0 for the default)", Value: d.v})
 		}
+	}
+	if o.Priority >= NumPriorities {
+		errs = append(errs, &ParamError{Param: "Priority", Msg: "must be high, normal or low", Value: o.Priority.String()})
+	}
+	if err := o.MinShare.Validate("MinShare"); err != nil {
+		errs = append(errs, err)
 	}
 	if o.Adaptive != nil {
 		errs = append(errs, o.Adaptive.Validate())
@@ -196,4 +211,7 @@ type Observer struct {
 	// OnExceed action (ActionDeadLetter or ActionDelay), or for a cost it
 	// can never grant (ActionDeadLetter).
 	LimitExceeded func(layer string, action Action)
+	// PriorityWaited is called after each successful Wait or WaitN
+	// (besides Waited) with the request's class and the time it blocked.
+	PriorityWaited func(p Priority, d time.Duration)
 }
