@@ -86,7 +86,7 @@ func New(store Store, opts Options) (*Bucket, error) {
 		b.wg.Add(2)
 		go func() {
 			defer b.wg.Done()
-			n.Watch(ctx, b.changed)
+			n.Watch(ctx, b.changed, nil)
 		}()
 		go func() {
 			defer b.wg.Done()

@@ -129,7 +129,7 @@ func (s *clockedStore) Status(_ context.Context) (limiter.State, error) {
 
 func (s *clockedStore) Limits() (float64, int) { return s.mem().Limits() }
 
-func (s *clockedStore) Watch(ctx context.Context, changed func()) {
+func (s *clockedStore) Watch(ctx context.Context, changed func(), _ func(limiter.Push)) {
 	s.mu.Lock()
 	s.watchers = append(s.watchers, changed)
 	s.mu.Unlock()

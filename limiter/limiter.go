@@ -251,8 +251,10 @@ type Notifier interface {
 	// Watch calls changed for every announced change until ctx ends, then
 	// returns. It resubscribes by itself after a connection failure, and
 	// then calls changed once, since announcements may have been missed
-	// while it was not subscribed.
-	Watch(ctx context.Context, changed func())
+	// while it was not subscribed. It calls pushed, unless nil, for every
+	// announced Push, and never calls changed for one: a push moves the
+	// reservations of a lower class back, it does not change the bucket.
+	Watch(ctx context.Context, changed func(), pushed func(Push))
 }
 
 // ValidateRate returns a *ParamError for the parameter "Rate" unless rate

@@ -17,7 +17,7 @@ import (
 // A Memory store is safe for concurrent use.
 type Memory struct {
 	mu       sync.Mutex
-	watchers map[*func()]struct{}
+	watchers map[*watcher]struct{}
 	now      func() time.Time
 	rate     float64
 	burst    int
@@ -91,27 +91,34 @@ func (m *Memory) Status(_ context.Context) (State, error) {
 }
 
 // Watch implements Notifier: changed is called after each SetRate and
-// Pause until ctx ends.
-func (m *Memory) Watch(ctx context.Context, changed func()) {
+// Pause, and pushed (unless nil) for each Push a take announces, until ctx
+// ends.
+func (m *Memory) Watch(ctx context.Context, changed func(), pushed func(Push)) {
 	m.mu.Lock()
 	if m.watchers == nil {
-		m.watchers = map[*func()]struct{}{}
+		m.watchers = map[*watcher]struct{}{}
 	}
-	key := &changed
-	m.watchers[key] = struct{}{}
+	w := &watcher{changed: changed, pushed: pushed}
+	m.watchers[w] = struct{}{}
 	m.mu.Unlock()
 	<-ctx.Done()
 	m.mu.Lock()
-	delete(m.watchers, key)
+	delete(m.watchers, w)
 	m.mu.Unlock()
 }
 
-// notify calls the watchers; m.mu must not be held.
+// watcher is one Watch call's callbacks.
+type watcher struct {
+	changed func()
+	pushed  func(Push)
+}
+
+// notify calls the watchers' changed; m.mu must not be held.
 func (m *Memory) notify() {
 	m.mu.Lock()
 	fns := make([]func(), 0, len(m.watchers))
-	for f := range m.watchers {
-		fns = append(fns, *f)
+	for w := range m.watchers {
+		fns = append(fns, w.changed)
 	}
 	m.mu.Unlock()
 	for _, f := range fns {

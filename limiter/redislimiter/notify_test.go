@@ -39,7 +39,7 @@ func TestWatchReportsAChangeAfterResubscribing(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		watched.Watch(ctx, func() { changes.Add(1) })
+		watched.Watch(ctx, func() { changes.Add(1) }, nil)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 
