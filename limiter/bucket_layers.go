@@ -159,9 +159,37 @@ func (b *Bucket) observeLayered(start time.Time, cost int, limiting string, err 
 		if o != nil && o.LayerWaited != nil {
 			o.LayerWaited(limiting, d)
 		}
-	case errors.As(err, &le) && o != nil && o.LimitExceeded != nil:
-		o.LimitExceeded(le.Layer, le.Action)
+	case errors.As(err, &le):
+		b.layered.countExceeded(le.Layer)
+		if o != nil && o.LimitExceeded != nil {
+			o.LimitExceeded(le.Layer, le.Action)
+		}
 	}
+}
+
+// Exceeded returns, by layer name, how many WaitN calls each layer refused
+// since the Bucket started (see Options.Observer's LimitExceeded), leaving
+// out the layers that refused none; nil when none refused. Replicas send
+// it with their heartbeat report, for 'throttle bucket watch'.
+func (b *Bucket) Exceeded() map[string]int64 {
+	var out map[string]int64
+	b.layered.exceeded.Range(func(k, v any) bool {
+		if out == nil {
+			out = map[string]int64{}
+		}
+		out[k.(string)] = v.(*atomic.Int64).Load()
+		return true
+	})
+	return out
+}
+
+// countExceeded counts a refusal by layer.
+func (lf *layeredFallback) countExceeded(layer string) {
+	n, ok := lf.exceeded.Load(layer)
+	if !ok {
+		n, _ = lf.exceeded.LoadOrStore(layer, new(atomic.Int64))
+	}
+	n.(*atomic.Int64).Add(1)
 }
 
 // layeredFallback is a Bucket's layer state: the local fallback's layers,
@@ -173,6 +201,8 @@ type layeredFallback struct {
 	local  *LayeredMemory
 	// refilling is set while one WaitN asks for a lease with its message.
 	refilling atomic.Bool
+	// exceeded counts the refusals by layer: name → *atomic.Int64.
+	exceeded sync.Map
 	// store is the Bucket's store when it has layers, found once.
 	once  sync.Once
 	store LayeredStore

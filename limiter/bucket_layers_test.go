@@ -170,6 +170,10 @@ func TestWaitNDeadLetterChargesNothing(t *testing.T) {
 	if err := b.WaitN(ctx, limiter.Request{Cost: 2, Keys: map[string]string{"per-key": "c"}}); !errors.Is(err, limiter.ErrCostExceedsBurst) || !errors.As(err, &le) || le.Layer != "per-key" {
 		t.Errorf("WaitN above the layer's burst = %v, want ErrCostExceedsBurst naming per-key", err)
 	}
+	// Both refusals are counted for the heartbeat report.
+	if got := b.Exceeded(); len(got) != 1 || got["per-key"] != 2 {
+		t.Errorf("Exceeded() = %v, want map[per-key:2]", got)
+	}
 }
 
 func TestWaitNWaitsForTheSlowestLayer(t *testing.T) {

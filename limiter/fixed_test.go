@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -626,7 +627,7 @@ func TestHeartbeatCarriesTheReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if r := <-s.reports; r != (limiter.ReplicaReport{Mode: limiter.ModeShared}) { // the first beat, at start
+	if r := <-s.reports; !reflect.DeepEqual(r, limiter.ReplicaReport{Mode: limiter.ModeShared}) { // the first beat, at start
 		t.Fatalf("first report = %+v", r)
 	}
 	for range 3 {
@@ -639,7 +640,7 @@ func TestHeartbeatCarriesTheReport(t *testing.T) {
 	}
 	clk.WaitTimers(t, 1)
 	clk.Advance(500 * time.Millisecond) // the second beat
-	if r := <-s.reports; r != (limiter.ReplicaReport{Mode: limiter.ModeShared, Granted: 5}) {
+	if r := <-s.reports; !reflect.DeepEqual(r, limiter.ReplicaReport{Mode: limiter.ModeShared, Granted: 5}) {
 		t.Fatalf("report after granting 5 tokens = %+v", r)
 	}
 }

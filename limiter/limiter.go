@@ -228,6 +228,10 @@ type ReplicaReport struct {
 	Granted int64
 	// Waiting is the number of Wait calls waiting for the store now.
 	Waiting int
+	// Exceeded counts, by layer name, the WaitN calls each layer refused
+	// (Bucket.Exceeded) since the Bucket started; layers that refused
+	// none are left out. Nil without refusals.
+	Exceeded map[string]int64
 }
 
 // ReportingTracker is a ReplicaTracker that also records each replica's

@@ -263,6 +263,10 @@ type Replica struct {
 	Granted int64
 	// Waiting is the number of its Wait calls waiting for the store.
 	Waiting int
+	// Exceeded counts, by layer, the requests each layer of its store
+	// refused since it started (limiter.Bucket.Exceeded); nil when none
+	// did or the heartbeat did not say.
+	Exceeded map[string]int64
 }
 
 // Replicas returns the live replicas, from their heartbeats, sorted by id.
@@ -278,18 +282,28 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 	for i := 0; i < len(v); i += 2 {
 		r := Replica{ID: v[i]}
 		// "rate burst", then from replicas that report it "mode granted
-		// waiting".
+		// waiting" and tokens "x:LAYER:N" (unknown tokens are skipped).
 		if f := strings.Fields(v[i+1]); len(f) >= 2 {
 			r.Rate, _ = strconv.ParseFloat(f[0], 64)
 			r.Burst, _ = strconv.Atoi(f[1])
 			if limiter.ValidateRate(r.Rate) != nil || limiter.ValidateBurst(r.Burst) != nil {
 				r.Rate, r.Burst = 0, 0
 			}
-			if len(f) == 5 {
+			if len(f) >= 5 {
 				granted, gerr := strconv.ParseInt(f[3], 10, 64)
 				waiting, werr := strconv.Atoi(f[4])
 				if f[2] != "-" && gerr == nil && werr == nil && granted >= 0 && waiting >= 0 {
 					r.Mode, r.Granted, r.Waiting, r.Reported = limiter.Mode(f[2]), granted, waiting, true
+				}
+				for _, tok := range f[5:] {
+					if x := strings.Split(tok, ":"); len(x) == 3 && x[0] == "x" && x[1] != "" {
+						if n, err := strconv.ParseInt(x[2], 10, 64); err == nil && n >= 0 {
+							if r.Exceeded == nil {
+								r.Exceeded = map[string]int64{}
+							}
+							r.Exceeded[x[1]] = n
+						}
+					}
 				}
 			}
 		}

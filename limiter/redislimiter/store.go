@@ -18,7 +18,7 @@
 //	PREFIX{NAME}:state     hash: tokens, ts (µs), by (who paused)  TTL: until the bucket is full again
 //	PREFIX{NAME}:override  hash: rate, burst                       TTL: the override's duration, if any
 //	PREFIX{NAME}:replicas  sorted set: replica → expiry             TTL: twice the heartbeat TTL
-//	PREFIX{NAME}:configs   hash: replica → "rate burst [mode granted waiting]"  TTL: as replicas
+//	PREFIX{NAME}:configs   hash: replica → "rate burst [mode granted waiting x:LAYER:N...]"  TTL: as replicas
 //
 // and announce changes on the Pub/Sub channel PREFIX{NAME}:changes (see
 // Watch). PREFIX defaults to "throttle:". A missing state key means a full
@@ -417,7 +417,13 @@ func (s *Store) HeartbeatReport(ctx context.Context, id string, ttl time.Duratio
 	if mode == "" || strings.ContainsAny(mode, " \t\r\n") {
 		mode = "-"
 	}
-	return s.heartbeat(ctx, id, ttl, s.configArg+" "+mode+" "+strconv.FormatInt(r.Granted, 10)+" "+strconv.Itoa(r.Waiting))
+	report := s.configArg + " " + mode + " " + strconv.FormatInt(r.Granted, 10) + " " + strconv.Itoa(r.Waiting)
+	// Then one "x:LAYER:N" per layer that refused (a layer's name holds
+	// no colon or white space), in name order.
+	for _, layer := range slices.Sorted(maps.Keys(r.Exceeded)) {
+		report += " x:" + layer + ":" + strconv.FormatInt(r.Exceeded[layer], 10)
+	}
+	return s.heartbeat(ctx, id, ttl, report)
 }
 
 func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration, config string) (int, error) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -223,7 +224,7 @@ func TestHeartbeatsCountLiveReplicas(t *testing.T) {
 	}
 	reps, err := s.Replicas(ctx)
 	want := []Replica{{ID: "a", Rate: 10, Burst: 5}, {ID: "c", Rate: 10, Burst: 5}}
-	if err != nil || !slices.Equal(reps, want) {
+	if err != nil || !reflect.DeepEqual(reps, want) {
 		t.Fatalf("replicas = %+v, %v; want %+v", reps, err, want)
 	}
 	if st, _ := s.Status(ctx); st.Replicas != 2 {
@@ -254,7 +255,7 @@ func TestReplicasReportTheirConfiguredLimits(t *testing.T) {
 			t.Fatal(err)
 		}
 		if r.ID == "new-2" { // a replica that reports its state
-			if _, err := s.HeartbeatReport(ctx, r.ID, time.Minute, limiter.ReplicaReport{Mode: limiter.ModeShared, Granted: 1234, Waiting: 3}); err != nil {
+			if _, err := s.HeartbeatReport(ctx, r.ID, time.Minute, limiter.ReplicaReport{Mode: limiter.ModeShared, Granted: 1234, Waiting: 3, Exceeded: map[string]int64{"per-key": 7, "daily": 1}}); err != nil {
 				t.Fatal(err)
 			}
 			continue
@@ -273,8 +274,9 @@ func TestReplicasReportTheirConfiguredLimits(t *testing.T) {
 	got, err := s.Replicas(ctx)
 	reported := rep("new-2", 120.5, 12)
 	reported.Reported, reported.Mode, reported.Granted, reported.Waiting = true, limiter.ModeShared, 1234, 3
+	reported.Exceeded = map[string]int64{"per-key": 7, "daily": 1}
 	want := []Replica{rep("garbled", 0, 0), rep("legacy", 0, 0), rep("new-1", 120.5, 12), reported, rep("old", 50, 5)}
-	if err != nil || !slices.Equal(got, want) {
+	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("Replicas = %+v, %v; want %+v", got, err, want)
 	}
 	for _, k := range s.allKeys[2:] {
