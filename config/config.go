@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -192,6 +194,22 @@ type Limit struct {
 	// and it climbs back while sends succeed. Rate becomes the ceiling.
 	// Absent: off.
 	Adaptive *LimitAdaptive `yaml:"adaptive,omitempty"`
+	// Priority is the class of this replica's messages: high, normal or
+	// low (limiter.ParsePriority). Across every replica and deployment
+	// that shares the bucket, a waiting message of a higher class gets
+	// tokens before any of a lower class. Empty means normal.
+	Priority string `yaml:"priority,omitempty"`
+	// PriorityHeader optionally names the message header holding a
+	// message's class (high, normal or low), which then wins over
+	// Priority. A message without it, or with it empty, has class
+	// Priority; any other value is a permanent error, so the message is
+	// dead-lettered with the reason.
+	PriorityHeader string `yaml:"priority_header,omitempty"`
+	// MinShare maps a class to the floor of its share of the rate while it
+	// has messages waiting, such as {low: 0.1} (limiter.Options.MinShare,
+	// whose Validate checks the fractions). Every replica that shares the
+	// bucket should name the same floors. Absent: none.
+	MinShare map[string]float64 `yaml:"min_share,omitempty"`
 	// Warmup is the warm-up period (redislimiter.Config.Warmup): on first
 	// use, and after the bucket has been idle for longer than Warmup, its
 	// rate ramps from a third of Rate to Rate over Warmup. 0 means none;
@@ -223,19 +241,50 @@ func (a *LimitAdaptive) Limiter() *limiter.Adaptive {
 }
 
 // LimiterOptions maps l onto the limiter's options: the store-error
-// policy, the fallback rate, the probe interval, leasing and the adaptive
-// rate. It is the one
+// policy, the fallback rate, the probe interval, leasing, the adaptive
+// rate, the class and the floors of the classes. It is the one
 // mapping: Validate checks its result with limiter.Options.Validate, and
 // the binary adds what does not come from this section (observer, logger,
-// the push-back cap).
+// the push-back cap). A class limiter.ParsePriority rejects, in priority
+// or as a key of min_share, is left out here and reported by Validate.
 func (l Limit) LimiterOptions() limiter.Options {
+	class, _ := limiter.ParsePriority(l.Priority)
+	shares, _ := l.minShare()
 	return limiter.Options{
 		OnStoreError:  limiter.Mode(l.OnStoreError),
 		FallbackRate:  l.FallbackRate,
 		ProbeInterval: time.Duration(l.ProbeInterval),
 		Lease:         limiter.LeaseOptions{Disabled: l.Lease == LeaseOff},
 		Adaptive:      l.Adaptive.Limiter(),
+		Priority:      class,
+		MinShare:      shares,
 	}
+}
+
+// minShare maps min_share onto limiter.Shares, and returns the errors of
+// limiter.ParsePriority for the keys that are not a class. The fractions
+// are checked by limiter.Options.Validate.
+func (l Limit) minShare() (limiter.Shares, []error) {
+	var (
+		shares limiter.Shares
+		errs   []error
+	)
+	for _, class := range slices.Sorted(maps.Keys(l.MinShare)) {
+		p, err := limiter.ParsePriority(class)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		shares[p] = l.MinShare[class]
+	}
+	return shares, errs
+}
+
+// PriorityFunc returns the function giving a message's class:
+// priority_header's value when the header is set, else priority.
+func (l Limit) PriorityFunc() consumer.PriorityFunc {
+	class, _ := limiter.ParsePriority(l.Priority)
+	return consumer.PriorityFromHeader(l.PriorityHeader, class)
 }
 
 // Source says where messages come from (YAML key "source"). Exactly one

@@ -134,6 +134,12 @@ func (l *Limit) validate(ps *problems) {
 		ps.library("limit", reflect.TypeFor[Limit](), limiter.ValidateBurst(l.Burst))
 	}
 	ps.library("limit", reflect.TypeFor[Limit](), l.LimiterOptions().Validate())
+	_, err := limiter.ParsePriority(l.Priority)
+	ps.library("limit", reflect.TypeFor[Limit](), err)
+	_, errs := l.minShare()
+	for _, err := range errs {
+		ps.add("limit.min_share", "a key %s", paramMessage(err))
+	}
 	ps.library("limit", reflect.TypeFor[Limit](), limiter.ValidateWarmup(time.Duration(l.Warmup)))
 	if l.MaxWait < 0 {
 		ps.add("limit.max_wait", "must be >= 0, got %v", l.MaxWait)

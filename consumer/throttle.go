@@ -59,6 +59,33 @@ func CostFromHeader(name string) CostFunc {
 	}
 }
 
+// PriorityFunc returns a message's class (see limiter.Priority). It returns
+// a Permanent error for a message whose class cannot be known.
+type PriorityFunc func(Message) (limiter.Priority, error)
+
+// PriorityFromHeader returns a PriorityFunc that reads a message's class
+// from the named header: high, normal or low (limiter.ParsePriority). A
+// message without the header, or with it empty, has class def, and so has
+// every message when name is empty. Any other value is a Permanent error
+// naming the header, so the message is dead-lettered with the reason
+// rather than sent in a class nobody chose.
+func PriorityFromHeader(name string, def limiter.Priority) PriorityFunc {
+	return func(m Message) (limiter.Priority, error) {
+		if name == "" {
+			return def, nil
+		}
+		v := m.Headers[name]
+		if v == "" {
+			return def, nil
+		}
+		p, err := limiter.ParsePriority(v)
+		if err != nil {
+			return def, Permanent(fmt.Errorf("priority header %q: %w", name, err))
+		}
+		return p, nil
+	}
+}
+
 // Throttle returns middleware that waits on l for the message's cost before
 // each handler attempt, so retries are throttled like first attempts. A nil
 // cost means CostOne. A cost the limiter can never grant (above its burst)

@@ -63,7 +63,7 @@ func layerObserver(m *metrics, obs *limiter.Observer, cfg config.Limit) *limiter
 
 // consumerLimiter returns the consumer's limiter: w, or, with limit.extra,
 // a layeredLimiter around it.
-func consumerLimiter(cfg config.Limit, bucket *limiter.Bucket, w *waitLimiter) (consumer.Limiter, error) {
+func consumerLimiter(cfg config.Limit, w *waitLimiter) (consumer.Limiter, error) {
 	if len(cfg.Extra) == 0 {
 		return w, nil
 	}
@@ -71,7 +71,7 @@ func consumerLimiter(cfg config.Limit, bucket *limiter.Bucket, w *waitLimiter) (
 	if err != nil {
 		return nil, &configError{err: err}
 	}
-	return &layeredLimiter{waitLimiter: w, bucket: bucket, keys: keys}, nil
+	return &layeredLimiter{waitLimiter: w, keys: keys}, nil
 }
 
 // layeredLimiter waits on the shared bucket and the layers of limit.extra
@@ -83,46 +83,28 @@ func consumerLimiter(cfg config.Limit, bucket *limiter.Bucket, w *waitLimiter) (
 // concurrent use.
 type layeredLimiter struct {
 	*waitLimiter
-	bucket *limiter.Bucket
-	keys   func(consumer.Message) (map[string]string, error) // nil: no keyed layer
+	keys func(consumer.Message) (map[string]string, error) // nil: no keyed layer
 }
 
 // WaitMessage implements consumer.MessageLimiter.
 func (w *layeredLimiter) WaitMessage(ctx context.Context, msg consumer.Message, cost int) error {
+	p, err := w.classOf(msg)
+	if err != nil {
+		return err
+	}
 	var keys map[string]string
 	if w.keys != nil {
-		var err error
 		if keys, err = w.keys(msg); err != nil {
 			return err
 		}
 	}
-	w.m.startWaiting()
-	defer w.m.stopWaiting()
-	err := w.waitN(ctx, limiter.Request{Cost: cost, Keys: keys})
+	err = w.waitCounted(ctx, limiter.Request{Cost: cost, Keys: keys, Priority: p})
 	var le *limiter.LimitError
-	switch {
-	case err == nil:
-		w.m.tookTokens(cost)
-	case errors.As(err, &le) && le.Action == limiter.ActionDeadLetter:
+	if errors.As(err, &le) && le.Action == limiter.ActionDeadLetter {
 		return consumer.Permanent(limitRefusal{le})
 	}
 	// A delay layer's *limiter.LimitError goes to consumer.Throttle as is:
 	// it sets the message aside (consumer.SetAside) for le.Wait.
-	return err
-}
-
-// waitN is WaitN bounded by limit.max_wait, as waitLimiter.wait bounds
-// Wait.
-func (w *layeredLimiter) waitN(ctx context.Context, req limiter.Request) error {
-	if w.maxWait <= 0 {
-		return w.bucket.WaitN(ctx, req)
-	}
-	wctx, cancel := context.WithTimeoutCause(ctx, w.maxWait, errMaxWait)
-	defer cancel()
-	err := w.bucket.WaitN(wctx, req)
-	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), errMaxWait) {
-		return fmt.Errorf("no tokens within %v: %w", w.maxWait, errMaxWait)
-	}
 	return err
 }
 

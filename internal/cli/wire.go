@@ -52,39 +52,81 @@ func limiterOptions(cfg *config.Config, obs *limiter.Observer, log *slog.Logger)
 // errMaxWait is the cause of a wait cut short by limit.max_wait.
 var errMaxWait = errors.New("limit.max_wait exceeded")
 
-// waitLimiter wraps the bucket for the consumer: it counts the messages
-// waiting for tokens and bounds each wait by limit.max_wait. A wait cut
-// short fails the delivery attempt with a retryable error, so the retry
-// policy tries again later and dead-letters the message once
-// delivery.max_attempts are used up. It is safe for concurrent use.
+// waitLimiter wraps the bucket for the consumer: it waits in each
+// message's class (limit.priority, or the value of limit.priority_header),
+// counts the messages waiting for tokens and bounds each wait by
+// limit.max_wait. A wait cut short fails the delivery attempt with a
+// retryable error, so the retry policy tries again later and dead-letters
+// the message once delivery.max_attempts are used up. It is safe for
+// concurrent use.
 type waitLimiter struct {
-	l       consumer.Limiter
+	l       requestWaiter
 	maxWait time.Duration
 	m       *metrics
+	// class gives a message's class; nil means priority for every
+	// message.
+	class consumer.PriorityFunc
+	// priority is the class of Wait, which has no message: limit.priority.
+	priority limiter.Priority
 }
 
+// requestWaiter is what waitLimiter needs of the bucket: WaitN, which
+// takes the request's class as it is. *limiter.Bucket satisfies it.
+type requestWaiter interface {
+	WaitN(ctx context.Context, req limiter.Request) error
+}
+
+// Wait implements consumer.Limiter, in the class limit.priority.
 func (w *waitLimiter) Wait(ctx context.Context, cost int) error {
+	return w.waitCounted(ctx, limiter.Request{Cost: cost, Priority: w.priority})
+}
+
+// WaitMessage implements consumer.MessageLimiter, in the message's class.
+// A class header whose value is not a class fails the message with a
+// permanent error, so that it is dead-lettered with the reason.
+func (w *waitLimiter) WaitMessage(ctx context.Context, msg consumer.Message, cost int) error {
+	p, err := w.classOf(msg)
+	if err != nil {
+		return err
+	}
+	return w.waitCounted(ctx, limiter.Request{Cost: cost, Priority: p})
+}
+
+// classOf returns msg's class.
+func (w *waitLimiter) classOf(msg consumer.Message) (limiter.Priority, error) {
+	if w.class == nil {
+		return w.priority, nil
+	}
+	return w.class(msg)
+}
+
+// waitCounted is wait, counting the message while it waits and its tokens
+// once granted.
+func (w *waitLimiter) waitCounted(ctx context.Context, req limiter.Request) error {
 	w.m.startWaiting()
 	defer w.m.stopWaiting()
-	err := w.wait(ctx, cost)
+	err := w.wait(ctx, req)
 	if err == nil {
-		w.m.tookTokens(cost)
+		w.m.tookTokens(req.Cost)
 	}
 	return err
 }
 
-func (w *waitLimiter) wait(ctx context.Context, cost int) error {
+// wait is the bucket's WaitN bounded by limit.max_wait.
+func (w *waitLimiter) wait(ctx context.Context, req limiter.Request) error {
 	if w.maxWait <= 0 {
-		return w.l.Wait(ctx, cost)
+		return w.l.WaitN(ctx, req)
 	}
 	wctx, cancel := context.WithTimeoutCause(ctx, w.maxWait, errMaxWait)
 	defer cancel()
-	err := w.l.Wait(wctx, cost)
+	err := w.l.WaitN(wctx, req)
 	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), errMaxWait) {
 		return fmt.Errorf("no tokens within %v: %w", w.maxWait, errMaxWait)
 	}
 	return err
 }
+
+var _ consumer.MessageLimiter = (*waitLimiter)(nil)
 
 // newSink builds the configured sink. Sinks holding connections are closed
 // by the returned function.

@@ -12,6 +12,7 @@ import (
 	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/internal/testenv"
+	"github.com/throttlehq/throttle/limiter"
 )
 
 // TestREADMEPushWebhookStartsAndRenders is the regression test of issue 11
@@ -68,5 +69,68 @@ func TestPostgresMissingTableNamesTheKey(t *testing.T) {
 	}
 	if err == nil || !strings.Contains(err.Error(), "sink.postgres.create_table: true creates it") {
 		t.Fatalf("newSink = %v, want the create_table hint", err)
+	}
+}
+
+// requestRecorder is a requestWaiter that grants every request at once and
+// records it.
+type requestRecorder struct{ got []limiter.Request }
+
+func (r *requestRecorder) WaitN(_ context.Context, req limiter.Request) error {
+	r.got = append(r.got, req)
+	return nil
+}
+
+// TestWaitLimiterClass: the consumer's limiter fills every request's class:
+// limit.priority_header's value when a message carries it, limit.priority
+// otherwise, with and without layers; a value that is not a class is a
+// permanent error (dead-lettered with the reason) and takes no tokens.
+func TestWaitLimiterClass(t *testing.T) {
+	for _, extra := range []string{"", "\n  extra: [{name: per-recipient, rate: 1/s, key: '{{.Key}}'}]"} {
+		cfg, err := config.Parse([]byte(`
+limit: {bucket: b, rate: 10, priority: low, priority_header: x-priority`+strings.ReplaceAll(extra, "\n  ", ", ")+`}
+source: {kafka: {brokers: ["127.0.0.1:9092"], topic: t, group: g}}
+sink: {stdout: {}}
+`), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := &requestRecorder{}
+		w := &waitLimiter{l: rec, m: newMetrics("kafka"), class: cfg.Limit.PriorityFunc(), priority: cfg.Limit.LimiterOptions().Priority}
+		lim, err := consumerLimiter(cfg.Limit, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ml := lim.(consumer.MessageLimiter)
+		ctx := t.Context()
+		msg := func(class string) consumer.Message {
+			m := consumer.Message{Key: []byte("+15550001"), Headers: map[string]string{}}
+			if class != "" {
+				m.Headers["x-priority"] = class
+			}
+			return m
+		}
+		_ = ml.WaitMessage(ctx, msg("high"), 2)
+		_ = ml.WaitMessage(ctx, msg(""), 1)
+		_ = ml.Wait(ctx, 1)
+		err = ml.WaitMessage(ctx, msg("urgent"), 1)
+		if !consumer.IsPermanent(err) || !strings.Contains(err.Error(), `"urgent"`) {
+			t.Errorf("extra %q: a header that is not a class: %v, want a permanent error naming the value", extra, err)
+		}
+		want := []limiter.Priority{limiter.PriorityHigh, limiter.PriorityLow, limiter.PriorityLow}
+		if len(rec.got) != len(want) {
+			t.Fatalf("extra %q: %d requests %+v, want %d", extra, len(rec.got), rec.got, len(want))
+		}
+		for i, req := range rec.got {
+			if req.Priority != want[i] {
+				t.Errorf("extra %q: request %d in class %v, want %v", extra, i, req.Priority, want[i])
+			}
+		}
+		if extra != "" && rec.got[0].Keys["per-recipient"] != "+15550001" {
+			t.Errorf("the layered request lost its key: %+v", rec.got[0])
+		}
+		if rec.got[0].Cost != 2 {
+			t.Errorf("cost %d, want 2", rec.got[0].Cost)
+		}
 	}
 }
