@@ -228,6 +228,9 @@ type ReplicaReport struct {
 	Granted int64
 	// Waiting is the number of Wait calls waiting for the store now.
 	Waiting int
+	// WaitingByPriority is Waiting by class, indexed by Priority
+	// (Bucket.WaitingByPriority).
+	WaitingByPriority [NumPriorities]int
 	// Exceeded counts, by layer name, the WaitN calls each layer refused
 	// (Bucket.Exceeded) since the Bucket started; layers that refused
 	// none are left out. Nil without refusals.

@@ -267,6 +267,29 @@ type Replica struct {
 	// refused since it started (limiter.Bucket.Exceeded); nil when none
 	// did or the heartbeat did not say.
 	Exceeded map[string]int64
+	// WaitingByPriority is Waiting by class, indexed by limiter.Priority;
+	// zeros when none waits or the heartbeat did not say.
+	WaitingByPriority [limiter.NumPriorities]int
+}
+
+// parseWaitingByPriority parses a report's "w:HIGH,NORMAL,LOW" token.
+func parseWaitingByPriority(tok string) (w [limiter.NumPriorities]int, ok bool) {
+	rest, ok := strings.CutPrefix(tok, "w:")
+	if !ok {
+		return w, false
+	}
+	f := strings.Split(rest, ",")
+	if len(f) != limiter.NumPriorities {
+		return w, false
+	}
+	for i, p := range []limiter.Priority{limiter.PriorityHigh, limiter.PriorityNormal, limiter.PriorityLow} {
+		n, err := strconv.Atoi(f[i])
+		if err != nil || n < 0 {
+			return [limiter.NumPriorities]int{}, false
+		}
+		w[p] = n
+	}
+	return w, true
 }
 
 // Replicas returns the live replicas, from their heartbeats, sorted by id.
@@ -282,7 +305,8 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 	for i := 0; i < len(v); i += 2 {
 		r := Replica{ID: v[i]}
 		// "rate burst", then from replicas that report it "mode granted
-		// waiting" and tokens "x:LAYER:N" (unknown tokens are skipped).
+		// waiting" and tokens "x:LAYER:N" and "w:HIGH,NORMAL,LOW" (unknown
+		// tokens are skipped).
 		if f := strings.Fields(v[i+1]); len(f) >= 2 {
 			r.Rate, _ = strconv.ParseFloat(f[0], 64)
 			r.Burst, _ = strconv.Atoi(f[1])
@@ -296,6 +320,10 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 					r.Mode, r.Granted, r.Waiting, r.Reported = limiter.Mode(f[2]), granted, waiting, true
 				}
 				for _, tok := range f[5:] {
+					if w, ok := parseWaitingByPriority(tok); ok {
+						r.WaitingByPriority = w
+						continue
+					}
 					if x := strings.Split(tok, ":"); len(x) == 3 && x[0] == "x" && x[1] != "" {
 						if n, err := strconv.ParseInt(x[2], 10, 64); err == nil && n >= 0 {
 							if r.Exceeded == nil {

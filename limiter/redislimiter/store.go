@@ -18,7 +18,7 @@
 //	PREFIX{NAME}:state     hash: tokens, ts (µs), by (who paused)  TTL: until the bucket is full again
 //	PREFIX{NAME}:override  hash: rate, burst                       TTL: the override's duration, if any
 //	PREFIX{NAME}:replicas  sorted set: replica → expiry             TTL: twice the heartbeat TTL
-//	PREFIX{NAME}:configs   hash: replica → "rate burst [mode granted waiting x:LAYER:N...]"  TTL: as replicas
+//	PREFIX{NAME}:configs   hash: replica → "rate burst [mode granted waiting x:LAYER:N... w:H,N,L]"  TTL: as replicas
 //
 // and announce changes on the Pub/Sub channel PREFIX{NAME}:changes (see
 // Watch). PREFIX defaults to "throttle:". A missing state key means a full
@@ -422,6 +422,11 @@ func (s *Store) HeartbeatReport(ctx context.Context, id string, ttl time.Duratio
 	// no colon or white space), in name order.
 	for _, layer := range slices.Sorted(maps.Keys(r.Exceeded)) {
 		report += " x:" + layer + ":" + strconv.FormatInt(r.Exceeded[layer], 10)
+	}
+	// And "w:HIGH,NORMAL,LOW", the calls waiting in each class, while
+	// any waits.
+	if w := r.WaitingByPriority; w != ([limiter.NumPriorities]int{}) {
+		report += " w:" + strconv.Itoa(w[limiter.PriorityHigh]) + "," + strconv.Itoa(w[limiter.PriorityNormal]) + "," + strconv.Itoa(w[limiter.PriorityLow])
 	}
 	return s.heartbeat(ctx, id, ttl, report)
 }
