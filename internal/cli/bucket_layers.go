@@ -217,10 +217,17 @@ func readLayers(ctx context.Context, t *bucketTarget, cfgPath string) ([]layerJS
 	if err != nil || !known {
 		return nil, err
 	}
-	out := []layerJSON{}
 	if ls == nil {
-		return out, nil
+		return []layerJSON{}, nil
 	}
+	return layerStates(ctx, t.client, ls, true)
+}
+
+// layerStates reads each layer of ls: a keyed layer's keys in use, counted
+// with SCAN (estimated past 100000 keys per master) when countKeys is set,
+// else left nil; a layer without keys, its state.
+func layerStates(ctx context.Context, client redis.UniversalClient, ls *redislimiter.Layered, countKeys bool) ([]layerJSON, error) {
+	out := []layerJSON{}
 	for _, l := range ls.Layers() {
 		lj := layerJSON{Layer: l.Name, Kind: "bucket", Keyed: l.Keyed, OnExceed: string(l.OnExceed), layer: l}
 		if l.IsQuota() {
@@ -228,13 +235,14 @@ func readLayers(ctx context.Context, t *bucketTarget, cfgPath string) ([]layerJS
 		} else {
 			lj.Rate, lj.Burst = l.Rate, l.Burst
 		}
-		if l.Keyed {
-			n, err := ls.CountLayerKeys(ctx, t.client, l.Name)
+		switch {
+		case l.Keyed && countKeys:
+			n, err := ls.CountLayerKeys(ctx, client, l.Name)
 			if err != nil {
 				return nil, err
 			}
 			lj.KeysInUse, lj.KeysEstimated = &n.Keys, !n.Exact
-		} else {
+		case !l.Keyed:
 			st, err := ls.LayerStatus(ctx, l.Name, "")
 			if err != nil {
 				return nil, fmt.Errorf("reading layer %s: %w", l.Name, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -35,16 +36,20 @@ only Redis (no Prometheus), and redraws every second until Ctrl-C:
   replicas   each live replica and what its heartbeat reports: its mode
              (shared, local, closed, open), the rate it was granted tokens
              at, the messages waiting for tokens, and its configured limits
-  layers     the extra layers of --config's limit.extra: each one's limit
-             and what Redis holds for it (an unkeyed layer's tokens or
-             quota used, a keyed layer's keys in use, counted every 10 s);
-             how often each was exceeded is in the replicas' metrics
-             (throttle_limit_exceeded_total), not in Redis
+  layers     the extra layers of --config's limit.extra: each one's limit,
+             what Redis holds for it (an unkeyed layer's tokens or quota
+             used, a keyed layer's keys in use, counted every 10 s), and
+             how many messages it refused (dead_letter, delay): the sum
+             over the live replicas since each started, as their
+             heartbeats report it, and the increase over the last minute.
+             Without --config, only the layers whose refusals the
+             replicas report are listed, without their limits
 
-Each replica reports its mode, the tokens it granted and its waiting calls
-with its heartbeat (every 3 s): its delivered rate is taken between the
-reads at which its count changed, over up to 15 s, so it shows about 6 s
-after the start and lags a change by a few seconds. The bucket's
+Each replica reports its mode, the tokens it granted, its waiting calls
+and its layers' refusals with its heartbeat (every 3 s): its delivered
+rate is taken between the reads at which its count changed, over up to
+15 s, so it shows about 6 s after the start and lags a change by a few
+seconds. The bucket's
 delivered rate is the sum when every live replica reports one; otherwise
 it is estimated from the bucket's own tokens and refill, which undercounts
 while the bucket is full.
@@ -52,6 +57,8 @@ while the bucket is full.
 When standard output is not a terminal, it prints one line per interval
 instead, for logs and scripts:
   TIME BUCKET tokens=T/B rate=R/s(SOURCE) paused=D replicas=N delivered=R/s waiting=W
+followed, when a layer is known or refused a message, by
+  exceeded=LAYER:N,LAYER:N   (the refusals summed over the live replicas)
 
 Flags:
   --config FILE   the replicas' YAML configuration (Redis and the configured limits)
@@ -134,11 +141,11 @@ type watcher struct {
 	configured *limitsJSON
 	from       string
 	// layers are the extra layers of --config's limit.extra, nil without
-	// them; keyCounts caches their keys in use, counted with SCAN at most
-	// every layerCountEvery.
+	// them; keyCounts caches the keyed ones as last counted with SCAN, at
+	// most every layerCountEvery.
 	layers    *redislimiter.Layered
 	admin     redis.UniversalClient
-	keyCounts map[string]redislimiter.LayerKeyCount
+	keyCounts map[string]layerJSON
 	countedAt time.Time
 }
 
@@ -153,6 +160,13 @@ type layerView struct {
 	// state is what Redis holds: an unkeyed layer's tokens or quota used,
 	// a keyed layer's keys in use.
 	state string
+	// exceeded is the sum of the live replicas' reported refusals, and
+	// recent its increase over the last watchWindow; -1 when no replica
+	// reports.
+	exceeded, recent int64
+	// reportedOnly is set for a layer that only the replicas' reports
+	// name: not one of --config's.
+	reportedOnly bool
 }
 
 // sample is what one read of Redis found.
@@ -204,52 +218,48 @@ func (w *watcher) read(ctx context.Context) (sample, error) {
 	return s, nil
 }
 
-// readLayers reads the state of each extra layer: an unkeyed layer's
-// tokens or quota used, a keyed layer's keys in use (recounted every
-// layerCountEvery).
+// readLayers reads the state of each extra layer with layerStates, as
+// 'bucket status' does, recounting a keyed layer's keys in use only every
+// layerCountEvery.
 func (w *watcher) readLayers(ctx context.Context) ([]layerView, error) {
 	if w.layers == nil {
 		return nil, nil
 	}
 	recount := time.Since(w.countedAt) >= layerCountEvery
-	if recount {
-		w.keyCounts, w.countedAt = map[string]redislimiter.LayerKeyCount{}, time.Now()
+	layers, err := layerStates(ctx, w.admin, w.layers, recount)
+	if err != nil {
+		return nil, err
 	}
-	var out []layerView
-	for _, l := range w.layers.Layers() {
-		v := layerView{name: l.Name, desc: describeLayer(l)}
-		switch {
-		case l.Keyed:
-			n, ok := w.keyCounts[l.Name]
-			if recount {
-				var err error
-				if n, err = w.layers.CountLayerKeys(ctx, w.admin, l.Name); err != nil {
-					return nil, err
-				}
-				w.keyCounts[l.Name], ok = n, true
-			}
-			switch {
-			case !ok:
-				v.state = "keys in use: ?"
-			case n.Exact:
-				v.state = fmt.Sprintf("%d keys in use", n.Keys)
-			default:
-				v.state = fmt.Sprintf("about %d keys in use", n.Keys)
-			}
-		default:
-			st, err := w.layers.LayerStatus(ctx, l.Name, "")
-			if err != nil {
-				return nil, err
-			}
-			if l.IsQuota() {
-				v.state = fmt.Sprintf("used %d of %d this %s", st.Used, l.Quota, l.Per)
-			} else {
-				v.state = fmt.Sprintf("%s of %d tokens", formatTokens(st.Tokens), l.Burst)
-			}
+	if recount {
+		w.keyCounts, w.countedAt = map[string]layerJSON{}, time.Now()
+	}
+	out := make([]layerView, 0, len(layers))
+	for _, l := range layers {
+		if l.Keyed && recount {
+			w.keyCounts[l.Layer] = l
+		} else if c, ok := w.keyCounts[l.Layer]; ok && l.Keyed {
+			l.KeysInUse, l.KeysEstimated = c.KeysInUse, c.KeysEstimated
 		}
-		out = append(out, v)
+		out = append(out, layerView{name: l.Layer, desc: describeLayer(l.layer), state: watchLayerState(l)})
 	}
 	return out, nil
+}
+
+// watchLayerState says what Redis holds for a layer, in a few words.
+func watchLayerState(l layerJSON) string {
+	switch {
+	case l.KeysInUse != nil && l.KeysEstimated:
+		return fmt.Sprintf("about %d keys in use", *l.KeysInUse)
+	case l.KeysInUse != nil:
+		return fmt.Sprintf("%d keys in use", *l.KeysInUse)
+	case l.Keyed:
+		return "keys in use: ?"
+	case l.Used != nil:
+		return fmt.Sprintf("used %d of %d this %s", *l.Used, l.Quota, l.Per)
+	case l.Tokens != nil:
+		return fmt.Sprintf("%s of %d tokens", formatTokens(*l.Tokens), l.Burst)
+	}
+	return "?"
 }
 
 // run samples every interval and draws each sample until ctx ends. A
@@ -333,6 +343,16 @@ type watchHistory struct {
 	last     *sample
 	lastView watchView
 	spark    []float64
+	// exceeded are the sums of the replicas' reported refusals by layer,
+	// read over the last watchWindow, oldest first.
+	exceeded []exceededSum
+}
+
+// exceededSum is the refusals by layer summed over the live replicas that
+// reported, as read at at.
+type exceededSum struct {
+	at   time.Time
+	sums map[string]int64
 }
 
 func newWatchHistory(bucket string, interval time.Duration) *watchHistory {
@@ -394,6 +414,7 @@ func (h *watchHistory) add(s sample, err error, now time.Time) watchView {
 			delete(h.grants, id)
 		}
 	}
+	v.layers = h.addExceeded(s, v.layers)
 	switch {
 	case allReported:
 		v.delivered = sum
@@ -407,6 +428,48 @@ func (h *watchHistory) add(s sample, err error, now time.Time) watchView {
 	v.spark = h.sparkCopy()
 	h.lastView = v
 	return v
+}
+
+// addExceeded records the refusals the replicas of s report, and returns
+// layers with each layer's count and its increase over the last
+// watchWindow, plus, after them, the layers that only the replicas name
+// (not in layers, which are known only from --config). Without any
+// reporting replica the counts are unknown (-1).
+func (h *watchHistory) addExceeded(s sample, layers []layerView) []layerView {
+	sums, reported := map[string]int64{}, false
+	for _, r := range s.replicas {
+		if !r.Reported {
+			continue
+		}
+		reported = true
+		for layer, n := range r.Exceeded {
+			sums[layer] += n
+		}
+	}
+	out := slices.Clone(layers)
+	if !reported {
+		h.exceeded = nil
+		for i := range out {
+			out[i].exceeded, out[i].recent = -1, -1
+		}
+		return out
+	}
+	h.exceeded = append(h.exceeded, exceededSum{at: s.at, sums: sums})
+	for len(h.exceeded) > 1 && s.at.Sub(h.exceeded[0].at) > watchWindow {
+		h.exceeded = h.exceeded[1:]
+	}
+	oldest := h.exceeded[0].sums
+	for _, name := range slices.Sorted(maps.Keys(sums)) {
+		if !slices.ContainsFunc(out, func(l layerView) bool { return l.name == name }) {
+			out = append(out, layerView{name: name, desc: "?", state: "?", reportedOnly: true})
+		}
+	}
+	for i := range out {
+		// A replica that left or restarted lowers the sum: no negative
+		// increase.
+		out[i].exceeded, out[i].recent = sums[out[i].name], max(0, sums[out[i].name]-oldest[out[i].name])
+	}
+	return out
 }
 
 // A replica's report reaches Redis with its heartbeat (every 3 s by
@@ -483,7 +546,13 @@ func estimateDelivered(before, after redislimiter.BucketStatus, dt float64) (flo
 	if !before.TokensKnown || !after.TokensKnown || before.Rate != after.Rate || before.PausedFor > 0 || after.PausedFor > 0 {
 		return math.NaN(), true
 	}
-	granted := before.Tokens + after.Rate*dt - after.Tokens
+	refill := after.Rate * dt
+	if after.Burst > 0 && after.Tokens >= float64(after.Burst) {
+		// Full now: the refill above the burst was lost; count only what
+		// filled it (0 when it was full before too).
+		refill = min(refill, max(0, float64(after.Burst)-before.Tokens))
+	}
+	granted := before.Tokens + refill - after.Tokens
 	return max(0, granted/dt), true
 }
 
@@ -582,18 +651,35 @@ func renderWatch(v watchView) string {
 		tw.Flush()
 	}
 	b.WriteString("\n")
-	switch {
-	case len(v.layers) > 0:
-		line("layers", "%d (limit.extra of %s; exceeded counts are in the replicas' throttle_limit_exceeded_total)", len(v.layers), v.from)
-		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-		for _, l := range v.layers {
-			fmt.Fprintf(tw, "    %s\t%s\t%s\n", l.name, l.desc, l.state)
+	reportedOnly := 0
+	for _, l := range v.layers {
+		if l.reportedOnly {
+			reportedOnly++
 		}
-		tw.Flush()
+	}
+	switch {
+	case v.layersKnown && reportedOnly > 0:
+		line("layers", "%d (limit.extra of %s), and %d more that the replicas report refusals by", len(v.layers)-reportedOnly, v.from, reportedOnly)
+	case v.layersKnown && len(v.layers) > 0:
+		line("layers", "%d (limit.extra of %s)", len(v.layers), v.from)
+	case len(v.layers) > 0:
+		line("layers", "unknown: pass --config FILE; the replicas report refusals by these")
 	case v.layersKnown:
 		line("layers", "none")
 	default:
 		line("layers", "unknown: they are in the replicas' limit.extra; pass --config FILE")
+	}
+	if len(v.layers) > 0 {
+		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "    LAYER\tLIMIT\tIN REDIS\tEXCEEDED\tLAST MINUTE")
+		for _, l := range v.layers {
+			exceeded, recent := "?", "?"
+			if l.exceeded >= 0 {
+				exceeded, recent = strconv.FormatInt(l.exceeded, 10), "+"+strconv.FormatInt(l.recent, 10)
+			}
+			fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\n", l.name, l.desc, l.state, exceeded, recent)
+		}
+		tw.Flush()
 	}
 	return b.String()
 }
@@ -627,6 +713,17 @@ func watchLine(v watchView) string {
 	}
 	line := fmt.Sprintf("%s %s tokens=%s rate=%s paused=%v replicas=%d delivered=%s waiting=%s",
 		ts, v.bucket, tokens, rate, roundDuration(st.PausedFor.Seconds()), len(v.replicas), formatMaybeRate(v.delivered), w)
+	if len(v.layers) > 0 {
+		counts := make([]string, len(v.layers))
+		for i, l := range v.layers {
+			n := "?"
+			if l.exceeded >= 0 {
+				n = strconv.FormatInt(l.exceeded, 10)
+			}
+			counts[i] = l.name + ":" + n
+		}
+		line += " exceeded=" + strings.Join(counts, ",")
+	}
 	if v.err != nil {
 		line += fmt.Sprintf(" error=%q", v.err.Error())
 	}

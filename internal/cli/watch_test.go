@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,8 +79,8 @@ func TestWatchHistorySteps(t *testing.T) {
 		// 40 + 50·1 − 30 = 60 tokens granted in the second.
 		{time.Second, st(30, 50, 0, nil), nil,
 			[]string{"delivered   60/s (estimated from the bucket's tokens)", "last 1m0s, 60/s–60/s",
-				"layers      1 (limit.extra of throttle.yaml;", "    per-recipient  1/s, burst 3, per key, on_exceed delay  12 keys in use"},
-			"2026-12-01T03:00:01Z sms tokens=30/50 rate=50/s(configured) paused=0s replicas=2 delivered=60/s waiting=?"},
+				"layers      1 (limit.extra of throttle.yaml)", "    per-recipient  1/s, burst 3, per key, on_exceed delay  12 keys in use  ?         ?"},
+			"2026-12-01T03:00:01Z sms tokens=30/50 rate=50/s(configured) paused=0s replicas=2 delivered=60/s waiting=? exceeded=per-recipient:?"},
 		// An override to 80/s: the rate changed, so no estimate.
 		{3 * time.Second, st(50, 80, 0, &redislimiter.Override{Rate: 80, ExpiresIn: 90 * time.Second}), nil,
 			[]string{"rate        80/s (override)", "override    80/s, each replica's burst, expires in 1m30s", "delivered   ?"},
@@ -255,23 +256,21 @@ func (s *screen) waitFrameFunc(t *testing.T, d time.Duration, what string, ok fu
 	}
 }
 
-// TestWatchTerminal runs bucket watch on a pseudo-terminal against a
-// running bucket and checks that the screen shows the rate change made by
-// bucket set.
-func TestWatchTerminal(t *testing.T) {
-	addr := testenv.RedisAddr(t)
-	name := testenv.Name(t, "watch")
-	runningBucket(t, addr, name, 50, 50)
+// watchOnTerminal runs the CLI with args on a pseudo-terminal of 40×120
+// and returns its screen, and stop, which cancels it, checks that it exits
+// with 0 and shows the cursor again, and returns the whole output.
+func watchOnTerminal(t *testing.T, args ...string) (scr *screen, stop func() string) {
+	t.Helper()
 	ptmx, tty, err := pty.Open()
 	if err != nil {
 		t.Skipf("no pseudo-terminal: %v", err)
 	}
-	defer ptmx.Close()
-	defer tty.Close()
+	t.Cleanup(func() { ptmx.Close() })
+	t.Cleanup(func() { tty.Close() })
 	if err := pty.Setsize(ptmx, &pty.Winsize{Rows: 40, Cols: 120}); err != nil {
 		t.Fatal(err)
 	}
-	var scr screen
+	scr = &screen{}
 	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)
@@ -287,11 +286,35 @@ func TestWatchTerminal(t *testing.T) {
 		}
 	}()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	done := make(chan int, 1)
-	go func() {
-		done <- Run(ctx, []string{"bucket", "watch", name, "--redis", addr, "--interval", "200ms"}, tty, os.Stderr)
-	}()
+	go func() { done <- Run(ctx, args, tty, os.Stderr) }()
+	return scr, func() string {
+		t.Helper()
+		cancel()
+		if code := <-done; code != ExitOK {
+			t.Errorf("exit %d after cancel, want 0", code)
+		}
+		tty.Close()
+		<-readDone
+		scr.mu.Lock()
+		defer scr.mu.Unlock()
+		out := scr.buf.String()
+		if !strings.Contains(out, "\x1b[?25h") {
+			t.Error("the cursor was not shown again at exit")
+		}
+		return out
+	}
+}
+
+// TestWatchTerminal runs bucket watch on a pseudo-terminal against a
+// running bucket and checks that the screen shows the rate change made by
+// bucket set.
+func TestWatchTerminal(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	name := testenv.Name(t, "watch")
+	runningBucket(t, addr, name, 50, 50)
+	scr, stop := watchOnTerminal(t, "bucket", "watch", name, "--redis", addr, "--interval", "200ms")
 
 	// The replica's heartbeat reports its mode.
 	f := scr.waitFrame(t, 10*time.Second, "rate        50/s (configured)", "override    none", "1 alive", "watched-replica  shared", "50/s burst 50")
@@ -311,19 +334,7 @@ func TestWatchTerminal(t *testing.T) {
 		return ok && ok2 && err == nil && r > 60 && r < 100
 	})
 	t.Logf("screen:\n%s", f)
-
-	cancel()
-	if code := <-done; code != ExitOK {
-		t.Errorf("exit %d after cancel, want 0", code)
-	}
-	tty.Close()
-	<-readDone
-	scr.mu.Lock()
-	tail := scr.buf.String()
-	scr.mu.Unlock()
-	if !strings.Contains(tail, "\x1b[?25h") {
-		t.Error("the cursor was not shown again at exit")
-	}
+	stop()
 }
 
 // TestWatchLayers reads the extra layers of a config file from Redis: an
@@ -438,5 +449,163 @@ func TestWatchReportedReplicas(t *testing.T) {
 	}
 	if line := watchLine(v); !strings.Contains(line, " delivered=200/s waiting=7") {
 		t.Errorf("line %q: want delivered=200/s waiting=7", line)
+	}
+}
+
+// TestWatchExceededSteps feeds samples whose replicas report their layers'
+// refusals, at fixed instants, and checks the layer table and the line.
+func TestWatchExceededSteps(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	st := redislimiter.BucketStatus{Bucket: "sms", Rate: 50, Burst: 50, TokensKnown: true, Tokens: 50}
+	layers := []layerView{
+		{name: "per-recipient", desc: "1/s, burst 3, per key, on_exceed dead_letter", state: "12 keys in use"},
+		{name: "daily", desc: "quota 100 per day, UTC, on_exceed delay", state: "used 100 of 100 this day"},
+	}
+	rep := func(id string, exceeded map[string]int64) redislimiter.Replica {
+		return redislimiter.Replica{ID: id, Rate: 50, Burst: 50, Reported: true, Mode: limiter.ModeShared, Exceeded: exceeded}
+	}
+	h := newWatchHistory("sms", time.Second)
+	h.layersKnown = true
+	for i, s := range []struct {
+		at       time.Duration
+		replicas []redislimiter.Replica
+		rows     map[string][2]string // layer → EXCEEDED, LAST MINUTE
+		line     string               // the end of the one-line view
+	}{
+		// Replicas that do not report: unknown.
+		{0, []redislimiter.Replica{{ID: "a"}}, map[string][2]string{"per-recipient": {"?", "?"}, "daily": {"?", "?"}},
+			" exceeded=per-recipient:?,daily:?"},
+		// The first reports: counts since the replicas started, no
+		// increase yet; a layer that refused none is 0.
+		{time.Second, []redislimiter.Replica{rep("a", map[string]int64{"per-recipient": 4}), rep("b", map[string]int64{"per-recipient": 1})},
+			map[string][2]string{"per-recipient": {"5", "+0"}, "daily": {"0", "+0"}}, " exceeded=per-recipient:5,daily:0"},
+		{31 * time.Second, []redislimiter.Replica{rep("a", map[string]int64{"per-recipient": 10, "daily": 2}), rep("b", map[string]int64{"per-recipient": 1})},
+			map[string][2]string{"per-recipient": {"11", "+6"}, "daily": {"2", "+2"}}, " exceeded=per-recipient:11,daily:2"},
+		// A minute after the first report, the increase is taken from the
+		// read at 31 s; b left, which lowers the sum, not below 0.
+		{62 * time.Second, []redislimiter.Replica{rep("a", map[string]int64{"per-recipient": 10, "daily": 3})},
+			map[string][2]string{"per-recipient": {"10", "+0"}, "daily": {"3", "+1"}}, " exceeded=per-recipient:10,daily:3"},
+		// A layer the config does not have, reported by a replica of
+		// another version of it, is listed after the known ones; it
+		// refused none in the reads before (a report leaves out zeros).
+		{63 * time.Second, []redislimiter.Replica{rep("a", map[string]int64{"per-recipient": 10, "daily": 3, "old-layer": 7})},
+			map[string][2]string{"per-recipient": {"10", "+0"}, "daily": {"3", "+1"}, "old-layer": {"7", "+7"}}, " exceeded=per-recipient:10,daily:3,old-layer:7"},
+	} {
+		now := t0.Add(s.at)
+		v := h.add(sample{at: now, status: st, replicas: s.replicas, configured: &limitsJSON{Rate: 50, Burst: 50}, from: "x.yaml", layers: layers}, nil, now)
+		screen := renderWatch(v)
+		if !strings.Contains(screen, "LAYER          LIMIT") || !strings.Contains(screen, "EXCEEDED  LAST MINUTE") {
+			t.Errorf("step %d: no layer table header:\n%s", i, screen)
+		}
+		if head := "layers      2 (limit.extra of x.yaml)"; !strings.Contains(screen, head) {
+			t.Errorf("step %d: screen lacks %q:\n%s", i, head, screen)
+		}
+		for layer, want := range s.rows {
+			f := layerRow(screen, layer)
+			if len(f) < 2 || f[len(f)-2] != want[0] || f[len(f)-1] != want[1] {
+				t.Errorf("step %d: layer %s row %q, want exceeded %s, last minute %s:\n%s", i, layer, f, want[0], want[1], screen)
+			}
+		}
+		if line := watchLine(v); !strings.HasSuffix(line, s.line) {
+			t.Errorf("step %d: line %q, want it to end with %q", i, line, s.line)
+		}
+	}
+}
+
+// layerRow returns the cells of layer's row in a screen's layer table.
+func layerRow(screen, layer string) []string {
+	for l := range strings.SplitSeq(screen, "\n") {
+		if rest, ok := strings.CutPrefix(l, "    "+layer+" "); ok {
+			cells := []string{layer}
+			for c := range strings.SplitSeq(rest, "  ") {
+				if c = strings.TrimSpace(c); c != "" {
+					cells = append(cells, c)
+				}
+			}
+			return cells
+		}
+	}
+	return nil
+}
+
+// TestWatchTerminalLayers runs bucket watch --config on a pseudo-terminal
+// against a replica of a bucket with a keyed dead_letter layer, and checks
+// that the layer's refusals, reported with the replica's heartbeat, show
+// on the screen as they happen.
+func TestWatchTerminalLayers(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	name := testenv.Name(t, "watch")
+	path := writeConfig(t, fmt.Sprintf(`redis:
+  addr: %s
+limit:
+  bucket: %s
+  rate: 100
+  burst: 100
+  extra:
+    - name: per-recipient
+      key: '{{.JSON.to}}'
+      rate: 1/h
+      burst: 1
+      on_exceed: dead_letter
+source:
+  rabbitmq:
+    url: amqp://guest:guest@127.0.0.1:5672/
+    queue: unused
+sink:
+  stdout: {}
+`, addr, name))
+	_, ls := openLayers(t, path)
+	b, err := limiter.New(ls, limiter.Options{ReplicaID: "layered-replica", HeartbeatInterval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		b.Close()
+		_ = ls.ResetLayer(context.Background(), "per-recipient", "+1555000001")
+		runCLI(t, "bucket", "reset", "--config", path)
+	})
+	scr, stop := watchOnTerminal(t, "bucket", "watch", "--config", path, "--interval", "200ms")
+	row := func(want ...string) func(string) bool {
+		return func(f string) bool {
+			r := layerRow(f, "per-recipient")
+			return len(r) >= len(want) && slices.Equal(r[len(r)-len(want):], want)
+		}
+	}
+	// The replica reports, with no refusal yet.
+	f := scr.waitFrameFunc(t, 10*time.Second, "per-recipient refused 0", row("0 keys in use", "0", "+0"))
+	if !strings.Contains(f, "layers      1 (limit.extra of "+path+")") || !strings.Contains(f, "1/h, burst 1, per key, on_exceed dead_letter") {
+		t.Errorf("frame lacks the layer and its limit:\n%s", f)
+	}
+	ctx := testenv.Context(t, 10*time.Second)
+	req := limiter.Request{Cost: 1, Keys: map[string]string{"per-recipient": "+1555000001"}}
+	if err := b.WaitN(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := b.WaitN(ctx, req); !errors.Is(err, limiter.ErrLimitExceeded) {
+			t.Fatalf("WaitN on a spent key = %v, want ErrLimitExceeded", err)
+		}
+	}
+	f = scr.waitFrameFunc(t, 10*time.Second, "per-recipient refused 3, +3 in the last minute", row("3", "+3"))
+	t.Logf("screen:\n%s", f)
+	stop()
+}
+
+func TestEstimateDelivered(t *testing.T) {
+	st := func(tokens float64) redislimiter.BucketStatus {
+		return redislimiter.BucketStatus{Rate: 50, Burst: 50, TokensKnown: true, Tokens: tokens}
+	}
+	for _, tc := range []struct {
+		before, after float64
+		want          float64
+	}{
+		{40, 30, 60}, // 40 + 50 − 30
+		{50, 50, 0},  // full at both reads: idle as far as it can tell
+		{45, 50, 0},  // full now: only 5 of the 50 refilled tokens counted
+		{10, 40, 20}, // 10 + 50 − 40
+	} {
+		if got, est := estimateDelivered(st(tc.before), st(tc.after), 1); got != tc.want || !est {
+			t.Errorf("estimateDelivered(%v → %v tokens in 1 s at 50/s, burst 50) = %v, want %v", tc.before, tc.after, got, tc.want)
+		}
 	}
 }
