@@ -212,8 +212,11 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req limiter.Laye
 	return out, nil
 }
 
-// takeStep runs layersScript for one step.
+// takeStep runs layersScript, or layersKeyedScript, for one step.
 func (l *Layered) takeStep(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step) (limiter.LayerResult, error) {
+	if l.keyedOnly(st) { // the cheaper script (layer_keyed.go)
+		return l.takeKeyed(ctx, at, req, keys, st)
+	}
 	rkeys, args, clock := l.takeArgs(at, req, keys, st)
 	v, err := layersScript.Run(ctx, l.client, rkeys, args...).Int64Slice()
 	return l.takeReply(req, v, err, clock)

@@ -105,24 +105,7 @@ func (b *layerBatcher) lead(ctx context.Context, p *layerPending) {
 	b.mu.Unlock()
 
 	ctx = context.WithoutCancel(ctx)
-	pipe := b.l.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(batch))
-	clocks := make([]time.Time, len(batch))
-	for i, q := range batch {
-		rkeys, args, clock := b.l.takeArgs(time.Time{}, q.req, q.keys, step{shared: !q.req.SkipShared, layers: b.l.allLayers})
-		cmds[i], clocks[i] = layersScript.EvalSha(ctx, pipe, rkeys, args...), clock
-	}
-	_, _ = pipe.Exec(ctx)
-	for i, q := range batch {
-		c := cmds[i]
-		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-			// Redis lost the script (a restart, SCRIPT FLUSH): Run loads it.
-			q.res, q.err = b.l.takeStep(ctx, time.Time{}, q.req, q.keys, step{shared: !q.req.SkipShared, layers: b.l.allLayers})
-			continue
-		}
-		v, err := c.Int64Slice()
-		q.res, q.err = b.l.takeReply(q.req, v, err, clocks[i])
-	}
+	b.send(ctx, batch)
 	b.mu.Lock()
 	for _, q := range batch {
 		q.state = done
@@ -132,6 +115,67 @@ func (b *layerBatcher) lead(ctx context.Context, p *layerPending) {
 	}
 	b.handOffLocked()
 	b.mu.Unlock()
+}
+
+// send decides the requests of batch in one pipeline and sets their
+// answers: the requests that leave the shared bucket out, when every layer
+// is a token bucket, in one call of layersKeyedScript; each other request
+// in its own call of layersScript.
+func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {
+	keyedOnly := b.l.keyedOnly(step{layers: b.l.allLayers})
+	var keyed []*layerPending
+	pipe := b.l.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(batch))
+	clocks := make([]time.Time, len(batch))
+	for i, q := range batch {
+		if q.req.SkipShared && keyedOnly {
+			keyed = append(keyed, q)
+			continue
+		}
+		rkeys, args, clock := b.l.takeArgs(time.Time{}, q.req, q.keys, step{shared: !q.req.SkipShared, layers: b.l.allLayers})
+		cmds[i], clocks[i] = layersScript.EvalSha(ctx, pipe, rkeys, args...), clock
+	}
+	var (
+		kreqs  []limiter.LayerRequest
+		krkeys []string
+		kargs  []any
+		kcmd   *redis.Cmd
+	)
+	if len(keyed) > 0 {
+		kreqs = make([]limiter.LayerRequest, len(keyed))
+		kkeys := make([][]string, len(keyed))
+		for j, q := range keyed {
+			kreqs[j], kkeys[j] = q.req, q.keys
+		}
+		krkeys, kargs = b.l.keyedArgs(time.Time{}, b.l.allLayers, kreqs, kkeys)
+		kcmd = layersKeyedScript.EvalSha(ctx, pipe, krkeys, kargs...)
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, q := range batch {
+		c := cmds[i]
+		if c == nil {
+			continue
+		}
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			// Redis lost the script (a restart, SCRIPT FLUSH): Run loads it.
+			q.res, q.err = b.l.takeStep(ctx, time.Time{}, q.req, q.keys, step{shared: !q.req.SkipShared, layers: b.l.allLayers})
+			continue
+		}
+		v, err := c.Int64Slice()
+		q.res, q.err = b.l.takeReply(q.req, v, err, clocks[i])
+	}
+	if kcmd == nil {
+		return
+	}
+	s, err := kcmd.Text()
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		s, err = layersKeyedScript.Run(ctx, b.l.client, krkeys, kargs...).Text()
+	}
+	res, errs := make([]limiter.LayerResult, len(keyed)), make([]error, len(keyed))
+	b.l.keyedReplies(kreqs, s, err, res, errs)
+	for j, q := range keyed {
+		q.res, q.err = res[j], errs[j]
+	}
 }
 
 // handOffLocked passes the lead to the head of the queue, or ends the

@@ -83,11 +83,25 @@ func BenchmarkLayers(b *testing.B) {
 	}
 }
 
-// BenchmarkLayersRatio measures the shared bucket alone and the shared
-// bucket plus one keyed layer over 100k keys in alternating half-second
-// rounds from 64 goroutines, so that both see the same load on a shared
-// machine, and reports the medians and the median of the per-round ratios.
-// Run it with -benchtime 1x: it runs its own rounds.
+// BenchmarkLayersRatio measures, in alternating half-second rounds from 64
+// goroutines, so that all see the same load on a shared machine:
+//
+//   - shared: the shared bucket alone, Store.Take, one script call per
+//     message (batched as in production), no leasing;
+//   - one-call: the shared bucket plus one keyed layer over 100k keys in
+//     one layersScript call per message (Layered.TakeLayers);
+//   - keyed-alone: the keyed layer alone (LayerRequest.SkipShared), as a
+//     Bucket sends it while its lease pays the shared bucket;
+//   - bucket: Bucket.WaitN on the layered store with leasing on (the
+//     default), which is what the consumer calls: the keyed layer per
+//     message, the shared bucket leased.
+//
+// It reports each one's median messages/s, the medians of the per-round
+// ratios to shared, and the client's Redis round trips per message of
+// bucket (a pipeline counts once; below 1 when batched). Run it with
+// -benchtime 1x: it runs its own rounds.
+//
+//	go test ./limiter/redislimiter/ -run XXX -bench BenchmarkLayersRatio -benchtime 1x
 func BenchmarkLayersRatio(b *testing.B) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", PoolSize: 64})
 	b.Cleanup(func() { c.Close() })
@@ -103,16 +117,42 @@ func BenchmarkLayersRatio(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	l, err := s.WithLayers([]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1000, Burst: 1000}})
+	perKey := []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1000, Burst: 1000}}
+	l, err := s.WithLayers(perKey)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { deleteLayerKeys(b, c, l) })
+	// The Bucket has its own client and store, so that its round trips
+	// are counted alone.
+	bc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", PoolSize: 64})
+	b.Cleanup(func() { bc.Close() })
+	bs, err := New(bc, Config{Bucket: uniqueBucket(b, c), Rate: 1e9, Burst: 1e9})
+	if err != nil {
+		b.Fatal(err)
+	}
+	bl, err := bs.WithLayers(perKey)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { deleteLayerKeys(b, c, bl) })
+	bk, err := limiter.New(bl, limiter.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { bk.Close() })
+	h := &countingHook{}
+	bc.AddHook(h)
 	ctx := context.Background()
 	var n atomic.Int64
-	// mode 0: the shared bucket alone; 1: shared + keyed; 2: the keyed
-	// layer alone, as a Bucket sends it while its lease pays the shared
-	// bucket.
+	const (
+		shared = iota
+		oneCall
+		keyedAlone
+		bucket
+		modes
+	)
+	var bucketMsgs int64
 	round := func(mode int) float64 {
 		var done atomic.Int64
 		stop := time.Now().Add(500 * time.Millisecond)
@@ -124,11 +164,14 @@ func BenchmarkLayersRatio(b *testing.B) {
 				defer wg.Done()
 				for time.Now().Before(stop) {
 					var err error
-					if mode > 0 {
-						i := n.Add(1)
-						_, err = l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": names[i%keys]}, SkipShared: mode == 2})
-					} else {
+					key := map[string]string{"per-key": names[n.Add(1)%keys]}
+					switch mode {
+					case shared:
 						_, err = s.Take(ctx, limiter.TakeRequest{Cost: 1})
+					case oneCall, keyedAlone:
+						_, err = l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: key, SkipShared: mode == keyedAlone})
+					case bucket:
+						err = bk.WaitN(ctx, limiter.Request{Cost: 1, Keys: key})
 					}
 					if err != nil {
 						b.Error(err)
@@ -139,20 +182,33 @@ func BenchmarkLayersRatio(b *testing.B) {
 			}()
 		}
 		wg.Wait()
+		if mode == bucket {
+			bucketMsgs += done.Load()
+		}
 		return float64(done.Load()) / time.Since(start).Seconds()
 	}
-	round(0)
-	round(1)
-	var shared, layered, leased, ratios, leasedRatios []float64
+	for mode := range modes { // warm up: scripts loaded, lease and heartbeat under way
+		round(mode)
+	}
+	bucketMsgs = 0
+	calls0 := h.n.Load()
+	var rates, ratios [modes][]float64
 	for range 10 {
-		a, z, y := round(0), round(1), round(2)
-		shared, layered, leased = append(shared, a), append(layered, z), append(leased, y)
-		ratios, leasedRatios = append(ratios, z/a), append(leasedRatios, y/a)
+		var r [modes]float64
+		for mode := range modes {
+			r[mode] = round(mode)
+			rates[mode] = append(rates[mode], r[mode])
+			ratios[mode] = append(ratios[mode], r[mode]/r[shared])
+		}
 	}
 	median := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return (v[4] + v[5]) / 2 }
-	b.ReportMetric(median(shared), "shared-msgs/s")
-	b.ReportMetric(median(layered), "keyed-msgs/s")
-	b.ReportMetric(median(leased), "keyed-leased-msgs/s")
-	b.ReportMetric(median(ratios), "ratio")
-	b.ReportMetric(median(leasedRatios), "leased-ratio")
+	b.ReportMetric(median(rates[shared]), "shared-msgs/s")
+	b.ReportMetric(median(rates[oneCall]), "one-call-msgs/s")
+	b.ReportMetric(median(rates[keyedAlone]), "keyed-alone-msgs/s")
+	b.ReportMetric(median(rates[bucket]), "bucket-msgs/s")
+	b.ReportMetric(median(ratios[oneCall]), "one-call-ratio")
+	b.ReportMetric(median(ratios[keyedAlone]), "keyed-alone-ratio")
+	b.ReportMetric(median(ratios[bucket]), "bucket-ratio")
+	b.ReportMetric(float64(h.n.Load()-calls0)/float64(bucketMsgs), "bucket-round-trips/msg")
+	b.Logf("bucket/shared per round: %.2f", ratios[bucket])
 }

@@ -1,0 +1,234 @@
+package redislimiter
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// layersKeyedScript decides, for one or more requests in turn, layers that
+// are all token buckets, without the shared bucket: what a Bucket sends
+// while its lease pays the shared bucket, and a Cluster's keyed steps. Each
+// request is decided as layersScript decides it with shared 0 and no
+// quota, and is atomic on its own (the whole call is, too).
+//
+// It is layersScript's job at a fraction of its cost in Redis: it does not
+// carry the shared bucket's prelude (adaptive rate, warm-up, overrides),
+// whose functions Redis would re-create on every call; the layers'
+// constants come once per call, not once per request; TIME is read once
+// per call; and the reply is one string. A batch of concurrent requests is
+// one call (see layerBatcher).
+//
+// KEYS: each request's key of every layer, request by request. ARGV: now_us
+// (0: TIME), n (layers per request); then 5 values per layer: index
+// (1-based, named in the reply), rate, burst, action (w: wait, d:
+// dead_letter, y: delay), max_wait_us; then 2 values per request: cost,
+// horizon_us.
+//
+// Reply: one string, "now_us" followed by "status wait_us layer" for each
+// request, separated by spaces; status, wait_us and layer as in
+// layersScript (status 1 granted, 0 not granted, 2 refused, -2 cost above
+// the layer's burst).
+var layersKeyedScript = redis.NewScript(layersKeyedSrc)
+
+var layersKeyedSrc = `
+-- clamp and wait_us as in the shared prelude.
+local function clamp(x)
+  if x ~= x then return 0 end
+  if x > 1e15 then return 1e15 end
+  if x < -1e15 then return -1e15 end
+  return x
+end
+
+local function wait_us(n, rate)
+  return clamp(math.ceil(n * 1e6 / rate))
+end
+` + strings.TrimPrefix(layerPrelude, prelude) + `
+local now = tonumber(ARGV[1])
+if not (now and now > 0) then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local n = tonumber(ARGV[2])
+local idx, rate, burst, action, maxw = {}, {}, {}, {}, {}
+for i = 1, n do
+  local a = 2 + (i - 1) * 5
+  idx[i], rate[i], burst[i] = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  action[i], maxw[i] = ARGV[a + 4], tonumber(ARGV[a + 5])
+end
+
+local tok, lts, w = {}, {}, {}
+local out = {string.format('%d', now)}
+local k0 = 0
+for a = 3 + 5 * n, #ARGV, 2 do
+  local cost, horizon = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  local status, wait, limiting = nil, 0, 0
+  for i = 1, n do
+    if cost > burst[i] then
+      status, limiting = -2, idx[i]
+      break
+    end
+    tok[i], lts[i] = bucket_load(KEYS[k0 + i], now, rate[i], burst[i])
+    local wt = lts[i] - now
+    local after = tok[i] - cost
+    if after < 0 then wt = clamp(wt + wait_us(-after, rate[i])) end
+    if wt < 0 then wt = 0 end
+    w[i] = wt
+  end
+  if not status then
+    -- As in layersScript: dead_letter wins over delay, and among delay
+    -- layers the longest wait.
+    local refused = 0
+    for i = 1, n do
+      if action[i] ~= 'w' and w[i] > maxw[i] then
+        if action[i] == 'd' then
+          if refused == 0 or action[refused] ~= 'd' then refused = i end
+        elseif refused == 0 or (action[refused] == 'y' and w[i] > w[refused]) then
+          refused = i
+        end
+      end
+    end
+    if refused > 0 then
+      status, wait, limiting = 2, w[refused], idx[refused]
+    else
+      for i = 1, n do
+        if w[i] > wait then wait, limiting = w[i], idx[i] end
+      end
+      if wait > horizon then
+        status, wait = 0, wait - horizon
+      else
+        status = 1
+        for i = 1, n do
+          bucket_save(KEYS[k0 + i], tok[i] - cost, lts[i], now, rate[i], burst[i])
+        end
+      end
+    end
+  end
+  out[#out + 1] = string.format('%d %d %d', status, wait, limiting)
+  k0 = k0 + n
+end
+return table.concat(out, ' ')
+`
+
+// keyedOnly reports whether a step can go to layersKeyedScript: it leaves
+// the shared bucket out and all its layers are token buckets.
+func (l *Layered) keyedOnly(st step) bool {
+	if st.shared {
+		return false
+	}
+	for _, i := range st.layers {
+		if l.layers[i].IsQuota() {
+			return false
+		}
+	}
+	return true
+}
+
+// keyedArgs returns the KEYS and ARGV of layersKeyedScript for the requests
+// reqs, whose keys (by layer index) are keys, on the layers of one step.
+func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []limiter.LayerRequest, keys [][]string) ([]string, []any) {
+	nowUS := int64(0)
+	if !at.IsZero() {
+		nowUS = at.UnixMicro()
+	}
+	rkeys := make([]string, 0, len(reqs)*len(layers))
+	args := make([]any, 0, 2+5*len(layers)+2*len(reqs))
+	args = append(args, nowUS, len(layers))
+	for _, i := range layers {
+		sp := l.spec[i] // index, kind, rate, burst, action, max_wait_us
+		args = append(args, sp[0], sp[2], sp[3], sp[4], sp[5])
+	}
+	for j, req := range reqs {
+		for _, i := range layers {
+			rkeys = append(rkeys, l.layerKey(i, keys[j][i]))
+		}
+		args = append(args, req.Cost, max(req.MaxWait, 0).Microseconds())
+	}
+	return rkeys, args
+}
+
+// keyedReplies turns layersKeyedScript's reply s, or its error, into the
+// results of reqs, in out and errs (of len(reqs)). Without the shared
+// bucket a result's Remaining, Rate and Burst are 0, as layersScript
+// replies then.
+func (l *Layered) keyedReplies(reqs []limiter.LayerRequest, s string, err error, out []limiter.LayerResult, errs []error) {
+	if err != nil {
+		err = l.fail("take layers", err)
+		for j := range reqs {
+			out[j], errs[j] = limiter.LayerResult{}, err
+		}
+		return
+	}
+	reply := s
+	now, s, ok := nextInt(s)
+	for j, req := range reqs {
+		var status, wait, idx int64
+		if ok {
+			status, s, ok = nextInt(s)
+		}
+		if ok {
+			wait, s, ok = nextInt(s)
+		}
+		if ok {
+			idx, s, ok = nextInt(s)
+		}
+		if !ok || idx < 0 || int(idx) > len(l.layers) {
+			out[j], errs[j] = limiter.LayerResult{}, l.fail("take layers", fmt.Errorf("%w: %q", limiter.ErrMalformedReply, reply))
+			continue
+		}
+		out[j], errs[j] = l.keyedResult(req, status, wait, idx, now)
+	}
+}
+
+// keyedResult is one request's result from layersKeyedScript: status,
+// wait_us, layer (1-based, 0 for none) and the store's clock now_us.
+func (l *Layered) keyedResult(req limiter.LayerRequest, status, wait, idx, now int64) (limiter.LayerResult, error) {
+	res := limiter.LayerResult{TakeResult: limiter.TakeResult{
+		Wait: time.Duration(wait) * time.Microsecond,
+		At:   time.UnixMicro(now),
+	}}
+	var layer limiter.Layer
+	if idx > 0 {
+		layer = l.layers[idx-1]
+		res.Limiting = layer.Name
+	}
+	switch status {
+	case 1:
+		res.Granted, res.Tokens = true, req.Cost
+	case 0:
+	case 2:
+		res.Exceeded = limiter.ExceededError(layer, res.At, res.Wait)
+	case -2:
+		return res, limiter.CostError(layer, req.Cost)
+	default:
+		return limiter.LayerResult{}, l.malformed("take layers", []int64{status, wait, idx, now})
+	}
+	return res, nil
+}
+
+// nextInt parses the integer at the start of s, up to a space, and returns
+// the rest after that space.
+func nextInt(s string) (int64, string, bool) {
+	f, rest, _ := strings.Cut(s, " ")
+	v, err := strconv.ParseInt(f, 10, 64)
+	return v, rest, err == nil
+}
+
+// takeKeyed decides one request on a step that keyedOnly accepts.
+func (l *Layered) takeKeyed(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step) (limiter.LayerResult, error) {
+	reqs, ks := []limiter.LayerRequest{req}, [][]string{keys}
+	rkeys, args := l.keyedArgs(at, st.layers, reqs, ks)
+	s, err := layersKeyedScript.Run(ctx, l.client, rkeys, args...).Text()
+	var (
+		out  [1]limiter.LayerResult
+		errs [1]error
+	)
+	l.keyedReplies(reqs, s, err, out[:], errs[:])
+	return out[0], errs[0]
+}

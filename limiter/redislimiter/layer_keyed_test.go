@@ -1,0 +1,179 @@
+package redislimiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// TestKeyedScriptMatchesLayersScript decides the same random requests
+// without the shared bucket, at the same instants, with layersKeyedScript
+// (what TakeLayers sends) on one store and with layersScript on another:
+// every result and every key's state must be the same.
+func TestKeyedScriptMatchesLayersScript(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	layers := []limiter.Layer{
+		{Name: "per-key", Keyed: true, Rate: 2, Burst: 4},
+		{Name: "per-sender", Keyed: true, Rate: 0.5, Burst: 2, OnExceed: limiter.ActionDelay, MaxWait: 1500 * time.Millisecond},
+		{Name: "strict", Keyed: true, Rate: 1, Burst: 3, OnExceed: limiter.ActionDeadLetter, MaxWait: 800 * time.Millisecond},
+		{Name: "all", Rate: 20, Burst: 10},
+	}
+	keyed := newLayered(t, c, 1000, 1000, layers)
+	full := newLayered(t, c, 1000, 1000, layers)
+	st := step{layers: keyed.allLayers}
+	if !keyed.keyedOnly(st) {
+		t.Fatal("keyedOnly = false for bucket layers without the shared bucket")
+	}
+	outcomes := map[string]int{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	now := time.UnixMicro(1_800_000_000_000_000)
+	for i := range 400 {
+		now = now.Add(time.Duration(rng.IntN(400_000)) * time.Microsecond)
+		req := limiter.LayerRequest{
+			Cost:       1 + rng.IntN(2),
+			Keys:       map[string]string{"per-key": fmt.Sprint("k", rng.IntN(3)), "per-sender": fmt.Sprint("s", rng.IntN(2)), "strict": fmt.Sprint("x", rng.IntN(2))},
+			MaxWait:    time.Duration(rng.IntN(3)) * time.Second,
+			SkipShared: true,
+		}
+		if i%50 == 7 {
+			req.Cost = 5 // above per-key's burst
+		}
+		got, gerr := keyed.takeLayers(ctx, now, req)
+		keys, err := limiter.LayerKeys(layers, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rkeys, args, clock := full.takeArgs(now, req, keys, st)
+		v, verr := layersScript.Run(ctx, c, rkeys, args...).Int64Slice()
+		want, werr := full.takeReply(req, v, verr, clock)
+		if (gerr == nil) != (werr == nil) || (gerr != nil && gerr.Error() != werr.Error()) {
+			t.Fatalf("request %d %+v: error %v, layersScript's %v", i, req, gerr, werr)
+		}
+		if got.Granted != want.Granted || got.Wait != want.Wait || got.Limiting != want.Limiting || got.Tokens != want.Tokens || !got.At.Equal(want.At) ||
+			fmt.Sprint(got.Exceeded) != fmt.Sprint(want.Exceeded) {
+			t.Fatalf("request %d %+v:\n got %+v\nwant %+v", i, req, got, want)
+		}
+		switch {
+		case gerr != nil:
+			outcomes["error"]++
+		case got.Exceeded != nil:
+			outcomes["refused"]++
+		case !got.Granted:
+			outcomes["not granted"]++
+		case got.Wait > 0:
+			outcomes["reserved"]++
+		default:
+			outcomes["granted"]++
+		}
+		for _, ly := range layers {
+			key := req.Keys[ly.Name]
+			a, err := keyed.layerStatus(ctx, now, ly.Name, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := full.layerStatus(ctx, now, ly.Name, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.Tokens != b.Tokens || a.Full != b.Full {
+				t.Fatalf("request %d: layer %s key %q: %+v, layersScript's %+v", i, ly.Name, key, a, b)
+			}
+		}
+	}
+	if len(outcomes) != 5 {
+		t.Errorf("outcomes %v, want each of granted, reserved, not granted, refused, error", outcomes)
+	}
+	t.Logf("outcomes: %v", outcomes)
+}
+
+// TestKeyedScriptReplies checks the parsing of layersKeyedScript's reply
+// for several requests, and a malformed one.
+func TestKeyedScriptReplies(t *testing.T) {
+	c := newClient(t)
+	l := newLayered(t, c, 10, 10, []limiter.Layer{
+		{Name: "a", Keyed: true, Rate: 1, Burst: 2},
+		{Name: "b", Keyed: true, Rate: 1, Burst: 2, OnExceed: limiter.ActionDeadLetter},
+	})
+	reqs := []limiter.LayerRequest{{Cost: 1}, {Cost: 2}, {Cost: 1}, {Cost: 3}}
+	out, errs := make([]limiter.LayerResult, 4), make([]error, 4)
+	l.keyedReplies(reqs, "1800000000000000 1 0 0 0 250000 1 2 900000 2 -2 0 1", nil, out, errs)
+	at := time.UnixMicro(1_800_000_000_000_000)
+	if errs[0] != nil || !out[0].Granted || out[0].Tokens != 1 || !out[0].At.Equal(at) {
+		t.Errorf("request 0: %+v, %v; want granted at %v", out[0], errs[0], at)
+	}
+	if errs[1] != nil || out[1].Granted || out[1].Wait != 250*time.Millisecond || out[1].Limiting != "a" {
+		t.Errorf("request 1: %+v, %v; want not granted, 250ms for a", out[1], errs[1])
+	}
+	var le *limiter.LimitError
+	if errs[2] != nil || !errors.As(out[2].Exceeded, &le) || le.Layer != "b" {
+		t.Errorf("request 2: %+v, %v; want refused by b", out[2], errs[2])
+	}
+	if !errors.Is(errs[3], limiter.ErrCostExceedsBurst) {
+		t.Errorf("request 3: %v; want ErrCostExceedsBurst", errs[3])
+	}
+	l.keyedReplies(reqs[:2], "1800000000000000 1 0", nil, out, errs)
+	if errs[0] == nil || !errors.Is(errs[1], limiter.ErrMalformedReply) {
+		t.Errorf("a short reply: %v, %v; want ErrMalformedReply", errs[0], errs[1])
+	}
+}
+
+// TestLayeredBatchedKeyedConcurrent is TestLayeredBatchedConcurrent for
+// requests that leave the shared bucket out, as a Bucket sends them while
+// its lease pays the shared bucket: batched into calls of
+// layersKeyedScript, every grant was charged on its key and nothing else
+// was, and the shared bucket was not touched.
+func TestLayeredBatchedKeyedConcurrent(t *testing.T) {
+	c := newClient(t)
+	l := newLayered(t, c, 0.001, 10000, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 0.001, Burst: 5}})
+	const keys = 20
+	var mu sync.Mutex
+	granted := map[string]int{}
+	var wg sync.WaitGroup
+	for g := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 10 {
+				key := fmt.Sprint("k", (g*10+i)%keys)
+				ctx, cancel := context.WithCancel(context.Background())
+				if (g+i)%7 == 0 {
+					ctx, cancel = context.WithTimeout(context.Background(), time.Duration(i)*100*time.Microsecond)
+				}
+				res, err := l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": key}, SkipShared: true})
+				cancel()
+				if err == nil && res.Granted {
+					mu.Lock()
+					granted[key]++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	ctx := context.Background()
+	st, err := l.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Tokens != 10000 {
+		t.Errorf("shared tokens = %v, want 10000 (untouched)", st.Tokens)
+	}
+	for k := range keys {
+		key := fmt.Sprint("k", k)
+		ls, err := l.LayerStatus(ctx, "per-key", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if granted[key] > 5 || math.Abs(ls.Tokens-float64(5-granted[key])) > 0.5 {
+			t.Errorf("key %s: %d grants, %v tokens left; want at most 5 grants and 5 - grants left", key, granted[key], ls.Tokens)
+		}
+	}
+}
