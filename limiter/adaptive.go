@@ -192,8 +192,8 @@ func (m *Memory) DecreaseAt(t time.Time, a Adaptive) (float64, bool) {
 	if m.ad.on && now-m.ad.last < a.MergeWindow.Microseconds() {
 		return cur, false
 	}
-	tokens, ts := m.advance(now)
-	m.save(tokens, ts)
+	tokens, ts, pr := m.load(now)
+	m.store(tokens, ts, pr)
 	nr := math.Min(m.rate, math.Max(a.MinRate, cur*a.Decrease))
 	m.ad = adaptiveCurve{on: true, a: nr, at: max(now, ts), k: a.Slope(), last: now}
 	return nr, true

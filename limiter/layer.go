@@ -250,6 +250,12 @@ type LayerRequest struct {
 	// wait, and only from tokens the shared bucket holds now. The layers
 	// are charged Cost only. LayerResult.Tokens counts them.
 	Extra int
+	// Priority and MinShare are the request's class and the classes'
+	// floors on the shared bucket, as in TakeRequest. LayerResult.Class
+	// says which class's queue holds a reservation; RefundLayers gives it
+	// back there.
+	Priority Priority
+	MinShare Shares
 }
 
 // ErrMissingKey is returned for a request that does not name the key of a
@@ -283,8 +289,9 @@ type LayeredStore interface {
 	// shared bucket's burst returns ErrCostExceedsBurst as Take does.
 	TakeLayers(ctx context.Context, req LayerRequest) (LayerResult, error)
 	// RefundLayers gives back what a granted TakeLayers charged: a
-	// cancelled reservation. A quota is refunded only while its window is
-	// the one charged.
+	// cancelled reservation, in the queue of res.Class on the shared
+	// bucket. A quota is refunded only while its window is the one
+	// charged.
 	RefundLayers(ctx context.Context, req LayerRequest, res LayerResult) error
 }
 

@@ -118,6 +118,16 @@ func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult
 	if err != nil {
 		return LayerResult{}, err
 	}
+	res, pushes, err := m.takeLayersAt(t, req, keys)
+	if pushes != nil {
+		m.announce(pushes)
+	}
+	return res, err
+}
+
+// takeLayersAt is TakeLayersAt under the lock. It returns the pushes to
+// announce.
+func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []string) (LayerResult, []Push, error) {
 	now := t.UnixMicro()
 	cost := float64(req.Cost)
 	m.mu.Lock()
@@ -126,24 +136,32 @@ func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult
 
 	var res LayerResult
 	res.At = time.UnixMicro(now)
+	res.Class = req.Priority
 	var (
-		sAfter float64
+		sAfter float64 // the shared bucket's real tokens after the take
 		sTS    int64
 		wait0  int64
+		pr     prio // the shared bucket's classes (priority.go)
+		e      int
+		pushed float64
+		sh     = req.MinShare.byRank()
 	)
 	if !req.SkipShared {
-		tokens, ts := m.advance(now)
+		var tokens, visible float64
+		tokens, sTS, pr = m.load(now)
+		e, pushed, visible = pr.class(tokens, req.Priority.Rank(), cost, sh, m.burst)
+		res.Class, res.Pushed = PriorityOfRank(e), pr.p[e]
 		res.Rate, res.Burst, res.Remaining = m.ad.rateAt(m.rate, now), m.burst, tokens
-		if ts > now {
+		if sTS > now {
 			res.Rate = 0
 		}
 		if req.Cost > m.burst {
-			return res, fmt.Errorf("cost %d, burst %d: %w", req.Cost, m.burst, ErrCostExceedsBurst)
+			return res, nil, fmt.Errorf("cost %d, burst %d: %w", req.Cost, m.burst, ErrCostExceedsBurst)
 		}
-		sAfter, sTS = tokens-cost, ts
-		wait0 = ts - now
-		if sAfter < 0 {
-			wait0 = min(wait0+waitUS(-sAfter, m.ad.rateAt(m.rate, now)), maxWaitUS)
+		sAfter = tokens - cost
+		wait0 = sTS - now
+		if v := visible - cost; v < 0 {
+			wait0 = min(wait0+waitUS(-v, m.ad.rateAt(m.rate, now)), maxWaitUS)
 		}
 		wait0 = max(wait0, 0)
 	}
@@ -160,7 +178,7 @@ func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult
 		s := &st[i]
 		if l.IsQuota() {
 			if req.Cost > l.Quota {
-				return res, CostError(l, req.Cost)
+				return res, nil, CostError(l, req.Cost)
 			}
 			_, end := l.Per.Window(t, l.Location)
 			s.end = end.UnixMicro()
@@ -173,7 +191,7 @@ func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult
 			continue
 		}
 		if req.Cost > l.Burst {
-			return res, CostError(l, req.Cost)
+			return res, nil, CostError(l, req.Cost)
 		}
 		s.tokens, s.ts = advanceLayer(m.buckets[i][keys[i]], now, l)
 		s.wait = s.ts - now
@@ -204,7 +222,7 @@ func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult
 		w := time.Duration(st[refused].wait) * time.Microsecond
 		res.Wait, res.Limiting = w, m.layers[refused].Name
 		res.Exceeded = ExceededError(m.layers[refused], res.At, w)
-		return res, nil
+		return res, nil, nil
 	}
 
 	wait, limiting := wait0, -1
@@ -231,18 +249,23 @@ func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult
 		// Come back when the longest wait fits the horizon, or when the
 		// quota's window starts: a quota is never reserved ahead.
 		res.Wait = time.Duration(max(wait-horizon, quotaWait)) * time.Microsecond
-		return res, nil
+		return res, nil, nil
 	}
 
 	got := req.Cost
+	var pushes []Push
 	if !req.SkipShared {
 		if wait == 0 && req.Extra > 0 && sAfter >= 1 {
 			k := min(req.Extra, int(math.Floor(sAfter)))
 			sAfter -= float64(k)
 			got += k
 		}
-		m.save(sAfter, sTS)
+		moved := pr.grant(e, pushed, sh, m.burst)
+		m.store(sAfter, sTS, pr)
 		res.Remaining = sAfter
+		if moved != 0 && len(m.watchers) > 0 {
+			pushes = pr.pushes(moved, pushed, res.At)
+		}
 	}
 	for i, l := range m.layers {
 		if l.IsQuota() {
@@ -253,7 +276,7 @@ func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult
 	}
 	res.Granted, res.Tokens = true, got
 	res.Wait = time.Duration(wait) * time.Microsecond
-	return res, nil
+	return res, pushes, nil
 }
 
 // RefundLayersAt is RefundLayers at an explicit instant.
@@ -269,8 +292,9 @@ func (m *LayeredMemory) RefundLayersAt(t time.Time, req LayerRequest, res LayerR
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !req.SkipShared {
-		cur, ts := m.advance(now)
-		m.save(math.Min(float64(m.burst), cur+float64(req.Cost)), ts)
+		cur, ts, pr := m.load(now)
+		pr.refund(res.Class.Rank(), float64(req.Cost))
+		m.store(math.Min(float64(m.burst), cur+float64(req.Cost)), ts, pr)
 	}
 	for i, l := range m.layers {
 		if l.IsQuota() {

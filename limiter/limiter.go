@@ -95,6 +95,15 @@ type State struct {
 	// Replicas is the number of live replicas known from heartbeats, or 0
 	// when the store does not track them.
 	Replicas int
+	// Reserved is the tokens each class holds reserved ahead, indexed by
+	// Priority: they add up to max(0, -Tokens). Zero from a store without
+	// classes.
+	Reserved Shares
+	// Pushed is each class's push counter (see Push), indexed by Priority;
+	// PriorityHigh's is always 0. A replica that may have missed pushes,
+	// such as after a resubscription, compares it with the counter its
+	// reservations saw.
+	Pushed Shares
 	// Mode is how the Bucket that produced this State is limiting now. A
 	// Store leaves it empty.
 	Mode Mode

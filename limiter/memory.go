@@ -28,6 +28,7 @@ type Memory struct {
 	ad       adaptiveCurve // adaptive.go: the adaptive rate, when on
 	warm     int64         // warmup.go: the warm-up period (µs), 0 = none
 	wts      int64         // warmup.go: the start of the last ramp (µs)
+	pr       prio          // priority.go: the classes' queues and counters
 }
 
 // NewMemory returns a full in-process bucket that refills at rate tokens per
@@ -78,6 +79,12 @@ func (m *Memory) Refund(_ context.Context, tokens int) error {
 	return nil
 }
 
+// RefundClass implements ClassRefunder.
+func (m *Memory) RefundClass(_ context.Context, tokens int, class Priority) error {
+	m.RefundClassAt(m.now(), tokens, class)
+	return nil
+}
+
 // Pause implements Store.
 func (m *Memory) Pause(_ context.Context, d time.Duration) error {
 	m.PauseAt(m.now(), d)
@@ -111,6 +118,24 @@ func (m *Memory) Watch(ctx context.Context, changed func(), pushed func(Push)) {
 type watcher struct {
 	changed func()
 	pushed  func(Push)
+}
+
+// announce calls the watchers' pushed with each push; m.mu must not be
+// held.
+func (m *Memory) announce(pushes []Push) {
+	m.mu.Lock()
+	fns := make([]func(Push), 0, len(m.watchers))
+	for w := range m.watchers {
+		if w.pushed != nil {
+			fns = append(fns, w.pushed)
+		}
+	}
+	m.mu.Unlock()
+	for _, f := range fns {
+		for _, p := range pushes {
+			f(p)
+		}
+	}
 }
 
 // notify calls the watchers' changed; m.mu must not be held.
@@ -152,35 +177,72 @@ func (m *Memory) save(tokens float64, ts int64) {
 	m.tokens, m.ts, m.init = tokens, ts, true
 }
 
+// load is advance with the priority state after the refill, as the Redis
+// scripts' load; store saves both. m.mu is held.
+func (m *Memory) load(now int64) (tokens float64, ts int64, pr prio) {
+	tokens, ts = m.advance(now)
+	return tokens, ts, m.loaded(tokens)
+}
+
+// loaded returns the priority state after a refill from the stored tokens
+// to tokens. m.mu is held.
+func (m *Memory) loaded(tokens float64) prio {
+	pr := m.pr
+	t0 := math.NaN()
+	if m.init {
+		t0 = m.tokens
+	}
+	pr.refilled(t0, tokens, m.burst)
+	return pr
+}
+
+// store saves the tokens, timestamp and priority state. m.mu is held.
+func (m *Memory) store(tokens float64, ts int64, pr prio) {
+	pr.norm(tokens)
+	m.pr = pr
+	m.save(tokens, ts)
+}
+
 // TakeAt is Take at an explicit instant, for deterministic tests and
 // simulations. An instant earlier than the last one refills nothing.
 func (m *Memory) TakeAt(t time.Time, req TakeRequest) (TakeResult, error) {
 	if req.Cost < 1 {
 		return TakeResult{}, fmt.Errorf("cost %d: %w", req.Cost, ErrInvalidCost)
 	}
-	now := t.UnixMicro()
+	res, pushes, err := m.takeAt(t.UnixMicro(), req)
+	if pushes != nil {
+		m.announce(pushes)
+	}
+	return res, err
+}
+
+// takeAt is TakeAt under the lock. It returns the pushes to announce.
+func (m *Memory) takeAt(now int64, req TakeRequest) (TakeResult, []Push, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	tokens, ts, rate, wts := m.takeAdvance(now) // adaptive.go, warmup.go
-	res := TakeResult{Rate: rate, Burst: m.burst, Remaining: tokens, At: time.UnixMicro(now)}
+	pr := m.loaded(tokens)
+	cost := float64(req.Cost)
+	sh := req.MinShare.byRank()
+	e, pushed, visible := pr.class(tokens, req.Priority.Rank(), cost, sh, m.burst)
+	res := TakeResult{Rate: rate, Burst: m.burst, Remaining: tokens, At: time.UnixMicro(now), Class: PriorityOfRank(e), Pushed: pr.p[e]}
 	if ts > now {
 		res.Rate = 0
 	}
 	if req.Cost > m.burst {
-		return res, fmt.Errorf("cost %d, burst %d: %w", req.Cost, m.burst, ErrCostExceedsBurst)
+		return res, nil, fmt.Errorf("cost %d, burst %d: %w", req.Cost, m.burst, ErrCostExceedsBurst)
 	}
-	cost := float64(req.Cost)
-	after := tokens - cost
+	after := visible - cost
 	wait := ts - now
 	if after < 0 {
 		wait = min(wait+waitUS(-after, rate), maxWaitUS)
 	}
-	got := req.Cost
+	got, left := req.Cost, tokens-cost // left: the real tokens after the take
 	if wait <= 0 {
 		wait = 0
-		if req.Extra > 0 && after >= 1 {
-			k := min(req.Extra, int(math.Floor(after)))
-			after -= float64(k)
+		if req.Extra > 0 && left >= 1 {
+			k := min(req.Extra, int(math.Floor(left)))
+			left -= float64(k)
 			got += k
 		}
 	} else {
@@ -190,25 +252,38 @@ func (m *Memory) TakeAt(t time.Time, req TakeRequest) (TakeResult, error) {
 		}
 		if wait > horizon {
 			res.Wait = time.Duration(wait-horizon) * time.Microsecond
-			return res, nil
+			return res, nil, nil
 		}
 	}
-	m.save(after, ts)
+	moved := pr.grant(e, pushed, sh, m.burst)
+	m.store(left, ts, pr)
 	m.wts = wts
-	res.Granted, res.Tokens, res.Remaining = true, got, after
+	res.Granted, res.Tokens, res.Remaining = true, got, left
 	res.Wait = time.Duration(wait) * time.Microsecond
-	return res, nil
+	var pushes []Push
+	if moved != 0 && len(m.watchers) > 0 {
+		pushes = pr.pushes(moved, pushed, res.At)
+	}
+	return res, pushes, nil
 }
 
 // RefundAt is Refund at an explicit instant.
 func (m *Memory) RefundAt(t time.Time, tokens int) {
+	m.RefundClassAt(t, tokens, PriorityHigh)
+}
+
+// RefundClassAt is RefundClass at an explicit instant. A refund of class
+// PriorityHigh is a refund of no class: it repays the front of the queue.
+func (m *Memory) RefundClassAt(t time.Time, tokens int, class Priority) {
 	if tokens <= 0 {
 		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	cur, ts := m.advance(t.UnixMicro())
-	m.save(math.Min(float64(m.burst), cur+float64(tokens)), ts)
+	cur, ts, pr := m.load(t.UnixMicro())
+	cur = math.Min(float64(m.burst), cur+float64(tokens))
+	pr.refund(class.Rank(), float64(tokens))
+	m.store(cur, ts, pr)
 }
 
 // Drain implements Store.
@@ -221,8 +296,8 @@ func (m *Memory) Drain(_ context.Context, debt int) error {
 func (m *Memory) DrainAt(t time.Time, debt int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	tokens, ts := m.advance(t.UnixMicro())
-	m.save(math.Min(tokens, -float64(max(debt, 0))), ts)
+	tokens, ts, pr := m.load(t.UnixMicro())
+	m.store(math.Min(tokens, -float64(max(debt, 0))), ts, pr)
 }
 
 // PauseBy implements AttributedPauser.
@@ -243,12 +318,12 @@ func (m *Memory) PauseByAt(t time.Time, d time.Duration, by string) {
 	now := t.UnixMicro()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	tokens, ts := m.advance(now)
+	tokens, ts, pr := m.load(now)
 	if until := now + d.Microseconds(); until > ts {
 		ts = until
 		m.pausedBy = by
 	}
-	m.save(math.Min(tokens, 0), ts)
+	m.store(math.Min(tokens, 0), ts, pr)
 }
 
 // StatusAt is Status at an explicit instant.
@@ -256,10 +331,11 @@ func (m *Memory) StatusAt(t time.Time) State {
 	now := t.UnixMicro()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	tokens, ts := m.advance(now)
+	tokens, ts, pr := m.load(now)
 	st := State{
 		Tokens: tokens, Rate: m.ad.rateAt(m.rate, now), BaseRate: m.ad.rateAt(m.rate, now), Burst: m.burst,
 		ConfiguredRate: m.rate, ConfiguredBurst: m.burst, Replicas: 1,
+		Reserved: pr.reserved(tokens), Pushed: pr.pushed(),
 		At: time.UnixMicro(now),
 	}
 	if ts > now {
@@ -285,7 +361,7 @@ func (m *Memory) SetRateAt(t time.Time, rate float64, burst int) error {
 		return err
 	}
 	m.mu.Lock()
-	m.save(m.advance(t.UnixMicro()))
+	m.store(m.load(t.UnixMicro()))
 	m.rate, m.burst = rate, burst
 	m.ad = adaptiveCurve{} // an operator's rate starts again from it
 	m.mu.Unlock()

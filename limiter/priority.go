@@ -1,6 +1,8 @@
 package limiter
 
 import (
+	"context"
+	"math"
 	"strconv"
 	"time"
 )
@@ -106,4 +108,176 @@ type Push struct {
 	Tokens  float64
 	Counter float64
 	At      time.Time
+}
+
+// byRank returns the shares indexed by rank (see Priority.Rank).
+func (s Shares) byRank() [NumPriorities]float64 {
+	return [NumPriorities]float64{s[PriorityHigh], s[PriorityNormal], s[PriorityLow]}
+}
+
+// ClassRefunder is implemented by stores with priority classes. A Bucket
+// gives back the tokens of a cancelled reservation with RefundClass, naming
+// the class that holds it (TakeResult.Class), so that the store forgets it
+// in that class's queue; Store.Refund gives back tokens of no class, such
+// as an unused lease, and repays the front of the queue.
+type ClassRefunder interface {
+	// RefundClass is Store.Refund of a reservation in class's queue.
+	RefundClass(ctx context.Context, tokens int, class Priority) error
+}
+
+// Priority state of a store
+//
+// Both stores keep the same state beside a bucket's tokens T (negative
+// while reserved ahead), with the same arithmetic in the same order: the
+// Memory store in prio, the Redis scripts in the state hash's fields q1 q2
+// p1 p2 j1 j2 (priorityLua in package redislimiter). Every reservation is
+// in one queue: rank 0's first, then rank 1's, then rank 2's.
+//
+//   - q[1], q[2] are the tokens reserved by ranks 1 and 2 and not yet
+//     refilled; rank 0's are the rest of max(0, −T). A refill repays the
+//     front of the queue first: q[2] = min(q[2], max(0, −T)), then
+//     q[1] = min(q[1], max(0, −T) − q[2]).
+//   - p[1], p[2] are the ranks' push counters: the tokens by which takes
+//     of a higher rank have moved their reservations back, ever.
+//   - j[1], j[2] are the jump allowances over ranks 1 and 2, for a rank
+//     with a MinShare s > 0: a higher rank may push it back only while its
+//     allowance min((1−s)·j, burst) covers the push; each push spends it.
+//     j is kept in refilled tokens (each refill adds what it refilled), so
+//     that the scripts and calls that do not know the shares (refund,
+//     pause, drain, fill) keep it right; a full bucket, or no j yet, is a
+//     whole burst of allowance.
+//
+// A take of rank c and cost k from T tokens pushes the lower ranks back by
+// pushed = k − max(0, T) when T < k. Its effective rank e is the lowest of
+// c and every lower rank l with q[l] > 0 and s[l] > 0 whose allowance is
+// less than pushed: such a take waits at the end of l's queue instead of
+// taking l below its floor. The take then sees the tokens
+// T + Σ_{l>e} q[l], ahead of every lower reservation; granted, T falls by
+// its tokens, q[e] (e ≥ 1) grows by pushed, and every lower rank with
+// reservations gets pushed added to its counter (and spent from its
+// allowance). A refund of rank e gives k tokens back and takes
+// min(q[e], k) off q[e]. A rank-1 take with no rank-2 reservations, the
+// default, is exactly the take of a bucket without classes.
+type prio struct {
+	q, p, j [NumPriorities]float64 // indexed by rank; [0] unused
+	jset    [NumPriorities]bool    // j[l] holds a value; else a whole burst
+}
+
+// refilled updates s for a refill of the bucket from t0 tokens (those
+// stored; NaN when there is no state) to t, and repays the front of the
+// queue.
+func (s *prio) refilled(t0, t float64, burst int) {
+	if s.jset[1] || s.jset[2] {
+		if t >= float64(burst) {
+			s.jset = [NumPriorities]bool{}
+		} else if t > t0 {
+			for l := 1; l <= 2; l++ {
+				if s.jset[l] {
+					s.j[l] += t - t0
+				}
+			}
+		}
+	}
+	s.norm(t)
+}
+
+// norm repays the front of the queue so that the ranks' reservations do
+// not exceed the tokens reserved, max(0, −t).
+func (s *prio) norm(t float64) {
+	if s.q[1] > 0 || s.q[2] > 0 {
+		total := math.Max(0, -t)
+		s.q[2] = math.Min(s.q[2], total)
+		s.q[1] = math.Min(s.q[1], total-s.q[2])
+	}
+}
+
+// allow returns the jump allowance over rank l with share sh.
+func (s *prio) allow(l int, sh float64, burst int) float64 {
+	if !s.jset[l] {
+		return float64(burst)
+	}
+	return math.Min((1-sh)*s.j[l], float64(burst))
+}
+
+// class returns the effective rank e of a take of rank c and cost k from t
+// tokens, the tokens it pushes lower ranks back by, and the tokens it sees.
+// sh holds the shares by rank.
+func (s *prio) class(t float64, c int, k float64, sh [NumPriorities]float64, burst int) (e int, pushed, visible float64) {
+	if t < k {
+		pushed = k - math.Max(0, t)
+	}
+	e = c
+	if pushed > 0 {
+		for l := c + 1; l <= 2; l++ {
+			if s.q[l] > 0 && sh[l] > 0 && s.allow(l, sh[l], burst) < pushed {
+				e = l
+			}
+		}
+	}
+	visible = t
+	for l := e + 1; l <= 2; l++ {
+		visible += s.q[l]
+	}
+	return e, pushed, visible
+}
+
+// grant records a granted take of effective rank e that pushed lower ranks
+// back by pushed. It returns the ranks it pushed, as bits 1<<rank.
+func (s *prio) grant(e int, pushed float64, sh [NumPriorities]float64, burst int) (moved uint8) {
+	if !(pushed > 0) {
+		return 0
+	}
+	if e >= 1 {
+		s.q[e] += pushed
+	}
+	for l := e + 1; l <= 2; l++ {
+		if s.q[l] > 0 {
+			s.p[l] += pushed
+			if sh[l] > 0 {
+				limit := float64(burst) / (1 - sh[l])
+				j := limit
+				if s.jset[l] {
+					j = math.Min(s.j[l], limit)
+				}
+				s.j[l], s.jset[l] = j-pushed/(1-sh[l]), true
+			}
+			moved |= 1 << l
+		}
+	}
+	return moved
+}
+
+// refund takes the k tokens of a cancelled reservation of rank e off its
+// queue; the caller has put them back in the bucket.
+func (s *prio) refund(e int, k float64) {
+	if e >= 1 && e <= 2 {
+		s.q[e] -= math.Min(s.q[e], k)
+	}
+}
+
+// reserved returns the tokens each class has reserved, from t tokens.
+func (s *prio) reserved(t float64) Shares {
+	var r Shares
+	r[PriorityNormal], r[PriorityLow] = s.q[1], s.q[2]
+	r[PriorityHigh] = math.Max(0, math.Max(0, -t)-s.q[1]-s.q[2])
+	return r
+}
+
+// pushed returns the push counters by class.
+func (s *prio) pushed() Shares {
+	var r Shares
+	r[PriorityNormal], r[PriorityLow] = s.p[1], s.p[2]
+	return r
+}
+
+// pushes are the announcements of a granted take: one Push per rank in
+// moved.
+func (s *prio) pushes(moved uint8, tokens float64, at time.Time) []Push {
+	var out []Push
+	for l := 1; l <= 2; l++ {
+		if moved&(1<<l) != 0 {
+			out = append(out, Push{Class: PriorityOfRank(l), Tokens: tokens, Counter: s.p[l], At: at})
+		}
+	}
+	return out
 }

@@ -118,6 +118,11 @@ type BucketStatus struct {
 	Override *Override
 	// Replicas is the number of live replicas, from their heartbeats.
 	Replicas int
+	// Reserved is the tokens each class holds reserved ahead, indexed by
+	// limiter.Priority; zero when Tokens is unknown.
+	Reserved limiter.Shares
+	// Pushed is each class's push counter (see limiter.Push).
+	Pushed limiter.Shares
 	// At is Redis's clock when it answered.
 	At time.Time
 }
@@ -135,11 +140,11 @@ func (a *Admin) status(ctx context.Context, nowUS int64) (BucketStatus, error) {
 	malformed := func() (BucketStatus, error) {
 		return BucketStatus{}, storeError("status", a.name, fmt.Errorf("%w: %v", limiter.ErrMalformedReply, v))
 	}
-	if len(v) != 10 {
+	if len(v) != 15 {
 		return malformed()
 	}
 	ints := make([]int64, len(v))
-	for _, i := range []int{1, 2, 3, 6, 7, 8} {
+	for _, i := range []int{1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14} {
 		n, ok := v[i].(int64)
 		if !ok {
 			return malformed()
@@ -154,6 +159,11 @@ func (a *Admin) status(ctx context.Context, nowUS int64) (BucketStatus, error) {
 		Replicas:  int(ints[7]),
 		At:        time.UnixMicro(ints[8]),
 	}
+	for rank := range limiter.NumPriorities {
+		st.Reserved[limiter.PriorityOfRank(rank)] = float64(ints[10+rank]) / 1000
+	}
+	st.Pushed[limiter.PriorityNormal] = float64(ints[13]) / 1000
+	st.Pushed[limiter.PriorityLow] = float64(ints[14]) / 1000
 	if n, ok := v[0].(int64); ok {
 		st.Tokens, st.TokensKnown = float64(n)/1000, true
 	}

@@ -168,14 +168,14 @@ func (b *batcher) lead(ctx context.Context, p *pending) (limiter.TakeResult, err
 		b.send(context.WithoutCancel(ctx), batch)
 	}
 
-	refund := 0
+	var refund [limiter.NumPriorities]int // by the class whose queue holds them
 	b.mu.Lock()
 	for _, q := range batch {
 		switch {
 		case q == p:
 		case q.abandoned:
 			if q.err == nil && q.res.Granted {
-				refund += q.res.Tokens
+				refund[q.res.Class] += q.res.Tokens
 			}
 			q.release()
 		default:
@@ -188,12 +188,15 @@ func (b *batcher) lead(ctx context.Context, p *pending) (limiter.TakeResult, err
 	b.handOffLocked()
 	b.mu.Unlock()
 
-	if refund > 0 {
+	for class, n := range refund {
+		if n == 0 {
+			continue
+		}
 		// Best effort, like the Bucket's refund of a cancelled
 		// reservation: if it fails the tokens stay taken until the bucket
 		// refills.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
-		_ = b.s.Refund(rctx, refund)
+		_ = b.s.RefundClass(rctx, n, limiter.Priority(class))
 		cancel()
 	}
 	res, err := p.res, p.err
@@ -243,9 +246,9 @@ func (b *batcher) send(ctx context.Context, batch []*pending) {
 // TIME), as takeScript.EvalSha would build it but with one allocation for
 // the arguments instead of five.
 func takeEvalSha(ctx context.Context, s *Store, req limiter.TakeRequest, nowUS int64) *redis.Cmd {
-	args := make([]any, 0, len(s.takeHead)+7)
+	args := make([]any, 0, len(s.takeHead)+takeArgc)
 	args = append(args, s.takeHead...)
-	args = append(args, s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), s.maxWaitArg(req.MaxWait), nowUS, s.warmArg)
+	args = s.appendTakeArgs(args, req, nowUS)
 	cmd := redis.NewCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	return cmd

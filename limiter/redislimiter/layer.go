@@ -195,7 +195,7 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req limiter.Laye
 		}
 		// A later step refused: give back what the earlier ones charged.
 		for _, d := range done {
-			if rerr := l.refundStep(context.WithoutCancel(ctx), at, req, keys, d, out.At); rerr != nil && err == nil {
+			if rerr := l.refundStep(context.WithoutCancel(ctx), at, req, keys, d, out.At, out.Class); rerr != nil && err == nil {
 				err = rerr
 			}
 		}
@@ -233,7 +233,7 @@ func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string
 		nowUS = at.UnixMicro()
 	}
 	rkeys := make([]string, 0, 2+len(st.layers))
-	args := make([]any, 0, 8+10*len(st.layers))
+	args := make([]any, 0, 12+10*len(st.layers))
 	shared := "0"
 	if st.shared {
 		shared = "1"
@@ -243,7 +243,9 @@ func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string
 	if st.shared && !l.cluster { // a refused later step refunds Cost only
 		extra = max(req.Extra, 0)
 	}
-	args = append(args, nowUS, req.Cost, max(req.MaxWait, 0).Microseconds(), shared, l.rateArg, l.burstArg, len(st.layers), extra)
+	sh := l.sharesArg(req.MinShare)
+	args = append(args, nowUS, req.Cost, max(req.MaxWait, 0).Microseconds(), shared, l.rateArg, l.burstArg, len(st.layers), extra,
+		rankArgs[req.Priority.Rank()], sh.boxed[1], sh.boxed[2], l.channelArg)
 	for _, i := range st.layers {
 		rkeys = append(rkeys, l.layerKey(i, keys[i]))
 		args = append(args, l.spec[i]...)
@@ -262,7 +264,7 @@ func (l *Layered) takeReply(req limiter.LayerRequest, v []int64, err error, cloc
 	if err != nil {
 		return limiter.LayerResult{}, l.fail("take layers", err)
 	}
-	if len(v) != 8 {
+	if len(v) != 10 || v[8] < 0 || v[8] > 2 {
 		return limiter.LayerResult{}, l.malformed("take layers", v)
 	}
 	res := limiter.LayerResult{TakeResult: limiter.TakeResult{
@@ -271,6 +273,8 @@ func (l *Layered) takeReply(req limiter.LayerRequest, v []int64, err error, cloc
 		Rate:      float64(v[4]) / 1000,
 		Burst:     int(v[5]),
 		At:        time.UnixMicro(v[6]),
+		Class:     limiter.PriorityOfRank(int(v[8])),
+		Pushed:    float64(v[9]) / 1000,
 	}}
 	var layer limiter.Layer
 	if v[2] > 0 {
@@ -312,7 +316,7 @@ func (l *Layered) refundLayers(ctx context.Context, at time.Time, req limiter.La
 		return err
 	}
 	for _, st := range l.steps(req.SkipShared) {
-		if err := l.refundStep(ctx, at, req, keys, st, res.At); err != nil {
+		if err := l.refundStep(ctx, at, req, keys, st, res.At, res.Class); err != nil {
 			return err
 		}
 	}
@@ -320,20 +324,21 @@ func (l *Layered) refundLayers(ctx context.Context, at time.Time, req limiter.La
 }
 
 // refundStep runs layersRefundScript for one step of a take charged at
-// charged (the store's clock).
-func (l *Layered) refundStep(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step, charged time.Time) error {
+// charged (the store's clock), whose reservation on the shared bucket was
+// in class's queue.
+func (l *Layered) refundStep(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step, charged time.Time, class limiter.Priority) error {
 	nowUS := int64(0)
 	if !at.IsZero() {
 		nowUS = at.UnixMicro()
 	}
 	rkeys := make([]string, 0, 2+len(st.layers))
-	args := make([]any, 0, 6+4*len(st.layers))
+	args := make([]any, 0, 7+4*len(st.layers))
 	shared := "0"
 	if st.shared {
 		shared = "1"
 		rkeys = append(rkeys, l.stateKeys...)
 	}
-	args = append(args, nowUS, req.Cost, shared, l.rateArg, l.burstArg, len(st.layers))
+	args = append(args, nowUS, req.Cost, shared, l.rateArg, l.burstArg, len(st.layers), rankArgs[class.Rank()])
 	for _, i := range st.layers {
 		rkeys = append(rkeys, l.layerKey(i, keys[i]))
 		args = append(args, l.spec[i][1], l.spec[i][2], l.spec[i][3])

@@ -61,35 +61,44 @@ end
 // KEYS: with the shared bucket, its state and override keys; then one key
 // per layer. ARGV: now_us (0: TIME), cost, horizon_us, shared (1/0),
 // shared rate, shared burst, n, extra (shared tokens to lease when all is
-// granted at once); then 10 values per layer: index (1-based,
+// granted at once), rank, share1, share2, channel (the class on the shared
+// bucket, as in takeScript); then 10 values per layer: index (1-based,
 // named in the reply), kind (b: bucket, q: quota), rate or quota, burst,
 // action (w: wait, d: dead_letter, y: delay), max_wait_us, and for a quota
 // four window boundaries b0..b3 around the caller's clock (0 for a bucket).
 //
 // Reply: {status, wait_us, layer, remaining_milli, effective_rate_milli,
-// burst, now_us, tokens (cost plus the extra granted)}. status: 1 granted, 0 not granted (come back after
-// wait_us), 2 refused by layer's action, -1 cost above the shared burst,
-// -2 cost above layer's burst or quota, -3 no window holds now (a clock
-// skew above a window). layer is the 1-based index of the layer that set
-// wait_us or refused, or 0 for the shared bucket.
+// burst, now_us, tokens (cost plus the extra granted), rank (the effective
+// one on the shared bucket), pushed_milli (its push counter)}. status: 1
+// granted, 0 not granted (come back after wait_us), 2 refused by layer's
+// action, -1 cost above the shared burst, -2 cost above layer's burst or
+// quota, -3 no window holds now (a clock skew above a window). layer is
+// the 1-based index of the layer that set wait_us or refused, or 0 for the
+// shared bucket.
 var layersScript = redis.NewScript(layerPrelude + `
 local now = now_us(ARGV[1])
 local cost, horizon = tonumber(ARGV[2]), tonumber(ARGV[3])
 local shared = ARGV[4] == '1'
 local n = tonumber(ARGV[7])
 local extra = tonumber(ARGV[8])
+local rank, s1, s2 = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local kb = 0
 local srate, sburst, stokens, sts, safter, wait0, eff = 0, 0, 0, 0, 0, 0, 0
+local e, pushed, visible = rank, 0, 0
+local function reply(status, wait, layer, remaining, got)
+  return {status, wait, layer, milli(remaining), milli(eff), sburst, now, got, e, milli(prio_counter(e))}
+end
 if shared then
   kb = 2
   srate, sburst = limits(KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]))
   stokens, sts = load(KEYS[1], now, srate, sburst)
+  e, pushed, visible = prio_class(stokens, rank, cost, s1, s2, sburst)
   eff = srate
   if sts > now then eff = 0 end
-  if cost > sburst then return {-1, 0, 0, milli(stokens), milli(eff), sburst, now, 0} end
+  if cost > sburst then return reply(-1, 0, 0, stokens, 0) end
   safter = stokens - cost
   wait0 = sts - now
-  if safter < 0 then wait0 = clamp(wait0 + wait_us(-safter, srate)) end
+  if visible - cost < 0 then wait0 = clamp(wait0 + wait_us(-(visible - cost), srate)) end
   if wait0 < 0 then wait0 = 0 end
   if horizon > 0 then horizon = math.max(horizon, wait_us(cost, srate)) end
 end
@@ -97,22 +106,22 @@ end
 local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
 local tok, lts, wend, used, w = {}, {}, {}, {}, {}
 for i = 1, n do
-  local a = 8 + (i - 1) * 10
+  local a = 12 + (i - 1) * 10
   local key = KEYS[kb + i]
   idx[i], kind[i] = tonumber(ARGV[a + 1]), ARGV[a + 2]
   rate[i], burst[i] = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   action[i], maxw[i] = ARGV[a + 5], tonumber(ARGV[a + 6])
   if kind[i] == 'q' then
     local quota = rate[i]
-    if cost > quota then return {-2, 0, idx[i], milli(stokens), milli(eff), sburst, now, 0} end
-    local e = window_end(a + 7, now)
-    if not e then return {-3, 0, idx[i], milli(stokens), milli(eff), sburst, now, 0} end
-    wend[i] = e
-    used[i] = quota_used(key, e)
+    if cost > quota then return reply(-2, 0, idx[i], stokens, 0) end
+    local we = window_end(a + 7, now)
+    if not we then return reply(-3, 0, idx[i], stokens, 0) end
+    wend[i] = we
+    used[i] = quota_used(key, we)
     w[i] = 0
-    if used[i] + cost > quota then w[i] = e - now end
+    if used[i] + cost > quota then w[i] = we - now end
   else
-    if cost > burst[i] then return {-2, 0, idx[i], milli(stokens), milli(eff), sburst, now, 0} end
+    if cost > burst[i] then return reply(-2, 0, idx[i], stokens, 0) end
     tok[i], lts[i] = bucket_load(key, now, rate[i], burst[i])
     local wt = lts[i] - now
     local after = tok[i] - cost
@@ -135,7 +144,7 @@ for i = 1, n do
   end
 end
 if refused > 0 then
-  return {2, w[refused], idx[refused], milli(stokens), milli(eff), sburst, now, 0}
+  return reply(2, w[refused], idx[refused], stokens, 0)
 end
 
 local wait, limiting, qwait = wait0, 0, 0
@@ -144,7 +153,7 @@ for i = 1, n do
   if kind[i] == 'q' and w[i] > qwait then qwait = w[i] end
 end
 if wait > horizon or qwait > 0 then
-  return {0, math.max(wait - horizon, qwait), limiting, milli(stokens), milli(eff), sburst, now, 0}
+  return reply(0, math.max(wait - horizon, qwait), limiting, stokens, 0)
 end
 
 local got = cost
@@ -154,7 +163,9 @@ if shared then
     safter = safter - k
     got = got + k
   end
+  local moved = prio_grant(e, pushed, s1, s2, sburst)
   save(KEYS[1], safter, sts, now, srate, sburst)
+  prio_announce(ARGV[12], now, pushed, moved)
 end
 for i = 1, n do
   local key = KEYS[kb + i]
@@ -164,14 +175,15 @@ for i = 1, n do
     bucket_save(key, tok[i] - cost, lts[i], now, rate[i], burst[i])
   end
 end
-return {1, wait, limiting, milli(safter), milli(eff), sburst, now, got}
+return reply(1, wait, limiting, safter, got)
 `)
 
 // layersRefundScript gives back what layersScript charged. A quota is
 // refunded only while its stored window is the one charged.
 //
 // KEYS: as layersScript. ARGV: now_us, cost, shared (1/0), shared rate,
-// shared burst, n; then 4 values per layer: kind, rate or quota, burst, and
+// shared burst, n, rank (whose queue on the shared bucket held the
+// reservation); then 4 values per layer: kind, rate or quota, burst, and
 // for a quota the end of the window charged. Reply: 1.
 var layersRefundScript = redis.NewScript(layerPrelude + `
 local now = now_us(ARGV[1])
@@ -182,10 +194,11 @@ if ARGV[3] == '1' then
   kb = 2
   local rate, burst = limits(KEYS[2], tonumber(ARGV[4]), tonumber(ARGV[5]))
   local tokens, ts = load(KEYS[1], now, rate, burst)
+  prio_refund(tonumber(ARGV[7]), cost)
   save(KEYS[1], math.min(burst, tokens + cost), ts, now, rate, burst)
 end
 for i = 1, n do
-  local a = 6 + (i - 1) * 4
+  local a = 7 + (i - 1) * 4
   local key = KEYS[kb + i]
   local r, b = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   if ARGV[a + 1] == 'q' then

@@ -31,6 +31,11 @@ local function clamp(x)
   return x
 end
 
+local function milli(x)
+  return clamp(math.floor(x * 1000 + 0.5))
+end
+` + priorityLua + `
+
 local function now_us(arg)
   local n = tonumber(arg)
   if not (n and n > 0) then
@@ -68,15 +73,27 @@ end
 
 -- load returns the tokens and timestamp at now. A missing bucket is full.
 -- The bucket refills only after ts; ts lies in the future while it is paused.
+-- It reads the classes' state in the same HMGET (priorityLua).
 local function load(skey, now, rate, burst)
+  local st
   if WARM then -- a take with a warm-up (warmupLua)
-    local st = redis.call('HMGET', skey, 'tokens', 'ts', 'wts')
+    st = redis.call('HMGET', skey, 'tokens', 'ts', 'wts', 'q1', 'q2', 'p1', 'p2', 'j1', 'j2')
+    prio_read(st, 4)
     local wt, wts = warm_load(st, now, rate, burst)
-    if wt then return wt, wts end
+    if wt then
+      prio_refilled(tonumber(st[1]), wt, burst)
+      return wt, wts
+    end
+  else
+    st = redis.call('HMGET', skey, 'tokens', 'ts', 'q1', 'q2', 'p1', 'p2', 'j1', 'j2')
+    prio_read(st, 3)
   end
-  local st = redis.call('HMGET', skey, 'tokens', 'ts')
   local tokens, ts = tonumber(st[1]), tonumber(st[2])
-  if not tokens or not ts then return burst, now end
+  if not tokens or not ts then
+    prio_refilled(nil, burst, burst)
+    return burst, now
+  end
+  local t0 = tokens
   if now > ts then
     if AD then
       tokens = tokens + (ad_cum(AD, now) - ad_cum(AD, ts)) / 1e6
@@ -86,23 +103,21 @@ local function load(skey, now, rate, burst)
     ts = now
   end
   if tokens > burst then tokens = burst end
+  prio_refilled(t0, tokens, burst)
   return tokens, ts
 end
 
--- save stores the state and lets the key expire when the bucket would be
--- full again, when a missing key means exactly the same thing.
+-- save stores the state, with the classes' fields that changed, and lets
+-- the key expire when the bucket would be full again, when a missing key
+-- means exactly the same thing.
 local function save(skey, tokens, ts, now, rate, burst)
-  redis.call('HSET', skey, 'tokens', tokens, 'ts', ts)
+  prio_hset(skey, tokens, ts)
   local full_us = (ts - now) + (burst - tokens) * 1e6 / rate
   if WARM then -- warmupLua: the ramp start, and "missing" = idle longer than WARM
     if WTS then redis.call('HSET', skey, 'wts', string.format('%d', WTS), 'wu', string.format('%d', WARM)) end
     full_us = full_us + WARM
   end
   redis.call('PEXPIRE', skey, math.ceil(full_us / 1000) + 1000)
-end
-
-local function milli(x)
-  return clamp(math.floor(x * 1000 + 0.5))
 end
 
 -- wait_us returns the microseconds needed to refill n tokens at rate.
@@ -114,35 +129,41 @@ end
 // takeScript takes or reserves tokens.
 //
 // KEYS: state, override. ARGV: rate, burst, cost, extra, max_wait_us, now_us,
-// warmup_us (0 or absent: none; see warmupLua). Reply: one string of seven integers separated by spaces: granted (1,
-// 0, or -1 when cost > burst), tokens, wait_us, remaining_milli,
-// effective_rate_milli, burst, now_us. One string costs the client two
-// allocations to read, where an array of seven integers costs up to nine.
+// warmup_us (0 or absent: none; see warmupLua), rank (the class's rank,
+// limiter.Priority.Rank; absent: 1), share1, share2 (the MinShare of ranks 1
+// and 2; absent: 0), channel (for the push announcement). Reply: one string
+// of nine integers separated by spaces: granted (1, 0, or -1 when cost >
+// burst), tokens, wait_us, remaining_milli, effective_rate_milli, burst,
+// now_us, rank (the effective one, whose queue holds the reservation),
+// pushed_milli (that rank's push counter). One string costs the client two
+// allocations to read, where an array of nine integers costs up to eleven.
 var takeScript = redis.NewScript(takeSrc)
 
 var takeSrc = prelude + `
 local now = now_us(ARGV[6])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
 local cost, extra, max_wait = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local rank, s1, s2 = tonumber(ARGV[8]) or 1, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
 WARM = tonumber(ARGV[7]) -- warmupLua
 if WARM and WARM <= 0 then WARM = nil end
 local tokens, ts = load(KEYS[1], now, rate, burst)
 if WRATE then rate = WRATE end -- warmupLua: a cold start or a ramp in progress
 local eff = rate
 if ts > now then eff = 0 end
+local e, pushed, visible = prio_class(tokens, rank, cost, s1, s2, burst)
 local function reply(granted, got, wait, remaining)
-  return string.format('%d %d %d %d %d %d %d', granted, got, wait, milli(remaining), milli(eff), burst, now)
+  return string.format('%d %d %d %d %d %d %d %d %d', granted, got, wait, milli(remaining), milli(eff), burst, now, e, milli(prio_counter(e)))
 end
 if cost > burst then return reply(-1, 0, 0, tokens) end
-local after = tokens - cost
+local after = visible - cost
 local wait = ts - now
 if after < 0 then wait = clamp(wait + wait_us(-after, rate)) end
-local got = cost
+local got, left = cost, tokens - cost
 if wait <= 0 then
   wait = 0
-  if extra > 0 and after >= 1 then
-    local k = math.min(extra, math.floor(after))
-    after = after - k
+  if extra > 0 and left >= 1 then
+    local k = math.min(extra, math.floor(left))
+    left = left - k
     got = got + k
   end
 else
@@ -150,18 +171,24 @@ else
   if max_wait > 0 then horizon = math.max(max_wait, wait_us(cost, rate)) end
   if wait > horizon then return reply(0, 0, wait - horizon, tokens) end
 end
-save(KEYS[1], after, ts, now, rate, burst)
-return reply(1, got, wait, after)
+local moved = prio_grant(e, pushed, s1, s2, burst)
+save(KEYS[1], left, ts, now, rate, burst)
+prio_announce(ARGV[11], now, pushed, moved)
+return reply(1, got, wait, left)
 `
 
-// refundScript puts tokens back, up to burst.
+// refundScript puts tokens back, up to burst, and takes them off the queue
+// of the rank that reserved them (priorityLua).
 //
-// KEYS: state, override. ARGV: rate, burst, tokens, now_us. Reply: remaining_milli.
+// KEYS: state, override. ARGV: rate, burst, tokens, now_us, rank (0, or
+// absent: no class). Reply: remaining_milli.
 var refundScript = redis.NewScript(prelude + `
 local now = now_us(ARGV[4])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
 local tokens, ts = load(KEYS[1], now, rate, burst)
-tokens = math.min(burst, tokens + tonumber(ARGV[3]))
+local k = tonumber(ARGV[3])
+tokens = math.min(burst, tokens + k)
+prio_refund(tonumber(ARGV[5]) or 0, k)
 save(KEYS[1], tokens, ts, now, rate, burst)
 return milli(tokens)
 `)
@@ -196,20 +223,30 @@ return clamp(ts - now)
 // refill rate apart from a pause, 0 when unknown), burst (0 when unknown),
 // paused_us, override_rate (verbatim, or false), override_burst (verbatim,
 // or false), override_ttl_ms, replicas, now_us, paused_by ("" when not
-// paused or unknown)}.
+// paused or unknown), reserved0_milli, reserved1_milli, reserved2_milli
+// (the tokens each rank holds reserved ahead; 0 when the tokens are
+// unknown), pushed1_milli, pushed2_milli (the push counters of ranks 1 and
+// 2)}.
 var statusScript = redis.NewScript(prelude + `
 local now = now_us(ARGV[3])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
-local st = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'by')
+local st = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'by', 'q1', 'q2', 'p1', 'p2', 'j1', 'j2')
+prio_read(st, 4)
 local paused, by = 0, ''
 local ts = tonumber(st[2])
 if ts and ts > now then paused = clamp(ts - now); by = st[3] or '' end
 local tokens = false
-if rate > 0 and burst > 0 then tokens = milli(load(KEYS[1], now, rate, burst)) end
+local r0, r1, r2 = 0, 0, 0
+if rate > 0 and burst > 0 then
+  local t = load(KEYS[1], now, rate, burst)
+  tokens = milli(t)
+  r0, r1, r2 = math.max(0, math.max(0, -t) - Q1 - Q2), Q1, Q2
+end
 local ov = redis.call('HMGET', KEYS[2], 'rate', 'burst')
 local ottl = redis.call('PTTL', KEYS[2])
 local replicas = redis.call('ZCOUNT', KEYS[3], string.format('(%d', now), '+inf')
-return {tokens, milli(rate), burst, paused, ov[1] or false, ov[2] or false, ottl, replicas, now, by}
+return {tokens, milli(rate), burst, paused, ov[1] or false, ov[2] or false, ottl, replicas, now, by,
+  milli(r0), milli(r1), milli(r2), milli(P1), milli(P2)}
 `)
 
 // drainScript empties the bucket and leaves at least debt tokens reserved

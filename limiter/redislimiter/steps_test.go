@@ -23,7 +23,7 @@ func (c clocked) TakeAt(now time.Time, req limiter.TakeRequest) (limiter.TakeRes
 }
 
 func (c clocked) RefundAt(now time.Time, n int) error {
-	return c.s.refund(context.Background(), now.UnixMicro(), n)
+	return c.s.refund(context.Background(), now.UnixMicro(), n, limiter.PriorityHigh)
 }
 
 func (c clocked) PauseAt(now time.Time, d time.Duration) error {

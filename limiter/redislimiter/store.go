@@ -15,7 +15,8 @@
 // A bucket named NAME uses these keys, all with the hash tag {NAME} so that
 // they land in one Redis Cluster slot and one script can touch them all:
 //
-//	PREFIX{NAME}:state     hash: tokens, ts (µs), by (who paused)  TTL: until the bucket is full again
+//	PREFIX{NAME}:state     hash: tokens, ts (µs), by (who paused),  TTL: until the bucket is full again
+//	                       the classes' q1 q2 p1 p2 j1 j2 (see priorityLua), ...
 //	PREFIX{NAME}:override  hash: rate, burst                       TTL: the override's duration, if any
 //	PREFIX{NAME}:replicas  sorted set: replica → expiry             TTL: twice the heartbeat TTL
 //	PREFIX{NAME}:configs   hash: replica → "rate burst [mode granted waiting x:LAYER:N... w:H,N,L]"  TTL: as replicas
@@ -124,10 +125,14 @@ type Store struct {
 	configArg string
 	// warmArg is Config.Warmup in µs, the take script's ARGV[7].
 	warmArg any
+	// channelArg is channel, boxed: the take script's ARGV[11].
+	channelArg any
 	// takeHead is the start of a take's EVALSHA, up to its ARGV.
 	takeHead []any
 	// lastMaxWait is the last MaxWait argument, boxed.
 	lastMaxWait atomic.Pointer[boxedInt]
+	// lastShares is the last MinShare argument, boxed.
+	lastShares atomic.Pointer[boxedShares]
 }
 
 // New returns a Store for one bucket. It makes no Redis call. A Burst of 0
@@ -167,6 +172,7 @@ func New(client Client, cfg Config) (*Store, error) {
 		configArg: strconv.FormatFloat(cfg.Rate, 'g', -1, 64) + " " + strconv.Itoa(cfg.Burst),
 		warmArg:   any(cfg.Warmup.Microseconds()),
 	}
+	s.channelArg = any(s.channel)
 	s.admin = &Admin{client: client, name: cfg.Bucket, keys: k, rate: cfg.Rate, burst: cfg.Burst, rateArg: s.rateArg, burstArg: s.burstArg}
 	s.takeHead = []any{"evalsha", takeScript.Hash(), len(s.stateKeys), s.stateKeys[0], s.stateKeys[1]}
 	if !cfg.NoBatching {
@@ -242,7 +248,41 @@ func (s *Store) take(ctx context.Context, nowUS int64, req limiter.TakeRequest) 
 
 // takeArgs returns the ARGV of takeScript for req.
 func (s *Store) takeArgs(req limiter.TakeRequest, nowUS int64) []any {
-	return []any{s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), s.maxWaitArg(req.MaxWait), nowUS, s.warmArg}
+	return s.appendTakeArgs(make([]any, 0, takeArgc), req, nowUS)
+}
+
+// takeArgc is the number of takeScript's ARGV.
+const takeArgc = 11
+
+// appendTakeArgs appends the ARGV of takeScript for req to args.
+func (s *Store) appendTakeArgs(args []any, req limiter.TakeRequest, nowUS int64) []any {
+	sh := s.sharesArg(req.MinShare)
+	return append(args, s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), s.maxWaitArg(req.MaxWait), nowUS, s.warmArg,
+		rankArgs[req.Priority.Rank()], sh.boxed[1], sh.boxed[2], s.channelArg)
+}
+
+// rankArgs are the ranks 0, 1, 2, boxed.
+var rankArgs = [limiter.NumPriorities]any{0, 1, 2}
+
+// boxedShares is a MinShare and its shares by rank as script arguments.
+type boxedShares struct {
+	shares limiter.Shares
+	boxed  [limiter.NumPriorities]any
+}
+
+// sharesArg returns the shares of ranks 1 and 2 (normal and low) as script
+// arguments, reusing those of the last call: a Bucket asks with the same
+// shares every time.
+func (s *Store) sharesArg(sh limiter.Shares) *boxedShares {
+	if p := s.lastShares.Load(); p != nil && p.shares == sh {
+		return p
+	}
+	p := &boxedShares{shares: sh}
+	for rank := range p.boxed {
+		p.boxed[rank] = strconv.FormatFloat(sh[limiter.PriorityOfRank(rank)], 'g', -1, 64)
+	}
+	s.lastShares.Store(p)
+	return p
 }
 
 // maxWaitArg returns d in microseconds as a script argument, reusing the
@@ -266,13 +306,17 @@ type boxedInt struct {
 
 // takeResult turns the take script's reply, or its error, into Take's
 // answer. The reply is "granted tokens wait_us remaining_milli rate_milli
-// burst now_us", granted being 1, 0, or -1 when the cost exceeds the burst.
+// burst now_us rank pushed_milli", granted being 1, 0, or -1 when the cost
+// exceeds the burst.
 func (s *Store) takeResult(req limiter.TakeRequest, cmd *redis.Cmd) (limiter.TakeResult, error) {
 	if err := cmd.Err(); err != nil {
 		return limiter.TakeResult{}, s.fail("take", err)
 	}
 	str, _ := cmd.Val().(string)
-	v, ok := parseInts7(str)
+	v, ok := parseInts9(str)
+	if ok && (v[7] < 0 || v[7] > 2) {
+		ok = false
+	}
 	if !ok {
 		return limiter.TakeResult{}, s.fail("take", fmt.Errorf("%w: %q", limiter.ErrMalformedReply, cmd.Val()))
 	}
@@ -284,6 +328,8 @@ func (s *Store) takeResult(req limiter.TakeRequest, cmd *redis.Cmd) (limiter.Tak
 		Rate:      float64(v[4]) / 1000,
 		Burst:     int(v[5]),
 		At:        time.UnixMicro(v[6]),
+		Class:     limiter.PriorityOfRank(int(v[7])),
+		Pushed:    float64(v[8]) / 1000,
 	}
 	if v[0] == -1 {
 		return res, fmt.Errorf("cost %d, burst %d: %w", req.Cost, res.Burst, limiter.ErrCostExceedsBurst)
@@ -291,9 +337,9 @@ func (s *Store) takeResult(req limiter.TakeRequest, cmd *redis.Cmd) (limiter.Tak
 	return res, nil
 }
 
-// parseInts7 parses exactly seven decimal integers separated by single
+// parseInts9 parses exactly nine decimal integers separated by single
 // spaces, each within ±1e15 as the scripts keep them.
-func parseInts7(s string) (v [7]int64, ok bool) {
+func parseInts9(s string) (v [9]int64, ok bool) {
 	i := 0
 	for k := range v {
 		if k > 0 {
@@ -323,16 +369,22 @@ func parseInts7(s string) (v [7]int64, ok bool) {
 	return v, i == len(s)
 }
 
-// Refund implements limiter.Store.
+// Refund implements limiter.Store: the tokens of no class, such as an
+// unused lease, repay the front of the queue.
 func (s *Store) Refund(ctx context.Context, tokens int) error {
-	return s.refund(ctx, 0, tokens)
+	return s.refund(ctx, 0, tokens, limiter.PriorityHigh)
 }
 
-func (s *Store) refund(ctx context.Context, nowUS int64, tokens int) error {
+// RefundClass implements limiter.ClassRefunder.
+func (s *Store) RefundClass(ctx context.Context, tokens int, class limiter.Priority) error {
+	return s.refund(ctx, 0, tokens, class)
+}
+
+func (s *Store) refund(ctx context.Context, nowUS int64, tokens int, class limiter.Priority) error {
 	if tokens <= 0 {
 		return nil
 	}
-	if err := refundScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, tokens, nowUS).Err(); err != nil {
+	if err := refundScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, tokens, nowUS, rankArgs[class.Rank()]).Err(); err != nil {
 		return s.fail("refund", err)
 	}
 	return nil
@@ -392,6 +444,8 @@ func (s *Store) status(ctx context.Context, nowUS int64) (limiter.State, error) 
 		ConfiguredRate:  s.cfg.Rate,
 		ConfiguredBurst: s.cfg.Burst,
 		Replicas:        bs.Replicas,
+		Reserved:        bs.Reserved,
+		Pushed:          bs.Pushed,
 		At:              bs.At,
 	}
 	if bs.PausedFor > 0 {
@@ -464,6 +518,7 @@ var _ limiter.Store = (*Store)(nil)
 var _ limiter.ReplicaTracker = (*Store)(nil)
 var _ limiter.AttributedPauser = (*Store)(nil)
 var _ limiter.ReportingTracker = (*Store)(nil)
+var _ limiter.ClassRefunder = (*Store)(nil)
 
 // Buckets returns the names of the buckets that have keys in Redis under
 // prefix (DefaultPrefix when empty), sorted. A bucket has keys while it is

@@ -684,24 +684,24 @@ func TestBucketsListsTheBucketsWithKeys(t *testing.T) {
 	}
 }
 
-func TestParseInts7(t *testing.T) {
+func TestParseInts9(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
-		want [7]int64
+		want [9]int64
 		ok   bool
 	}{
-		{"1 2 0 -4500 20000 5 1764560000123456", [7]int64{1, 2, 0, -4500, 20000, 5, 1764560000123456}, true},
-		{"-1 0 0 -1000000000000000 1000000000000 2147483647 1", [7]int64{-1, 0, 0, -1e15, 1e12, 2147483647, 1}, true},
-		{"1 2 3 4 5 6", [7]int64{}, false},
-		{"1 2 3 4 5 6 7 8", [7]int64{}, false},
-		{"1 2 3 4 5 6 x", [7]int64{}, false},
-		{"1  2 3 4 5 6 7", [7]int64{}, false},
-		{"1 2 3 4 5 6 12345678901234567", [7]int64{}, false}, // beyond what the scripts send
-		{"", [7]int64{}, false},
+		{"1 2 0 -4500 20000 5 1764560000123456 1 0", [9]int64{1, 2, 0, -4500, 20000, 5, 1764560000123456, 1, 0}, true},
+		{"-1 0 0 -1000000000000000 1000000000000 2147483647 1 2 1500", [9]int64{-1, 0, 0, -1e15, 1e12, 2147483647, 1, 2, 1500}, true},
+		{"1 2 3 4 5 6 7 8", [9]int64{}, false},
+		{"1 2 3 4 5 6 7 8 9 10", [9]int64{}, false},
+		{"1 2 3 4 5 6 7 8 x", [9]int64{}, false},
+		{"1  2 3 4 5 6 7 8 9", [9]int64{}, false},
+		{"1 2 3 4 5 6 7 8 12345678901234567", [9]int64{}, false}, // beyond what the scripts send
+		{"", [9]int64{}, false},
 	} {
-		got, ok := parseInts7(tc.in)
+		got, ok := parseInts9(tc.in)
 		if ok != tc.ok || (ok && got != tc.want) {
-			t.Errorf("parseInts7(%q) = %v, %v; want %v, %v", tc.in, got, ok, tc.want, tc.ok)
+			t.Errorf("parseInts9(%q) = %v, %v; want %v, %v", tc.in, got, ok, tc.want, tc.ok)
 		}
 	}
 }
