@@ -328,6 +328,11 @@ type Kafka struct {
 	// means the consumer's default, Topic + ".dlq"; it must differ from
 	// Topic.
 	DeadLetterTopic string `yaml:"dead_letter_topic"`
+	// DelayTopic receives the messages a layer of limit.extra with
+	// on_exceed delay sets aside; the group consumes it too. Empty means
+	// the consumer's default, Topic + ".delay"; it must differ from Topic
+	// and from the dead-letter topic.
+	DelayTopic string `yaml:"delay_topic"`
 	// StartOffset is first or last; empty means first.
 	StartOffset StartOffset `yaml:"start_offset"`
 	// Ordering is partition, key or none (consumer.Ordering); empty means
@@ -371,6 +376,7 @@ func (k Kafka) ConsumerConfig(opts consumer.Options, dialer *kafkago.Dialer) kaf
 		Concurrency:     k.Concurrency,
 		MaxInFlight:     k.MaxInFlight,
 		DeadLetterTopic: k.DeadLetterTopic,
+		DelayTopic:      k.DelayTopic,
 		StartOffset:     start,
 		Dialer:          dialer,
 	}

@@ -9,9 +9,10 @@ import (
 // without holding a handler meanwhile, as a layered limit with on_exceed
 // delay asks. It is neither a failure nor permanent: no attempt is counted
 // and nothing is dead-lettered. A backend that can set messages aside
-// (consumer/rabbitmq: a delay queue) stores the message there and acks it;
-// the others wait d inside the handler and call it again (see
-// RetryPolicy.Process). SetAside(nil, d) returns nil.
+// (consumer/rabbitmq: a delay queue; consumer/kafka with SetAside: a delay
+// topic) stores the message there and acks or commits it; the others wait
+// d inside the handler and call it again (see RetryPolicy.Process).
+// SetAside(nil, d) returns nil.
 func SetAside(err error, d time.Duration) error {
 	if err == nil {
 		return nil

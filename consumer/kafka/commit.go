@@ -17,7 +17,10 @@ import (
 
 // partState is one assigned partition during one generation.
 type partState struct {
-	partition int
+	topicPartition
+	// delay is set for a partition of the delay topic: the fetcher waits
+	// for each message to be due (genRun.waitDue).
+	delay bool
 
 	// skip lists the messages the previous owner finished after the
 	// committed offset (OrderKey, OrderNone): they are not handled again.
@@ -31,14 +34,14 @@ type partState struct {
 	meta      string
 }
 
-func newPartState(partition int) *partState {
-	return &partState{partition: partition, tracker: newOffsetTracker(), committed: -1}
+func newPartState(tp topicPartition) *partState {
+	return &partState{topicPartition: tp, tracker: newOffsetTracker(), committed: -1}
 }
 
 // commitFunc commits offsets (partition → next offset to read) of the
-// consumer's topic in the current generation, with metadata (partition →
-// finishedMetadata) when it is not nil.
-type commitFunc func(offsets map[int]int64, metadata map[int]string) error
+// consumer's topic and delay topic in the current generation, with
+// metadata (partition → finishedMetadata) when it is not nil.
+type commitFunc func(offsets map[topicPartition]int64, metadata map[topicPartition]string) error
 
 // committer commits, for each partition of a generation, the end of the
 // longest prefix of finished messages. Workers wake it without blocking;
@@ -99,7 +102,7 @@ func (c *committer) run(ctx context.Context) {
 // flush commits what moved, retrying until it succeeds, ctx ends or the
 // group refuses the generation, and returns the committed offsets of every
 // partition that has one.
-func (c *committer) flush(ctx context.Context) (map[int]int64, error) {
+func (c *committer) flush(ctx context.Context) (map[topicPartition]int64, error) {
 	for failures := 0; ; failures++ {
 		err := c.commitMoved()
 		if err == nil || !retriableCommit(err) {
@@ -129,8 +132,8 @@ func retriableCommit(err error) bool {
 // the set of messages finished after it, changed since their last commit.
 func (c *committer) commitMoved() error {
 	var (
-		offsets  map[int]int64
-		metadata map[int]string
+		offsets  map[topicPartition]int64
+		metadata map[topicPartition]string
 	)
 	for _, p := range c.parts {
 		p.mu.Lock()
@@ -148,14 +151,14 @@ func (c *committer) commitMoved() error {
 		}
 		if ok && (pos > p.committed || meta != p.meta) && (pos != p.tracker.first || meta != "") {
 			if offsets == nil {
-				offsets = make(map[int]int64)
+				offsets = make(map[topicPartition]int64)
 				if c.withMeta {
-					metadata = make(map[int]string)
+					metadata = make(map[topicPartition]string)
 				}
 			}
-			offsets[p.partition] = pos
+			offsets[p.topicPartition] = pos
 			if c.withMeta {
-				metadata[p.partition] = meta
+				metadata[p.topicPartition] = meta
 			}
 		}
 		p.mu.Unlock()
@@ -167,10 +170,10 @@ func (c *committer) commitMoved() error {
 		return fmt.Errorf("committing %d partition offsets: %w", len(offsets), err)
 	}
 	for _, p := range c.parts {
-		if pos, ok := offsets[p.partition]; ok {
+		if pos, ok := offsets[p.topicPartition]; ok {
 			p.mu.Lock()
 			if pos >= p.committed {
-				p.committed, p.meta = pos, metadata[p.partition]
+				p.committed, p.meta = pos, metadata[p.topicPartition]
 			}
 			p.mu.Unlock()
 		}
@@ -179,33 +182,50 @@ func (c *committer) commitMoved() error {
 }
 
 // committed returns the offsets committed in this generation.
-func (c *committer) committed() map[int]int64 {
-	out := make(map[int]int64)
+func (c *committer) committed() map[topicPartition]int64 {
+	out := make(map[topicPartition]int64)
 	for _, p := range c.parts {
 		p.mu.Lock()
 		if p.committed >= 0 {
-			out[p.partition] = p.committed
+			out[p.topicPartition] = p.committed
 		}
 		p.mu.Unlock()
 	}
 	return out
 }
 
-// formatOffsets renders partition offsets for a log line: "0:12 3:40".
-func formatOffsets(offsets map[int]int64) string {
-	ps := make([]int, 0, len(offsets))
-	for p := range offsets {
-		ps = append(ps, p)
+// formatOffsets renders partition offsets for a log line: "0:12 3:40", the
+// partitions of a topic other than topic (the delay topic) after it with
+// the topic's name: "0:12 3:40 t.delay/0:7".
+func formatOffsets(topic string, offsets map[topicPartition]int64) string {
+	tps := make([]topicPartition, 0, len(offsets))
+	for tp := range offsets {
+		tps = append(tps, tp)
 	}
-	slices.Sort(ps)
+	slices.SortFunc(tps, func(a, b topicPartition) int {
+		if (a.topic == topic) != (b.topic == topic) {
+			if a.topic == topic {
+				return -1
+			}
+			return 1
+		}
+		if c := strings.Compare(a.topic, b.topic); c != 0 {
+			return c
+		}
+		return a.partition - b.partition
+	})
 	var b strings.Builder
-	for i, p := range ps {
+	for i, tp := range tps {
 		if i > 0 {
 			b.WriteByte(' ')
 		}
-		b.WriteString(strconv.Itoa(p))
+		if tp.topic != topic {
+			b.WriteString(tp.topic)
+			b.WriteByte('/')
+		}
+		b.WriteString(strconv.Itoa(tp.partition))
 		b.WriteByte(':')
-		b.WriteString(strconv.FormatInt(offsets[p], 10))
+		b.WriteString(strconv.FormatInt(offsets[tp], 10))
 	}
 	return b.String()
 }

@@ -24,8 +24,8 @@
 // message a worker waits on the limiter for the message's cost
 // (consumer.Throttle), calls the handler under the retry policy, and
 // dead-letters the message when the error is permanent or the attempts run
-// out. Only a message that was delivered or dead-lettered counts as
-// finished.
+// out, or sets it aside (see Setting aside). Only a message that was
+// delivered, dead-lettered or set aside counts as finished.
 //
 // # Commits
 //
@@ -79,10 +79,37 @@
 // members take over at once, and Run returns nil. A message that was not
 // handled is never committed, so the group's next owner receives it.
 //
+// # Setting aside
+//
+// With Config.SetAside, a message whose handler returns a consumer.SetAside
+// error (a layered limit with on_exceed delay, through consumer.Throttle)
+// is neither retried nor dead-lettered: the consumer writes it to
+// Config.DelayTopic ("<topic>.delay") with its key, value and headers plus
+// HeaderDue (now + the delay), the position it was first consumed from
+// (consumer.HeaderOriginalTopic, ...Partition, ...Offset, kept when it is
+// set aside again), consumer.HeaderAttempts and HeaderSetAsideReason. The
+// write waits for every in-sync replica and is retried with backoff; only
+// once it succeeded does the original count as finished, so the commit may
+// pass it. A crash in between handles the message twice, never loses it.
+//
+// The group consumes the delay topic too: its partitions are assigned,
+// drained and committed like the topic's. The fetcher of a delay partition
+// stops at a head that is not due, on one timer (ended by a revocation),
+// and hands it to the normal path when it is due, where it is throttled
+// again. Order within a delay partition is by due time only approximately:
+// a message due earlier waits behind a later head, so a fixed delay per
+// layer, which keeps due times nearly monotone, suits it best. Due times
+// are the writing replica's clock.
+//
+// Run creates the delay topic, with the topic's partition count, when it is
+// missing. When the brokers refuse, it logs a warning and handlers wait out
+// the delays instead, as without SetAside. Backlog counts the topic only.
+//
 // # Authentication and TLS
 //
 // Set Config.Dialer to connect with SASL or TLS. The consumer uses it for
-// the group reader and derives the dead-letter writer's transport from it:
+// the group reader and derives the dead-letter and delay writers'
+// transport from it:
 //
 //	mech, err := scram.Mechanism(scram.SHA512, user, password) // or plain.Mechanism{Username: user, Password: password}
 //	if err != nil { ... }
@@ -195,6 +222,19 @@ type Config struct {
 	// (AllowAutoTopicCreation), but production clusters usually disable
 	// auto-creation, so create it with the topic.
 	DeadLetterTopic string
+	// SetAside, when true, makes the consumer set aside the messages whose
+	// handler asks for it (consumer.SetAside, as a layered limit with
+	// on_exceed delay does) in DelayTopic instead of waiting in the
+	// handler, and consume DelayTopic in the same group, each partition
+	// paused until its head is due (see Setting aside in the package
+	// documentation). Default false: the handler waits out the delay and
+	// the message holds its worker meanwhile.
+	SetAside bool
+	// DelayTopic receives the messages set aside (SetAside). Default
+	// Topic + ".delay". Run creates it, with as many partitions as Topic,
+	// when it does not exist; when it can neither find nor create it, it
+	// logs a warning and the handlers wait out the delays instead.
+	DelayTopic string
 	// StartOffset is where the group starts on a partition without a
 	// committed offset: kafkago.FirstOffset (the default) or
 	// kafkago.LastOffset.
@@ -226,9 +266,11 @@ type Config struct {
 	// SessionTimeout 30s, RebalanceTimeout 30s, JoinGroupBackoff 5s. A
 	// crashed replica's partitions move after SessionTimeout.
 	ConfigureReader func(*kafkago.ReaderConfig)
-	// ConfigureWriter, when set, may adjust the dead-letter writer, such as
-	// its batching or compression. Topic is reset afterwards and Async is
-	// forced off: the consumer must know that a write succeeded.
+	// ConfigureWriter, when set, may adjust the dead-letter and delay
+	// writers, such as their batching or compression. Topic is reset
+	// afterwards, Async is forced off and RequiredAcks to RequireAll: the
+	// consumer must know that a write succeeded, on every in-sync replica,
+	// before it commits past the message.
 	ConfigureWriter func(*kafkago.Writer)
 }
 
@@ -268,6 +310,9 @@ type Consumer struct {
 	prc kafkago.ReaderConfig
 
 	stats statsCounter
+	// clock tells the time and waits for the heads of the delay topic's
+	// partitions; tests replace it.
+	clock clock
 }
 
 // New validates cfg and returns a Consumer for h. It does not connect to the
@@ -292,11 +337,15 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	if popts.Limiter != nil {
 		popts.Limiter = revocableLimiter{popts.Limiter}
 	}
-	proc, err := consumer.NewProcessor(popts, markStarted(h))
+	var procOpts []consumer.ProcessorOption
+	if cfg.SetAside {
+		procOpts = append(procOpts, consumer.SetsAside())
+	}
+	proc, err := consumer.NewProcessor(popts, markStarted(h), procOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	c := &Consumer{cfg: cfg, proc: proc, log: cfg.Logger}
+	c := &Consumer{cfg: cfg, proc: proc, log: cfg.Logger, clock: realClock{}}
 	if err := c.readerConfig(); err != nil {
 		return nil, err
 	}
@@ -355,6 +404,22 @@ func (cfg Config) Validate() error {
 			bad("DeadLetterTopic", "must differ from the topic %q", cfg.Topic)
 		}
 	}
+	if cfg.DelayTopic != "" || cfg.SetAside {
+		delay, dlq := cfg.DelayTopic, cfg.DeadLetterTopic
+		if delay == "" {
+			delay = cfg.Topic + ".delay"
+		}
+		if dlq == "" {
+			dlq = cfg.Topic + ".dlq"
+		}
+		if err := checkTopicName(delay); err != nil {
+			bad("DelayTopic", "%w", err)
+		} else if delay == cfg.Topic {
+			bad("DelayTopic", "must differ from the topic %q", cfg.Topic)
+		} else if delay == dlq {
+			bad("DelayTopic", "must differ from the dead-letter topic %q", dlq)
+		}
+	}
 	switch cfg.StartOffset {
 	case 0, kafkago.FirstOffset, kafkago.LastOffset:
 	default:
@@ -394,6 +459,9 @@ func (cfg *Config) setDefaults() {
 	}
 	if cfg.DeadLetterTopic == "" {
 		cfg.DeadLetterTopic = cfg.Topic + ".dlq"
+	}
+	if cfg.DelayTopic == "" {
+		cfg.DelayTopic = cfg.Topic + ".delay"
 	}
 	if cfg.StartOffset == 0 {
 		cfg.StartOffset = kafkago.FirstOffset
@@ -496,16 +564,30 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.cancel = cancel
 	c.mu.Unlock()
 
-	cg, err := kafkago.NewConsumerGroup(c.gc)
+	// One transport for the dead-letter and delay writers, the commits
+	// with metadata and the delay topic's creation, closed when Run
+	// returns.
+	transport := newTransport(c.cfg.Dialer)
+	writer := c.newWriter(transport, c.cfg.DeadLetterTopic)
+	client := &kafkago.Client{Addr: kafkago.TCP(c.cfg.Brokers...), Transport: transport}
+	dl := &deadLetterer{w: writer, topic: c.cfg.DeadLetterTopic, log: c.log}
+	gc := c.gc
+	var delay *deadLetterer
+	if c.cfg.SetAside && c.ensureDelayTopic(ctx, client) {
+		dw := c.newWriter(transport, c.cfg.DelayTopic)
+		defer func() {
+			if cerr := dw.Close(); cerr != nil {
+				c.log.Warn("closing delay writer", "topic", c.cfg.DelayTopic, "err", cerr)
+			}
+		}()
+		delay = &deadLetterer{w: dw, topic: c.cfg.DelayTopic, log: c.log, delay: true}
+		gc.Topics = []string{c.cfg.Topic, c.cfg.DelayTopic}
+	}
+
+	cg, err := kafkago.NewConsumerGroup(gc)
 	if err != nil {
 		return fmt.Errorf("%w: reader group: %w", ErrInvalidConfig, err) // checked by New
 	}
-	// One transport for the dead-letter writer and the commits with
-	// metadata, closed when Run returns.
-	transport := newTransport(c.cfg.Dialer)
-	writer := c.newWriter(transport)
-	client := &kafkago.Client{Addr: kafkago.TCP(c.cfg.Brokers...), Transport: transport}
-	dl := &deadLetterer{w: writer, topic: c.cfg.DeadLetterTopic, log: c.log}
 
 	var cur *generation
 	for {
@@ -532,7 +614,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.stats.joined()
 		g := c.newGeneration(ctx, client, gen, ctx.Done())
 		cur = g
-		gen.Start(func(gctx context.Context) { c.runGeneration(gctx, g, dl) })
+		gen.Start(func(gctx context.Context) { c.runGeneration(gctx, g, dl, delay) })
 	}
 	if cur != nil {
 		// The generation drains and commits while it is live; then
@@ -572,13 +654,26 @@ func (c *Consumer) fail(err error) {
 // member ID), and reads what the previous owners committed so, to skip
 // those messages.
 func (c *Consumer) newGeneration(ctx context.Context, client *kafkago.Client, gen *kafkago.Generation, shutdown <-chan struct{}) *generation {
-	parts := slices.Clone(gen.Assignments[c.cfg.Topic])
-	slices.SortFunc(parts, func(a, b kafkago.PartitionAssignment) int { return a.ID - b.ID })
+	var parts []assignment
+	for _, topic := range []string{c.cfg.Topic, c.cfg.DelayTopic} {
+		as := slices.Clone(gen.Assignments[topic])
+		slices.SortFunc(as, func(a, b kafkago.PartitionAssignment) int { return a.ID - b.ID })
+		for _, a := range as {
+			parts = append(parts, assignment{topicPartition{topic, a.ID}, a.Offset})
+		}
+	}
 	g := &generation{
 		id:         gen.ID,
 		partitions: parts,
-		commit: func(offsets map[int]int64, _ map[int]string) error {
-			return gen.CommitOffsets(map[string]map[int]int64{c.cfg.Topic: offsets})
+		commit: func(offsets map[topicPartition]int64, _ map[topicPartition]string) error {
+			byTopic := make(map[string]map[int]int64)
+			for tp, o := range offsets {
+				if byTopic[tp.topic] == nil {
+					byTopic[tp.topic] = make(map[int]int64)
+				}
+				byTopic[tp.topic][tp.partition] = o
+			}
+			return gen.CommitOffsets(byTopic)
 		},
 		open:     c.openPartition,
 		shutdown: shutdown,
@@ -587,7 +682,7 @@ func (c *Consumer) newGeneration(ctx context.Context, client *kafkago.Client, ge
 	if c.cfg.Ordering == consumer.OrderPartition {
 		return g
 	}
-	g.commit = func(offsets map[int]int64, metadata map[int]string) error {
+	g.commit = func(offsets map[topicPartition]int64, metadata map[topicPartition]string) error {
 		return c.commitWithMetadata(client, gen, offsets, metadata)
 	}
 	g.skips = c.readFinished(ctx, client, parts)
@@ -595,26 +690,28 @@ func (c *Consumer) newGeneration(ctx context.Context, client *kafkago.Client, ge
 }
 
 // commitWithMetadata commits offsets and metadata in gen.
-func (c *Consumer) commitWithMetadata(client *kafkago.Client, gen *kafkago.Generation, offsets map[int]int64, metadata map[int]string) error {
+func (c *Consumer) commitWithMetadata(client *kafkago.Client, gen *kafkago.Generation, offsets map[topicPartition]int64, metadata map[topicPartition]string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CommitTimeout)
 	defer cancel()
-	commits := make([]kafkago.OffsetCommit, 0, len(offsets))
-	for p, o := range offsets {
-		commits = append(commits, kafkago.OffsetCommit{Partition: p, Offset: o, Metadata: metadata[p]})
+	commits := make(map[string][]kafkago.OffsetCommit)
+	for tp, o := range offsets {
+		commits[tp.topic] = append(commits[tp.topic], kafkago.OffsetCommit{Partition: tp.partition, Offset: o, Metadata: metadata[tp]})
 	}
 	resp, err := client.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
 		GroupID:      c.cfg.Group,
 		GenerationID: int(gen.ID),
 		MemberID:     gen.MemberID,
-		Topics:       map[string][]kafkago.OffsetCommit{c.cfg.Topic: commits},
+		Topics:       commits,
 	})
 	if err != nil {
 		return err
 	}
 	var errs []error
-	for _, p := range resp.Topics[c.cfg.Topic] {
-		if p.Error != nil {
-			errs = append(errs, fmt.Errorf("partition %d: %w", p.Partition, p.Error))
+	for topic, ps := range resp.Topics {
+		for _, p := range ps {
+			if p.Error != nil {
+				errs = append(errs, fmt.Errorf("topic %s partition %d: %w", topic, p.Partition, p.Error))
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -623,16 +720,16 @@ func (c *Consumer) commitWithMetadata(client *kafkago.Client, gen *kafkago.Gener
 // readFinished reads, for each assigned partition, the messages that the
 // previous owner finished after the committed offset. On an error it logs
 // and returns what it has: those messages are then handled again.
-func (c *Consumer) readFinished(ctx context.Context, client *kafkago.Client, parts []kafkago.PartitionAssignment) map[int]finishedSet {
+func (c *Consumer) readFinished(ctx context.Context, client *kafkago.Client, parts []assignment) map[topicPartition]finishedSet {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.CommitTimeout)
 	defer cancel()
-	ids := make([]int, len(parts))
-	for i, a := range parts {
-		ids[i] = a.ID
+	ids := make(map[string][]int)
+	for _, a := range parts {
+		ids[a.topic] = append(ids[a.topic], a.partition)
 	}
 	resp, err := client.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{
 		GroupID: c.cfg.Group,
-		Topics:  map[string][]int{c.cfg.Topic: ids},
+		Topics:  ids,
 	})
 	if err == nil {
 		err = resp.Error
@@ -642,11 +739,13 @@ func (c *Consumer) readFinished(ctx context.Context, client *kafkago.Client, par
 			"topic", c.cfg.Topic, "group", c.cfg.Group, "err", err)
 		return nil
 	}
-	out := make(map[int]finishedSet)
-	for _, p := range resp.Topics[c.cfg.Topic] {
-		if p.Error == nil && p.CommittedOffset >= 0 {
-			if f := parseFinished(p.CommittedOffset, p.Metadata); f.len() > 0 {
-				out[p.Partition] = f
+	out := make(map[topicPartition]finishedSet)
+	for topic, ps := range resp.Topics {
+		for _, p := range ps {
+			if p.Error == nil && p.CommittedOffset >= 0 {
+				if f := parseFinished(p.CommittedOffset, p.Metadata); f.len() > 0 {
+					out[topicPartition{topic, p.Partition}] = f
+				}
 			}
 		}
 	}
@@ -655,15 +754,16 @@ func (c *Consumer) readFinished(ctx context.Context, client *kafkago.Client, par
 
 // openPartition starts a reader of one partition at offset, which may be
 // kafka-go's FirstOffset or LastOffset.
-func (c *Consumer) openPartition(partition int, offset int64) (partitionReader, func()) {
+func (c *Consumer) openPartition(tp topicPartition, offset int64) (partitionReader, func()) {
 	rc := c.prc
-	rc.Partition = partition
+	rc.Topic = tp.topic
+	rc.Partition = tp.partition
 	r := kafkago.NewReader(rc)
 	_ = r.SetOffset(offset) // fails only on a closed reader
 	c.stats.addReader(r)
 	return r, func() {
 		if err := r.Close(); err != nil {
-			c.log.Debug("closing partition reader", "topic", c.cfg.Topic, "partition", partition, "err", err)
+			c.log.Debug("closing partition reader", "topic", tp.topic, "partition", tp.partition, "err", err)
 		}
 		c.stats.removeReader(r)
 	}
@@ -719,7 +819,7 @@ func isFatal(err error) bool {
 	return false
 }
 
-// newTransport returns the dead-letter writer's transport, with the
+// newTransport returns the writers' and admin client's transport, with the
 // Dialer's TLS, SASL and dial settings.
 func newTransport(d *kafkago.Dialer) *kafkago.Transport {
 	t := &kafkago.Transport{}
@@ -741,7 +841,8 @@ func newTransport(d *kafkago.Dialer) *kafkago.Transport {
 	return t
 }
 
-func (c *Consumer) newWriter(t *kafkago.Transport) *kafkago.Writer {
+// newWriter returns the writer of the dead-letter or the delay topic.
+func (c *Consumer) newWriter(t *kafkago.Transport, topic string) *kafkago.Writer {
 	log := c.log
 	w := &kafkago.Writer{
 		Addr:                   kafkago.TCP(c.cfg.Brokers...),
@@ -751,14 +852,15 @@ func (c *Consumer) newWriter(t *kafkago.Transport) *kafkago.Writer {
 		BatchTimeout:           10 * time.Millisecond,
 		Transport:              t,
 		ErrorLogger: kafkago.LoggerFunc(func(format string, args ...any) {
-			log.Warn("kafka-go: "+fmt.Sprintf(format, args...), "topic", c.cfg.DeadLetterTopic)
+			log.Warn("kafka-go: "+fmt.Sprintf(format, args...), "topic", topic)
 		}),
 	}
 	if c.cfg.ConfigureWriter != nil {
 		c.cfg.ConfigureWriter(w)
 	}
-	w.Topic = c.cfg.DeadLetterTopic
+	w.Topic = topic
 	w.Async = false
+	w.RequiredAcks = kafkago.RequireAll
 	return w
 }
 

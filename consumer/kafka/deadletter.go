@@ -16,35 +16,44 @@ type messageWriter interface {
 	WriteMessages(ctx context.Context, msgs ...kafkago.Message) error
 }
 
-// deadLetterer writes failed messages to the dead-letter topic. It is safe
-// for concurrent use when its writer is.
+// deadLetterer writes messages that leave the topic to another topic: the
+// failed ones to the dead-letter topic, or, with delay set, the ones set
+// aside to the delay topic. It is safe for concurrent use when its writer
+// is.
 type deadLetterer struct {
 	w     messageWriter
 	topic string
 	log   *slog.Logger
+	// delay is set for the delay topic's writer; it names the topic so in
+	// logs and errors.
+	delay bool
 }
 
-// send writes m with its original key, value and headers plus the
-// dead-letter headers dlh, which replace original headers of the same name.
-// It retries with backoff until the write succeeds or ctx ends, because a
-// message that is neither delivered nor dead-lettered must not be
-// committed.
+// send writes m with its original key, value and headers plus the headers
+// dlh, which replace original headers of the same name. The writer waits
+// for every in-sync replica (RequireAll). It retries with backoff until
+// the write succeeds or ctx ends, because a message that is neither
+// delivered nor written elsewhere must not be committed.
 func (d *deadLetterer) send(ctx context.Context, m kafkago.Message, dlh map[string]string) error {
 	dm := kafkago.Message{Key: m.Key, Value: m.Value, Headers: deadLetterHeaders(m.Headers, dlh)}
+	what, attr := "dead-letter", "dead_letter_topic"
+	if d.delay {
+		what, attr = "delay", "delay_topic"
+	}
 	for attempt := 1; ; attempt++ {
 		err := d.w.WriteMessages(ctx, dm)
 		if err == nil {
 			return nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("writing to dead-letter topic %q: %w", d.topic, err)
+			return fmt.Errorf("writing to %s topic %q: %w", what, d.topic, err)
 		}
 		delay := backoff.Delay(attempt - 1)
-		d.log.Warn("dead-letter write failed; retrying",
+		d.log.Warn(what+" write failed; retrying",
 			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
-			"dead_letter_topic", d.topic, "attempt", attempt, "err", err, "retry_in", delay.String())
+			attr, d.topic, "attempt", attempt, "err", err, "retry_in", delay.String())
 		if err := consumer.Sleep(ctx, delay); err != nil {
-			return fmt.Errorf("writing to dead-letter topic %q: %w", d.topic, err)
+			return fmt.Errorf("writing to %s topic %q: %w", what, d.topic, err)
 		}
 	}
 }

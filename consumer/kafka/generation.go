@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,18 +23,19 @@ type partitionReader interface {
 // needs it.
 type generation struct {
 	id int32
-	// partitions are this member's partitions of the topic and the offsets
-	// to start from (kafka-go's FirstOffset or LastOffset when the group
-	// has no committed offset).
-	partitions []kafkago.PartitionAssignment
+	// partitions are this member's partitions of the topic and of the
+	// delay topic (Config.SetAside), by topic and partition, and the
+	// offsets to start from (kafka-go's FirstOffset or LastOffset when the
+	// group has no committed offset).
+	partitions []assignment
 	// commit commits offsets in this generation.
 	commit commitFunc
 	// skips lists, by partition, the messages the previous owners finished
 	// after the committed offset (OrderKey, OrderNone).
-	skips map[int]finishedSet
+	skips map[topicPartition]finishedSet
 	// open returns the reader of a partition at offset, and the function
 	// that closes it.
-	open func(partition int, offset int64) (partitionReader, func())
+	open func(tp topicPartition, offset int64) (partitionReader, func())
 	// shutdown is closed when Run's context ends. The generation then
 	// drains as at a revocation, while it is still live (its heartbeats
 	// go on), and closes drained; the caller then leaves the group, which
@@ -45,11 +45,25 @@ type generation struct {
 	drained chan struct{}
 }
 
+// topicPartition names a partition of the topic or of the delay topic.
+type topicPartition struct {
+	topic     string
+	partition int
+}
+
+// assignment is a partition that a generation owns and the offset to
+// start reading it from.
+type assignment struct {
+	topicPartition
+	offset int64
+}
+
 // outcome is how a worker left a message.
 type outcome int
 
 const (
-	// finished: delivered or dead-lettered; it may be committed.
+	// finished: delivered, dead-lettered or set aside; it may be
+	// committed.
 	finished outcome = iota
 	// dropped: not started when its partition was revoked.
 	dropped
@@ -70,6 +84,9 @@ type genRun struct {
 	sched *scheduler
 	com   *committer
 	dl    *deadLetterer
+	// delay writes the messages set aside to the delay topic; nil when
+	// the consumer does not set aside (the handler waits instead).
+	delay *deadLetterer
 	// dropped counts the messages fetched and not started when the
 	// partitions were revoked; skipped those not handled because the
 	// previous owner had finished them.
@@ -82,7 +99,7 @@ type genRun struct {
 // tokens back), lets the handlers in flight finish within DrainTimeout,
 // and commits what finished before it returns, so before the member
 // rejoins.
-func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl *deadLetterer) {
+func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay *deadLetterer) {
 	defer func() {
 		<-gctx.Done() // kafka-go ends the generation when this returns
 	}()
@@ -92,21 +109,30 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl *deadLe
 	defer revoke()
 
 	parts := make([]*partState, len(g.partitions))
-	ids := make([]int, len(g.partitions))
+	var ids, delayIDs []int
 	for i, a := range g.partitions {
-		parts[i] = newPartState(a.ID)
-		parts[i].skip = g.skips[a.ID]
-		ids[i] = a.ID
+		parts[i] = newPartState(a.topicPartition)
+		parts[i].skip = g.skips[a.topicPartition]
+		if a.topic == c.cfg.DelayTopic && delay != nil {
+			parts[i].delay = true
+			delayIDs = append(delayIDs, a.partition)
+		} else {
+			ids = append(ids, a.partition)
+		}
 	}
 	log := c.log.With("topic", c.cfg.Topic, "group", c.cfg.Group, "generation", g.id)
-	log.Info("partitions assigned", "partitions", ids)
+	if delay != nil {
+		log.Info("partitions assigned", "partitions", ids, "delay_topic", c.cfg.DelayTopic, "delay_partitions", delayIDs)
+	} else {
+		log.Info("partitions assigned", "partitions", ids)
+	}
 	c.stats.setAssigned(len(parts))
 
 	workers, queue := c.cfg.Concurrency, c.cfg.QueueSize
 	if c.cfg.Ordering != consumer.OrderPartition {
 		workers = c.cfg.MaxInFlight
 	}
-	r := &genRun{c: c, hctx: hctx, rctx: rctx, slots: make(chan struct{}, workers+queue), dl: dl}
+	r := &genRun{c: c, hctx: hctx, rctx: rctx, slots: make(chan struct{}, workers+queue), dl: dl, delay: delay}
 	r.com = newCommitter(g.commit, parts, c.cfg.Ordering != consumer.OrderPartition, log)
 	r.sched = newScheduler(c.cfg.Ordering, workers, r.newWorker)
 
@@ -121,7 +147,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl *deadLe
 	var fetching sync.WaitGroup
 	closers := make([]func(), len(parts))
 	for i, p := range parts {
-		rd, closeReader := g.open(p.partition, g.partitions[i].Offset)
+		rd, closeReader := g.open(p.topicPartition, g.partitions[i].offset)
 		closers[i] = closeReader
 		fetching.Add(1)
 		go func() {
@@ -179,8 +205,12 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl *deadLe
 	closing.Wait()
 	n := r.dropped.Load()
 	c.stats.revoked(n)
-	args := []any{"partitions", ids, "reason", reason, "dropped", n, "skipped", r.skipped.Load(),
-		"committed", formatOffsets(committed), "took", time.Since(start).Round(time.Millisecond).String()}
+	args := []any{"partitions", ids}
+	if delay != nil {
+		args = append(args, "delay_partitions", delayIDs)
+	}
+	args = append(args, "reason", reason, "dropped", n, "skipped", r.skipped.Load(),
+		"committed", formatOffsets(c.cfg.Topic, committed), "took", time.Since(start).Round(time.Millisecond).String())
 	if err != nil {
 		log.Warn("partitions revoked; the final commit failed, messages finished since the last commit will be redelivered",
 			append(args, "err", err)...)
@@ -202,13 +232,13 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 				return
 			}
 			if isFatal(err) {
-				c.fail(fatalError(fmt.Sprintf("fetching from topic %q partition %d", c.cfg.Topic, p.partition), err))
+				c.fail(fatalError(fmt.Sprintf("fetching from topic %q partition %d", p.topic, p.partition), err))
 				return
 			}
 			delay := backoff.Delay(failures)
 			failures++
 			c.log.Warn("fetching message failed; retrying",
-				"topic", c.cfg.Topic, "partition", p.partition, "err", err, "retry_in", delay.String())
+				"topic", p.topic, "partition", p.partition, "err", err, "retry_in", delay.String())
 			if consumer.Sleep(r.rctx, delay) != nil {
 				return
 			}
@@ -223,6 +253,10 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 			r.skipped.Add(1)
 			r.com.wake()
 			continue
+		}
+		if p.delay && !r.waitDue(p, m) {
+			r.dropped.Add(1)
+			return
 		}
 		select {
 		case r.slots <- struct{}{}:
@@ -257,7 +291,7 @@ func (r *genRun) newWorker() func(work) {
 			return
 		}
 		gate.started, gate.dropped = false, false
-		switch r.c.handle(ctx, w, r.dl, gate) {
+		switch r.c.handle(ctx, w, r.dl, r.delay, gate) {
 		case finished:
 			w.p.mu.Lock()
 			moved := w.p.tracker.finish(w.seq)
@@ -337,12 +371,31 @@ func markStarted(h consumer.Handler) consumer.Handler {
 	}
 }
 
-// handle runs the retry policy for w and dead-letters it when needed.
-func (c *Consumer) handle(ctx context.Context, w work, dl *deadLetterer, gate *firstWait) outcome {
+// handle runs the retry policy for w, then dead-letters it or sets it
+// aside (delay) when needed. A message set aside while delay is nil (the
+// consumer sets aside but has no delay topic) waits out the delay here and
+// is handled again.
+func (c *Consumer) handle(ctx context.Context, w work, dl, delay *deadLetterer, gate *firstWait) outcome {
 	m := w.m
 	out := consumer.Outcome{Err: w.keyErr}
 	if w.keyErr == nil {
 		out = c.proc.Process(ctx, w.msg)
+		for out.SetAside > 0 && delay == nil {
+			// Before its handler ran, a message waits as for its first
+			// limiter wait: the revocation ends the wait (see firstWait).
+			wctx := ctx
+			if !gate.started {
+				wctx = gate.revoke
+			}
+			if consumer.Sleep(wctx, out.SetAside) != nil {
+				if ctx.Err() == nil && !gate.started {
+					return dropped
+				}
+				out.Abandoned, out.SetAside = true, 0
+				break
+			}
+			out = c.proc.Process(ctx, w.msg)
+		}
 	}
 	if out.Abandoned {
 		if gate.dropped {
@@ -352,15 +405,13 @@ func (c *Consumer) handle(ctx context.Context, w work, dl *deadLetterer, gate *f
 			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempts", out.Attempts, "err", out.Err)
 		return abandoned
 	}
+	if out.SetAside > 0 {
+		return c.setAside(ctx, w, out, delay)
+	}
 	if out.Err == nil {
 		return finished
 	}
-	pos := map[string]string{
-		consumer.HeaderOriginalTopic:     m.Topic,
-		consumer.HeaderOriginalPartition: strconv.Itoa(m.Partition),
-		consumer.HeaderOriginalOffset:    strconv.FormatInt(m.Offset, 10),
-	}
-	if err := dl.send(ctx, m, out.DeadLetterHeaders(pos)); err != nil {
+	if err := dl.send(ctx, m, out.DeadLetterHeaders(c.origin(m))); err != nil {
 		c.log.Warn("dead-letter write abandoned at the drain deadline; message left uncommitted",
 			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "err", err)
 		return abandoned

@@ -60,19 +60,25 @@ type fakeGroup struct {
 	// skips is what the generation reads from the previous commit's
 	// metadata.
 	skips map[int]finishedSet
+	// delayReaders are the generation's partitions of the delay topic
+	// "t.delay", and delayWriter, when set, the delay topic's writer (the
+	// consumer then sets aside).
+	delayReaders map[int]partitionReader
+	delayWriter  messageWriter
 
-	mu          sync.Mutex
-	commits     map[int]int64  // partition -> next offset
-	meta        map[int]string // partition -> metadata committed with it
-	calls       int
-	failCommits int
+	mu           sync.Mutex
+	commits      map[int]int64  // partition -> next offset
+	meta         map[int]string // partition -> metadata committed with it
+	delayCommits map[int]int64  // partition of the delay topic -> next offset
+	calls        int
+	failCommits  int
 }
 
 func newFakeGroup(readers map[int]partitionReader) *fakeGroup {
-	return &fakeGroup{readers: readers, commits: map[int]int64{}, meta: map[int]string{}}
+	return &fakeGroup{readers: readers, commits: map[int]int64{}, meta: map[int]string{}, delayCommits: map[int]int64{}}
 }
 
-func (f *fakeGroup) commit(offsets map[int]int64, metadata map[int]string) error {
+func (f *fakeGroup) commit(offsets map[topicPartition]int64, metadata map[topicPartition]string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -80,12 +86,19 @@ func (f *fakeGroup) commit(offsets map[int]int64, metadata map[int]string) error
 		f.failCommits--
 		return kafkago.NotCoordinatorForGroup
 	}
-	for p, o := range offsets {
-		if o < f.commits[p] {
-			return fmt.Errorf("commit of partition %d moved back from %d to %d", p, f.commits[p], o)
+	for tp, o := range offsets {
+		commits := f.commits
+		if tp.topic == "t.delay" {
+			commits = f.delayCommits
 		}
-		f.commits[p] = o
-		f.meta[p] = metadata[p]
+		p := tp.partition
+		if o < commits[p] {
+			return fmt.Errorf("commit of %s partition %d moved back from %d to %d", tp.topic, p, commits[p], o)
+		}
+		commits[p] = o
+		if tp.topic == "t" {
+			f.meta[p] = metadata[tp]
+		}
 	}
 	return nil
 }
@@ -94,6 +107,12 @@ func (f *fakeGroup) committed() map[int]int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return maps.Clone(f.commits)
+}
+
+func (f *fakeGroup) delayCommitted() map[int]int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.delayCommits)
 }
 
 // runningGeneration is a generation that runGeneration runs.
@@ -114,23 +133,37 @@ func startGeneration(t *testing.T, c *Consumer, f *fakeGroup, w messageWriter) *
 	rg := &runningGeneration{end: end, done: make(chan struct{})}
 	var once sync.Once
 	rg.stop = func() { once.Do(func() { close(shutdown) }) }
+	skips := map[topicPartition]finishedSet{}
+	for p, s := range f.skips {
+		skips[topicPartition{"t", p}] = s
+	}
 	rg.g = &generation{
 		id:       1,
 		commit:   f.commit,
-		skips:    f.skips,
+		skips:    skips,
 		shutdown: shutdown,
 		drained:  make(chan struct{}),
-		open: func(p int, _ int64) (partitionReader, func()) {
-			return f.readers[p], func() { rg.closed.Add(1) }
+		open: func(tp topicPartition, _ int64) (partitionReader, func()) {
+			if tp.topic == "t.delay" {
+				return f.delayReaders[tp.partition], func() { rg.closed.Add(1) }
+			}
+			return f.readers[tp.partition], func() { rg.closed.Add(1) }
 		},
 	}
 	for p := range len(f.readers) {
-		rg.g.partitions = append(rg.g.partitions, kafkago.PartitionAssignment{ID: p, Offset: kafkago.FirstOffset})
+		rg.g.partitions = append(rg.g.partitions, assignment{topicPartition{"t", p}, kafkago.FirstOffset})
+	}
+	for p := range len(f.delayReaders) {
+		rg.g.partitions = append(rg.g.partitions, assignment{topicPartition{"t.delay", p}, kafkago.FirstOffset})
 	}
 	dl := &deadLetterer{w: w, topic: "t.dlq", log: discardLogger()}
+	var delay *deadLetterer
+	if f.delayWriter != nil {
+		delay = &deadLetterer{w: f.delayWriter, topic: "t.delay", log: discardLogger(), delay: true}
+	}
 	go func() {
 		defer close(rg.done)
-		c.runGeneration(gctx, rg.g, dl)
+		c.runGeneration(gctx, rg.g, dl, delay)
 	}()
 	t.Cleanup(func() {
 		end()

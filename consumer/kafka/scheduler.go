@@ -52,9 +52,10 @@ func (q *fifo[T]) pop() T {
 	return v
 }
 
-// laneID names the messages that must be handled in order: a partition, or
-// a key within a partition.
+// laneID names the messages that must be handled in order: a partition
+// (of the topic or of the delay topic), or a key within a partition.
 type laneID struct {
+	topic     string
 	partition int
 	key       string
 }
@@ -116,7 +117,7 @@ func (s *scheduler) enqueue(w work) bool {
 	if s.ordering == consumer.OrderNone || w.keyErr != nil {
 		s.ready.push(ready{w: w})
 	} else {
-		id := laneID{partition: w.m.Partition}
+		id := laneID{topic: w.m.Topic, partition: w.m.Partition}
 		if s.ordering == consumer.OrderKey {
 			id.key = w.key
 		}

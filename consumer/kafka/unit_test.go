@@ -41,6 +41,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"negative concurrency", func(c *Config) { c.Concurrency = -1 }, ok, "Concurrency"},
 		{"dead-letter topic is the topic", func(c *Config) { c.DeadLetterTopic = "t" }, ok, "DeadLetterTopic"},
 		{"bad start offset", func(c *Config) { c.StartOffset = 42 }, ok, "StartOffset"},
+		{"illegal delay topic name", func(c *Config) { c.DelayTopic = "a/b" }, ok, "DelayTopic"},
+		{"delay topic is the topic", func(c *Config) { c.DelayTopic = "t" }, ok, "DelayTopic"},
+		{"delay topic is the dead-letter topic", func(c *Config) { c.DelayTopic = "t.dlq" }, ok, "DelayTopic"},
+		{"default delay topic is the dead-letter topic", func(c *Config) { c.SetAside, c.DeadLetterTopic = true, "t.delay" }, ok, "DelayTopic"},
 		{"negative drain timeout", func(c *Config) { c.DrainTimeout = -time.Second }, ok, "DrainTimeout"},
 		{"negative commit timeout", func(c *Config) { c.CommitTimeout = -time.Second }, ok, "CommitTimeout"},
 		{"negative max pause", func(c *Config) { c.MaxPause = -time.Second }, ok, "MaxPause"},
@@ -71,7 +75,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c.cfg.Concurrency != 1 || c.cfg.DeadLetterTopic != "t.dlq" || c.cfg.StartOffset != kafkago.FirstOffset ||
+		if c.cfg.Concurrency != 1 || c.cfg.DeadLetterTopic != "t.dlq" || c.cfg.DelayTopic != "t.delay" || c.cfg.StartOffset != kafkago.FirstOffset ||
 			c.cfg.DrainTimeout != DefaultDrainTimeout || c.cfg.CommitTimeout != DefaultCommitTimeout {
 			t.Fatalf("defaults not applied: %+v", c.cfg)
 		}

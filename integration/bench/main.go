@@ -1,6 +1,8 @@
 // Command bench compares four ways for replicas to share one token bucket in
 // Redis: a tutorial-style Lua bucket, go-redis/redis_rate, and this
-// repository's limiter without and with token leasing.
+// repository's limiter without and with token leasing; and, as a fifth
+// implementation, this repository's limiter with leasing plus one keyed
+// layer over 100k keys (issue 12), against the shared bucket alone.
 //
 // Each implementation runs on the same workloads, one after the other, with
 // N simulated replicas (each its own Redis client and its own limiter, with
@@ -122,7 +124,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.replicas, "replicas", 8, "simulated replicas")
 	fs.IntVar(&cfg.goroutines, "goroutines", 8, "goroutines calling Wait in each replica")
 	fs.StringVar(&wl, "workloads", "low,medium,high,fast", "comma-separated workloads to run; none for the latency table only")
-	fs.StringVar(&im, "impls", "a,b,c,d", "comma-separated implementations to run")
+	fs.StringVar(&im, "impls", "a,b,c,d,e", "comma-separated implementations to run")
 	fs.StringVar(&cfg.out, "out", "RESULTS.md", "markdown report to write")
 	fs.StringVar(&cfg.plot, "plot", "lowrate.png", "PNG plot of the low-rate run to write")
 	fs.DurationVar(&cfg.opts.MaxReserve, "reserve", 0, "limiter.Options.MaxReserve of (c) and (d); 0 for the default")

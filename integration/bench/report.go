@@ -173,6 +173,16 @@ func (rep *report) targets() []target {
 	if f, ok := rep.find("fast", "c"); ok {
 		ts = append(ts, target{"without leasing ≥ 50,000 tokens/s from one bucket (fast)", thousands(f.perSecond()) + "/s", f.perSecond() >= 50_000})
 	}
+	if e, ok := rep.find("fast", "e"); ok {
+		if c, ok := rep.find("fast", "c"); ok {
+			r := e.perSecond() / c.perSecond()
+			n, got := calls(e)
+			ts = append(ts,
+				target{"(e) a keyed layer over 100k keys, leasing on: ≥ 0.8× the shared bucket alone, (c) (fast)",
+					fmt.Sprintf("%.2f× (%s/s against %s/s)", r, thousands(e.perSecond()), thousands(c.perSecond())), r >= 0.8},
+				target{"(e) a keyed layer over 100k keys: at most 1 Redis call per message (fast)", got, n <= 1})
+		}
+	}
 	for _, k := range []string{"c", "d"} {
 		if l, ok := rep.find("low", k); ok {
 			n, got := calls(l)

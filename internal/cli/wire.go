@@ -171,6 +171,9 @@ type consumerDeps struct {
 	drain    time.Duration
 	observer *consumer.Observer
 	log      *slog.Logger
+	// setAside is set when a layer of limit.extra sets messages aside
+	// (on_exceed: delay): the Kafka consumer then uses its delay topic.
+	setAside bool
 }
 
 // newDeps maps the limit, sink and delivery sections to consumerDeps.
@@ -183,6 +186,11 @@ func newDeps(cfg *config.Config, lim consumer.Limiter, bucket *limiter.Bucket, o
 		drain:    time.Duration(cfg.Delivery.DrainTimeout),
 		observer: obs,
 		log:      log,
+	}
+	for _, x := range cfg.Limit.Extra {
+		if x.OnExceed == string(limiter.ActionDelay) {
+			d.setAside = true
+		}
 	}
 	// limit.cost_template or limit.cost_header; config.Validate parsed
 	// the template already, so there is no error left to report.
@@ -230,7 +238,9 @@ func newConsumer(src config.Source, d consumerDeps, h consumer.Handler) (runner,
 		if err != nil {
 			return nil, &configError{err: fmt.Errorf("source.kafka.ordering_key: %w", err)}
 		}
-		c, err := kafka.New(k.ConsumerConfig(opts, dialer), h)
+		kc := k.ConsumerConfig(opts, dialer)
+		kc.SetAside = d.setAside
+		c, err := kafka.New(kc, h)
 		if err != nil {
 			return nil, &configError{err: fmt.Errorf("source.kafka: %w", err)}
 		}

@@ -1,0 +1,199 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/throttlehq/throttle/consumer"
+)
+
+// Header names of a message set aside in the delay topic, beside
+// consumer.HeaderAttempts (the failed handler attempts before it was set
+// aside) and the position headers consumer.HeaderOriginalTopic,
+// consumer.HeaderOriginalPartition and consumer.HeaderOriginalOffset (where
+// it was first consumed from; a message set aside again keeps them).
+const (
+	// HeaderDue is when the message is due again, in RFC 3339 with
+	// nanoseconds, UTC, by the clock of the replica that set it aside.
+	HeaderDue = "x-throttle-due"
+	// HeaderSetAsideReason says why the message was set aside: the
+	// handler's error, such as a layer's refusal. It is the header the
+	// RabbitMQ consumer sets on its delay queue's messages.
+	HeaderSetAsideReason = "x-throttle-set-aside-reason"
+)
+
+// clock tells the time and waits for the heads of the delay topic's
+// partitions. The consumer's is the real clock; tests give a fake one.
+type clock interface {
+	Now() time.Time
+	// SleepUntil waits until t or until ctx ends, and then returns ctx's
+	// error.
+	SleepUntil(ctx context.Context, t time.Time) error
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+func (realClock) SleepUntil(ctx context.Context, t time.Time) error {
+	return consumer.Sleep(ctx, time.Until(t))
+}
+
+// dueOf returns the due time of a message of the delay topic (HeaderDue).
+// Of several such headers the last one counts, as in ToMessage.
+func dueOf(m kafkago.Message) (time.Time, bool) {
+	var v []byte
+	for _, h := range m.Headers {
+		if h.Key == HeaderDue {
+			v = h.Value
+		}
+	}
+	if v == nil {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, string(v))
+	return t, err == nil
+}
+
+// waitDue waits until m, the head of a partition of the delay topic, is
+// due, and reports false when the partition was revoked first. The fetcher
+// calls it before it fetches the next message, so the partition is paused
+// meanwhile: one timer, no polling. A message without a valid due time is
+// due at once.
+func (r *genRun) waitDue(p *partState, m kafkago.Message) bool {
+	c := r.c
+	due, ok := dueOf(m)
+	if !ok {
+		c.log.Warn("message of the delay topic without a valid due time; handling it now",
+			"topic", p.topic, "partition", p.partition, "offset", m.Offset, "header", HeaderDue)
+		return r.rctx.Err() == nil
+	}
+	if wait := due.Sub(c.clock.Now()); wait > 0 {
+		c.log.Debug("delay partition paused until its head is due",
+			"topic", p.topic, "partition", p.partition, "offset", m.Offset, "due", due, "in", wait.String())
+		if c.clock.SleepUntil(r.rctx, due) != nil {
+			return false
+		}
+	}
+	return r.rctx.Err() == nil
+}
+
+// setAside writes the message of w to the delay topic, due out.SetAside
+// from now, and reports it finished once the write succeeded on every
+// in-sync replica, so that the commit may move past it. A failed write is
+// retried with backoff; at the drain deadline the message is abandoned,
+// uncommitted, and handled again by the partition's next owner.
+func (c *Consumer) setAside(ctx context.Context, w work, out consumer.Outcome, delay *deadLetterer) outcome {
+	m := w.m
+	due := c.clock.Now().Add(out.SetAside).UTC()
+	h := c.origin(m)
+	h[HeaderDue] = due.Format(time.RFC3339Nano)
+	h[consumer.HeaderAttempts] = strconv.Itoa(out.Attempts)
+	if out.Err != nil {
+		h[HeaderSetAsideReason] = out.Err.Error()
+	}
+	if err := delay.send(ctx, m, h); err != nil {
+		c.log.Warn("delay write abandoned at the drain deadline; message left uncommitted",
+			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "err", err)
+		return abandoned
+	}
+	c.cfg.Observer.ObserveSetAside(w.msg, out.SetAside)
+	c.log.Debug("message set aside",
+		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+		"delay_topic", delay.topic, "delay", out.SetAside.String(), "due", due)
+	return finished
+}
+
+// origin returns the position headers of m for the dead-letter and delay
+// topics: where it was first consumed from. A message of the delay topic
+// carries them from when it was set aside.
+func (c *Consumer) origin(m kafkago.Message) map[string]string {
+	if m.Topic == c.cfg.DelayTopic && c.cfg.SetAside {
+		orig := make(map[string]string, 3)
+		for _, h := range m.Headers {
+			switch h.Key {
+			case consumer.HeaderOriginalTopic, consumer.HeaderOriginalPartition, consumer.HeaderOriginalOffset:
+				orig[h.Key] = string(h.Value)
+			}
+		}
+		if len(orig) == 3 {
+			return orig
+		}
+	}
+	return map[string]string{
+		consumer.HeaderOriginalTopic:     m.Topic,
+		consumer.HeaderOriginalPartition: strconv.Itoa(m.Partition),
+		consumer.HeaderOriginalOffset:    strconv.FormatInt(m.Offset, 10),
+	}
+}
+
+// ensureDelayTopic makes sure the delay topic exists, creating it with as
+// many partitions as the topic (the brokers' default when the topic does
+// not exist either) and the brokers' default replication factor. It
+// retries a failed lookup with backoff until ctx ends. It reports false,
+// after a warning, when the brokers refuse to create it: the handlers then
+// wait out the delays.
+func (c *Consumer) ensureDelayTopic(ctx context.Context, client *kafkago.Client) bool {
+	for failures := 0; ; failures++ {
+		ok, err := c.findOrCreateDelayTopic(ctx, client)
+		if err == nil {
+			return ok
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		delay := backoff.Delay(failures)
+		c.log.Warn("looking up the delay topic failed; retrying",
+			"topic", c.cfg.Topic, "delay_topic", c.cfg.DelayTopic, "err", err, "retry_in", delay.String())
+		if consumer.Sleep(ctx, delay) != nil {
+			return false
+		}
+	}
+}
+
+// findOrCreateDelayTopic is one attempt of ensureDelayTopic. Its error is
+// one worth retrying; a refusal is (false, nil).
+func (c *Consumer) findOrCreateDelayTopic(ctx context.Context, client *kafkago.Client) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.CommitTimeout)
+	defer cancel()
+	md, err := client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{c.cfg.Topic, c.cfg.DelayTopic}})
+	if err != nil {
+		return false, err
+	}
+	partitions := -1
+	for _, t := range md.Topics {
+		if t.Error != nil || len(t.Partitions) == 0 {
+			continue
+		}
+		switch t.Name {
+		case c.cfg.DelayTopic:
+			return true, nil
+		case c.cfg.Topic:
+			partitions = len(t.Partitions)
+		}
+	}
+	resp, err := client.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{{
+		Topic: c.cfg.DelayTopic, NumPartitions: partitions, ReplicationFactor: -1,
+	}}})
+	if err != nil {
+		return false, err
+	}
+	cerr := resp.Errors[c.cfg.DelayTopic]
+	var kerr kafkago.Error
+	switch {
+	case cerr == nil:
+		c.log.Info("delay topic created", "topic", c.cfg.Topic, "delay_topic", c.cfg.DelayTopic, "partitions", partitions)
+		return true, nil
+	case errors.Is(cerr, kafkago.TopicAlreadyExists):
+		return true, nil
+	case errors.As(cerr, &kerr) && kerr.Temporary():
+		return false, cerr
+	}
+	c.log.Warn("the delay topic does not exist and cannot be created; messages set aside wait in their handlers",
+		"topic", c.cfg.Topic, "delay_topic", c.cfg.DelayTopic, "err", cerr)
+	return false, nil
+}

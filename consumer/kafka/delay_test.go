@@ -1,0 +1,404 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/throttlehq/throttle/consumer"
+)
+
+// fakeClock is a clock that moves only when the test sets it. It counts
+// the calls to SleepUntil and lists the sleepers, so a test can see that a
+// fetcher is parked on its head's due time.
+type fakeClock struct {
+	mu       sync.Mutex
+	now      time.Time
+	calls    int
+	sleepers map[*fakeSleeper]bool
+}
+
+type fakeSleeper struct {
+	until time.Time
+	wake  chan struct{}
+}
+
+func newFakeClock(now time.Time) *fakeClock {
+	return &fakeClock{now: now, sleepers: map[*fakeSleeper]bool{}}
+}
+
+func (f *fakeClock) Now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.now
+}
+
+func (f *fakeClock) SleepUntil(ctx context.Context, t time.Time) error {
+	f.mu.Lock()
+	f.calls++
+	if !t.After(f.now) {
+		f.mu.Unlock()
+		return ctx.Err()
+	}
+	s := &fakeSleeper{until: t, wake: make(chan struct{})}
+	f.sleepers[s] = true
+	f.mu.Unlock()
+	select {
+	case <-s.wake:
+		return ctx.Err()
+	case <-ctx.Done():
+		f.mu.Lock()
+		delete(f.sleepers, s)
+		f.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+// set moves the clock to now and wakes the sleepers that are due.
+func (f *fakeClock) set(now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = now
+	for s := range f.sleepers {
+		if !s.until.After(now) {
+			delete(f.sleepers, s)
+			close(s.wake)
+		}
+	}
+}
+
+// sleeping returns the instants the sleepers wait for, sorted.
+func (f *fakeClock) sleeping() []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []time.Time
+	for s := range f.sleepers {
+		out = append(out, s.until)
+	}
+	slices.SortFunc(out, func(a, b time.Time) int { return a.Compare(b) })
+	return out
+}
+
+func (f *fakeClock) sleepCalls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls
+}
+
+// delayMsg returns a message of partition p of the delay topic "t.delay"
+// at offset off, due at due (no due header when due is zero).
+func delayMsg(p int, off int64, due time.Time, headers ...kafkago.Header) kafkago.Message {
+	m := kafkago.Message{Topic: "t.delay", Partition: p, Offset: off, Key: []byte(fmt.Sprint(off)), Value: []byte("v"), Headers: headers}
+	if !due.IsZero() {
+		m.Headers = append(m.Headers, kafkago.Header{Key: HeaderDue, Value: []byte(due.Format(time.RFC3339Nano))})
+	}
+	return m
+}
+
+func TestDueOf(t *testing.T) {
+	at := time.Date(2026, 12, 1, 6, 0, 0, 123456789, time.UTC)
+	h := func(v string) kafkago.Header { return kafkago.Header{Key: HeaderDue, Value: []byte(v)} }
+	cases := []struct {
+		name    string
+		headers []kafkago.Header
+		want    time.Time
+		ok      bool
+	}{
+		{"none", nil, time.Time{}, false},
+		{"RFC 3339 with nanoseconds", []kafkago.Header{h(at.Format(time.RFC3339Nano))}, at, true},
+		{"another zone", []kafkago.Header{h("2026-12-01T01:00:00.5-05:00")}, time.Date(2026, 12, 1, 6, 0, 0, 5e8, time.UTC), true},
+		{"the last of several", []kafkago.Header{h("2020-01-01T00:00:00Z"), h(at.Format(time.RFC3339Nano))}, at, true},
+		{"not a time", []kafkago.Header{h("soon")}, time.Time{}, false},
+		{"unix seconds", []kafkago.Header{h("1796104800")}, time.Time{}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := dueOf(kafkago.Message{Headers: tc.headers})
+			if ok != tc.ok || !got.Equal(tc.want) {
+				t.Fatalf("dueOf = %v, %v; want %v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+// TestDelayHeadTiming steps a fake clock through fixed instants over two
+// partitions of the delay topic and checks, at each, which messages were
+// handled, which due time each partition's fetcher is parked on, and what
+// was committed. A partition waits for its head only: a message due
+// earlier behind a later head waits for it (order by due time is only
+// approximate), and a past-due or undated message goes at once.
+func TestDelayHeadTiming(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	type hpos struct {
+		partition int
+		offset    int64
+	}
+	steps := []struct {
+		at        time.Duration
+		handled   []hpos
+		sleeping  []time.Duration
+		committed map[int]int64
+	}{
+		// Partition 1's messages are past due and undated: handled at once.
+		// Partition 0's head is due at +1s.
+		{0, []hpos{{1, 0}, {1, 1}}, []time.Duration{time.Second}, map[int]int64{1: 2}},
+		{500 * time.Millisecond, []hpos{{1, 0}, {1, 1}}, []time.Duration{time.Second}, map[int]int64{1: 2}},
+		// Offsets 0 and 1 are due; offset 2 (+3s) is the head now.
+		{time.Second, []hpos{{0, 0}, {0, 1}, {1, 0}, {1, 1}}, []time.Duration{3 * time.Second}, map[int]int64{0: 2, 1: 2}},
+		// Offset 3 is due at +2s but waits behind offset 2.
+		{2 * time.Second, []hpos{{0, 0}, {0, 1}, {1, 0}, {1, 1}}, []time.Duration{3 * time.Second}, map[int]int64{0: 2, 1: 2}},
+		{3 * time.Second, []hpos{{0, 0}, {0, 1}, {0, 2}, {0, 3}, {1, 0}, {1, 1}}, nil, map[int]int64{0: 4, 1: 2}},
+	}
+	for _, ordering := range []consumer.Ordering{consumer.OrderPartition, consumer.OrderKey, consumer.OrderNone} {
+		t.Run(string(ordering), func(t *testing.T) {
+			var mu sync.Mutex
+			var handled []hpos
+			h := func(_ context.Context, m consumer.Message) error {
+				if m.Source.Topic != "t.delay" {
+					t.Errorf("handled a message of topic %q", m.Source.Topic)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				handled = append(handled, hpos{m.Source.Partition, m.Source.Offset})
+				return nil
+			}
+			c := newTestConsumer(t, Config{SetAside: true, Concurrency: 2, Options: consumer.Options{Ordering: ordering}}, h)
+			clk := newFakeClock(t0)
+			c.clock = clk
+			f := newFakeGroup(map[int]partitionReader{})
+			f.delayReaders = map[int]partitionReader{
+				0: newFakeReader(
+					delayMsg(0, 0, at(time.Second)),
+					delayMsg(0, 1, at(time.Second)),
+					delayMsg(0, 2, at(3*time.Second)),
+					delayMsg(0, 3, at(2*time.Second)),
+				),
+				1: newFakeReader(
+					delayMsg(1, 0, at(-time.Second)),
+					delayMsg(1, 1, time.Time{}),
+				),
+			}
+			f.delayWriter = &fakeWriter{}
+			rg := startGeneration(t, c, f, &fakeWriter{})
+			for _, st := range steps {
+				clk.set(at(st.at))
+				var wantSleeping []time.Time
+				for _, d := range st.sleeping {
+					wantSleeping = append(wantSleeping, at(d))
+				}
+				state := func() string {
+					mu.Lock()
+					got := slices.Clone(handled)
+					mu.Unlock()
+					slices.SortFunc(got, func(a, b hpos) int {
+						if a.partition != b.partition {
+							return a.partition - b.partition
+						}
+						return int(a.offset - b.offset)
+					})
+					return fmt.Sprintf("handled %v, sleeping until %v, committed %v", got, clk.sleeping(), f.delayCommitted())
+				}
+				want := fmt.Sprintf("handled %v, sleeping until %v, committed %v", st.handled, wantSleeping, st.committed)
+				deadline := time.Now().Add(10 * time.Second)
+				for state() != want {
+					if time.Now().After(deadline) {
+						t.Fatalf("at +%v: %s; want %s", st.at, state(), want)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			// One timer per head that was not due, no polling: offsets 0
+			// and 2 of partition 0.
+			if n := clk.sleepCalls(); n != 2 {
+				t.Errorf("SleepUntil called %d times, want 2", n)
+			}
+			rg.finish(t, true)
+			if got := f.delayCommitted(); !maps.Equal(got, steps[len(steps)-1].committed) {
+				t.Errorf("committed %v at the end", got)
+			}
+		})
+	}
+}
+
+// TestDelayWaitEndsAtRevocation: a fetcher parked on a head that is not due
+// returns when the partition is revoked; the head is neither handled nor
+// committed, so the next owner reads it again.
+func TestDelayWaitEndsAtRevocation(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
+	c := newTestConsumer(t, Config{SetAside: true}, func(context.Context, consumer.Message) error {
+		t.Error("handled a message that was not due")
+		return nil
+	})
+	clk := newFakeClock(t0)
+	c.clock = clk
+	f := newFakeGroup(map[int]partitionReader{})
+	f.delayReaders = map[int]partitionReader{0: newFakeReader(delayMsg(0, 0, t0.Add(time.Hour)))}
+	f.delayWriter = &fakeWriter{}
+	rg := startGeneration(t, c, f, &fakeWriter{})
+	waitFor(t, "the fetcher parked on its head", func() bool { return len(clk.sleeping()) == 1 })
+	rg.finish(t, false)
+	if n := len(clk.sleeping()); n != 0 {
+		t.Errorf("%d sleepers left after the revocation", n)
+	}
+	if got := f.delayCommitted(); len(got) != 0 {
+		t.Errorf("committed %v, want nothing", got)
+	}
+}
+
+// TestSetAsideWritesBeforeCommit: a message the handler sets aside is
+// written to the delay topic, with its due time, origin, attempts and
+// reason, before the commit may pass it; while the write fails, it is
+// retried and the commit stays before the message, also after the drain.
+func TestSetAsideWritesBeforeCommit(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
+	reason := errors.New(`limit "per-key": rate 1/s (burst 1) exceeded`)
+	cases := []struct {
+		name        string
+		writerFails int // -1: always
+		committed   int64
+		writes      int
+	}{
+		{"written after two failures, then committed", 2, 3, 1},
+		{"not committed while the write fails", -1, 1, 0},
+	}
+	for _, ordering := range []consumer.Ordering{consumer.OrderPartition, consumer.OrderKey, consumer.OrderNone} {
+		for _, tc := range cases {
+			t.Run(fmt.Sprintf("%s/%s", ordering, tc.name), func(t *testing.T) {
+				h := func(_ context.Context, m consumer.Message) error {
+					if m.Source.Offset == 1 {
+						return consumer.SetAside(reason, 5*time.Second)
+					}
+					return nil
+				}
+				var observed []time.Duration
+				var mu sync.Mutex
+				obs := &consumer.Observer{SetAside: func(_ consumer.Message, d time.Duration) {
+					mu.Lock()
+					observed = append(observed, d)
+					mu.Unlock()
+				}}
+				c := newTestConsumer(t, Config{SetAside: true, Options: consumer.Options{
+					Ordering: ordering, Observer: obs, DrainTimeout: 200 * time.Millisecond,
+				}}, h)
+				c.clock = newFakeClock(t0)
+				p0 := msgs(0, 0, 1, 2)
+				for i := range p0 {
+					p0[i].Key = []byte{byte(i)}
+					p0[i].Headers = []kafkago.Header{{Key: "x-from", Value: []byte("+1555")}}
+				}
+				f := newFakeGroup(map[int]partitionReader{0: newFakeReader(p0...)})
+				dw := &fakeWriter{fail: tc.writerFails}
+				f.delayWriter = dw
+				rg := startGeneration(t, c, f, &fakeWriter{})
+				if tc.writes > 0 {
+					waitFor(t, "the commit", func() bool { return f.committed()[0] == tc.committed })
+				} else {
+					waitFor(t, "write retries", func() bool { dw.mu.Lock(); defer dw.mu.Unlock(); return dw.calls >= 2 })
+				}
+				rg.finish(t, true)
+				if got := f.committed()[0]; got != tc.committed {
+					t.Fatalf("committed %d, want %d", got, tc.committed)
+				}
+				dw.mu.Lock()
+				defer dw.mu.Unlock()
+				if len(dw.writes) != tc.writes {
+					t.Fatalf("%d delay writes, want %d", len(dw.writes), tc.writes)
+				}
+				if tc.writes == 0 {
+					return
+				}
+				w := dw.writes[0]
+				got := map[string]string{}
+				for _, h := range w.Headers {
+					got[h.Key] = string(h.Value)
+				}
+				want := map[string]string{
+					"x-from":                         "+1555",
+					HeaderDue:                        "2026-12-01T06:00:05Z",
+					consumer.HeaderOriginalTopic:     "t",
+					consumer.HeaderOriginalPartition: "0",
+					consumer.HeaderOriginalOffset:    "1",
+					consumer.HeaderAttempts:          "0",
+					HeaderSetAsideReason:             reason.Error(),
+				}
+				if !maps.Equal(got, want) || string(w.Key) != "\x01" || string(w.Value) != "v" {
+					t.Fatalf("delay write key %q value %q headers %v; want key \"\\x01\", value \"v\", headers %v", w.Key, w.Value, got, want)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if !slices.Equal(observed, []time.Duration{5 * time.Second}) {
+					t.Errorf("Observer.SetAside saw %v", observed)
+				}
+			})
+		}
+	}
+}
+
+// TestSetAsideAgainKeepsOrigin: a message of the delay topic set aside
+// again keeps the position it was first consumed from, gets a new due
+// time, and its delay-topic offset is committed.
+func TestSetAsideAgainKeepsOrigin(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
+	c := newTestConsumer(t, Config{SetAside: true}, func(context.Context, consumer.Message) error {
+		return consumer.SetAside(errors.New("still full"), 2*time.Second)
+	})
+	c.clock = newFakeClock(t0)
+	f := newFakeGroup(map[int]partitionReader{})
+	f.delayReaders = map[int]partitionReader{0: newFakeReader(delayMsg(0, 7, t0.Add(-time.Second),
+		kafkago.Header{Key: consumer.HeaderOriginalTopic, Value: []byte("t")},
+		kafkago.Header{Key: consumer.HeaderOriginalPartition, Value: []byte("3")},
+		kafkago.Header{Key: consumer.HeaderOriginalOffset, Value: []byte("42")},
+	))}
+	dw := &fakeWriter{}
+	f.delayWriter = dw
+	rg := startGeneration(t, c, f, &fakeWriter{})
+	waitFor(t, "the delay partition committed", func() bool { return f.delayCommitted()[0] == 8 })
+	rg.finish(t, true)
+	dw.mu.Lock()
+	defer dw.mu.Unlock()
+	if len(dw.writes) != 1 {
+		t.Fatalf("%d delay writes, want 1", len(dw.writes))
+	}
+	got := map[string]string{}
+	for _, h := range dw.writes[0].Headers {
+		got[h.Key] = string(h.Value)
+	}
+	if got[consumer.HeaderOriginalTopic] != "t" || got[consumer.HeaderOriginalPartition] != "3" || got[consumer.HeaderOriginalOffset] != "42" ||
+		got[HeaderDue] != "2026-12-01T06:00:02Z" || got[HeaderSetAsideReason] != "still full" {
+		t.Fatalf("headers %v", got)
+	}
+}
+
+// TestSetAsideWithoutDelayTopic: when the consumer sets aside but has no
+// delay topic (the brokers refused to create it), the handler waits out
+// the delay and the message is handled again, then committed.
+func TestSetAsideWithoutDelayTopic(t *testing.T) {
+	var mu sync.Mutex
+	calls := 0
+	c := newTestConsumer(t, Config{SetAside: true}, func(context.Context, consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls == 1 {
+			return consumer.SetAside(errors.New("full"), 20*time.Millisecond)
+		}
+		return nil
+	})
+	f := newFakeGroup(map[int]partitionReader{0: newFakeReader(msgs(0, 0)...)})
+	rg := startGeneration(t, c, f, &fakeWriter{})
+	waitFor(t, "the commit", func() bool { return f.committed()[0] == 1 })
+	rg.finish(t, true)
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != 2 {
+		t.Fatalf("handler called %d times, want 2", calls)
+	}
+}
