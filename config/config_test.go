@@ -310,6 +310,7 @@ func TestParseBadInputs(t *testing.T) {
 		{"bad topic", strings.Replace(minimal, "topic: sms", "topic: 'a/b'", 1), nil, "source.kafka.topic", "is not a Kafka topic name"},
 		{"dead letter topic is topic", strings.Replace(minimal, "group: g", "group: g\n    dead_letter_topic: sms", 1), nil, "source.kafka.dead_letter_topic", `must differ from the topic "sms"`},
 		{"delay topic is dead letter topic", strings.Replace(minimal, "group: g", "group: g\n    dead_letter_topic: sms.x\n    delay_topic: sms.x", 1), nil, "source.kafka.delay_topic", `must differ from the dead-letter topic "sms.x"`},
+		{"dead letter topic is the default delay topic", strings.Replace(minimal, "group: g", "group: g\n    dead_letter_topic: sms.delay", 1), nil, "source.kafka.delay_topic", `must differ from the dead-letter topic "sms.delay"`},
 		{"bad delay topic", strings.Replace(minimal, "group: g", "group: g\n    delay_topic: 'sms delay'", 1), nil, "source.kafka.delay_topic", "is not a Kafka topic name"},
 		{"bad start offset", strings.Replace(minimal, "group: g", "group: g\n    start_offset: middle", 1), nil, "source.kafka.start_offset", `must be one of first, last, got "middle"`},
 		{"bad sasl mechanism", strings.Replace(minimal, "group: g", "group: g\n    sasl: {mechanism: gssapi, username: u}", 1), nil, "source.kafka.sasl.mechanism", `got "gssapi"`},

@@ -96,7 +96,9 @@
 // drained and committed like the topic's. The fetcher of a delay partition
 // stops at a head that is not due, on one timer (ended by a revocation),
 // and hands it to the normal path when it is due, where it is throttled
-// again. Order within a delay partition is by due time only approximately:
+// again. A message set aside gives up its place: later messages of its
+// partition or key go ahead of it. Order within a delay partition is by
+// due time only approximately:
 // a message due earlier waits behind a later head, so a fixed delay per
 // layer, which keeps due times nearly monotone, suits it best. Due times
 // are the writing replica's clock.
@@ -404,21 +406,27 @@ func (cfg Config) Validate() error {
 			bad("DeadLetterTopic", "must differ from the topic %q", cfg.Topic)
 		}
 	}
-	if cfg.DelayTopic != "" || cfg.SetAside {
-		delay, dlq := cfg.DelayTopic, cfg.DeadLetterTopic
-		if delay == "" {
-			delay = cfg.Topic + ".delay"
-		}
-		if dlq == "" {
-			dlq = cfg.Topic + ".dlq"
-		}
-		if err := checkTopicName(delay); err != nil {
-			bad("DelayTopic", "%w", err)
-		} else if delay == cfg.Topic {
-			bad("DelayTopic", "must differ from the topic %q", cfg.Topic)
-		} else if delay == dlq {
+	// The delay topic's name is checked when it is set or used; the
+	// default one must not be the dead-letter topic either way, so that
+	// adding a delay layer later cannot break a valid configuration.
+	delay, dlq := cfg.DelayTopic, cfg.DeadLetterTopic
+	if delay == "" {
+		delay = cfg.Topic + ".delay"
+	}
+	if dlq == "" {
+		dlq = cfg.Topic + ".dlq"
+	}
+	switch {
+	case cfg.DelayTopic == "" && !cfg.SetAside:
+		if cfg.Topic != "" && delay == dlq {
 			bad("DelayTopic", "must differ from the dead-letter topic %q", dlq)
 		}
+	case checkTopicName(delay) != nil:
+		bad("DelayTopic", "%w", checkTopicName(delay))
+	case delay == cfg.Topic:
+		bad("DelayTopic", "must differ from the topic %q", cfg.Topic)
+	case delay == dlq:
+		bad("DelayTopic", "must differ from the dead-letter topic %q", dlq)
 	}
 	switch cfg.StartOffset {
 	case 0, kafkago.FirstOffset, kafkago.LastOffset:

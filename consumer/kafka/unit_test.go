@@ -44,7 +44,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"illegal delay topic name", func(c *Config) { c.DelayTopic = "a/b" }, ok, "DelayTopic"},
 		{"delay topic is the topic", func(c *Config) { c.DelayTopic = "t" }, ok, "DelayTopic"},
 		{"delay topic is the dead-letter topic", func(c *Config) { c.DelayTopic = "t.dlq" }, ok, "DelayTopic"},
-		{"default delay topic is the dead-letter topic", func(c *Config) { c.SetAside, c.DeadLetterTopic = true, "t.delay" }, ok, "DelayTopic"},
+		{"default delay topic is the dead-letter topic", func(c *Config) { c.DeadLetterTopic = "t.delay" }, ok, "DelayTopic"},
 		{"negative drain timeout", func(c *Config) { c.DrainTimeout = -time.Second }, ok, "DrainTimeout"},
 		{"negative commit timeout", func(c *Config) { c.CommitTimeout = -time.Second }, ok, "CommitTimeout"},
 		{"negative max pause", func(c *Config) { c.MaxPause = -time.Second }, ok, "MaxPause"},
