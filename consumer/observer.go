@@ -18,7 +18,8 @@ type Observer struct {
 	// destination.
 	DeadLettered func(msg Message, err error)
 	// SetAside is called when a backend set a message aside for d, as
-	// its handler asked with SetAside (a RabbitMQ delay queue).
+	// its handler asked with SetAside (a RabbitMQ delay queue, a Kafka
+	// delay topic).
 	SetAside func(msg Message, d time.Duration)
 	// Reconnected is called each time a backend re-established its broker
 	// connection after losing it; err is why the previous session ended.

@@ -26,9 +26,9 @@ type Processor struct {
 type ProcessorOption func(*Processor)
 
 // SetsAside tells the Processor that its backend can set a message aside
-// (a RabbitMQ delay queue): Process then returns a handler's SetAside
-// error as Outcome.SetAside at once. Without it, Process waits the delay
-// in the handler and tries again.
+// (a RabbitMQ delay queue, a Kafka delay topic): Process then returns a
+// handler's SetAside error as Outcome.SetAside at once. Without it,
+// Process waits the delay in the handler and tries again.
 func SetsAside() ProcessorOption { return func(p *Processor) { p.setAside = true } }
 
 // NewProcessor validates o (Options.WithDefaults) and returns a Processor
