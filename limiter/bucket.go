@@ -30,7 +30,9 @@ type Bucket struct {
 	lastRate  atomic.Uint64 // math.Float64bits of the last effective rate
 	lastBurst atomic.Int64
 	replicas  atomic.Int64
-	waiting   atomic.Int64  // Wait calls in this process past the lease
+	waiting   atomic.Int64 // Wait calls in this process past the lease
+	// waitingBy counts the same calls per class, indexed by Priority.
+	waitingBy [NumPriorities]atomic.Int64
 	lastDebt  atomic.Uint64 // math.Float64bits of the tokens last seen reserved ahead
 	// bookedUntil is the latest instant, on the Bucket's clock (unix
 	// nanoseconds), until which the shared bucket was seen booked by
@@ -54,6 +56,9 @@ type Bucket struct {
 	// gen is the current generation of the bucket's settings; it ends when
 	// the store announces a change.
 	gen atomic.Pointer[generation]
+	// pushes fans the store's pushes out to the callers sleeping on
+	// reservations of each class (changes.go).
+	pushes pushHub
 
 	done      chan struct{}
 	closeOnce sync.Once
@@ -81,12 +86,13 @@ func New(store Store, opts Options) (*Bucket, error) {
 	b.replicas.Store(1)
 	b.lease.init(b)
 	b.gen.Store(newGeneration())
+	b.pushes.init()
 	if n, ok := store.(Notifier); ok {
 		ctx, cancel := context.WithCancel(context.Background())
 		b.wg.Add(2)
 		go func() {
 			defer b.wg.Done()
-			n.Watch(ctx, b.changed, nil)
+			n.Watch(ctx, b.changed, b.pushed)
 		}()
 		go func() {
 			defer b.wg.Done()
@@ -122,8 +128,30 @@ func (b *Bucket) ReplicaID() string { return b.opts.ReplicaID }
 // Granted returns the tokens Wait and Allow granted since New.
 func (b *Bucket) Granted() int64 { return b.granted.Load() }
 
-// Waiting returns the number of Wait calls that wait for the store now.
+// Waiting returns the number of Wait and WaitN calls that wait for the
+// store now, of every class.
 func (b *Bucket) Waiting() int { return int(b.waiting.Load()) }
+
+// WaitingByPriority returns the number of Wait and WaitN calls that wait
+// for the store now, per class, indexed by Priority.
+func (b *Bucket) WaitingByPriority() [NumPriorities]int {
+	var n [NumPriorities]int
+	for p := range n {
+		n[p] = int(b.waitingBy[p].Load())
+	}
+	return n
+}
+
+// countWaiting counts a call of class p as waiting until the returned
+// function is called.
+func (b *Bucket) countWaiting(p Priority) (done func()) {
+	b.waiting.Add(1)
+	b.waitingBy[p].Add(1)
+	return func() {
+		b.waitingBy[p].Add(-1)
+		b.waiting.Add(-1)
+	}
+}
 
 // Replicas returns the number of live replicas seen in the last heartbeat,
 // or 1 when the store does not track replicas.
@@ -160,29 +188,36 @@ func (b *Bucket) Check(ctx context.Context) error {
 // long. If ctx ends while a reservation is pending, the reserved tokens go
 // back to the bucket. A cost above the burst fails at once with
 // ErrCostExceedsBurst.
+//
+// The request is of the Bucket's class, Options.Priority.
 func (b *Bucket) Wait(ctx context.Context, cost int) error {
-	err := b.wait(ctx, cost)
+	return b.waitAs(ctx, b.opts.Priority, cost)
+}
+
+// waitAs is Wait for a request of class p.
+func (b *Bucket) waitAs(ctx context.Context, p Priority, cost int) error {
+	err := b.wait(ctx, p, cost)
 	if err == nil {
 		b.granted.Add(int64(cost))
 	}
 	return err
 }
 
-func (b *Bucket) wait(ctx context.Context, cost int) error {
+func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 	if cost < 1 {
 		return fmt.Errorf("cost %d: %w", cost, ErrInvalidCost)
 	}
-	if b.lease.take(cost) {
-		b.observeWaited(0)
+	if b.lease.take(p, cost) {
+		b.observeWaited(p, 0)
 		return nil
 	}
 	start := b.clock.Now()
-	served, leading, err := b.lease.beginRefill(ctx, cost)
+	served, leading, err := b.lease.beginRefill(ctx, p, cost)
 	if err != nil {
 		return err
 	}
 	if served {
-		b.observeWaited(b.clock.Now().Sub(start))
+		b.observeWaited(p, b.clock.Now().Sub(start))
 		return nil
 	}
 	endRefill := func() {
@@ -192,8 +227,7 @@ func (b *Bucket) wait(ctx context.Context, cost int) error {
 		}
 	}
 	defer endRefill()
-	b.waiting.Add(1)
-	defer b.waiting.Add(-1)
+	defer b.countWaiting(p)()
 	for {
 		select {
 		case <-b.done:
@@ -202,12 +236,12 @@ func (b *Bucket) wait(ctx context.Context, cost int) error {
 		}
 		if b.Mode() != ModeShared {
 			endRefill()
-			err := b.waitFallback(ctx, cost)
+			err := b.waitFallback(ctx, p, cost)
 			if errors.Is(err, errRetryShared) {
 				continue
 			}
 			if err == nil {
-				b.observeWaited(b.clock.Now().Sub(start))
+				b.observeWaited(p, b.clock.Now().Sub(start))
 			}
 			return err
 		}
@@ -218,8 +252,8 @@ func (b *Bucket) wait(ctx context.Context, cost int) error {
 		if leading {
 			extra = b.lease.extra(cost)
 		}
-		gen := b.gen.Load()
-		res, err := b.store.Take(ctx, TakeRequest{Cost: cost + extra, MaxWait: b.horizon()})
+		gen, seen := b.gen.Load(), b.pushes.heard()
+		res, err := b.store.Take(ctx, TakeRequest{Cost: cost + extra, MaxWait: b.horizon(), Priority: p, MinShare: b.opts.MinShare})
 		if err != nil {
 			endRefill()
 			if cerr := ctx.Err(); cerr != nil {
@@ -243,13 +277,13 @@ func (b *Bucket) wait(ctx context.Context, cost int) error {
 			continue
 		}
 		if res.Wait > 0 {
-			if err := b.sleepReserved(ctx, gen, res); err != nil {
-				b.refund(ctx, res.Tokens)
+			if err := b.sleepReserved(ctx, gen, &b.pushes, seen, res, math.Float64frombits(b.lastRate.Load())); err != nil {
+				b.refundClass(ctx, res.Tokens, res.Class)
 				return err
 			}
 		}
 		b.lease.put(res.Tokens - cost)
-		b.observeWaited(b.clock.Now().Sub(start))
+		b.observeWaited(p, b.clock.Now().Sub(start))
 		return nil
 	}
 }
@@ -272,7 +306,9 @@ func (b *Bucket) horizon() time.Duration {
 
 // Allow takes cost tokens if they are available now and reports whether it
 // did. In ModeClosed it reports false and in ModeOpen true without asking
-// the store.
+// the store. The request is of the Bucket's class, Options.Priority: it
+// gets tokens only if no reservation of its class or a higher one is
+// waiting for them.
 func (b *Bucket) Allow(ctx context.Context, cost int) (bool, error) {
 	ok, err := b.allow(ctx, cost)
 	if ok && err == nil {
@@ -285,7 +321,8 @@ func (b *Bucket) allow(ctx context.Context, cost int) (bool, error) {
 	if cost < 1 {
 		return false, fmt.Errorf("cost %d: %w", cost, ErrInvalidCost)
 	}
-	if b.lease.take(cost) {
+	p := b.opts.Priority
+	if b.lease.take(p, cost) {
 		return true, nil
 	}
 	for {
@@ -296,12 +333,12 @@ func (b *Bucket) allow(ctx context.Context, cost int) (bool, error) {
 			return false, nil
 		case ModeLocal:
 			if fb := b.fallbackBucket(); fb != nil {
-				res, err := fb.Take(ctx, TakeRequest{Cost: min(cost, fb.burst)})
+				res, err := fb.Take(ctx, TakeRequest{Cost: min(cost, fb.burst), Priority: p, MinShare: b.opts.MinShare})
 				return res.Granted, err
 			}
 			continue
 		}
-		res, err := b.store.Take(ctx, TakeRequest{Cost: cost})
+		res, err := b.store.Take(ctx, TakeRequest{Cost: cost, Priority: p, MinShare: b.opts.MinShare})
 		if err != nil {
 			if cerr := ctx.Err(); cerr != nil {
 				return false, cerr
@@ -379,6 +416,11 @@ func (b *Bucket) Close() error {
 	var err error
 	b.closeOnce.Do(func() {
 		close(b.done)
+		b.fb.mu.Lock()
+		if b.fb.unwatch != nil { // the local bucket's watch
+			b.fb.unwatch()
+		}
+		b.fb.mu.Unlock()
 		b.wg.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -392,11 +434,28 @@ func (b *Bucket) Close() error {
 	return err
 }
 
+// refund gives back tokens of no class, such as unused leased tokens.
 func (b *Bucket) refund(ctx context.Context, tokens int) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
 	defer cancel()
 	if err := b.store.Refund(ctx, tokens); err != nil {
 		b.log.Debug("refunding unused tokens failed", "tokens", tokens, "error", err)
+	}
+}
+
+// refundClass gives back the tokens of a cancelled reservation that the
+// store holds in class's queue (TakeResult.Class), so that a store with
+// classes forgets them there.
+func (b *Bucket) refundClass(ctx context.Context, tokens int, class Priority) {
+	cr, ok := b.store.(ClassRefunder)
+	if !ok {
+		b.refund(ctx, tokens)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
+	defer cancel()
+	if err := cr.RefundClass(ctx, tokens, class); err != nil {
+		b.log.Debug("refunding a cancelled reservation failed", "tokens", tokens, "class", class, "error", err)
 	}
 }
 
@@ -449,17 +508,34 @@ func (b *Bucket) observePaused(d time.Duration, by string) {
 	}
 }
 
-func (b *Bucket) observeWaited(d time.Duration) {
-	if o := b.opts.Observer; o != nil && o.Waited != nil {
+// observeWaited reports a successful wait of class p that blocked for d.
+func (b *Bucket) observeWaited(p Priority, d time.Duration) {
+	o := b.opts.Observer
+	if o == nil {
+		return
+	}
+	if o.Waited != nil {
 		o.Waited(d)
+	}
+	if o.PriorityWaited != nil {
+		o.PriorityWaited(p, d)
 	}
 }
 
-var errChanged = errors.New("bucket changed")
+var (
+	errChanged = errors.New("bucket changed")
+	errPushed  = errors.New("reservations pushed back")
+)
 
 // sleep waits for d on the Bucket's clock, or until ctx or the Bucket ends,
 // or until changed is closed (errChanged). A nil changed never fires.
 func (b *Bucket) sleep(ctx context.Context, changed <-chan struct{}, d time.Duration) error {
+	return b.sleepOn(ctx, changed, nil, d)
+}
+
+// sleepOn is sleep that also ends when pushed is closed (errPushed). A nil
+// pushed never fires.
+func (b *Bucket) sleepOn(ctx context.Context, changed, pushed <-chan struct{}, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
@@ -472,6 +548,8 @@ func (b *Bucket) sleep(ctx context.Context, changed <-chan struct{}, d time.Dura
 		return ErrClosed
 	case <-changed:
 		return errChanged
+	case <-pushed:
+		return errPushed
 	case <-t.C():
 		return nil
 	}

@@ -20,8 +20,9 @@ type Request struct {
 	// the recipient of an SMS. A keyed layer without a key fails the request
 	// with ErrMissingKey. Ignored by a store without layers.
 	Keys map[string]string
-	// Priority is the request's class. The zero value, PriorityNormal,
-	// means the Bucket's Options.Priority.
+	// Priority is the request's class, used as it is: the zero value is
+	// PriorityNormal, whatever the Bucket's Options.Priority (the class of
+	// Wait and Allow).
 	Priority Priority
 }
 
@@ -56,16 +57,18 @@ type Request struct {
 // not known locally. A key whose messages all go to one replica gets only
 // that replica's share of its rate (under-granting).
 func (b *Bucket) WaitN(ctx context.Context, req Request) error {
+	if req.Priority >= NumPriorities {
+		return &ParamError{Param: "Priority", Msg: "must be high, normal or low", Value: req.Priority.String()}
+	}
 	ls := b.layeredStore()
 	if ls == nil {
-		return b.Wait(ctx, req.Cost)
+		return b.waitAs(ctx, req.Priority, req.Cost)
 	}
 	if req.Cost < 1 {
 		return fmt.Errorf("cost %d: %w", req.Cost, ErrInvalidCost)
 	}
 	start := b.clock.Now()
-	b.waiting.Add(1)
-	defer b.waiting.Add(-1)
+	defer b.countWaiting(req.Priority)()
 	limiting := "" // the layer that made this call wait last
 	for {
 		select {
@@ -78,14 +81,14 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			if errors.Is(err, errRetryShared) {
 				continue
 			}
-			b.observeLayered(start, req.Cost, limiting, err)
+			b.observeLayered(start, req, limiting, err)
 			return err
 		}
-		lr := LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon()}
+		lr := LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare}
 		leading := false
-		if b.lease.take(req.Cost) {
+		if b.lease.take(req.Priority, req.Cost) {
 			lr.SkipShared = true
-		} else if extra := b.lease.extra(req.Cost); extra > 0 && b.layered.refilling.CompareAndSwap(false, true) {
+		} else if extra := b.lease.extra(req.Cost); extra > 0 && b.lease.serves(req.Priority) && b.layered.refilling.CompareAndSwap(false, true) {
 			// One caller at a time asks for a lease of the shared bucket
 			// with its message.
 			lr.Extra, leading = extra, true
@@ -106,7 +109,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 				return cerr
 			}
 			if errors.Is(err, ErrCostExceedsBurst) || errors.Is(err, ErrMissingKey) || errors.Is(err, ErrInvalidCost) {
-				b.observeLayered(start, req.Cost, limiting, err)
+				b.observeLayered(start, req, limiting, err)
 				return err
 			}
 			b.storeFailed(err)
@@ -116,7 +119,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			b.observeTake(res.TakeResult)
 		}
 		if res.Exceeded != nil {
-			b.observeLayered(start, req.Cost, limiting, res.Exceeded)
+			b.observeLayered(start, req, limiting, res.Exceeded)
 			return res.Exceeded
 		}
 		if res.Wait > 0 {
@@ -141,21 +144,21 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 				return err
 			}
 		}
-		b.observeLayered(start, req.Cost, limiting, nil)
+		b.observeLayered(start, req, limiting, nil)
 		return nil
 	}
 }
 
 // observeLayered reports the end of a WaitN: its wait and the layer that
 // set it, or a layer's refusal.
-func (b *Bucket) observeLayered(start time.Time, cost int, limiting string, err error) {
+func (b *Bucket) observeLayered(start time.Time, req Request, limiting string, err error) {
 	o := b.opts.Observer
 	var le *LimitError
 	switch {
 	case err == nil:
-		b.granted.Add(int64(cost))
+		b.granted.Add(int64(req.Cost))
 		d := b.clock.Now().Sub(start)
-		b.observeWaited(d)
+		b.observeWaited(req.Priority, d)
 		if o != nil && o.LayerWaited != nil {
 			o.LayerWaited(limiting, d)
 		}
@@ -285,7 +288,7 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls LayeredStore, req Re
 			cost = min(cost, l.Burst)
 		}
 	}
-	lr := LayerRequest{Cost: cost, Keys: req.Keys, MaxWait: b.opts.MaxReserve}
+	lr := LayerRequest{Cost: cost, Keys: req.Keys, MaxWait: b.opts.MaxReserve, Priority: req.Priority, MinShare: b.opts.MinShare}
 	for {
 		gen := b.gen.Load()
 		res, err := lm.TakeLayersAt(b.clock.Now(), lr)

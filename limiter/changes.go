@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,6 +22,12 @@ import (
 // Giving the tokens back and taking them again instead, as an earlier
 // version did, puts every sleeper at the end of the queue at once: on a
 // rate cut they stall, then come due together, above the new rate.
+//
+// A push (see Push) is not a change: a take of a higher class moved the
+// reservations of a lower class back by some tokens. The store says by how
+// much, so a push needs no store read, ends no generation and leaves the
+// lease alone. It wakes only the callers sleeping on a reservation of the
+// pushed class (pushHub), and each moves its own reservation back.
 
 // generation is one period of unchanged bucket settings.
 type generation struct {
@@ -33,6 +40,9 @@ type generation struct {
 	st    State
 	err   error
 	local time.Time
+	// heard is how many pushes of each class the Bucket had heard just
+	// before the read: st counts them all.
+	heard [NumPriorities]uint64
 }
 
 func newGeneration() *generation { return &generation{changed: make(chan struct{})} }
@@ -69,6 +79,7 @@ func (b *Bucket) settings(ctx context.Context, g *generation) (State, time.Time,
 	g.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
 		defer cancel()
+		g.heard = b.pushes.heard()
 		g.st, g.err = b.store.Status(ctx)
 		g.local = b.clock.Now()
 		if g.err == nil && g.st.At.IsZero() {
@@ -86,29 +97,76 @@ type reservation struct {
 	due  time.Time // on the store's clock
 	pos  float64   // tokens that refill before it is due, its own included
 	rate float64   // the effective rate it was scheduled at; 0 while paused
+	base float64   // the rate apart from a pause, which converts tokens to time
+	// class is the class whose queue holds it (TakeResult.Class), and
+	// pushed the class's push counter it has been moved for.
+	class  Priority
+	pushed float64
 }
 
-// sleepReserved sleeps until the reservation res, made in generation gen,
-// is due, moving it each time the bucket changes. It returns nil when the
-// tokens are due, or the error that ended the wait (the caller refunds).
-func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, res TakeResult) error {
-	r := reservation{due: res.At.Add(res.Wait), pos: max(0, -res.Remaining), rate: res.Rate}
+// sleepReserved sleeps until the reservation res, made in generation gen
+// after pushes had heard the pushes counted in heard, is due; resume is the
+// rate its bucket refills at after a pause. It moves the reservation each
+// time the bucket changes and each time a push of its class moves it back.
+// It returns nil when the tokens are due, or the error that ended the wait
+// (the caller refunds). The local bucket's reservations have no generation
+// (gen is nil): its settings do not change under them.
+func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pushHub, heard [NumPriorities]uint64, res TakeResult, resume float64) error {
+	base := res.Rate
+	if base <= 0 { // paused
+		base = resume
+	}
+	// Its position is the tokens reserved ahead of it, its own included:
+	// -Remaining, less the reservations of lower classes behind it, which
+	// Wait tells apart (at most Wait·rate tokens refill before it is due).
+	pos := max(0, -res.Remaining)
+	if base > 0 {
+		pos = min(pos, res.Wait.Seconds()*base)
+	}
+	r := reservation{due: res.At.Add(res.Wait), pos: pos, rate: res.Rate, base: base,
+		class: res.Class, pushed: res.Pushed}
 	// storeAt on the store's clock was localAt on the Bucket's.
 	storeAt, localAt := res.At, b.clock.Now()
-	wait := res.Wait
+	// next is the first push of r's class this reservation has not seen;
+	// a class that is never pushed (the highest) is not listened to.
+	var next uint64
+	listen := pushes != nil && r.class < NumPriorities && r.class.Rank() > 0
+	if listen {
+		next = heard[r.class]
+	}
 	for {
-		err := b.sleep(ctx, gen.changed, wait)
+		var pushed <-chan struct{}
+		if listen {
+			var ps []Push
+			ps, next, pushed = pushes.since(r.class, next)
+			for _, p := range ps {
+				r = r.push(p)
+			}
+		}
+		var changed <-chan struct{}
+		if gen != nil {
+			changed = gen.changed
+		}
+		wait := r.due.Sub(storeAt) - b.clock.Now().Sub(localAt)
+		err := b.sleepOn(ctx, changed, pushed, wait)
+		if errors.Is(err, errPushed) {
+			continue
+		}
 		if !errors.Is(err, errChanged) {
 			return err
 		}
 		gen = b.gen.Load()
 		if st, local, err := b.settings(ctx, gen); err == nil {
+			if listen {
+				r = r.catchUp(st)
+				// The pushes heard before the read are in st.
+				next = max(next, gen.heard[r.class])
+			}
 			r = r.retime(st)
 			storeAt, localAt = st.At, local
 		}
 		// Else the store cannot say what changed: the reservation keeps
 		// its slot, which still stands in the store's queue.
-		wait = r.due.Sub(storeAt) - b.clock.Now().Sub(localAt)
 	}
 }
 
@@ -123,14 +181,138 @@ func (r reservation) retime(st State) reservation {
 	start := now.Add(st.PausedFor)
 	due := start
 	if rate > 0 && pos > 0 {
-		due = start.Add(time.Duration(math.Min(pos/rate, 1e6) * float64(time.Second)))
+		due = start.Add(seconds(pos / rate))
 	}
 	eff := rate
 	if st.PausedFor > 0 {
 		eff = 0
 	}
-	return reservation{due: due, pos: pos, rate: eff}
+	r.due, r.pos, r.rate, r.base = due, pos, eff, rate
+	return r
 }
+
+// push returns r moved back by the push p of its class: by p.Tokens when p
+// is one it has not seen and it was not due yet when p was made, and by
+// the tokens of the pushes it missed before p (their counters tell how
+// many, not when: it is moved back by them all, which is conservative).
+func (r reservation) push(p Push) reservation {
+	if p.Class != r.class || p.Counter <= r.pushed {
+		return r
+	}
+	missed := max(0, p.Counter-p.Tokens-r.pushed)
+	back := missed
+	if p.At.Before(r.due) {
+		back = p.Counter - r.pushed // p's tokens that are new to r, and the missed ones
+	}
+	r.pushed = p.Counter
+	return r.back(back)
+}
+
+// catchUp returns r moved back by the pushes of its class that st counts
+// and r has not seen, as when the Bucket resubscribed and may have missed
+// some: all of them, which is conservative. A counter below r's means the
+// bucket was reset: there is nothing to catch up.
+func (r reservation) catchUp(st State) reservation {
+	c := st.Pushed[r.class]
+	if c > r.pushed {
+		r = r.back(c - r.pushed)
+	}
+	r.pushed = c
+	return r
+}
+
+// back returns r moved back by tokens.
+func (r reservation) back(tokens float64) reservation {
+	if !(tokens > 0) {
+		return r
+	}
+	r.pos += tokens
+	if r.base > 0 {
+		r.due = r.due.Add(seconds(tokens / r.base))
+	}
+	return r
+}
+
+// seconds converts s seconds, at most 1e6, to a Duration.
+func seconds(s float64) time.Duration {
+	return time.Duration(math.Min(s, 1e6) * float64(time.Second))
+}
+
+// pushRing is how many recent pushes of each class a Bucket keeps for its
+// sleepers. A sleeper that falls further behind is moved back by the
+// missed pushes all together (see reservation.push).
+const pushRing = 32
+
+// pushHub hands the store's pushes to the callers sleeping on reservations
+// of the pushed class: each class has a ring of its recent pushes and a
+// channel closed and replaced at each push, so that a push wakes only the
+// sleepers of its class.
+type pushHub struct {
+	mu      sync.Mutex
+	classes [NumPriorities]pushLog
+}
+
+// pushLog is one class's recent pushes.
+type pushLog struct {
+	// n counts the pushes heard; written under pushHub.mu.
+	n    atomic.Uint64
+	ring [pushRing]Push // push i is at ring[i%pushRing]
+	wake chan struct{}
+}
+
+func (h *pushHub) init() {
+	for c := range h.classes {
+		h.classes[c].wake = make(chan struct{})
+	}
+}
+
+// heard returns how many pushes of each class were heard so far. A caller
+// reads it before its take: every push its reservation must apply comes
+// after.
+func (h *pushHub) heard() [NumPriorities]uint64 {
+	var n [NumPriorities]uint64
+	for c := range n {
+		n[c] = h.classes[c].n.Load()
+	}
+	return n
+}
+
+// add records the push p and wakes the sleepers of its class.
+func (h *pushHub) add(p Push) {
+	if p.Class >= NumPriorities {
+		return
+	}
+	h.mu.Lock()
+	l := &h.classes[p.Class]
+	n := l.n.Load()
+	l.ring[n%pushRing] = p
+	l.n.Store(n + 1)
+	close(l.wake)
+	l.wake = make(chan struct{})
+	h.mu.Unlock()
+}
+
+// since returns the pushes of class c from the next-th on that the ring
+// still holds, the number to ask from next time, and a channel closed at
+// the next push.
+func (h *pushHub) since(c Priority, next uint64) (ps []Push, after uint64, wake <-chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	l := &h.classes[c]
+	n := l.n.Load()
+	if n > pushRing {
+		next = max(next, n-pushRing)
+	}
+	for i := next; i < n; i++ {
+		ps = append(ps, l.ring[i%pushRing])
+	}
+	return ps, n, l.wake
+}
+
+// pushed is the Bucket's handler of the store's pushes (Notifier.Watch).
+// It only wakes the sleepers of the pushed class: no store read, no new
+// generation, no lease given back.
+func (b *Bucket) pushed(p Push) { b.pushes.add(p) }
 
 // baseRate returns the rate st refills at apart from a pause.
 func baseRate(st State) float64 {

@@ -36,6 +36,11 @@ type fallbackState struct {
 	mu sync.Mutex // guards every field and the mode transitions
 	// local is the in-process bucket of ModeLocal, or nil.
 	local *Memory
+	// pushes fans the local bucket's pushes out to the callers sleeping on
+	// its reservations, as Bucket.pushes does the store's; unwatch ends
+	// the watch of local that feeds it.
+	pushes  *pushHub
+	unwatch context.CancelFunc
 	// recovered is closed when the Bucket returns to ModeShared; nil in
 	// ModeShared.
 	recovered chan struct{}
@@ -60,6 +65,40 @@ func (b *Bucket) fallbackBucket() *Memory {
 	b.fb.mu.Lock()
 	defer b.fb.mu.Unlock()
 	return b.fb.local
+}
+
+// fallbackPushes returns the pushes of the local bucket local, or nil when
+// local is no longer the Bucket's.
+func (b *Bucket) fallbackPushes(local *Memory) *pushHub {
+	b.fb.mu.Lock()
+	defer b.fb.mu.Unlock()
+	if b.fb.local != local {
+		return nil
+	}
+	return b.fb.pushes
+}
+
+// setLocalLocked makes local the local bucket, or none when nil, and
+// watches its pushes for the callers sleeping on its reservations: a
+// request of a higher class moves those of the lower classes back, as in
+// the shared bucket. b.fb.mu is held.
+func (b *Bucket) setLocalLocked(local *Memory) {
+	if b.fb.unwatch != nil {
+		b.fb.unwatch()
+	}
+	b.fb.local, b.fb.pushes, b.fb.unwatch = local, nil, nil
+	if local == nil {
+		return
+	}
+	hub := new(pushHub)
+	hub.init()
+	ctx, cancel := context.WithCancel(context.Background())
+	b.fb.pushes, b.fb.unwatch = hub, cancel
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		local.Watch(ctx, func() {}, hub.add)
+	}()
 }
 
 // fallbackGate settles a wait under the store-failure policy in the modes
@@ -90,9 +129,10 @@ func (b *Bucket) fallbackGate(ctx context.Context) (local *Memory, recovered <-c
 	return local, rec, false, nil
 }
 
-// waitFallback waits under the store-failure policy. It returns
-// errRetryShared when the store came back before tokens were granted.
-func (b *Bucket) waitFallback(ctx context.Context, cost int) error {
+// waitFallback waits under the store-failure policy for a request of class
+// p. It returns errRetryShared when the store came back before tokens were
+// granted.
+func (b *Bucket) waitFallback(ctx context.Context, p Priority, cost int) error {
 	local, _, settled, err := b.fallbackGate(ctx)
 	if settled {
 		return err
@@ -102,6 +142,7 @@ func (b *Bucket) waitFallback(ctx context.Context, cost int) error {
 	// impossible. Reservations reach no further than the horizon, as in
 	// the shared bucket, so that little is booked ahead when the store
 	// comes back.
+	pushes := b.fallbackPushes(local)
 	for left := cost; left > 0; {
 		if left == cost && b.fallbackBucket() != local {
 			// The store came back while this caller waited for the
@@ -111,7 +152,11 @@ func (b *Bucket) waitFallback(ctx context.Context, cost int) error {
 		}
 		n := min(left, local.burst)
 		gen := b.gen.Load()
-		res, err := local.TakeAt(b.clock.Now(), TakeRequest{Cost: n, MaxWait: b.opts.MaxReserve})
+		var heard [NumPriorities]uint64
+		if pushes != nil {
+			heard = pushes.heard()
+		}
+		res, err := local.TakeAt(b.clock.Now(), TakeRequest{Cost: n, MaxWait: b.opts.MaxReserve, Priority: p, MinShare: b.opts.MinShare})
 		if err != nil {
 			return err
 		}
@@ -121,8 +166,8 @@ func (b *Bucket) waitFallback(ctx context.Context, cost int) error {
 			}
 			continue
 		}
-		if err := b.sleep(ctx, nil, res.Wait); err != nil {
-			local.RefundAt(b.clock.Now(), n)
+		if err := b.sleepReserved(ctx, nil, pushes, heard, res, local.rate); err != nil {
+			local.RefundClassAt(b.clock.Now(), n, res.Class)
 			return err
 		}
 		left -= n
@@ -200,7 +245,7 @@ func (b *Bucket) fallBackLocked(err error) {
 		}
 	}
 	local.save(0, max(now.UnixMicro(), booked.UnixMicro()))
-	b.fb.local = local
+	b.setLocalLocked(local)
 	b.fb.replicas = replicas
 	b.log.Warn("bucket store failed, limiting locally", "mode", ModeLocal, "local_rate", rate, "local_burst", local.burst,
 		"replicas", math.Round(replicas*100)/100, "local_start_in", max(0, booked.Sub(now)), "error", err)
@@ -214,7 +259,7 @@ func (b *Bucket) switchLocked(from, to Mode, err error) {
 		b.fb.recovered = make(chan struct{})
 	}
 	if to != ModeLocal {
-		b.fb.local = nil
+		b.setLocalLocked(nil)
 	}
 	b.mode.Store(&to)
 	if o := b.opts.Observer; o != nil && o.ModeChanged != nil {
@@ -290,7 +335,7 @@ func (b *Bucket) tryRecover() bool {
 	from := b.Mode()
 	shared := ModeShared
 	b.mode.Store(&shared)
-	b.fb.local = nil
+	b.setLocalLocked(nil)
 	close(b.fb.recovered)
 	b.fb.recovered = nil
 	b.fb.probing = false

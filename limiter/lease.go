@@ -23,6 +23,10 @@ import (
 // that a batch is never sized for one replica when there are many. Unused
 // tokens go back to the bucket after Idle without use, and on Close; a
 // Pause drops them.
+//
+// A lease is taken for the Bucket's class (Options.Priority) and serves
+// only requests of that class: a request of another class asks the store,
+// where it takes its place among the classes, and never leads a refill.
 type LeaseOptions struct {
 	// Disabled turns leasing off.
 	Disabled bool
@@ -81,9 +85,15 @@ func (p *leasePool) init(b *Bucket) {
 	p.b, p.opts = b, b.opts.Lease
 }
 
-// take spends cost leased tokens if the pool has them.
-func (p *leasePool) take(cost int) bool {
-	if p.opts.Disabled {
+// serves reports whether the pool serves requests of class c: those of
+// the Bucket's class, while leasing is on.
+func (p *leasePool) serves(c Priority) bool {
+	return !p.opts.Disabled && c == p.b.opts.Priority
+}
+
+// take spends cost leased tokens if the pool has them and serves class c.
+func (p *leasePool) take(c Priority, cost int) bool {
+	if !p.serves(c) {
 		return false
 	}
 	p.mu.Lock()
@@ -102,13 +112,14 @@ func (p *leasePool) spendLocked(cost int) bool {
 	return true
 }
 
-// beginRefill is called when the pool lacks cost tokens. While leasing is
-// on, one caller at a time asks the store for a batch; the others wait for
-// its answer and try the pool again, instead of all asking the store at
-// once. It reports whether the caller was served from the pool, or must ask
-// the store itself, leading a refill that it ends with endRefill.
-func (p *leasePool) beginRefill(ctx context.Context, cost int) (served, leading bool, err error) {
-	if p.extra(cost) == 0 {
+// beginRefill is called when the pool lacks cost tokens for a request of
+// class c. While leasing is on for c, one caller at a time asks the store
+// for a batch; the others wait for its answer and try the pool again,
+// instead of all asking the store at once. It reports whether the caller
+// was served from the pool, or must ask the store itself, leading a refill
+// that it ends with endRefill.
+func (p *leasePool) beginRefill(ctx context.Context, c Priority, cost int) (served, leading bool, err error) {
+	if !p.serves(c) || p.extra(cost) == 0 {
 		return false, false, nil
 	}
 	for {

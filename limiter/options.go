@@ -84,9 +84,9 @@ type Options struct {
 	// which then climbs back (AIMD; see Adaptive), in a store that
 	// implements Adapter. Default nil: the rate stays the configured one.
 	Adaptive *Adaptive
-	// Priority is the class of the requests that do not name one (Wait,
-	// Allow, and WaitN with a zero Request.Priority). Default
-	// PriorityNormal.
+	// Priority is the class of Wait and Allow (WaitN uses its
+	// Request.Priority as it is), and of the tokens this replica leases:
+	// they serve only requests of this class. Default PriorityNormal.
 	Priority Priority
 	// MinShare keeps a floor under each class: while a class has
 	// reservations waiting, the higher classes jump ahead of them only as
@@ -183,8 +183,8 @@ var replicaSeq atomic.Int64
 // Observer receives a Bucket's events, for metrics. Every field is optional.
 // The functions are called from many goroutines and must be safe for that.
 type Observer struct {
-	// Waited is called after each successful Wait with the time it
-	// blocked.
+	// Waited is called after each successful Wait or WaitN with the time
+	// it blocked.
 	Waited func(d time.Duration)
 	// Took is called after each store answer with the bucket's tokens,
 	// effective rate and burst.

@@ -1,0 +1,504 @@
+package limiter_test
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/internal/clocktest"
+	"github.com/throttlehq/throttle/limiter/internal/storetest"
+)
+
+// classStore is a Store on a Memory driven by a fake clock that answers as
+// a store with classes does about a reservation: its class (the request's)
+// and that class's push counter. The test announces pushes and changes.
+// It records the requests and counts the status reads.
+type classStore struct {
+	clk      *clocktest.Clock
+	m        *limiter.Memory
+	mu       sync.Mutex
+	reqs     []limiter.TakeRequest
+	counters [limiter.NumPriorities]float64
+	changed  []func()
+	pushed   []func(limiter.Push)
+	statuses atomic.Int64
+	down     atomic.Bool
+}
+
+func newClassStore(t *testing.T, clk *clocktest.Clock, rate float64, burst int) *classStore {
+	t.Helper()
+	m, err := limiter.NewMemory(rate, burst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &classStore{clk: clk, m: m}
+}
+
+func (s *classStore) Take(_ context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+	if s.down.Load() {
+		return limiter.TakeResult{}, errDown
+	}
+	// The Memory serves every class alike, in the order of the takes: the
+	// test moves reservations with pushes alone.
+	plain := req
+	plain.Priority, plain.MinShare = limiter.PriorityNormal, limiter.Shares{}
+	res, err := s.m.TakeAt(s.clk.Now(), plain)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reqs = append(s.reqs, req)
+	res.Class, res.Pushed = req.Priority, s.counters[req.Priority]
+	return res, err
+}
+
+func (s *classStore) Refund(_ context.Context, n int) error {
+	s.m.RefundAt(s.clk.Now(), n)
+	return nil
+}
+
+func (s *classStore) Pause(_ context.Context, d time.Duration) error {
+	s.m.PauseAt(s.clk.Now(), d)
+	return nil
+}
+
+func (s *classStore) Drain(_ context.Context, debt int) error {
+	s.m.DrainAt(s.clk.Now(), debt)
+	return nil
+}
+
+func (s *classStore) Status(_ context.Context) (limiter.State, error) {
+	if s.down.Load() {
+		return limiter.State{}, errDown
+	}
+	s.statuses.Add(1)
+	st := s.m.StatusAt(s.clk.Now())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c, n := range s.counters {
+		st.Pushed[c] = n
+	}
+	return st, nil
+}
+
+func (s *classStore) Limits() (float64, int) { return s.m.Limits() }
+
+func (s *classStore) Watch(ctx context.Context, changed func(), pushed func(limiter.Push)) {
+	s.mu.Lock()
+	s.changed = append(s.changed, changed)
+	s.pushed = append(s.pushed, pushed)
+	s.mu.Unlock()
+	<-ctx.Done()
+}
+
+// push announces that class c was pushed back by tokens at the instant at
+// (the store's clock).
+func (s *classStore) push(c limiter.Priority, tokens float64, at time.Time) {
+	s.mu.Lock()
+	s.counters[c] += tokens
+	p := limiter.Push{Class: c, Tokens: tokens, Counter: s.counters[c], At: at}
+	fns := slices.Clone(s.pushed)
+	s.mu.Unlock()
+	for _, f := range fns {
+		f(p)
+	}
+}
+
+// pushSilently moves class c's counter as a push the Bucket does not hear.
+func (s *classStore) pushSilently(c limiter.Priority, tokens float64) {
+	s.mu.Lock()
+	s.counters[c] += tokens
+	s.mu.Unlock()
+}
+
+// announce announces a change, as a resubscription does.
+func (s *classStore) announce() {
+	s.mu.Lock()
+	fns := slices.Clone(s.changed)
+	s.mu.Unlock()
+	for _, f := range fns {
+		f()
+	}
+}
+
+func (s *classStore) requests() []limiter.TakeRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.reqs)
+}
+
+// classRig drives a Bucket on a classStore at fixed instants, as rig does:
+// callers of any class run in goroutines, and the clock moves one
+// millisecond at a time once every caller is asleep.
+type classRig struct {
+	t     *testing.T
+	clk   *clocktest.Clock
+	store *classStore
+	b     *limiter.Bucket
+	open  atomic.Int64
+	mu    sync.Mutex
+	// grants maps a caller's name to the instant it returned, as an
+	// offset from storetest.Base.
+	grants map[string]time.Duration
+}
+
+func newClassRig(t *testing.T, rate float64, burst int, opts limiter.Options) *classRig {
+	t.Helper()
+	clk := clocktest.New(storetest.Base)
+	r := &classRig{t: t, clk: clk, store: newClassStore(t, clk, rate, burst), grants: map[string]time.Duration{}}
+	opts.Clock = clk
+	if opts.MaxReserve == 0 {
+		opts.MaxReserve = 10 * time.Second
+	}
+	opts.ProbeInterval = time.Hour
+	opts.Logger = discardLogger()
+	b, err := limiter.New(r.store, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	r.b = b
+	deadline := time.Now().Add(10 * time.Second)
+	for { // the Bucket's Watch has subscribed
+		r.store.mu.Lock()
+		n := len(r.store.pushed)
+		r.store.mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the Bucket did not watch the store")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	return r
+}
+
+func (r *classRig) at() time.Duration { return r.clk.Now().Sub(storetest.Base) }
+
+// wait starts WaitN(cost) of class p, named name, and returns once it has
+// returned or sleeps.
+func (r *classRig) wait(name string, p limiter.Priority, cost int) {
+	r.open.Add(1)
+	go func() {
+		defer r.open.Add(-1)
+		if err := r.b.WaitN(context.Background(), limiter.Request{Cost: cost, Priority: p}); err != nil {
+			r.t.Errorf("%s: WaitN(%d) at +%v: %v", name, cost, r.at(), err)
+			return
+		}
+		r.mu.Lock()
+		r.grants[name] = r.at()
+		r.mu.Unlock()
+	}()
+	r.settle()
+}
+
+// settle waits until every open caller sleeps on a timer.
+func (r *classRig) settle() {
+	r.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.clk.Timers() != int(r.open.Load())+r.background() {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("at +%v: %d timers, want %d callers asleep and %d background", r.at(), r.clk.Timers(), r.open.Load(), r.background())
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// background is the number of timers that are not callers' sleeps: the
+// probe while the Bucket is not shared.
+func (r *classRig) background() int {
+	if r.b.Mode() == limiter.ModeShared {
+		return 0
+	}
+	return 1
+}
+
+// wake runs f, which wakes n sleepers, and waits until they sleep again.
+func (r *classRig) wake(n int, f func()) {
+	armed := r.clk.Armed()
+	f()
+	r.clk.WaitArmed(r.t, armed+n)
+	r.settle()
+}
+
+// advance moves the clock by d, one millisecond at a time.
+func (r *classRig) advance(d time.Duration) {
+	for end := r.clk.Now().Add(d); r.clk.Now().Before(end); {
+		r.clk.Advance(time.Millisecond)
+		r.settle()
+	}
+}
+
+func (r *classRig) granted() map[string]time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.grants)
+}
+
+func (r *classRig) check(want map[string]time.Duration) {
+	r.t.Helper()
+	got := r.granted()
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		r.t.Fatalf("grants %v, want %v", got, want)
+	}
+}
+
+// TestPushMovesOnlyTheSleepersOfItsClass: at 10/s, a low reservation is
+// due at +100 ms and a normal one at +200 ms. A push of the normal class by
+// 3 tokens moves the normal one back 300 ms and leaves the low one; a push
+// of the low class by 2 tokens then moves the low one back 200 ms. Neither
+// reads the store nor starts a generation.
+func TestPushMovesOnlyTheSleepersOfItsClass(t *testing.T) {
+	r := newClassRig(t, 10, 1, limiter.Options{})
+	r.wait("first", limiter.PriorityNormal, 1)  // the burst
+	r.wait("low", limiter.PriorityLow, 1)       // +100 ms
+	r.wait("normal", limiter.PriorityNormal, 1) // +200 ms
+	r.advance(ms(10))
+	r.wake(1, func() { r.store.push(limiter.PriorityNormal, 3, r.clk.Now()) })
+	r.advance(ms(10))
+	r.wake(1, func() { r.store.push(limiter.PriorityLow, 2, r.clk.Now()) })
+	r.advance(ms(600))
+	r.check(map[string]time.Duration{"first": 0, "low": ms(300), "normal": ms(500)})
+	if n := r.store.statuses.Load(); n != 0 {
+		t.Fatalf("%d status reads for pushes, want 0", n)
+	}
+}
+
+// TestPushAfterTheDueInstantIsIgnored: a push made (on the store's clock)
+// after a reservation was due did not move it, however late it arrives;
+// one made before it does, even when it arrives late.
+func TestPushAfterTheDueInstantIsIgnored(t *testing.T) {
+	r := newClassRig(t, 10, 1, limiter.Options{})
+	r.wait("first", limiter.PriorityLow, 1)
+	r.wait("low", limiter.PriorityLow, 1) // +100 ms
+	r.advance(ms(50))
+	r.wake(1, func() { r.store.push(limiter.PriorityLow, 1, storetest.Base.Add(ms(100))) })
+	r.wake(1, func() { r.store.push(limiter.PriorityLow, 2, storetest.Base.Add(ms(60))) }) // +200 ms
+	r.advance(ms(300))
+	r.check(map[string]time.Duration{"first": 0, "low": ms(300)})
+}
+
+// TestResubscriptionCatchesUpWithTheCounters: pushes missed while the
+// Bucket was not subscribed are in the store's counters; the change the
+// resubscription announces moves the sleepers of the class back by them.
+func TestResubscriptionCatchesUpWithTheCounters(t *testing.T) {
+	r := newClassRig(t, 10, 1, limiter.Options{})
+	r.wait("first", limiter.PriorityNormal, 1)
+	r.wait("low", limiter.PriorityLow, 1)       // +100 ms
+	r.wait("normal", limiter.PriorityNormal, 1) // +200 ms
+	r.advance(ms(20))
+	r.store.pushSilently(limiter.PriorityLow, 5)
+	r.wake(2, r.store.announce)
+	r.advance(ms(700))
+	r.check(map[string]time.Duration{"first": 0, "low": ms(600), "normal": ms(200)})
+}
+
+// TestLeaseServesOnlyTheBucketsClass: a high Bucket's lease serves its own
+// class; a low request goes to the store, for its cost alone, and a push
+// leaves the lease alone.
+func TestLeaseServesOnlyTheBucketsClass(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := newClassStore(t, clk, 100, 100)
+	b, err := limiter.New(s, limiter.Options{Clock: clk, Logger: discardLogger(), Priority: limiter.PriorityHigh,
+		Lease: limiter.LeaseOptions{Fraction: 0.5, MinBatch: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	steps := []struct {
+		name string
+		do   func() error
+	}{
+		{"Wait high: leases 50", func() error { return b.Wait(ctx, 1) }},
+		{"WaitN low: the store", func() error { return b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow}) }},
+		{"WaitN normal: the store", func() error { return b.WaitN(ctx, limiter.Request{Cost: 2}) }},
+		{"WaitN high: the lease", func() error {
+			return b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityHigh})
+		}},
+		{"a push", func() error { s.push(limiter.PriorityLow, 1, clk.Now()); return nil }},
+		{"Allow high: the lease", func() error {
+			if ok, err := b.Allow(ctx, 1); !ok || err != nil {
+				return fmt.Errorf("Allow = %v, %v", ok, err)
+			}
+			return nil
+		}},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+	}
+	var got []string
+	for _, q := range s.requests() {
+		got = append(got, fmt.Sprintf("%s:%d", q.Priority, q.Cost))
+	}
+	if want := []string{"high:50", "low:1", "normal:2"}; !slices.Equal(got, want) {
+		t.Fatalf("store takes %v, want %v", got, want)
+	}
+	if n := s.statuses.Load(); n != 0 {
+		t.Fatalf("%d status reads, want 0", n)
+	}
+}
+
+// TestRequestsCarryTheirClass: Wait and Allow ask for the Bucket's class,
+// WaitN for the request's as it is, and every take names the shares.
+func TestRequestsCarryTheirClass(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := newClassStore(t, clk, 100, 100)
+	shares := limiter.Shares{limiter.PriorityLow: 0.1}
+	b, err := limiter.New(s, limiter.Options{Clock: clk, Logger: discardLogger(), Priority: limiter.PriorityLow,
+		MinShare: shares, Lease: limiter.LeaseOptions{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	if err := b.Wait(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Allow(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []limiter.Priority{limiter.PriorityNormal, limiter.PriorityHigh} {
+		if err := b.WaitN(ctx, limiter.Request{Cost: 1, Priority: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for _, q := range s.requests() {
+		if q.MinShare != shares {
+			t.Errorf("take %+v: MinShare %v, want %v", q, q.MinShare, shares)
+		}
+		got = append(got, q.Priority.String())
+	}
+	if want := []string{"low", "low", "normal", "high"}; !slices.Equal(got, want) {
+		t.Fatalf("classes %v, want %v", got, want)
+	}
+	if err := b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.NumPriorities}); err == nil {
+		t.Fatal("WaitN with an unknown class succeeded")
+	}
+}
+
+// TestWaitingByPriorityAndPriorityWaited: the waiting callers are counted
+// per class, and each successful wait is reported with its class.
+func TestWaitingByPriorityAndPriorityWaited(t *testing.T) {
+	type waited struct {
+		p limiter.Priority
+		d time.Duration
+	}
+	var mu sync.Mutex
+	var seen []waited
+	obs := &limiter.Observer{PriorityWaited: func(p limiter.Priority, d time.Duration) {
+		mu.Lock()
+		seen = append(seen, waited{p, d})
+		mu.Unlock()
+	}}
+	r := newClassRig(t, 10, 1, limiter.Options{Observer: obs, Lease: limiter.LeaseOptions{Disabled: true}})
+	r.wait("first", limiter.PriorityNormal, 1)
+	r.wait("high", limiter.PriorityHigh, 1)  // +100 ms
+	r.wait("low", limiter.PriorityLow, 1)    // +200 ms
+	r.wait("high2", limiter.PriorityHigh, 1) // +300 ms
+	want := [limiter.NumPriorities]int{}
+	want[limiter.PriorityHigh], want[limiter.PriorityLow] = 2, 1
+	if got := r.b.WaitingByPriority(); got != want || r.b.Waiting() != 3 {
+		t.Fatalf("waiting by class %v, total %d; want %v, 3", got, r.b.Waiting(), want)
+	}
+	r.advance(ms(300))
+	if got := r.b.WaitingByPriority(); got != ([limiter.NumPriorities]int{}) || r.b.Waiting() != 0 {
+		t.Fatalf("waiting by class %v, total %d after the grants; want none", got, r.b.Waiting())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	wantSeen := []waited{{limiter.PriorityNormal, 0}, {limiter.PriorityHigh, ms(100)}, {limiter.PriorityLow, ms(200)}, {limiter.PriorityHigh, ms(300)}}
+	if !slices.Equal(seen, wantSeen) {
+		t.Fatalf("PriorityWaited %v, want %v", seen, wantSeen)
+	}
+}
+
+// memClassStore is a Memory driven by a fake clock, whose own Watch
+// announces the pushes its takes make.
+type memClassStore struct {
+	*limiter.Memory
+	clk *clocktest.Clock
+	// watching is set when the Bucket calls Watch.
+	watching *atomic.Bool
+}
+
+func (s memClassStore) Watch(ctx context.Context, changed func(), pushed func(limiter.Push)) {
+	s.watching.Store(true)
+	s.Memory.Watch(ctx, changed, pushed)
+}
+
+func (s memClassStore) Take(_ context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+	return s.TakeAt(s.clk.Now(), req)
+}
+
+func (s memClassStore) Refund(_ context.Context, n int) error {
+	s.RefundAt(s.clk.Now(), n)
+	return nil
+}
+
+func (s memClassStore) RefundClass(_ context.Context, n int, c limiter.Priority) error {
+	s.RefundClassAt(s.clk.Now(), n, c)
+	return nil
+}
+
+func (s memClassStore) Status(_ context.Context) (limiter.State, error) {
+	return s.StatusAt(s.clk.Now()), nil
+}
+
+// TestHighArrivalMovesLowSleepersOnMemory: on the Memory store, whose
+// takes announce their pushes, a high request that arrives while two low
+// ones sleep on reservations at +100 and +200 ms gets the next slot
+// (+110 ms), and the low ones move back a slot each.
+func TestHighArrivalMovesLowSleepersOnMemory(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	m, err := limiter.NewMemory(10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &classRig{t: t, clk: clk, grants: map[string]time.Duration{}}
+	s := memClassStore{m, clk, new(atomic.Bool)}
+	b, err := limiter.New(s, limiter.Options{Clock: clk, Logger: discardLogger(), MaxReserve: 10 * time.Second,
+		ProbeInterval: time.Hour, Lease: limiter.LeaseOptions{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	r.b = b
+	r.wait("first", limiter.PriorityLow, 1)
+	r.wait("low1", limiter.PriorityLow, 1) // +100 ms
+	r.wait("low2", limiter.PriorityLow, 1) // +200 ms
+	r.advance(ms(10))
+	for !s.watching.Load() {
+		time.Sleep(100 * time.Microsecond)
+	}
+	r.wake(2, func() { r.wait("high", limiter.PriorityHigh, 1) })
+	r.advance(ms(400))
+	r.check(map[string]time.Duration{"first": 0, "high": ms(110), "low1": ms(200), "low2": ms(300)})
+}
+
+// TestLocalFallbackMovesLowSleepers: while the store is down, the local
+// bucket orders the classes as the shared one does: a high request that
+// arrives while two low ones sleep on local reservations at +100 and
+// +200 ms gets the next slot, and the low ones move back a slot each,
+// so the local rate holds.
+func TestLocalFallbackMovesLowSleepers(t *testing.T) {
+	r := newClassRig(t, 10, 1, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}})
+	r.store.down.Store(true)
+	r.wait("low1", limiter.PriorityLow, 1) // the local bucket starts empty: +100 ms
+	if r.b.Mode() != limiter.ModeLocal {
+		t.Fatalf("mode %s, want local", r.b.Mode())
+	}
+	r.wait("low2", limiter.PriorityLow, 1) // +200 ms
+	r.advance(ms(10))
+	r.wake(2, func() { r.wait("high", limiter.PriorityHigh, 1) })
+	r.advance(ms(400))
+	r.check(map[string]time.Duration{"high": ms(110), "low1": ms(200), "low2": ms(300)})
+}
