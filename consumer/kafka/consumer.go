@@ -103,8 +103,9 @@
 // layer, which keeps due times nearly monotone, suits it best. Due times
 // are the writing replica's clock.
 //
-// Run creates the delay topic, with the topic's partition count, when it is
-// missing. When the brokers refuse, it logs a warning and handlers wait out
+// Run creates the delay topic, with the topic's partition count and the
+// brokers' default settings, when it is missing; its retention must exceed
+// the longest delay (a daily quota sets aside for up to a day). When the brokers refuse, it logs a warning and handlers wait out
 // the delays instead, as without SetAside. Backlog counts the topic only.
 //
 // # Authentication and TLS
