@@ -93,7 +93,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			// with its message.
 			lr.Extra, leading = extra, true
 		}
-		gen := b.gen.Load()
+		gen, seen := b.gen.Load(), b.pushes.heard()
 		res, err := ls.TakeLayers(ctx, lr)
 		if leading {
 			b.layered.refilling.Store(false)
@@ -134,8 +134,15 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 		if res.Wait > 0 {
 			// A change of the shared bucket does not move a layered
 			// reservation: the keyed layers' part of it still stands.
-			// It reaches the next request within the horizon.
-			if err := b.sleep(ctx, nil, res.Wait); err != nil {
+			// It reaches the next request within the horizon. A push of
+			// its class does move it back, by the whole push: its shared
+			// part comes due that much later. When a layer set its wait,
+			// that may be later than needed, never sooner.
+			var pushes *pushHub
+			if !lr.SkipShared {
+				pushes = &b.pushes
+			}
+			if err := b.sleepReserved(ctx, nil, pushes, seen, res.TakeResult, math.Float64frombits(b.lastRate.Load())); err != nil {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
 				if rerr := ls.RefundLayers(rctx, lr, res); rerr != nil {
 					b.log.Debug("refunding a cancelled layered reservation failed", "tokens", req.Cost, "error", rerr)

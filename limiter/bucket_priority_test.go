@@ -144,6 +144,8 @@ type classRig struct {
 	// grants maps a caller's name to the instant it returned, as an
 	// offset from storetest.Base.
 	grants map[string]time.Duration
+	// keys are the requests' keys, for a layered store.
+	keys map[string]string
 }
 
 func newClassRig(t *testing.T, rate float64, burst int, opts limiter.Options) *classRig {
@@ -186,7 +188,7 @@ func (r *classRig) wait(name string, p limiter.Priority, cost int) {
 	r.open.Add(1)
 	go func() {
 		defer r.open.Add(-1)
-		if err := r.b.WaitN(context.Background(), limiter.Request{Cost: cost, Priority: p}); err != nil {
+		if err := r.b.WaitN(context.Background(), limiter.Request{Cost: cost, Priority: p, Keys: r.keys}); err != nil {
 			r.t.Errorf("%s: WaitN(%d) at +%v: %v", name, cost, r.at(), err)
 			return
 		}
@@ -501,4 +503,72 @@ func TestLocalFallbackMovesLowSleepers(t *testing.T) {
 	r.wake(2, func() { r.wait("high", limiter.PriorityHigh, 1) })
 	r.advance(ms(400))
 	r.check(map[string]time.Duration{"high": ms(110), "low1": ms(200), "low2": ms(300)})
+}
+
+// layeredClassStore is a LayeredMemory driven by a fake clock, whose own
+// Watch announces the pushes its takes make.
+type layeredClassStore struct {
+	*limiter.LayeredMemory
+	clk      *clocktest.Clock
+	watching *atomic.Bool
+}
+
+func (s layeredClassStore) Watch(ctx context.Context, changed func(), pushed func(limiter.Push)) {
+	s.watching.Store(true)
+	s.LayeredMemory.Watch(ctx, changed, pushed)
+}
+
+func (s layeredClassStore) Take(_ context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+	return s.TakeAt(s.clk.Now(), req)
+}
+
+func (s layeredClassStore) Refund(_ context.Context, n int) error {
+	s.RefundAt(s.clk.Now(), n)
+	return nil
+}
+
+func (s layeredClassStore) Status(_ context.Context) (limiter.State, error) {
+	return s.StatusAt(s.clk.Now()), nil
+}
+
+func (s layeredClassStore) TakeLayers(_ context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
+	return s.TakeLayersAt(s.clk.Now(), req)
+}
+
+func (s layeredClassStore) RefundLayers(_ context.Context, req limiter.LayerRequest, res limiter.LayerResult) error {
+	return s.RefundLayersAt(s.clk.Now(), req, res)
+}
+
+// TestHighArrivalMovesLayeredLowSleepers: the same as on the Memory store,
+// through WaitN on a layered store whose keyed layer leaves the shared
+// bucket the limit.
+func TestHighArrivalMovesLayeredLowSleepers(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	shared, err := limiter.NewMemory(10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lm, err := limiter.NewLayeredMemory(shared, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 100, Burst: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := layeredClassStore{lm, clk, new(atomic.Bool)}
+	r := &classRig{t: t, clk: clk, grants: map[string]time.Duration{}, keys: map[string]string{"per-key": "a"}}
+	b, err := limiter.New(s, limiter.Options{Clock: clk, Logger: discardLogger(), MaxReserve: 10 * time.Second,
+		ProbeInterval: time.Hour, Lease: limiter.LeaseOptions{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	r.b = b
+	r.wait("first", limiter.PriorityLow, 1)
+	r.wait("low1", limiter.PriorityLow, 1) // +100 ms
+	r.wait("low2", limiter.PriorityLow, 1) // +200 ms
+	r.advance(ms(10))
+	for !s.watching.Load() {
+		time.Sleep(100 * time.Microsecond)
+	}
+	r.wake(2, func() { r.wait("high", limiter.PriorityHigh, 1) })
+	r.advance(ms(400))
+	r.check(map[string]time.Duration{"first": 0, "high": ms(110), "low1": ms(200), "low2": ms(300)})
 }
