@@ -365,7 +365,9 @@ log:
 // the messages of a measured run: once recording a CPU and an allocation
 // profile of this process, once a block and a mutex profile (which slow
 // the run down), into cfg.profileDir, named after the source; and the bare
-// loop once under a CPU and an allocation profile (bare-cpu, bare-allocs).
+// loop once under a CPU and an allocation profile (bare-cpu, bare-allocs),
+// and with -e2e-layer throttle with the keyed layer too (layer-cpu,
+// layer-allocs).
 func (b *e2eBench) profile(ctx context.Context, src source) error {
 	if err := os.MkdirAll(b.cfg.profileDir, 0o755); err != nil {
 		return err
@@ -373,24 +375,7 @@ func (b *e2eBench) profile(ctx context.Context, src source) error {
 	defer func() { b.onStart, b.onStop = nil, nil }()
 	path := func(kind string) string { return filepath.Join(b.cfg.profileDir, src.name()+"-"+kind+".pprof") }
 	n := 4 * b.cfg.messages
-	var cpu *os.File
-	b.onStart = func() error {
-		var err error
-		if cpu, err = os.Create(path("cpu")); err != nil {
-			return err
-		}
-		if err := writeProfile("allocs", path("allocs-base")); err != nil {
-			return err
-		}
-		return pprof.StartCPUProfile(cpu)
-	}
-	b.onStop = func() error {
-		pprof.StopCPUProfile()
-		if err := cpu.Close(); err != nil {
-			return err
-		}
-		return writeProfile("allocs", path("allocs"))
-	}
+	b.cpuProfiled(path)
 	r, err := b.run(ctx, src, consThrottle, 0, 1e6, 1_000_000, n)
 	if err != nil {
 		return err
@@ -398,28 +383,20 @@ func (b *e2eBench) profile(ctx context.Context, src source) error {
 	fmt.Fprintf(os.Stderr, "%-9s throttle, CPU profile: %8.0f msg/s\n", src.name(), r.perSecond())
 	// The bare loop under the same CPU and allocation profile, to compare
 	// with.
-	bare := func(kind string) string { return path("bare-" + kind) }
-	b.onStart = func() error {
-		var err error
-		if cpu, err = os.Create(bare("cpu")); err != nil {
-			return err
-		}
-		if err := writeProfile("allocs", bare("allocs-base")); err != nil {
-			return err
-		}
-		return pprof.StartCPUProfile(cpu)
-	}
-	b.onStop = func() error {
-		pprof.StopCPUProfile()
-		if err := cpu.Close(); err != nil {
-			return err
-		}
-		return writeProfile("allocs", bare("allocs"))
-	}
+	b.cpuProfiled(func(kind string) string { return path("bare-" + kind) })
 	if r, err = b.run(ctx, src, consBare, 0, 1e6, 1_000_000, n); err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "%-9s bare, CPU profile: %8.0f msg/s\n", src.name(), r.perSecond())
+	if b.cfg.layer {
+		// throttle with the keyed layer (-e2e-layer), under the same
+		// profiles (layer-cpu, layer-allocs).
+		b.cpuProfiled(func(kind string) string { return path("layer-" + kind) })
+		if r, err = b.run(ctx, src, consLayer, 0, 1e6, 1_000_000, n); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "%-9s throttle + layer, CPU profile: %8.0f msg/s\n", src.name(), r.perSecond())
+	}
 	b.onStart = func() error {
 		// The block and mutex profiles count from the start of the
 		// process: the bases let pprof -base show this run alone.
@@ -446,6 +423,29 @@ func (b *e2eBench) profile(ctx context.Context, src source) error {
 	}
 	fmt.Fprintf(os.Stderr, "%-9s throttle, block profile: %8.0f msg/s\n", src.name(), r.perSecond())
 	return nil
+}
+
+// cpuProfiled makes the next run write a CPU profile to path("cpu") and
+// the allocations to path("allocs"), from path("allocs-base").
+func (b *e2eBench) cpuProfiled(path func(kind string) string) {
+	var cpu *os.File
+	b.onStart = func() error {
+		var err error
+		if cpu, err = os.Create(path("cpu")); err != nil {
+			return err
+		}
+		if err := writeProfile("allocs", path("allocs-base")); err != nil {
+			return err
+		}
+		return pprof.StartCPUProfile(cpu)
+	}
+	b.onStop = func() error {
+		pprof.StopCPUProfile()
+		if err := cpu.Close(); err != nil {
+			return err
+		}
+		return writeProfile("allocs", path("allocs"))
+	}
 }
 
 func writeProfile(kind, path string) error {
