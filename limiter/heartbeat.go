@@ -36,7 +36,13 @@ func (b *Bucket) heartbeat(rt ReplicaTracker) {
 func (b *Bucket) beat(ctx context.Context, rt ReplicaTracker) (int, error) {
 	ttl := 3 * b.opts.HeartbeatInterval
 	if r, ok := rt.(ReportingTracker); ok {
-		return r.HeartbeatReport(ctx, b.opts.ReplicaID, ttl, ReplicaReport{Mode: b.Mode(), Granted: b.Granted(), Waiting: b.Waiting(), Exceeded: b.Exceeded()})
+		return r.HeartbeatReport(ctx, b.opts.ReplicaID, ttl, ReplicaReport{
+			Mode:              b.Mode(),
+			Granted:           b.Granted(),
+			Waiting:           b.Waiting(),
+			WaitingByPriority: b.WaitingByPriority(),
+			Exceeded:          b.Exceeded(),
+		})
 	}
 	return rt.Heartbeat(ctx, b.opts.ReplicaID, ttl)
 }

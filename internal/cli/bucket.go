@@ -43,7 +43,9 @@ replica reports the same ones in its heartbeats.
   status  tokens now, the effective rate and burst, the configured ones,
           the runtime override and its expiry, a push-back pause,
           the live replicas with their configured rate and burst (from their
-          heartbeats), and warnings: live replicas configured differently
+          heartbeats), each priority class's reserved tokens and waiting
+          messages (while a class other than normal is in use), and
+          warnings: live replicas configured differently
           (while no override settles it), or differently from --config.
   set     writes a runtime override: --rate R (per second, or N/min...), --burst B
           (default: each replica keeps its configured burst), for --for D
@@ -72,6 +74,7 @@ With --json, every subcommand prints the bucket's status as one JSON object
    "replicas": [{"id", "configured": {"rate", "burst"}}], "warnings": [...],
    "adaptive": {"rate", "ceiling", "since_decrease_seconds"},
    "warmup": {"ramping", "rate_factor", "seconds_left", "cold"},
+   "classes": [{"priority" (high|normal|low), "reserved", "waiting"}],
    "layers": [{"layer", "kind" (bucket|quota), "keyed", "rate", "burst",
      "quota", "per", "timezone", "on_exceed", "keys_in_use",
      "keys_estimated", "tokens", "used"}]}
@@ -82,7 +85,9 @@ configured when its heartbeat does not carry it; override when none is set;
 an override's burst when it keeps the configured burst; expires_in_seconds
 when the override does not expire; adaptive unless limit.adaptive holds the
 rate below its ceiling; warmup unless a warm-up ramp is in progress (or,
-with --config and limit.warmup, the bucket is cold); layers without --config
+with --config and limit.warmup, the bucket is cold); a class's reserved
+when the tokens are unknown (its waiting sums what the live replicas
+reported in their last heartbeats); layers without --config
 (a layer lists only the keys that apply: rate and burst for a bucket, quota,
 per and timezone for a quota, keys_in_use for a keyed layer, tokens or used
 for one without keys).
@@ -508,12 +513,68 @@ type bucketStatus struct {
 	// Warmup is the warm-up state (limit.warmup) while it matters; nil
 	// otherwise.
 	Warmup *warmupJSON `json:"warmup"`
+	// Classes are the priority classes in the order of service.
+	Classes []classJSON `json:"classes"`
 	// Layers are the layers of limit.extra with the keys each has in use
 	// (bucket status with --config); nil when unknown.
 	Layers []layerJSON `json:"layers"`
 
 	// baseRate is the rate once a pause ends, when known.
 	baseRate *float64
+}
+
+// classJSON is one priority class (limit.priority) of a bucket.
+type classJSON struct {
+	Priority string `json:"priority"`
+	// Reserved is the tokens the class holds reserved ahead; nil when the
+	// tokens are unknown.
+	Reserved *float64 `json:"reserved"`
+	// Waiting is the class's messages waiting for tokens, summed over the
+	// live replicas' last heartbeats.
+	Waiting int `json:"waiting"`
+}
+
+// classesOf returns the classes of st in the order of service, with the
+// waiting messages reps reported.
+func classesOf(st redislimiter.BucketStatus, reps []redislimiter.Replica) []classJSON {
+	out := make([]classJSON, 0, limiter.NumPriorities)
+	for rank := range limiter.NumPriorities {
+		p := limiter.PriorityOfRank(rank)
+		c := classJSON{Priority: p.String()}
+		if st.TokensKnown {
+			r := st.Reserved[p]
+			c.Reserved = &r
+		}
+		for _, r := range reps {
+			c.Waiting += r.WaitingByPriority[p]
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// writeClasses prints the classes line of 'bucket status' while a class
+// other than normal holds reservations or has messages waiting: a bucket
+// whose replicas all use the default class shows none.
+func writeClasses(w io.Writer, cs []classJSON) {
+	used := false
+	for _, c := range cs {
+		if c.Priority != limiter.PriorityNormal.String() && (c.Waiting > 0 || (c.Reserved != nil && *c.Reserved > 0)) {
+			used = true
+		}
+	}
+	if !used {
+		return
+	}
+	parts := make([]string, len(cs))
+	for i, c := range cs {
+		reserved := "? reserved"
+		if c.Reserved != nil {
+			reserved = strconv.FormatFloat(*c.Reserved, 'f', -1, 64) + " reserved"
+		}
+		parts[i] = fmt.Sprintf("%s %s, %d waiting", c.Priority, reserved, c.Waiting)
+	}
+	fmt.Fprintf(w, "  %-11s %s\n", "classes", strings.Join(parts, "; "))
 }
 
 type limitsJSON struct {
@@ -565,6 +626,7 @@ func (t *bucketTarget) status(ctx context.Context) (*bucketStatus, error) {
 	out := &bucketStatus{
 		Adaptive:      adaptive,
 		Warmup:        warmup,
+		Classes:       classesOf(st, reps),
 		Bucket:        t.name,
 		Configured:    t.configured,
 		PausedSeconds: st.PausedFor.Seconds(),
@@ -717,6 +779,7 @@ func writeStatus(w io.Writer, st *bucketStatus, from string) {
 	}
 	writeAdaptive(w, st.Adaptive)
 	writeWarmup(w, st.Warmup)
+	writeClasses(w, st.Classes)
 	ids := make([]string, len(st.Replicas))
 	for i, r := range st.Replicas {
 		ids[i] = r.ID

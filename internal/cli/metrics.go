@@ -38,14 +38,16 @@ type metrics struct {
 	deadLettered *prometheus.CounterVec
 	failed       *prometheus.CounterVec
 	reconnects   *prometheus.CounterVec
-	waitSeconds  prometheus.Histogram
-	waiting      prometheus.Gauge
-	tokens       prometheus.Gauge
-	rate         prometheus.Gauge
-	redisErrors  prometheus.Counter
-	mode         *prometheus.GaugeVec
-	backlog      *prometheus.GaugeVec
-	tokensTaken  prometheus.Counter
+	// waitSeconds and waitingBy have one series per class
+	// (limiter.Priority), labelled priority.
+	waitSeconds [limiter.NumPriorities]prometheus.Observer
+	waitingBy   atomic.Pointer[func() [limiter.NumPriorities]int]
+	tokens      prometheus.Gauge
+	rate        prometheus.Gauge
+	redisErrors prometheus.Counter
+	mode        *prometheus.GaugeVec
+	backlog     *prometheus.GaugeVec
+	tokensTaken prometheus.Counter
 	// recipientGone counts dead letters whose sink error says the
 	// recipient is gone (httpsink.IsRecipientGone), by preset.
 	recipientGone *prometheus.CounterVec
@@ -89,6 +91,11 @@ func newMetrics(broker string) *metrics {
 	counter := func(name, help string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"broker"})
 	}
+	waitSeconds := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "throttle_limiter_wait_seconds",
+		Help:    "Time a message waited for tokens, by its class (priority: high, normal, low).",
+		Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"priority"})
 	m := &metrics{
 		reg:          reg,
 		received:     counter("throttle_messages_received_total", "Messages taken from the broker."),
@@ -97,15 +104,6 @@ func newMetrics(broker string) *metrics {
 		deadLettered: counter("throttle_messages_dead_lettered_total", "Messages sent to the dead-letter destination."),
 		failed:       counter("throttle_messages_failed_total", "Failed delivery attempts, retried or not."),
 		reconnects:   counter("throttle_reconnects_total", "Attempts to connect to the broker after a failure (a lost connection, or a failed attempt, at start too), successful or not."),
-		waitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "throttle_limiter_wait_seconds",
-			Help:    "Time a message waited for tokens.",
-			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
-		}),
-		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "throttle_limiter_waiting",
-			Help: "Messages waiting for tokens now.",
-		}),
 		tokens: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "throttle_bucket_tokens",
 			Help: "Tokens in the shared bucket at the last store call; negative while tokens are reserved ahead.",
@@ -141,8 +139,17 @@ func newMetrics(broker string) *metrics {
 		Help: "Always 1; the labels give the version and commit.",
 	}, []string{"version", "commit"})
 	buildInfo.WithLabelValues(version, commit).Set(1)
+	for p := range limiter.NumPriorities {
+		class := limiter.Priority(p)
+		m.waitSeconds[p] = waitSeconds.WithLabelValues(class.String())
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "throttle_limiter_waiting",
+			Help:        "Messages waiting for tokens now, by their class (priority: high, normal, low).",
+			ConstLabels: prometheus.Labels{"priority": class.String()},
+		}, func() float64 { return float64(m.waiting(class)) }))
+	}
 	reg.MustRegister(m.received, m.delivered, m.retried, m.deadLettered, m.failed, m.reconnects,
-		m.waitSeconds, m.waiting, m.tokens, m.rate, m.redisErrors, m.mode, m.backlog, m.tokensTaken, m.recipientGone, buildInfo,
+		waitSeconds, m.tokens, m.rate, m.redisErrors, m.mode, m.backlog, m.tokensTaken, m.recipientGone, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if broker != "" {
 		m.reconnects.WithLabelValues(broker)
@@ -235,7 +242,11 @@ func (m *metrics) consumerObserver() *consumer.Observer {
 // limiterObserver returns the observer for the bucket.
 func (m *metrics) limiterObserver() *limiter.Observer {
 	return &limiter.Observer{
-		Waited:      func(d time.Duration) { m.waitSeconds.Observe(d.Seconds()) },
+		PriorityWaited: func(p limiter.Priority, d time.Duration) {
+			if int(p) < len(m.waitSeconds) {
+				m.waitSeconds[p].Observe(d.Seconds())
+			}
+		},
 		Took:        func(remaining, rate float64, _ int) { m.setBucket(remaining, rate) },
 		ModeChanged: func(_, to limiter.Mode, _ error) { m.setMode(to) },
 		StoreError:  func(error) { m.redisErrors.Inc() },
@@ -258,18 +269,27 @@ func (m *metrics) averageCost() float64 {
 	return 1
 }
 
-// startWaiting counts a message that starts waiting for tokens; call
-// stopWaiting when it stops. (Two calls, not a returned closure: this is on
-// every message's path, where the closure was an allocation.)
-func (m *metrics) startWaiting() {
-	m.waitingN.Add(1)
-	m.waiting.Inc()
-}
+// startWaiting counts a message that starts waiting for tokens, for the
+// progress line; call stopWaiting when it stops. (Two calls, not a
+// returned closure: this is on every message's path, where the closure was
+// an allocation.)
+func (m *metrics) startWaiting() { m.waitingN.Add(1) }
 
 // stopWaiting counts a message that stopped waiting for tokens.
-func (m *metrics) stopWaiting() {
-	m.waitingN.Add(-1)
-	m.waiting.Dec()
+func (m *metrics) stopWaiting() { m.waitingN.Add(-1) }
+
+// countWaiting makes throttle_limiter_waiting read by, such as the bucket's
+// WaitingByPriority, at each scrape.
+func (m *metrics) countWaiting(by func() [limiter.NumPriorities]int) { m.waitingBy.Store(&by) }
+
+// waiting returns the requests of class p waiting for tokens now, or 0
+// before countWaiting.
+func (m *metrics) waiting(p limiter.Priority) int {
+	by := m.waitingBy.Load()
+	if by == nil {
+		return 0
+	}
+	return (*by)()[p]
 }
 
 // handler serves /metrics, /healthz (the process is alive) and /readyz

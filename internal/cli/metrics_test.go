@@ -48,11 +48,14 @@ func TestMetricsHandler(t *testing.T) {
 	obs.ReconnectAttempt("rabbitmq", nil)
 	obs.ObserveReconnected("rabbitmq", errors.New("x"))
 	lobs := m.limiterObserver()
-	lobs.Waited(30 * time.Millisecond)
+	lobs.PriorityWaited(limiter.PriorityHigh, 30*time.Millisecond)
 	lobs.Took(2.5, 30, 5)
 	lobs.StoreError(errors.New("x"))
 	lobs.ModeChanged(limiter.ModeShared, limiter.ModeLocal, errors.New("x"))
-	m.startWaiting()
+	m.countWaiting(func() (n [limiter.NumPriorities]int) {
+		n[limiter.PriorityLow] = 3
+		return n
+	})
 
 	var notReady error = errors.New("consumer is not running")
 	srv := httptest.NewServer(m.handler(func() error { return notReady }))
@@ -69,9 +72,12 @@ func TestMetricsHandler(t *testing.T) {
 		`throttle_messages_dead_lettered_total{broker="rabbitmq"} 1`,
 		`throttle_messages_failed_total{broker="rabbitmq"} 1`,
 		`throttle_reconnects_total{broker="rabbitmq"} 2`,
-		`throttle_limiter_wait_seconds_bucket{le="0.05"} 1`,
-		`throttle_limiter_wait_seconds_count 1`,
-		`throttle_limiter_waiting 1`,
+		`throttle_limiter_wait_seconds_bucket{priority="high",le="0.05"} 1`,
+		`throttle_limiter_wait_seconds_count{priority="high"} 1`,
+		`throttle_limiter_wait_seconds_count{priority="low"} 0`,
+		`throttle_limiter_waiting{priority="high"} 0`,
+		`throttle_limiter_waiting{priority="normal"} 0`,
+		`throttle_limiter_waiting{priority="low"} 3`,
 		`throttle_bucket_tokens 2.5`,
 		`throttle_bucket_effective_rate 30`,
 		`throttle_redis_errors_total 1`,
