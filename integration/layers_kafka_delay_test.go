@@ -17,60 +17,85 @@ import (
 // messages that must wait go to the delay topic "<topic>.delay", which the
 // binary creates and its group consumes, and come back when due. Every
 // message is delivered, none is dead-lettered, no recipient gets two
-// messages closer than the layer allows, and the group commits both
-// topics to their ends. With two replicas, one killed with SIGKILL
-// mid-run, nothing is lost.
+// messages closer than the layer allows, and the group commits both topics
+// to their ends. A hot recipient's backlog does not hold up the other
+// recipients' messages behind it in its partition, as it does under
+// on_exceed wait (which writes nothing to the delay topic). With two
+// replicas, one killed with SIGKILL mid-run, nothing is lost.
 func TestLayersKafkaDelayEndToEnd(t *testing.T) {
 	bin := cliBuild(t)
-	t.Run("one replica", func(t *testing.T) {
-		const recipients, perRecip = 4, 6
-		e := newKafkaDelayE2E(t, bin)
-		e.start()
-		e.waitMembers(1, 30*time.Second)
-		start := time.Now()
-		e.produceTo(recipients, perRecip)
-		e.waitDelivered(recipients*perRecip, 30*time.Second)
-		took := time.Since(start)
-		if code := e.replicas[0].stop(t, 30*time.Second); code != 0 {
-			t.Fatalf("exit %d after SIGTERM", code)
+	// One partition: 8 messages to a hot recipient, then one to each of 4
+	// cold ones. At 5/s the hot recipient's need 1.4 s.
+	const hot, cold = 8, 4
+	to := func(id int) string {
+		if id < hot {
+			return "hot"
 		}
-		requests, unique := e.sink.counts()
-		closest := closestPerRecipient(e.sink, recipients)
-		delayed := e.endSum(e.topic + ".delay")
-		t.Logf("%d messages to %d recipients at 5/s each: all delivered in %v, %d requests, closest pair to one recipient %v apart, %d writes to the delay topic",
-			unique, recipients, took.Round(time.Millisecond), requests, closest.Round(time.Millisecond), delayed)
-		if requests != unique {
-			t.Errorf("%d requests for %d messages: duplicates without a crash", requests, unique)
-		}
-		// 5/s is 200 ms apart; the grant is decided by Redis's clock and
-		// the arrival stamped by the sink's, after an HTTP hop.
-		if closest < 160*time.Millisecond {
-			t.Errorf("two messages to one recipient arrived %v apart, want >= 200ms (5/s) less jitter", closest)
-		}
-		if delayed == 0 {
-			t.Error("nothing was written to the delay topic")
-		}
-		// A recipient's 6 messages need 1 s at 5/s; serialised recipients
-		// (a handler waiting out each delay) would need 4.8 s.
-		if took > 4*time.Second {
-			t.Errorf("delivering %d messages took %v: recipients held each other up", recipients*perRecip, took)
-		}
-		if n := e.endSum(e.topic + ".dlq"); n != 0 {
-			t.Errorf("%d messages dead-lettered, want none", n)
-		}
-		e.checkCommittedToEnd(e.topic)
-		e.checkCommittedToEnd(e.topic + ".delay")
-	})
+		return fmt.Sprintf("cold%d", id-hot)
+	}
+	var coldWait time.Duration
+	for _, action := range []string{"wait", "delay"} {
+		t.Run(action, func(t *testing.T) {
+			e := newKafkaDelayE2E(t, bin, action)
+			e.start()
+			e.waitMembers(1, 30*time.Second)
+			start := time.Now()
+			e.produceTo(hot+cold, to, func(int) int32 { return 0 })
+			e.waitDelivered(hot+cold, 30*time.Second)
+			took := time.Since(start)
+			if code := e.replicas[0].stop(t, 30*time.Second); code != 0 {
+				t.Fatalf("exit %d after SIGTERM", code)
+			}
+			requests, unique := e.sink.counts()
+			closest := closestPerRecipient(e.sink, to)
+			coldAt := e.lastArrival(func(id int) bool { return id >= hot }).Sub(start)
+			delayed := e.endSum(e.topic + ".delay")
+			t.Logf("on_exceed %s: %d messages in one partition, %d to a hot recipient then %d to cold ones, at 5/s per recipient: cold ones delivered %v after producing, all in %v; %d requests, closest pair to one recipient %v apart, %d writes to the delay topic",
+				action, unique, hot, cold, coldAt.Round(time.Millisecond), took.Round(time.Millisecond), requests, closest.Round(time.Millisecond), delayed)
+			if requests != unique {
+				t.Errorf("%d requests for %d messages: duplicates without a crash", requests, unique)
+			}
+			// 5/s is 200 ms apart; the grant is decided by Redis's clock and
+			// the arrival stamped by the sink's, after an HTTP hop.
+			if closest < 160*time.Millisecond {
+				t.Errorf("two messages to one recipient arrived %v apart, want >= 200ms (5/s) less jitter", closest)
+			}
+			if n := e.endSum(e.topic + ".dlq"); n != 0 {
+				t.Errorf("%d messages dead-lettered, want none", n)
+			}
+			e.checkCommittedToEnd(e.topic)
+			if action == "wait" {
+				coldWait = coldAt
+				if delayed != 0 {
+					t.Errorf("%d writes to the delay topic without a delay layer", delayed)
+				}
+				return
+			}
+			if delayed == 0 {
+				t.Error("nothing was written to the delay topic")
+			}
+			e.checkCommittedToEnd(e.topic + ".delay")
+			// Under wait the cold messages come after the hot recipient's
+			// 1.4 s; set aside, the hot ones leave the partition at once.
+			if coldAt > 700*time.Millisecond {
+				t.Errorf("the cold recipients' messages arrived %v after producing: held up behind the hot recipient's", coldAt)
+			}
+			if coldWait > 0 {
+				t.Logf("cold recipients delivered after %v with delay, %v with wait", coldAt.Round(time.Millisecond), coldWait.Round(time.Millisecond))
+			}
+		})
+	}
 	t.Run("SIGKILL mid-run", func(t *testing.T) {
 		if testing.Short() {
 			t.Skip("waits for the group's 30s session timeout")
 		}
 		const recipients, perRecip = 8, 10
-		e := newKafkaDelayE2E(t, bin)
+		e := newKafkaDelayE2E(t, bin, "delay")
 		e.start()
 		killed := e.start()
 		e.waitMembers(2, 30*time.Second)
-		e.produceTo(recipients, perRecip)
+		to := func(id int) string { return fmt.Sprintf("r%d", id%recipients) }
+		e.produceTo(recipients*perRecip, to, func(id int) int32 { return int32(id) % e.partitions })
 		cliWait(t, 30*time.Second, "messages in the delay topic and a third delivered", func() bool {
 			_, unique := e.sink.counts()
 			return unique >= recipients*perRecip/3 && e.endSum(e.topic+".delay") > 0
@@ -85,7 +110,7 @@ func TestLayersKafkaDelayEndToEnd(t *testing.T) {
 		}
 		requests, unique := e.sink.counts()
 		dups, _ := e.duplicates()
-		closest := closestPerRecipient(e.sink, recipients)
+		closest := closestPerRecipient(e.sink, to)
 		t.Logf("SIGKILL: %d of %d messages delivered, %d requests, %d duplicates, closest pair to one recipient %v apart, %d writes to the delay topic",
 			unique, recipients*perRecip, requests, dups, closest.Round(time.Millisecond), e.endSum(e.topic+".delay"))
 		if unique != recipients*perRecip {
@@ -100,38 +125,51 @@ func TestLayersKafkaDelayEndToEnd(t *testing.T) {
 	})
 }
 
-// newKafkaDelayE2E is a kafkaE2E whose replicas have a per-recipient layer
-// of 5/s, burst 1, on_exceed delay, keyed by the body's "to".
-func newKafkaDelayE2E(t *testing.T, bin string) *kafkaE2E {
-	e := newKafkaE2EWith(t, bin, 1000, 4)
+// newKafkaDelayE2E is a kafkaE2E on 3 partitions whose replicas have a
+// per-recipient layer of 5/s, burst 1, with on_exceed action, keyed by the
+// body's "to".
+func newKafkaDelayE2E(t *testing.T, bin, action string) *kafkaE2E {
+	e := newKafkaE2EWith(t, bin, 1000, 3)
 	e.burst = 1000
-	e.conc = 4
-	e.extraLimit = `  extra:
+	e.conc = 3
+	e.extraLimit = fmt.Sprintf(`  extra:
     - name: per-recipient
       key: '{{.JSON.to}}'
       rate: 5/s
       burst: 1
-      on_exceed: delay
-`
+      on_exceed: %s
+`, action)
 	return e
 }
 
-// produceTo writes perRecip messages to each of recipients recipients,
-// {"id":N,"to":"r<N mod recipients>"}, keyed by the recipient, round-robin
-// over the partitions.
-func (e *kafkaE2E) produceTo(recipients, perRecip int) {
+// produceTo writes messages {"id":N,"to":to(N)} for N in [0, n), keyed by
+// the recipient, each to partition(N).
+func (e *kafkaE2E) produceTo(n int, to func(int) string, partition func(int) int32) {
 	e.t.Helper()
 	cl := suiteKgo(e.t, e.brokers, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	var recs []*kgo.Record
-	for id := range recipients * perRecip {
-		to := fmt.Sprintf("r%d", id%recipients)
-		recs = append(recs, &kgo.Record{Topic: e.topic, Partition: int32(id) % e.partitions,
-			Key: []byte(to), Value: fmt.Appendf(nil, `{"id":%d,"to":%q}`, id, to)})
+	for id := range n {
+		recs = append(recs, &kgo.Record{Topic: e.topic, Partition: partition(id),
+			Key: []byte(to(id)), Value: fmt.Appendf(nil, `{"id":%d,"to":%q}`, id, to(id))})
 	}
 	ctx := testenv.Context(e.t, 30*time.Second)
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		e.t.Fatalf("producing: %v", err)
 	}
+}
+
+// lastArrival returns when the last of the messages whose id matches
+// arrived at the sink.
+func (e *kafkaE2E) lastArrival(match func(id int) bool) time.Time {
+	e.sink.mu.Lock()
+	defer e.sink.mu.Unlock()
+	var last time.Time
+	for _, a := range e.sink.arrivals {
+		if match(a.id) && a.at.After(last) {
+			last = a.at
+		}
+	}
+	return last
 }
 
 // endSum returns the number of records written to topic: the sum of its
@@ -174,15 +212,14 @@ func (e *kafkaE2E) checkCommittedToEnd(topic string) {
 }
 
 // closestPerRecipient returns the shortest time between two arrivals at
-// the sink for one recipient, message id going to recipient id mod
-// recipients.
-func closestPerRecipient(sink *cliSink, recipients int) time.Duration {
+// the sink for one recipient, message id going to to(id).
+func closestPerRecipient(sink *cliSink, to func(int) string) time.Duration {
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
-	last := map[int]time.Time{}
+	last := map[string]time.Time{}
 	closest := time.Hour
 	for _, a := range sink.arrivals {
-		r := a.id % recipients
+		r := to(a.id)
 		if prev, ok := last[r]; ok && a.at.Sub(prev) < closest {
 			closest = a.at.Sub(prev)
 		}
