@@ -187,6 +187,7 @@ func (c *Consumer) findOrCreateDelayTopic(ctx context.Context, client *kafkago.C
 	switch {
 	case cerr == nil:
 		c.log.Info("delay topic created", "topic", c.cfg.Topic, "delay_topic", c.cfg.DelayTopic, "partitions", partitions)
+		c.awaitDelayTopic(ctx, client)
 		return true, nil
 	case errors.Is(cerr, kafkago.TopicAlreadyExists):
 		return true, nil
@@ -196,4 +197,43 @@ func (c *Consumer) findOrCreateDelayTopic(ctx context.Context, client *kafkago.C
 	c.log.Warn("the delay topic does not exist and cannot be created; messages set aside wait in their handlers",
 		"topic", c.cfg.Topic, "delay_topic", c.cfg.DelayTopic, "err", cerr)
 	return false, nil
+}
+
+// awaitDelayTopic waits, until ctx ends, for the metadata to show the new
+// delay topic with a leader for each partition. The group's leader reads
+// the metadata of both topics when it assigns the partitions, and kafka-go
+// assigns none at all while one of them reports an error, as a topic just
+// created may do for a moment.
+func (c *Consumer) awaitDelayTopic(ctx context.Context, client *kafkago.Client) {
+	for failures := 0; ; failures++ {
+		md, err := client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{c.cfg.DelayTopic}})
+		if err == nil && delayTopicReady(md, c.cfg.DelayTopic) {
+			return
+		}
+		if consumer.Sleep(ctx, backoff.Delay(failures)) != nil {
+			c.log.Warn("the delay topic was created but its partitions have no leader yet; joining anyway",
+				"topic", c.cfg.Topic, "delay_topic", c.cfg.DelayTopic)
+			return
+		}
+	}
+}
+
+// delayTopicReady reports whether md shows topic without error and with a
+// leader for each of its partitions.
+func delayTopicReady(md *kafkago.MetadataResponse, topic string) bool {
+	for _, t := range md.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil || len(t.Partitions) == 0 {
+			return false
+		}
+		for _, p := range t.Partitions {
+			if p.Error != nil || p.Leader.Host == "" {
+				return false
+			}
+		}
+		return true
+	}
+	return false
 }
