@@ -7,9 +7,13 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -174,6 +178,110 @@ func TestLayeredBatchedKeyedConcurrent(t *testing.T) {
 		}
 		if granted[key] > 5 || math.Abs(ls.Tokens-float64(5-granted[key])) > 0.5 {
 			t.Errorf("key %s: %d grants, %v tokens left; want at most 5 grants and 5 - grants left", key, granted[key], ls.Tokens)
+		}
+	}
+}
+
+// keyedRig is a hook that holds the first lone call until release is
+// closed, fails the first pipeline's commands with NOSCRIPT, and records
+// the commands of every pipeline.
+type keyedRig struct {
+	release chan struct{}
+	held    atomic.Bool
+	faked   atomic.Bool
+	mu      sync.Mutex
+	sent    [][]string
+}
+
+func (r *keyedRig) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *keyedRig) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if r.held.CompareAndSwap(false, true) {
+			<-r.release
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (r *keyedRig) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var names []string
+		for _, c := range cmds {
+			names = append(names, c.Name())
+		}
+		r.mu.Lock()
+		r.sent = append(r.sent, names)
+		r.mu.Unlock()
+		if r.faked.CompareAndSwap(false, true) {
+			for _, c := range cmds {
+				c.SetErr(noScript{})
+			}
+			return noScript{}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestKeyedBatchRecoversFromNoScript queues keyed-only takes behind one in
+// flight: they go out as one call of layersKeyedScript, and when Redis
+// answers that it has lost the script they are sent again (Script.Run,
+// which loads it) and granted, charged once each.
+func TestKeyedBatchRecoversFromNoScript(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { c.Close() })
+	l := newLayered(t, c, 1000, 1000, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 0.001, Burst: 5}})
+	ctx := context.Background()
+	take := func(key string) (limiter.LayerResult, error) {
+		return l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": key}, SkipShared: true})
+	}
+	if _, err := take("warm"); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	rig := &keyedRig{release: make(chan struct{})}
+	c.AddHook(rig)
+	type outcome struct {
+		res limiter.LayerResult
+		err error
+	}
+	first := make(chan outcome, 1)
+	go func() { res, err := take("first"); first <- outcome{res, err} }()
+	for !rig.held.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	outs := make([]chan outcome, 4)
+	for i := range outs {
+		outs[i] = make(chan outcome, 1)
+		go func() { res, err := take(fmt.Sprint("k", i)); outs[i] <- outcome{res, err} }()
+	}
+	for {
+		l.batch.mu.Lock()
+		n := len(l.batch.queue)
+		l.batch.mu.Unlock()
+		if n == len(outs) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(rig.release)
+	if o := <-first; o.err != nil || !o.res.Granted {
+		t.Fatalf("first take: %+v, %v", o.res, o.err)
+	}
+	for i, ch := range outs {
+		if o := <-ch; o.err != nil || !o.res.Granted || o.res.Tokens != 1 {
+			t.Errorf("take %d = %+v, %v; want granted 1", i, o.res, o.err)
+		}
+	}
+	rig.mu.Lock()
+	sent := rig.sent
+	rig.mu.Unlock()
+	if len(sent) != 1 || len(sent[0]) != 1 || sent[0][0] != "evalsha" {
+		t.Errorf("pipelines sent: %v; want one with one evalsha for the 4 queued takes", sent)
+	}
+	for i := range outs {
+		st, err := l.LayerStatus(ctx, "per-key", fmt.Sprint("k", i))
+		if err != nil || math.Abs(st.Tokens-4) > 0.01 {
+			t.Errorf("key k%d: %+v, %v; want 4 tokens (charged once)", i, st, err)
 		}
 	}
 }
