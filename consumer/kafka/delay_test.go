@@ -402,3 +402,38 @@ func TestSetAsideWithoutDelayTopic(t *testing.T) {
 		t.Fatalf("handler called %d times, want 2", calls)
 	}
 }
+
+// TestDeadLetterFromDelayTopicKeepsOrigin: a message of the delay topic
+// that fails for good is dead-lettered with the position it was first
+// consumed from, and its delay-topic offset is committed.
+func TestDeadLetterFromDelayTopicKeepsOrigin(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
+	c := newTestConsumer(t, Config{SetAside: true}, func(context.Context, consumer.Message) error {
+		return consumer.Permanent(errors.New("recipient gone"))
+	})
+	c.clock = newFakeClock(t0)
+	f := newFakeGroup(map[int]partitionReader{})
+	f.delayReaders = map[int]partitionReader{0: newFakeReader(delayMsg(0, 4, t0,
+		kafkago.Header{Key: consumer.HeaderOriginalTopic, Value: []byte("t")},
+		kafkago.Header{Key: consumer.HeaderOriginalPartition, Value: []byte("2")},
+		kafkago.Header{Key: consumer.HeaderOriginalOffset, Value: []byte("9")},
+	))}
+	f.delayWriter = &fakeWriter{}
+	dl := &fakeWriter{}
+	rg := startGeneration(t, c, f, dl)
+	waitFor(t, "the delay partition committed", func() bool { return f.delayCommitted()[0] == 5 })
+	rg.finish(t, true)
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	if len(dl.writes) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(dl.writes))
+	}
+	got := map[string]string{}
+	for _, h := range dl.writes[0].Headers {
+		got[h.Key] = string(h.Value)
+	}
+	if got[consumer.HeaderOriginalTopic] != "t" || got[consumer.HeaderOriginalPartition] != "2" || got[consumer.HeaderOriginalOffset] != "9" ||
+		got[consumer.HeaderError] != "recipient gone" {
+		t.Fatalf("dead-letter headers %v", got)
+	}
+}
