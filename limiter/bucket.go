@@ -59,6 +59,9 @@ type Bucket struct {
 	// pushes fans the store's pushes out to the callers sleeping on
 	// reservations of each class (changes.go).
 	pushes pushHub
+	// floor queues the callers of each class that a lower class's
+	// MinShare holds back (floor.go).
+	floor floorGate
 
 	done      chan struct{}
 	closeOnce sync.Once
@@ -228,6 +231,16 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 	}
 	defer endRefill()
 	defer b.countWaiting(p)()
+	// head is set while this caller is the one of its class that asks
+	// while a floor holds the class back (floor.go).
+	head := false
+	passFloor := func() {
+		if head {
+			head = false
+			b.floor.pass(p)
+		}
+	}
+	defer passFloor()
 	for {
 		select {
 		case <-b.done:
@@ -236,6 +249,7 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		}
 		if b.Mode() != ModeShared {
 			endRefill()
+			passFloor()
 			err := b.waitFallback(ctx, p, cost)
 			if errors.Is(err, errRetryShared) {
 				continue
@@ -251,6 +265,11 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		extra := 0
 		if leading {
 			extra = b.lease.extra(cost)
+		}
+		if !head { // behind the class's head, if a floor holds it back
+			if head, err = b.floor.enter(ctx, b.done, p); err != nil {
+				return err
+			}
 		}
 		gen, seen := b.gen.Load(), b.pushes.heard()
 		res, err := b.store.Take(ctx, TakeRequest{Cost: cost + extra, MaxWait: b.horizon(), Priority: p, MinShare: b.opts.MinShare})
@@ -271,11 +290,20 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		}
 		b.observeTake(res)
 		if !res.Granted {
+			if res.Floor && !head {
+				if !b.floor.hold(p) {
+					continue // another caller of the class asks: queue behind it
+				}
+				head = true
+			} else if !res.Floor {
+				passFloor() // the floor lets the class through: the others ask too
+			}
 			if err := b.sleep(ctx, gen.changed, res.Wait); err != nil && !errors.Is(err, errChanged) {
 				return err
 			}
 			continue
 		}
+		passFloor()
 		if res.Wait > 0 {
 			if err := b.sleepReserved(ctx, gen, &b.pushes, seen, res, math.Float64frombits(b.lastRate.Load())); err != nil {
 				b.refundClass(ctx, res.Tokens, res.Class)

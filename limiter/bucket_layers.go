@@ -70,6 +70,16 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 	start := b.clock.Now()
 	defer b.countWaiting(req.Priority)()
 	limiting := "" // the layer that made this call wait last
+	// head is set while this caller is the one of its class that asks
+	// while a floor holds the class back (floor.go).
+	head := false
+	passFloor := func() {
+		if head {
+			head = false
+			b.floor.pass(req.Priority)
+		}
+	}
+	defer passFloor()
 	for {
 		select {
 		case <-b.done:
@@ -77,6 +87,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 		default:
 		}
 		if b.Mode() != ModeShared {
+			passFloor()
 			err := b.waitLayersFallback(ctx, ls, req)
 			if errors.Is(err, errRetryShared) {
 				continue
@@ -88,10 +99,18 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 		leading := false
 		if b.lease.take(req.Priority, req.Cost) {
 			lr.SkipShared = true
-		} else if extra := b.lease.extra(req.Cost); extra > 0 && b.lease.serves(req.Priority) && b.layered.refilling.CompareAndSwap(false, true) {
-			// One caller at a time asks for a lease of the shared bucket
-			// with its message.
-			lr.Extra, leading = extra, true
+		} else {
+			if !head { // behind the class's head, if a floor holds it back
+				var err error
+				if head, err = b.floor.enter(ctx, b.done, req.Priority); err != nil {
+					return err
+				}
+			}
+			if extra := b.lease.extra(req.Cost); extra > 0 && b.lease.serves(req.Priority) && b.layered.refilling.CompareAndSwap(false, true) {
+				// One caller at a time asks for a lease of the shared
+				// bucket with its message.
+				lr.Extra, leading = extra, true
+			}
 		}
 		gen, seen := b.gen.Load(), b.pushes.heard()
 		res, err := ls.TakeLayers(ctx, lr)
@@ -126,11 +145,20 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			limiting = res.Limiting
 		}
 		if !res.Granted {
+			if res.Floor && !head {
+				if !b.floor.hold(req.Priority) {
+					continue // another caller of the class asks: queue behind it
+				}
+				head = true
+			} else if !res.Floor {
+				passFloor() // the floor lets the class through: the others ask too
+			}
 			if err := b.sleep(ctx, gen.changed, res.Wait); err != nil && !errors.Is(err, errChanged) {
 				return err
 			}
 			continue
 		}
+		passFloor()
 		if res.Wait > 0 {
 			// A change of the shared bucket does not move a layered
 			// reservation: the keyed layers' part of it still stands.

@@ -199,13 +199,15 @@ func (r *classRig) wait(name string, p limiter.Priority, cost int) {
 	r.settle()
 }
 
-// settle waits until every open caller sleeps on a timer.
+// settle waits until every open caller sleeps on a timer, or waits in
+// line behind its class's head while a floor holds the class back.
 func (r *classRig) settle() {
 	r.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for r.clk.Timers() != int(r.open.Load())+r.background() {
+	for r.clk.Timers() != int(r.open.Load())-limiter.FloorQueued(r.b)+r.background() {
 		if time.Now().After(deadline) {
-			r.t.Fatalf("at +%v: %d timers, want %d callers asleep and %d background", r.at(), r.clk.Timers(), r.open.Load(), r.background())
+			r.t.Fatalf("at +%v: %d timers, want %d callers asleep (%d more in line) and %d background",
+				r.at(), r.clk.Timers(), int(r.open.Load())-limiter.FloorQueued(r.b), limiter.FloorQueued(r.b), r.background())
 		}
 		time.Sleep(50 * time.Microsecond)
 	}
@@ -571,4 +573,89 @@ func TestHighArrivalMovesLayeredLowSleepers(t *testing.T) {
 	r.wake(2, func() { r.wait("high", limiter.PriorityHigh, 1) })
 	r.advance(ms(400))
 	r.check(map[string]time.Duration{"first": 0, "high": ms(110), "low1": ms(200), "low2": ms(300)})
+}
+
+// floorStore is a classStore whose high takes a floor holds back: after a
+// high grant, the next high take is refused (TakeResult.Floor) until
+// `every` has passed, with the exact wait.
+type floorStore struct {
+	*classStore
+	every time.Duration
+	mu    sync.Mutex
+	next  time.Time // the first instant the floor lets a high take through
+	highs int       // high takes asked
+}
+
+func (s *floorStore) Take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+	if req.Priority != limiter.PriorityHigh {
+		return s.classStore.Take(ctx, req)
+	}
+	now := s.clk.Now()
+	s.mu.Lock()
+	s.highs++
+	if now.Before(s.next) {
+		wait := s.next.Sub(now)
+		s.mu.Unlock()
+		rate, burst := s.Limits()
+		return limiter.TakeResult{Wait: wait, Rate: rate, Burst: burst, At: now, Class: limiter.PriorityHigh, Floor: true}, nil
+	}
+	s.next = now.Add(s.every)
+	s.mu.Unlock()
+	return s.classStore.Take(ctx, req)
+}
+
+// floorLayers is a floorStore with one layer that never limits: WaitN
+// takes through TakeLayers.
+type floorLayers struct{ *floorStore }
+
+func (s floorLayers) Layers() []limiter.Layer {
+	return []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1000, Burst: 1000}}
+}
+
+func (s floorLayers) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
+	res, err := s.Take(ctx, limiter.TakeRequest{Cost: req.Cost, Extra: req.Extra, MaxWait: req.MaxWait, Priority: req.Priority, MinShare: req.MinShare})
+	return limiter.LayerResult{TakeResult: res}, err
+}
+
+func (s floorLayers) RefundLayers(ctx context.Context, req limiter.LayerRequest, res limiter.LayerResult) error {
+	return s.Refund(ctx, res.Tokens)
+}
+
+// TestFloorRefusalsQueueTheClass: a floor lets one high take through per
+// 100 ms. Five high callers arrive at once: they are granted in order of
+// arrival, 100 ms apart, and only the head of the line asks the store
+// while the floor holds the class back: 9 high takes (one refused and one
+// granted per caller after the first), where every caller asking at each
+// turn would make 15. A normal caller meanwhile is not held. The same
+// through WaitN on a layered store.
+func TestFloorRefusalsQueueTheClass(t *testing.T) {
+	for _, layered := range []bool{false, true} {
+		t.Run(fmt.Sprint("layered=", layered), func(t *testing.T) {
+			clk := clocktest.New(storetest.Base)
+			s := &floorStore{classStore: newClassStore(t, clk, 100, 100), every: ms(100)}
+			r := &classRig{t: t, clk: clk, store: s.classStore, grants: map[string]time.Duration{}}
+			var store limiter.Store = s
+			if layered {
+				store, r.keys = floorLayers{s}, map[string]string{"per-key": "a"}
+			}
+			b, err := limiter.New(store, limiter.Options{Clock: clk, Logger: discardLogger(), ProbeInterval: time.Hour,
+				Lease: limiter.LeaseOptions{Disabled: true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close() })
+			r.b = b
+			for i := range 5 {
+				r.wait(fmt.Sprint("high", i), limiter.PriorityHigh, 1)
+			}
+			r.wait("normal", limiter.PriorityNormal, 1)
+			r.advance(ms(450))
+			r.check(map[string]time.Duration{"high0": 0, "high1": ms(100), "high2": ms(200), "high3": ms(300), "high4": ms(400), "normal": 0})
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.highs != 9 {
+				t.Fatalf("%d high takes, want 9", s.highs)
+			}
+		})
+	}
 }

@@ -172,6 +172,12 @@ type TakeResult struct {
 	Class Priority
 	// Pushed is Class's push counter when the store answered.
 	Pushed float64
+	// Floor reports a refusal (Granted is false) because the take would
+	// have jumped further ahead of a lower class's reservations than that
+	// class's MinShare allows. Wait is then the exact time until the floor
+	// lets it through. A Bucket queues the callers of a class that a floor
+	// holds back behind one that asks (see Options.MinShare).
+	Floor bool
 }
 
 // Store keeps the state of one token bucket. Implementations must make each

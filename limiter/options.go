@@ -90,8 +90,11 @@ type Options struct {
 	Priority Priority
 	// MinShare keeps a floor under each class: while a class has
 	// reservations waiting, the higher classes jump ahead of them only as
-	// far as leaves it this fraction of the rate. Every replica that shares
-	// a bucket should name the same shares. Default: none.
+	// far as leaves it this fraction of the rate. A request the floor holds
+	// back waits until it lets it through; the Bucket's callers of its
+	// class queue behind it meanwhile, in order, instead of all asking the
+	// store. Every replica that shares a bucket should name the same
+	// shares. Default: none.
 	MinShare Shares
 	// Observer receives events for metrics. Default: none.
 	Observer *Observer
