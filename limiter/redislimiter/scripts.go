@@ -139,8 +139,8 @@ end
 // allocations to read, where an array of nine integers costs up to eleven.
 var takeScript = redis.NewScript(takeSrc)
 
-var takeSrc = prelude + `
-local now = now_us(ARGV[6])
+var takeSrc = takeFastLua + prelude + `
+local now = now_us(TAKE_NOW)
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
 local cost, extra, max_wait = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local rank, s1, s2 = tonumber(ARGV[8]) or 1, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0

@@ -313,6 +313,9 @@ func (s *Store) takeResult(req limiter.TakeRequest, cmd *redis.Cmd) (limiter.Tak
 		return limiter.TakeResult{}, s.fail("take", err)
 	}
 	str, _ := cmd.Val().(string)
+	if res, ok := s.fastTakeResult(req, str); ok {
+		return res, nil
+	}
 	v, ok := parseInts9(str)
 	if ok && (v[7] < 0 || v[7] > 2) {
 		ok = false
@@ -340,11 +343,17 @@ func (s *Store) takeResult(req limiter.TakeRequest, cmd *redis.Cmd) (limiter.Tak
 // parseInts9 parses exactly nine decimal integers separated by single
 // spaces, each within ±1e15 as the scripts keep them.
 func parseInts9(s string) (v [9]int64, ok bool) {
+	return v, parseInts(s, v[:])
+}
+
+// parseInts parses exactly len(v) decimal integers separated by single
+// spaces, each within ±1e15 as the scripts keep them, into v.
+func parseInts(s string, v []int64) bool {
 	i := 0
 	for k := range v {
 		if k > 0 {
 			if i >= len(s) || s[i] != ' ' {
-				return v, false
+				return false
 			}
 			i++
 		}
@@ -359,14 +368,14 @@ func parseInts9(s string) (v [9]int64, ok bool) {
 			i++
 		}
 		if i == start || (i < len(s) && s[i] >= '0' && s[i] <= '9') {
-			return v, false
+			return false
 		}
 		if neg {
 			n = -n
 		}
 		v[k] = n
 	}
-	return v, i == len(s)
+	return i == len(s)
 }
 
 // Refund implements limiter.Store: the tokens of no class, such as an

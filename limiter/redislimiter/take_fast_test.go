@@ -1,0 +1,126 @@
+package redislimiter
+
+import (
+	"context"
+	"math/rand/v2"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// TestTakeFastPathSameAsFull runs the take script, whose fast path
+// (takeFastLua) decides the plain takes, and the full take alone on the
+// same random states and requests, at the same instants, and checks that
+// they answer and store the same: the fast path must be the full take's
+// arithmetic, not a second behaviour.
+func TestTakeFastPathSameAsFull(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	// The full take alone: the script without its fast path, the instant
+	// from ARGV[6] as the fast path would pass it.
+	full := redis.NewScript("local TAKE_NOW = tonumber(ARGV[6])\n" + strings.TrimPrefix(takeSrc, takeFastLua))
+	if full.Hash() == takeScript.Hash() {
+		t.Fatal("takeSrc does not start with takeFastLua")
+	}
+	rng := rand.New(rand.NewPCG(16, 2))
+	pick := func(xs ...float64) float64 { return xs[rng.IntN(len(xs))] }
+	now := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC).UnixMicro()
+	fast, slow := 0, 0
+	for i := range 400 {
+		rate := pick(0.5, 1, 3, 10, 1000, 1e6, 1e9)
+		burst := int(pick(1, 2, 5, 100, 1e6, 1e9))
+		cfg := Config{Rate: rate, Burst: burst}
+		if rng.IntN(8) == 0 {
+			cfg.Warmup = time.Duration(pick(1, 30)) * time.Second
+		}
+		var stores [2]*Store
+		for k := range stores {
+			cfg.Bucket = uniqueBucket(t, c)
+			s, err := New(c, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stores[k] = s
+		}
+		// The state: missing, or tokens (whole or not, reserved ahead or
+		// not) refilled from a past ts, or paused until a future one;
+		// sometimes a pause's "by", a class field or an override.
+		state := map[string]any{}
+		if rng.IntN(5) > 0 {
+			tokens := float64(rng.IntN(2*burst+1) - burst)
+			if rng.IntN(2) == 0 {
+				tokens += rng.Float64()
+			}
+			ts := now - rng.Int64N(3_000_000)
+			if rng.IntN(6) == 0 {
+				ts = now + rng.Int64N(3_000_000)
+			}
+			state["tokens"], state["ts"] = strconv.FormatFloat(tokens, 'g', 17, 64), strconv.FormatInt(ts, 10)
+			if rng.IntN(6) == 0 {
+				state["by"] = "r1"
+			}
+			if rng.IntN(8) == 0 {
+				state["p1"] = "2000"
+			}
+		}
+		override := map[string]any{}
+		if rng.IntN(8) == 0 {
+			override["rate"] = strconv.FormatFloat(pick(2, 50, 1e6), 'g', -1, 64)
+		}
+		req := limiter.TakeRequest{
+			Cost:     1 + rng.IntN(min(burst, 5)),
+			Priority: limiter.PriorityOfRank(rng.IntN(3)),
+			MaxWait:  time.Duration(pick(0, 1, 10)) * time.Second,
+		}
+		if rng.IntN(3) == 0 {
+			req.Extra = rng.IntN(10)
+		}
+		if rng.IntN(12) == 0 {
+			req.Cost = burst + 1
+		}
+		var res [2]limiter.TakeResult
+		var errs [2]error
+		var after [2]map[string]string
+		var ttl [2]time.Duration
+		for k, s := range stores {
+			if len(state) > 0 {
+				c.HSet(ctx, s.stateKeys[0], state)
+				c.PExpire(ctx, s.stateKeys[0], time.Minute)
+			}
+			if len(override) > 0 {
+				c.HSet(ctx, s.stateKeys[1], override)
+			}
+			script := takeScript
+			if k == 1 {
+				script = full
+			}
+			cmd := script.Run(ctx, c, s.stateKeys, s.takeArgs(req, now)...)
+			if str, _ := cmd.Val().(string); strings.Count(str, " ") == 2 {
+				if k == 1 {
+					t.Fatalf("case %d: the full take replied in the fast path's form %q", i, str)
+				}
+				fast++
+			} else if k == 0 {
+				slow++
+			}
+			res[k], errs[k] = s.takeResult(req, cmd)
+			after[k] = c.HGetAll(ctx, s.stateKeys[0]).Val()
+			ttl[k] = c.PTTL(ctx, s.stateKeys[0]).Val()
+		}
+		// The expiries were set a moment apart.
+		if d := ttl[0] - ttl[1]; !reflect.DeepEqual(res[0], res[1]) || (errs[0] == nil) != (errs[1] == nil) || !reflect.DeepEqual(after[0], after[1]) || d < -50*time.Millisecond || d > 50*time.Millisecond {
+			t.Fatalf("case %d: rate %v burst %d warm-up %v, state %v, override %v, %+v:\nwith the fast path %+v, %v, stored %v, TTL %v\nfull take alone    %+v, %v, stored %v, TTL %v",
+				i, rate, burst, cfg.Warmup, state, override, req, res[0], errs[0], after[0], ttl[0], res[1], errs[1], after[1], ttl[1])
+		}
+	}
+	if fast < 100 || slow < 100 {
+		t.Errorf("the fast path decided %d cases and the full take %d: want at least 100 of each", fast, slow)
+	}
+	t.Logf("fast path: %d cases, full take: %d", fast, slow)
+}
