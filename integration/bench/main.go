@@ -73,10 +73,13 @@ type config struct {
 	// latencyRounds is how many latency phases each implementation runs,
 	// alternating the order.
 	latencyRounds int
-	replicas      int
-	goroutines    int
-	workloads     []workload
-	impls         []impl
+	// layerRounds is how many paired rounds of (c) and (e) measure the
+	// keyed layer's ratio (fast workload).
+	layerRounds int
+	replicas    int
+	goroutines  int
+	workloads   []workload
+	impls       []impl
 	// opts are the limiter options of (c) and (d); zero means the
 	// limiter's defaults.
 	opts       limiter.Options
@@ -121,6 +124,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "length of each saturated or ceiling run")
 	fs.DurationVar(&cfg.latency, "latency", time.Second, "length of each unsaturated latency run")
 	fs.IntVar(&cfg.latencyRounds, "latency-rounds", 3, "latency runs of each implementation, alternating their order")
+	fs.IntVar(&cfg.layerRounds, "layer-rounds", 5, "paired rounds of (c) and (e) on the fast workload, alternating, for the keyed layer's ratio; 0 for none")
 	fs.IntVar(&cfg.replicas, "replicas", 8, "simulated replicas")
 	fs.IntVar(&cfg.goroutines, "goroutines", 8, "goroutines calling Wait in each replica")
 	fs.StringVar(&wl, "workloads", "low,medium,high,fast", "comma-separated workloads to run; none for the latency table only")
@@ -162,7 +166,7 @@ func parseFlags(args []string) (config, error) {
 		cfg.e2e = &e2e
 		return cfg, nil
 	}
-	if cfg.duration < time.Second || cfg.latency <= 0 || cfg.latencyRounds < 1 {
+	if cfg.duration < time.Second || cfg.latency <= 0 || cfg.latencyRounds < 1 || cfg.layerRounds < 0 {
 		return config{}, fmt.Errorf("-duration must be at least 1s, -latency above 0 and -latency-rounds at least 1")
 	}
 	if cfg.replicas < 1 || cfg.goroutines < 1 {
@@ -232,6 +236,9 @@ func run(ctx context.Context, cfg config) error {
 			fmt.Fprintf(os.Stderr, "%-7s %-44s %12.0f granted/s\n", w.name, im.name, r.perSecond())
 			rep.results = append(rep.results, r)
 		}
+	}
+	if rep.layerPairs, err = b.measureLayerPairs(ctx, cfg.layerRounds); err != nil {
+		return fmt.Errorf("keyed layer rounds: %w", err)
 	}
 	if rep.latencies, err = b.measureLatency(ctx, cfg.impls, cfg.latencyRounds); err != nil {
 		return fmt.Errorf("latency: %w", err)
