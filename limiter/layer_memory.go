@@ -142,21 +142,27 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		sTS    int64
 		wait0  int64
 		pr     prio // the shared bucket's classes (priority.go)
-		e      int
+		c      = req.Priority.Rank()
 		pushed float64
+		q1     float64
 		sh     = req.MinShare.byRank()
 	)
 	if !req.SkipShared {
-		var tokens, visible float64
+		var tokens, visible, need float64
 		tokens, sTS, pr = m.load(now)
-		e, pushed, visible = pr.class(tokens, req.Priority.Rank(), cost, sh, m.burst)
-		res.Class, res.Pushed = PriorityOfRank(e), pr.p[e]
+		pushed, visible, q1, need = pr.class(tokens, c, cost, sh, m.burst)
+		res.Pushed = pr.p[c]
 		res.Rate, res.Burst, res.Remaining = m.ad.rateAt(m.rate, now), m.burst, tokens
 		if sTS > now {
 			res.Rate = 0
 		}
 		if req.Cost > m.burst {
 			return res, nil, fmt.Errorf("cost %d, burst %d: %w", req.Cost, m.burst, ErrCostExceedsBurst)
+		}
+		if need > 0 {
+			res.Floor = true
+			res.Wait = time.Duration(min(sTS-now+waitUS(need, m.ad.rateAt(m.rate, now)), maxWaitUS)) * time.Microsecond
+			return res, nil, nil
 		}
 		sAfter = tokens - cost
 		wait0 = sTS - now
@@ -260,7 +266,7 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			sAfter -= float64(k)
 			got += k
 		}
-		moved := pr.grant(e, pushed, sh, m.burst)
+		moved := pr.grant(c, pushed, q1, sh, m.burst)
 		m.store(sAfter, sTS, pr)
 		res.Remaining = sAfter
 		if moved != 0 && len(m.watchers) > 0 {

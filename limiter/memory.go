@@ -198,7 +198,7 @@ func (m *Memory) loaded(tokens float64) prio {
 
 // store saves the tokens, timestamp and priority state. m.mu is held.
 func (m *Memory) store(tokens float64, ts int64, pr prio) {
-	pr.norm(tokens)
+	pr.refilled(math.NaN(), tokens, m.burst)
 	m.pr = pr
 	m.save(tokens, ts)
 }
@@ -224,13 +224,19 @@ func (m *Memory) takeAt(now int64, req TakeRequest) (TakeResult, []Push, error) 
 	pr := m.loaded(tokens)
 	cost := float64(req.Cost)
 	sh := req.MinShare.byRank()
-	e, pushed, visible := pr.class(tokens, req.Priority.Rank(), cost, sh, m.burst)
-	res := TakeResult{Rate: rate, Burst: m.burst, Remaining: tokens, At: time.UnixMicro(now), Class: PriorityOfRank(e), Pushed: pr.p[e]}
+	c := req.Priority.Rank()
+	pushed, visible, q1, need := pr.class(tokens, c, cost, sh, m.burst)
+	res := TakeResult{Rate: rate, Burst: m.burst, Remaining: tokens, At: time.UnixMicro(now), Class: PriorityOfRank(c), Pushed: pr.p[c]}
 	if ts > now {
 		res.Rate = 0
 	}
 	if req.Cost > m.burst {
 		return res, nil, fmt.Errorf("cost %d, burst %d: %w", req.Cost, m.burst, ErrCostExceedsBurst)
+	}
+	if need > 0 {
+		res.Floor = true
+		res.Wait = time.Duration(min(ts-now+waitUS(need, rate), maxWaitUS)) * time.Microsecond
+		return res, nil, nil
 	}
 	after := visible - cost
 	wait := ts - now
@@ -255,7 +261,7 @@ func (m *Memory) takeAt(now int64, req TakeRequest) (TakeResult, []Push, error) 
 			return res, nil, nil
 		}
 	}
-	moved := pr.grant(e, pushed, sh, m.burst)
+	moved := pr.grant(c, pushed, q1, sh, m.burst)
 	m.store(left, ts, pr)
 	m.wts = wts
 	res.Granted, res.Tokens, res.Remaining = true, got, left
@@ -297,7 +303,9 @@ func (m *Memory) DrainAt(t time.Time, debt int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	tokens, ts, pr := m.load(t.UnixMicro())
-	m.store(math.Min(tokens, -float64(max(debt, 0))), ts, pr)
+	left := math.Min(tokens, -float64(max(debt, 0)))
+	pr.drained(tokens, left)
+	m.store(left, ts, pr)
 }
 
 // PauseBy implements AttributedPauser.

@@ -129,43 +129,53 @@ type ClassRefunder interface {
 //
 // Both stores keep the same state beside a bucket's tokens T (negative
 // while reserved ahead), with the same arithmetic in the same order: the
-// Memory store in prio, the Redis scripts in the state hash's fields q1 q2
+// Memory store in prio, the Redis scripts in the state hash's fields q0 q2
 // p1 p2 j1 j2 (priorityLua in package redislimiter). Every reservation is
 // in one queue: rank 0's first, then rank 1's, then rank 2's.
 //
-//   - q[1], q[2] are the tokens reserved by ranks 1 and 2 and not yet
-//     refilled; rank 0's are the rest of max(0, −T). A refill repays the
-//     front of the queue first: q[2] = min(q[2], max(0, −T)), then
-//     q[1] = min(q[1], max(0, −T) − q[2]).
-//   - p[1], p[2] are the ranks' push counters: the tokens by which takes
-//     of a higher rank have moved their reservations back, ever.
+//   - q[0], q[2] are the tokens reserved by ranks 0 and 2 and not yet
+//     refilled; rank 1's, the default class's, are the rest of max(0, −T),
+//     so that a bucket used by one class only keeps no more state than a
+//     bucket without classes. A refill of r reserved tokens repays the
+//     front of the queue first: q[0] loses min(q[0], r), and q[2] is cut
+//     to what is left after q[0]. A drain's debt goes to the front (q[0]).
+//   - p[1], p[2] are the push counters of ranks 1 and 2: the tokens by
+//     which takes of a higher rank have moved their reservations back,
+//     ever.
 //   - j[1], j[2] are the jump allowances over ranks 1 and 2, for a rank
 //     with a MinShare s > 0: a higher rank may push it back only while its
 //     allowance min((1−s)·j, burst) covers the push; each push spends it.
 //     j is kept in refilled tokens (each refill adds what it refilled), so
 //     that the scripts and calls that do not know the shares (refund,
-//     pause, drain, fill) keep it right; a full bucket, or no j yet, is a
+//     pause, drain, fill) keep it right; no j yet, or a full bucket, is a
 //     whole burst of allowance.
 //
 // A take of rank c and cost k from T tokens pushes the lower ranks back by
-// pushed = k − max(0, T) when T < k. Its effective rank e is the lowest of
-// c and every lower rank l with q[l] > 0 and s[l] > 0 whose allowance is
-// less than pushed: such a take waits at the end of l's queue instead of
-// taking l below its floor. The take then sees the tokens
-// T + Σ_{l>e} q[l], ahead of every lower reservation; granted, T falls by
-// its tokens, q[e] (e ≥ 1) grows by pushed, and every lower rank with
-// reservations gets pushed added to its counter (and spent from its
-// allowance). A refund of rank e gives k tokens back and takes
-// min(q[e], k) off q[e]. A rank-1 take with no rank-2 reservations, the
+// pushed = k − max(0, T) when T < k. When a lower rank l with reservations
+// and s[l] > 0 has an allowance a below pushed, the take would take l
+// below its floor: it is refused (TakeResult.Floor), changing nothing,
+// and told the exact wait until the refill has grown the allowance enough,
+// (pushed − a)/(1 − s[l]) tokens (the longest over such ranks). Otherwise
+// it sees the tokens T plus the reservations of the ranks after c, ahead
+// of all of them; granted, T falls by its tokens, c's reservations grow by
+// pushed, and every lower rank with reservations gets pushed added to its
+// counter (and spent from its allowance, which never goes below 0). A
+// refund of rank e gives k tokens back and takes min(q[e], k) off q[e]
+// (rank 1's shrink with T). A rank-1 take with no rank-2 reservations, the
 // default, is exactly the take of a bucket without classes.
 type prio struct {
-	q, p, j [NumPriorities]float64 // indexed by rank; [0] unused
+	q, p, j [NumPriorities]float64 // indexed by rank; q[1], p[0], j[0] unused
 	jset    [NumPriorities]bool    // j[l] holds a value; else a whole burst
 }
 
-// refilled updates s for a refill of the bucket from t0 tokens (those
-// stored; NaN when there is no state) to t, and repays the front of the
-// queue.
+// minQueued is the least reservation of rank 1, which is computed as a
+// difference, that counts: less is rounding.
+const minQueued = 1e-9
+
+// refilled updates s for the bucket's tokens going from t0 (those stored;
+// NaN when there is no state) to t by a refill: a full bucket restores
+// the allowances, the others grow by the tokens refilled; the refill
+// repays the front of the queue.
 func (s *prio) refilled(t0, t float64, burst int) {
 	if s.jset[1] || s.jset[2] {
 		if t >= float64(burst) {
@@ -178,17 +188,31 @@ func (s *prio) refilled(t0, t float64, burst int) {
 			}
 		}
 	}
-	s.norm(t)
+	if s.q[0] > 0 || s.q[2] > 0 {
+		total := math.Max(0, -t)
+		if t > t0 {
+			if r := math.Max(0, -t0) - total; r > 0 {
+				s.q[0] -= math.Min(s.q[0], r)
+			}
+		}
+		s.q[0] = math.Min(s.q[0], total)
+		s.q[2] = math.Min(s.q[2], total-s.q[0])
+	}
 }
 
-// norm repays the front of the queue so that the ranks' reservations do
-// not exceed the tokens reserved, max(0, −t).
-func (s *prio) norm(t float64) {
-	if s.q[1] > 0 || s.q[2] > 0 {
-		total := math.Max(0, -t)
-		s.q[2] = math.Min(s.q[2], total)
-		s.q[1] = math.Min(s.q[1], total-s.q[2])
+// drained updates s for a drain from t0 to t tokens: the debt is reserved
+// at the front of the queue.
+func (s *prio) drained(t0, t float64) {
+	s.q[0] += math.Max(0, -t) - math.Max(0, -t0)
+}
+
+// queued1 returns rank 1's reservations at t tokens.
+func (s *prio) queued1(t float64) float64 {
+	q1 := math.Max(0, -t) - s.q[0] - s.q[2]
+	if q1 < minQueued {
+		return 0
 	}
+	return q1
 }
 
 // allow returns the jump allowance over rank l with share sh.
@@ -199,39 +223,48 @@ func (s *prio) allow(l int, sh float64, burst int) float64 {
 	return math.Min((1-sh)*s.j[l], float64(burst))
 }
 
-// class returns the effective rank e of a take of rank c and cost k from t
-// tokens, the tokens it pushes lower ranks back by, and the tokens it sees.
-// sh holds the shares by rank.
-func (s *prio) class(t float64, c int, k float64, sh [NumPriorities]float64, burst int) (e int, pushed, visible float64) {
+// class returns, for a take of rank c and cost k from t tokens, the tokens
+// it pushes lower ranks back by, the tokens it sees, rank 1's reservations,
+// and the refill (in tokens) its floors need first: 0 when no lower rank's
+// MinShare holds it back. sh holds the shares by rank.
+func (s *prio) class(t float64, c int, k float64, sh [NumPriorities]float64, burst int) (pushed, visible, q1, need float64) {
 	if t < k {
 		pushed = k - math.Max(0, t)
 	}
-	e = c
+	if c >= 1 && s.q[2] == 0 {
+		return pushed, t, 0, 0
+	}
+	q1 = s.queued1(t)
+	q := [NumPriorities]float64{0, q1, s.q[2]}
 	if pushed > 0 {
 		for l := c + 1; l <= 2; l++ {
-			if s.q[l] > 0 && sh[l] > 0 && s.allow(l, sh[l], burst) < pushed {
-				e = l
+			if q[l] > 0 && sh[l] > 0 {
+				if a := s.allow(l, sh[l], burst); a < pushed {
+					need = math.Max(need, (pushed-a)/(1-sh[l]))
+				}
 			}
 		}
 	}
 	visible = t
-	for l := e + 1; l <= 2; l++ {
-		visible += s.q[l]
+	for l := c + 1; l <= 2; l++ {
+		visible += q[l]
 	}
-	return e, pushed, visible
+	return pushed, visible, q1, need
 }
 
-// grant records a granted take of effective rank e that pushed lower ranks
-// back by pushed. It returns the ranks it pushed, as bits 1<<rank.
-func (s *prio) grant(e int, pushed float64, sh [NumPriorities]float64, burst int) (moved uint8) {
+// grant records a granted take of rank c that pushed lower ranks back by
+// pushed, rank 1 having held q1 tokens reserved. It returns the ranks it
+// pushed, as bits 1<<rank.
+func (s *prio) grant(c int, pushed, q1 float64, sh [NumPriorities]float64, burst int) (moved uint8) {
 	if !(pushed > 0) {
 		return 0
 	}
-	if e >= 1 {
-		s.q[e] += pushed
+	if c != 1 {
+		s.q[c] += pushed
 	}
-	for l := e + 1; l <= 2; l++ {
-		if s.q[l] > 0 {
+	q := [NumPriorities]float64{0, q1, s.q[2]}
+	for l := c + 1; l <= 2; l++ {
+		if q[l] > 0 {
 			s.p[l] += pushed
 			if sh[l] > 0 {
 				limit := float64(burst) / (1 - sh[l])
@@ -250,7 +283,7 @@ func (s *prio) grant(e int, pushed float64, sh [NumPriorities]float64, burst int
 // refund takes the k tokens of a cancelled reservation of rank e off its
 // queue; the caller has put them back in the bucket.
 func (s *prio) refund(e int, k float64) {
-	if e >= 1 && e <= 2 {
+	if e == 0 || e == 2 {
 		s.q[e] -= math.Min(s.q[e], k)
 	}
 }
@@ -258,8 +291,7 @@ func (s *prio) refund(e int, k float64) {
 // reserved returns the tokens each class has reserved, from t tokens.
 func (s *prio) reserved(t float64) Shares {
 	var r Shares
-	r[PriorityNormal], r[PriorityLow] = s.q[1], s.q[2]
-	r[PriorityHigh] = math.Max(0, math.Max(0, -t)-s.q[1]-s.q[2])
+	r[PriorityHigh], r[PriorityNormal], r[PriorityLow] = s.q[0], s.queued1(t), s.q[2]
 	return r
 }
 

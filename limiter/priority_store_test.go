@@ -69,6 +69,16 @@ func (w *watchedMemory) RefundClassAt(now time.Time, tokens int, class limiter.P
 	return nil
 }
 
+func (w *watchedMemory) PauseAt(now time.Time, d time.Duration) error {
+	w.Memory.PauseAt(now, d)
+	return nil
+}
+
+func (w *watchedMemory) DrainAt(now time.Time, debt int) error {
+	w.Memory.DrainAt(now, debt)
+	return nil
+}
+
 func (w *watchedMemory) StatusAt(now time.Time) (limiter.State, error) {
 	return w.Memory.StatusAt(now), nil
 }

@@ -119,10 +119,10 @@ type BucketStatus struct {
 	// Replicas is the number of live replicas, from their heartbeats.
 	Replicas int
 	// Reserved is the tokens each class holds reserved ahead, indexed by
-	// limiter.Priority; zero when Tokens is unknown.
+	// limiter.Priority, and Pushed each class's push counter (see
+	// limiter.Push). Both are zero when Tokens is unknown.
 	Reserved limiter.Shares
-	// Pushed is each class's push counter (see limiter.Push).
-	Pushed limiter.Shares
+	Pushed   limiter.Shares
 	// At is Redis's clock when it answered.
 	At time.Time
 }

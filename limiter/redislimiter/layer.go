@@ -288,6 +288,8 @@ func (l *Layered) takeReply(req limiter.LayerRequest, v []int64, err error, cloc
 	case 1:
 		res.Granted, res.Tokens = true, int(v[7])
 	case 0:
+	case 3:
+		res.Floor = true
 	case 2:
 		res.Exceeded = limiter.ExceededError(layer, res.At, res.Wait)
 	case -1:

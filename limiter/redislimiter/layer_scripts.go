@@ -68,10 +68,11 @@ end
 // four window boundaries b0..b3 around the caller's clock (0 for a bucket).
 //
 // Reply: {status, wait_us, layer, remaining_milli, effective_rate_milli,
-// burst, now_us, tokens (cost plus the extra granted), rank (the effective
-// one on the shared bucket), pushed_milli (its push counter)}. status: 1
-// granted, 0 not granted (come back after wait_us), 2 refused by layer's
-// action, -1 cost above the shared burst, -2 cost above layer's burst or
+// burst, now_us, tokens (cost plus the extra granted), rank, pushed_milli
+// (its push counter on the shared bucket)}. status: 1 granted, 0 not
+// granted (come back after wait_us), 2 refused by layer's action, 3 refused
+// by a lower rank's MinShare on the shared bucket (wait_us until it would
+// not), -1 cost above the shared burst, -2 cost above layer's burst or
 // quota, -3 no window holds now (a clock skew above a window). layer is
 // the 1-based index of the layer that set wait_us or refused, or 0 for the
 // shared bucket.
@@ -84,18 +85,21 @@ local extra = tonumber(ARGV[8])
 local rank, s1, s2 = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local kb = 0
 local srate, sburst, stokens, sts, safter, wait0, eff = 0, 0, 0, 0, 0, 0, 0
-local e, pushed, visible = rank, 0, 0
+local pushed, visible, q1, need = 0, 0, 0, 0
 local function reply(status, wait, layer, remaining, got)
-  return {status, wait, layer, milli(remaining), milli(eff), sburst, now, got, e, milli(prio_counter(e))}
+  local p = 0
+  if rank == 1 then p = P1 elseif rank == 2 then p = P2 end
+  return {status, wait, layer, milli(remaining), milli(eff), sburst, now, got, rank, milli(p)}
 end
 if shared then
   kb = 2
   srate, sburst = limits(KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]))
   stokens, sts = load(KEYS[1], now, srate, sburst)
-  e, pushed, visible = prio_class(stokens, rank, cost, s1, s2, sburst)
+  pushed, visible, q1, need = prio_class(stokens, rank, cost, s1, s2, sburst)
   eff = srate
   if sts > now then eff = 0 end
   if cost > sburst then return reply(-1, 0, 0, stokens, 0) end
+  if need > 0 then return reply(3, clamp((sts - now) + wait_us(need, srate)), 0, stokens, 0) end
   safter = stokens - cost
   wait0 = sts - now
   if visible - cost < 0 then wait0 = clamp(wait0 + wait_us(-(visible - cost), srate)) end
@@ -163,9 +167,8 @@ if shared then
     safter = safter - k
     got = got + k
   end
-  local moved = prio_grant(e, pushed, s1, s2, sburst)
+  prio_grant(rank, pushed, q1, s1, s2, sburst, ARGV[12], now)
   save(KEYS[1], safter, sts, now, srate, sburst)
-  prio_announce(ARGV[12], now, pushed, moved)
 end
 for i = 1, n do
   local key = KEYS[kb + i]

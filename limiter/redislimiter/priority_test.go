@@ -2,6 +2,8 @@ package redislimiter
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -16,58 +18,73 @@ import (
 // Watch hears.
 type watchedStore struct {
 	clocked
-	c       redis.UniversalClient
-	changed chan struct{}
-	mu      sync.Mutex
-	pushes  []limiter.Push
+	c      redis.UniversalClient
+	marks  chan int // the marks heard
+	sent   int      // the last mark announced
+	mu     sync.Mutex
+	pushes []limiter.Push
+}
+
+// mark announces a mark, an announcement only the test makes: a push whose
+// counter is minus its number. Watch delivers it in order with the take
+// scripts' pushes.
+func (w *watchedStore) mark() int {
+	w.sent++
+	w.c.Publish(context.Background(), w.s.channel, fmt.Sprintf("push 1 0 1:%d", -1000*w.sent))
+	return w.sent
+}
+
+// heard waits up to d for mark n, and reports whether it came.
+func (w *watchedStore) heard(n int, d time.Duration) bool {
+	timeout := time.After(d)
+	for {
+		select {
+		case m := <-w.marks:
+			if m == n {
+				return true
+			}
+		case <-timeout:
+			return false
+		}
+	}
 }
 
 // watchStore watches s until the test ends, and returns once the
 // subscription is in place.
 func watchStore(t *testing.T, c redis.UniversalClient, s *Store) *watchedStore {
 	t.Helper()
-	w := &watchedStore{clocked: clocked{s}, c: c, changed: make(chan struct{}, 1)}
+	w := &watchedStore{clocked: clocked{s}, c: c, marks: make(chan int, 1000)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() { cancel(); <-done })
 	go func() {
 		defer close(done)
-		s.Watch(ctx, func() {
-			select {
-			case w.changed <- struct{}{}:
-			default:
+		s.Watch(ctx, func() {}, func(p limiter.Push) {
+			if p.Counter < 0 {
+				w.marks <- int(-p.Counter)
+				return
 			}
-		}, func(p limiter.Push) {
 			w.mu.Lock()
 			w.pushes = append(w.pushes, p)
 			w.mu.Unlock()
 		})
 	}()
-	// Announce until the subscription hears one.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		c.Publish(ctx, s.channel, "test")
-		select {
-		case <-w.changed:
-			return w
-		case <-time.After(10 * time.Millisecond):
-		}
+	// Announce marks until the subscription hears one.
+	for deadline := time.Now().Add(5 * time.Second); !w.heard(w.mark(), 10*time.Millisecond); {
 		if time.Now().After(deadline) {
 			t.Fatal("the watch did not subscribe")
 		}
 	}
+	return w
 }
 
-// Pushes implements storetest.PriorityStore. It announces a change after
-// the takes and waits until Watch hears it: the pushes the takes announced
+// Pushes implements storetest.PriorityStore. It announces a mark after the
+// takes and waits until Watch hears it: the pushes the takes announced
 // before it have then been heard too.
 func (w *watchedStore) Pushes(t *testing.T) []limiter.Push {
 	t.Helper()
-	w.c.Publish(context.Background(), w.s.channel, "test")
-	select {
-	case <-w.changed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the watch did not hear the test's announcement")
+	if !w.heard(w.mark(), 5*time.Second) {
+		t.Fatal("the watch did not hear the test's mark")
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -138,22 +155,37 @@ func TestParsePush(t *testing.T) {
 	}
 }
 
-// A take without classes writes no class field: the state hash holds only
-// tokens and ts.
-func TestPlainTakeWritesNoClassField(t *testing.T) {
+// A bucket used by the default class alone, reserving ahead or not, keeps
+// no class field: the state hash holds only tokens and ts, as without
+// classes. A low reservation adds its queue.
+func TestDefaultClassWritesNoClassField(t *testing.T) {
 	c := newClient(t)
 	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 10, Burst: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	for range 2 {
-		if _, err := s.take(ctx, storetest.Base.UnixMicro(), limiter.TakeRequest{Cost: 1, Priority: limiter.PriorityHigh}); err != nil {
+	fields := func() []string {
+		t.Helper()
+		keys, err := c.HKeys(ctx, s.stateKeys[0]).Result()
+		if err != nil {
 			t.Fatal(err)
 		}
+		slices.Sort(keys)
+		return keys
 	}
-	keys, err := c.HKeys(ctx, s.stateKeys[0]).Result()
-	if err != nil || len(keys) != 2 {
-		t.Fatalf("state fields = %q, %v; want tokens and ts only", keys, err)
+	for i := range 4 {
+		if _, err := s.take(ctx, storetest.Base.UnixMicro(), limiter.TakeRequest{Cost: 1, MaxWait: time.Second}); err != nil {
+			t.Fatal(err)
+		}
+		if got := fields(); !slices.Equal(got, []string{"tokens", "ts"}) {
+			t.Fatalf("take %d: state fields = %q; want tokens and ts only", i, got)
+		}
+	}
+	if _, err := s.take(ctx, storetest.Base.UnixMicro(), limiter.TakeRequest{Cost: 1, MaxWait: time.Second, Priority: limiter.PriorityLow}); err != nil {
+		t.Fatal(err)
+	}
+	if got := fields(); !slices.Equal(got, []string{"q2", "tokens", "ts"}) {
+		t.Fatalf("after a low reservation: state fields = %q; want q2 too", got)
 	}
 }

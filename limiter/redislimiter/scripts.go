@@ -75,18 +75,23 @@ end
 -- The bucket refills only after ts; ts lies in the future while it is paused.
 -- It reads the classes' state in the same HMGET (priorityLua).
 local function load(skey, now, rate, burst)
-  local st
+  local st, o
   if WARM then -- a take with a warm-up (warmupLua)
-    st = redis.call('HMGET', skey, 'tokens', 'ts', 'wts', 'q1', 'q2', 'p1', 'p2', 'j1', 'j2')
-    prio_read(st, 4)
+    st, o = redis.call('HMGET', skey, 'tokens', 'ts', 'wts', 'q0', 'q2', 'p1', 'p2', 'j1', 'j2'), 4
+  else
+    st, o = redis.call('HMGET', skey, 'tokens', 'ts', 'q0', 'q2', 'p1', 'p2', 'j1', 'j2'), 3
+  end
+  if st[o] or st[o + 1] or st[o + 2] or st[o + 3] or st[o + 4] or st[o + 5] then -- priorityLua
+    RQ0, RQ2, RP1, RP2 = tonumber(st[o]), tonumber(st[o + 1]), tonumber(st[o + 2]), tonumber(st[o + 3])
+    RJ1, RJ2 = tonumber(st[o + 4]), tonumber(st[o + 5])
+    Q0, Q2, P1, P2, J1, J2 = RQ0 or 0, RQ2 or 0, RP1 or 0, RP2 or 0, RJ1, RJ2
+  end
+  if WARM then
     local wt, wts = warm_load(st, now, rate, burst)
     if wt then
       prio_refilled(tonumber(st[1]), wt, burst)
       return wt, wts
     end
-  else
-    st = redis.call('HMGET', skey, 'tokens', 'ts', 'q1', 'q2', 'p1', 'p2', 'j1', 'j2')
-    prio_read(st, 3)
   end
   local tokens, ts = tonumber(st[1]), tonumber(st[2])
   if not tokens or not ts then
@@ -111,7 +116,7 @@ end
 -- the key expire when the bucket would be full again, when a missing key
 -- means exactly the same thing.
 local function save(skey, tokens, ts, now, rate, burst)
-  prio_hset(skey, tokens, ts)
+  prio_hset(skey, tokens, ts, burst)
   local full_us = (ts - now) + (burst - tokens) * 1e6 / rate
   if WARM then -- warmupLua: the ramp start, and "missing" = idle longer than WARM
     if WTS then redis.call('HSET', skey, 'wts', string.format('%d', WTS), 'wu', string.format('%d', WARM)) end
@@ -132,10 +137,11 @@ end
 // warmup_us (0 or absent: none; see warmupLua), rank (the class's rank,
 // limiter.Priority.Rank; absent: 1), share1, share2 (the MinShare of ranks 1
 // and 2; absent: 0), channel (for the push announcement). Reply: one string
-// of nine integers separated by spaces: granted (1, 0, or -1 when cost >
-// burst), tokens, wait_us, remaining_milli, effective_rate_milli, burst,
-// now_us, rank (the effective one, whose queue holds the reservation),
-// pushed_milli (that rank's push counter). One string costs the client two
+// of nine integers separated by spaces: granted (1, 0, -1 when cost >
+// burst, or 2 when a lower rank's MinShare refused it: wait_us is then the
+// time until it would not), tokens, wait_us, remaining_milli,
+// effective_rate_milli, burst, now_us, rank (whose queue holds the
+// reservation), pushed_milli (that rank's push counter). One string costs the client two
 // allocations to read, where an array of nine integers costs up to eleven.
 var takeScript = redis.NewScript(takeSrc)
 
@@ -150,11 +156,14 @@ local tokens, ts = load(KEYS[1], now, rate, burst)
 if WRATE then rate = WRATE end -- warmupLua: a cold start or a ramp in progress
 local eff = rate
 if ts > now then eff = 0 end
-local e, pushed, visible = prio_class(tokens, rank, cost, s1, s2, burst)
+local pushed, visible, q1, need = prio_class(tokens, rank, cost, s1, s2, burst)
 local function reply(granted, got, wait, remaining)
-  return string.format('%d %d %d %d %d %d %d %d %d', granted, got, wait, milli(remaining), milli(eff), burst, now, e, milli(prio_counter(e)))
+  local p = 0
+  if rank == 1 then p = P1 elseif rank == 2 then p = P2 end
+  return string.format('%d %d %d %d %d %d %d %d %d', granted, got, wait, milli(remaining), milli(eff), burst, now, rank, milli(p))
 end
 if cost > burst then return reply(-1, 0, 0, tokens) end
+if need > 0 then return reply(2, 0, clamp((ts - now) + wait_us(need, rate)), tokens) end
 local after = visible - cost
 local wait = ts - now
 if after < 0 then wait = clamp(wait + wait_us(-after, rate)) end
@@ -171,9 +180,8 @@ else
   if max_wait > 0 then horizon = math.max(max_wait, wait_us(cost, rate)) end
   if wait > horizon then return reply(0, 0, wait - horizon, tokens) end
 end
-local moved = prio_grant(e, pushed, s1, s2, burst)
+prio_grant(rank, pushed, q1, s1, s2, burst, ARGV[11] or string.sub(KEYS[1], 1, -6) .. 'changes', now)
 save(KEYS[1], left, ts, now, rate, burst)
-prio_announce(ARGV[11], now, pushed, moved)
 return reply(1, got, wait, left)
 `
 
@@ -224,23 +232,24 @@ return clamp(ts - now)
 // paused_us, override_rate (verbatim, or false), override_burst (verbatim,
 // or false), override_ttl_ms, replicas, now_us, paused_by ("" when not
 // paused or unknown), reserved0_milli, reserved1_milli, reserved2_milli
-// (the tokens each rank holds reserved ahead; 0 when the tokens are
-// unknown), pushed1_milli, pushed2_milli (the push counters of ranks 1 and
-// 2)}.
+// (the tokens each rank holds reserved ahead), pushed1_milli, pushed2_milli
+// (the push counters of ranks 1 and 2); the last five are 0 when the
+// tokens are unknown}.
 var statusScript = redis.NewScript(prelude + `
 local now = now_us(ARGV[3])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
-local st = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'by', 'q1', 'q2', 'p1', 'p2', 'j1', 'j2')
-prio_read(st, 4)
+local st = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'by')
 local paused, by = 0, ''
 local ts = tonumber(st[2])
 if ts and ts > now then paused = clamp(ts - now); by = st[3] or '' end
 local tokens = false
 local r0, r1, r2 = 0, 0, 0
-if rate > 0 and burst > 0 then
+if rate > 0 and burst > 0 then -- load reads the classes' state (priorityLua)
   local t = load(KEYS[1], now, rate, burst)
   tokens = milli(t)
-  r0, r1, r2 = math.max(0, math.max(0, -t) - Q1 - Q2), Q1, Q2
+  r0, r2 = Q0, Q2
+  r1 = math.max(0, -t) - Q0 - Q2
+  if r1 < ` + minQueuedLua + ` then r1 = 0 end
 end
 local ov = redis.call('HMGET', KEYS[2], 'rate', 'burst')
 local ottl = redis.call('PTTL', KEYS[2])
@@ -257,8 +266,9 @@ return {tokens, milli(rate), burst, paused, ov[1] or false, ov[2] or false, ottl
 var drainScript = redis.NewScript(prelude + `
 local now = now_us(ARGV[4])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
-local tokens, ts = load(KEYS[1], now, rate, burst)
-tokens = math.min(tokens, -math.max(tonumber(ARGV[3]), 0))
+local t0, ts = load(KEYS[1], now, rate, burst)
+local tokens = math.min(t0, -math.max(tonumber(ARGV[3]), 0))
+Q0 = Q0 + (math.max(0, -tokens) - math.max(0, -t0)) -- the debt is at the front (priorityLua)
 save(KEYS[1], tokens, ts, now, rate, burst)
 redis.call('PUBLISH', ARGV[5], 'recovered')
 return milli(tokens)

@@ -16,7 +16,7 @@
 // they land in one Redis Cluster slot and one script can touch them all:
 //
 //	PREFIX{NAME}:state     hash: tokens, ts (µs), by (who paused),  TTL: until the bucket is full again
-//	                       the classes' q1 q2 p1 p2 j1 j2 (see priorityLua), ...
+//	                       the classes' q0 q2 p1 p2 j1 j2 (see priorityLua)
 //	PREFIX{NAME}:override  hash: rate, burst                       TTL: the override's duration, if any
 //	PREFIX{NAME}:replicas  sorted set: replica → expiry             TTL: twice the heartbeat TTL
 //	PREFIX{NAME}:configs   hash: replica → "rate burst [mode granted waiting x:LAYER:N... w:H,N,L]"  TTL: as replicas
@@ -256,9 +256,15 @@ const takeArgc = 11
 
 // appendTakeArgs appends the ARGV of takeScript for req to args.
 func (s *Store) appendTakeArgs(args []any, req limiter.TakeRequest, nowUS int64) []any {
+	args = append(args, s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), s.maxWaitArg(req.MaxWait))
+	if nowUS == 0 && s.cfg.Warmup == 0 && req.Priority == limiter.PriorityNormal && req.MinShare == (limiter.Shares{}) {
+		// The rest are what the script takes when they are absent (Redis
+		// TIME, no warm-up, rank 1, no shares, the channel named after
+		// the state key): fewer arguments cost Redis less (takeFastLua).
+		return args
+	}
 	sh := s.sharesArg(req.MinShare)
-	return append(args, s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), s.maxWaitArg(req.MaxWait), nowUS, s.warmArg,
-		rankArgs[req.Priority.Rank()], sh.boxed[1], sh.boxed[2], s.channelArg)
+	return append(args, nowUS, s.warmArg, rankArgs[req.Priority.Rank()], sh.boxed[1], sh.boxed[2], s.channelArg)
 }
 
 // rankArgs are the ranks 0, 1, 2, boxed.
@@ -306,8 +312,8 @@ type boxedInt struct {
 
 // takeResult turns the take script's reply, or its error, into Take's
 // answer. The reply is "granted tokens wait_us remaining_milli rate_milli
-// burst now_us rank pushed_milli", granted being 1, 0, or -1 when the cost
-// exceeds the burst.
+// burst now_us rank pushed_milli", granted being 1, 0, -1 when the cost
+// exceeds the burst, or 2 when a lower class's MinShare refused the take.
 func (s *Store) takeResult(req limiter.TakeRequest, cmd *redis.Cmd) (limiter.TakeResult, error) {
 	if err := cmd.Err(); err != nil {
 		return limiter.TakeResult{}, s.fail("take", err)
@@ -333,6 +339,7 @@ func (s *Store) takeResult(req limiter.TakeRequest, cmd *redis.Cmd) (limiter.Tak
 		At:        time.UnixMicro(v[6]),
 		Class:     limiter.PriorityOfRank(int(v[7])),
 		Pushed:    float64(v[8]) / 1000,
+		Floor:     v[0] == 2,
 	}
 	if v[0] == -1 {
 		return res, fmt.Errorf("cost %d, burst %d: %w", req.Cost, res.Burst, limiter.ErrCostExceedsBurst)

@@ -13,6 +13,8 @@ import (
 type PriorityStore interface {
 	TakeAt(now time.Time, req limiter.TakeRequest) (limiter.TakeResult, error)
 	RefundClassAt(now time.Time, tokens int, class limiter.Priority) error
+	DrainAt(now time.Time, debt int) error
+	PauseAt(now time.Time, d time.Duration) error
 	StatusAt(now time.Time) (limiter.State, error)
 	// Pushes returns, in order, the pushes the store announced (through
 	// its Watch) since the last call.
@@ -28,6 +30,8 @@ type pop int
 const (
 	ptake pop = iota
 	prefund
+	pdrain
+	ppause
 	pstatus
 )
 
@@ -42,12 +46,14 @@ type pstep struct {
 	at    time.Duration
 	op    pop
 	class limiter.Priority // ptake: the request's; prefund: the queue's
-	cost  int              // ptake, prefund
-	// maxWait is the take's horizon; lowShare its MinShare of low.
+	cost  int              // ptake, prefund; pdrain: the debt
+	// maxWait is the take's horizon, or ppause's duration; lowShare the
+	// take's MinShare of low.
 	maxWait  time.Duration
 	lowShare float64
 
 	granted   bool
+	floor     bool // refused by a lower class's MinShare
 	wait      time.Duration
 	remaining float64 // ptake, pstatus: the tokens
 	in        limiter.Priority
@@ -148,23 +154,28 @@ var priorityCases = []struct {
 		{op: prefund, class: low, cost: 1},
 		{op: pstatus, remaining: 0},
 	}},
-	{"min_share: high jumps 75% of the refill, then queues behind low", 10, 4, []pstep{
+	{"min_share: high jumps 75% of the refill, then waits for it", 10, 4, []pstep{
 		{op: ptake, class: low, lowShare: 0.25, cost: 4, granted: true, remaining: 0, in: low},
 		{op: ptake, class: low, lowShare: 0.25, cost: 4, maxWait: 10 * time.Second, granted: true, wait: 400 * time.Millisecond, remaining: -4, in: low},
 		// A whole burst of allowance: 3 of its 4 tokens are spent.
 		{op: ptake, class: high, lowShare: 0.25, cost: 3, maxWait: 10 * time.Second, granted: true, wait: 300 * time.Millisecond, remaining: -7, in: high,
 			pushes: []limiter.Push{push(low, 3, 3)}},
-		// 1 token left, 2 asked: the end of the low queue.
-		{op: ptake, class: high, lowShare: 0.25, cost: 2, maxWait: 10 * time.Second, granted: true, wait: 900 * time.Millisecond, remaining: -9, in: low, counter: 3},
-		{op: pstatus, remaining: -9, reserved: shares(3, 0, 6), pushed: shares(0, 0, 3)},
+		// 1 token left, 2 asked: refused until 4/3 tokens more refill.
+		{op: ptake, class: high, lowShare: 0.25, cost: 2, maxWait: 10 * time.Second, floor: true, wait: 133334 * time.Microsecond, remaining: -7, in: high},
+		{op: pstatus, remaining: -7, reserved: shares(3, 0, 4), pushed: shares(0, 0, 3)},
 		// 2 tokens refilled: 1.5 more allowance, 2.5 in all.
-		{at: 200 * time.Millisecond, op: ptake, class: high, lowShare: 0.25, cost: 2, maxWait: 10 * time.Second, granted: true, wait: 300 * time.Millisecond, remaining: -9, in: high,
+		{at: 200 * time.Millisecond, op: ptake, class: high, lowShare: 0.25, cost: 2, maxWait: 10 * time.Second, granted: true, wait: 300 * time.Millisecond, remaining: -7, in: high,
 			pushes: []limiter.Push{push(low, 2, 5)}},
-		{at: 200 * time.Millisecond, op: ptake, class: high, lowShare: 0.25, cost: 1, maxWait: 10 * time.Second, granted: true, wait: time.Second, remaining: -10, in: low, counter: 5},
-		{at: 200 * time.Millisecond, op: pstatus, remaining: -10, reserved: shares(3, 0, 7), pushed: shares(0, 0, 5)},
-		// Without a share the same take jumps.
-		{at: 200 * time.Millisecond, op: ptake, class: high, cost: 1, maxWait: 10 * time.Second, granted: true, wait: 400 * time.Millisecond, remaining: -11, in: high,
+		{at: 200 * time.Millisecond, op: ptake, class: high, lowShare: 0.25, cost: 1, maxWait: 10 * time.Second, floor: true, wait: 66667 * time.Microsecond, remaining: -7, in: high},
+		{at: 200 * time.Millisecond, op: pstatus, remaining: -7, reserved: shares(3, 0, 4), pushed: shares(0, 0, 5)},
+		// Low itself, normal without lower reservations and high without a
+		// share are not held back.
+		{at: 200 * time.Millisecond, op: ptake, class: low, lowShare: 0.25, cost: 1, maxWait: 10 * time.Second, granted: true, wait: 800 * time.Millisecond, remaining: -8, in: low, counter: 5},
+		{at: 200 * time.Millisecond, op: ptake, class: high, cost: 1, maxWait: 10 * time.Second, granted: true, wait: 400 * time.Millisecond, remaining: -9, in: high,
 			pushes: []limiter.Push{push(low, 1, 6)}},
+		// A pause adds to the floor's wait.
+		{at: 200 * time.Millisecond, op: ppause, maxWait: time.Second},
+		{at: 200 * time.Millisecond, op: ptake, class: high, lowShare: 0.25, cost: 1, maxWait: 10 * time.Second, floor: true, wait: 1066667 * time.Microsecond, remaining: -9, in: high},
 	}},
 	{"a full bucket restores the allowance", 10, 2, []pstep{
 		{op: ptake, class: low, lowShare: 0.5, cost: 2, granted: true, remaining: 0, in: low},
@@ -172,12 +183,23 @@ var priorityCases = []struct {
 		// A burst of 2 at a share of 0.5: 2 tokens of allowance, all spent.
 		{op: ptake, class: high, lowShare: 0.5, cost: 2, maxWait: 10 * time.Second, granted: true, wait: 200 * time.Millisecond, remaining: -3, in: high,
 			pushes: []limiter.Push{push(low, 2, 2)}},
-		{op: ptake, class: high, lowShare: 0.5, cost: 1, maxWait: 10 * time.Second, granted: true, wait: 400 * time.Millisecond, remaining: -4, in: low, counter: 2},
+		{op: ptake, class: high, lowShare: 0.5, cost: 1, maxWait: 10 * time.Second, floor: true, wait: 200 * time.Millisecond, remaining: -3, in: high},
 		{at: 10 * time.Second, op: pstatus, remaining: 2, pushed: shares(0, 0, 2)},
 		{at: 10 * time.Second, op: ptake, class: low, lowShare: 0.5, cost: 2, granted: true, remaining: 0, in: low, counter: 2},
 		{at: 10 * time.Second, op: ptake, class: low, lowShare: 0.5, cost: 1, maxWait: 10 * time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -1, in: low, counter: 2},
 		{at: 10 * time.Second, op: ptake, class: high, lowShare: 0.5, cost: 2, maxWait: 10 * time.Second, granted: true, wait: 200 * time.Millisecond, remaining: -3, in: high,
 			pushes: []limiter.Push{push(low, 2, 4)}},
+	}},
+	{"a drain's debt is at the front of the queue", 10, 1, []pstep{
+		{op: ptake, class: low, cost: 1, granted: true, remaining: 0, in: low},
+		{op: ptake, class: normal, cost: 1, maxWait: time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -1, in: normal},
+		{op: ptake, class: low, cost: 1, maxWait: time.Second, granted: true, wait: 200 * time.Millisecond, remaining: -2, in: low},
+		{op: pdrain, cost: 4},
+		{op: pstatus, remaining: -4, reserved: shares(2, 1, 1)},
+		// High queues behind the debt, ahead of normal and low.
+		{op: ptake, class: high, cost: 1, maxWait: time.Second, granted: true, wait: 300 * time.Millisecond, remaining: -5, in: high,
+			pushes: []limiter.Push{push(normal, 1, 1), push(low, 1, 1)}},
+		{at: 250 * time.Millisecond, op: pstatus, remaining: -2.5, reserved: shares(0.5, 1, 1), pushed: shares(0, 1, 1)},
 	}},
 	{"a partly covered take pushes only what it lacks", 10, 2, []pstep{
 		{op: ptake, class: low, cost: 1, granted: true, remaining: 1, in: low},
@@ -205,9 +227,9 @@ func RunPriority(t *testing.T, newStore PriorityFactory) {
 					if err != nil {
 						t.Fatalf("step %d: %v", i, err)
 					}
-					if res.Granted != st.granted || res.Wait != st.wait || !near(res.Remaining, st.remaining) || res.Class != st.in || !near(res.Pushed, st.counter) {
-						t.Fatalf("step %d: take(%v, cost %d, maxWait %v, low share %v) at +%v = %+v\nwant granted %v wait %v remaining %v class %v pushed %v",
-							i, st.class, st.cost, st.maxWait, st.lowShare, st.at, res, st.granted, st.wait, st.remaining, st.in, st.counter)
+					if res.Granted != st.granted || res.Floor != st.floor || res.Wait != st.wait || !near(res.Remaining, st.remaining) || res.Class != st.in || !near(res.Pushed, st.counter) {
+						t.Fatalf("step %d: take(%v, cost %d, maxWait %v, low share %v) at +%v = %+v\nwant granted %v floor %v wait %v remaining %v class %v pushed %v",
+							i, st.class, st.cost, st.maxWait, st.lowShare, st.at, res, st.granted, st.floor, st.wait, st.remaining, st.in, st.counter)
 					}
 					if st.granted && res.Tokens != st.cost {
 						t.Fatalf("step %d: %d tokens granted, want %d", i, res.Tokens, st.cost)
@@ -216,6 +238,14 @@ func RunPriority(t *testing.T, newStore PriorityFactory) {
 				case prefund:
 					if err := s.RefundClassAt(now, st.cost, st.class); err != nil {
 						t.Fatalf("step %d: refund: %v", i, err)
+					}
+				case ppause:
+					if err := s.PauseAt(now, st.maxWait); err != nil {
+						t.Fatalf("step %d: pause: %v", i, err)
+					}
+				case pdrain:
+					if err := s.DrainAt(now, st.cost); err != nil {
+						t.Fatalf("step %d: drain: %v", i, err)
 					}
 				case pstatus:
 					got, err := s.StatusAt(now)
@@ -310,12 +340,18 @@ func RunPriorityLayers(t *testing.T, newStore LayeredFactory) {
 	}
 	status(8, shares(1, 1, 1), shares(0, 0, 2))
 	take(9, lr(low, "e"), 400*time.Millisecond, low, 2)
-	// With low's share at 0.9, a burst of 1 allows one jump of 1 token;
-	// the next normal take queues behind low.
+	// With low's share at 0.5, a burst of 1 allows one jump of 1 token;
+	// the next normal take is refused until 2 tokens more refill.
 	share := func(key string) limiter.LayerRequest {
-		return limiter.LayerRequest{Cost: 1, MaxWait: time.Second, Keys: k(key), Priority: normal, MinShare: shares(0, 0, 0.9)}
+		return limiter.LayerRequest{Cost: 1, MaxWait: time.Second, Keys: k(key), Priority: normal, MinShare: shares(0, 0, 0.5)}
 	}
 	take(10, share("f"), 300*time.Millisecond, normal, 0)
-	take(11, share("g"), 600*time.Millisecond, low, 3)
-	status(12, shares(1, 2, 3), shares(0, 0, 3))
+	res, err := s.TakeLayersAt(Base, share("g"))
+	if err != nil || res.Granted || !res.Floor || res.Wait != 200*time.Millisecond || res.Class != normal || res.Limiting != "" {
+		t.Fatalf("step 11: TakeLayers(normal) = %+v, %v; want refused by the floor for 200ms", res, err)
+	}
+	status(12, shares(1, 2, 2), shares(0, 0, 3))
+	if st, err := s.LayerStatusAt(Base, "per-key", "g"); err != nil || !st.Full {
+		t.Fatalf("step 13: the refused take's key = %+v, %v; want no charge", st, err)
+	}
 }
