@@ -145,15 +145,10 @@ func (b *Bucket) WaitingByPriority() [NumPriorities]int {
 	return n
 }
 
-// countWaiting counts a call of class p as waiting until the returned
-// function is called.
-func (b *Bucket) countWaiting(p Priority) (done func()) {
-	b.waiting.Add(1)
-	b.waitingBy[p].Add(1)
-	return func() {
-		b.waitingBy[p].Add(-1)
-		b.waiting.Add(-1)
-	}
+// addWaiting adds n to the calls of class p that wait for the store.
+func (b *Bucket) addWaiting(p Priority, n int64) {
+	b.waiting.Add(n)
+	b.waitingBy[p].Add(n)
 }
 
 // Replicas returns the number of live replicas seen in the last heartbeat,
@@ -230,7 +225,8 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		}
 	}
 	defer endRefill()
-	defer b.countWaiting(p)()
+	b.addWaiting(p, 1)
+	defer b.addWaiting(p, -1)
 	// head is set while this caller is the one of its class that asks
 	// while a floor holds the class back (floor.go).
 	head := false

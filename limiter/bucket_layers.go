@@ -68,7 +68,8 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 		return fmt.Errorf("cost %d: %w", req.Cost, ErrInvalidCost)
 	}
 	start := b.clock.Now()
-	defer b.countWaiting(req.Priority)()
+	b.addWaiting(req.Priority, 1)
+	defer b.addWaiting(req.Priority, -1)
 	limiting := "" // the layer that made this call wait last
 	// head is set while this caller is the one of its class that asks
 	// while a floor holds the class back (floor.go).
