@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -123,4 +124,38 @@ func TestTakeFastPathSameAsFull(t *testing.T) {
 		t.Errorf("the fast path decided %d cases and the full take %d: want at least 100 of each", fast, slow)
 	}
 	t.Logf("fast path: %d cases, full take: %d", fast, slow)
+}
+
+// TestTakeWithoutDefaultArgsAnnouncesPushes: a normal take sends no
+// channel (appendTakeArgs leaves the default arguments out), and still
+// announces that it pushed a low reservation back, on the bucket's
+// channel named after its state key.
+func TestTakeWithoutDefaultArgsAnnouncesPushes(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t, 10*time.Second)
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 1, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(s.takeArgs(limiter.TakeRequest{Cost: 1}, 0)); n != 5 {
+		t.Fatalf("a normal take sends %d arguments, want 5", n)
+	}
+	sub := c.Subscribe(ctx, s.channel)
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	low := limiter.TakeRequest{Cost: 1, Priority: limiter.PriorityLow, MaxWait: 10 * time.Second}
+	for range 2 { // the token, then a reservation
+		if res, err := s.Take(ctx, low); err != nil || !res.Granted {
+			t.Fatalf("low take = %+v, %v", res, err)
+		}
+	}
+	if res, err := s.Take(ctx, limiter.TakeRequest{Cost: 1, MaxWait: 10 * time.Second}); err != nil || !res.Granted {
+		t.Fatalf("normal take = %+v, %v", res, err)
+	}
+	msg, err := sub.ReceiveMessage(ctx)
+	if err != nil || !strings.HasPrefix(msg.Payload, "push ") {
+		t.Fatalf("announcement = %v, %v; want a push", msg, err)
+	}
 }
