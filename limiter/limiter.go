@@ -166,11 +166,12 @@ type TakeResult struct {
 	// the store's clock, when granted tokens are due.
 	At time.Time
 	// Class is the class whose queue holds a reservation: the request's
-	// Priority, or a lower class when the request could not jump ahead
-	// without taking a lower class below its MinShare. Pushes of Class
-	// move the reservation (see Push).
+	// Priority (a store without classes leaves it PriorityNormal). Pushes
+	// of Class move the reservation (see Push), and a cancelled one is
+	// refunded in it (ClassRefunder).
 	Class Priority
-	// Pushed is Class's push counter when the store answered.
+	// Pushed is Class's push counter when the store answered: the
+	// reservation moves back by each Push of Class with a larger Counter.
 	Pushed float64
 	// Floor reports a refusal (Granted is false) because the take would
 	// have jumped further ahead of a lower class's reservations than that
