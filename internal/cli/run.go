@@ -131,6 +131,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		"bucket", cfg.Limit.Bucket,
 		"rate", cfg.Limit.Rate,
 		"burst", cfg.Limit.Burst,
+		"priority", cfg.Limit.LimiterOptions().Priority.String(),
 		"source", describeSource(cfg.Source),
 		"sink", describeSink(cfg.Sink))
 	log.Debug("configuration", "config", cfg.String())
