@@ -68,8 +68,8 @@ end
 
 -- prio_grant records a granted take of rank c that pushed lower ranks back
 -- by pushed, rank 1 having held q1 tokens reserved, and announces the
--- push on channel (see Store.Watch): "push NOW_US TOKENS_MILLI
--- RANK:COUNTER_MILLI...".
+-- push on channel (nil: the one named after the state key KEYS[1]; see
+-- Store.Watch): "push NOW_US TOKENS_MILLI RANK:COUNTER_MILLI...".
 local function prio_grant(c, pushed, q1, s1, s2, burst, channel, now)
   if not (pushed > 0) then return end
   if c == 0 then Q0 = Q0 + pushed elseif c == 2 then Q2 = Q2 + pushed end
@@ -92,6 +92,7 @@ local function prio_grant(c, pushed, q1, s1, s2, burst, channel, now)
     if moved then moved = moved .. ' ' .. m else moved = m end
   end
   if moved then
+    if not channel then channel = string.sub(KEYS[1], 1, -6) .. 'changes' end
     redis.call('PUBLISH', channel, string.format('push %d %d %s', now, milli(pushed), moved))
   end
 end

@@ -189,3 +189,28 @@ func TestDefaultClassWritesNoClassField(t *testing.T) {
 		t.Fatalf("after a low reservation: state fields = %q; want q2 too", got)
 	}
 }
+
+// A take of the default class, sent with the trimmed arguments, announces
+// its push on the channel named after the state key.
+func TestDefaultTakeAnnouncesPush(t *testing.T) {
+	c := newClient(t)
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 1, Burst: 1, NoBatching: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := watchStore(t, c, s)
+	ctx := context.Background()
+	for range 2 {
+		if _, err := s.Take(ctx, limiter.TakeRequest{Cost: 1, MaxWait: time.Minute, Priority: limiter.PriorityLow}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := s.Take(ctx, limiter.TakeRequest{Cost: 1, MaxWait: time.Minute})
+	if err != nil || !res.Granted || res.Class != limiter.PriorityNormal {
+		t.Fatalf("normal take = %+v, %v; want granted in normal", res, err)
+	}
+	got := w.Pushes(t)
+	if len(got) != 1 || got[0].Class != limiter.PriorityLow || got[0].Tokens != 1 || got[0].Counter != 1 || !got[0].At.Equal(res.At) {
+		t.Fatalf("pushes = %+v; want low pushed by 1 to 1 at %v", got, res.At)
+	}
+}

@@ -180,7 +180,7 @@ else
   if max_wait > 0 then horizon = math.max(max_wait, wait_us(cost, rate)) end
   if wait > horizon then return reply(0, 0, wait - horizon, tokens) end
 end
-prio_grant(rank, pushed, q1, s1, s2, burst, ARGV[11] or string.sub(KEYS[1], 1, -6) .. 'changes', now)
+prio_grant(rank, pushed, q1, s1, s2, burst, ARGV[11], now)
 save(KEYS[1], left, ts, now, rate, burst)
 return reply(1, got, wait, left)
 `
