@@ -192,8 +192,11 @@ func (r *classRig) wait(name string, p limiter.Priority, cost int) {
 			r.t.Errorf("%s: WaitN(%d) at +%v: %v", name, cost, r.at(), err)
 			return
 		}
+		// A timer may fire inside a millisecond step, and the caller
+		// read the clock then or at the step's end: count the step's end.
+		at := (r.at() + time.Millisecond - 1).Truncate(time.Millisecond)
 		r.mu.Lock()
-		r.grants[name] = r.at()
+		r.grants[name] = at
 		r.mu.Unlock()
 	}()
 	r.settle()
@@ -658,4 +661,43 @@ func TestFloorRefusalsQueueTheClass(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFloorSharesTheRateOnMemory: on the Memory store at 10/s with
+// MinShare{low: 0.5}, six high requests arrive 10 ms after six low ones.
+// The high ones jump the low queue only as far as the floor allows: they
+// come one per 200 ms, in order of arrival, and the low ones keep the
+// other half of the rate meanwhile.
+func TestFloorSharesTheRateOnMemory(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	m, err := limiter.NewMemory(10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := memClassStore{m, clk, new(atomic.Bool)}
+	r := &classRig{t: t, clk: clk, grants: map[string]time.Duration{}}
+	b, err := limiter.New(s, limiter.Options{Clock: clk, Logger: discardLogger(), MaxReserve: 10 * time.Second,
+		ProbeInterval: time.Hour, Lease: limiter.LeaseOptions{Disabled: true}, MinShare: limiter.Shares{limiter.PriorityLow: 0.5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	r.b = b
+	for i := range 6 {
+		r.wait(fmt.Sprint("low", i), limiter.PriorityLow, 1)
+	}
+	r.advance(ms(10))
+	for !s.watching.Load() {
+		time.Sleep(100 * time.Microsecond)
+	}
+	for i := range 6 {
+		r.wait(fmt.Sprint("high", i), limiter.PriorityHigh, 1)
+	}
+	r.advance(ms(2000))
+	// Each high jump moves the low queue back one slot; once the low
+	// queue is empty (+1 s), the last high one takes the next slot.
+	r.check(map[string]time.Duration{
+		"low0": 0, "low1": ms(200), "low2": ms(400), "low3": ms(600), "low4": ms(800), "low5": ms(1000),
+		"high0": ms(110), "high1": ms(310), "high2": ms(510), "high3": ms(710), "high4": ms(910), "high5": ms(1101),
+	})
 }
