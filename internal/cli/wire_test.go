@@ -134,3 +134,27 @@ sink: {stdout: {}}
 		}
 	}
 }
+
+// TestPriorityConfigErrorsExit2: an unknown class or a share out of range
+// stops the start with exit 2, each problem under its YAML key.
+func TestPriorityConfigErrorsExit2(t *testing.T) {
+	path := writeConfig(t, `
+limit: {bucket: b, rate: 10, priority: urgent, min_share: {low: 1.5, bulk: 0.1}}
+source: {kafka: {brokers: ["127.0.0.1:9"], topic: t, group: g}}
+sink: {stdout: {}}
+metrics: {listen: "off"}
+`)
+	code, _, stderr := runCLI(t, "run", "--config", path)
+	if code != ExitUsage {
+		t.Errorf("exit code %d, want %d; stderr:\n%s", code, ExitUsage, stderr)
+	}
+	for _, want := range []string{
+		`limit.priority: must be high, normal or low, got "urgent"`,
+		"limit.min_share.low: must be a fraction >= 0 and < 1, got 1.5",
+		`limit.min_share: a key must be high, normal or low, got "bulk"`,
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+}
