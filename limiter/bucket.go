@@ -396,6 +396,7 @@ func (b *Bucket) State(ctx context.Context) (State, error) {
 	if fb := b.fallbackBucket(); fb != nil {
 		local, _ := fb.Status(ctx)
 		st.Tokens, st.Rate, st.Burst, st.PausedFor, st.At = local.Tokens, local.Rate, local.Burst, local.PausedFor, local.At
+		st.Reserved, st.Pushed = local.Reserved, local.Pushed
 	}
 	return st, nil
 }

@@ -325,8 +325,13 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls LayeredStore, req Re
 		}
 	}
 	lr := LayerRequest{Cost: cost, Keys: req.Keys, MaxWait: b.opts.MaxReserve, Priority: req.Priority, MinShare: b.opts.MinShare}
+	pushes := b.fallbackPushes(local)
 	for {
 		gen := b.gen.Load()
+		var heard [NumPriorities]uint64
+		if pushes != nil {
+			heard = pushes.heard()
+		}
 		res, err := lm.TakeLayersAt(b.clock.Now(), lr)
 		if err != nil {
 			return err
@@ -345,7 +350,9 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls LayeredStore, req Re
 			}
 			continue
 		}
-		if err := b.sleep(ctx, nil, res.Wait); err != nil {
+		// As in the shared bucket, a push of its class moves the
+		// reservation back (see WaitN).
+		if err := b.sleepReserved(ctx, nil, pushes, heard, res.TakeResult, local.rate); err != nil {
 			_ = lm.RefundLayersAt(b.clock.Now(), lr, res)
 			return err
 		}

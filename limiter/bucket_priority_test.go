@@ -701,3 +701,46 @@ func TestFloorSharesTheRateOnMemory(t *testing.T) {
 		"high0": ms(110), "high1": ms(310), "high2": ms(510), "high3": ms(710), "high4": ms(910), "high5": ms(1101),
 	})
 }
+
+// downLayers is a classStore with one layer that never limits, which can
+// be taken down: WaitN then decides the layers locally.
+type downLayers struct{ *classStore }
+
+func (s downLayers) Layers() []limiter.Layer {
+	return []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1000, Burst: 1000}}
+}
+
+func (s downLayers) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
+	res, err := s.Take(ctx, limiter.TakeRequest{Cost: req.Cost, Extra: req.Extra, MaxWait: req.MaxWait, Priority: req.Priority, MinShare: req.MinShare})
+	return limiter.LayerResult{TakeResult: res}, err
+}
+
+func (s downLayers) RefundLayers(ctx context.Context, req limiter.LayerRequest, res limiter.LayerResult) error {
+	return s.Refund(ctx, res.Tokens)
+}
+
+// TestLocalLayersMoveLowSleepers: the same as TestLocalFallbackMovesLowSleepers
+// through WaitN on a layered store, whose layers the fallback decides
+// locally too.
+func TestLocalLayersMoveLowSleepers(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	cs := newClassStore(t, clk, 10, 1)
+	r := &classRig{t: t, clk: clk, store: cs, grants: map[string]time.Duration{}, keys: map[string]string{"per-key": "a"}}
+	b, err := limiter.New(downLayers{cs}, limiter.Options{Clock: clk, Logger: discardLogger(), MaxReserve: 10 * time.Second,
+		ProbeInterval: time.Hour, Lease: limiter.LeaseOptions{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	r.b = b
+	cs.down.Store(true)
+	r.wait("low1", limiter.PriorityLow, 1) // the local bucket starts empty: +100 ms
+	if b.Mode() != limiter.ModeLocal {
+		t.Fatalf("mode %s, want local", b.Mode())
+	}
+	r.wait("low2", limiter.PriorityLow, 1) // +200 ms
+	r.advance(ms(10))
+	r.wake(2, func() { r.wait("high", limiter.PriorityHigh, 1) })
+	r.advance(ms(400))
+	r.check(map[string]time.Duration{"high": ms(110), "low1": ms(200), "low2": ms(300)})
+}
