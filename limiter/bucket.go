@@ -13,8 +13,11 @@ import (
 
 // Bucket is one replica's handle on a shared token bucket, on top of a
 // Store. It adds the store-failure policy (fallback.go), heartbeats
-// (heartbeat.go), token leasing (lease.go) and the re-timing of
-// reservations when the bucket changes (changes.go).
+// (heartbeat.go), token leasing (lease.go), the re-timing of reservations
+// when the bucket changes or a higher class pushes them back (changes.go),
+// and the queueing of the callers a lower class's floor holds back
+// (floor.go). Each request has a class (see Priority): Wait and Allow
+// the Bucket's Options.Priority, WaitN its Request.Priority.
 //
 // A Bucket is safe for concurrent use. Call Close when done to stop its
 // background goroutines and give back leased tokens.
