@@ -70,6 +70,9 @@ type config struct {
 	redisAddr string
 	duration  time.Duration
 	latency   time.Duration
+	// latencyRate is the rate (tokens/s) and burst of the latency runs'
+	// bucket, far above their demand.
+	latencyRate float64
 	// latencyRounds is how many latency phases each implementation runs,
 	// alternating the order.
 	latencyRounds int
@@ -124,6 +127,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "length of each saturated or ceiling run")
 	fs.DurationVar(&cfg.latency, "latency", time.Second, "length of each unsaturated latency run")
 	fs.IntVar(&cfg.latencyRounds, "latency-rounds", 3, "latency runs of each implementation, alternating their order")
+	fs.Float64Var(&cfg.latencyRate, "latency-rate", 1e9, "rate and burst of the bucket of the latency runs")
 	fs.IntVar(&cfg.layerRounds, "layer-rounds", 5, "paired rounds of (c) and (e) on the fast workload, alternating, for the keyed layer's ratio; 0 for none")
 	fs.IntVar(&cfg.replicas, "replicas", 8, "simulated replicas")
 	fs.IntVar(&cfg.goroutines, "goroutines", 8, "goroutines calling Wait in each replica")
@@ -168,6 +172,9 @@ func parseFlags(args []string) (config, error) {
 	}
 	if cfg.duration < time.Second || cfg.latency <= 0 || cfg.latencyRounds < 1 || cfg.layerRounds < 0 {
 		return config{}, fmt.Errorf("-duration must be at least 1s, -latency above 0 and -latency-rounds at least 1")
+	}
+	if cfg.latencyRate < 1e4 || cfg.latencyRate > 1e9 {
+		return config{}, fmt.Errorf("-latency-rate must be within [1e4, 1e9]")
 	}
 	if cfg.replicas < 1 || cfg.goroutines < 1 {
 		return config{}, fmt.Errorf("-replicas and -goroutines must be at least 1")

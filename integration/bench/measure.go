@@ -70,7 +70,7 @@ func (b *bench) measureLatency(ctx context.Context, ims []impl, rounds int) ([]l
 			if r%2 == 1 {
 				i = len(ims) - 1 - k
 			}
-			t, m, err := b.phase(ctx, fmt.Sprintf("latency%d", r), 1e9, 1e9, ims[i], l)
+			t, m, err := b.phase(ctx, fmt.Sprintf("latency%d", r), b.cfg.latencyRate, int(b.cfg.latencyRate), ims[i], l)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", ims[i].name, err)
 			}

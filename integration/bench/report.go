@@ -129,7 +129,7 @@ func (rep *report) markdown() string {
 	if len(rep.layerPairs) > 0 {
 		layerPairsMarkdown(&b, rep.layerPairs)
 	}
-	fmt.Fprintf(&b, "Latency that `Wait` adds when tokens are plentiful (rate 1e9/s, one caller per replica pausing 1 ms between calls; %d runs of %v per implementation, their order alternating, merged):\n\n", c.latencyRounds, c.latency)
+	fmt.Fprintf(&b, "Latency that `Wait` adds when tokens are plentiful (rate and burst %g/s, one caller per replica pausing 1 ms between calls; %d runs of %v per implementation, their order alternating, merged):\n\n", c.latencyRate, c.latencyRounds, c.latency)
 	b.WriteString("| implementation | waits | p50 | p99 | Redis calls/Wait | allocs/Wait |\n|---|--:|--:|--:|--:|--:|\n")
 	for _, l := range rep.latencies {
 		fmt.Fprintf(&b, "| %s | %d | %v | %v | %s | %.1f |\n", l.im.name, l.waits, roundDur(l.p50), roundDur(l.p99), ratio(l.calls), l.allocs)
