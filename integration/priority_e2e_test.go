@@ -263,19 +263,23 @@ func TestPriorityOTPMarketingE2E(t *testing.T) {
 // each phase for phase.
 func e2ePriority(t *testing.T, classes bool, phase time.Duration) {
 	const (
-		rate     = 40.0
-		burst    = 10
-		floor    = 0.1
-		otpRate  = 10.0
-		surge    = 60.0
-		settle   = 2 * time.Second // excluded at the start of each phase
-		shareMin = 0.9
+		rate    = 40.0
+		burst   = 10
+		floor   = 0.1
+		otpRate = 10.0
+		surge   = 60.0
+		settle  = 2 * time.Second // excluded at the start of phase 1
+		// excluded at the start of the surge: the shares settle within
+		// about 3 s (measured in 8 s runs: marketing 2, 9, 0, 3 in its
+		// first seconds, then 4 each)
+		surgeSettle = 3 * time.Second
+		shareMin    = 0.9
 	)
 	s := prioStart(t, classes, rate, burst, floor)
 	// First a marketing message whose header names no class, then
 	// marketing's backlog, which outlasts both phases at the full rate.
 	s.publish(s.mktCh, s.mktQ, prioOTPBase-1, amqp.Table{"x-priority": "urgent"})
-	s.backlog(int(rate * (2*(phase+settle) + 10*time.Second).Seconds()))
+	s.backlog(int(rate * (2*phase + settle + surgeSettle + 10*time.Second).Seconds()))
 	faultEventually(t, 20*time.Second, "marketing delivering", func() bool {
 		_, mkt := s.arrivals()
 		return len(mkt) > burst
@@ -286,7 +290,7 @@ func e2ePriority(t *testing.T, classes bool, phase time.Duration) {
 	next := s.otp(otpRate, prioOTPBase, p1.Add(settle+phase))
 	// Phase 2: the surge.
 	p2 := time.Now()
-	s.otp(surge, next, p2.Add(settle+phase))
+	s.otp(surge, next, p2.Add(surgeSettle+phase))
 	// The OTP messages of phase 1 have all arrived long before: the surge
 	// took seconds.
 	otp, mkt := s.arrivals()
@@ -308,7 +312,7 @@ func e2ePriority(t *testing.T, classes bool, phase time.Duration) {
 	p50, p99, worst := quantile(lat, 0.5), quantile(lat, 0.99), quantile(lat, 1)
 	t.Logf("classes=%v: OTP at %v/s beside the marketing backlog, %v: OTP latency p50 %v, p99 %v, max %v (%d messages, %d not delivered); marketing %.1f/s",
 		classes, otpRate, phase, p50.Round(time.Millisecond), p99.Round(time.Millisecond), worst.Round(time.Millisecond), len(lat), missing, mkt1)
-	from, to := p2.Add(settle), p2.Add(settle+phase)
+	from, to := p2.Add(surgeSettle), p2.Add(surgeSettle+phase)
 	otp2 := float64(faultCount(otpTimes(otp), from, to)) / phase.Seconds()
 	mkt2 := float64(faultCount(mkt, from, to)) / phase.Seconds()
 	above := rate * (1 - floor)
@@ -335,9 +339,9 @@ func e2ePriority(t *testing.T, classes bool, phase time.Duration) {
 	if otp2 < shareMin*above {
 		t.Errorf("OTP got %.1f/s during the surge, want >= %.1f/s (%.0f%% of the bucket above marketing's floor)", otp2, shareMin*above, 100*shareMin)
 	}
-	// The floor, within 10% for the edges of the window (measured: 4.2/s
-	// in 8 s).
-	if mkt2 < 0.9*rate*floor {
+	// The floor, within 20% for the edges of the window and a loaded
+	// machine (measured in 8 s: 3.6/s to 4.2/s; in 30 s: 4.0/s).
+	if mkt2 < 0.8*rate*floor {
 		t.Errorf("marketing got %.1f/s during the surge, want its floor, %.1f/s", mkt2, rate*floor)
 	}
 
