@@ -231,7 +231,7 @@ func (s *prio) class(t float64, c int, k float64, sh [NumPriorities]float64, bur
 	if t < k {
 		pushed = k - math.Max(0, t)
 	}
-	if c >= 1 && s.q[2] == 0 {
+	if c == 2 || (c == 1 && s.q[2] == 0) {
 		return pushed, t, 0, 0
 	}
 	q1 = s.queued1(t)

@@ -46,7 +46,7 @@ end
 local function prio_class(t, c, k, s1, s2, burst)
   local pushed = 0
   if t < k then pushed = k - math.max(0, t) end
-  if c >= 1 and Q2 == 0 then return pushed, t, 0, 0 end
+  if c == 2 or (c == 1 and Q2 == 0) then return pushed, t, 0, 0 end
   local q1 = math.max(0, -t) - Q0 - Q2
   if q1 < ` + minQueuedLua + ` then q1 = 0 end
   local need = 0
@@ -108,8 +108,14 @@ end
 -- whole burst is deleted.
 local function prio_hset(skey, tokens, ts, burst)
   prio_refilled(nil, tokens, burst)
-  if Q0 == (RQ0 or 0) and Q2 == (RQ2 or 0) and P1 == (RP1 or 0) and P2 == (RP2 or 0) and J1 == RJ1 and J2 == RJ2 then
-    redis.call('HSET', skey, 'tokens', tokens, 'ts', ts)
+  local same = P1 == (RP1 or 0) and P2 == (RP2 or 0) and J1 == RJ1 and J2 == RJ2
+  if same and Q0 == (RQ0 or 0) then
+    if Q2 == (RQ2 or 0) then
+      redis.call('HSET', skey, 'tokens', tokens, 'ts', ts)
+    else -- a low reservation, or low's repaid
+      redis.call('HSET', skey, 'tokens', tokens, 'ts', ts, 'q2', Q2)
+      RQ2 = Q2
+    end
     return
   end
   local a = {'tokens', tokens, 'ts', ts}
