@@ -141,7 +141,9 @@ type TakeRequest struct {
 	// classes treats every request alike.
 	Priority Priority
 	// MinShare is the floor of each class's share of the rate while it has
-	// reservations waiting (Options.MinShare).
+	// reservations waiting (Options.MinShare). A take that would jump
+	// further ahead of a lower class than its floor allows is refused with
+	// TakeResult.Floor.
 	MinShare Shares
 }
 
