@@ -492,6 +492,7 @@ func (b *Bucket) observeTake(res TakeResult) {
 	b.lastDebt.Store(math.Float64bits(debt))
 	if res.Rate > 0 { // a paused bucket reports 0: keep the rate to fall back to
 		b.lastRate.Store(math.Float64bits(res.Rate))
+		b.fb.rateSeen.Store(true) // fallback.go: warmLocal
 	}
 	b.lastBurst.Store(int64(res.Burst))
 	// The bucket is booked at least until this answer's tail: a granted

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -28,6 +29,10 @@ import (
 // tokens its local bucket has booked ahead, times the live replicas (the
 // others booked about as much, and may come back later), before it takes
 // from it again.
+//
+// With a warm-up (a store that is a WarmupStore), the local bucket ramps
+// as the shared one would, at this replica's share, and never above the
+// local rate it would have without the warm-up (see warmLocal).
 // The drain is announced, and every replica still in fallback probes at
 // once when it hears an announcement.
 
@@ -52,6 +57,10 @@ type fallbackState struct {
 	// replicas is how many replicas the local share assumed: the live
 	// count, or the rate over Options.FallbackRate.
 	replicas float64
+	// rateSeen is set once a take's answer gave the shared bucket's
+	// effective rate (observeTake): lastRate is then the store's, not
+	// Store.Limits'. Atomic, not guarded by mu.
+	rateSeen atomic.Bool
 }
 
 var errRetryShared = errors.New("store recovered")
@@ -245,11 +254,55 @@ func (b *Bucket) fallBackLocked(err error) {
 		}
 	}
 	local.save(0, max(now.UnixMicro(), booked.UnixMicro()))
+	b.warmLocal(local, now.UnixMicro())
 	b.setLocalLocked(local)
 	b.fb.replicas = replicas
 	b.log.Warn("bucket store failed, limiting locally", "mode", ModeLocal, "local_rate", rate, "local_burst", local.burst,
 		"replicas", math.Round(replicas*100)/100, "local_start_in", max(0, booked.Sub(now)), "error", err)
 	b.switchLocked(ModeShared, ModeLocal, err)
+}
+
+// warmLocal gives the local bucket, not yet in use, the store's warm-up
+// (WarmupStore), and puts it where the shared bucket's ramp was as far as
+// this replica can tell, without ever going above the local rate:
+//
+//   - A replica that never saw the shared bucket's effective rate starts
+//     the local ramp at the failure, from a third of its rate: the shared
+//     bucket may be cold.
+//   - With Options.FallbackRate, the local rate is fixed whatever the
+//     shared bucket did: the local bucket starts at the factor f of the
+//     ramp that the last effective rate shows against the store's rate
+//     (Store.Limits), between 1/3 and 1, and climbs to FallbackRate over
+//     the rest of the warm-up. An adaptive rate or an override below the
+//     configured one looks like a ramp, so it only ramps from lower.
+//   - Without it, the local rate is the last effective rate over the
+//     replicas, which already carries the shared ramp's factor: the local
+//     bucket starts warm and keeps it (it does not climb further, since
+//     the plain rate under the ramp is unknown).
+//
+// In every case a local bucket idle for longer than the warm-up ramps
+// again from a third of its rate on its next take, as the shared one
+// would. m.mu need not be held: local is not shared yet.
+func (b *Bucket) warmLocal(local *Memory, now int64) {
+	ws, ok := b.store.(WarmupStore)
+	if !ok {
+		return
+	}
+	w := ws.Warmup().Microseconds()
+	if w <= 0 {
+		return
+	}
+	f := 1.0
+	switch {
+	case !b.fb.rateSeen.Load():
+		f = 1.0 / 3
+	case b.opts.FallbackRate > 0:
+		if rate, _ := b.store.Limits(); rate > 0 {
+			f = math.Float64frombits(b.lastRate.Load()) / rate
+		}
+	}
+	local.warm = w
+	local.wts = now - rampElapsed(f, w)
 }
 
 // switchLocked moves from one mode to another, and starts the probe when

@@ -11,7 +11,9 @@ import (
 // shared bucket plus the state of every layer, decided under one lock with
 // the same arithmetic, in the same order, as the Redis layers script, so
 // that both pass the same step tests. It is what a Bucket's local fallback
-// uses for layers, and what a single replica or a test can use.
+// uses for layers, and what a single replica or a test can use. The shared
+// bucket's warm-up (Memory.SetWarmup) ramps layered takes as it ramps plain
+// ones.
 //
 // A key's state is dropped once its bucket is full again or its quota
 // window has ended (a missing key means exactly that), so memory grows only
@@ -146,13 +148,15 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		pushed float64
 		q1     float64
 		sh     = req.MinShare.byRank()
+		sRate  float64 // the shared bucket's refill rate at now (warmup.go)
+		wts    int64   // the shared bucket's ramp start, saved with a grant
 	)
 	if !req.SkipShared {
 		var tokens, visible, need float64
-		tokens, sTS, pr = m.load(now)
+		tokens, sTS, sRate, wts, pr = m.takeLoad(now)
 		pushed, visible, q1, need = pr.class(tokens, c, cost, sh, m.burst)
 		res.Pushed = pr.p[c]
-		res.Rate, res.Burst, res.Remaining = m.ad.rateAt(m.rate, now), m.burst, tokens
+		res.Rate, res.Burst, res.Remaining = sRate, m.burst, tokens
 		if sTS > now {
 			res.Rate = 0
 		}
@@ -161,13 +165,13 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		}
 		if need > 0 {
 			res.Floor = true
-			res.Wait = time.Duration(min(sTS-now+waitUS(need, m.ad.rateAt(m.rate, now)), maxWaitUS)) * time.Microsecond
+			res.Wait = time.Duration(min(sTS-now+waitUS(need, sRate), maxWaitUS)) * time.Microsecond
 			return res, nil, nil
 		}
 		sAfter = tokens - cost
 		wait0 = sTS - now
 		if v := visible - cost; v < 0 {
-			wait0 = min(wait0+waitUS(-v, m.ad.rateAt(m.rate, now)), maxWaitUS)
+			wait0 = min(wait0+waitUS(-v, sRate), maxWaitUS)
 		}
 		wait0 = max(wait0, 0)
 	}
@@ -248,7 +252,7 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 	if req.MaxWait > 0 {
 		horizon = req.MaxWait.Microseconds()
 		if !req.SkipShared {
-			horizon = max(horizon, waitUS(cost, m.ad.rateAt(m.rate, now)))
+			horizon = max(horizon, waitUS(cost, sRate))
 		}
 	}
 	if wait > horizon || quotaWait > 0 {
@@ -268,6 +272,7 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		}
 		moved := pr.grant(c, pushed, q1, sh, m.burst)
 		m.store(sAfter, sTS, pr)
+		m.wts = wts
 		res.Remaining = sAfter
 		if moved != 0 && len(m.watchers) > 0 {
 			pushes = pr.pushes(moved, pushed, res.At)
@@ -298,7 +303,7 @@ func (m *LayeredMemory) RefundLayersAt(t time.Time, req LayerRequest, res LayerR
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !req.SkipShared {
-		cur, ts, pr := m.load(now)
+		cur, ts, pr := m.refundLoad(now) // along a ramp in progress (warmup.go)
 		pr.refund(res.Class.Rank(), float64(req.Cost))
 		m.store(math.Min(float64(m.burst), cur+float64(req.Cost)), ts, pr)
 	}

@@ -22,8 +22,12 @@ import (
 // for that line gives exactly this rate over time, and the tokens of the
 // ramp, ∫rate = R·W/2, are the trapezoid of Guava's diagram. Unlike Guava,
 // the ramp here advances with time, not with the permits taken: a bucket
-// used below its rate warms up in W as well. Only takes observe the
-// warm-up; refunds, pauses and status refill at the plain rate.
+// used below its rate warms up in W as well. Takes observe the warm-up,
+// plain ones and the shared bucket of layered ones (LayeredMemory, the
+// Redis layers script) alike, and a layered refund refills along a ramp in
+// progress without starting one; plain refunds, pauses and status refill
+// at the plain rate. A Bucket's local fallback ramps at its share of the
+// rate (see Bucket.warmLocal).
 
 // MaxWarmup is the longest warm-up period a bucket accepts.
 const MaxWarmup = 24 * time.Hour
@@ -60,18 +64,50 @@ func (m *Memory) SetWarmup(d time.Duration) error {
 	return nil
 }
 
+// WarmupStore is a Store with a warm-up (Memory.SetWarmup,
+// redislimiter.Config.Warmup). A Bucket's local fallback ramps with it
+// (see the store-failure state machine).
+type WarmupStore interface {
+	Store
+	// Warmup returns the warm-up period, 0 for none.
+	Warmup() time.Duration
+}
+
+// Warmup returns the warm-up period set by SetWarmup, 0 for none.
+func (m *Memory) Warmup() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return time.Duration(m.warm) * time.Microsecond
+}
+
+// rampElapsed returns how far into a ramp of w µs the rate is f of the
+// rate: the u with 1/√(9 − 8u/w) = f, for f clamped to [1/3, 1] (0 at a
+// third, w at the full rate).
+func rampElapsed(f float64, w int64) int64 {
+	f = min(max(f, 1.0/3), 1)
+	return int64(math.Round((9 - 1/(f*f)) / 8 * float64(w)))
+}
+
 // takeAdvance is advance for a take: with a warm-up it starts a cold
 // bucket's ramp and refills along a ramp in progress. It returns the tokens
 // and timestamp at now, the refill rate at now, and the ramp start to save
 // with the take (the current one when there is no ramp). m.mu is held.
 func (m *Memory) takeAdvance(now int64) (tokens float64, ts int64, rate float64, wts int64) {
+	return m.warmAdvance(now, true)
+}
+
+// warmAdvance is takeAdvance when start is set. Without start (a layered
+// refund) it refills along a ramp in progress but starts none: a cold
+// bucket refills at the plain rate, as advance does. m.mu is held.
+func (m *Memory) warmAdvance(now int64, start bool) (tokens float64, ts int64, rate float64, wts int64) {
 	rate = m.ad.rateAt(m.rate, now)
 	if m.warm > 0 {
 		if !m.init || now-m.ts > m.warm {
-			b := float64(m.burst)
-			return math.Min(b, math.Max(1, b/3)), now, rate / 3, now
-		}
-		if now-m.wts < m.warm {
+			if start {
+				b := float64(m.burst)
+				return math.Min(b, math.Max(1, b/3)), now, rate / 3, now
+			}
+		} else if now-m.wts < m.warm {
 			tokens, ts = m.tokens, m.ts
 			if now > ts {
 				tokens += (warmCum(rate, m.warm, now-m.wts) - warmCum(rate, m.warm, ts-m.wts)) / 1e6
@@ -82,4 +118,17 @@ func (m *Memory) takeAdvance(now int64) (tokens float64, ts int64, rate float64,
 	}
 	tokens, ts = m.advance(now)
 	return tokens, ts, rate, m.wts
+}
+
+// takeLoad is load for a take (takeAdvance with the priority state after
+// the refill); refundLoad is load for a layered refund (warmAdvance
+// without starting a ramp). m.mu is held.
+func (m *Memory) takeLoad(now int64) (tokens float64, ts int64, rate float64, wts int64, pr prio) {
+	tokens, ts, rate, wts = m.warmAdvance(now, true)
+	return tokens, ts, rate, wts, m.loaded(tokens)
+}
+
+func (m *Memory) refundLoad(now int64) (tokens float64, ts int64, pr prio) {
+	tokens, ts, _, _ = m.warmAdvance(now, false)
+	return tokens, ts, m.loaded(tokens)
 }

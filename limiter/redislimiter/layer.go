@@ -233,7 +233,7 @@ func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string
 		nowUS = at.UnixMicro()
 	}
 	rkeys := make([]string, 0, 2+len(st.layers))
-	args := make([]any, 0, 12+10*len(st.layers))
+	args := make([]any, 0, 13+10*len(st.layers))
 	shared := "0"
 	if st.shared {
 		shared = "1"
@@ -256,6 +256,7 @@ func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string
 			args = append(args, 0, 0, 0, 0)
 		}
 	}
+	args = append(args, l.warmArg) // the shared bucket's warm-up (warmupLua)
 	return rkeys, args, clock
 }
 
@@ -334,7 +335,7 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req limiter.Laye
 		nowUS = at.UnixMicro()
 	}
 	rkeys := make([]string, 0, 2+len(st.layers))
-	args := make([]any, 0, 7+4*len(st.layers))
+	args := make([]any, 0, 8+4*len(st.layers))
 	shared := "0"
 	if st.shared {
 		shared = "1"
@@ -351,6 +352,7 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req limiter.Laye
 			args = append(args, 0)
 		}
 	}
+	args = append(args, l.warmArg)
 	if err := layersRefundScript.Run(ctx, l.client, rkeys, args...).Err(); err != nil {
 		return l.fail("refund layers", err)
 	}

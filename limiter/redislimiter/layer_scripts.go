@@ -65,7 +65,9 @@ end
 // bucket, as in takeScript); then 10 values per layer: index (1-based,
 // named in the reply), kind (b: bucket, q: quota), rate or quota, burst,
 // action (w: wait, d: dead_letter, y: delay), max_wait_us, and for a quota
-// four window boundaries b0..b3 around the caller's clock (0 for a bucket).
+// four window boundaries b0..b3 around the caller's clock (0 for a bucket);
+// last, the shared bucket's warm-up in µs (0 or absent: none), which ramps
+// the shared part as it ramps takeScript (warmupLua).
 //
 // Reply: {status, wait_us, layer, remaining_milli, effective_rate_milli,
 // burst, now_us, tokens (cost plus the extra granted), rank, pushed_milli
@@ -94,7 +96,10 @@ end
 if shared then
   kb = 2
   srate, sburst = limits(KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]))
+  WARM = tonumber(ARGV[13 + 10 * n]) -- warmupLua, as in takeScript
+  if WARM and WARM <= 0 then WARM = nil end
   stokens, sts = load(KEYS[1], now, srate, sburst)
+  if WRATE then srate = WRATE end -- a cold start or a ramp in progress
   pushed, visible, q1, need = prio_class(stokens, rank, cost, s1, s2, sburst)
   eff = srate
   if sts > now then eff = 0 end
@@ -187,7 +192,10 @@ return reply(1, wait, limiting, safter, got)
 // KEYS: as layersScript. ARGV: now_us, cost, shared (1/0), shared rate,
 // shared burst, n, rank (whose queue on the shared bucket held the
 // reservation); then 4 values per layer: kind, rate or quota, burst, and
-// for a quota the end of the window charged. Reply: 1.
+// for a quota the end of the window charged; last, the warm-up in µs, as
+// in layersScript: the shared bucket refills along a ramp in progress up to
+// now (but a refund starts no ramp), and its key lives the warm-up longer.
+// Reply: 1.
 var layersRefundScript = redis.NewScript(layerPrelude + `
 local now = now_us(ARGV[1])
 local cost = tonumber(ARGV[2])
@@ -196,6 +204,8 @@ local kb = 0
 if ARGV[3] == '1' then
   kb = 2
   local rate, burst = limits(KEYS[2], tonumber(ARGV[4]), tonumber(ARGV[5]))
+  WARM, WKEEP = tonumber(ARGV[8 + 4 * n]), true -- warmupLua: along a ramp, starting none
+  if WARM and WARM <= 0 then WARM = nil end
   local tokens, ts = load(KEYS[1], now, rate, burst)
   prio_refund(tonumber(ARGV[7]), cost)
   save(KEYS[1], math.min(burst, tokens + cost), ts, now, rate, burst)

@@ -57,3 +57,9 @@ func (a *Admin) warmup(ctx context.Context, nowUS int64) (WarmupStatus, error) {
 	}
 	return st, nil
 }
+
+// Warmup returns Config.Warmup (limiter.WarmupStore): a Bucket's local
+// fallback ramps with it.
+func (s *Store) Warmup() time.Duration { return s.cfg.Warmup }
+
+var _ limiter.WarmupStore = (*Store)(nil)
