@@ -105,26 +105,37 @@ end
 
 -- prio_hset writes tokens and ts, and the fields that changed since load,
 -- in one HSET, after prio_refilled for the tokens saved; a j back to a
--- whole burst is deleted.
-local function prio_hset(skey, tokens, ts, burst)
+-- whole burst is deleted. x, when not nil, is the key's new expiry for
+-- the "x" field (save). Numbers go as num() strings, which Redis stores
+-- as it would the numbers, at less cost.
+local function prio_hset(skey, tokens, ts, burst, x)
   prio_refilled(nil, tokens, burst)
   local same = P1 == (RP1 or 0) and P2 == (RP2 or 0) and J1 == RJ1 and J2 == RJ2
   if same and Q0 == (RQ0 or 0) then
     if Q2 == (RQ2 or 0) then
-      redis.call('HSET', skey, 'tokens', tokens, 'ts', ts)
+      if x then
+        redis.call('HSET', skey, 'tokens', num(tokens), 'ts', num(ts), 'x', x)
+      else
+        redis.call('HSET', skey, 'tokens', num(tokens), 'ts', num(ts))
+      end
     else -- a low reservation, or low's repaid
-      redis.call('HSET', skey, 'tokens', tokens, 'ts', ts, 'q2', Q2)
+      if x then
+        redis.call('HSET', skey, 'tokens', num(tokens), 'ts', num(ts), 'q2', num(Q2), 'x', x)
+      else
+        redis.call('HSET', skey, 'tokens', num(tokens), 'ts', num(ts), 'q2', num(Q2))
+      end
       RQ2 = Q2
     end
     return
   end
-  local a = {'tokens', tokens, 'ts', ts}
-  if Q0 ~= (RQ0 or 0) then a[#a + 1] = 'q0'; a[#a + 1] = Q0 end
-  if Q2 ~= (RQ2 or 0) then a[#a + 1] = 'q2'; a[#a + 1] = Q2 end
-  if P1 ~= (RP1 or 0) then a[#a + 1] = 'p1'; a[#a + 1] = P1 end
-  if P2 ~= (RP2 or 0) then a[#a + 1] = 'p2'; a[#a + 1] = P2 end
-  if J1 and J1 ~= RJ1 then a[#a + 1] = 'j1'; a[#a + 1] = J1 end
-  if J2 and J2 ~= RJ2 then a[#a + 1] = 'j2'; a[#a + 1] = J2 end
+  local a = {'tokens', num(tokens), 'ts', num(ts)}
+  if x then a[5] = 'x'; a[6] = x end
+  if Q0 ~= (RQ0 or 0) then a[#a + 1] = 'q0'; a[#a + 1] = num(Q0) end
+  if Q2 ~= (RQ2 or 0) then a[#a + 1] = 'q2'; a[#a + 1] = num(Q2) end
+  if P1 ~= (RP1 or 0) then a[#a + 1] = 'p1'; a[#a + 1] = num(P1) end
+  if P2 ~= (RP2 or 0) then a[#a + 1] = 'p2'; a[#a + 1] = num(P2) end
+  if J1 and J1 ~= RJ1 then a[#a + 1] = 'j1'; a[#a + 1] = num(J1) end
+  if J2 and J2 ~= RJ2 then a[#a + 1] = 'j2'; a[#a + 1] = num(J2) end
   redis.call('HSET', skey, unpack(a))
   if RJ1 and not J1 then redis.call('HDEL', skey, 'j1') end
   if RJ2 and not J2 then redis.call('HDEL', skey, 'j2') end

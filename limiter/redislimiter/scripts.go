@@ -34,17 +34,41 @@ end
 local function milli(x)
   return clamp(math.floor(x * 1000 + 0.5))
 end
+
+-- num returns x as the string Redis would store for it (%.17g), made with
+-- %d when whole, which is cheaper than letting Redis format a Lua number.
+local function num(x)
+  if x == math.floor(x) and x > -1e15 and x < 1e15 then return string.format('%d', x) end
+  return string.format('%.17g', x)
+end
 ` + priorityLua + `
+
+-- REALMS is Redis's clock in ms, which key expiries follow: set by now_us
+-- when it reads TIME, else read by real_ms when needed (a test's instant).
+local REALMS = nil
 
 local function now_us(arg)
   local n = tonumber(arg)
   if not (n and n > 0) then
     local t = redis.call('TIME')
     n = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    REALMS = math.floor(n / 1000)
   end
   NOW = n -- adaptive: limits() computes the rate at NOW
   return n
 end
+
+local function real_ms()
+  if not REALMS then
+    local t = redis.call('TIME')
+    REALMS = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
+  end
+  return REALMS
+end
+
+-- RX is the state key's expiry as save() last recorded it in the "x"
+-- field (ms on Redis's clock), read by load(); nil when none.
+local RX = nil
 
 -- valid_rate and valid_burst return their argument as a number if it is
 -- within the limits, else nil. NaN fails every comparison.
@@ -63,7 +87,13 @@ end
 -- limits returns the effective rate and burst: the override's where it
 -- holds a valid value, else the configured ones; the rate is the adaptive
 -- rate at NOW below that ceiling when the hash holds one (adaptiveLua).
-local function limits(okey, rate, burst)
+-- none true says the override hash is known to be missing (the take's
+-- fast path checked), so it is not read.
+local function limits(okey, rate, burst, none)
+  if none then
+    CEIL = rate
+    return rate, burst
+  end
   local ov = redis.call('HMGET', okey, 'rate', 'burst', 'arate', 'ats', 'ainc')
   CEIL = valid_rate(ov[1]) or rate
   AD = ad_from(ov, CEIL)
@@ -73,14 +103,16 @@ end
 
 -- load returns the tokens and timestamp at now. A missing bucket is full.
 -- The bucket refills only after ts; ts lies in the future while it is paused.
--- It reads the classes' state in the same HMGET (priorityLua).
-local function load(skey, now, rate, burst)
-  local st, o
-  if WARM then -- a take with a warm-up (warmupLua)
-    st, o = redis.call('HMGET', skey, 'tokens', 'ts', 'wts', 'q0', 'q2', 'p1', 'p2', 'j1', 'j2'), 4
-  else
-    st, o = redis.call('HMGET', skey, 'tokens', 'ts', 'q0', 'q2', 'p1', 'p2', 'j1', 'j2'), 3
+-- It reads the classes' state in the same HMGET (priorityLua), and the
+-- key's expiry as save() last set it (RX, ms on Redis's clock). st, when
+-- given, holds those fields as already read (the take's fast path), in
+-- STATE_FIELDS's order.
+local function load(skey, now, rate, burst, st)
+  if not st then
+    st = redis.call('HMGET', skey, 'tokens', 'ts', 'wts', 'x', 'q0', 'q2', 'p1', 'p2', 'j1', 'j2')
   end
+  local o = 5
+  RX = tonumber(st[4])
   if st[o] or st[o + 1] or st[o + 2] or st[o + 3] or st[o + 4] or st[o + 5] then -- priorityLua
     RQ0, RQ2, RP1, RP2 = tonumber(st[o]), tonumber(st[o + 1]), tonumber(st[o + 2]), tonumber(st[o + 3])
     RJ1, RJ2 = tonumber(st[o + 4]), tonumber(st[o + 5])
@@ -113,16 +145,28 @@ local function load(skey, now, rate, burst)
 end
 
 -- save stores the state, with the classes' fields that changed, and lets
--- the key expire when the bucket would be full again, when a missing key
--- means exactly the same thing.
+-- the key expire once the bucket would be full again, when a missing key
+-- means exactly the same thing. It may live a little longer: the expiry
+-- is extended only when the one recorded in the "x" field (RX) comes less
+-- than 100 ms after the bucket is full, so most calls skip PEXPIRE; it is
+-- then set to a second after full, plus a quarter of the time to refill
+-- the tokens reserved ahead, so that a growing queue extends it rarely.
+-- takeFastLua has the same arithmetic.
 local function save(skey, tokens, ts, now, rate, burst)
-  prio_hset(skey, tokens, ts, burst)
   local full_us = (ts - now) + (burst - tokens) * 1e6 / rate
   if WARM then -- warmupLua: the ramp start, and "missing" = idle longer than WARM
     if WTS then redis.call('HSET', skey, 'wts', string.format('%d', WTS), 'wu', string.format('%d', WARM)) end
     full_us = full_us + WARM
   end
-  redis.call('PEXPIRE', skey, math.ceil(full_us / 1000) + 1000)
+  local full, rms = math.ceil(full_us / 1000), real_ms()
+  if RX and RX >= rms + full + 100 then
+    prio_hset(skey, tokens, ts, burst)
+  else
+    local keep = full + 1000
+    if tokens < 0 then keep = keep + math.floor(-tokens * 250 / rate) end
+    prio_hset(skey, tokens, ts, burst, string.format('%d', rms + keep - 1))
+    redis.call('PEXPIRE', skey, string.format('%d', keep))
+  end
 end
 
 -- wait_us returns the microseconds needed to refill n tokens at rate.
@@ -147,12 +191,13 @@ var takeScript = redis.NewScript(takeSrc)
 
 var takeSrc = takeFastLua + prelude + `
 local now = now_us(TAKE_NOW)
-local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
+REALMS = TAKE_REAL
+local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]), TAKE_NOOV)
 local cost, extra, max_wait = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local rank, s1, s2 = tonumber(ARGV[8]) or 1, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
 WARM = tonumber(ARGV[7]) -- warmupLua
 if WARM and WARM <= 0 then WARM = nil end
-local tokens, ts = load(KEYS[1], now, rate, burst)
+local tokens, ts = load(KEYS[1], now, rate, burst, TAKE_ST)
 if WRATE then rate = WRATE end -- warmupLua: a cold start or a ramp in progress
 local eff = rate
 if ts > now then eff = 0 end
@@ -324,8 +369,9 @@ if rate > 0 and burst > 0 then
   local _, lts = load(KEYS[1], now, rate, burst)
   save(KEYS[1], burst, lts, now, rate, burst)
 elseif paused then
-  redis.call('HSET', KEYS[1], 'tokens', MAXBURST, 'ts', ts)
-  redis.call('PEXPIRE', KEYS[1], math.ceil((ts - now) / 1000) + 1000)
+  local keep = math.ceil((ts - now) / 1000) + 1000
+  redis.call('HSET', KEYS[1], 'tokens', MAXBURST, 'ts', ts, 'x', string.format('%d', real_ms() + keep - 1))
+  redis.call('PEXPIRE', KEYS[1], keep)
 else
   redis.call('DEL', KEYS[1])
 end

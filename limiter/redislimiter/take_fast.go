@@ -7,66 +7,112 @@ import (
 	"github.com/throttlehq/throttle/limiter"
 )
 
-// takeFastLua is the start of takeScript: the plain take, decided without
-// the prelude. A take that holds the cost at once, on a bucket with no
-// override or adaptive rate, no warm-up configured, no class fields in its
-// state (no reservation of a class to jump) and no pause, is granted here
-// exactly as the full take below would grant it, and the script returns
-// before the prelude runs; anything else goes on to the full take, which
-// uses TAKE_NOW as its time. The full take's Redis time is mostly the
-// prelude's closures (every call of a script creates each of its
-// functions), hash fields read into Lua and numbers Redis formats with
-// %.17g; eight replicas' calls queue behind each other on Redis's one
-// thread, so it shows in every caller's latency.
-// TestTakeFastPathSameAsFull runs both on random states.
+// takeFastLua is the start of takeScript: it reads the state hash once,
+// for itself and for the full take, and decides the plain takes without
+// the prelude. A take on a bucket with no override hash, no warm-up
+// configured, no class fields in its state (no reservation of a class to
+// jump) and no pause, whose cost is within the burst, is decided here
+// exactly as the full take below would decide it: granted at once (any
+// class), or, for the normal class, reserved or refused by the horizon.
+// The script then returns before the prelude runs; anything else goes on
+// to the full take, which uses TAKE_NOW as its time, TAKE_ST as the state
+// read (load()) and TAKE_NOOV to skip reading a missing override (limits()). The
+// full take's Redis time is mostly the prelude's closures (every call of a
+// script creates each of its functions), hash fields read into Lua,
+// numbers Redis formats with %.17g and PEXPIRE; eight replicas' calls
+// queue behind each other on Redis's one thread, so it shows in every
+// caller's latency. TestTakeFastPathSameAsFull runs both on random states.
 //
-// Its reply is "tokens remaining_milli now_us": granted, no wait, at the
-// configured rate and burst, of the asking class, no push (fastTakeResult).
+// Its reply is "granted tokens wait_us remaining_milli now_us" (granted 1
+// or 0): at the configured rate and burst, of the asking class, no push
+// (fastTakeResult).
 const takeFastLua = `
-local TAKE_NOW = tonumber(ARGV[6])
+local TAKE_NOW, TAKE_REAL = tonumber(ARGV[6]), nil
 if not (TAKE_NOW and TAKE_NOW > 0) then
   local t = redis.call('TIME')
   TAKE_NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  TAKE_REAL = math.floor(TAKE_NOW / 1000)
 end
+-- The state's fields in load()'s order: tokens ts wts x q0 q2 p1 p2 j1 j2.
+local TAKE_ST, TAKE_NOOV = {}, false
 do
+  local h, st, plain = redis.call('HGETALL', KEYS[1]), TAKE_ST, true
+  for i = 1, #h, 2 do
+    local f = h[i]
+    if f == 'tokens' then st[1] = h[i + 1]
+    elseif f == 'ts' then st[2] = h[i + 1]
+    elseif f == 'x' then st[4] = h[i + 1]
+    elseif f == 'wts' then st[3] = h[i + 1]
+    elseif f ~= 'by' and f ~= 'wu' then
+      plain = false
+      if f == 'q0' then st[5] = h[i + 1]
+      elseif f == 'q2' then st[6] = h[i + 1]
+      elseif f == 'p1' then st[7] = h[i + 1]
+      elseif f == 'p2' then st[8] = h[i + 1]
+      elseif f == 'j1' then st[9] = h[i + 1]
+      elseif f == 'j2' then st[10] = h[i + 1] end
+    end
+  end
+  TAKE_NOOV = redis.call('EXISTS', KEYS[2]) == 0
   local now, rate, burst, cost = TAKE_NOW, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
   local warm = tonumber(ARGV[7])
-  if not (warm and warm > 0) and cost <= burst and #redis.call('HGETALL', KEYS[2]) == 0 then
-    local h = redis.call('HGETALL', KEYS[1])
-    local tokens, ts, plain = nil, nil, true
-    for i = 1, #h, 2 do
-      local f = h[i]
-      if f == 'tokens' then tokens = tonumber(h[i + 1])
-      elseif f == 'ts' then ts = tonumber(h[i + 1])
-      elseif f ~= 'by' and f ~= 'wts' and f ~= 'wu' then plain = false end
-    end
-    if plain then
-      if not tokens or not ts then
-        tokens, ts = burst, now
-      else
-        if now > ts then
-          tokens = tokens + (now - ts) * rate / 1e6
-          ts = now
-        end
-        if tokens > burst then tokens = burst end
+  if plain and TAKE_NOOV and not (warm and warm > 0) and cost <= burst then
+    local tokens, ts = tonumber(st[1]), tonumber(st[2])
+    if not tokens or not ts then
+      tokens, ts = burst, now
+    else
+      if now > ts then
+        tokens = tokens + (now - ts) * rate / 1e6
+        ts = now
       end
-      local left, got, extra = tokens - cost, cost, tonumber(ARGV[4])
-      if ts <= now and left >= 0 then
+      if tokens > burst then tokens = burst end
+    end
+    local left, got, wait = tokens - cost, cost, 0
+    if ts <= now and (left >= 0 or (tonumber(ARGV[8]) or 1) == 1) then
+      if left >= 0 then
+        local extra = tonumber(ARGV[4])
         if extra > 0 and left >= 1 then
           local k = math.min(extra, math.floor(left))
           left = left - k
           got = got + k
         end
-        -- The strings Redis would store for these numbers (%.17g), made
-        -- with %d when whole, which is cheaper.
-        local sl
-        if left == math.floor(left) then sl = string.format('%d', left) else sl = string.format('%.17g', left) end
-        redis.call('HSET', KEYS[1], 'tokens', sl, 'ts', string.format('%d', ts))
-        redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(((ts - now) + (burst - left) * 1e6 / rate) / 1000) + 1000))
-        local m = math.floor(left * 1000 + 0.5)
-        if m > 1e15 then m = 1e15 end
-        return string.format('%d %d %d', got, m, now)
+      else -- the normal class reserves (its queue is the bucket's; no push)
+        wait = math.ceil(-left * 1e6 / rate)
+        if wait > 1e15 then wait = 1e15 end
+        local max_wait, horizon = tonumber(ARGV[5]), 0
+        if max_wait > 0 then
+          horizon = math.ceil(cost * 1e6 / rate)
+          if horizon > 1e15 then horizon = 1e15 end
+          horizon = math.max(max_wait, horizon)
+        end
+        if wait > horizon then
+          local m = math.floor(tokens * 1000 + 0.5)
+          if m > 1e15 then m = 1e15 elseif m < -1e15 then m = -1e15 end
+          return string.format('0 0 %d %d %d', wait - horizon, m, now)
+        end
       end
+      -- save(): the strings Redis would store for these numbers (%.17g),
+      -- made with %d when whole, which is cheaper; PEXPIRE only when the
+      -- recorded expiry comes less than 100 ms after full.
+      local sl
+      if left == math.floor(left) and left > -1e15 and left < 1e15 then sl = string.format('%d', left) else sl = string.format('%.17g', left) end
+      local full, rms = math.ceil(((ts - now) + (burst - left) * 1e6 / rate) / 1000), TAKE_REAL
+      if not rms then
+        local t = redis.call('TIME')
+        rms = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
+      end
+      local x = tonumber(st[4])
+      if x and x >= rms + full + 100 then
+        redis.call('HSET', KEYS[1], 'tokens', sl, 'ts', string.format('%d', ts))
+      else
+        local keep = full + 1000
+        if left < 0 then keep = keep + math.floor(-left * 250 / rate) end
+        redis.call('HSET', KEYS[1], 'tokens', sl, 'ts', string.format('%d', ts), 'x', string.format('%d', rms + keep - 1))
+        redis.call('PEXPIRE', KEYS[1], string.format('%d', keep))
+      end
+      local m = math.floor(left * 1000 + 0.5)
+      if m > 1e15 then m = 1e15 elseif m < -1e15 then m = -1e15 end
+      return string.format('1 %d %d %d %d', got, wait, m, now)
     end
   end
 end
@@ -75,19 +121,20 @@ end
 // fastTakeResult returns the answer of the fast path's reply (takeFastLua)
 // to req, and false when str is not one.
 func (s *Store) fastTakeResult(req limiter.TakeRequest, str string) (limiter.TakeResult, bool) {
-	var v [3]int64
-	if !parseInts(str, v[:]) {
+	var v [5]int64
+	if !parseInts(str, v[:]) || v[0] < 0 || v[0] > 1 {
 		return limiter.TakeResult{}, false
 	}
 	return limiter.TakeResult{
-		Granted:   true,
-		Tokens:    int(v[0]),
-		Remaining: float64(v[1]) / 1000,
+		Granted:   v[0] == 1,
+		Tokens:    int(v[1]),
+		Wait:      time.Duration(v[2]) * time.Microsecond,
+		Remaining: float64(v[3]) / 1000,
 		// As the full take's milli(rate): the same operations on the
 		// same float64.
 		Rate:  math.Min(math.Floor(s.cfg.Rate*1000+0.5), 1e15) / 1000,
 		Burst: s.cfg.Burst,
-		At:    time.UnixMicro(v[2]),
+		At:    time.UnixMicro(v[4]),
 		Class: req.Priority,
 	}, true
 }

@@ -24,8 +24,9 @@ func TestTakeFastPathSameAsFull(t *testing.T) {
 	c := newClient(t)
 	ctx := context.Background()
 	// The full take alone: the script without its fast path, the instant
-	// from ARGV[6] as the fast path would pass it.
-	full := redis.NewScript("local TAKE_NOW = tonumber(ARGV[6])\n" + strings.TrimPrefix(takeSrc, takeFastLua))
+	// from ARGV[6] as the fast path would pass it, and neither the state
+	// it read (load() reads it) nor its check of the override.
+	full := redis.NewScript("local TAKE_NOW, TAKE_REAL, TAKE_ST, TAKE_NOOV = tonumber(ARGV[6]), nil, nil, false\n" + strings.TrimPrefix(takeSrc, takeFastLua))
 	if full.Hash() == takeScript.Hash() {
 		t.Fatal("takeSrc does not start with takeFastLua")
 	}
@@ -69,6 +70,17 @@ func TestTakeFastPathSameAsFull(t *testing.T) {
 			if rng.IntN(8) == 0 {
 				state["p1"] = "2000"
 			}
+			if rng.IntN(10) == 0 {
+				state["q2"] = strconv.Itoa(rng.IntN(burst + 1))
+			}
+			// The recorded expiry (ms on Redis's clock): long past, or
+			// far ahead (then PEXPIRE is skipped).
+			switch rng.IntN(4) {
+			case 0:
+				state["x"] = "1000"
+			case 1:
+				state["x"] = strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)
+			}
 		}
 		override := map[string]any{}
 		if rng.IntN(8) == 0 {
@@ -89,6 +101,7 @@ func TestTakeFastPathSameAsFull(t *testing.T) {
 		var errs [2]error
 		var after [2]map[string]string
 		var ttl, took [2]time.Duration
+		var xs [2]string
 		for k, s := range stores {
 			if len(state) > 0 {
 				c.HSet(ctx, s.stateKeys[0], state)
@@ -103,7 +116,7 @@ func TestTakeFastPathSameAsFull(t *testing.T) {
 			}
 			start := time.Now()
 			cmd := script.Run(ctx, c, s.stateKeys, s.takeArgs(req, now)...)
-			if str, _ := cmd.Val().(string); strings.Count(str, " ") == 2 {
+			if str, _ := cmd.Val().(string); strings.Count(str, " ") == 4 {
 				if k == 1 {
 					t.Fatalf("case %d: the full take replied in the fast path's form %q", i, str)
 				}
@@ -113,11 +126,20 @@ func TestTakeFastPathSameAsFull(t *testing.T) {
 			}
 			res[k], errs[k] = s.takeResult(req, cmd)
 			after[k] = c.HGetAll(ctx, s.stateKeys[0]).Val()
+			// The recorded expiry follows Redis's clock, a few ms apart
+			// between the two calls: compare it within took, below.
+			xs[k] = after[k]["x"]
+			delete(after[k], "x")
 			ttl[k] = c.PTTL(ctx, s.stateKeys[0]).Val()
 			took[k] = time.Since(start)
 		}
 		// Each TTL was read some time after it was set: at most took.
 		slack := took[0] + took[1] + 2*time.Millisecond
+		x0, _ := strconv.ParseInt(xs[0], 10, 64)
+		x1, _ := strconv.ParseInt(xs[1], 10, 64)
+		if dx := time.Duration(x0-x1) * time.Millisecond; (xs[0] == "") != (xs[1] == "") || dx < -slack-time.Millisecond || dx > slack+time.Millisecond {
+			t.Fatalf("case %d: recorded expiry %q with the fast path, %q with the full take alone", i, xs[0], xs[1])
+		}
 		if d := ttl[0] - ttl[1]; !reflect.DeepEqual(res[0], res[1]) || (errs[0] == nil) != (errs[1] == nil) || !reflect.DeepEqual(after[0], after[1]) || d < -slack || d > slack {
 			t.Fatalf("case %d: rate %v burst %d warm-up %v, state %v, override %v, %+v:\nwith the fast path %+v, %v, stored %v, TTL %v\nfull take alone    %+v, %v, stored %v, TTL %v",
 				i, rate, burst, cfg.Warmup, state, override, req, res[0], errs[0], after[0], ttl[0], res[1], errs[1], after[1], ttl[1])
