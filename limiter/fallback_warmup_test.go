@@ -141,3 +141,38 @@ func TestFallbackStaysWarmAndRampsAfterIdle(t *testing.T) {
 	r.advance(ms(200))
 	wantGrants(t, r, []time.Duration{at, at + ms(100)}, "local ramp from 10/s after idle")
 }
+
+// warmLayered is a layeredClocked whose shared bucket has a warm-up.
+type warmLayered struct{ *layeredClocked }
+
+func (s warmLayered) Warmup() time.Duration { return s.m.Warmup() }
+
+// TestLayeredFallbackRamps: the local layers share the local bucket, so a
+// layered take in fallback ramps as a plain one: a replica whose store is
+// down from the start reserves at 10/s (a third of 30/s), not 30/s.
+func TestLayeredFallbackRamps(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := newLayeredClocked(t, clk, 30, 30, 1, limiter.Layer{Name: "per-key", Keyed: true, Rate: 100, Burst: 100})
+	if err := s.m.SetWarmup(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	b := newLayeredBucket(t, clk, warmLayered{s})
+	ctx := context.Background()
+	if err := b.Check(ctx); err != nil { // learns 1 replica
+		t.Fatal(err)
+	}
+	s.down.Store(true)
+	done := waitN(b, ctx, keyReq("a"))
+	clk.WaitTimers(t, 2) // the caller's sleep and the probe's
+	clk.Advance(99 * time.Millisecond)
+	if n := clk.Timers(); n != 2 {
+		t.Fatalf("%d timers at +99ms: the caller's sleep ended before +100ms (local 10/s), at 30/s", n)
+	}
+	clk.Advance(time.Millisecond)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if m := b.Mode(); m != limiter.ModeLocal {
+		t.Fatalf("mode = %s, want local", m)
+	}
+}
