@@ -286,7 +286,7 @@ func (m *Memory) RefundClassAt(t time.Time, tokens int, class Priority) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	cur, ts, pr := m.load(t.UnixMicro())
+	cur, ts, pr := m.refundLoad(t.UnixMicro()) // along a ramp in progress (warmup.go)
 	cur = math.Min(float64(m.burst), cur+float64(tokens))
 	pr.refund(class.Rank(), float64(tokens))
 	m.store(cur, ts, pr)

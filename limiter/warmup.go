@@ -24,9 +24,9 @@ import (
 // the ramp here advances with time, not with the permits taken: a bucket
 // used below its rate warms up in W as well. Takes observe the warm-up,
 // plain ones and the shared bucket of layered ones (LayeredMemory, the
-// Redis layers script) alike, and a layered refund refills along a ramp in
-// progress without starting one; plain refunds, pauses and status refill
-// at the plain rate. A Bucket's local fallback ramps at its share of the
+// Redis layers script) alike, and refunds, plain and layered, refill along
+// a ramp in progress without starting one; pauses and status refill at the
+// plain rate. A Bucket's local fallback ramps at its share of the
 // rate (see Bucket.warmLocal).
 
 // MaxWarmup is the longest warm-up period a bucket accepts.
@@ -96,8 +96,7 @@ func (m *Memory) takeAdvance(now int64) (tokens float64, ts int64, rate float64,
 	return m.warmAdvance(now, true)
 }
 
-// warmAdvance is takeAdvance when start is set. Without start (a layered
-// refund) it refills along a ramp in progress but starts none: a cold
+// warmAdvance is takeAdvance when start is set. Without start (a refund) it refills along a ramp in progress but starts none: a cold
 // bucket refills at the plain rate, as advance does. m.mu is held.
 func (m *Memory) warmAdvance(now int64, start bool) (tokens float64, ts int64, rate float64, wts int64) {
 	rate = m.ad.rateAt(m.rate, now)
@@ -121,7 +120,7 @@ func (m *Memory) warmAdvance(now int64, start bool) (tokens float64, ts int64, r
 }
 
 // takeLoad is load for a take (takeAdvance with the priority state after
-// the refill); refundLoad is load for a layered refund (warmAdvance
+// the refill); refundLoad is load for a refund, plain or layered (warmAdvance
 // without starting a ramp). m.mu is held.
 func (m *Memory) takeLoad(now int64) (tokens float64, ts int64, rate float64, wts int64, pr prio) {
 	tokens, ts, rate, wts = m.warmAdvance(now, true)

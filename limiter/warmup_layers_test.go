@@ -24,3 +24,16 @@ func TestLayeredMemoryWarmupSteps(t *testing.T) {
 		return clockedLayered{m}
 	})
 }
+
+func TestMemoryWarmupRefundSteps(t *testing.T) {
+	storetest.RunWarmupRefund(t, func(t *testing.T, rate float64, burst int, warmup time.Duration) storetest.ClockedStore {
+		m, err := limiter.NewMemory(rate, burst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.SetWarmup(warmup); err != nil {
+			t.Fatal(err)
+		}
+		return clockedMemory{m}
+	})
+}

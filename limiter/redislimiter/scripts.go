@@ -234,10 +234,13 @@ return reply(1, got, wait, left)
 // of the rank that reserved them (priorityLua).
 //
 // KEYS: state, override. ARGV: rate, burst, tokens, now_us, rank (0, or
-// absent: no class). Reply: remaining_milli.
+// absent: no class), warmup_us (0 or absent: none; the bucket refills along
+// a ramp in progress but starts none, warmupLua). Reply: remaining_milli.
 var refundScript = redis.NewScript(prelude + `
 local now = now_us(ARGV[4])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
+WARM, WKEEP = tonumber(ARGV[6]), true -- warmupLua
+if WARM and WARM <= 0 then WARM = nil end
 local tokens, ts = load(KEYS[1], now, rate, burst)
 local k = tonumber(ARGV[3])
 tokens = math.min(burst, tokens + k)

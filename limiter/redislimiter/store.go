@@ -400,7 +400,7 @@ func (s *Store) refund(ctx context.Context, nowUS int64, tokens int, class limit
 	if tokens <= 0 {
 		return nil
 	}
-	if err := refundScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, tokens, nowUS, rankArgs[class.Rank()]).Err(); err != nil {
+	if err := refundScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, tokens, nowUS, rankArgs[class.Rank()], s.warmArg).Err(); err != nil {
 		return s.fail("refund", err)
 	}
 	return nil

@@ -23,3 +23,14 @@ func TestRedisLayeredWarmupSteps(t *testing.T) {
 		return clockedLayers{l}
 	})
 }
+
+func TestRedisWarmupRefundSteps(t *testing.T) {
+	c := newClient(t)
+	storetest.RunWarmupRefund(t, func(t *testing.T, rate float64, burst int, warmup time.Duration) storetest.ClockedStore {
+		s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: rate, Burst: burst, Warmup: warmup})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return clocked{s}
+	})
+}

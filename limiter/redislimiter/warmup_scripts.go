@@ -11,8 +11,8 @@ import "github.com/redis/go-redis/v9"
 // refills along the ramp in progress, setting WTS (the ramp start, saved
 // in the state hash's "wts" field) and WRATE (the rate at now); save()
 // writes WTS and keeps the state key WARM longer, so that a missing key
-// still means idle for longer than the warm-up. The layers refund script
-// sets WARM and WKEEP: load() then refills along a ramp in progress but
+// still means idle for longer than the warm-up. The refund scripts (plain
+// and layers) set WARM and WKEEP: load() then refills along a ramp in progress but
 // starts none (limiter's Memory.warmAdvance without start). warm_cum is
 // limiter's warmCum, with the same operations in the same order.
 const warmupLua = `

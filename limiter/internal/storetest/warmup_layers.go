@@ -84,3 +84,53 @@ func RunWarmupLayers(t *testing.T, newStore WarmupLayeredFactory) {
 		reqs, ress = append(reqs, req), append(ress, res)
 	}
 }
+
+// WarmupStoreFactory returns a new bucket with the given rate, burst and
+// warm-up, never used yet.
+type WarmupStoreFactory func(t *testing.T, rate float64, burst int, warmup time.Duration) ClockedStore
+
+// RunWarmupRefund checks that a plain refund refills along a ramp in
+// progress, as RunWarmupLayers's layered refund does, and starts none: 30/s,
+// burst 30, warm-up 60s.
+func RunWarmupRefund(t *testing.T, newStore WarmupStoreFactory) {
+	s := newStore(t, 30, 30, time.Minute)
+	for i, st := range []struct {
+		at     time.Duration
+		refund int
+		cost   int
+		rem    float64
+		rate   float64
+	}{
+		{cost: 11, rem: -1, rate: 10}, // cold: 10 tokens, reserves 1
+		// The refund at 1s adds the ramp's 10.0373 tokens of the first
+		// second and 1: 10.037314, where the plain rate would give 30.
+		{at: time.Second, refund: 1, rem: 10.037314},
+		{at: time.Second, cost: 1, rem: 9.037314, rate: 10.074907},
+		// Idle for longer than the warm-up: the refund refills at the
+		// plain rate and starts no ramp, so the take after it is warm.
+		{at: 62 * time.Second, refund: 1, rem: 30},
+		{at: 62 * time.Second, cost: 1, rem: 29, rate: 30},
+	} {
+		now := Base.Add(st.at)
+		if st.refund > 0 {
+			if err := s.RefundAt(now, st.refund); err != nil {
+				t.Fatalf("step %d: refund: %v", i, err)
+			}
+			got, err := s.StatusAt(now)
+			if err != nil {
+				t.Fatalf("step %d: status: %v", i, err)
+			}
+			if !near(got.Tokens, st.rem) {
+				t.Fatalf("step %d: after a refund of %d at +%v: tokens %v, want %v", i, st.refund, st.at, got.Tokens, st.rem)
+			}
+			continue
+		}
+		res, err := s.TakeAt(now, limiter.TakeRequest{Cost: st.cost, MaxWait: time.Second})
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if !res.Granted || !near(res.Remaining, st.rem) || !near(res.Rate, st.rate) {
+			t.Fatalf("step %d: take(%d) at +%v = %+v\nwant granted, remaining %v rate %v", i, st.cost, st.at, res, st.rem, st.rate)
+		}
+	}
+}
