@@ -91,6 +91,13 @@ do
           return string.format('0 0 %d %d %d', wait - horizon, m, now)
         end
       end
+      if TAKE_REAL and (burst - left) * 1e6 <= rate then
+        -- Full again within a microsecond, before any other script can
+        -- run on the key (TIME ticks between two; its TIME is Redis's):
+        -- the next take finds it full from the state stored or from none,
+        -- as after the key's expiry, so nothing is written.
+        return string.format('1 %d 0 %d %d', got, math.floor(left * 1000 + 0.5), now)
+      end
       -- save(): the strings Redis would store for these numbers (%.17g),
       -- made with %d when whole, which is cheaper; PEXPIRE only when the
       -- recorded expiry comes less than 100 ms after full.

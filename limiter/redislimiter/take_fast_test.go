@@ -184,3 +184,31 @@ func TestTakeWithoutDefaultArgsAnnouncesPushes(t *testing.T) {
 		t.Fatalf("announcement = %v, %v; want a push", msg, err)
 	}
 }
+
+// TestTakeFullAgainAtOnceWritesNothing: on Redis's clock, a take after
+// which the bucket is full again within a microsecond writes no state (a
+// missing key is a full bucket), and the bucket still counts: a take of
+// more than a microsecond's refill writes it.
+func TestTakeFullAgainAtOnceWritesNothing(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t, 10*time.Second)
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 1e9, Burst: 10_000, NoBatching: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if res, err := s.Take(ctx, limiter.TakeRequest{Cost: 1}); err != nil || !res.Granted || res.Remaining != 9999 {
+			t.Fatalf("take = %+v, %v; want granted, 9999 left", res, err)
+		}
+	}
+	if n := c.Exists(ctx, s.stateKeys[0]).Val(); n != 0 {
+		t.Fatalf("state key exists after takes of 1 at 1e9/s")
+	}
+	// 1001 tokens take longer than a microsecond to refill at 1e9/s.
+	if res, err := s.Take(ctx, limiter.TakeRequest{Cost: 1001}); err != nil || !res.Granted || res.Remaining != 8999 {
+		t.Fatalf("take = %+v, %v; want granted, 8999 left", res, err)
+	}
+	if got := c.HGet(ctx, s.stateKeys[0], "tokens").Val(); got != "8999" {
+		t.Fatalf("stored tokens = %q, want 8999", got)
+	}
+}
