@@ -5,10 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/throttlehq/throttle/internal/faultproxy"
-	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -22,77 +18,12 @@ import (
 func TestBucketsMoveLowSleepersOnRedisPushes(t *testing.T) {
 	c := newClient(t)
 	name := uniqueBucket(t, c)
-	bucket := func(p limiter.Priority) *limiter.Bucket {
-		s, err := New(c, Config{Bucket: name, Rate: 5, Burst: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := limiter.New(s, limiter.Options{Priority: p, MaxReserve: 5 * time.Second, Lease: limiter.LeaseOptions{Disabled: true}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { b.Close() })
-		return b
-	}
-	low, high := bucket(limiter.PriorityLow), bucket(limiter.PriorityHigh)
+	low, high := priorityReplica(t, c, name, 5, limiter.PriorityLow), priorityReplica(t, c, name, 5, limiter.PriorityHigh)
 	ctx := context.Background()
-	admin, err := New(c, Config{Bucket: name, Rate: 5, Burst: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitUntil := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 10 s", what)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	}
-	waitUntil("both replicas subscribed", func() bool { return c.PubSubNumSub(ctx, admin.channel).Val()[admin.channel] == 2 })
+	admin := newStore(t, c, name, 5, 1)
+	waitFor(t, "both replicas subscribed", func() bool { return subscribers(ctx, c, admin) == 2 })
 
-	start := time.Now()
-	if err := low.Wait(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	type done struct {
-		name string
-		at   time.Duration
-		err  error
-	}
-	results := make(chan done, 3)
-	run := func(name string, b *limiter.Bucket) {
-		go func() {
-			err := b.Wait(ctx, 1)
-			results <- done{name, time.Since(start), err}
-		}()
-	}
-	run("low", low)
-	run("low", low)
-	waitUntil("two low reservations", func() bool {
-		st, err := admin.Status(ctx)
-		return err == nil && st.Reserved[limiter.PriorityLow] >= 1.9
-	})
-	run("high", high)
-	var order []string
-	var lowAt []time.Duration
-	for range 3 {
-		d := <-results
-		if d.err != nil {
-			t.Fatalf("%s: %v", d.name, d.err)
-		}
-		order = append(order, d.name)
-		if d.name == "low" {
-			lowAt = append(lowAt, d.at)
-		}
-	}
-	if order[0] != "high" {
-		t.Errorf("returned in the order %v, want high first", order)
-	}
-	if lowAt[0] < 390*time.Millisecond || lowAt[1] < 590*time.Millisecond {
-		t.Errorf("the low waits returned at +%v and +%v, want >= +400ms and +600ms (moved back a slot each)", lowAt[0], lowAt[1])
-	}
+	lowSleepersRace{admin: admin, low: low, high: high, slot: 200 * time.Millisecond}.check(t)
 }
 
 // TestBucketCatchesUpWithPushesMissedWhileUnsubscribed: the low replica's
@@ -102,94 +33,27 @@ func TestBucketsMoveLowSleepersOnRedisPushes(t *testing.T) {
 // low replica read the bucket, whose push counter moves its sleepers back
 // all the same. Lower bounds only, as above.
 func TestBucketCatchesUpWithPushesMissedWhileUnsubscribed(t *testing.T) {
-	direct := newClient(t)
-	name := uniqueBucket(t, direct)
-	proxy, err := faultproxy.New(testenv.RedisAddr(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	viaProxy := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { viaProxy.Close() })
-	bucket := func(c redis.UniversalClient, p limiter.Priority) *limiter.Bucket {
-		s, err := New(c, Config{Bucket: name, Rate: 1, Burst: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := limiter.New(s, limiter.Options{Priority: p, MaxReserve: 5 * time.Second, Lease: limiter.LeaseOptions{Disabled: true}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { b.Close() })
-		return b
-	}
-	low, high := bucket(viaProxy, limiter.PriorityLow), bucket(direct, limiter.PriorityHigh)
+	r := newSplitRig(t, 1)
+	low, high := priorityReplica(t, r.viaProxy, r.name, 1, limiter.PriorityLow), priorityReplica(t, r.direct, r.name, 1, limiter.PriorityHigh)
 	ctx := context.Background()
-	admin, err := New(direct, Config{Bucket: name, Rate: 1, Burst: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitUntil := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 10 s", what)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	}
-	subscribers := func() int64 { return direct.PubSubNumSub(ctx, admin.channel).Val()[admin.channel] }
-	status := func() limiter.State {
-		st, err := admin.Status(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
-	waitUntil("both replicas subscribed", func() bool { return subscribers() == 2 })
+	waitFor(t, "both replicas subscribed", func() bool { return r.subscribers(ctx) == 2 })
 
-	start := time.Now()
-	if err := low.Wait(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	type done struct {
-		name string
-		at   time.Duration
-		err  error
-	}
-	results := make(chan done, 3)
-	run := func(name string, b *limiter.Bucket) {
-		go func() {
-			err := b.Wait(ctx, 1)
-			results <- done{name, time.Since(start), err}
-		}()
-	}
-	run("low", low)
-	run("low", low)
-	waitUntil("two low reservations", func() bool { return status().Reserved[limiter.PriorityLow] >= 1.9 })
-	proxy.Block() // the low replica cannot resubscribe until Unblock
-	proxy.Cut()
-	waitUntil("the low replica unsubscribed", func() bool { return subscribers() == 1 })
-	run("high", high)
-	waitUntil("the low class pushed", func() bool { return status().Pushed[limiter.PriorityLow] >= 0.9 })
-	proxy.Unblock()
-	var order []string
-	var lowAt []time.Duration
-	for range 3 {
-		d := <-results
-		if d.err != nil {
-			t.Fatalf("%s: %v", d.name, d.err)
-		}
-		order = append(order, d.name)
-		if d.name == "low" {
-			lowAt = append(lowAt, d.at)
-		}
-	}
-	if order[0] != "high" {
-		t.Errorf("returned in the order %v, want high first", order)
-	}
-	if lowAt[0] < 1990*time.Millisecond || lowAt[1] < 2990*time.Millisecond {
-		t.Errorf("the low waits returned at +%v and +%v, want >= +2s and +3s (moved back a slot each)", lowAt[0], lowAt[1])
-	}
+	lowSleepersRace{
+		admin: r.admin, low: low, high: high, slot: time.Second,
+		beforeHigh: func() {
+			r.proxy.Block() // the low replica cannot resubscribe until Unblock
+			r.proxy.Cut()
+			waitFor(t, "the low replica unsubscribed", func() bool { return r.subscribers(ctx) == 1 })
+		},
+		afterHigh: func() {
+			waitFor(t, "the low class pushed", func() bool {
+				st, err := r.admin.Status(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return st.Pushed[limiter.PriorityLow] >= 0.9
+			})
+			r.proxy.Unblock()
+		},
+	}.check(t)
 }

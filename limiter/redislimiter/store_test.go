@@ -289,17 +289,7 @@ func TestReplicasReportTheirConfiguredLimits(t *testing.T) {
 // newBucket returns a limiter.Bucket on its own Redis connection.
 func newBucket(t testing.TB, name string, rate float64, burst int, opts limiter.Options) *limiter.Bucket {
 	t.Helper()
-	c := newClient(t)
-	s, err := New(c, Config{Bucket: name, Rate: rate, Burst: burst})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := limiter.New(s, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	return b
+	return newBucketOn(t, newClient(t), name, rate, burst, opts)
 }
 
 func TestCancelledWaitReturnsPromptlyAndHandsTokensBack(t *testing.T) {
