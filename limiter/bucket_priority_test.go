@@ -125,20 +125,26 @@ func (s *classStore) announce() {
 	}
 }
 
+// watched reports whether a Bucket watches the store.
+func (s *classStore) watched() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pushed) > 0
+}
+
 func (s *classStore) requests() []limiter.TakeRequest {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.reqs)
 }
 
-// classRig drives a Bucket on a classStore at fixed instants, as rig does:
-// callers of any class run in goroutines, and the clock moves one
-// millisecond at a time once every caller is asleep.
+// classRig drives a Bucket at fixed instants, as rig does: callers of any
+// class run in goroutines, and the clock moves one millisecond at a time
+// once every caller is asleep.
 type classRig struct {
-	t     *testing.T
-	clk   *clocktest.Clock
+	stepper
+	// store is the classStore under the Bucket's store, if there is one.
 	store *classStore
-	b     *limiter.Bucket
 	open  atomic.Int64
 	mu    sync.Mutex
 	// grants maps a caller's name to the instant it returned, as an
@@ -148,39 +154,28 @@ type classRig struct {
 	keys map[string]string
 }
 
+// newClassRig drives a Bucket on a classStore of its own, which reserves
+// up to 10 s ahead unless opts says otherwise.
 func newClassRig(t *testing.T, rate float64, burst int, opts limiter.Options) *classRig {
 	t.Helper()
 	clk := clocktest.New(storetest.Base)
-	r := &classRig{t: t, clk: clk, store: newClassStore(t, clk, rate, burst), grants: map[string]time.Duration{}}
-	opts.Clock = clk
+	cs := newClassStore(t, clk, rate, burst)
 	if opts.MaxReserve == 0 {
 		opts.MaxReserve = 10 * time.Second
 	}
-	opts.ProbeInterval = time.Hour
-	opts.Logger = discardLogger()
-	b, err := limiter.New(r.store, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	r.b = b
-	deadline := time.Now().Add(10 * time.Second)
-	for { // the Bucket's Watch has subscribed
-		r.store.mu.Lock()
-		n := len(r.store.pushed)
-		r.store.mu.Unlock()
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the Bucket did not watch the store")
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+	r := newClassRigOn(t, clk, cs, cs.watched, opts)
+	r.store = cs
 	return r
 }
 
-func (r *classRig) at() time.Duration { return r.clk.Now().Sub(storetest.Base) }
+// newClassRigOn drives a Bucket on s, whose clock is clk, once watching
+// reports that the Bucket watches s.
+func newClassRigOn(t *testing.T, clk *clocktest.Clock, s limiter.Store, watching func() bool, opts limiter.Options) *classRig {
+	t.Helper()
+	r := &classRig{grants: map[string]time.Duration{}}
+	r.stepper = stepper{t: t, clk: clk, b: newClockedBucket(t, clk, s, opts, watching), open: &r.open}
+	return r
+}
 
 // wait starts WaitN(cost) of class p, named name, and returns once it has
 // returned or sleeps.
@@ -200,45 +195,6 @@ func (r *classRig) wait(name string, p limiter.Priority, cost int) {
 		r.mu.Unlock()
 	}()
 	r.settle()
-}
-
-// settle waits until every open caller sleeps on a timer, or waits in
-// line behind its class's head while a floor holds the class back.
-func (r *classRig) settle() {
-	r.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for r.clk.Timers() != int(r.open.Load())-limiter.FloorQueued(r.b)+r.background() {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("at +%v: %d timers, want %d callers asleep (%d more in line) and %d background",
-				r.at(), r.clk.Timers(), int(r.open.Load())-limiter.FloorQueued(r.b), limiter.FloorQueued(r.b), r.background())
-		}
-		time.Sleep(50 * time.Microsecond)
-	}
-}
-
-// background is the number of timers that are not callers' sleeps: the
-// probe while the Bucket is not shared.
-func (r *classRig) background() int {
-	if r.b.Mode() == limiter.ModeShared {
-		return 0
-	}
-	return 1
-}
-
-// wake runs f, which wakes n sleepers, and waits until they sleep again.
-func (r *classRig) wake(n int, f func()) {
-	armed := r.clk.Armed()
-	f()
-	r.clk.WaitArmed(r.t, armed+n)
-	r.settle()
-}
-
-// advance moves the clock by d, one millisecond at a time.
-func (r *classRig) advance(d time.Duration) {
-	for end := r.clk.Now().Add(d); r.clk.Now().Before(end); {
-		r.clk.Advance(time.Millisecond)
-		r.settle()
-	}
 }
 
 func (r *classRig) granted() map[string]time.Duration {
@@ -442,6 +398,8 @@ func (s memClassStore) Watch(ctx context.Context, changed func(), pushed func(li
 	s.Memory.Watch(ctx, changed, pushed)
 }
 
+func (s memClassStore) watched() bool { return s.watching.Load() }
+
 func (s memClassStore) Take(_ context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
 	return s.TakeAt(s.clk.Now(), req)
 }
@@ -460,35 +418,47 @@ func (s memClassStore) Status(_ context.Context) (limiter.State, error) {
 	return s.StatusAt(s.clk.Now()), nil
 }
 
+// sleeperOpts are the options of the Buckets whose low sleepers a high
+// arrival moves: reservations up to 10 s ahead, and no lease.
+var sleeperOpts = limiter.Options{MaxReserve: 10 * time.Second, Lease: limiter.LeaseOptions{Disabled: true}}
+
+// newMemClassRig drives a Bucket on a memClassStore (rate, burst), with
+// opts.
+func newMemClassRig(t *testing.T, rate float64, burst int, opts limiter.Options) *classRig {
+	t.Helper()
+	clk := clocktest.New(storetest.Base)
+	m, err := limiter.NewMemory(rate, burst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := memClassStore{m, clk, new(atomic.Bool)}
+	return newClassRigOn(t, clk, s, s.watched, opts)
+}
+
+// highArrives: two low callers, low1 and low2, sleep on reservations due
+// at +100 and +200 ms of a 10/s bucket. A high caller that arrives at
+// +10 ms gets the next slot (+110 ms), and the low ones move back a slot
+// each. before are the grants made before (the burst's, if any).
+func (r *classRig) highArrives(before map[string]time.Duration) {
+	r.t.Helper()
+	r.advance(ms(10))
+	r.wake(2, func() { r.wait("high", limiter.PriorityHigh, 1) })
+	r.advance(ms(400))
+	want := map[string]time.Duration{"high": ms(110), "low1": ms(200), "low2": ms(300)}
+	maps.Copy(want, before)
+	r.check(want)
+}
+
 // TestHighArrivalMovesLowSleepersOnMemory: on the Memory store, whose
 // takes announce their pushes, a high request that arrives while two low
 // ones sleep on reservations at +100 and +200 ms gets the next slot
 // (+110 ms), and the low ones move back a slot each.
 func TestHighArrivalMovesLowSleepersOnMemory(t *testing.T) {
-	clk := clocktest.New(storetest.Base)
-	m, err := limiter.NewMemory(10, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &classRig{t: t, clk: clk, grants: map[string]time.Duration{}}
-	s := memClassStore{m, clk, new(atomic.Bool)}
-	b, err := limiter.New(s, limiter.Options{Clock: clk, Logger: discardLogger(), MaxReserve: 10 * time.Second,
-		ProbeInterval: time.Hour, Lease: limiter.LeaseOptions{Disabled: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	r.b = b
+	r := newMemClassRig(t, 10, 1, sleeperOpts)
 	r.wait("first", limiter.PriorityLow, 1)
 	r.wait("low1", limiter.PriorityLow, 1) // +100 ms
 	r.wait("low2", limiter.PriorityLow, 1) // +200 ms
-	r.advance(ms(10))
-	for !s.watching.Load() {
-		time.Sleep(100 * time.Microsecond)
-	}
-	r.wake(2, func() { r.wait("high", limiter.PriorityHigh, 1) })
-	r.advance(ms(400))
-	r.check(map[string]time.Duration{"first": 0, "high": ms(110), "low1": ms(200), "low2": ms(300)})
+	r.highArrives(map[string]time.Duration{"first": 0})
 }
 
 // TestLocalFallbackMovesLowSleepers: while the store is down, the local
@@ -497,51 +467,39 @@ func TestHighArrivalMovesLowSleepersOnMemory(t *testing.T) {
 // +200 ms gets the next slot, and the low ones move back a slot each,
 // so the local rate holds.
 func TestLocalFallbackMovesLowSleepers(t *testing.T) {
-	r := newClassRig(t, 10, 1, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}})
+	r := newClassRig(t, 10, 1, sleeperOpts)
+	r.localLowSleepers()
+	r.highArrives(nil)
+}
+
+// localLowSleepers takes the store down and starts low1 and low2, which
+// the local bucket, empty at first, serves at +100 and +200 ms.
+func (r *classRig) localLowSleepers() {
+	r.t.Helper()
 	r.store.down.Store(true)
 	r.wait("low1", limiter.PriorityLow, 1) // the local bucket starts empty: +100 ms
 	if r.b.Mode() != limiter.ModeLocal {
-		t.Fatalf("mode %s, want local", r.b.Mode())
+		r.t.Fatalf("mode %s, want local", r.b.Mode())
 	}
 	r.wait("low2", limiter.PriorityLow, 1) // +200 ms
-	r.advance(ms(10))
-	r.wake(2, func() { r.wait("high", limiter.PriorityHigh, 1) })
-	r.advance(ms(400))
-	r.check(map[string]time.Duration{"high": ms(110), "low1": ms(200), "low2": ms(300)})
 }
 
-// layeredClassStore is a LayeredMemory driven by a fake clock, whose own
-// Watch announces the pushes its takes make.
+// layeredClassStore is a memClassStore on a LayeredMemory's shared
+// bucket whose layered takes and refunds go to the LayeredMemory, at the
+// fake clock's instant.
 type layeredClassStore struct {
-	*limiter.LayeredMemory
-	clk      *clocktest.Clock
-	watching *atomic.Bool
+	memClassStore
+	lm *limiter.LayeredMemory
 }
 
-func (s layeredClassStore) Watch(ctx context.Context, changed func(), pushed func(limiter.Push)) {
-	s.watching.Store(true)
-	s.LayeredMemory.Watch(ctx, changed, pushed)
-}
-
-func (s layeredClassStore) Take(_ context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
-	return s.TakeAt(s.clk.Now(), req)
-}
-
-func (s layeredClassStore) Refund(_ context.Context, n int) error {
-	s.RefundAt(s.clk.Now(), n)
-	return nil
-}
-
-func (s layeredClassStore) Status(_ context.Context) (limiter.State, error) {
-	return s.StatusAt(s.clk.Now()), nil
-}
+func (s layeredClassStore) Layers() []limiter.Layer { return s.lm.Layers() }
 
 func (s layeredClassStore) TakeLayers(_ context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
-	return s.TakeLayersAt(s.clk.Now(), req)
+	return s.lm.TakeLayersAt(s.clk.Now(), req)
 }
 
 func (s layeredClassStore) RefundLayers(_ context.Context, req limiter.LayerRequest, res limiter.LayerResult) error {
-	return s.RefundLayersAt(s.clk.Now(), req, res)
+	return s.lm.RefundLayersAt(s.clk.Now(), req, res)
 }
 
 // TestHighArrivalMovesLayeredLowSleepers: the same as on the Memory store,
@@ -557,25 +515,13 @@ func TestHighArrivalMovesLayeredLowSleepers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := layeredClassStore{lm, clk, new(atomic.Bool)}
-	r := &classRig{t: t, clk: clk, grants: map[string]time.Duration{}, keys: map[string]string{"per-key": "a"}}
-	b, err := limiter.New(s, limiter.Options{Clock: clk, Logger: discardLogger(), MaxReserve: 10 * time.Second,
-		ProbeInterval: time.Hour, Lease: limiter.LeaseOptions{Disabled: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	r.b = b
+	s := layeredClassStore{memClassStore{shared, clk, new(atomic.Bool)}, lm}
+	r := newClassRigOn(t, clk, s, s.watched, sleeperOpts)
+	r.keys = map[string]string{"per-key": "a"}
 	r.wait("first", limiter.PriorityLow, 1)
 	r.wait("low1", limiter.PriorityLow, 1) // +100 ms
 	r.wait("low2", limiter.PriorityLow, 1) // +200 ms
-	r.advance(ms(10))
-	for !s.watching.Load() {
-		time.Sleep(100 * time.Microsecond)
-	}
-	r.wake(2, func() { r.wait("high", limiter.PriorityHigh, 1) })
-	r.advance(ms(400))
-	r.check(map[string]time.Duration{"first": 0, "high": ms(110), "low1": ms(200), "low2": ms(300)})
+	r.highArrives(map[string]time.Duration{"first": 0})
 }
 
 // floorStore is a classStore whose high takes a floor holds back: after a
@@ -607,20 +553,32 @@ func (s *floorStore) Take(ctx context.Context, req limiter.TakeRequest) (limiter
 	return s.classStore.Take(ctx, req)
 }
 
-// floorLayers is a floorStore with one layer that never limits: WaitN
-// takes through TakeLayers.
-type floorLayers struct{ *floorStore }
+// openLayers is a classStore with one layer that never limits: WaitN
+// takes through TakeLayers. take, if set, serves the takes instead of the
+// classStore (a floorStore's Take); the classStore can be taken down, and
+// WaitN then decides the layers locally.
+type openLayers struct {
+	*classStore
+	take func(context.Context, limiter.TakeRequest) (limiter.TakeResult, error)
+}
 
-func (s floorLayers) Layers() []limiter.Layer {
+func (s openLayers) Layers() []limiter.Layer {
 	return []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1000, Burst: 1000}}
 }
 
-func (s floorLayers) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
+func (s openLayers) Take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+	if s.take != nil {
+		return s.take(ctx, req)
+	}
+	return s.classStore.Take(ctx, req)
+}
+
+func (s openLayers) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
 	res, err := s.Take(ctx, limiter.TakeRequest{Cost: req.Cost, Extra: req.Extra, MaxWait: req.MaxWait, Priority: req.Priority, MinShare: req.MinShare})
 	return limiter.LayerResult{TakeResult: res}, err
 }
 
-func (s floorLayers) RefundLayers(ctx context.Context, req limiter.LayerRequest, res limiter.LayerResult) error {
+func (s openLayers) RefundLayers(ctx context.Context, req limiter.LayerRequest, res limiter.LayerResult) error {
 	return s.Refund(ctx, res.Tokens)
 }
 
@@ -636,18 +594,13 @@ func TestFloorRefusalsQueueTheClass(t *testing.T) {
 		t.Run(fmt.Sprint("layered=", layered), func(t *testing.T) {
 			clk := clocktest.New(storetest.Base)
 			s := &floorStore{classStore: newClassStore(t, clk, 100, 100), every: ms(100)}
-			r := &classRig{t: t, clk: clk, store: s.classStore, grants: map[string]time.Duration{}}
 			var store limiter.Store = s
+			var keys map[string]string
 			if layered {
-				store, r.keys = floorLayers{s}, map[string]string{"per-key": "a"}
+				store, keys = openLayers{s.classStore, s.Take}, map[string]string{"per-key": "a"}
 			}
-			b, err := limiter.New(store, limiter.Options{Clock: clk, Logger: discardLogger(), ProbeInterval: time.Hour,
-				Lease: limiter.LeaseOptions{Disabled: true}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { b.Close() })
-			r.b = b
+			r := newClassRigOn(t, clk, store, s.watched, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}})
+			r.store, r.keys = s.classStore, keys
 			for i := range 5 {
 				r.wait(fmt.Sprint("high", i), limiter.PriorityHigh, 1)
 			}
@@ -669,27 +622,13 @@ func TestFloorRefusalsQueueTheClass(t *testing.T) {
 // come one per 200 ms, in order of arrival, and the low ones keep the
 // other half of the rate meanwhile.
 func TestFloorSharesTheRateOnMemory(t *testing.T) {
-	clk := clocktest.New(storetest.Base)
-	m, err := limiter.NewMemory(10, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := memClassStore{m, clk, new(atomic.Bool)}
-	r := &classRig{t: t, clk: clk, grants: map[string]time.Duration{}}
-	b, err := limiter.New(s, limiter.Options{Clock: clk, Logger: discardLogger(), MaxReserve: 10 * time.Second,
-		ProbeInterval: time.Hour, Lease: limiter.LeaseOptions{Disabled: true}, MinShare: limiter.Shares{limiter.PriorityLow: 0.5}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	r.b = b
+	opts := sleeperOpts
+	opts.MinShare = limiter.Shares{limiter.PriorityLow: 0.5}
+	r := newMemClassRig(t, 10, 1, opts)
 	for i := range 6 {
 		r.wait(fmt.Sprint("low", i), limiter.PriorityLow, 1)
 	}
 	r.advance(ms(10))
-	for !s.watching.Load() {
-		time.Sleep(100 * time.Microsecond)
-	}
 	for i := range 6 {
 		r.wait(fmt.Sprint("high", i), limiter.PriorityHigh, 1)
 	}
@@ -702,45 +641,14 @@ func TestFloorSharesTheRateOnMemory(t *testing.T) {
 	})
 }
 
-// downLayers is a classStore with one layer that never limits, which can
-// be taken down: WaitN then decides the layers locally.
-type downLayers struct{ *classStore }
-
-func (s downLayers) Layers() []limiter.Layer {
-	return []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1000, Burst: 1000}}
-}
-
-func (s downLayers) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
-	res, err := s.Take(ctx, limiter.TakeRequest{Cost: req.Cost, Extra: req.Extra, MaxWait: req.MaxWait, Priority: req.Priority, MinShare: req.MinShare})
-	return limiter.LayerResult{TakeResult: res}, err
-}
-
-func (s downLayers) RefundLayers(ctx context.Context, req limiter.LayerRequest, res limiter.LayerResult) error {
-	return s.Refund(ctx, res.Tokens)
-}
-
 // TestLocalLayersMoveLowSleepers: the same as TestLocalFallbackMovesLowSleepers
 // through WaitN on a layered store, whose layers the fallback decides
 // locally too.
 func TestLocalLayersMoveLowSleepers(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	cs := newClassStore(t, clk, 10, 1)
-	r := &classRig{t: t, clk: clk, store: cs, grants: map[string]time.Duration{}, keys: map[string]string{"per-key": "a"}}
-	b, err := limiter.New(downLayers{cs}, limiter.Options{Clock: clk, Logger: discardLogger(), MaxReserve: 10 * time.Second,
-		ProbeInterval: time.Hour, Lease: limiter.LeaseOptions{Disabled: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	r.b = b
-	cs.down.Store(true)
-	r.wait("low1", limiter.PriorityLow, 1) // the local bucket starts empty: +100 ms
-	if b.Mode() != limiter.ModeLocal {
-		t.Fatalf("mode %s, want local", b.Mode())
-	}
-	r.wait("low2", limiter.PriorityLow, 1) // +200 ms
-	r.advance(ms(10))
-	r.wake(2, func() { r.wait("high", limiter.PriorityHigh, 1) })
-	r.advance(ms(400))
-	r.check(map[string]time.Duration{"high": ms(110), "low1": ms(200), "low2": ms(300)})
+	r := newClassRigOn(t, clk, openLayers{classStore: cs}, cs.watched, sleeperOpts)
+	r.store, r.keys = cs, map[string]string{"per-key": "a"}
+	r.localLowSleepers()
+	r.highArrives(nil)
 }

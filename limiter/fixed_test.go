@@ -156,44 +156,26 @@ func newRig(t *testing.T, rate float64, burst, replicas int, opts limiter.Option
 	t.Helper()
 	clk := clocktest.New(storetest.Base)
 	r := &rig{t: t, clk: clk, store: newClockedStore(t, clk, rate, burst, replicas)}
-	opts.Clock = clk
 	opts.Lease.Disabled = true
-	if opts.ProbeInterval == 0 {
-		opts.ProbeInterval = time.Hour
-	}
-	opts.Logger = discardLogger()
-	b, err := limiter.New(r.store, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	r.b = b
-	deadline := time.Now().Add(10 * time.Second)
-	for { // the Bucket's Watch has subscribed
-		r.store.mu.Lock()
-		n := len(r.store.watchers)
-		r.store.mu.Unlock()
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the Bucket did not watch the store")
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+	r.b = newClockedBucket(t, clk, r.store, opts, r.store.watched)
 	return r
 }
 
-// change runs f, which wakes the n callers asleep, and waits until they
-// sleep again.
-func (r *rig) change(n int, f func()) {
-	armed := r.clk.Armed()
-	f()
-	r.clk.WaitArmed(r.t, armed+n)
-	r.settle()
+// watched reports whether a Bucket watches the store.
+func (s *clockedStore) watched() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.watchers) > 0
 }
 
-func (r *rig) at() time.Duration { return r.clk.Now().Sub(storetest.Base) }
+// steps returns the rig's stepper.
+func (r *rig) steps() stepper { return stepper{r.t, r.clk, r.b, &r.open} }
+
+// change runs f, which wakes the n callers asleep, and waits until they
+// sleep again.
+func (r *rig) change(n int, f func()) { r.steps().wake(n, f) }
+
+func (r *rig) at() time.Duration { return r.steps().at() }
 
 // wait starts a Wait(cost) and returns once it has returned or sleeps.
 func (r *rig) wait(cost int) {
@@ -211,34 +193,14 @@ func (r *rig) wait(cost int) {
 	r.settle()
 }
 
-// background is the number of timers that are not callers' sleeps: the
-// probe while the Bucket is not shared.
-func (r *rig) background() int {
-	if r.b.Mode() == limiter.ModeShared {
-		return 0
-	}
-	return 1
-}
-
 // settle waits until every open caller sleeps on a timer.
 func (r *rig) settle() {
 	r.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for r.clk.Timers() != int(r.open.Load())+r.background() {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("at +%v: %d timers, want %d callers asleep and %d background", r.at(), r.clk.Timers(), r.open.Load(), r.background())
-		}
-		time.Sleep(50 * time.Microsecond)
-	}
+	r.steps().settle()
 }
 
 // advance moves the clock by d, one millisecond at a time.
-func (r *rig) advance(d time.Duration) {
-	for end := r.clk.Now().Add(d); r.clk.Now().Before(end); {
-		r.clk.Advance(time.Millisecond)
-		r.settle()
-	}
-}
+func (r *rig) advance(d time.Duration) { r.steps().advance(d) }
 
 // grants returns the return instants so far, in order, and forgets them.
 func (r *rig) grants() []time.Duration {
@@ -250,6 +212,84 @@ func (r *rig) grants() []time.Duration {
 }
 
 func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// newClockedBucket returns a Bucket on s driven by clk, which logs nothing
+// and probes hourly unless opts sets ProbeInterval, closed when the test
+// ends. It returns once watching reports that the Bucket watches s.
+func newClockedBucket(t *testing.T, clk *clocktest.Clock, s limiter.Store, opts limiter.Options, watching func() bool) *limiter.Bucket {
+	t.Helper()
+	opts.Clock = clk
+	opts.Logger = discardLogger()
+	if opts.ProbeInterval == 0 {
+		opts.ProbeInterval = time.Hour
+	}
+	b, err := limiter.New(s, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	deadline := time.Now().Add(10 * time.Second)
+	for !watching() {
+		if time.Now().After(deadline) {
+			t.Fatal("the Bucket did not watch the store")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	return b
+}
+
+// stepper moves a fake clock under a Bucket's callers, which run in
+// goroutines: one millisecond at a time, each step only once every caller
+// is asleep again. rig and classRig drive their Buckets with it.
+type stepper struct {
+	t   *testing.T
+	clk *clocktest.Clock
+	b   *limiter.Bucket
+	// open counts the callers that have not returned.
+	open *atomic.Int64
+}
+
+// at is the clock's instant as an offset from storetest.Base.
+func (s stepper) at() time.Duration { return s.clk.Now().Sub(storetest.Base) }
+
+// background is the number of timers that are not callers' sleeps: the
+// probe while the Bucket is not shared.
+func (s stepper) background() int {
+	if s.b.Mode() == limiter.ModeShared {
+		return 0
+	}
+	return 1
+}
+
+// settle waits until every open caller sleeps on a timer, or waits in
+// line behind its class's head while a floor holds the class back.
+func (s stepper) settle() {
+	s.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.clk.Timers() != int(s.open.Load())-limiter.FloorQueued(s.b)+s.background() {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("at +%v: %d timers, want %d callers asleep (%d more in line) and %d background",
+				s.at(), s.clk.Timers(), int(s.open.Load())-limiter.FloorQueued(s.b), limiter.FloorQueued(s.b), s.background())
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// wake runs f, which wakes n sleepers, and waits until they sleep again.
+func (s stepper) wake(n int, f func()) {
+	armed := s.clk.Armed()
+	f()
+	s.clk.WaitArmed(s.t, armed+n)
+	s.settle()
+}
+
+// advance moves the clock by d, one millisecond at a time.
+func (s stepper) advance(d time.Duration) {
+	for end := s.clk.Now().Add(d); s.clk.Now().Before(end); {
+		s.clk.Advance(time.Millisecond)
+		s.settle()
+	}
+}
 
 // TestFallbackStartsAfterTheSharedBookings: at 20/s with two replicas, four
 // tokens are booked in the shared bucket 50–200 ms ahead when it fails.
