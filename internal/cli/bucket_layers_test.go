@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -21,16 +20,7 @@ import (
 // layers and their client.
 func layeredBucket(t *testing.T, keys ...string) (string, *redislimiter.Layered, redis.UniversalClient) {
 	t.Helper()
-	addr := testenv.RedisAddr(t)
-	name := testenv.Name(t, "layers")
-	path := writeConfig(t, fmt.Sprintf(`redis:
-  addr: %s
-limit:
-  bucket: %s
-  rate: 100
-  burst: 100
-  extra:
-    - name: per-recipient
+	path, _ := writeLayersConfig(t, "layers", `    - name: per-recipient
       key: '{{.JSON.to}}'
       rate: 1/h
       burst: 3
@@ -41,14 +31,7 @@ limit:
       timezone: America/New_York
     - name: provider
       rate: 1/h
-      burst: 20
-source:
-  rabbitmq:
-    url: amqp://guest:guest@127.0.0.1:5672/
-    queue: unused
-sink:
-  stdout: {}
-`, addr, name))
+      burst: 20`)
 	client, ls := openLayers(t, path)
 	ctx := testenv.Context(t, 10*time.Second)
 	for _, k := range keys {

@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,6 +34,31 @@ func writeConfig(t *testing.T, yaml string) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// writeLayersConfig writes a config file of a unique bucket (named after
+// prefix) on the test Redis, 100/s with a burst of 100, whose limit.extra
+// holds the layers of extra (YAML list items, indented four spaces), and
+// returns its path and the bucket's name.
+func writeLayersConfig(t *testing.T, prefix, extra string) (path, name string) {
+	t.Helper()
+	name = testenv.Name(t, prefix)
+	path = writeConfig(t, fmt.Sprintf(`redis:
+  addr: %s
+limit:
+  bucket: %s
+  rate: 100
+  burst: 100
+  extra:
+%s
+source:
+  rabbitmq:
+    url: amqp://guest:guest@127.0.0.1:5672/
+    queue: unused
+sink:
+  stdout: {}
+`, testenv.RedisAddr(t), name, strings.TrimRight(extra, "\n")))
+	return path, name
 }
 
 // openLayers loads the config file at path and returns a Redis client for

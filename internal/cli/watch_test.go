@@ -340,29 +340,13 @@ func TestWatchTerminal(t *testing.T) {
 // TestWatchLayers reads the extra layers of a config file from Redis: an
 // unkeyed layer's tokens and a keyed layer's keys in use.
 func TestWatchLayers(t *testing.T) {
-	addr := testenv.RedisAddr(t)
-	name := testenv.Name(t, "watch")
-	path := writeConfig(t, fmt.Sprintf(`redis:
-  addr: %s
-limit:
-  bucket: %s
-  rate: 100
-  burst: 100
-  extra:
-    - name: per-recipient
+	path, name := writeLayersConfig(t, "watch", `    - name: per-recipient
       key: '{{.JSON.to}}'
       rate: 1/s
       burst: 3
     - name: whole-provider
       rate: 1/h # slow enough that no token comes back before the screen is read
-      burst: 20
-source:
-  rabbitmq:
-    url: amqp://guest:guest@127.0.0.1:5672/
-    queue: unused
-sink:
-  stdout: {}
-`, addr, name))
+      burst: 20`)
 	client, ls := openLayers(t, path)
 	ctx := testenv.Context(t, 10*time.Second)
 	// Two recipients and the provider layer take tokens.
@@ -533,27 +517,11 @@ func layerRow(screen, layer string) []string {
 // that the layer's refusals, reported with the replica's heartbeat, show
 // on the screen as they happen.
 func TestWatchTerminalLayers(t *testing.T) {
-	addr := testenv.RedisAddr(t)
-	name := testenv.Name(t, "watch")
-	path := writeConfig(t, fmt.Sprintf(`redis:
-  addr: %s
-limit:
-  bucket: %s
-  rate: 100
-  burst: 100
-  extra:
-    - name: per-recipient
+	path, _ := writeLayersConfig(t, "watch", `    - name: per-recipient
       key: '{{.JSON.to}}'
       rate: 1/h
       burst: 1
-      on_exceed: dead_letter
-source:
-  rabbitmq:
-    url: amqp://guest:guest@127.0.0.1:5672/
-    queue: unused
-sink:
-  stdout: {}
-`, addr, name))
+      on_exceed: dead_letter`)
 	_, ls := openLayers(t, path)
 	b, err := limiter.New(ls, limiter.Options{ReplicaID: "layered-replica", HeartbeatInterval: 200 * time.Millisecond})
 	if err != nil {
