@@ -28,15 +28,7 @@ type layeredClocked struct {
 
 func newLayeredClocked(t *testing.T, clk *clocktest.Clock, rate float64, burst, replicas int, layers ...limiter.Layer) *layeredClocked {
 	t.Helper()
-	shared, err := limiter.NewMemory(rate, burst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := limiter.NewLayeredMemory(shared, layers)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &layeredClocked{clk: clk, m: m, replicas: replicas}
+	return &layeredClocked{clk: clk, m: newLayeredMemory(t, rate, burst, layers), replicas: replicas}
 }
 
 func (s *layeredClocked) fail() error {

@@ -33,11 +33,7 @@ type classStore struct {
 
 func newClassStore(t *testing.T, clk *clocktest.Clock, rate float64, burst int) *classStore {
 	t.Helper()
-	m, err := limiter.NewMemory(rate, burst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &classStore{clk: clk, m: m}
+	return &classStore{clk: clk, m: newMemory(t, rate, burst)}
 }
 
 func (s *classStore) Take(_ context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
@@ -427,11 +423,7 @@ var sleeperOpts = limiter.Options{MaxReserve: 10 * time.Second, Lease: limiter.L
 func newMemClassRig(t *testing.T, rate float64, burst int, opts limiter.Options) *classRig {
 	t.Helper()
 	clk := clocktest.New(storetest.Base)
-	m, err := limiter.NewMemory(rate, burst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := memClassStore{m, clk, new(atomic.Bool)}
+	s := memClassStore{newMemory(t, rate, burst), clk, new(atomic.Bool)}
 	return newClassRigOn(t, clk, s, s.watched, opts)
 }
 
@@ -507,15 +499,8 @@ func (s layeredClassStore) RefundLayers(_ context.Context, req limiter.LayerRequ
 // bucket the limit.
 func TestHighArrivalMovesLayeredLowSleepers(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
-	shared, err := limiter.NewMemory(10, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lm, err := limiter.NewLayeredMemory(shared, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 100, Burst: 10}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := layeredClassStore{memClassStore{shared, clk, new(atomic.Bool)}, lm}
+	lm := newLayeredMemory(t, 10, 1, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 100, Burst: 10}})
+	s := layeredClassStore{memClassStore{lm.Memory, clk, new(atomic.Bool)}, lm}
 	r := newClassRigOn(t, clk, s, s.watched, sleeperOpts)
 	r.keys = map[string]string{"per-key": "a"}
 	r.wait("first", limiter.PriorityLow, 1)

@@ -8,22 +8,28 @@ import (
 	"github.com/throttlehq/throttle/limiter/internal/storetest"
 )
 
+// newLayeredMemory returns a LayeredMemory of layers on a shared Memory
+// (rate, burst), failing the test on an error.
+func newLayeredMemory(t *testing.T, rate float64, burst int, layers []limiter.Layer) *limiter.LayeredMemory {
+	t.Helper()
+	m, err := limiter.NewLayeredMemory(newMemory(t, rate, burst), layers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 type clockedLayered struct{ *limiter.LayeredMemory }
+
+// newClockedLayered is the storetest.LayeredFactory of LayeredMemory.
+func newClockedLayered(t *testing.T, rate float64, burst int, layers []limiter.Layer) storetest.LayeredClockedStore {
+	return clockedLayered{newLayeredMemory(t, rate, burst, layers)}
+}
 
 func (m clockedLayered) StatusAt(now time.Time) (limiter.State, error) {
 	return m.LayeredMemory.StatusAt(now), nil
 }
 
 func TestLayeredMemorySteps(t *testing.T) {
-	storetest.RunLayers(t, func(t *testing.T, rate float64, burst int, layers []limiter.Layer) storetest.LayeredClockedStore {
-		shared, err := limiter.NewMemory(rate, burst)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := limiter.NewLayeredMemory(shared, layers)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return clockedLayered{m}
-	})
+	storetest.RunLayers(t, newClockedLayered)
 }

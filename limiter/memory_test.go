@@ -8,6 +8,17 @@ import (
 	"github.com/throttlehq/throttle/limiter/internal/storetest"
 )
 
+// newMemory returns a Memory store (rate, burst), failing the test on an
+// error.
+func newMemory(t *testing.T, rate float64, burst int) *limiter.Memory {
+	t.Helper()
+	m, err := limiter.NewMemory(rate, burst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 type clockedMemory struct{ *limiter.Memory }
 
 func (m clockedMemory) RefundAt(now time.Time, n int) error {
@@ -31,10 +42,6 @@ func (m clockedMemory) StatusAt(now time.Time) (limiter.State, error) {
 
 func TestMemorySteps(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, rate float64, burst int) storetest.ClockedStore {
-		m, err := limiter.NewMemory(rate, burst)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return clockedMemory{m}
+		return clockedMemory{newMemory(t, rate, burst)}
 	})
 }

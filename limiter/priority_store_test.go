@@ -12,7 +12,7 @@ import (
 
 // watchedMemory is a Memory store whose announced pushes a test reads.
 type watchedMemory struct {
-	*limiter.Memory
+	clockedMemory
 	mu     sync.Mutex
 	pushes []limiter.Push
 }
@@ -21,7 +21,7 @@ type watchedMemory struct {
 // is in place.
 func watchMemory(t *testing.T, m *limiter.Memory) *watchedMemory {
 	t.Helper()
-	w := &watchedMemory{Memory: m}
+	w := &watchedMemory{clockedMemory: clockedMemory{m}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() { cancel(); <-done })
@@ -69,51 +69,20 @@ func (w *watchedMemory) RefundClassAt(now time.Time, tokens int, class limiter.P
 	return nil
 }
 
-func (w *watchedMemory) PauseAt(now time.Time, d time.Duration) error {
-	w.Memory.PauseAt(now, d)
-	return nil
-}
-
-func (w *watchedMemory) DrainAt(now time.Time, debt int) error {
-	w.Memory.DrainAt(now, debt)
-	return nil
-}
-
-func (w *watchedMemory) StatusAt(now time.Time) (limiter.State, error) {
-	return w.Memory.StatusAt(now), nil
-}
-
 func TestMemoryPrioritySteps(t *testing.T) {
 	storetest.RunPriority(t, func(t *testing.T, rate float64, burst int) storetest.PriorityStore {
-		m, err := limiter.NewMemory(rate, burst)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return watchMemory(t, m)
+		return watchMemory(t, newMemory(t, rate, burst))
 	})
 }
 
 func TestLayeredMemoryPrioritySteps(t *testing.T) {
-	storetest.RunPriorityLayers(t, func(t *testing.T, rate float64, burst int, layers []limiter.Layer) storetest.LayeredClockedStore {
-		shared, err := limiter.NewMemory(rate, burst)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := limiter.NewLayeredMemory(shared, layers)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return clockedLayered{m}
-	})
+	storetest.RunPriorityLayers(t, newClockedLayered)
 }
 
 // A take without watchers announces nothing and allocates nothing for it;
 // a rank-normal take without lower reservations is today's take.
 func TestMemoryPriorityWithoutWatchers(t *testing.T) {
-	m, err := limiter.NewMemory(10, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMemory(t, 10, 1)
 	at := storetest.Base
 	for i, p := range []limiter.Priority{limiter.PriorityLow, limiter.PriorityLow, limiter.PriorityHigh} {
 		if _, err := m.TakeAt(at, limiter.TakeRequest{Cost: 1, MaxWait: time.Second, Priority: p}); err != nil {
