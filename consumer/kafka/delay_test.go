@@ -102,6 +102,47 @@ func delayMsg(p int, off int64, due time.Time, headers ...kafkago.Header) kafkag
 	return m
 }
 
+// originHeaders are the headers of a message set aside from partition p
+// of topic "t" at offset off.
+func originHeaders(p, off string) []kafkago.Header {
+	return []kafkago.Header{
+		{Key: consumer.HeaderOriginalTopic, Value: []byte("t")},
+		{Key: consumer.HeaderOriginalPartition, Value: []byte(p)},
+		{Key: consumer.HeaderOriginalOffset, Value: []byte(off)},
+	}
+}
+
+// headerMap returns headers by key.
+func headerMap(headers []kafkago.Header) map[string]string {
+	m := map[string]string{}
+	for _, h := range headers {
+		m[h.Key] = string(h.Value)
+	}
+	return m
+}
+
+// handleDelayMessage consumes msg, of partition 0 of the delay topic, with
+// h at the instant t0, waits until its delay-topic offset is committed and
+// the generation has finished, and returns what was written to the delay
+// topic and to the dead-letter topic meanwhile.
+func handleDelayMessage(t *testing.T, t0 time.Time, msg kafkago.Message, h consumer.Handler) (delayed, deadLetters []kafkago.Message) {
+	t.Helper()
+	c := newTestConsumer(t, Config{SetAside: true}, h)
+	c.clock = newFakeClock(t0)
+	f := newFakeGroup(map[int]partitionReader{})
+	f.delayReaders = map[int]partitionReader{0: newFakeReader(msg)}
+	dw, dl := &fakeWriter{}, &fakeWriter{}
+	f.delayWriter = dw
+	rg := startGeneration(t, c, f, dl)
+	waitFor(t, "the delay partition committed", func() bool { return f.delayCommitted()[0] == msg.Offset+1 })
+	rg.finish(t, true)
+	dw.mu.Lock()
+	defer dw.mu.Unlock()
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	return slices.Clone(dw.writes), slices.Clone(dl.writes)
+}
+
 func TestDueOf(t *testing.T) {
 	at := time.Date(2026, 12, 1, 6, 0, 0, 123456789, time.UTC)
 	h := func(v string) kafkago.Header { return kafkago.Header{Key: HeaderDue, Value: []byte(v)} }
@@ -316,10 +357,7 @@ func TestSetAsideWritesBeforeCommit(t *testing.T) {
 					return
 				}
 				w := dw.writes[0]
-				got := map[string]string{}
-				for _, h := range w.Headers {
-					got[h.Key] = string(h.Value)
-				}
+				got := headerMap(w.Headers)
 				want := map[string]string{
 					"x-from":                         "+1555",
 					HeaderDue:                        "2026-12-01T06:00:05Z",
@@ -347,30 +385,14 @@ func TestSetAsideWritesBeforeCommit(t *testing.T) {
 // time, and its delay-topic offset is committed.
 func TestSetAsideAgainKeepsOrigin(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
-	c := newTestConsumer(t, Config{SetAside: true}, func(context.Context, consumer.Message) error {
-		return consumer.SetAside(errors.New("still full"), 2*time.Second)
-	})
-	c.clock = newFakeClock(t0)
-	f := newFakeGroup(map[int]partitionReader{})
-	f.delayReaders = map[int]partitionReader{0: newFakeReader(delayMsg(0, 7, t0.Add(-time.Second),
-		kafkago.Header{Key: consumer.HeaderOriginalTopic, Value: []byte("t")},
-		kafkago.Header{Key: consumer.HeaderOriginalPartition, Value: []byte("3")},
-		kafkago.Header{Key: consumer.HeaderOriginalOffset, Value: []byte("42")},
-	))}
-	dw := &fakeWriter{}
-	f.delayWriter = dw
-	rg := startGeneration(t, c, f, &fakeWriter{})
-	waitFor(t, "the delay partition committed", func() bool { return f.delayCommitted()[0] == 8 })
-	rg.finish(t, true)
-	dw.mu.Lock()
-	defer dw.mu.Unlock()
-	if len(dw.writes) != 1 {
-		t.Fatalf("%d delay writes, want 1", len(dw.writes))
+	delayed, _ := handleDelayMessage(t, t0, delayMsg(0, 7, t0.Add(-time.Second), originHeaders("3", "42")...),
+		func(context.Context, consumer.Message) error {
+			return consumer.SetAside(errors.New("still full"), 2*time.Second)
+		})
+	if len(delayed) != 1 {
+		t.Fatalf("%d delay writes, want 1", len(delayed))
 	}
-	got := map[string]string{}
-	for _, h := range dw.writes[0].Headers {
-		got[h.Key] = string(h.Value)
-	}
+	got := headerMap(delayed[0].Headers)
 	if got[consumer.HeaderOriginalTopic] != "t" || got[consumer.HeaderOriginalPartition] != "3" || got[consumer.HeaderOriginalOffset] != "42" ||
 		got[HeaderDue] != "2026-12-01T06:00:02Z" || got[HeaderSetAsideReason] != "still full" {
 		t.Fatalf("headers %v", got)
@@ -408,30 +430,14 @@ func TestSetAsideWithoutDelayTopic(t *testing.T) {
 // consumed from, and its delay-topic offset is committed.
 func TestDeadLetterFromDelayTopicKeepsOrigin(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
-	c := newTestConsumer(t, Config{SetAside: true}, func(context.Context, consumer.Message) error {
-		return consumer.Permanent(errors.New("recipient gone"))
-	})
-	c.clock = newFakeClock(t0)
-	f := newFakeGroup(map[int]partitionReader{})
-	f.delayReaders = map[int]partitionReader{0: newFakeReader(delayMsg(0, 4, t0,
-		kafkago.Header{Key: consumer.HeaderOriginalTopic, Value: []byte("t")},
-		kafkago.Header{Key: consumer.HeaderOriginalPartition, Value: []byte("2")},
-		kafkago.Header{Key: consumer.HeaderOriginalOffset, Value: []byte("9")},
-	))}
-	f.delayWriter = &fakeWriter{}
-	dl := &fakeWriter{}
-	rg := startGeneration(t, c, f, dl)
-	waitFor(t, "the delay partition committed", func() bool { return f.delayCommitted()[0] == 5 })
-	rg.finish(t, true)
-	dl.mu.Lock()
-	defer dl.mu.Unlock()
-	if len(dl.writes) != 1 {
-		t.Fatalf("%d dead letters, want 1", len(dl.writes))
+	_, deadLetters := handleDelayMessage(t, t0, delayMsg(0, 4, t0, originHeaders("2", "9")...),
+		func(context.Context, consumer.Message) error {
+			return consumer.Permanent(errors.New("recipient gone"))
+		})
+	if len(deadLetters) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(deadLetters))
 	}
-	got := map[string]string{}
-	for _, h := range dl.writes[0].Headers {
-		got[h.Key] = string(h.Value)
-	}
+	got := headerMap(deadLetters[0].Headers)
 	if got[consumer.HeaderOriginalTopic] != "t" || got[consumer.HeaderOriginalPartition] != "2" || got[consumer.HeaderOriginalOffset] != "9" ||
 		got[consumer.HeaderError] != "recipient gone" {
 		t.Fatalf("dead-letter headers %v", got)
