@@ -106,7 +106,7 @@ end
 -- It reads the classes' state in the same HMGET (priorityLua), and the
 -- key's expiry as save() last set it (RX, ms on Redis's clock). st, when
 -- given, holds those fields as already read (the take's fast path), in
--- STATE_FIELDS's order.
+-- the order of the HMGET below.
 local function load(skey, now, rate, burst, st)
   if not st then
     st = redis.call('HMGET', skey, 'tokens', 'ts', 'wts', 'x', 'q0', 'q2', 'p1', 'p2', 'j1', 'j2')

@@ -15,15 +15,18 @@
 // A bucket named NAME uses these keys, all with the hash tag {NAME} so that
 // they land in one Redis Cluster slot and one script can touch them all:
 //
-//	PREFIX{NAME}:state     hash: tokens, ts (µs), by (who paused),  TTL: until the bucket is full again
-//	                       the classes' q0 q2 p1 p2 j1 j2 (see priorityLua)
+//	PREFIX{NAME}:state     hash: tokens, ts (µs), by (who paused),  TTL: until the bucket is full again, or a little later
+//	                       the classes' q0 q2 p1 p2 j1 j2 (see priorityLua),
+//	                       x (the TTL's end as last set, ms; see save)
 //	PREFIX{NAME}:override  hash: rate, burst                       TTL: the override's duration, if any
 //	PREFIX{NAME}:replicas  sorted set: replica → expiry             TTL: twice the heartbeat TTL
 //	PREFIX{NAME}:configs   hash: replica → "rate burst [mode granted waiting x:LAYER:N... w:H,N,L]"  TTL: as replicas
 //
 // and announce changes on the Pub/Sub channel PREFIX{NAME}:changes (see
 // Watch). PREFIX defaults to "throttle:". A missing state key means a full
-// bucket, so the TTL only ever removes state that no longer matters. An
+// bucket, so the TTL only ever removes state that no longer matters; for
+// the same reason a take after which the bucket is full again within a
+// microsecond writes no state at all (takeFastLua). An
 // override holding values outside (0, limiter.MaxRate] or [1,
 // limiter.MaxBurst] is ignored by the scripts and shown by Admin.Status.
 //
