@@ -18,9 +18,10 @@ import (
 // request is decided as layersScript decides it with shared 0 and no
 // quota, and is atomic on its own (the whole call is, too).
 //
-// It is layersScript's job at a fraction of its cost in Redis: it does not
-// carry the shared bucket's prelude (adaptive rate, warm-up, overrides),
-// whose functions Redis would re-create on every call; the layers'
+// It is layersScript's job at a fraction of its cost in Redis, with the
+// same layer functions (layerPrelude) and clamp and wait_us (mathLua): it
+// does not carry the rest of the shared bucket's prelude (adaptive rate,
+// warm-up, overrides), whose functions Redis would re-create on every call; the layers'
 // constants come once per call, not once per request; TIME is read once
 // per call; and the reply is one string. A batch of concurrent requests is
 // one call (see layerBatcher).
@@ -37,19 +38,7 @@ import (
 // the layer's burst).
 var layersKeyedScript = redis.NewScript(layersKeyedSrc)
 
-var layersKeyedSrc = `
--- clamp and wait_us as in the shared prelude.
-local function clamp(x)
-  if x ~= x then return 0 end
-  if x > 1e15 then return 1e15 end
-  if x < -1e15 then return -1e15 end
-  return x
-end
-
-local function wait_us(n, rate)
-  return clamp(math.ceil(n * 1e6 / rate))
-end
-` + strings.TrimPrefix(layerPrelude, prelude) + `
+var layersKeyedSrc = mathLua + strings.TrimPrefix(layerPrelude, prelude) + `
 local now = tonumber(ARGV[1])
 if not (now and now > 0) then
   local t = redis.call('TIME')
@@ -74,26 +63,10 @@ for a = 3 + 5 * n, #ARGV, 2 do
       status, limiting = -2, idx[i]
       break
     end
-    tok[i], lts[i] = bucket_load(KEYS[k0 + i], now, rate[i], burst[i])
-    local wt = lts[i] - now
-    local after = tok[i] - cost
-    if after < 0 then wt = clamp(wt + wait_us(-after, rate[i])) end
-    if wt < 0 then wt = 0 end
-    w[i] = wt
+    tok[i], lts[i], w[i] = bucket_wait(KEYS[k0 + i], now, cost, rate[i], burst[i])
   end
   if not status then
-    -- As in layersScript: dead_letter wins over delay, and among delay
-    -- layers the longest wait.
-    local refused = 0
-    for i = 1, n do
-      if action[i] ~= 'w' and w[i] > maxw[i] then
-        if action[i] == 'd' then
-          if refused == 0 or action[refused] ~= 'd' then refused = i end
-        elseif refused == 0 or (action[refused] == 'y' and w[i] > w[refused]) then
-          refused = i
-        end
-      end
-    end
+    local refused = refusal(n, action, w, maxw)
     if refused > 0 then
       status, wait, limiting = 2, w[refused], idx[refused]
     else

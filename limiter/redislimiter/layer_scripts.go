@@ -32,6 +32,35 @@ local function bucket_save(key, tokens, ts, now, rate, burst)
   redis.call('SET', key, string.format('%.17g %.17g', tokens, ts), 'PX', math.ceil(full_us / 1000) + 1000)
 end
 
+-- bucket_wait returns a layer bucket's tokens and timestamp at now, and
+-- the µs until it holds cost tokens (0 when it holds them now).
+local function bucket_wait(key, now, cost, rate, burst)
+  local tokens, ts = bucket_load(key, now, rate, burst)
+  local wt = ts - now
+  local after = tokens - cost
+  if after < 0 then wt = clamp(wt + wait_us(-after, rate)) end
+  if wt < 0 then wt = 0 end
+  return tokens, ts, wt
+end
+
+-- refusal returns the layer (1..n) that refuses a request whose layers
+-- would wait w, or 0: a layer whose action is not wait (w) refuses when
+-- its wait is above its max wait; dead_letter (d) wins over delay (y), and
+-- among delay layers the longest wait.
+local function refusal(n, action, w, maxw)
+  local refused = 0
+  for i = 1, n do
+    if action[i] ~= 'w' and w[i] > maxw[i] then
+      if action[i] == 'd' then
+        if refused == 0 or action[refused] ~= 'd' then refused = i end
+      elseif refused == 0 or (action[refused] == 'y' and w[i] > w[refused]) then
+        refused = i
+      end
+    end
+  end
+  return refused
+end
+
 -- quota_used returns the tokens used in the window ending at e.
 local function quota_used(key, e)
   local se, su = num2(redis.call('GET', key))
@@ -131,27 +160,11 @@ for i = 1, n do
     if used[i] + cost > quota then w[i] = we - now end
   else
     if cost > burst[i] then return reply(-2, 0, idx[i], stokens, 0) end
-    tok[i], lts[i] = bucket_load(key, now, rate[i], burst[i])
-    local wt = lts[i] - now
-    local after = tok[i] - cost
-    if after < 0 then wt = clamp(wt + wait_us(-after, rate[i])) end
-    if wt < 0 then wt = 0 end
-    w[i] = wt
+    tok[i], lts[i], w[i] = bucket_wait(key, now, cost, rate[i], burst[i])
   end
 end
 
--- A layer that must not wait this long refuses; dead_letter wins over
--- delay, and among delay layers the longest wait.
-local refused = 0
-for i = 1, n do
-  if action[i] ~= 'w' and w[i] > maxw[i] then
-    if action[i] == 'd' then
-      if refused == 0 or action[refused] ~= 'd' then refused = i end
-    elseif refused == 0 or (action[refused] == 'y' and w[i] > w[refused]) then
-      refused = i
-    end
-  end
-end
+local refused = refusal(n, action, w, maxw)
 if refused > 0 then
   return reply(2, w[refused], idx[refused], stokens, 0)
 end

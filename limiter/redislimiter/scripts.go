@@ -8,6 +8,22 @@ import (
 	"github.com/throttlehq/throttle/limiter"
 )
 
+// mathLua holds clamp and wait_us: the prelude's, and those of
+// layersKeyedScript, which does without the rest of the prelude.
+const mathLua = `
+local function clamp(x)
+  if x ~= x then return 0 end
+  if x > 1e15 then return 1e15 end
+  if x < -1e15 then return -1e15 end
+  return x
+end
+
+-- wait_us returns the microseconds needed to refill n tokens at rate.
+local function wait_us(n, rate)
+  return clamp(math.ceil(n * 1e6 / rate))
+end
+`
+
 // prelude holds the functions every bucket script shares. All times are
 // microseconds. The time is read with TIME inside the script, so every
 // replica uses the clock of Redis; a test may pass an explicit instant as
@@ -22,14 +38,7 @@ import (
 var prelude = `
 local MAXRATE = ` + strconv.FormatFloat(limiter.MaxRate, 'g', -1, 64) + `
 local MAXBURST = ` + strconv.Itoa(limiter.MaxBurst) + `
-` + adaptiveLua + warmupLua + `
-
-local function clamp(x)
-  if x ~= x then return 0 end
-  if x > 1e15 then return 1e15 end
-  if x < -1e15 then return -1e15 end
-  return x
-end
+` + adaptiveLua + warmupLua + mathLua + `
 
 local function milli(x)
   return clamp(math.floor(x * 1000 + 0.5))
@@ -169,10 +178,6 @@ local function save(skey, tokens, ts, now, rate, burst)
   end
 end
 
--- wait_us returns the microseconds needed to refill n tokens at rate.
-local function wait_us(n, rate)
-  return clamp(math.ceil(n * 1e6 / rate))
-end
 `
 
 // takeScript takes or reserves tokens.
