@@ -84,11 +84,7 @@ func (l *Layered) CountLayerKeys(ctx context.Context, client redis.UniversalClie
 		mu.Unlock()
 		return nil
 	}
-	if cc, ok := client.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
-	} else {
-		err = scan(ctx, client)
-	}
+	err = forEachPrimary(ctx, client, scan)
 	if err != nil {
 		return LayerKeyCount{}, l.fail("count layer keys", fmt.Errorf("scanning the keys of layer %q: %w", layer, err))
 	}
@@ -155,11 +151,7 @@ func (l *Layered) ResetLayerKeys(ctx context.Context, client redis.UniversalClie
 			}
 		}
 	}
-	if cc, ok := client.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return reset(ctx, c) })
-	} else {
-		err = reset(ctx, client)
-	}
+	err = forEachPrimary(ctx, client, reset)
 	if err != nil {
 		return deleted, l.fail("reset layer keys", fmt.Errorf("scanning the keys of layer %q: %w", layer, err))
 	}

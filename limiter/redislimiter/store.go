@@ -572,16 +572,19 @@ func Buckets(ctx context.Context, client redis.UniversalClient, prefix string) (
 		}
 		return iter.Err()
 	}
-	var err error
-	if cc, ok := client.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
-	} else {
-		err = scan(ctx, client)
-	}
-	if err != nil {
+	if err := forEachPrimary(ctx, client, scan); err != nil {
 		return nil, fmt.Errorf("listing the buckets under %q: %w: %w", prefix, limiter.ErrStore, err)
 	}
 	return slices.Sorted(maps.Keys(names)), nil
+}
+
+// forEachPrimary runs fn on every master of a Cluster client, concurrently,
+// or once on any other client.
+func forEachPrimary(ctx context.Context, client redis.UniversalClient, fn func(context.Context, redis.Cmdable) error) error {
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return fn(ctx, c) })
+	}
+	return fn(ctx, client)
 }
 
 // globEscaper escapes the characters that Redis's SCAN MATCH treats as
