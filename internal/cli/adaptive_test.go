@@ -16,24 +16,11 @@ import (
 // adaptive rate, 'bucket status' shows it (text and JSON); 'bucket set'
 // replaces it.
 func TestBucketStatusShowsTheAdaptiveRate(t *testing.T) {
-	addr := testenv.RedisAddr(t)
-	name := testenv.Name(t, "cli-adaptive")
-	path := bucketConfig(t, addr, name, 100, 10)
-	t.Cleanup(func() { runCLI(t, "bucket", "reset", "--config", path) })
-	_, store := redisStore(t, addr, name, 100, 10)
+	path, store := statusBucket(t, "cli-adaptive", 100, 10)
 
 	adaptiveOf := func() map[string]any {
 		t.Helper()
-		code, stdout, stderr := runCLI(t, "bucket", "status", "--config", path, "--json")
-		if code != ExitOK {
-			t.Fatalf("status: %d %s", code, stderr)
-		}
-		var v map[string]any
-		if err := json.Unmarshal([]byte(stdout), &v); err != nil {
-			t.Fatal(err)
-		}
-		a, _ := v["adaptive"].(map[string]any)
-		return a
+		return statusObject(t, path, "adaptive")
 	}
 	if a := adaptiveOf(); a != nil {
 		t.Errorf("adaptive before any push-back = %v, want null", a)
@@ -76,16 +63,7 @@ sink: {stdout: {}}
 	}
 	warmupOf := func() map[string]any {
 		t.Helper()
-		code, stdout, stderr := runCLI(t, "bucket", "status", "--config", path, "--json")
-		if code != ExitOK {
-			t.Fatalf("status: %d %s", code, stderr)
-		}
-		var v map[string]any
-		if err := json.Unmarshal([]byte(stdout), &v); err != nil {
-			t.Fatal(err)
-		}
-		w, _ := v["warmup"].(map[string]any)
-		return w
+		return statusObject(t, path, "warmup")
 	}
 	if w := warmupOf(); w == nil || w["cold"] != true {
 		t.Errorf("new bucket: warmup = %v, want cold", w)
@@ -100,4 +78,33 @@ sink: {stdout: {}}
 	if code, stdout, _ := runCLI(t, "bucket", "status", "--config", path); code != ExitOK || !strings.Contains(stdout, "ramping: 33% of the rate") {
 		t.Errorf("text status:\n%s", stdout)
 	}
+}
+
+// statusObject runs 'bucket status --json' on the config at path, failing
+// the test unless it exits ExitOK with valid JSON, and returns the object
+// under field (nil when it is absent or null).
+func statusObject(t *testing.T, path, field string) map[string]any {
+	t.Helper()
+	code, stdout, stderr := runCLI(t, "bucket", "status", "--config", path, "--json")
+	if code != ExitOK {
+		t.Fatalf("status: %d %s", code, stderr)
+	}
+	var v map[string]any
+	if err := json.Unmarshal([]byte(stdout), &v); err != nil {
+		t.Fatal(err)
+	}
+	o, _ := v[field].(map[string]any)
+	return o
+}
+
+// statusBucket makes a bucket named after the test (prefix), a config file
+// for the CLI pointing at it, reset when the test ends, and a store on it.
+func statusBucket(t *testing.T, prefix string, rate float64, burst int) (string, *redislimiter.Store) {
+	t.Helper()
+	addr := testenv.RedisAddr(t)
+	name := testenv.Name(t, prefix)
+	path := bucketConfig(t, addr, name, rate, burst)
+	t.Cleanup(func() { runCLI(t, "bucket", "reset", "--config", path) })
+	_, store := redisStore(t, addr, name, rate, burst)
+	return path, store
 }

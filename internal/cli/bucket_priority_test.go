@@ -15,11 +15,7 @@ import (
 // summed over the replicas' heartbeats; a bucket whose classes are all
 // normal shows no classes line.
 func TestBucketStatusClasses(t *testing.T) {
-	addr := testenv.RedisAddr(t)
-	name := testenv.Name(t, "cli")
-	path := bucketConfig(t, addr, name, 1, 2)
-	t.Cleanup(func() { runCLI(t, "bucket", "reset", "--config", path) })
-	_, store := redisStore(t, addr, name, 1, 2)
+	path, store := statusBucket(t, "cli", 1, 2)
 	ctx := testenv.Context(t, 10*time.Second)
 
 	if code, out, _ := runCLI(t, "bucket", "status", "--config", path); code != ExitOK || strings.Contains(out, "\n  classes") {
