@@ -66,6 +66,13 @@ local function prio_class(t, c, k, s1, s2, burst)
   return pushed, v, q1, need
 end
 
+-- prio_lower_limit returns j (nil: none yet), capped at burst / (1 - s),
+-- lowered by the push of pushed tokens against share s (s > 0).
+local function prio_lower_limit(j, s, pushed, burst)
+  local limit = burst / (1 - s)
+  return (j and math.min(j, limit) or limit) - pushed / (1 - s)
+end
+
 -- prio_grant records a granted take of rank c that pushed lower ranks back
 -- by pushed, rank 1 having held q1 tokens reserved, and announces the
 -- push on channel (nil: the one named after the state key KEYS[1]; see
@@ -76,18 +83,12 @@ local function prio_grant(c, pushed, q1, s1, s2, burst, channel, now)
   local moved = nil
   if c < 1 and q1 > 0 then
     P1 = P1 + pushed
-    if s1 > 0 then
-      local limit = burst / (1 - s1)
-      J1 = (J1 and math.min(J1, limit) or limit) - pushed / (1 - s1)
-    end
+    if s1 > 0 then J1 = prio_lower_limit(J1, s1, pushed, burst) end
     moved = string.format('1:%d', milli(P1))
   end
   if c < 2 and Q2 > 0 then
     P2 = P2 + pushed
-    if s2 > 0 then
-      local limit = burst / (1 - s2)
-      J2 = (J2 and math.min(J2, limit) or limit) - pushed / (1 - s2)
-    end
+    if s2 > 0 then J2 = prio_lower_limit(J2, s2, pushed, burst) end
     local m = string.format('2:%d', milli(P2))
     if moved then moved = moved .. ' ' .. m else moved = m end
   end
