@@ -26,9 +26,7 @@ import (
 //
 //	THROTTLE_SIM=1 go test -run TestAdaptiveHiddenLimitSimulation -v ./limiter/redislimiter/
 func TestAdaptiveHiddenLimitSimulation(t *testing.T) {
-	if os.Getenv("THROTTLE_SIM") == "" {
-		t.Skip("a 150 s measurement; set THROTTLE_SIM=1")
-	}
+	simOnly(t, "a 150 s measurement")
 	for _, adaptive := range []bool{false, true} {
 		t.Run(fmt.Sprintf("adaptive=%v", adaptive), func(t *testing.T) {
 			simulateHiddenLimit(t, adaptive, 75*time.Second)
@@ -112,4 +110,13 @@ func simulateHiddenLimit(t *testing.T, adaptive bool, d time.Duration) {
 	t.Logf("adaptive=%v per second delivered: %s", adaptive, strings.Join(rates, " "))
 	t.Logf("adaptive=%v 45-75s: %.1f/s delivered, %d of %d requests answered 429 (%.1f%%)",
 		adaptive, float64(ok)/30, no, ok+no, 100*float64(no)/float64(ok+no))
+}
+
+// simOnly skips a long measurement (what says which) unless THROTTLE_SIM
+// is set.
+func simOnly(t *testing.T, what string) {
+	t.Helper()
+	if os.Getenv("THROTTLE_SIM") == "" {
+		t.Skip(what + "; set THROTTLE_SIM=1")
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,9 +22,7 @@ import (
 //
 //	THROTTLE_SIM=1 go test -run TestWarmupRampSimulation -v ./limiter/redislimiter/
 func TestWarmupRampSimulation(t *testing.T) {
-	if os.Getenv("THROTTLE_SIM") == "" {
-		t.Skip("a 25 s measurement; set THROTTLE_SIM=1")
-	}
+	simOnly(t, "a 25 s measurement")
 	const rate, burst, warm = 60.0, 10, 20 * time.Second
 	c := newClient(t)
 	name := uniqueBucket(t, c)
