@@ -27,9 +27,7 @@ import (
 //
 //	THROTTLE_SIM=1 go test -count=1 -run TestAdaptiveHiddenLimitE2E -v ./integration/
 func TestAdaptiveHiddenLimitE2E(t *testing.T) {
-	if os.Getenv("THROTTLE_SIM") == "" {
-		t.Skip("a 160 s measurement; set THROTTLE_SIM=1")
-	}
+	simOnly(t, "a 160 s measurement")
 	for _, adaptive := range []bool{false, true} {
 		t.Run(fmt.Sprintf("adaptive=%v", adaptive), func(t *testing.T) {
 			e2eHiddenLimit(t, adaptive)
@@ -95,5 +93,14 @@ func e2eHiddenLimit(t *testing.T, adaptive bool) {
 		} else { // measured: push-back alone dead-letters a few after 5 refusals
 			t.Logf("adaptive=false: %d messages neither delivered nor in the queue (dead-lettered)", lost)
 		}
+	}
+}
+
+// simOnly skips a long measurement (what says which) unless THROTTLE_SIM
+// is set.
+func simOnly(t *testing.T, what string) {
+	t.Helper()
+	if os.Getenv("THROTTLE_SIM") == "" {
+		t.Skip(what + "; set THROTTLE_SIM=1")
 	}
 }

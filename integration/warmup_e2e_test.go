@@ -3,7 +3,6 @@ package integration
 import (
 	"fmt"
 	"math"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -18,9 +17,7 @@ import (
 //
 //	THROTTLE_SIM=1 go test -count=1 -run TestWarmupRampE2E -v ./integration/
 func TestWarmupRampE2E(t *testing.T) {
-	if os.Getenv("THROTTLE_SIM") == "" {
-		t.Skip("a 40 s measurement; set THROTTLE_SIM=1")
-	}
+	simOnly(t, "a 40 s measurement")
 	const rate, warm = 60.0, 20 * time.Second
 	srv := faultStartRedis(t)
 	f := faultNewFleet(t)
