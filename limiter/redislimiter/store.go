@@ -260,7 +260,7 @@ const takeArgc = 11
 // appendTakeArgs appends the ARGV of takeScript for req to args.
 func (s *Store) appendTakeArgs(args []any, req limiter.TakeRequest, nowUS int64) []any {
 	args = append(args, s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), s.maxWaitArg(req.MaxWait))
-	if nowUS == 0 && s.cfg.Warmup == 0 && req.Priority == limiter.PriorityNormal && req.MinShare == (limiter.Shares{}) {
+	if nowUS == 0 && s.shortTake(req) {
 		// The rest are what the script takes when they are absent (Redis
 		// TIME, no warm-up, rank 1, no shares, the channel named after
 		// the state key): fewer arguments cost Redis less (takeFastLua).
@@ -268,6 +268,12 @@ func (s *Store) appendTakeArgs(args []any, req limiter.TakeRequest, nowUS int64)
 	}
 	sh := s.sharesArg(req.MinShare)
 	return append(args, nowUS, s.warmArg, rankArgs[req.Priority.Rank()], sh.boxed[1], sh.boxed[2], s.channelArg)
+}
+
+// shortTake reports whether a take of req at Redis's clock sends only the
+// first five arguments (appendTakeArgs).
+func (s *Store) shortTake(req limiter.TakeRequest) bool {
+	return s.cfg.Warmup == 0 && req.Priority == limiter.PriorityNormal && req.MinShare == (limiter.Shares{})
 }
 
 // rankArgs are the ranks 0, 1, 2, boxed.
@@ -320,6 +326,12 @@ type boxedInt struct {
 func (s *Store) takeResult(req limiter.TakeRequest, cmd *redis.Cmd) (limiter.TakeResult, error) {
 	if err := cmd.Err(); err != nil {
 		return limiter.TakeResult{}, s.fail("take", err)
+	}
+	if now, ok := cmd.Val().(int64); ok {
+		if res, ok := s.fullAgainResult(req, now); ok {
+			return res, nil
+		}
+		return limiter.TakeResult{}, s.fail("take", fmt.Errorf("%w: %d", limiter.ErrMalformedReply, now))
 	}
 	str, _ := cmd.Val().(string)
 	if res, ok := s.fastTakeResult(req, str); ok {

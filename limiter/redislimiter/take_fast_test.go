@@ -216,3 +216,94 @@ func TestTakeFullAgainAtOnceWritesNothing(t *testing.T) {
 		t.Fatalf("stored tokens = %q, want 8999", got)
 	}
 }
+
+// TestTakeFullAgainReply runs the take script, which answers the commonest
+// take of a bucket far above its demand with the bare instant
+// (takeFullAgainLua, fullAgainResult), and the same script without that
+// reply, on Redis's clock, for random limits and requests on a missing
+// state: both must answer the same and store nothing, and the short reply
+// must be given exactly when the bucket is full again within a
+// microsecond and nothing else is set (an override, a state, a class, a
+// warm-up).
+func TestTakeFullAgainReply(t *testing.T) {
+	c := newClient(t)
+	ctx := testenv.Context(t, 30*time.Second)
+	long := redis.NewScript(strings.Replace(takeSrc, takeFullAgainLua, "", 1))
+	if long.Hash() == takeScript.Hash() {
+		t.Fatal("takeSrc does not hold takeFullAgainLua")
+	}
+	rng := rand.New(rand.NewPCG(16, 3))
+	pick := func(xs ...float64) float64 { return xs[rng.IntN(len(xs))] }
+	short := 0
+	for i := range 400 {
+		cfg := Config{Bucket: uniqueBucket(t, c), Rate: pick(1, 1000, 999_999, 1e6, 3e6, 1e9), Burst: int(pick(1, 2, 5, 100, 1e6, 1e9))}
+		if rng.IntN(10) == 0 {
+			cfg.Warmup = time.Second
+		}
+		s, err := New(c, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := limiter.TakeRequest{Cost: 1 + rng.IntN(min(cfg.Burst, 5)), MaxWait: time.Duration(pick(0, 1)) * time.Second}
+		if rng.IntN(3) == 0 {
+			req.Extra = rng.IntN(10)
+		}
+		if rng.IntN(10) == 0 {
+			req.Cost = cfg.Burst + 1
+		}
+		if rng.IntN(10) == 0 {
+			req.Priority = limiter.PriorityOfRank(rng.IntN(3))
+		}
+		set := rng.IntN(10)
+		got := req.Cost
+		if req.Extra > 0 && cfg.Burst-req.Cost >= 1 {
+			got += min(req.Extra, cfg.Burst-req.Cost)
+		}
+		want := set > 1 && s.shortTake(req) && req.Cost <= cfg.Burst && float64(got)*1e6 <= cfg.Rate
+		var res [2]limiter.TakeResult
+		var errs [2]error
+		for k, script := range []*redis.Script{takeScript, long} {
+			c.Del(ctx, s.stateKeys...)
+			switch set {
+			case 0:
+				c.HSet(ctx, s.stateKeys[1], "rate", "1e9")
+			case 1:
+				c.HSet(ctx, s.stateKeys[0], "p1", "0")
+			}
+			before := time.Now()
+			cmd := script.Run(ctx, c, s.stateKeys, s.takeArgs(req, 0)...)
+			_, isShort := cmd.Val().(int64)
+			if k == 0 && isShort != want {
+				t.Fatalf("case %d: %+v, %+v, set %d: short reply %v, want %v (%v)", i, cfg, req, set, isShort, want, cmd.Val())
+			}
+			if k == 1 && isShort {
+				t.Fatalf("case %d: the script without takeFullAgainLua replied %v", i, cmd.Val())
+			}
+			res[k], errs[k] = s.takeResult(req, cmd)
+			if at := res[k].At; errs[k] == nil && (at.Before(before.Add(-time.Second)) || at.After(time.Now().Add(time.Second))) {
+				t.Fatalf("case %d: At %v, not Redis's clock at the call (%v)", i, at, before)
+			}
+			res[k].At = time.Time{}
+		}
+		if short += btoi(want); !reflect.DeepEqual(res[0], res[1]) || (errs[0] == nil) != (errs[1] == nil) {
+			t.Fatalf("case %d: %+v, %+v: short reply %+v, %v; string %+v, %v", i, cfg, req, res[0], errs[0], res[1], errs[1])
+		}
+		if want {
+			if n := c.Exists(ctx, s.stateKeys...).Val(); n != 0 {
+				t.Fatalf("case %d: %d keys written", i, n)
+			}
+		}
+		c.Del(ctx, s.stateKeys...)
+	}
+	if short < 80 {
+		t.Errorf("the short reply answered %d cases: want at least 80", short)
+	}
+	t.Logf("short reply: %d of 400", short)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
