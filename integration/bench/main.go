@@ -76,6 +76,10 @@ type config struct {
 	// latencyRounds is how many latency phases each implementation runs,
 	// alternating the order.
 	latencyRounds int
+	// latencyPhases selects one latency phase per implementation and
+	// round instead of the implementations called in turn by each caller
+	// (measureLatencyInterleaved).
+	latencyPhases bool
 	// layerRounds is how many paired rounds of (c) and (e) measure the
 	// keyed layer's ratio (fast workload).
 	layerRounds int
@@ -126,7 +130,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.redisAddr, "redis", "127.0.0.1:6379", "Redis address")
 	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "length of each saturated or ceiling run")
 	fs.DurationVar(&cfg.latency, "latency", time.Second, "length of each unsaturated latency run")
-	fs.IntVar(&cfg.latencyRounds, "latency-rounds", 3, "latency runs of each implementation, alternating their order")
+	fs.IntVar(&cfg.latencyRounds, "latency-rounds", 3, "latency runs, merged")
+	fs.BoolVar(&cfg.latencyPhases, "latency-phases", false, "time each implementation in a phase of its own, their order alternating from round to round, instead of calling them in turn within each replica")
 	fs.Float64Var(&cfg.latencyRate, "latency-rate", 1e9, "rate and burst of the bucket of the latency runs")
 	fs.IntVar(&cfg.layerRounds, "layer-rounds", 5, "paired rounds of (c) and (e) on the fast workload, alternating, for the keyed layer's ratio; 0 for none")
 	fs.IntVar(&cfg.replicas, "replicas", 8, "simulated replicas")
@@ -247,11 +252,15 @@ func run(ctx context.Context, cfg config) error {
 	if rep.layerPairs, err = b.measureLayerPairs(ctx, cfg.layerRounds); err != nil {
 		return fmt.Errorf("keyed layer rounds: %w", err)
 	}
-	if rep.latencies, err = b.measureLatency(ctx, cfg.impls, cfg.latencyRounds); err != nil {
+	measureLatency := b.measureLatencyInterleaved
+	if cfg.latencyPhases {
+		measureLatency = b.measureLatency
+	}
+	if rep.latencies, err = measureLatency(ctx, cfg.impls, cfg.latencyRounds); err != nil {
 		return fmt.Errorf("latency: %w", err)
 	}
 	for _, l := range rep.latencies {
-		fmt.Fprintf(os.Stderr, "latency %-44s p50 %v p99 %v\n", l.im.name, l.p50, l.p99)
+		fmt.Fprintf(os.Stderr, "latency %-44s p25 %v p50 %v p90 %v p99 %v\n", l.im.name, l.p25, l.p50, l.p90, l.p99)
 	}
 	if rep.leaseAllocs, err = b.leaseAllocs(ctx); err != nil {
 		return fmt.Errorf("lease allocations: %w", err)

@@ -46,7 +46,8 @@ func (b *bench) measure(ctx context.Context, w workload, im impl) (result, error
 type latency struct {
 	im       impl
 	waits    int
-	p50, p99 time.Duration
+	p25, p50 time.Duration
+	p90, p99 time.Duration
 	allocs   float64 // heap allocations per Wait, whole process
 	calls    float64 // client-counted Redis calls per Wait
 }
@@ -91,7 +92,7 @@ func (b *bench) measureLatency(ctx context.Context, ims []impl, rounds int) ([]l
 		}
 		out[i] = latency{
 			im: ims[i], waits: n,
-			p50: lat[n/2], p99: lat[n*99/100],
+			p25: lat[n/4], p50: lat[n/2], p90: lat[n*9/10], p99: lat[n*99/100],
 			allocs: float64(a.mallocs) / float64(max(1, a.tokens)),
 			calls:  float64(a.calls) / float64(max(1, a.tokens)),
 		}

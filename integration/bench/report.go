@@ -129,10 +129,14 @@ func (rep *report) markdown() string {
 	if len(rep.layerPairs) > 0 {
 		layerPairsMarkdown(&b, rep.layerPairs)
 	}
-	fmt.Fprintf(&b, "Latency that `Wait` adds when tokens are plentiful (rate and burst %g/s, one caller per replica pausing 1 ms between calls; %d runs of %v per implementation, their order alternating, merged):\n\n", c.latencyRate, c.latencyRounds, c.latency)
-	b.WriteString("| implementation | waits | p50 | p99 | Redis calls/Wait | allocs/Wait |\n|---|--:|--:|--:|--:|--:|\n")
+	if c.latencyPhases {
+		fmt.Fprintf(&b, "Latency that `Wait` adds when tokens are plentiful (rate and burst %g/s, one caller per replica pausing 1 ms between calls; %d runs of %v per implementation, their order alternating, merged):\n\n", c.latencyRate, c.latencyRounds, c.latency)
+	} else {
+		fmt.Fprintf(&b, "Latency that `Wait` adds when tokens are plentiful (rate and burst %g/s; one caller per replica, holding a limiter of each implementation on its own client and bucket, calls them in turn, pausing 1 ms after each call; %d runs of %v, merged; allocations counted after, one implementation at a time):\n\n", c.latencyRate, c.latencyRounds, c.latency)
+	}
+	b.WriteString("| implementation | waits | p25 | p50 | p90 | p99 | Redis calls/Wait | allocs/Wait |\n|---|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, l := range rep.latencies {
-		fmt.Fprintf(&b, "| %s | %d | %v | %v | %s | %.1f |\n", l.im.name, l.waits, roundDur(l.p50), roundDur(l.p99), ratio(l.calls), l.allocs)
+		fmt.Fprintf(&b, "| %s | %d | %v | %v | %v | %v | %s | %.1f |\n", l.im.name, l.waits, roundDur(l.p25), roundDur(l.p50), roundDur(l.p90), roundDur(l.p99), ratio(l.calls), l.allocs)
 	}
 	fmt.Fprintf(&b, "\n`Wait` served from a lease: %.4f allocations per call (whole process, least of 5 rounds of 20,000 calls).\n\n", rep.leaseAllocs)
 	b.WriteString("Targets:\n\n")
