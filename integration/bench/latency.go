@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -125,8 +124,7 @@ func (b *bench) latencyRound(ctx context.Context, ims []impl, r int, lat [][]tim
 
 // latencyAllocs returns the heap allocations of the whole process per
 // Wait of im, on one replica calling alone on a bucket far above the
-// demand: the least of 3 rounds of 2,000 calls, so that the allocations of
-// background goroutines, such as heartbeats, weigh as little as they can.
+// demand: the least of 3 rounds of 2,000 calls (leastAllocs).
 func (b *bench) latencyAllocs(ctx context.Context, im impl) (float64, error) {
 	spec := bucketSpec{
 		name: fmt.Sprintf("bench-%s-allocs-%s", b.runID, im.key),
@@ -141,20 +139,5 @@ func (b *bench) latencyAllocs(ctx context.Context, im impl) (float64, error) {
 	if err := w.Wait(ctx, 1); err != nil { // loads the script, takes a lease
 		return 0, err
 	}
-	const rounds, waits = 3, 2000
-	least := -1.0
-	for range rounds {
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		for range waits {
-			if err := w.Wait(ctx, 1); err != nil {
-				return 0, err
-			}
-		}
-		runtime.ReadMemStats(&after)
-		if a := float64(after.Mallocs-before.Mallocs) / waits; least < 0 || a < least {
-			least = a
-		}
-	}
-	return least, nil
+	return leastAllocs(3, 2000, func() error { return w.Wait(ctx, 1) })
 }

@@ -229,20 +229,25 @@ func leaseAllocs(ctx context.Context, store limiter.Store) (float64, error) {
 	if err := bk.Wait(ctx, 1); err != nil { // takes the lease
 		return 0, err
 	}
-	// The least of several rounds, so that the allocations of background
-	// goroutines, such as heartbeats, do not count.
-	const rounds, waits = 5, 20_000
+	return leastAllocs(5, 20_000, func() error { return bk.Wait(ctx, 1) })
+}
+
+// leastAllocs returns the heap allocations of the whole process per call of
+// fn, the least of rounds rounds of calls calls each, so that the
+// allocations of background goroutines, such as heartbeats, weigh as
+// little as they can.
+func leastAllocs(rounds, calls int, fn func() error) (float64, error) {
 	least := math.Inf(1)
 	for range rounds {
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		for range waits {
-			if err := bk.Wait(ctx, 1); err != nil {
+		for range calls {
+			if err := fn(); err != nil {
 				return 0, err
 			}
 		}
 		runtime.ReadMemStats(&after)
-		least = min(least, float64(after.Mallocs-before.Mallocs)/waits)
+		least = min(least, float64(after.Mallocs-before.Mallocs)/float64(calls))
 	}
 	return least, nil
 }
