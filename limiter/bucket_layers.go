@@ -24,6 +24,11 @@ type Request struct {
 	// PriorityNormal, whatever the Bucket's Options.Priority (the class of
 	// Wait and Allow).
 	Priority Priority
+	// Paid names the layers this message already paid for, with its key
+	// in each, as LayerRequest.Paid: a delay layer's slot booked when it
+	// refused the message (LimitError.Reserved). Those layers let it pass
+	// without taking from them. Ignored by a store without layers.
+	Paid map[string]string
 }
 
 // WaitN blocks until req.Cost tokens are granted on the shared bucket and on
@@ -35,7 +40,9 @@ type Request struct {
 //
 // A layer whose OnExceed is dead_letter or delay and that cannot grant
 // within its MaxWait makes WaitN return a *LimitError (matching
-// ErrLimitExceeded) at once, without charging any layer. A cost above a
+// ErrLimitExceeded) at once, without charging any layer, except that a
+// delay token bucket books the message's slot on itself (see
+// LimitError.Reserved and Request.Paid). A cost above a
 // layer's burst or quota returns a *LimitError that also matches
 // ErrCostExceedsBurst.
 //
@@ -96,7 +103,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			b.observeLayered(start, req, limiting, err)
 			return err
 		}
-		lr := LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare}
+		lr := LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid}
 		leading := false
 		if b.lease.take(req.Priority, req.Cost) {
 			lr.SkipShared = true
@@ -324,7 +331,7 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls LayeredStore, req Re
 			cost = min(cost, l.Burst)
 		}
 	}
-	lr := LayerRequest{Cost: cost, Keys: req.Keys, MaxWait: b.opts.MaxReserve, Priority: req.Priority, MinShare: b.opts.MinShare}
+	lr := LayerRequest{Cost: cost, Keys: req.Keys, MaxWait: b.opts.MaxReserve, Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid}
 	pushes := b.fallbackPushes(local)
 	for {
 		gen := b.gen.Load()

@@ -45,7 +45,13 @@ type Layer struct {
 	// ActionWait (the default) waits as long as needed, ActionDeadLetter
 	// refuses at once with a *LimitError, ActionDelay refuses with a
 	// *LimitError that says when the layer will have room. A refusal
-	// charges no layer.
+	// charges no layer, with one exception: a token-bucket layer with
+	// ActionDelay that refuses books the message's tokens on itself for the
+	// instant it will have room (LimitError.Reserved), first come first
+	// served behind the slots it booked before, so that the messages it
+	// sets aside together come back one slot apart. The message then
+	// comes back naming the layer in LayerRequest.Paid, and passes it
+	// without taking from it again.
 	OnExceed Action
 	// MaxWait is how long a request may wait for this layer before
 	// OnExceed applies; only with ActionDeadLetter or ActionDelay. Default
@@ -212,11 +218,32 @@ type LimitError struct {
 	// Wait is how long after the store's answer the layer will have room,
 	// if nobody else takes it first; RetryAt is that instant on the
 	// store's clock, set for ActionDelay only. Both are 0 for a cost that
-	// can never pass.
+	// can never pass. When Reserved is set, the room at RetryAt is this
+	// message's: nobody else can take it.
 	Wait    time.Duration
 	RetryAt time.Time
-	err     error
+	// Reserved is set when the layer, a token bucket with ActionDelay,
+	// booked the message's tokens for RetryAt (see Layer.OnExceed). The
+	// message should come back then with LayerRequest.Paid (or
+	// Request.Paid) mapping Layer to Key, up to PaidUntil; the slot stays
+	// spent if it never comes back.
+	Reserved bool
+	// Key is the message's key in the layer ("" for a layer without
+	// keys), set with Reserved.
+	Key string
+	// PaidUntil is, with Reserved, the last instant at which the booked
+	// slot should still be honoured: RetryAt plus the time the layer takes
+	// to refill its burst, at least PaidGrace. A message that comes back
+	// later has been too late to keep to the layer's rate with the old
+	// slot, and should take the layer again.
+	PaidUntil time.Time
+	err       error
 }
+
+// PaidGrace is the least time after a booked slot (LimitError.PaidUntil)
+// for which the slot counts as paid, so that a message set aside to a
+// delay topic or queue and handled a little late still uses its slot.
+const PaidGrace = time.Second
 
 func (e *LimitError) Error() string {
 	return "limit " + strconv.Quote(e.Layer) + ": " + e.Reason
@@ -256,6 +283,46 @@ type LayerRequest struct {
 	// back there.
 	Priority Priority
 	MinShare Shares
+	// Paid maps the name of each layer that this message already paid
+	// for to its key there ("" for a layer without keys): a slot that a
+	// delay layer booked when it refused the message (LimitError.Reserved).
+	// The store leaves such a layer out of the decision, charging and
+	// refunding nothing on it; the shared bucket and the other layers are
+	// decided as usual. An entry that does not name a token-bucket layer
+	// with ActionDelay, or whose key is not this request's key in it, is
+	// ignored: the layer is decided as usual.
+	Paid map[string]string
+}
+
+// PaidLayers returns, in the order of layers, which of them the request
+// whose keys are keys (see LayerKeys) has paid for (LayerRequest.Paid), or
+// nil when none. Every store decides which entries of Paid count with it.
+func PaidLayers(layers []Layer, keys []string, paid map[string]string) []bool {
+	if len(paid) == 0 {
+		return nil
+	}
+	var out []bool
+	for i, l := range layers {
+		k, ok := paid[l.Name]
+		if !ok || k != keys[i] || l.OnExceed != ActionDelay || l.IsQuota() {
+			continue
+		}
+		if out == nil {
+			out = make([]bool, len(layers))
+		}
+		out[i] = true
+	}
+	return out
+}
+
+// ReservesOnRefusal reports whether layer l, refusing a request whose wait
+// on it is waitUS microseconds, books the request's slot (see
+// Layer.OnExceed): a token bucket with ActionDelay, and a wait below the
+// longest a store computes (about 31 years), which means no room ever.
+// A quota books nothing ahead: its refusal names the start of its next
+// window, as a quota with ActionWait does.
+func ReservesOnRefusal(l Layer, waitUS int64) bool {
+	return l.OnExceed == ActionDelay && !l.IsQuota() && waitUS < maxWaitUS
 }
 
 // ErrMissingKey is returned for a request that does not name the key of a
@@ -358,5 +425,17 @@ func ExceededError(l Layer, at time.Time, wait time.Duration) *LimitError {
 	if l.OnExceed == ActionDelay {
 		e.RetryAt = at.Add(wait)
 	}
+	return e
+}
+
+// ReservedError returns the *LimitError for delay layer l refusing a
+// request whose key in it is key, and booking its slot after wait (see
+// ReservesOnRefusal): ExceededError's, with Reserved, Key and PaidUntil.
+func ReservedError(l Layer, key string, at time.Time, wait time.Duration) *LimitError {
+	e := ExceededError(l, at, wait)
+	e.Reason = strings.Replace(e.Reason, "; room in", "; slot booked in", 1)
+	e.Reserved, e.Key = true, key
+	refill := time.Duration(min(float64(l.Burst)/l.Rate*1e6, maxWaitUS)) * time.Microsecond
+	e.PaidUntil = e.RetryAt.Add(max(refill, PaidGrace))
 	return e
 }

@@ -184,8 +184,12 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		wait   int64
 	}
 	st := make([]layerState, len(m.layers))
+	paid := PaidLayers(m.layers, keys, req.Paid)
 	for i, l := range m.layers {
 		s := &st[i]
+		if paid != nil && paid[i] {
+			continue // paid for: no wait, nothing charged
+		}
 		if l.IsQuota() {
 			if req.Cost > l.Quota {
 				return res, nil, CostError(l, req.Cost)
@@ -229,9 +233,17 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		}
 	}
 	if refused >= 0 {
+		l := m.layers[refused]
 		w := time.Duration(st[refused].wait) * time.Microsecond
-		res.Wait, res.Limiting = w, m.layers[refused].Name
-		res.Exceeded = ExceededError(m.layers[refused], res.At, w)
+		res.Wait, res.Limiting = w, l.Name
+		if !ReservesOnRefusal(l, st[refused].wait) {
+			res.Exceeded = ExceededError(l, res.At, w)
+			return res, nil, nil
+		}
+		// A delay layer books the message's slot on itself alone.
+		s := &st[refused]
+		m.buckets[refused][keys[refused]] = &memLayerBucket{tokens: s.tokens - cost, ts: s.ts}
+		res.Exceeded = ReservedError(l, keys[refused], res.At, w)
 		return res, nil, nil
 	}
 
@@ -279,6 +291,9 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		}
 	}
 	for i, l := range m.layers {
+		if paid != nil && paid[i] {
+			continue
+		}
 		if l.IsQuota() {
 			m.quotas[i][keys[i]] = &memLayerQuota{end: st[i].end, used: st[i].used + req.Cost}
 			continue
@@ -307,7 +322,11 @@ func (m *LayeredMemory) RefundLayersAt(t time.Time, req LayerRequest, res LayerR
 		pr.refund(res.Class.Rank(), float64(req.Cost))
 		m.store(math.Min(float64(m.burst), cur+float64(req.Cost)), ts, pr)
 	}
+	paid := PaidLayers(m.layers, keys, req.Paid)
 	for i, l := range m.layers {
+		if paid != nil && paid[i] {
+			continue // not charged by the take
+		}
 		if l.IsQuota() {
 			_, end := l.Per.Window(res.At, l.Location)
 			if q := m.quotas[i][keys[i]]; q != nil && q.end == end.UnixMicro() {

@@ -3,6 +3,7 @@ package redislimiter
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -257,7 +258,35 @@ func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string
 		}
 	}
 	args = append(args, l.warmArg) // the shared bucket's warm-up (warmupLua)
+	args = append(args, l.paidArg(st.layers, keys, req.Paid))
 	return rkeys, args, clock
+}
+
+// paidArg returns the paid layers' argument of the layer scripts for the
+// layers of one step: one character per layer, '1' for a layer paid for
+// (limiter.PaidLayers), or "" when none is.
+func (l *Layered) paidArg(layers []int, keys []string, paid map[string]string) string {
+	p := limiter.PaidLayers(l.layers, keys, paid)
+	if p == nil {
+		return ""
+	}
+	b := make([]byte, len(layers))
+	for j, i := range layers {
+		b[j] = '0'
+		if p[i] {
+			b[j] = '1'
+		}
+	}
+	return string(b)
+}
+
+// layerKeyOf returns the request's key in layer ly: "" for a layer without
+// keys.
+func layerKeyOf(ly limiter.Layer, req limiter.LayerRequest) string {
+	if !ly.Keyed {
+		return ""
+	}
+	return req.Keys[ly.Name]
 }
 
 // takeReply turns layersScript's reply, or its error, into a LayerResult.
@@ -293,6 +322,11 @@ func (l *Layered) takeReply(req limiter.LayerRequest, v []int64, err error, cloc
 		res.Floor = true
 	case 2:
 		res.Exceeded = limiter.ExceededError(layer, res.At, res.Wait)
+	case 4:
+		if v[2] == 0 {
+			return limiter.LayerResult{}, l.malformed("take layers", v)
+		}
+		res.Exceeded = limiter.ReservedError(layer, layerKeyOf(layer, req), res.At, res.Wait)
 	case -1:
 		return res, fmt.Errorf("cost %d, burst %d: %w", req.Cost, res.Burst, limiter.ErrCostExceedsBurst)
 	case -2:
@@ -341,8 +375,16 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req limiter.Laye
 		shared = "1"
 		rkeys = append(rkeys, l.stateKeys...)
 	}
-	args = append(args, nowUS, req.Cost, shared, l.rateArg, l.burstArg, len(st.layers), rankArgs[class.Rank()])
-	for _, i := range st.layers {
+	paid := limiter.PaidLayers(l.layers, keys, req.Paid)
+	layers := st.layers
+	if paid != nil { // a paid layer was not charged: nothing to give back
+		layers = slices.DeleteFunc(slices.Clone(layers), func(i int) bool { return paid[i] })
+		if !st.shared && len(layers) == 0 {
+			return nil
+		}
+	}
+	args = append(args, nowUS, req.Cost, shared, l.rateArg, l.burstArg, len(layers), rankArgs[class.Rank()])
+	for _, i := range layers {
 		rkeys = append(rkeys, l.layerKey(i, keys[i]))
 		args = append(args, l.spec[i][1], l.spec[i][2], l.spec[i][3])
 		if ly := l.layers[i]; ly.IsQuota() {

@@ -29,13 +29,14 @@ import (
 // KEYS: each request's key of every layer, request by request. ARGV: now_us
 // (0: TIME), n (layers per request); then 5 values per layer: index
 // (1-based, named in the reply), rate, burst, action (w: wait, d:
-// dead_letter, y: delay), max_wait_us; then 2 values per request: cost,
-// horizon_us.
+// dead_letter, y: delay), max_wait_us; then 3 values per request: cost,
+// horizon_us, and the paid layers as in layersScript (one character per
+// layer, '1' for a layer paid for).
 //
 // Reply: one string, "now_us" followed by "status wait_us layer" for each
 // request, separated by spaces; status, wait_us and layer as in
-// layersScript (status 1 granted, 0 not granted, 2 refused, -2 cost above
-// the layer's burst).
+// layersScript (status 1 granted, 0 not granted, 2 refused, 4 refused with
+// the slot booked on the delay layer, -2 cost above the layer's burst).
 var layersKeyedScript = redis.NewScript(layersKeyedSrc)
 
 var layersKeyedSrc = mathLua + strings.TrimPrefix(layerPrelude, prelude) + `
@@ -55,20 +56,25 @@ end
 local tok, lts, w = {}, {}, {}
 local out = {string.format('%d', now)}
 local k0 = 0
-for a = 3 + 5 * n, #ARGV, 2 do
+for a = 3 + 5 * n, #ARGV, 3 do
   local cost, horizon = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  local paid = paid_flags(ARGV[a + 2], n)
   local status, wait, limiting = nil, 0, 0
   for i = 1, n do
-    if cost > burst[i] then
+    if paid[i] then
+      w[i] = 0
+    elseif cost > burst[i] then
       status, limiting = -2, idx[i]
       break
+    else
+      tok[i], lts[i], w[i] = bucket_wait(KEYS[k0 + i], now, cost, rate[i], burst[i])
     end
-    tok[i], lts[i], w[i] = bucket_wait(KEYS[k0 + i], now, cost, rate[i], burst[i])
   end
   if not status then
-    local refused = refusal(n, action, w, maxw)
-    if refused > 0 then
-      status, wait, limiting = 2, w[refused], idx[refused]
+    local r = refusal(n, action, w, maxw)
+    if r > 0 then
+      status = refused_status(r, KEYS[k0 + r], 'b', action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r])
+      wait, limiting = w[r], idx[r]
     else
       for i = 1, n do
         if w[i] > wait then wait, limiting = w[i], idx[i] end
@@ -78,7 +84,9 @@ for a = 3 + 5 * n, #ARGV, 2 do
       else
         status = 1
         for i = 1, n do
-          bucket_save(KEYS[k0 + i], tok[i] - cost, lts[i], now, rate[i], burst[i])
+          if not paid[i] then
+            bucket_save(KEYS[k0 + i], tok[i] - cost, lts[i], now, rate[i], burst[i])
+          end
         end
       end
     end
@@ -111,7 +119,7 @@ func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []limiter.LayerRequ
 		nowUS = at.UnixMicro()
 	}
 	rkeys := make([]string, 0, len(reqs)*len(layers))
-	args := make([]any, 0, 2+5*len(layers)+2*len(reqs))
+	args := make([]any, 0, 2+5*len(layers)+3*len(reqs))
 	args = append(args, nowUS, len(layers))
 	for _, i := range layers {
 		sp := l.spec[i] // index, kind, rate, burst, action, max_wait_us
@@ -121,7 +129,7 @@ func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []limiter.LayerRequ
 		for _, i := range layers {
 			rkeys = append(rkeys, l.layerKey(i, keys[j][i]))
 		}
-		args = append(args, req.Cost, max(req.MaxWait, 0).Microseconds())
+		args = append(args, req.Cost, max(req.MaxWait, 0).Microseconds(), l.paidArg(layers, keys[j], req.Paid))
 	}
 	return rkeys, args
 }
@@ -177,6 +185,8 @@ func (l *Layered) keyedResult(req limiter.LayerRequest, status, wait, idx, now i
 	case 0:
 	case 2:
 		res.Exceeded = limiter.ExceededError(layer, res.At, res.Wait)
+	case 4:
+		res.Exceeded = limiter.ReservedError(layer, layerKeyOf(layer, req), res.At, res.Wait)
 	case -2:
 		return res, limiter.CostError(layer, req.Cost)
 	default:

@@ -20,14 +20,16 @@ import (
 // TestKeyedScriptMatchesLayersScript decides the same random requests
 // without the shared bucket, at the same instants, with layersKeyedScript
 // (what TakeLayers sends) on one store and with layersScript on another:
-// every result and every key's state must be the same.
+// every result and every key's state must be the same. Some requests name
+// layers as paid (a delay layer's booked slot), for their key, another key,
+// or a layer that does not book.
 func TestKeyedScriptMatchesLayersScript(t *testing.T) {
 	c := newClient(t)
 	ctx := context.Background()
 	layers := []limiter.Layer{
 		{Name: "per-key", Keyed: true, Rate: 2, Burst: 4},
-		{Name: "per-sender", Keyed: true, Rate: 0.5, Burst: 2, OnExceed: limiter.ActionDelay, MaxWait: 1500 * time.Millisecond},
-		{Name: "strict", Keyed: true, Rate: 1, Burst: 3, OnExceed: limiter.ActionDeadLetter, MaxWait: 800 * time.Millisecond},
+		{Name: "per-sender", Keyed: true, Rate: 3, Burst: 2, OnExceed: limiter.ActionDelay, MaxWait: 300 * time.Millisecond},
+		{Name: "strict", Keyed: true, Rate: 3, Burst: 3, OnExceed: limiter.ActionDeadLetter, MaxWait: 800 * time.Millisecond},
 		{Name: "all", Rate: 20, Burst: 10},
 	}
 	keyed := newLayered(t, c, 1000, 1000, layers)
@@ -50,6 +52,12 @@ func TestKeyedScriptMatchesLayersScript(t *testing.T) {
 		if i%50 == 7 {
 			req.Cost = 5 // above per-key's burst
 		}
+		switch rng.IntN(6) {
+		case 0, 1:
+			req.Paid = map[string]string{"per-sender": req.Keys["per-sender"]}
+		case 2:
+			req.Paid = map[string]string{"per-sender": "s9", "per-key": req.Keys["per-key"], "gone": "x"} // ignored
+		}
 		got, gerr := keyed.takeLayers(ctx, now, req)
 		keys, err := limiter.LayerKeys(layers, req)
 		if err != nil {
@@ -65,9 +73,15 @@ func TestKeyedScriptMatchesLayersScript(t *testing.T) {
 			fmt.Sprint(got.Exceeded) != fmt.Sprint(want.Exceeded) {
 			t.Fatalf("request %d %+v:\n got %+v\nwant %+v", i, req, got, want)
 		}
+		if got.Exceeded != nil && (got.Exceeded.Reserved != want.Exceeded.Reserved || got.Exceeded.Key != want.Exceeded.Key ||
+			!got.Exceeded.RetryAt.Equal(want.Exceeded.RetryAt) || !got.Exceeded.PaidUntil.Equal(want.Exceeded.PaidUntil)) {
+			t.Fatalf("request %d %+v:\n got %+v\nwant %+v", i, req, *got.Exceeded, *want.Exceeded)
+		}
 		switch {
 		case gerr != nil:
 			outcomes["error"]++
+		case got.Exceeded != nil && got.Exceeded.Reserved:
+			outcomes["refused, slot booked"]++
 		case got.Exceeded != nil:
 			outcomes["refused"]++
 		case !got.Granted:
@@ -92,8 +106,8 @@ func TestKeyedScriptMatchesLayersScript(t *testing.T) {
 			}
 		}
 	}
-	if len(outcomes) != 5 {
-		t.Errorf("outcomes %v, want each of granted, reserved, not granted, refused, error", outcomes)
+	if len(outcomes) != 6 {
+		t.Errorf("outcomes %v, want each of granted, reserved, not granted, refused, refused with a slot booked, error", outcomes)
 	}
 	t.Logf("outcomes: %v", outcomes)
 }

@@ -43,6 +43,27 @@ local function bucket_wait(key, now, cost, rate, burst)
   return tokens, ts, wt
 end
 
+-- paid_flags returns, from a string of one character per layer, which
+-- layers the request already paid for ('1'): a slot a delay layer booked
+-- when it refused the message. Such a layer waits 0 and is not charged.
+local function paid_flags(s, n)
+  local p = {}
+  s = s or ''
+  for i = 1, n do p[i] = string.sub(s, i, i) == '1' end
+  return p
+end
+
+-- refused_status returns the status of a refusal by layer i (see
+-- layersScript): 4 after booking the request's slot on i, as a token-bucket
+-- layer with action delay does (limiter.ReservesOnRefusal), else 2.
+local function refused_status(i, key, kind, action, w, tok, lts, cost, now, rate, burst)
+  if action == 'y' and kind ~= 'q' and w < 1e15 then
+    bucket_save(key, tok - cost, lts, now, rate, burst)
+    return 4
+  end
+  return 2
+end
+
 -- refusal returns the layer (1..n) that refuses a request whose layers
 -- would wait w, or 0: a layer whose action is not wait (w) refuses when
 -- its wait is above its max wait; dead_letter (d) wins over delay (y), and
@@ -95,15 +116,19 @@ end
 // named in the reply), kind (b: bucket, q: quota), rate or quota, burst,
 // action (w: wait, d: dead_letter, y: delay), max_wait_us, and for a quota
 // four window boundaries b0..b3 around the caller's clock (0 for a bucket);
-// last, the shared bucket's warm-up in µs (0 or absent: none), which ramps
-// the shared part as it ramps takeScript (warmupLua).
+// then the shared bucket's warm-up in µs (0 or absent: none), which ramps
+// the shared part as it ramps takeScript (warmupLua); last, the paid
+// layers: one character per layer, '1' for a layer the request already
+// paid for (limiter.PaidLayers), which waits 0 and is not charged.
 //
 // Reply: {status, wait_us, layer, remaining_milli, effective_rate_milli,
 // burst, now_us, tokens (cost plus the extra granted), rank, pushed_milli
 // (its push counter on the shared bucket)}. status: 1 granted, 0 not
-// granted (come back after wait_us), 2 refused by layer's action, 3 refused
-// by a lower rank's MinShare on the shared bucket (wait_us until it would
-// not), -1 cost above the shared burst, -2 cost above layer's burst or
+// granted (come back after wait_us), 2 refused by layer's action, 4
+// refused by layer, a token bucket with action delay, which booked the
+// request's tokens for wait_us on itself alone (limiter.ReservesOnRefusal),
+// 3 refused by a lower rank's MinShare on the shared bucket (wait_us until
+// it would not), -1 cost above the shared burst, -2 cost above layer's burst or
 // quota, -3 no window holds now (a clock skew above a window). layer is
 // the 1-based index of the layer that set wait_us or refused, or 0 for the
 // shared bucket.
@@ -143,13 +168,16 @@ end
 
 local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
 local tok, lts, wend, used, w = {}, {}, {}, {}, {}
+local paid = paid_flags(ARGV[14 + 10 * n], n)
 for i = 1, n do
   local a = 12 + (i - 1) * 10
   local key = KEYS[kb + i]
   idx[i], kind[i] = tonumber(ARGV[a + 1]), ARGV[a + 2]
   rate[i], burst[i] = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   action[i], maxw[i] = ARGV[a + 5], tonumber(ARGV[a + 6])
-  if kind[i] == 'q' then
+  if paid[i] then
+    w[i] = 0
+  elseif kind[i] == 'q' then
     local quota = rate[i]
     if cost > quota then return reply(-2, 0, idx[i], stokens, 0) end
     local we = window_end(a + 7, now)
@@ -166,7 +194,9 @@ end
 
 local refused = refusal(n, action, w, maxw)
 if refused > 0 then
-  return reply(2, w[refused], idx[refused], stokens, 0)
+  local r = refused
+  local status = refused_status(r, KEYS[kb + r], kind[r], action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r])
+  return reply(status, w[r], idx[r], stokens, 0)
 end
 
 local wait, limiting, qwait = wait0, 0, 0
@@ -190,7 +220,9 @@ if shared then
 end
 for i = 1, n do
   local key = KEYS[kb + i]
-  if kind[i] == 'q' then
+  if paid[i] then
+    -- paid for: nothing to charge
+  elseif kind[i] == 'q' then
     quota_save(key, wend[i], used[i] + cost, now)
   else
     bucket_save(key, tok[i] - cost, lts[i], now, rate[i], burst[i])

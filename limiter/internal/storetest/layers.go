@@ -41,12 +41,16 @@ type lstep struct {
 	maxWait    time.Duration
 	skipShared bool
 	refundOf   int // lrefund: the index of the take step to refund
+	paid       map[string]string
 
 	granted  bool
 	got      int // granted tokens, when not cost (extra)
 	wait     time.Duration
 	limiting string
 	exceeded limiter.Action // "" when no layer refuses
+	// reserved: the refusing delay layer booked the slot, for the key in
+	// keys.
+	reserved bool
 	err      error
 	// remaining is the shared bucket's tokens (ltake, lshared).
 	remaining float64
@@ -169,7 +173,51 @@ var layerCases = []struct {
 			{op: ltake, cost: 2, granted: true, remaining: 3},
 			// Base is 03:04:05 UTC: the hour ends at 04:00:00.
 			{op: ltake, cost: 1, wait: 55*time.Minute + 55*time.Second, limiting: "hourly", exceeded: limiter.ActionDelay, remaining: 3},
+			// A quota books nothing ahead, and a paid marker for it is
+			// ignored: it refuses again, until its window ends.
+			{op: ltake, cost: 1, paid: map[string]string{"hourly": ""}, wait: 55*time.Minute + 55*time.Second, limiting: "hourly", exceeded: limiter.ActionDelay, remaining: 3},
 			{at: 55*time.Minute + 55*time.Second, op: ltake, cost: 1, granted: true, remaining: 4},
+		}},
+	{"delay: a token-bucket layer books each refused message's slot, first come first served", 100, 10,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 2, Burst: 1, OnExceed: limiter.ActionDelay}},
+		[]lstep{
+			{op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 9},
+			// Three refused at the same instant: due at t+1/r, t+2/r, t+3/r.
+			{op: ltake, cost: 1, keys: k("a"), wait: 500 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			{op: ltake, cost: 1, keys: k("a"), wait: time.Second, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			{op: ltake, cost: 1, keys: k("a"), wait: 1500 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			// The slots are booked on the layer; nothing on the shared bucket.
+			{op: lstatus, layer: "per-key", key: "a", tokens: -3},
+			{op: lshared, remaining: 9},
+			// Back at its slot with the marker: the layer lets it pass
+			// without taking from it; the shared bucket is charged.
+			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), paid: k("a"), granted: true, remaining: 9},
+			{at: 500 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: -2},
+			// A new message queues behind the slots booked before it.
+			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), wait: 1500 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			// A marker for another key of the layer pays nothing.
+			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("b"), paid: k("a"), granted: true, remaining: 8},
+			{at: 500 * time.Millisecond, op: lstatus, layer: "per-key", key: "b", tokens: 0},
+			// A paid take that is then refunded gives back the shared
+			// tokens only: the layer was not charged.
+			{at: time.Second, op: ltake, cost: 1, keys: k("a"), paid: k("a"), granted: true, remaining: 9},
+			{at: time.Second, op: lrefund, refundOf: 11},
+			{at: time.Second, op: lstatus, layer: "per-key", key: "a", tokens: -2},
+			{at: time.Second, op: lshared, remaining: 10},
+		}},
+	{"delay: a paid marker for an unknown layer, or a layer that does not delay, is ignored", 100, 10,
+		[]limiter.Layer{
+			{Name: "per-key", Keyed: true, Rate: 1, Burst: 1},
+			{Name: "all", Rate: 1, Burst: 1, OnExceed: limiter.ActionDelay},
+		},
+		[]lstep{
+			{op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 9},
+			{op: ltake, cost: 1, keys: k("a"), paid: map[string]string{"gone": "a", "per-key": "a", "all": "x"}, wait: time.Second, limiting: "all", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			{op: lstatus, layer: "all", tokens: -1},
+			{op: lstatus, layer: "per-key", key: "a", tokens: 0},
+			// A layer without keys is paid for with the key "".
+			{at: time.Second, op: ltake, cost: 1, keys: k("b"), paid: map[string]string{"all": ""}, granted: true, remaining: 9},
+			{at: time.Second, op: lstatus, layer: "all", tokens: 0},
 		}},
 	{"max_wait: a dead_letter layer waits up to it", 10, 5,
 		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDeadLetter, MaxWait: 1500 * time.Millisecond}},
@@ -186,7 +234,9 @@ var layerCases = []struct {
 		[]lstep{
 			{op: ltake, cost: 1, keys: map[string]string{"slow": "x", "per-key": "a"}, granted: true, remaining: 4},
 			{op: ltake, cost: 1, keys: map[string]string{"slow": "x", "per-key": "a"}, wait: time.Second, limiting: "per-key", exceeded: limiter.ActionDeadLetter, remaining: 4},
-			{op: ltake, cost: 1, keys: map[string]string{"slow": "x", "per-key": "b"}, wait: 10 * time.Second, limiting: "slow", exceeded: limiter.ActionDelay, remaining: 4},
+			{op: ltake, cost: 1, keys: map[string]string{"slow": "x", "per-key": "b"}, wait: 10 * time.Second, limiting: "slow", exceeded: limiter.ActionDelay, reserved: true, remaining: 4},
+			// The dead_letter refusal booked nothing on slow; the delay one did.
+			{op: lstatus, layer: "slow", key: "x", tokens: -1},
 		}},
 	{"quota: the window resets at its start (UTC day), per key", 100, 100,
 		[]limiter.Layer{{Name: "per-key", Keyed: true, Quota: 3, Per: limiter.PerDay}},
@@ -248,7 +298,7 @@ func RunLayers(t *testing.T, newStore LayeredFactory) {
 				if !st.when.IsZero() {
 					now = st.when
 				}
-				req := limiter.LayerRequest{Cost: st.cost, Extra: st.extra, Keys: st.keys, MaxWait: st.maxWait, SkipShared: st.skipShared}
+				req := limiter.LayerRequest{Cost: st.cost, Extra: st.extra, Keys: st.keys, MaxWait: st.maxWait, SkipShared: st.skipShared, Paid: st.paid}
 				switch st.op {
 				case ltake:
 					res, err := s.TakeLayersAt(now, req)
@@ -270,6 +320,11 @@ func RunLayers(t *testing.T, newStore LayeredFactory) {
 						}
 						if action == limiter.ActionDelay && !res.Exceeded.RetryAt.Equal(now.Add(st.wait)) {
 							t.Fatalf("step %d: RetryAt = %v, want %v", i, res.Exceeded.RetryAt, now.Add(st.wait))
+						}
+						if res.Exceeded.Reserved != st.reserved || (st.reserved && (res.Exceeded.Key != st.keys[st.limiting] ||
+							res.Exceeded.PaidUntil.Before(res.Exceeded.RetryAt.Add(limiter.PaidGrace)))) {
+							t.Fatalf("step %d: Reserved %v key %q paid until %v, want %v key %q", i, res.Exceeded.Reserved,
+								res.Exceeded.Key, res.Exceeded.PaidUntil, st.reserved, st.keys[st.limiting])
 						}
 					}
 					wantRemaining := st.remaining
