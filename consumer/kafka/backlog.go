@@ -4,46 +4,66 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/throttlehq/throttle/consumer"
 )
 
-// Backlog returns the consumer group's lag on its topic: for every partition,
-// the last offset minus the group's committed offset, summed. That is the
-// number of messages the group has not committed yet, including those that
-// a replica fetched or is handling. A partition without a committed offset
-// counts from where the group would start on it (Config.StartOffset): all
-// its messages with FirstOffset, the default, and none with LastOffset. A
-// committed offset below the partition's first offset, whose messages
-// retention deleted, counts from the first offset. The result is never
-// negative. The last offset honours the reader's IsolationLevel.
+// Backlog returns the consumer group's lag: for every partition of the
+// topic, and of the delay topic with Config.SetAside, the last offset minus
+// the group's committed offset, summed. That is the number of messages the
+// group has not committed yet, including those that a replica fetched or is
+// handling and those set aside until they are due. BacklogParts tells the
+// two apart; Backlog is their Total.
+func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
+	b, err := c.BacklogParts(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return b.Total(), nil
+}
+
+// BacklogParts returns the consumer group's lag on the topic as Ready and,
+// with Config.SetAside, its lag on the delay topic as SetAside: the
+// messages set aside and not handled again yet, due or not. A delay topic
+// that does not exist yet (Run creates it) counts 0.
+//
+// A partition without a committed offset counts from where the group would
+// start on it (Config.StartOffset): all its messages with FirstOffset, the
+// default, and none with LastOffset. A committed offset below the
+// partition's first offset, whose messages retention deleted, counts from
+// the first offset. The parts are never negative. The last offset honours
+// the reader's IsolationLevel.
 //
 // The value belongs to the group, not to this replica: every replica of
 // the group reports the same value, so a dashboard that collects it from
 // several replicas should aggregate with max, not sum.
 //
-// Each call makes three round trips: ListOffsets to the partition leaders
-// for the first and last offsets, then FindCoordinator and OffsetFetch for
-// the group's committed offsets. The partitions come from cluster metadata
-// that the client caches and refreshes in the background every few seconds,
-// so a partition added to the topic is counted a few seconds later. That
-// suits a metric read every few seconds, not a call per message.
+// Each call makes three round trips, for both topics at once: ListOffsets
+// to the partition leaders for the first and last offsets, then
+// FindCoordinator and OffsetFetch for the group's committed offsets. The
+// partitions come from cluster metadata that the client caches and
+// refreshes in the background every few seconds, so a partition added to
+// a topic, or a delay topic just created, is counted a few seconds later.
+// That suits a metric read every few seconds, not a call per message.
 //
-// Backlog reads the group's offsets from the brokers, so it works whether
-// Run is running, has not started, or has returned. It is safe for
+// BacklogParts reads the group's offsets from the brokers, so it works
+// whether Run is running, has not started, or has returned. It is safe for
 // concurrent use. ctx bounds the call; give it a deadline, since a broker
 // that accepts connections but does not answer holds the call until ctx
 // ends. The connections are kept for the next call until Close, after
-// which Backlog returns an error wrapping ErrClosed. A per-partition error
-// in a broker's response fails the call, naming the partition.
-func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
+// which it returns an error wrapping ErrClosed. A per-partition error in a
+// broker's response fails the call, naming the partition.
+func (c *Consumer) BacklogParts(ctx context.Context) (consumer.Backlog, error) {
 	wrap := func(err error) error {
 		return fmt.Errorf("reading lag of group %q on topic %q: %w", c.cfg.Group, c.cfg.Topic, err)
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return 0, wrap(ErrClosed)
+		return consumer.Backlog{}, wrap(ErrClosed)
 	}
 	c.backlogCalls++
 	c.mu.Unlock()
@@ -57,80 +77,114 @@ func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
 		}
 	}()
 	if err := ctx.Err(); err != nil {
-		return 0, wrap(err)
+		return consumer.Backlog{}, wrap(err)
 	}
-	lag, err := c.backlog(ctx)
+	b, err := c.backlog(ctx)
 	if err != nil {
-		return 0, wrap(err)
+		return consumer.Backlog{}, wrap(err)
 	}
-	return lag, nil
+	return b, nil
 }
 
-func (c *Consumer) backlog(ctx context.Context) (int64, error) {
-	topic := c.cfg.Topic
-	md, err := c.admin.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
-	if err != nil {
-		return 0, fmt.Errorf("listing partitions: %w", err)
+// backlogTopics returns the topics whose lag BacklogParts reads: the topic,
+// and the delay topic with Config.SetAside.
+func (c *Consumer) backlogTopics() []string {
+	if c.cfg.SetAside {
+		return []string{c.cfg.Topic, c.cfg.DelayTopic}
 	}
-	var partitions []int
+	return []string{c.cfg.Topic}
+}
+
+// partitionName names a partition in BacklogParts' errors: by its number
+// alone on the topic, which the error names already.
+func (c *Consumer) partitionName(tp topicPartition) string {
+	if tp.topic == c.cfg.Topic {
+		return fmt.Sprintf("partition %d", tp.partition)
+	}
+	return fmt.Sprintf("partition %d of %q", tp.partition, tp.topic)
+}
+
+func (c *Consumer) backlog(ctx context.Context) (consumer.Backlog, error) {
+	topics := c.backlogTopics()
+	md, err := c.admin.Metadata(ctx, &kafkago.MetadataRequest{Topics: topics})
+	if err != nil {
+		return consumer.Backlog{}, fmt.Errorf("listing partitions: %w", err)
+	}
+	partitions := make(map[string][]int, len(topics))
+	var all []topicPartition
 	for _, t := range md.Topics {
-		if t.Name != topic {
+		if !slices.Contains(topics, t.Name) {
 			continue
 		}
 		if t.Error != nil {
-			return 0, fmt.Errorf("listing partitions: %w", t.Error)
+			if t.Name == c.cfg.DelayTopic && errors.Is(t.Error, kafkago.UnknownTopicOrPartition) {
+				continue // not created yet: nothing was set aside
+			}
+			if t.Name != c.cfg.Topic {
+				return consumer.Backlog{}, fmt.Errorf("listing partitions of %q: %w", t.Name, t.Error)
+			}
+			return consumer.Backlog{}, fmt.Errorf("listing partitions: %w", t.Error)
 		}
 		for _, p := range t.Partitions {
-			partitions = append(partitions, p.ID)
+			partitions[t.Name] = append(partitions[t.Name], p.ID)
+			all = append(all, topicPartition{t.Name, p.ID})
 		}
 	}
-	if len(partitions) == 0 {
-		return 0, errors.New("listing partitions: the metadata lists none")
+	if len(partitions[c.cfg.Topic]) == 0 {
+		return consumer.Backlog{}, errors.New("listing partitions: the metadata lists none")
 	}
 
-	reqs := make([]kafkago.OffsetRequest, 0, 2*len(partitions))
-	for _, p := range partitions {
-		reqs = append(reqs, kafkago.FirstOffsetOf(p), kafkago.LastOffsetOf(p))
+	reqs := make(map[string][]kafkago.OffsetRequest, len(partitions))
+	for t, ps := range partitions {
+		for _, p := range ps {
+			reqs[t] = append(reqs[t], kafkago.FirstOffsetOf(p), kafkago.LastOffsetOf(p))
+		}
 	}
 	lo, err := c.admin.ListOffsets(ctx, &kafkago.ListOffsetsRequest{
-		Topics:         map[string][]kafkago.OffsetRequest{topic: reqs},
+		Topics:         reqs,
 		IsolationLevel: c.rc.IsolationLevel,
 	})
 	if err != nil {
-		return 0, fmt.Errorf("listing offsets: %w", err)
+		return consumer.Backlog{}, fmt.Errorf("listing offsets: %w", err)
 	}
-	bounds := make(map[int]kafkago.PartitionOffsets, len(partitions))
-	for _, po := range lo.Topics[topic] {
-		if po.Error != nil {
-			return 0, fmt.Errorf("listing offsets of partition %d: %w", po.Partition, po.Error)
+	bounds := make(map[topicPartition]kafkago.PartitionOffsets, len(all))
+	for t, pos := range lo.Topics {
+		for _, po := range pos {
+			tp := topicPartition{t, po.Partition}
+			if po.Error != nil {
+				return consumer.Backlog{}, fmt.Errorf("listing offsets of %s: %w", c.partitionName(tp), po.Error)
+			}
+			bounds[tp] = po
 		}
-		bounds[po.Partition] = po
 	}
 
 	of, err := c.admin.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{
 		GroupID: c.cfg.Group,
-		Topics:  map[string][]int{topic: partitions},
+		Topics:  partitions,
 	})
 	if err != nil {
-		return 0, fmt.Errorf("fetching committed offsets: %w", err)
+		return consumer.Backlog{}, fmt.Errorf("fetching committed offsets: %w", err)
 	}
-	committed := make(map[int]int64, len(partitions))
+	committed := make(map[topicPartition]int64, len(all))
 	switch {
 	case errors.Is(of.Error, kafkago.GroupIdNotFound):
 		// A group that never committed may not exist yet: Kafka answers
 		// -1 for each partition then, other brokers (kfake) this error.
 		// Both mean that nothing is committed.
-		for _, p := range partitions {
-			committed[p] = -1
+		for _, tp := range all {
+			committed[tp] = -1
 		}
 	case of.Error != nil:
-		return 0, fmt.Errorf("fetching committed offsets: %w", of.Error)
+		return consumer.Backlog{}, fmt.Errorf("fetching committed offsets: %w", of.Error)
 	default:
-		for _, p := range of.Topics[topic] {
-			if p.Error != nil {
-				return 0, fmt.Errorf("fetching committed offset of partition %d: %w", p.Partition, p.Error)
+		for t, ps := range of.Topics {
+			for _, p := range ps {
+				tp := topicPartition{t, p.Partition}
+				if p.Error != nil {
+					return consumer.Backlog{}, fmt.Errorf("fetching committed offset of %s: %w", c.partitionName(tp), p.Error)
+				}
+				committed[tp] = p.CommittedOffset
 			}
-			committed[p.Partition] = p.CommittedOffset
 		}
 	}
 
@@ -138,19 +192,24 @@ func (c *Consumer) backlog(ctx context.Context) (int64, error) {
 	if start == 0 {
 		start = kafkago.FirstOffset // kafka-go's default
 	}
-	var total int64
-	for _, p := range partitions {
-		b, ok := bounds[p]
+	var b consumer.Backlog
+	for _, tp := range all {
+		bd, ok := bounds[tp]
 		if !ok {
-			return 0, fmt.Errorf("listing offsets: no answer for partition %d", p)
+			return consumer.Backlog{}, fmt.Errorf("listing offsets: no answer for %s", c.partitionName(tp))
 		}
-		at, ok := committed[p]
+		at, ok := committed[tp]
 		if !ok {
-			return 0, fmt.Errorf("fetching committed offsets: no answer for partition %d", p)
+			return consumer.Backlog{}, fmt.Errorf("fetching committed offsets: no answer for %s", c.partitionName(tp))
 		}
-		total += partitionLag(b.FirstOffset, b.LastOffset, at, start)
+		lag := partitionLag(bd.FirstOffset, bd.LastOffset, at, start)
+		if tp.topic == c.cfg.Topic {
+			b.Ready += lag
+		} else {
+			b.SetAside += lag
+		}
 	}
-	return total, nil
+	return b, nil
 }
 
 // partitionLag is a partition's share of Backlog: the messages from the

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -193,6 +195,121 @@ func TestBacklog(t *testing.T) {
 	}
 	if _, err := c.Backlog(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Errorf("Backlog after Close = %v, want ErrClosed", err)
+	}
+}
+
+// backlogParts calls c.BacklogParts with a deadline and fails the test on
+// an error.
+func backlogParts(t *testing.T, c *Consumer) consumer.Backlog {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := c.BacklogParts(ctx)
+	if err != nil {
+		t.Fatalf("BacklogParts: %v", err)
+	}
+	return b
+}
+
+// waitBacklogParts polls c.BacklogParts until it returns want.
+func waitBacklogParts(t *testing.T, c *Consumer, want consumer.Backlog) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := backlogParts(t, c)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("BacklogParts = %+v, want %+v within 30s", got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestBacklogCountsSetAside follows the backlog of a group that sets
+// messages aside: before the delay topic exists, while the messages set
+// aside wait in it (not due on the consumer's clock), and once they are
+// due and handled. The messages set aside are still to be delivered, so
+// Backlog counts them and BacklogParts reports them apart; a consumer of
+// the group without SetAside counts the topic alone.
+func TestBacklogCountsSetAside(t *testing.T) {
+	const (
+		partitions = 2
+		n          = 12
+		setAside   = n / 3 // keys 0, 3, 6 and 9
+	)
+	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
+	brokers := newTopics(t, partitions, topic)
+	produce(t, brokers, records(topic, partitions, n)...)
+
+	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
+	clk := newFakeClock(t0)
+	var handled atomic.Int64
+	cfg := Config{
+		Options: consumer.Options{Logger: testLogger(t), DrainTimeout: 5 * time.Second},
+		Brokers: brokers, Topic: topic, Group: group, Concurrency: partitions, ConfigureReader: fastGroup,
+		SetAside: true,
+	}
+	c, err := New(cfg, func(_ context.Context, m consumer.Message) error {
+		// A key divisible by 3 is set aside for an hour when it first
+		// comes from the topic.
+		if i, _ := strconv.Atoi(string(m.Key)); m.Source.Topic == topic && i%3 == 0 {
+			return consumer.SetAside(errors.New("over the per-key limit"), time.Hour)
+		}
+		handled.Add(1)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.clock = clk
+	t.Cleanup(func() { _ = c.Close() })
+	other := newIdleConsumer(t, Config{Brokers: brokers, Topic: topic, Group: group, SetAside: true})
+	topicOnly := newIdleConsumer(t, Config{Brokers: brokers, Topic: topic, Group: group})
+
+	// The delay topic does not exist yet: Run creates it.
+	if got, want := backlogParts(t, c), (consumer.Backlog{Ready: n}); got != want {
+		t.Fatalf("BacklogParts before Run = %+v, want %+v", got, want)
+	}
+
+	stop := runConsumer(t, c)
+	// Once the topic is committed to its end, the state holds still: the
+	// messages set aside were written before the commit passed them, and
+	// they are not due before the clock moves.
+	adm := newAdmin(t, brokers)
+	waitFor(t, "the topic committed to its end", func() bool {
+		// The group exists once it joined.
+		resp, err := adm.FetchOffsets(testenv.Context(t, 10*time.Second), group)
+		sum := int64(0)
+		for _, o := range resp[topic] {
+			sum += o.At
+		}
+		return err == nil && sum == n
+	})
+	// The consumers see the delay topic that Run created once their
+	// cached metadata is refreshed, a few seconds later at most.
+	waitBacklog(t, c, setAside)
+	want := consumer.Backlog{SetAside: setAside}
+	if got := backlogParts(t, c); got != want {
+		t.Errorf("BacklogParts with the topic committed = %+v, want %+v", got, want)
+	}
+	waitBacklogParts(t, other, want)
+	if got := backlog(t, topicOnly); got != 0 {
+		t.Errorf("Backlog of a replica without SetAside = %d, want 0: it does not read the delay topic", got)
+	}
+	if h := handled.Load(); h != n-setAside {
+		t.Errorf("%d messages handled before the delay, want %d", h, n-setAside)
+	}
+
+	clk.set(t0.Add(time.Hour))
+	waitBacklog(t, c, 0)
+	waitBacklogParts(t, other, consumer.Backlog{})
+	if h := handled.Load(); h != n {
+		t.Errorf("%d messages handled, want %d", h, n)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run = %v", err)
 	}
 }
 
@@ -400,6 +517,37 @@ func TestBacklogErrors(t *testing.T) {
 		wantNamed(t, err)
 		if !errors.Is(err, kafkago.NotLeaderForPartition) || !strings.Contains(err.Error(), "partition 1") {
 			t.Errorf("Backlog = %v, want NotLeaderForPartition naming partition 1", err)
+		}
+		if got := backlog(t, c); got != 0 {
+			t.Errorf("Backlog once the error is gone = %d, want 0", got)
+		}
+	})
+
+	t.Run("partition error on the delay topic", func(t *testing.T) {
+		delay := topic + ".delay"
+		cluster := newFakeCluster(t, topic, delay)
+		c := newIdleConsumer(t, Config{Brokers: cluster.ListenAddrs(), Topic: topic, Group: group, SetAside: true})
+		backlog(t, c)
+		cluster.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			r := req.(*kmsg.ListOffsetsRequest)
+			if len(r.Topics) != 1 || r.Topics[0].Topic != delay || len(r.Topics[0].Partitions) != 1 || r.Topics[0].Partitions[0].Partition != 2 {
+				return nil, nil, false
+			}
+			resp := r.ResponseKind().(*kmsg.ListOffsetsResponse)
+			rt := kmsg.NewListOffsetsResponseTopic()
+			rt.Topic = delay
+			rp := kmsg.NewListOffsetsResponseTopicPartition()
+			rp.Partition = 2
+			rp.ErrorCode = int16(kafkago.NotLeaderForPartition)
+			rp.Offset = -1
+			rt.Partitions = append(rt.Partitions, rp)
+			resp.Topics = append(resp.Topics, rt)
+			return resp, nil, true
+		})
+		err := call(t, c, testenv.Context(t, 30*time.Second), 20*time.Second)
+		wantNamed(t, err)
+		if !errors.Is(err, kafkago.NotLeaderForPartition) || !strings.Contains(err.Error(), `partition 2 of "`+delay+`"`) {
+			t.Errorf("Backlog = %v, want NotLeaderForPartition naming partition 2 of %q", err, delay)
 		}
 		if got := backlog(t, c); got != 0 {
 			t.Errorf("Backlog once the error is gone = %d, want 0", got)

@@ -106,7 +106,8 @@
 // Run creates the delay topic, with the topic's partition count and the
 // brokers' default settings, when it is missing; its retention must exceed
 // the longest delay (a daily quota sets aside for up to a day). When the brokers refuse, it logs a warning and handlers wait out
-// the delays instead, as without SetAside. Backlog counts the topic only.
+// the delays instead, as without SetAside. Backlog counts the messages in
+// the delay topic too, and BacklogParts reports them apart (SetAside).
 //
 // # Authentication and TLS
 //
@@ -354,7 +355,7 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	}
 	// The transport connects on first use, so New still does not.
 	c.adminTransport = newTransport(cfg.Dialer)
-	c.adminTransport.MetadataTopics = []string{cfg.Topic}
+	c.adminTransport.MetadataTopics = c.backlogTopics()
 	c.admin = &kafkago.Client{Addr: kafkago.TCP(cfg.Brokers...), Transport: c.adminTransport}
 	return c, nil
 }

@@ -4,30 +4,53 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/throttlehq/throttle/consumer"
 )
 
-// Backlog returns the number of messages ready in the queue: waiting at the
-// broker and not yet delivered to any consumer (deliveries held unacked by
-// consumers, including this one's prefetch, are not counted). Every replica
-// consuming the queue sees the same number. It opens a short-lived channel
-// on the connection that Run is consuming on, passively declares the queue
-// there and closes the channel: it never dials, and it leaves the consuming
-// channel alone. It costs three round trips on that connection (opening the
-// channel, the declare, closing the channel). It is safe for concurrent
-// use, with Run and with other calls to Backlog.
+// Backlog returns the number of messages waiting at the broker: those
+// ready in the queue and those set aside in the delay queue. BacklogParts
+// tells the two apart; Backlog is their Total.
+func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
+	b, err := c.BacklogParts(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return b.Total(), nil
+}
+
+// BacklogParts returns the number of messages ready in the queue as Ready:
+// waiting at the broker and not yet delivered to any consumer (deliveries
+// held unacked by consumers, including this one's prefetch, are not
+// counted). It returns the messages of the delay queue, "<Queue>.delay",
+// as SetAside: set aside by a delay layer and not back in the queue yet.
+// Every replica consuming the queue sees the same numbers.
+//
+// It opens a short-lived channel on the connection that Run is consuming
+// on, passively declares the queue and the delay queue there and closes
+// the channel: it never dials, and it leaves the consuming channel alone.
+// It costs four round trips on that connection (opening the channel, the
+// two declares, closing the channel). The delay queue exists from the first
+// message set aside; while it does not, SetAside is 0, and after the
+// broker said so BacklogParts does not ask again for 30 seconds, since the
+// broker logs each such refusal. A delay queue that another replica has
+// just created may so be counted up to 30 seconds late. It is safe for
+// concurrent use, with Run and with other calls to Backlog.
 //
 // Before Run has connected, while Run is reconnecting, and after Run has
-// returned, Backlog returns an error wrapping ErrNotConnected. If the queue
+// returned, it returns an error wrapping ErrNotConnected. If the queue
 // does not exist, the error wraps the broker's NOT_FOUND *amqp.Error and
-// names the queue. If ctx ends first, Backlog returns at once an error
-// wrapping ctx.Err(); the channel is then closed in the background, when
-// the broker answers or the connection closes, and Run waits for that
-// before it returns.
-func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
+// names the queue. If ctx ends first, it returns at once an error wrapping
+// ctx.Err(); the channel is then closed in the background, when the broker
+// answers or the connection closes, and Run waits for that before it
+// returns.
+func (c *Consumer) BacklogParts(ctx context.Context) (consumer.Backlog, error) {
 	if err := ctx.Err(); err != nil {
-		return 0, c.backlogError(err)
+		return consumer.Backlog{}, c.backlogError(err)
 	}
 	c.connMu.Lock()
 	conn := c.conn
@@ -36,10 +59,10 @@ func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
 	}
 	c.connMu.Unlock()
 	if conn == nil {
-		return 0, c.backlogError(ErrNotConnected)
+		return consumer.Backlog{}, c.backlogError(ErrNotConnected)
 	}
 	type result struct {
-		n   int64
+		b   consumer.Backlog
 		err error
 	}
 	done := make(chan result, 1)
@@ -47,28 +70,54 @@ func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
 	// broker answers or the connection closes.
 	go func() {
 		defer c.probes.Done()
-		n, err := c.readyMessages(conn)
-		done <- result{n, err}
+		b, err := c.waitingMessages(conn)
+		done <- result{b, err}
 	}()
 	select {
 	case r := <-done:
 		if r.err != nil {
-			return 0, c.backlogError(r.err)
+			return consumer.Backlog{}, c.backlogError(r.err)
 		}
-		return r.n, nil
+		return r.b, nil
 	case <-ctx.Done():
-		return 0, c.backlogError(ctx.Err())
+		return consumer.Backlog{}, c.backlogError(ctx.Err())
 	}
+}
+
+// delayRecheck is how long BacklogParts goes without asking for the delay
+// queue after the broker said that it does not exist.
+const delayRecheck = 30 * time.Second
+
+// delayProbe remembers until when BacklogParts takes the delay queue for
+// absent without asking the broker.
+type delayProbe struct {
+	// recheck replaces delayRecheck when not zero (tests).
+	recheck time.Duration
+	// absentUntil is in Unix nanoseconds; 0 before any refusal.
+	absentUntil atomic.Int64
+}
+
+// due reports whether BacklogParts should ask for the delay queue at now.
+func (p *delayProbe) due(now time.Time) bool { return now.UnixNano() >= p.absentUntil.Load() }
+
+// absent records that the broker said at now that the delay queue does not
+// exist.
+func (p *delayProbe) absent(now time.Time) {
+	d := p.recheck
+	if d == 0 {
+		d = delayRecheck
+	}
+	p.absentUntil.Store(now.Add(d).UnixNano())
 }
 
 func (c *Consumer) backlogError(err error) error {
 	return fmt.Errorf("rabbitmq: reading backlog of queue %q: %w", c.cfg.Queue, err)
 }
 
-// readyMessages passively declares the queue on a new channel of conn and
-// returns its count of ready messages. Errors caused by conn being closed
-// wrap ErrNotConnected.
-func (c *Consumer) readyMessages(conn *amqp.Connection) (int64, error) {
+// waitingMessages passively declares the queue and the delay queue on a
+// new channel of conn and returns their counts of ready messages. Errors
+// caused by conn being closed wrap ErrNotConnected.
+func (c *Consumer) waitingMessages(conn *amqp.Connection) (consumer.Backlog, error) {
 	notConnected := func(err error) error {
 		if conn.IsClosed() || errors.Is(err, amqp.ErrClosed) {
 			return fmt.Errorf("%w: %w", ErrNotConnected, err)
@@ -77,7 +126,7 @@ func (c *Consumer) readyMessages(conn *amqp.Connection) (int64, error) {
 	}
 	ch, err := conn.Channel()
 	if err != nil {
-		return 0, notConnected(fmt.Errorf("opening channel: %w", err))
+		return consumer.Backlog{}, notConnected(fmt.Errorf("opening channel: %w", err))
 	}
 	// A channel that the broker closed, with NOT_FOUND for example, is
 	// closed already, and Close does nothing.
@@ -86,7 +135,23 @@ func (c *Consumer) readyMessages(conn *amqp.Connection) (int64, error) {
 	// them in a passive declare.
 	q, err := ch.QueueDeclarePassive(c.cfg.Queue, true, false, false, false, nil)
 	if err != nil {
-		return 0, notConnected(err)
+		return consumer.Backlog{}, notConnected(err)
 	}
-	return int64(q.Messages), nil
+	b := consumer.Backlog{Ready: int64(q.Messages)}
+	now := time.Now()
+	if !c.delayProbe.due(now) {
+		return b, nil
+	}
+	// The delay queue comes last: a NOT_FOUND closes the channel.
+	dq, err := ch.QueueDeclarePassive(c.delayQueue(), true, false, false, false, nil)
+	var aerr *amqp.Error
+	switch {
+	case errors.As(err, &aerr) && aerr.Code == amqp.NotFound:
+		c.delayProbe.absent(now)
+	case err != nil:
+		return consumer.Backlog{}, notConnected(fmt.Errorf("delay queue %q: %w", c.delayQueue(), err))
+	default:
+		b.SetAside = int64(dq.Messages)
+	}
+	return b, nil
 }

@@ -240,3 +240,114 @@ func TestBacklogContext(t *testing.T) {
 		t.Errorf("%d messages ready after Run returned, want 3", got)
 	}
 }
+
+// backlogParts calls c.BacklogParts with a deadline.
+func backlogParts(t *testing.T, c *rabbitmq.Consumer) (consumer.Backlog, error) {
+	t.Helper()
+	return c.BacklogParts(testenv.Context(t, 10*time.Second))
+}
+
+// TestBacklogCountsSetAside checks that the messages set aside in the
+// delay queue count in Backlog, and apart in BacklogParts: they are still
+// to be delivered. Before anything was set aside the delay queue does not
+// exist, which counts 0 and is no error.
+func TestBacklogCountsSetAside(t *testing.T) {
+	const n, setAside = 6, 3
+	b := newBroker(t)
+	q := b.declareQueue(t)
+	dq := q + ".delay"
+	t.Cleanup(func() { _, _ = b.ch.QueueDelete(dq, false, false, false) })
+
+	// m-0000, m-0002 and m-0004 are set aside for an hour; the others
+	// are delivered.
+	var handled atomic.Int64
+	h := func(_ context.Context, m consumer.Message) error {
+		if i, _ := strconv.Atoi(strings.TrimPrefix(m.Source.MessageID, "m-")); i%2 == 0 {
+			return consumer.SetAside(errors.New("limit per-recipient: 5 per 1h"), time.Hour)
+		}
+		handled.Add(1)
+		return nil
+	}
+	var reconnects atomic.Int64
+	obs := &consumer.Observer{Reconnected: func(string, error) { reconnects.Add(1) }}
+	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Options: consumer.Options{Observer: obs}}, h)
+	// The delay queue appears after the first call; a short recheck
+	// lets the calls after it see it.
+	rabbitmq.SetDelayRecheck(c, 100*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wait := runAll(t, ctx, c.Run)
+
+	var parts consumer.Backlog
+	var err error
+	eventually(t, "BacklogParts answering", func() bool {
+		parts, err = backlogParts(t, c)
+		return !errors.Is(err, rabbitmq.ErrNotConnected)
+	})
+	if err != nil || parts != (consumer.Backlog{}) {
+		t.Fatalf("without a delay queue: BacklogParts returned %+v, %v; want none, nil", parts, err)
+	}
+
+	b.publish(t, q, n)
+	eventually(t, "the messages not set aside handled", func() bool { return handled.Load() == n-setAside })
+	got, err := backlogWithin(t, c, 10*time.Second, func(got int64, err error) bool { return err == nil && got == setAside })
+	if err != nil || got != setAside {
+		t.Fatalf("with %d of %d messages set aside and the others handled: Backlog returned %d, %v; want %d, nil",
+			setAside, n, got, err, setAside)
+	}
+	want := consumer.Backlog{SetAside: setAside}
+	if parts, err := backlogParts(t, c); err != nil || parts != want {
+		t.Errorf("BacklogParts returned %+v, %v; want %+v, nil", parts, err, want)
+	}
+	if ready := b.ready(t, dq); ready != setAside {
+		t.Errorf("another connection sees %d messages in the delay queue, want %d", ready, setAside)
+	}
+	cancel()
+	wait()
+	if r := reconnects.Load(); r != 0 {
+		t.Errorf("%d reconnects, want 0: asking for a missing delay queue disturbed the consumer", r)
+	}
+}
+
+// TestBacklogDelayQueueRecheck checks that after the broker said that the
+// delay queue does not exist, BacklogParts does not ask for it again until
+// the recheck interval passed, while a consumer that was not told so sees
+// it at once.
+func TestBacklogDelayQueueRecheck(t *testing.T) {
+	b := newBroker(t)
+	q := b.declareQueue(t)
+	dq := q + ".delay"
+	t.Cleanup(func() { _, _ = b.ch.QueueDelete(dq, false, false, false) })
+	told := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q}, nop)
+	rabbitmq.SetDelayRecheck(told, time.Hour)
+	fresh := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q}, nop)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wait := runAll(t, ctx, told.Run, fresh.Run)
+
+	var parts consumer.Backlog
+	var err error
+	eventually(t, "BacklogParts answering", func() bool {
+		parts, err = backlogParts(t, told)
+		return !errors.Is(err, rabbitmq.ErrNotConnected)
+	})
+	if err != nil || parts != (consumer.Backlog{}) {
+		t.Fatalf("without a delay queue: BacklogParts returned %+v, %v; want none, nil", parts, err)
+	}
+	_, err = b.ch.QueueDeclare(dq, true, false, false, false, nil)
+	must(t, err)
+	b.publish(t, dq, 2)
+
+	if parts, err := backlogParts(t, told); err != nil || parts != (consumer.Backlog{}) {
+		t.Errorf("within the recheck interval: BacklogParts returned %+v, %v; want none, nil", parts, err)
+	}
+	eventually(t, "BacklogParts answering", func() bool {
+		parts, err = backlogParts(t, fresh)
+		return !errors.Is(err, rabbitmq.ErrNotConnected)
+	})
+	if want := (consumer.Backlog{SetAside: 2}); err != nil || parts != want {
+		t.Errorf("a consumer that never missed the delay queue: BacklogParts returned %+v, %v; want %+v, nil", parts, err, want)
+	}
+	cancel()
+	wait()
+}

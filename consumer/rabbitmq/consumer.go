@@ -92,6 +92,9 @@ type Consumer struct {
 	// probes counts the goroutines of Backlog calls, which Run waits for
 	// before it returns. Add is called only under connMu with conn set.
 	probes sync.WaitGroup
+	// delayProbe spares the broker a question for a delay queue that it
+	// just said does not exist (BacklogParts).
+	delayProbe delayProbe
 }
 
 // New returns a Consumer that calls h for each message of cfg.Queue. It

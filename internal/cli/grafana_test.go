@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/throttlehq/throttle/config"
+	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/kafka"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -218,7 +219,7 @@ func (s metricSet) has(name string) bool {
 func servedMetrics(t *testing.T) metricSet {
 	t.Helper()
 	m := newMetrics("kafka")
-	m.setBacklog(0) // a series appears with the first reading
+	m.setBacklog(consumer.Backlog{}) // a series appears with the first reading
 	m.registerKafkaReader(func() kafka.ReaderStats { return kafka.ReaderStats{} })
 	// The layers' metrics exist with limit.extra, their series with the
 	// first event.

@@ -46,8 +46,12 @@ type metrics struct {
 	rate        prometheus.Gauge
 	redisErrors prometheus.Counter
 	mode        *prometheus.GaugeVec
-	backlog     *prometheus.GaugeVec
-	tokensTaken prometheus.Counter
+	// backlog counts every message waiting at the broker,
+	// backlogSetAside those of them set aside in the delay topic or
+	// queue.
+	backlog         *prometheus.GaugeVec
+	backlogSetAside *prometheus.GaugeVec
+	tokensTaken     prometheus.Counter
 	// recipientGone counts dead letters whose sink error says the
 	// recipient is gone (httpsink.IsRecipientGone), by preset.
 	recipientGone *prometheus.CounterVec
@@ -122,7 +126,11 @@ func newMetrics(broker string) *metrics {
 		}, []string{"mode"}),
 		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "throttle_source_backlog",
-			Help: "Messages waiting at the broker: the consumer group's lag (Kafka) or the queue's ready messages (RabbitMQ). Every replica reports the same value; absent while it cannot be read.",
+			Help: "Messages waiting at the broker, those set aside by a delay layer included: the consumer group's lag on the topic and the delay topic (Kafka), or the ready messages of the queue and the delay queue (RabbitMQ). Every replica reports the same value; absent while it cannot be read.",
+		}, []string{"broker"}),
+		backlogSetAside: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "throttle_source_backlog_set_aside",
+			Help: "The part of throttle_source_backlog set aside by a delay layer: the group's lag on the delay topic (Kafka) or the delay queue's messages (RabbitMQ); they come back when due. Every replica reports the same value; absent while it cannot be read.",
 		}, []string{"broker"}),
 		tokensTaken: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "throttle_limiter_tokens_total",
@@ -149,7 +157,7 @@ func newMetrics(broker string) *metrics {
 		}, func() float64 { return float64(m.waiting(class)) }))
 	}
 	reg.MustRegister(m.received, m.delivered, m.retried, m.deadLettered, m.failed, m.reconnects,
-		waitSeconds, m.tokens, m.rate, m.redisErrors, m.mode, m.backlog, m.tokensTaken, m.recipientGone, buildInfo,
+		waitSeconds, m.tokens, m.rate, m.redisErrors, m.mode, m.backlog, m.backlogSetAside, m.tokensTaken, m.recipientGone, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if broker != "" {
 		m.reconnects.WithLabelValues(broker)
@@ -199,12 +207,19 @@ func (m *metrics) registerKafkaReader(stats func() kafka.ReaderStats) {
 	)
 }
 
-// setBacklog records the messages waiting at the broker.
-func (m *metrics) setBacklog(n int64) { m.backlog.WithLabelValues(m.broker).Set(float64(n)) }
+// setBacklog records the messages waiting at the broker, and those of them
+// set aside.
+func (m *metrics) setBacklog(b consumer.Backlog) {
+	m.backlog.WithLabelValues(m.broker).Set(float64(b.Total()))
+	m.backlogSetAside.WithLabelValues(m.broker).Set(float64(b.SetAside))
+}
 
 // backlogUnknown removes the backlog series, so that a dashboard shows a gap
 // rather than a stale value while the broker cannot be asked.
-func (m *metrics) backlogUnknown() { m.backlog.DeleteLabelValues(m.broker) }
+func (m *metrics) backlogUnknown() {
+	m.backlog.DeleteLabelValues(m.broker)
+	m.backlogSetAside.DeleteLabelValues(m.broker)
+}
 
 // effectiveRate returns the rate last seen from the bucket.
 func (m *metrics) effectiveRate() float64 { return math.Float64frombits(m.rateBits.Load()) }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/throttlehq/throttle/config"
@@ -170,7 +171,7 @@ func TestMonitorPrintsProgress(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		monitor(ctx, b, fixedBacklog(1200), m, &out, 10*time.Millisecond)
+		monitor(ctx, b, fixedBacklog{Ready: 1000, SetAside: 200}, m, &out, 10*time.Millisecond)
 	}()
 	deadline := time.After(5 * time.Second)
 	for !strings.Contains(out.String(), "\n") {
@@ -183,7 +184,7 @@ func TestMonitorPrintsProgress(t *testing.T) {
 	cancel()
 	<-done
 	line, _, _ := strings.Cut(out.String(), "\n")
-	for _, want := range []string{"msg/s (limit 30/s, shared)", "delivered 7", "waiting 0", "backlog 1200 (~40s at the limit)"} {
+	for _, want := range []string{"msg/s (limit 30/s, shared)", "delivered 7", "waiting 0", "backlog 1200 (200 set aside, ~40s at the limit)"} {
 		if !strings.Contains(line, want) {
 			t.Errorf("progress line %q lacks %q", line, want)
 		}
@@ -191,49 +192,60 @@ func TestMonitorPrintsProgress(t *testing.T) {
 	if m.effectiveRate() != 30 {
 		t.Errorf("the monitor did not refresh the rate gauge: %v", m.effectiveRate())
 	}
+	// The backlog counts the messages set aside, and reports them apart.
 	if got := testutil.ToFloat64(m.backlog.WithLabelValues("")); got != 1200 {
 		t.Errorf("throttle_source_backlog = %v, want 1200", got)
 	}
+	if got := testutil.ToFloat64(m.backlogSetAside.WithLabelValues("")); got != 200 {
+		t.Errorf("throttle_source_backlog_set_aside = %v, want 200", got)
+	}
 }
 
-// fixedBacklog is a backlogger with a fixed answer; a negative one fails.
-type fixedBacklog int64
+// fixedBacklog is a backlogger with a fixed answer; a negative Ready fails.
+type fixedBacklog consumer.Backlog
 
-func (f fixedBacklog) Backlog(context.Context) (int64, error) {
-	if f < 0 {
-		return 0, errors.New("broker unreachable")
+func (f fixedBacklog) BacklogParts(context.Context) (consumer.Backlog, error) {
+	if f.Ready < 0 {
+		return consumer.Backlog{}, errors.New("broker unreachable")
 	}
-	return int64(f), nil
+	return consumer.Backlog(f), nil
 }
 
 func TestBacklogSeriesGoesAwayWhileUnknown(t *testing.T) {
 	m := newMetrics("rabbitmq")
-	m.setBacklog(42)
-	if n := testutil.CollectAndCount(m.backlog); n != 1 {
-		t.Fatalf("%d backlog series after a read, want 1", n)
+	m.setBacklog(consumer.Backlog{Ready: 42, SetAside: 7})
+	for _, g := range []*prometheus.GaugeVec{m.backlog, m.backlogSetAside} {
+		if n := testutil.CollectAndCount(g); n != 1 {
+			t.Fatalf("%d backlog series after a read, want 1", n)
+		}
 	}
 	m.backlogUnknown()
-	if n := testutil.CollectAndCount(m.backlog); n != 0 {
-		t.Fatalf("%d backlog series after a failed read, want 0", n)
+	for _, g := range []*prometheus.GaugeVec{m.backlog, m.backlogSetAside} {
+		if n := testutil.CollectAndCount(g); n != 0 {
+			t.Fatalf("%d backlog series after a failed read, want 0", n)
+		}
 	}
 }
 
 func TestProgressLineBacklog(t *testing.T) {
 	for _, tt := range []struct {
-		backlog int64
+		backlog *consumer.Backlog // nil: unknown
 		limit   float64
 		avgCost float64
 		want    string
 	}{
-		{-1, 50, 1, "waiting 3"},
-		{0, 50, 1, "waiting 3 | backlog 0"},
-		{9000, 50, 1, "waiting 3 | backlog 9000 (~3m0s at the limit)"},
-		{9000, 50, 2.5, "waiting 3 | backlog 9000 (~7m30s at the limit)"}, // messages of 2.5 tokens on average
-		{10, 0, 1, "waiting 3 | backlog 10"},                              // paused: no estimate
+		{nil, 50, 1, "waiting 3"},
+		{&consumer.Backlog{}, 50, 1, "waiting 3 | backlog 0"},
+		{&consumer.Backlog{Ready: 9000}, 50, 1, "waiting 3 | backlog 9000 (~3m0s at the limit)"},
+		{&consumer.Backlog{Ready: 9000}, 50, 2.5, "waiting 3 | backlog 9000 (~7m30s at the limit)"}, // messages of 2.5 tokens on average
+		{&consumer.Backlog{Ready: 10}, 0, 1, "waiting 3 | backlog 10"},                              // paused: no estimate
+		// The messages set aside count in the backlog and its time to drain.
+		{&consumer.Backlog{Ready: 6000, SetAside: 3000}, 50, 1, "waiting 3 | backlog 9000 (3000 set aside, ~3m0s at the limit)"},
+		{&consumer.Backlog{SetAside: 10}, 0, 1, "waiting 3 | backlog 10 (10 set aside)"},
 	} {
 		line := progressLine(49.9, tt.limit, limiter.ModeShared, 100, 3, tt.backlog, tt.avgCost)
 		if !strings.HasSuffix(line, tt.want) {
-			t.Errorf("backlog %d at %v/s: %q, want it to end with %q", tt.backlog, tt.limit, line, tt.want)
+			t.Errorf("backlog %+v at %v/s: %q, want it to end with %q", tt.backlog, tt.limit, line, tt.want)
 		}
 	}
 }

@@ -257,10 +257,11 @@ func showProgress(rio replicaIO) bool {
 }
 
 // backlogger is a consumer that can count the messages waiting for it at
-// the broker: kafka.Consumer (the group's lag) and rabbitmq.Consumer (the
-// queue's ready messages).
+// the broker, and those of them set aside in its delay topic or queue:
+// kafka.Consumer (the group's lag) and rabbitmq.Consumer (the queues'
+// ready messages).
 type backlogger interface {
-	Backlog(ctx context.Context) (int64, error)
+	BacklogParts(ctx context.Context) (consumer.Backlog, error)
 }
 
 // monitor refreshes the bucket and backlog gauges every interval and, when
@@ -281,11 +282,11 @@ func monitor(ctx context.Context, b *limiter.Bucket, src backlogger, m *metrics,
 		if err == nil {
 			m.setBucket(st.Tokens, st.Rate)
 		}
-		backlog := int64(-1)
+		var backlog *consumer.Backlog
 		if src != nil {
-			if n, err := src.Backlog(sctx); err == nil {
-				backlog = n
-				m.setBacklog(n)
+			if b, err := src.BacklogParts(sctx); err == nil {
+				backlog = &b
+				m.setBacklog(b)
 			} else {
 				m.backlogUnknown()
 			}
@@ -301,18 +302,27 @@ func monitor(ctx context.Context, b *limiter.Bucket, src backlogger, m *metrics,
 	}
 }
 
-// progressLine summarizes a replica's progress. backlog is -1 when unknown;
-// draining it takes backlog × avgCost tokens.
-func progressLine(achieved, limit float64, mode limiter.Mode, delivered, waiting, backlog int64, avgCost float64) string {
+// progressLine summarizes a replica's progress. backlog is nil when
+// unknown; draining it, the messages set aside included, takes its Total ×
+// avgCost tokens.
+func progressLine(achieved, limit float64, mode limiter.Mode, delivered, waiting int64, backlog *consumer.Backlog, avgCost float64) string {
 	line := fmt.Sprintf("throttle: %.1f msg/s (limit %s, %s) | delivered %d | waiting %d",
 		achieved, formatRate(limit), mode, delivered, waiting)
-	switch {
-	case backlog < 0:
-	case backlog > 0 && limit > 0:
-		drain := time.Duration(float64(backlog) * avgCost / limit * float64(time.Second))
-		line += fmt.Sprintf(" | backlog %d (~%v at the limit)", backlog, roundDuration(drain.Seconds()))
-	default:
-		line += fmt.Sprintf(" | backlog %d", backlog)
+	if backlog == nil {
+		return line
+	}
+	n := backlog.Total()
+	line += fmt.Sprintf(" | backlog %d", n)
+	var notes []string
+	if backlog.SetAside > 0 {
+		notes = append(notes, fmt.Sprintf("%d set aside", backlog.SetAside))
+	}
+	if n > 0 && limit > 0 {
+		drain := time.Duration(float64(n) * avgCost / limit * float64(time.Second))
+		notes = append(notes, fmt.Sprintf("~%v at the limit", roundDuration(drain.Seconds())))
+	}
+	if len(notes) > 0 {
+		line += " (" + strings.Join(notes, ", ") + ")"
 	}
 	return line
 }
