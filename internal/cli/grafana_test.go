@@ -200,18 +200,28 @@ func TestGrafanaComposeWiring(t *testing.T) {
 	}
 }
 
-// metricSet is the metric families a replica serves.
-type metricSet map[string]bool
+// metricSet is the metric families a replica serves, each with the names
+// of its labels.
+type metricSet map[string]map[string]bool
 
 // has reports whether name is served, a histogram's _bucket, _sum and
 // _count series included.
 func (s metricSet) has(name string) bool {
+	_, ok := s.labels(name)
+	return ok
+}
+
+// labels returns the label names of the family that serves name (le not
+// included), and whether one does.
+func (s metricSet) labels(name string) (map[string]bool, bool) {
 	for _, suffix := range []string{"", "_bucket", "_sum", "_count"} {
-		if base, ok := strings.CutSuffix(name, suffix); ok && s[base] {
-			return true
+		if base, ok := strings.CutSuffix(name, suffix); ok {
+			if l, ok := s[base]; ok {
+				return l, true
+			}
 		}
 	}
-	return false
+	return nil, false
 }
 
 // servedMetrics returns every metric family a Kafka replica with an extra
@@ -232,7 +242,13 @@ func servedMetrics(t *testing.T) metricSet {
 	}
 	served := metricSet{}
 	for _, f := range families {
-		served[f.GetName()] = true
+		labels := map[string]bool{}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = true
+			}
+		}
+		served[f.GetName()] = labels
 	}
 	return served
 }
