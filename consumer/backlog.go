@@ -17,3 +17,12 @@ type Backlog struct {
 
 // Total returns every message of the backlog, ready or set aside.
 func (b Backlog) Total() int64 { return b.Ready + b.SetAside }
+
+// BacklogTotal returns the Total of b, or 0 and err when err is not nil:
+// a consumer's Backlog from its BacklogParts.
+func BacklogTotal(b Backlog, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return b.Total(), nil
+}

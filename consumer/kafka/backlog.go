@@ -18,11 +18,7 @@ import (
 // handling and those set aside until they are due. BacklogParts tells the
 // two apart; Backlog is their Total.
 func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
-	b, err := c.BacklogParts(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return b.Total(), nil
+	return consumer.BacklogTotal(c.BacklogParts(ctx))
 }
 
 // BacklogParts returns the consumer group's lag on the topic as Ready and,

@@ -37,34 +37,60 @@ func newIdleConsumer(t *testing.T, cfg Config) *Consumer {
 	return c
 }
 
-// backlog calls c.Backlog with a deadline and fails the test on an error.
-func backlog(t *testing.T, c *Consumer) int64 {
+// readBacklog calls read (Backlog or BacklogParts) with a deadline and
+// fails the test on an error.
+func readBacklog[T any](t *testing.T, read func(context.Context) (T, error)) T {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	n, err := c.Backlog(ctx)
+	v, err := read(ctx)
 	if err != nil {
-		t.Fatalf("Backlog: %v", err)
+		t.Fatalf("reading the backlog: %v", err)
 	}
-	return n
+	return v
 }
 
-// waitBacklog polls c.Backlog until it returns want. Commits are
-// asynchronous, so a value is only reached some time after the handler
-// returned.
-func waitBacklog(t *testing.T, c *Consumer, want int64) {
+// backlog calls c.Backlog with a deadline and fails the test on an error.
+func backlog(t *testing.T, c *Consumer) int64 {
+	t.Helper()
+	return readBacklog(t, c.Backlog)
+}
+
+// backlogParts calls c.BacklogParts with a deadline and fails the test on
+// an error.
+func backlogParts(t *testing.T, c *Consumer) consumer.Backlog {
+	t.Helper()
+	return readBacklog(t, c.BacklogParts)
+}
+
+// waitForBacklog polls read (Backlog or BacklogParts) until it returns
+// want. Commits are asynchronous, so a value is only reached some time
+// after the handler returned.
+func waitForBacklog[T comparable](t *testing.T, read func(context.Context) (T, error), want T) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		got := backlog(t, c)
+		got := readBacklog(t, read)
 		if got == want {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("Backlog = %d, want %d within 30s", got, want)
+			t.Fatalf("backlog = %+v, want %+v within 30s", got, want)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// waitBacklog polls c.Backlog until it returns want.
+func waitBacklog(t *testing.T, c *Consumer, want int64) {
+	t.Helper()
+	waitForBacklog(t, c.Backlog, want)
+}
+
+// waitBacklogParts polls c.BacklogParts until it returns want.
+func waitBacklogParts(t *testing.T, c *Consumer, want consumer.Backlog) {
+	t.Helper()
+	waitForBacklog(t, c.BacklogParts, want)
 }
 
 // TestBacklog follows the backlog of a group through a run: all of the
@@ -195,35 +221,6 @@ func TestBacklog(t *testing.T) {
 	}
 	if _, err := c.Backlog(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Errorf("Backlog after Close = %v, want ErrClosed", err)
-	}
-}
-
-// backlogParts calls c.BacklogParts with a deadline and fails the test on
-// an error.
-func backlogParts(t *testing.T, c *Consumer) consumer.Backlog {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b, err := c.BacklogParts(ctx)
-	if err != nil {
-		t.Fatalf("BacklogParts: %v", err)
-	}
-	return b
-}
-
-// waitBacklogParts polls c.BacklogParts until it returns want.
-func waitBacklogParts(t *testing.T, c *Consumer, want consumer.Backlog) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got := backlogParts(t, c)
-		if got == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("BacklogParts = %+v, want %+v within 30s", got, want)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -493,66 +490,36 @@ func TestBacklogErrors(t *testing.T) {
 		}
 	})
 
-	t.Run("partition error listing offsets", func(t *testing.T) {
-		cluster := newFakeCluster(t, topic)
-		c := newIdleConsumer(t, Config{Brokers: cluster.ListenAddrs(), Topic: topic, Group: group})
-		backlog(t, c) // connected, so that the control sees only Backlog's requests
-		cluster.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
-			r := req.(*kmsg.ListOffsetsRequest)
-			if len(r.Topics) != 1 || len(r.Topics[0].Partitions) != 1 || r.Topics[0].Partitions[0].Partition != 1 {
-				return nil, nil, false
+	delay := topic + ".delay"
+	for _, tc := range []struct {
+		name      string
+		setAside  bool
+		topic     string
+		partition int32
+		named     string
+	}{
+		{"partition error listing offsets", false, topic, 1, "partition 1"},
+		{"partition error on the delay topic", true, delay, 2, `partition 2 of "` + delay + `"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			topics := []string{topic}
+			if tc.setAside {
+				topics = append(topics, delay)
 			}
-			resp := r.ResponseKind().(*kmsg.ListOffsetsResponse)
-			rt := kmsg.NewListOffsetsResponseTopic()
-			rt.Topic = r.Topics[0].Topic
-			rp := kmsg.NewListOffsetsResponseTopicPartition()
-			rp.Partition = 1
-			rp.ErrorCode = int16(kafkago.NotLeaderForPartition)
-			rp.Offset = -1
-			rt.Partitions = append(rt.Partitions, rp)
-			resp.Topics = append(resp.Topics, rt)
-			return resp, nil, true
-		})
-		err := call(t, c, testenv.Context(t, 30*time.Second), 20*time.Second)
-		wantNamed(t, err)
-		if !errors.Is(err, kafkago.NotLeaderForPartition) || !strings.Contains(err.Error(), "partition 1") {
-			t.Errorf("Backlog = %v, want NotLeaderForPartition naming partition 1", err)
-		}
-		if got := backlog(t, c); got != 0 {
-			t.Errorf("Backlog once the error is gone = %d, want 0", got)
-		}
-	})
-
-	t.Run("partition error on the delay topic", func(t *testing.T) {
-		delay := topic + ".delay"
-		cluster := newFakeCluster(t, topic, delay)
-		c := newIdleConsumer(t, Config{Brokers: cluster.ListenAddrs(), Topic: topic, Group: group, SetAside: true})
-		backlog(t, c)
-		cluster.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
-			r := req.(*kmsg.ListOffsetsRequest)
-			if len(r.Topics) != 1 || r.Topics[0].Topic != delay || len(r.Topics[0].Partitions) != 1 || r.Topics[0].Partitions[0].Partition != 2 {
-				return nil, nil, false
+			cluster := newFakeCluster(t, topics...)
+			c := newIdleConsumer(t, Config{Brokers: cluster.ListenAddrs(), Topic: topic, Group: group, SetAside: tc.setAside})
+			backlog(t, c) // connected, so that the control sees only Backlog's requests
+			refuseListOffsets(cluster, tc.topic, tc.partition)
+			err := call(t, c, testenv.Context(t, 30*time.Second), 20*time.Second)
+			wantNamed(t, err)
+			if !errors.Is(err, kafkago.NotLeaderForPartition) || !strings.Contains(err.Error(), tc.named) {
+				t.Errorf("Backlog = %v, want NotLeaderForPartition naming %s", err, tc.named)
 			}
-			resp := r.ResponseKind().(*kmsg.ListOffsetsResponse)
-			rt := kmsg.NewListOffsetsResponseTopic()
-			rt.Topic = delay
-			rp := kmsg.NewListOffsetsResponseTopicPartition()
-			rp.Partition = 2
-			rp.ErrorCode = int16(kafkago.NotLeaderForPartition)
-			rp.Offset = -1
-			rt.Partitions = append(rt.Partitions, rp)
-			resp.Topics = append(resp.Topics, rt)
-			return resp, nil, true
+			if got := backlog(t, c); got != 0 {
+				t.Errorf("Backlog once the error is gone = %d, want 0", got)
+			}
 		})
-		err := call(t, c, testenv.Context(t, 30*time.Second), 20*time.Second)
-		wantNamed(t, err)
-		if !errors.Is(err, kafkago.NotLeaderForPartition) || !strings.Contains(err.Error(), `partition 2 of "`+delay+`"`) {
-			t.Errorf("Backlog = %v, want NotLeaderForPartition naming partition 2 of %q", err, delay)
-		}
-		if got := backlog(t, c); got != 0 {
-			t.Errorf("Backlog once the error is gone = %d, want 0", got)
-		}
-	})
+	}
 
 	t.Run("partition error fetching committed offsets", func(t *testing.T) {
 		cluster := newFakeCluster(t, topic)
@@ -585,6 +552,28 @@ func TestBacklogErrors(t *testing.T) {
 		if got := backlog(t, c); got != 0 {
 			t.Errorf("Backlog once the error is gone = %d, want 0", got)
 		}
+	})
+}
+
+// refuseListOffsets makes cluster answer NOT_LEADER_FOR_PARTITION to the
+// next ListOffsets request for partition of topic alone, as Backlog sends
+// them (kafka-go splits its request by partition).
+func refuseListOffsets(cluster *kfake.Cluster, topic string, partition int32) {
+	cluster.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		r := req.(*kmsg.ListOffsetsRequest)
+		if len(r.Topics) != 1 || r.Topics[0].Topic != topic || len(r.Topics[0].Partitions) != 1 || r.Topics[0].Partitions[0].Partition != partition {
+			return nil, nil, false
+		}
+		resp := r.ResponseKind().(*kmsg.ListOffsetsResponse)
+		rt := kmsg.NewListOffsetsResponseTopic()
+		rt.Topic = topic
+		rp := kmsg.NewListOffsetsResponseTopicPartition()
+		rp.Partition = partition
+		rp.ErrorCode = int16(kafkago.NotLeaderForPartition)
+		rp.Offset = -1
+		rt.Partitions = append(rt.Partitions, rp)
+		resp.Topics = append(resp.Topics, rt)
+		return resp, nil, true
 	})
 }
 

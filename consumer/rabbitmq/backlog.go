@@ -16,11 +16,7 @@ import (
 // ready in the queue and those set aside in the delay queue. BacklogParts
 // tells the two apart; Backlog is their Total.
 func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
-	b, err := c.BacklogParts(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return b.Total(), nil
+	return consumer.BacklogTotal(c.BacklogParts(ctx))
 }
 
 // BacklogParts returns the number of messages ready in the queue as Ready:

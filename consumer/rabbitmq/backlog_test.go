@@ -247,6 +247,19 @@ func backlogParts(t *testing.T, c *rabbitmq.Consumer) (consumer.Backlog, error) 
 	return c.BacklogParts(testenv.Context(t, 10*time.Second))
 }
 
+// firstBacklogParts returns what c.BacklogParts first answers once Run has
+// connected.
+func firstBacklogParts(t *testing.T, c *rabbitmq.Consumer) (consumer.Backlog, error) {
+	t.Helper()
+	var parts consumer.Backlog
+	var err error
+	eventually(t, "BacklogParts answering", func() bool {
+		parts, err = backlogParts(t, c)
+		return !errors.Is(err, rabbitmq.ErrNotConnected)
+	})
+	return parts, err
+}
+
 // TestBacklogCountsSetAside checks that the messages set aside in the
 // delay queue count in Backlog, and apart in BacklogParts: they are still
 // to be delivered. Before anything was set aside the delay queue does not
@@ -278,12 +291,7 @@ func TestBacklogCountsSetAside(t *testing.T) {
 	defer cancel()
 	wait := runAll(t, ctx, c.Run)
 
-	var parts consumer.Backlog
-	var err error
-	eventually(t, "BacklogParts answering", func() bool {
-		parts, err = backlogParts(t, c)
-		return !errors.Is(err, rabbitmq.ErrNotConnected)
-	})
+	parts, err := firstBacklogParts(t, c)
 	if err != nil || parts != (consumer.Backlog{}) {
 		t.Fatalf("without a delay queue: BacklogParts returned %+v, %v; want none, nil", parts, err)
 	}
@@ -325,12 +333,7 @@ func TestBacklogDelayQueueRecheck(t *testing.T) {
 	defer cancel()
 	wait := runAll(t, ctx, told.Run, fresh.Run)
 
-	var parts consumer.Backlog
-	var err error
-	eventually(t, "BacklogParts answering", func() bool {
-		parts, err = backlogParts(t, told)
-		return !errors.Is(err, rabbitmq.ErrNotConnected)
-	})
+	parts, err := firstBacklogParts(t, told)
 	if err != nil || parts != (consumer.Backlog{}) {
 		t.Fatalf("without a delay queue: BacklogParts returned %+v, %v; want none, nil", parts, err)
 	}
@@ -341,10 +344,7 @@ func TestBacklogDelayQueueRecheck(t *testing.T) {
 	if parts, err := backlogParts(t, told); err != nil || parts != (consumer.Backlog{}) {
 		t.Errorf("within the recheck interval: BacklogParts returned %+v, %v; want none, nil", parts, err)
 	}
-	eventually(t, "BacklogParts answering", func() bool {
-		parts, err = backlogParts(t, fresh)
-		return !errors.Is(err, rabbitmq.ErrNotConnected)
-	})
+	parts, err = firstBacklogParts(t, fresh)
 	if want := (consumer.Backlog{SetAside: 2}); err != nil || parts != want {
 		t.Errorf("a consumer that never missed the delay queue: BacklogParts returned %+v, %v; want %+v, nil", parts, err, want)
 	}
