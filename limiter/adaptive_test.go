@@ -90,16 +90,3 @@ func TestBucketPauseLowersAdaptiveRate(t *testing.T) {
 		b.Close()
 	}
 }
-
-func TestMemoryWarmupSteps(t *testing.T) {
-	storetest.RunWarmup(t, func(t *testing.T, rate float64, burst int, warmup time.Duration) storetest.ClockedTaker {
-		m, err := limiter.NewMemory(rate, burst)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := m.SetWarmup(warmup); err != nil {
-			t.Fatal(err)
-		}
-		return m
-	})
-}

@@ -10,14 +10,7 @@ import (
 
 func TestLayeredMemoryWarmupSteps(t *testing.T) {
 	storetest.RunWarmupLayers(t, func(t *testing.T, rate float64, burst int, warmup time.Duration, layers []limiter.Layer) storetest.LayeredClockedStore {
-		shared, err := limiter.NewMemory(rate, burst)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := shared.SetWarmup(warmup); err != nil {
-			t.Fatal(err)
-		}
-		m, err := limiter.NewLayeredMemory(shared, layers)
+		m, err := limiter.NewLayeredMemory(newWarmMemory(t, rate, burst, warmup), layers)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -27,13 +20,6 @@ func TestLayeredMemoryWarmupSteps(t *testing.T) {
 
 func TestMemoryWarmupRefundSteps(t *testing.T) {
 	storetest.RunWarmupRefund(t, func(t *testing.T, rate float64, burst int, warmup time.Duration) storetest.ClockedStore {
-		m, err := limiter.NewMemory(rate, burst)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := m.SetWarmup(warmup); err != nil {
-			t.Fatal(err)
-		}
-		return clockedMemory{m}
+		return clockedMemory{newWarmMemory(t, rate, burst, warmup)}
 	})
 }

@@ -31,7 +31,13 @@ func proxiedClient(t testing.TB) (*faultproxy.Proxy, redis.UniversalClient) {
 // error.
 func newStore(t testing.TB, c redis.UniversalClient, name string, rate float64, burst int) *Store {
 	t.Helper()
-	s, err := New(c, Config{Bucket: name, Rate: rate, Burst: burst})
+	return newWarmStore(t, c, name, rate, burst, 0)
+}
+
+// newWarmStore is newStore with a warm-up of warmup (none at 0).
+func newWarmStore(t testing.TB, c redis.UniversalClient, name string, rate float64, burst int, warmup time.Duration) *Store {
+	t.Helper()
+	s, err := New(c, Config{Bucket: name, Rate: rate, Burst: burst, Warmup: warmup})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,11 +11,7 @@ import (
 func TestRedisLayeredWarmupSteps(t *testing.T) {
 	c := newClient(t)
 	storetest.RunWarmupLayers(t, func(t *testing.T, rate float64, burst int, warmup time.Duration, layers []limiter.Layer) storetest.LayeredClockedStore {
-		s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: rate, Burst: burst, Warmup: warmup})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := s.WithLayers(layers)
+		l, err := newWarmStore(t, c, uniqueBucket(t, c), rate, burst, warmup).WithLayers(layers)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -27,10 +23,6 @@ func TestRedisLayeredWarmupSteps(t *testing.T) {
 func TestRedisWarmupRefundSteps(t *testing.T) {
 	c := newClient(t)
 	storetest.RunWarmupRefund(t, func(t *testing.T, rate float64, burst int, warmup time.Duration) storetest.ClockedStore {
-		s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: rate, Burst: burst, Warmup: warmup})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return clocked{s}
+		return clocked{newWarmStore(t, c, uniqueBucket(t, c), rate, burst, warmup)}
 	})
 }

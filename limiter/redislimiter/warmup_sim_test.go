@@ -33,11 +33,7 @@ func TestWarmupRampSimulation(t *testing.T) {
 	var first sync.Once
 	var start time.Time
 	for r := range 3 {
-		s, err := New(newClient(t), Config{Bucket: name, Rate: rate, Burst: burst, Warmup: warm})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := limiter.New(s, limiter.Options{ReplicaID: fmt.Sprintf("w%d", r)})
+		b, err := limiter.New(newWarmStore(t, newClient(t), name, rate, burst, warm), limiter.Options{ReplicaID: fmt.Sprintf("w%d", r)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,11 +12,7 @@ import (
 func TestRedisWarmupSteps(t *testing.T) {
 	c := newClient(t)
 	storetest.RunWarmup(t, func(t *testing.T, rate float64, burst int, warmup time.Duration) storetest.ClockedTaker {
-		s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: rate, Burst: burst, Warmup: warmup})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return clocked{s}
+		return clocked{newWarmStore(t, c, uniqueBucket(t, c), rate, burst, warmup)}
 	})
 }
 
@@ -25,10 +21,7 @@ func TestRedisWarmupSteps(t *testing.T) {
 // still means "idle for longer than the warm-up".
 func TestWarmupKeepsTheStateForTheWarmup(t *testing.T) {
 	c := newClient(t)
-	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 10, Burst: 10, Warmup: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newWarmStore(t, c, uniqueBucket(t, c), 10, 10, time.Minute)
 	if _, err := s.Take(context.Background(), limiter.TakeRequest{Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -45,10 +38,7 @@ func TestWarmupKeepsTheStateForTheWarmup(t *testing.T) {
 func TestAdminWarmupStatus(t *testing.T) {
 	c := newClient(t)
 	ctx := context.Background()
-	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 30, Burst: 30, Warmup: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newWarmStore(t, c, uniqueBucket(t, c), 30, 30, time.Minute)
 	at := func(d time.Duration) int64 { return storetest.Base.Add(d).UnixMicro() }
 	if st, err := s.Admin().warmup(ctx, at(0)); err != nil || !st.Cold || st.Ramping {
 		t.Errorf("new bucket: %+v %v, want cold", st, err)
