@@ -24,11 +24,11 @@ type Request struct {
 	// PriorityNormal, whatever the Bucket's Options.Priority (the class of
 	// Wait and Allow).
 	Priority Priority
-	// Paid names the layers this message already paid for, with its key
-	// in each, as LayerRequest.Paid: a delay layer's slot booked when it
-	// refused the message (LimitError.Reserved). Those layers let it pass
-	// without taking from them. Ignored by a store without layers.
-	Paid map[string]string
+	// Paid names the slots this message already paid for, as
+	// LayerRequest.Paid: those a delay layer booked when it refused the
+	// message (LimitError.Reserved). Those layers let it pass without
+	// taking from it again. Ignored by a store without layers.
+	Paid []PaidSlot
 }
 
 // WaitN blocks until req.Cost tokens are granted on the shared bucket and on

@@ -224,26 +224,15 @@ type LimitError struct {
 	RetryAt time.Time
 	// Reserved is set when the layer, a token bucket with ActionDelay,
 	// booked the message's tokens for RetryAt (see Layer.OnExceed). The
-	// message should come back then with LayerRequest.Paid (or
-	// Request.Paid) mapping Layer to Key, up to PaidUntil; the slot stays
-	// spent if it never comes back.
+	// message should come back then with a PaidSlot of Layer, Key and
+	// RetryAt in LayerRequest.Paid (or Request.Paid); the slot stays spent
+	// if it never comes back, or comes back late.
 	Reserved bool
 	// Key is the message's key in the layer ("" for a layer without
 	// keys), set with Reserved.
 	Key string
-	// PaidUntil is, with Reserved, the last instant at which the booked
-	// slot should still be honoured: RetryAt plus the time the layer takes
-	// to refill its burst, at least PaidGrace. A message that comes back
-	// later has been too late to keep to the layer's rate with the old
-	// slot, and should take the layer again.
-	PaidUntil time.Time
-	err       error
+	err error
 }
-
-// PaidGrace is the least time after a booked slot (LimitError.PaidUntil)
-// for which the slot counts as paid, so that a message set aside to a
-// delay topic or queue and handled a little late still uses its slot.
-const PaidGrace = time.Second
 
 func (e *LimitError) Error() string {
 	return "limit " + strconv.Quote(e.Layer) + ": " + e.Reason
@@ -283,36 +272,85 @@ type LayerRequest struct {
 	// back there.
 	Priority Priority
 	MinShare Shares
-	// Paid maps the name of each layer that this message already paid
-	// for to its key there ("" for a layer without keys): a slot that a
-	// delay layer booked when it refused the message (LimitError.Reserved).
-	// The store leaves such a layer out of the decision, charging and
-	// refunding nothing on it; the shared bucket and the other layers are
-	// decided as usual. An entry that does not name a token-bucket layer
-	// with ActionDelay, or whose key is not this request's key in it, is
-	// ignored: the layer is decided as usual.
-	Paid map[string]string
+	// Paid names the slots this message already paid for: those that a
+	// delay layer booked when it refused the message
+	// (LimitError.Reserved). A layer with such a slot, for this request's
+	// key in it, and not late, never makes the request wait or refuses
+	// it; the shared bucket and the other layers are decided as usual. A
+	// slot more than PaidLateness late is forfeit: the message could
+	// otherwise be sent right next to the one booked after it, over the
+	// layer's rate, so the layer is decided as usual. A slot that does
+	// not name a token-bucket layer with ActionDelay, or whose key is not
+	// this request's key in it, is ignored too.
+	//
+	// A layer passed on a slot is charged nothing while it is still booked
+	// up to the slot or beyond. After it refilled past its burst less the
+	// cost (the last slot came back a little late), it is charged the
+	// excess, max(0, tokens + cost - burst), as if the slot had been
+	// given back at its time and taken again now. A refund gives nothing
+	// back on such a layer.
+	Paid []PaidSlot
+}
+
+// PaidSlot is a slot that a delay layer booked for a message
+// (LimitError.Reserved), which the message names when it comes back
+// (LayerRequest.Paid). The consumers carry it in a header, in JSON.
+type PaidSlot struct {
+	// Layer and Key name the layer and the message's key in it ("" for a
+	// layer without keys): LimitError.Layer and LimitError.Key.
+	Layer string `json:"layer"`
+	Key   string `json:"key"`
+	// Due is the instant the slot was booked for, on the store's clock:
+	// LimitError.RetryAt.
+	Due time.Time `json:"due"`
+}
+
+// PaidLateness returns how late after its Due a slot of layer l still
+// counts as paid (see LayerRequest.Paid): 15% of the time the layer takes
+// to refill one token, between 25 ms and 1 s. It is the jitter allowed to
+// the delay topic or queue that brings the message back: a message back
+// that late may be sent that much closer to the one after it than the
+// layer's spacing. One back later forfeits its slot and takes the layer
+// again, which keeps to the layer's rate but sets the message aside again,
+// behind the slots booked meanwhile.
+func PaidLateness(l Layer) time.Duration {
+	d := time.Duration(min(0.15/l.Rate, 1) * float64(time.Second))
+	return min(max(d, 25*time.Millisecond), time.Second)
 }
 
 // PaidLayers returns, in the order of layers, which of them the request
-// whose keys are keys (see LayerKeys) has paid for (LayerRequest.Paid), or
-// nil when none. Every store decides which entries of Paid count with it.
-func PaidLayers(layers []Layer, keys []string, paid map[string]string) []bool {
+// whose keys are keys (see LayerKeys) passes on a slot it paid for
+// (LayerRequest.Paid) at now, the store's clock, or nil when none. Every
+// store decides which slots count with it, and charges such a layer
+// PaidCharge.
+func PaidLayers(layers []Layer, keys []string, paid []PaidSlot, now time.Time) []bool {
 	if len(paid) == 0 {
 		return nil
 	}
 	var out []bool
 	for i, l := range layers {
-		k, ok := paid[l.Name]
-		if !ok || k != keys[i] || l.OnExceed != ActionDelay || l.IsQuota() {
+		if l.OnExceed != ActionDelay || l.IsQuota() {
 			continue
 		}
-		if out == nil {
-			out = make([]bool, len(layers))
+		for _, s := range paid {
+			if s.Layer != l.Name || s.Key != keys[i] || now.After(s.Due.Add(PaidLateness(l))) {
+				continue
+			}
+			if out == nil {
+				out = make([]bool, len(layers))
+			}
+			out[i] = true
 		}
-		out[i] = true
 	}
 	return out
+}
+
+// PaidCharge returns what a request of cost paid for on a layer of burst
+// (see LayerRequest.Paid) is charged when the layer holds tokens: the
+// excess over what a slot given back at its time would have left room for,
+// max(0, tokens + cost - burst).
+func PaidCharge(tokens, cost, burst float64) float64 {
+	return max(0, tokens+cost-burst)
 }
 
 // ReservesOnRefusal reports whether layer l, refusing a request whose wait
@@ -430,12 +468,10 @@ func ExceededError(l Layer, at time.Time, wait time.Duration) *LimitError {
 
 // ReservedError returns the *LimitError for delay layer l refusing a
 // request whose key in it is key, and booking its slot after wait (see
-// ReservesOnRefusal): ExceededError's, with Reserved, Key and PaidUntil.
+// ReservesOnRefusal): ExceededError's, with Reserved and Key.
 func ReservedError(l Layer, key string, at time.Time, wait time.Duration) *LimitError {
 	e := ExceededError(l, at, wait)
 	e.Reason = strings.Replace(e.Reason, "; room in", "; slot booked in", 1)
 	e.Reserved, e.Key = true, key
-	refill := time.Duration(min(float64(l.Burst)/l.Rate*1e6, maxWaitUS)) * time.Microsecond
-	e.PaidUntil = e.RetryAt.Add(max(refill, PaidGrace))
 	return e
 }

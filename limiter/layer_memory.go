@@ -182,13 +182,17 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		end    int64 // quota: the current window's end
 		used   int
 		wait   int64
+		charge float64 // bucket: the tokens a grant takes
 	}
 	st := make([]layerState, len(m.layers))
-	paid := PaidLayers(m.layers, keys, req.Paid)
+	paid := PaidLayers(m.layers, keys, req.Paid, t)
 	for i, l := range m.layers {
 		s := &st[i]
 		if paid != nil && paid[i] {
-			continue // paid for: no wait, nothing charged
+			// Paid for: no wait, and only the excess of a late slot.
+			s.tokens, s.ts = advanceLayer(m.buckets[i][keys[i]], now, l)
+			s.charge = PaidCharge(s.tokens, cost, float64(l.Burst))
+			continue
 		}
 		if l.IsQuota() {
 			if req.Cost > l.Quota {
@@ -208,6 +212,7 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			return res, nil, CostError(l, req.Cost)
 		}
 		s.tokens, s.ts = advanceLayer(m.buckets[i][keys[i]], now, l)
+		s.charge = cost
 		s.wait = s.ts - now
 		if after := s.tokens - cost; after < 0 {
 			s.wait = min(s.wait+waitUS(-after, l.Rate), maxWaitUS)
@@ -291,14 +296,13 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		}
 	}
 	for i, l := range m.layers {
-		if paid != nil && paid[i] {
-			continue
-		}
 		if l.IsQuota() {
 			m.quotas[i][keys[i]] = &memLayerQuota{end: st[i].end, used: st[i].used + req.Cost}
 			continue
 		}
-		m.buckets[i][keys[i]] = &memLayerBucket{tokens: st[i].tokens - cost, ts: st[i].ts}
+		if st[i].charge > 0 {
+			m.buckets[i][keys[i]] = &memLayerBucket{tokens: st[i].tokens - st[i].charge, ts: st[i].ts}
+		}
 	}
 	res.Granted, res.Tokens = true, got
 	res.Wait = time.Duration(wait) * time.Microsecond
@@ -322,7 +326,7 @@ func (m *LayeredMemory) RefundLayersAt(t time.Time, req LayerRequest, res LayerR
 		pr.refund(res.Class.Rank(), float64(req.Cost))
 		m.store(math.Min(float64(m.burst), cur+float64(req.Cost)), ts, pr)
 	}
-	paid := PaidLayers(m.layers, keys, req.Paid)
+	paid := PaidLayers(m.layers, keys, req.Paid, res.At) // as the take decided
 	for i, l := range m.layers {
 		if paid != nil && paid[i] {
 			continue // not charged by the take

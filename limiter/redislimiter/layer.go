@@ -258,15 +258,17 @@ func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string
 		}
 	}
 	args = append(args, l.warmArg) // the shared bucket's warm-up (warmupLua)
-	args = append(args, l.paidArg(st.layers, keys, req.Paid))
+	args = append(args, l.paidArg(st.layers, keys, req.Paid, clock))
 	return rkeys, args, clock
 }
 
 // paidArg returns the paid layers' argument of the layer scripts for the
-// layers of one step: one character per layer, '1' for a layer paid for
-// (limiter.PaidLayers), or "" when none is.
-func (l *Layered) paidArg(layers []int, keys []string, paid map[string]string) string {
-	p := limiter.PaidLayers(l.layers, keys, paid)
+// layers of one step: one character per layer, '1' for a layer passed on a
+// paid slot at clock (limiter.PaidLayers), or "" when none is. The
+// lateness of a slot is judged by this host's clock, as the quota windows
+// are.
+func (l *Layered) paidArg(layers []int, keys []string, paid []limiter.PaidSlot, clock time.Time) string {
+	p := limiter.PaidLayers(l.layers, keys, paid, clock)
 	if p == nil {
 		return ""
 	}
@@ -375,7 +377,7 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req limiter.Laye
 		shared = "1"
 		rkeys = append(rkeys, l.stateKeys...)
 	}
-	paid := limiter.PaidLayers(l.layers, keys, req.Paid)
+	paid := limiter.PaidLayers(l.layers, keys, req.Paid, charged) // as the take decided
 	layers := st.layers
 	if paid != nil { // a paid layer was not charged: nothing to give back
 		layers = slices.DeleteFunc(slices.Clone(layers), func(i int) bool { return paid[i] })

@@ -53,7 +53,7 @@ for i = 1, n do
   action[i], maxw[i] = ARGV[a + 4], tonumber(ARGV[a + 5])
 end
 
-local tok, lts, w = {}, {}, {}
+local tok, lts, w, charge = {}, {}, {}, {}
 local out = {string.format('%d', now)}
 local k0 = 0
 for a = 3 + 5 * n, #ARGV, 3 do
@@ -62,12 +62,14 @@ for a = 3 + 5 * n, #ARGV, 3 do
   local status, wait, limiting = nil, 0, 0
   for i = 1, n do
     if paid[i] then
+      tok[i], lts[i], charge[i] = paid_charge(KEYS[k0 + i], now, cost, rate[i], burst[i])
       w[i] = 0
     elseif cost > burst[i] then
       status, limiting = -2, idx[i]
       break
     else
       tok[i], lts[i], w[i] = bucket_wait(KEYS[k0 + i], now, cost, rate[i], burst[i])
+      charge[i] = cost
     end
   end
   if not status then
@@ -84,8 +86,8 @@ for a = 3 + 5 * n, #ARGV, 3 do
       else
         status = 1
         for i = 1, n do
-          if not paid[i] then
-            bucket_save(KEYS[k0 + i], tok[i] - cost, lts[i], now, rate[i], burst[i])
+          if charge[i] > 0 then
+            bucket_save(KEYS[k0 + i], tok[i] - charge[i], lts[i], now, rate[i], burst[i])
           end
         end
       end
@@ -114,8 +116,10 @@ func (l *Layered) keyedOnly(st step) bool {
 // keyedArgs returns the KEYS and ARGV of layersKeyedScript for the requests
 // reqs, whose keys (by layer index) are keys, on the layers of one step.
 func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []limiter.LayerRequest, keys [][]string) ([]string, []any) {
-	nowUS := int64(0)
-	if !at.IsZero() {
+	nowUS, clock := int64(0), at
+	if at.IsZero() {
+		clock = time.Now()
+	} else {
 		nowUS = at.UnixMicro()
 	}
 	rkeys := make([]string, 0, len(reqs)*len(layers))
@@ -129,7 +133,7 @@ func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []limiter.LayerRequ
 		for _, i := range layers {
 			rkeys = append(rkeys, l.layerKey(i, keys[j][i]))
 		}
-		args = append(args, req.Cost, max(req.MaxWait, 0).Microseconds(), l.paidArg(layers, keys[j], req.Paid))
+		args = append(args, req.Cost, max(req.MaxWait, 0).Microseconds(), l.paidArg(layers, keys[j], req.Paid, clock))
 	}
 	return rkeys, args
 }

@@ -45,12 +45,23 @@ end
 
 -- paid_flags returns, from a string of one character per layer, which
 -- layers the request already paid for ('1'): a slot a delay layer booked
--- when it refused the message. Such a layer waits 0 and is not charged.
+-- when it refused the message. Such a layer waits 0 and is charged
+-- paid_charge.
 local function paid_flags(s, n)
   local p = {}
   s = s or ''
   for i = 1, n do p[i] = string.sub(s, i, i) == '1' end
   return p
+end
+
+-- paid_charge returns a paid layer bucket's tokens and timestamp at now,
+-- and what a grant charges it (limiter.PaidCharge): the excess of a late
+-- slot over the burst, max(0, tokens + cost - burst).
+local function paid_charge(key, now, cost, rate, burst)
+  local tokens, ts = bucket_load(key, now, rate, burst)
+  local c = tokens + cost - burst
+  if c < 0 then c = 0 end
+  return tokens, ts, c
 end
 
 -- refused_status returns the status of a refusal by layer i (see
@@ -119,7 +130,8 @@ end
 // then the shared bucket's warm-up in µs (0 or absent: none), which ramps
 // the shared part as it ramps takeScript (warmupLua); last, the paid
 // layers: one character per layer, '1' for a layer the request already
-// paid for (limiter.PaidLayers), which waits 0 and is not charged.
+// paid for (limiter.PaidLayers), which waits 0 and is charged only the
+// excess of a late slot (limiter.PaidCharge).
 //
 // Reply: {status, wait_us, layer, remaining_milli, effective_rate_milli,
 // burst, now_us, tokens (cost plus the extra granted), rank, pushed_milli
@@ -167,7 +179,7 @@ if shared then
 end
 
 local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
-local tok, lts, wend, used, w = {}, {}, {}, {}, {}
+local tok, lts, wend, used, w, charge = {}, {}, {}, {}, {}, {}
 local paid = paid_flags(ARGV[14 + 10 * n], n)
 for i = 1, n do
   local a = 12 + (i - 1) * 10
@@ -176,6 +188,7 @@ for i = 1, n do
   rate[i], burst[i] = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   action[i], maxw[i] = ARGV[a + 5], tonumber(ARGV[a + 6])
   if paid[i] then
+    tok[i], lts[i], charge[i] = paid_charge(key, now, cost, rate[i], burst[i])
     w[i] = 0
   elseif kind[i] == 'q' then
     local quota = rate[i]
@@ -189,6 +202,7 @@ for i = 1, n do
   else
     if cost > burst[i] then return reply(-2, 0, idx[i], stokens, 0) end
     tok[i], lts[i], w[i] = bucket_wait(key, now, cost, rate[i], burst[i])
+    charge[i] = cost
   end
 end
 
@@ -220,12 +234,10 @@ if shared then
 end
 for i = 1, n do
   local key = KEYS[kb + i]
-  if paid[i] then
-    -- paid for: nothing to charge
-  elseif kind[i] == 'q' then
+  if kind[i] == 'q' then
     quota_save(key, wend[i], used[i] + cost, now)
-  else
-    bucket_save(key, tok[i] - cost, lts[i], now, rate[i], burst[i])
+  elseif charge[i] > 0 then
+    bucket_save(key, tok[i] - charge[i], lts[i], now, rate[i], burst[i])
   end
 end
 return reply(1, wait, limiting, safter, got)

@@ -41,7 +41,7 @@ type lstep struct {
 	maxWait    time.Duration
 	skipShared bool
 	refundOf   int // lrefund: the index of the take step to refund
-	paid       map[string]string
+	paid       []limiter.PaidSlot
 
 	granted  bool
 	got      int // granted tokens, when not cost (extra)
@@ -63,6 +63,11 @@ type lstep struct {
 }
 
 func k(key string) map[string]string { return map[string]string{"per-key": key} }
+
+// pd is a paid slot of layer for key, due at Base+due.
+func pd(layer, key string, due time.Duration) []limiter.PaidSlot {
+	return []limiter.PaidSlot{{Layer: layer, Key: key, Due: Base.Add(due)}}
+}
 
 func ny() *time.Location {
 	loc, err := time.LoadLocation("America/New_York")
@@ -175,7 +180,7 @@ var layerCases = []struct {
 			{op: ltake, cost: 1, wait: 55*time.Minute + 55*time.Second, limiting: "hourly", exceeded: limiter.ActionDelay, remaining: 3},
 			// A quota books nothing ahead, and a paid marker for it is
 			// ignored: it refuses again, until its window ends.
-			{op: ltake, cost: 1, paid: map[string]string{"hourly": ""}, wait: 55*time.Minute + 55*time.Second, limiting: "hourly", exceeded: limiter.ActionDelay, remaining: 3},
+			{op: ltake, cost: 1, paid: pd("hourly", "", 0), wait: 55*time.Minute + 55*time.Second, limiting: "hourly", exceeded: limiter.ActionDelay, remaining: 3},
 			{at: 55*time.Minute + 55*time.Second, op: ltake, cost: 1, granted: true, remaining: 4},
 		}},
 	{"delay: a token-bucket layer books each refused message's slot, first come first served", 100, 10,
@@ -191,19 +196,31 @@ var layerCases = []struct {
 			{op: lshared, remaining: 9},
 			// Back at its slot with the marker: the layer lets it pass
 			// without taking from it; the shared bucket is charged.
-			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), paid: k("a"), granted: true, remaining: 9},
+			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), paid: pd("per-key", "a", 500*time.Millisecond), granted: true, remaining: 9},
 			{at: 500 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: -2},
 			// A new message queues behind the slots booked before it.
 			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), wait: 1500 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
 			// A marker for another key of the layer pays nothing.
-			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("b"), paid: k("a"), granted: true, remaining: 8},
+			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("b"), paid: pd("per-key", "a", 500*time.Millisecond), granted: true, remaining: 8},
 			{at: 500 * time.Millisecond, op: lstatus, layer: "per-key", key: "b", tokens: 0},
 			// A paid take that is then refunded gives back the shared
 			// tokens only: the layer was not charged.
-			{at: time.Second, op: ltake, cost: 1, keys: k("a"), paid: k("a"), granted: true, remaining: 9},
+			{at: time.Second, op: ltake, cost: 1, keys: k("a"), paid: pd("per-key", "a", time.Second), granted: true, remaining: 9},
 			{at: time.Second, op: lrefund, refundOf: 11},
 			{at: time.Second, op: lstatus, layer: "per-key", key: "a", tokens: -2},
 			{at: time.Second, op: lshared, remaining: 10},
+			// The last slot back a little late (within PaidLateness, 75 ms
+			// at 2/s), after the layer refilled: charged the excess over
+			// its burst, never made to wait.
+			{at: 2025 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: 0.05},
+			{at: 2025 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), paid: pd("per-key", "a", 2*time.Second), granted: true, remaining: 9},
+			{at: 2025 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: 0},
+			// A slot back later than that is forfeit: the layer is decided
+			// as usual, and books a new slot.
+			{at: 10 * time.Second, op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 9},
+			{at: 10 * time.Second, op: ltake, cost: 1, keys: k("a"), wait: 500 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			{at: 10600 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), paid: pd("per-key", "a", 10500*time.Millisecond), wait: 400 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 10},
+			{at: 10600 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: -0.8},
 		}},
 	{"delay: a paid marker for an unknown layer, or a layer that does not delay, is ignored", 100, 10,
 		[]limiter.Layer{
@@ -212,11 +229,11 @@ var layerCases = []struct {
 		},
 		[]lstep{
 			{op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 9},
-			{op: ltake, cost: 1, keys: k("a"), paid: map[string]string{"gone": "a", "per-key": "a", "all": "x"}, wait: time.Second, limiting: "all", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			{op: ltake, cost: 1, keys: k("a"), paid: []limiter.PaidSlot{{Layer: "gone", Key: "a", Due: Base}, {Layer: "per-key", Key: "a", Due: Base}, {Layer: "all", Key: "x", Due: Base}}, wait: time.Second, limiting: "all", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
 			{op: lstatus, layer: "all", tokens: -1},
 			{op: lstatus, layer: "per-key", key: "a", tokens: 0},
 			// A layer without keys is paid for with the key "".
-			{at: time.Second, op: ltake, cost: 1, keys: k("b"), paid: map[string]string{"all": ""}, granted: true, remaining: 9},
+			{at: time.Second, op: ltake, cost: 1, keys: k("b"), paid: pd("all", "", time.Second), granted: true, remaining: 9},
 			{at: time.Second, op: lstatus, layer: "all", tokens: 0},
 		}},
 	{"max_wait: a dead_letter layer waits up to it", 10, 5,
@@ -321,10 +338,9 @@ func RunLayers(t *testing.T, newStore LayeredFactory) {
 						if action == limiter.ActionDelay && !res.Exceeded.RetryAt.Equal(now.Add(st.wait)) {
 							t.Fatalf("step %d: RetryAt = %v, want %v", i, res.Exceeded.RetryAt, now.Add(st.wait))
 						}
-						if res.Exceeded.Reserved != st.reserved || (st.reserved && (res.Exceeded.Key != st.keys[st.limiting] ||
-							res.Exceeded.PaidUntil.Before(res.Exceeded.RetryAt.Add(limiter.PaidGrace)))) {
-							t.Fatalf("step %d: Reserved %v key %q paid until %v, want %v key %q", i, res.Exceeded.Reserved,
-								res.Exceeded.Key, res.Exceeded.PaidUntil, st.reserved, st.keys[st.limiting])
+						if res.Exceeded.Reserved != st.reserved || (st.reserved && res.Exceeded.Key != st.keys[st.limiting]) {
+							t.Fatalf("step %d: Reserved %v key %q, want %v key %q", i, res.Exceeded.Reserved,
+								res.Exceeded.Key, st.reserved, st.keys[st.limiting])
 						}
 					}
 					wantRemaining := st.remaining
