@@ -10,6 +10,9 @@ import (
 // DefaultDrainTimeout is the default of Options.DrainTimeout.
 const DefaultDrainTimeout = 30 * time.Second
 
+// DefaultMaxSetAside is the default of Options.MaxSetAside.
+const DefaultMaxSetAside = time.Minute
+
 // Options are the settings that every backend shares. Each backend's Config
 // embeds them and adds only what is its own (brokers, queue, prefetch...),
 // so that the same field means the same thing for Kafka and RabbitMQ. The
@@ -32,6 +35,16 @@ type Options struct {
 	// MaxPause caps a pause asked for by a handler. Default 0: no cap
 	// beyond the Pauser's own.
 	MaxPause time.Duration
+	// MaxSetAside caps how long a message stays in a backend's delay
+	// topic or queue at a time (see SetAside). Both deliver a message only
+	// after the ones set aside before it in the same partition or queue,
+	// so this is also the longest that one message set aside far ahead
+	// (a delay layer's slot booked behind a hot key's backlog) holds up
+	// the others. A message whose slot (HeaderPaid) is further ahead is
+	// set aside again when it comes back, as often as needed: a slot d
+	// ahead costs about d/MaxSetAside + 1 writes. Default
+	// DefaultMaxSetAside.
+	MaxSetAside time.Duration
 	// Retry is the retry policy for failed handlers. The zero value uses
 	// RetryPolicy's defaults.
 	Retry RetryPolicy
@@ -76,6 +89,9 @@ func (o Options) Validate() error {
 	if o.DrainTimeout < 0 {
 		bad("DrainTimeout", "%v must not be negative", o.DrainTimeout)
 	}
+	if o.MaxSetAside < 0 {
+		bad("MaxSetAside", "%v must not be negative", o.MaxSetAside)
+	}
 	if o.Retry.MaxAttempts < 0 {
 		bad("Retry.MaxAttempts", "%d must not be negative", o.Retry.MaxAttempts)
 	}
@@ -109,6 +125,9 @@ func (o Options) WithDefaults() (Options, error) {
 	}
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = DefaultDrainTimeout
+	}
+	if o.MaxSetAside == 0 {
+		o.MaxSetAside = DefaultMaxSetAside
 	}
 	o.Retry = o.Retry.withDefaults()
 	if o.Logger == nil {

@@ -80,9 +80,12 @@ func (o Outcome) Delivered() bool { return o.Err == nil && !o.Abandoned && o.Set
 // msg.Attempt for each call and reports each failure to obs, which may be nil.
 //
 // A handler error made with SetAside is not a failure: Process waits for
-// its delay and calls h again with the same attempt number. (A backend's
-// Processor made with SetsAside returns such an Outcome instead, for the
-// backend to set the message aside.)
+// its delay and calls h again with the same attempt number, and with the
+// headers the error asks for (SetAsideWith). (A backend's Processor made
+// with SetsAside returns such an Outcome instead, for the backend to set
+// the message aside.) A failed attempt's retry is called without
+// HeaderPaid: the slots a delay layer booked pay for one limiter wait.
+// Only the first take of a returned message uses its marker.
 //
 // When ctx ends, during an attempt or a backoff, or the handler returns an
 // error that wraps ErrAbandoned, Process stops and returns an Abandoned
@@ -123,15 +126,20 @@ func (p RetryPolicy) process(ctx context.Context, h Handler, msg Message, obs *O
 			return Outcome{Attempts: attempt, Err: err, Abandoned: true}
 		}
 		if d, ok := SetAsideOf(err); ok {
+			out := Outcome{Attempts: attempt - 1, Err: err, SetAside: d}
 			if setAside {
-				return Outcome{Attempts: attempt - 1, Err: err, SetAside: d}
+				return out
 			}
 			if !wait(d) {
 				return Outcome{Attempts: attempt - 1, Err: err, Abandoned: true}
 			}
-			attempt-- // not an attempt: call again with the same number
+			msg = out.Returned(msg) // as a backend would set it aside
+			attempt--               // not an attempt: call again with the same number
 			continue
 		}
+		// The slots the message paid for when it was set aside served
+		// this attempt's limiter wait; the next attempt pays again.
+		msg = withHeaders(msg, map[string]string{HeaderPaid: ""})
 		obs.failed(msg, err)
 		if IsPermanent(err) || attempt >= p.MaxAttempts {
 			return Outcome{Attempts: attempt, Err: err}

@@ -14,15 +14,25 @@ import (
 // d inside the handler and call it again (see RetryPolicy.Process).
 // SetAside(nil, d) returns nil.
 func SetAside(err error, d time.Duration) error {
+	return SetAsideWith(err, d, nil)
+}
+
+// SetAsideWith is SetAside for a message that should come back with the
+// headers h set (an empty value: removed), such as HeaderPaid after a
+// delay layer booked its slot. The backend writes them with the copy it
+// sets aside; one that waits in the handler calls it again with them
+// (Outcome.Returned).
+func SetAsideWith(err error, d time.Duration, h map[string]string) error {
 	if err == nil {
 		return nil
 	}
-	return &setAsideError{err: err, after: max(d, time.Millisecond)}
+	return &setAsideError{err: err, after: max(d, time.Millisecond), headers: h}
 }
 
 type setAsideError struct {
-	err   error
-	after time.Duration
+	err     error
+	after   time.Duration
+	headers map[string]string
 }
 
 func (e *setAsideError) Error() string { return e.err.Error() }
@@ -36,4 +46,23 @@ func SetAsideOf(err error) (time.Duration, bool) {
 		return sa.after, true
 	}
 	return 0, false
+}
+
+// SetAsideHeaders returns the headers that the message set aside for o
+// (Outcome.SetAside) must come back with (see SetAsideWith): a backend
+// sets them on the copy it sets aside, removing those whose value is
+// empty. It is nil when there are none.
+func (o Outcome) SetAsideHeaders() map[string]string {
+	var sa *setAsideError
+	if o.SetAside > 0 && errors.As(o.Err, &sa) {
+		return sa.headers
+	}
+	return nil
+}
+
+// Returned returns msg as it comes back after being set aside for o: with
+// o's SetAsideHeaders set. A backend that waits out the delay itself
+// handles the returned message.
+func (o Outcome) Returned(msg Message) Message {
+	return withHeaders(msg, o.SetAsideHeaders())
 }

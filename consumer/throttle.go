@@ -92,7 +92,13 @@ func PriorityFromHeader(name string, def limiter.Priority) PriorityFunc {
 // becomes a Permanent error, so the message is dead-lettered instead of
 // blocking the consumer. A layer that refuses with on_exceed delay (a
 // *limiter.LimitError with ActionDelay) becomes a SetAside error for the
-// layer's wait.
+// layer's wait, with HeaderPaid naming the slot the layer booked, if it
+// did (LimitError.Reserved), and the slots the message still holds from an
+// earlier set-aside (SetAsideWith). A MessageLimiter passes a returned
+// message's slots on to its store (PaidSlots, limiter.Request.Paid). A
+// message back before its latest slot is due (a backend caps each
+// set-aside at Options.MaxSetAside) is set aside again until then, or,
+// when that is at most a few milliseconds away, waits for it here.
 func Throttle(l Limiter, cost CostFunc) Middleware {
 	if cost == nil {
 		cost = CostOne
@@ -101,6 +107,9 @@ func Throttle(l Limiter, cost CostFunc) Middleware {
 		return func(ctx context.Context, msg Message) error {
 			n, err := cost(msg)
 			if err != nil {
+				return err
+			}
+			if err := awaitPaidSlots(ctx, msg, time.Now()); err != nil {
 				return err
 			}
 			if ml, ok := l.(MessageLimiter); ok {
@@ -112,8 +121,11 @@ func Throttle(l Limiter, cost CostFunc) Middleware {
 				var le *limiter.LimitError
 				switch {
 				case errors.As(err, &le) && le.Action == limiter.ActionDelay && !errors.Is(err, limiter.ErrCostExceedsBurst):
-					// A layer asks to set the message aside until it has room.
-					return SetAside(fmt.Errorf("waiting for %d tokens: %w", n, err), le.Wait)
+					// A layer asks to set the message aside until it has
+					// room. When it booked that room, the message carries
+					// the slot (HeaderPaid) so that it passes the layer
+					// when it comes back.
+					return SetAsideWith(fmt.Errorf("waiting for %d tokens: %w", n, err), le.Wait, paidHeaders(msg, le))
 				case errors.Is(err, limiter.ErrCostExceedsBurst):
 					return Permanent(fmt.Errorf("waiting for %d tokens: %w", n, err))
 				case errors.Is(err, limiter.ErrClosed):

@@ -17,8 +17,9 @@ import (
 // messages that must wait go to the delay topic "<topic>.delay", which the
 // binary creates and its group consumes, and come back when due. Every
 // message is delivered, none is dead-lettered, no recipient gets two
-// messages closer than the layer allows, and the group commits both topics
-// to their ends. A hot recipient's backlog does not hold up the other
+// messages closer than the layer allows, each message set aside is written
+// to the delay topic about once (the layer books its slot), and the group
+// commits both topics to their ends. A hot recipient's backlog does not hold up the other
 // recipients' messages behind it in its partition, as it does under
 // on_exceed wait (which writes nothing to the delay topic). With two
 // replicas, one killed with SIGKILL mid-run, nothing is lost.
@@ -73,6 +74,12 @@ func TestLayersKafkaDelayEndToEnd(t *testing.T) {
 			}
 			if delayed == 0 {
 				t.Error("nothing was written to the delay topic")
+			}
+			// The layer books a slot for each hot message it refuses, which
+			// comes back paid (x-throttle-paid): about one write each, not
+			// one per message and round (1+2+...+7 = 28).
+			if delayed > hot-1+2 {
+				t.Errorf("%d writes to the delay topic for %d messages to one recipient, want at most %d: each set aside about once", delayed, hot, hot-1+2)
 			}
 			e.checkCommittedToEnd(e.topic + ".delay")
 			// Under wait the cold messages come after the hot recipient's

@@ -83,14 +83,20 @@ func (r *genRun) waitDue(p *partState, m kafkago.Message) bool {
 }
 
 // setAside writes the message of w to the delay topic, due out.SetAside
-// from now, and reports it finished once the write succeeded on every
+// (at most Options.MaxSetAside) from now, with the headers its handler asked for
+// (consumer.Outcome.SetAsideHeaders, such as consumer.HeaderPaid), and
+// reports it finished once the write succeeded on every
 // in-sync replica, so that the commit may move past it. A failed write is
 // retried with backoff; at the drain deadline the message is abandoned,
 // uncommitted, and handled again by the partition's next owner.
 func (c *Consumer) setAside(ctx context.Context, w work, out consumer.Outcome, delay *deadLetterer) outcome {
 	m := w.m
+	out.SetAside = min(out.SetAside, c.proc.Options().MaxSetAside) // back to set aside again if need be
 	due := c.clock.Now().Add(out.SetAside).UTC()
 	h := c.origin(m)
+	for k, v := range out.SetAsideHeaders() { // such as consumer.HeaderPaid; "" replaces an old value
+		h[k] = v
+	}
 	h[HeaderDue] = due.Format(time.RFC3339Nano)
 	h[consumer.HeaderAttempts] = strconv.Itoa(out.Attempts)
 	if out.Err != nil {

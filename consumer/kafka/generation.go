@@ -379,7 +379,8 @@ func (c *Consumer) handle(ctx context.Context, w work, dl, delay *deadLetterer, 
 	m := w.m
 	out := consumer.Outcome{Err: w.keyErr}
 	if w.keyErr == nil {
-		out = c.proc.Process(ctx, w.msg)
+		msg := w.msg
+		out = c.proc.Process(ctx, msg)
 		for out.SetAside > 0 && delay == nil {
 			// Before its handler ran, a message waits as for its first
 			// limiter wait: the revocation ends the wait (see firstWait).
@@ -394,7 +395,8 @@ func (c *Consumer) handle(ctx context.Context, w work, dl, delay *deadLetterer, 
 				out.Abandoned, out.SetAside = true, 0
 				break
 			}
-			out = c.proc.Process(ctx, w.msg)
+			msg = out.Returned(msg) // with the headers it would have been set aside with
+			out = c.proc.Process(ctx, msg)
 		}
 	}
 	if out.Abandoned {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,8 +158,8 @@ func TestAckPaths(t *testing.T) {
 			published: 1, dead: true, wantErr: "no key for you", attempts: "0"},
 		{name: "set aside: published to the delay queue, then acked", handler: setAside, want: "ack multiple=false",
 			published: 1, setAside: true},
-		{name: "set aside without a delay queue: waited, then requeued", handler: setAside, declareErr: errors.New("403"),
-			want: "requeue multiple=false"},
+		{name: "set aside without a delay queue: waited, then handled again", handler: setAsideOnce(), declareErr: errors.New("403"),
+			want: "ack multiple=false"},
 		{name: "ack on a closed channel: one call, logged", handler: ok, ackErr: amqp.ErrClosed, want: "ack multiple=false"},
 		{name: "nack on a closed channel: one call, not reported", handler: permanent, noDLX: true, ackErr: amqp.ErrClosed, want: "nack multiple=false"},
 	}
@@ -257,6 +258,22 @@ func ok(context.Context, consumer.Message) error { return nil }
 
 func setAside(context.Context, consumer.Message) error {
 	return consumer.SetAside(errors.New("limit per-recipient: no room"), 250*time.Millisecond)
+}
+
+// setAsideOnce returns a handler that sets a message aside with a paid
+// marker, then delivers it when it comes back with the marker.
+func setAsideOnce() func(context.Context, consumer.Message) error {
+	var calls atomic.Int32
+	return func(_ context.Context, m consumer.Message) error {
+		if calls.Add(1) == 1 {
+			return consumer.SetAsideWith(errors.New("limit per-recipient: slot booked"), 10*time.Millisecond,
+				map[string]string{consumer.HeaderPaid: `[{"layer":"per-recipient","key":"a"}]`})
+		}
+		if m.Headers[consumer.HeaderPaid] == "" {
+			return consumer.Permanent(errors.New("came back without its paid marker"))
+		}
+		return nil
+	}
 }
 
 func permanent(context.Context, consumer.Message) error {

@@ -174,25 +174,42 @@ func (r *run) handle(ctx context.Context, it item, pub publisher) {
 func (c *Consumer) delayQueue() string { return c.cfg.Queue + ".delay" }
 
 // setAside publishes the delivery to the delay queue, "<Queue>.delay", with
-// a per-message TTL of out.SetAside; when it expires, the delay queue
-// dead-letters it back to the queue through the default exchange. The
-// delay queue is declared (durable, x-dead-letter-exchange "",
+// a per-message TTL of out.SetAside (at most Options.MaxSetAside) and the headers its handler asked for
+// (consumer.Outcome.SetAsideHeaders, such as consumer.HeaderPaid); when the
+// TTL expires, the delay queue dead-letters it back to the queue through
+// the default exchange. The delay queue is declared (durable, x-dead-letter-exchange "",
 // x-dead-letter-routing-key Queue) at the first message set aside on each
 // connection. Once the broker confirmed the copy, the delivery is acked.
 // If the delay queue cannot be declared, the handler waits out the delay
-// and the delivery goes back to the queue.
+// and the delivery is handled again, with those headers (or goes back to
+// the queue if ctx ends first).
 func (r *run) setAside(ctx context.Context, it item, out consumer.Outcome, pub publisher, attrs []slog.Attr) {
 	d := &it.d
 	q := r.delayQueue()
+	out.SetAside = min(out.SetAside, r.proc.Options().MaxSetAside) // back to set aside again if need be
 	attrs = append(attrs, slog.String("delay_queue", q), slog.String("delay", out.SetAside.String()))
 	if err := pub.declareQueue(q, amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": r.cfg.Queue}); err != nil {
 		r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq cannot declare the delay queue; waiting out the delay in the handler",
 			append(attrs, slog.String("err", err.Error()))...)
-		_ = consumer.Sleep(ctx, out.SetAside)
-		r.requeue(d, attrs)
+		if consumer.Sleep(ctx, out.SetAside) != nil {
+			r.requeue(d, attrs)
+			return
+		}
+		// Handled again here, with the headers it would have been set
+		// aside with: a requeued delivery would lose them, and with
+		// consumer.HeaderPaid the slot a delay layer booked for it.
+		it.msg = out.Returned(it.msg)
+		r.handle(ctx, it, pub)
 		return
 	}
 	msg := deadLetter(d, nil)
+	for k, v := range out.SetAsideHeaders() { // such as consumer.HeaderPaid
+		if v == "" {
+			delete(msg.Headers, k)
+		} else {
+			msg.Headers[k] = v
+		}
+	}
 	msg.Expiration = strconv.FormatInt(max(out.SetAside.Milliseconds(), 1), 10)
 	if out.Err != nil {
 		msg.Headers[HeaderSetAsideReason] = out.Err.Error()

@@ -79,8 +79,9 @@ func consumerLimiter(cfg config.Limit, w *waitLimiter) (consumer.Limiter, error)
 // keyed layer. A layer whose on_exceed is dead_letter refuses with a
 // permanent error whose dead-letter headers name it; a delay layer's
 // refusal goes back to consumer.Throttle, which sets the message aside
-// until the layer has room, charging nothing meanwhile. It is safe for
-// concurrent use.
+// until the layer has room: a token-bucket layer books the message's slot
+// then, and the message comes back with consumer.HeaderPaid naming it. It
+// is safe for concurrent use.
 type layeredLimiter struct {
 	*waitLimiter
 	keys func(consumer.Message) (map[string]string, error) // nil: no keyed layer
@@ -98,7 +99,10 @@ func (w *layeredLimiter) WaitMessage(ctx context.Context, msg consumer.Message, 
 			return err
 		}
 	}
-	err = w.waitCounted(ctx, limiter.Request{Cost: cost, Keys: keys, Priority: p})
+	// A message set aside by a delay layer that booked its slot comes
+	// back naming the layer (consumer.HeaderPaid): it passes it without
+	// taking from it again.
+	err = w.waitCounted(ctx, limiter.Request{Cost: cost, Keys: keys, Priority: p, Paid: consumer.PaidSlots(msg)})
 	var le *limiter.LimitError
 	if errors.As(err, &le) && le.Action == limiter.ActionDeadLetter {
 		return consumer.Permanent(limitRefusal{le})

@@ -1,0 +1,133 @@
+package kafka
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/testenv"
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// bucketLimiter is a consumer.MessageLimiter on a limiter.Bucket whose
+// store has one layer, "per-key", keyed by the Kafka key. As the binary's
+// limiter does (internal/cli), it passes a returned message's paid slots
+// (consumer.PaidSlots) with the message's key.
+type bucketLimiter struct{ b *limiter.Bucket }
+
+func (l bucketLimiter) Wait(ctx context.Context, n int) error { return l.b.Wait(ctx, n) }
+
+func (l bucketLimiter) WaitMessage(ctx context.Context, msg consumer.Message, n int) error {
+	return l.b.WaitN(ctx, limiter.Request{Cost: n, Keys: map[string]string{"per-key": string(msg.Key)}, Paid: consumer.PaidSlots(msg)})
+}
+
+// newDelayLayerBucket returns a Bucket on an in-process layered store: a
+// shared bucket that never limits, and a per-key layer of rate and burst
+// with on_exceed delay.
+func newDelayLayerBucket(t *testing.T, rate float64, burst int) *limiter.Bucket {
+	t.Helper()
+	shared, err := limiter.NewMemory(1e6, 1e6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := limiter.NewLayeredMemory(shared, []limiter.Layer{
+		{Name: "per-key", Keyed: true, Rate: rate, Burst: burst, OnExceed: limiter.ActionDelay},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := limiter.New(store, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// TestSetAsideHotKeyOnce sends 10 messages of one key at once through a
+// delay layer of 20/s, burst 1: the layer books a slot for each message it
+// refuses, 50 ms apart, and the message comes back with the slot paid
+// (consumer.HeaderPaid), so each is set aside about once: 9 writes to the
+// delay topic, not one per message and round (up to 45). Every message is
+// delivered exactly once, in the order of its slot. (A message back more
+// than limiter.PaidLateness late, 25 ms here, books a new slot behind the
+// others: one more write, and it comes last.)
+func TestSetAsideHotKeyOnce(t *testing.T) {
+	const (
+		n     = 10
+		rate  = 20
+		slack = 3 // a message back late books a new slot: set aside once more
+	)
+	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
+	cluster := newDelayCluster(t, 1, topic)
+	brokers := cluster.ListenAddrs()
+	recs := make([]*kgo.Record, n)
+	for i := range recs {
+		recs[i] = &kgo.Record{Topic: topic, Key: []byte("hot"), Value: []byte(strconv.Itoa(i))}
+	}
+	produce(t, brokers, recs...)
+
+	var (
+		mu        sync.Mutex
+		delivered []string
+		setAside  int
+	)
+	obs := &consumer.Observer{SetAside: func(consumer.Message, time.Duration) {
+		mu.Lock()
+		defer mu.Unlock()
+		setAside++
+	}}
+	h := func(_ context.Context, m consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		delivered = append(delivered, string(m.Body))
+		return nil
+	}
+	c, err := New(Config{
+		Brokers: brokers, Topic: topic, Group: group, SetAside: true,
+		Options:         consumer.Options{Limiter: bucketLimiter{newDelayLayerBucket(t, rate, 1)}, Observer: obs, Logger: testLogger(t)},
+		ConfigureReader: fastGroup,
+	}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, c)
+	waitFor(t, "every message delivered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(delivered) >= n
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	copies := int64(0)
+	for _, e := range endOffsets(t, brokers, topic+".delay") {
+		copies += e
+	}
+	t.Logf("%d messages of one key at %d/s, burst 1: %d set aside, %d writes to the delay topic; delivered %v",
+		n, rate, setAside, copies, delivered)
+	want := make([]string, n)
+	for i := range want {
+		want[i] = strconv.Itoa(i)
+	}
+	sorted := slices.Clone(delivered)
+	slices.SortFunc(sorted, func(a, b string) int { x, _ := strconv.Atoi(a); y, _ := strconv.Atoi(b); return x - y })
+	if !slices.Equal(sorted, want) {
+		t.Errorf("delivered %v, want each message once", delivered)
+	}
+	if setAside == n-1 && !slices.Equal(delivered, want) {
+		t.Errorf("delivered %v, want the order of their slots: %v", delivered, want)
+	}
+	if setAside > n-1+slack || copies > int64(n-1+slack) {
+		t.Errorf("%d set aside, %d writes to the delay topic; want at most %d: each message set aside about once", setAside, copies, n-1+slack)
+	}
+}

@@ -1,0 +1,119 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// HeaderPaid names the header of a message set aside by a layer of
+// limit.extra with on_exceed delay that booked the message's slot
+// (limiter.LimitError.Reserved). Its value is a JSON array of
+// limiter.PaidSlot objects, such as
+//
+//	[{"layer":"per-recipient","key":"+15550100","due":"2026-12-01T10:00:02.05Z"}]
+//
+// When the message comes back, its first limiter wait passes those layers
+// without taking from them again (limiter.Request.Paid; a slot back more
+// than limiter.PaidLateness late is forfeit); a later attempt, after a
+// failure, pays again. Throttle writes it, every backend
+// carries it with the message it sets aside, and an empty value names no
+// slot.
+const HeaderPaid = "x-throttle-paid"
+
+// PaidSlots returns the slots that msg's HeaderPaid names. A missing,
+// empty or malformed header names none.
+func PaidSlots(msg Message) []limiter.PaidSlot {
+	v := msg.Headers[HeaderPaid]
+	if v == "" {
+		return nil
+	}
+	var all []limiter.PaidSlot
+	if json.Unmarshal([]byte(v), &all) != nil {
+		return nil
+	}
+	out := all[:0]
+	for _, s := range all {
+		if s.Layer != "" {
+			out = append(out, s)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// paidHeaders returns the headers of msg set aside after le: HeaderPaid
+// with msg's slots of other layers than le's, which this refusal did not
+// use, and le's own slot when it booked one; an empty value when none is
+// left.
+func paidHeaders(msg Message, le *limiter.LimitError) map[string]string {
+	var slots []limiter.PaidSlot
+	for _, s := range PaidSlots(msg) {
+		if s.Layer != le.Layer {
+			slots = append(slots, s)
+		}
+	}
+	if le.Reserved {
+		slots = append(slots, limiter.PaidSlot{Layer: le.Layer, Key: le.Key, Due: le.RetryAt.UTC()})
+	}
+	v := ""
+	if len(slots) > 0 {
+		if b, err := json.Marshal(slots); err == nil {
+			v = string(b)
+		}
+	}
+	return map[string]string{HeaderPaid: v}
+}
+
+// withHeaders returns msg with h set in a copy of its headers: an empty
+// value removes the header.
+func withHeaders(msg Message, h map[string]string) Message {
+	if len(h) == 0 {
+		return msg
+	}
+	headers := maps.Clone(msg.Headers)
+	if headers == nil {
+		headers = make(map[string]string, len(h))
+	}
+	for k, v := range h {
+		if v == "" {
+			delete(headers, k)
+		} else {
+			headers[k] = v
+		}
+	}
+	msg.Headers = headers
+	return msg
+}
+
+// paidEarly is how long before its latest slot a returned message waits
+// in its handler rather than being set aside again: a set-aside is capped
+// (Options.MaxSetAside) and the slot's time is on the store's clock.
+const paidEarly = 100 * time.Millisecond
+
+// awaitPaidSlots returns nil once msg's paid slots (HeaderPaid) are all
+// due at now. A message more than paidEarly early is set aside again
+// until its latest slot, its headers unchanged; one less early waits for
+// it, until ctx ends.
+func awaitPaidSlots(ctx context.Context, msg Message, now time.Time) error {
+	var due time.Time
+	for _, s := range PaidSlots(msg) {
+		if s.Due.After(due) {
+			due = s.Due
+		}
+	}
+	early := due.Sub(now)
+	switch {
+	case early <= 0:
+		return nil
+	case early <= paidEarly:
+		return Sleep(ctx, early)
+	}
+	return SetAside(fmt.Errorf("paid slot due in %v", early.Round(time.Millisecond)), early)
+}
