@@ -730,6 +730,11 @@ type Delivery struct {
 	// DrainTimeout bounds how long in-flight messages may finish on
 	// shutdown. Zero means the consumer's default (30s); not 0 in YAML.
 	DrainTimeout Duration `yaml:"drain_timeout,omitempty" check:"nonzero"`
+	// MaxSetAside caps one stay of a message in the delay topic or queue
+	// of a limit.extra layer with on_exceed delay
+	// (consumer.Options.MaxSetAside). Zero means the consumer's default
+	// (1m); not 0 in YAML.
+	MaxSetAside Duration `yaml:"max_set_aside,omitempty" check:"nonzero"`
 }
 
 // RetryPolicy maps d's retry settings onto the consumers' retry policy,

@@ -329,6 +329,7 @@ func TestParseBadInputs(t *testing.T) {
 		{"zero probe interval", strings.Replace(minimal, "rate: 10", "rate: 10\n  probe_interval: 0s", 1), nil, "limit.probe_interval", "must not be 0; omit the key for the default"},
 		{"negative max wait", strings.Replace(minimal, "rate: 10", "rate: 10\n  max_wait: -1s", 1), nil, "limit.max_wait", "must be >= 0, got -1s"},
 		{"zero drain timeout", minimal + "delivery: {drain_timeout: 0s}\n", nil, "delivery.drain_timeout", "must not be 0; omit the key for the default"},
+		{"zero max set aside", minimal + "delivery: {max_set_aside: 0s}\n", nil, "delivery.max_set_aside", "must not be 0; omit the key for the default"},
 		{"bad metrics listen", minimal + "metrics: {listen: 'localhost'}\n", nil, "metrics.listen", "must be host:port"},
 		{"bad metrics port", minimal + "metrics: {listen: 'localhost:http'}\n", nil, "metrics.listen", "port must be a number"},
 		{"addr and addrs", minimal + "redis: {addr: 'a:1', addrs: ['b:2']}\n", nil, "redis", "set either addr or addrs, not both"},
@@ -1109,7 +1110,7 @@ func TestLibraryFieldsNameYAMLKeys(t *testing.T) {
 // through consumer.Options.Validate, whose Go names (Retry.MaxAttempts)
 // land on the YAML keys.
 func TestDeliveryValidatedByTheConsumer(t *testing.T) {
-	_, err := Parse([]byte(minimal+"delivery: {max_attempts: -1, backoff: -1s, max_backoff: -2s, drain_timeout: -3s}\n"), nil)
+	_, err := Parse([]byte(minimal+"delivery: {max_attempts: -1, backoff: -1s, max_backoff: -2s, drain_timeout: -3s, max_set_aside: -4s}\n"), nil)
 	got := map[string]string{}
 	for _, p := range problemsOf(t, err) {
 		got[p.Key] = p.Message
@@ -1119,6 +1120,7 @@ func TestDeliveryValidatedByTheConsumer(t *testing.T) {
 		"delivery.backoff":       "-1s must not be negative",
 		"delivery.max_backoff":   "-2s must not be negative",
 		"delivery.drain_timeout": "-3s must not be negative",
+		"delivery.max_set_aside": "-4s must not be negative",
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("problems %v, want %v", got, want)

@@ -243,7 +243,7 @@ func (p *Postgres) validate(ps *problems) {
 }
 
 func (d *Delivery) validate(ps *problems) {
-	opts := consumer.Options{Retry: d.RetryPolicy(), DrainTimeout: time.Duration(d.DrainTimeout)}
+	opts := consumer.Options{Retry: d.RetryPolicy(), DrainTimeout: time.Duration(d.DrainTimeout), MaxSetAside: time.Duration(d.MaxSetAside)}
 	ps.library("delivery", reflect.TypeFor[Delivery](), opts.Validate())
 	if d.MaxBackoff > 0 && d.MaxBackoff < d.Backoff {
 		// The retry policy would quietly raise max_backoff to backoff.

@@ -169,8 +169,11 @@ type consumerDeps struct {
 	maxPause time.Duration
 	retry    consumer.RetryPolicy
 	drain    time.Duration
-	observer *consumer.Observer
-	log      *slog.Logger
+	// maxSetAside caps one stay in a delay topic or queue
+	// (delivery.max_set_aside).
+	maxSetAside time.Duration
+	observer    *consumer.Observer
+	log         *slog.Logger
 	// setAside is set when a layer of limit.extra sets messages aside
 	// (on_exceed: delay): the Kafka consumer then uses its delay topic.
 	setAside bool
@@ -181,11 +184,12 @@ type consumerDeps struct {
 // sink.http.push_back on, the one sink that reports Retry-After.
 func newDeps(cfg *config.Config, lim consumer.Limiter, bucket *limiter.Bucket, obs *consumer.Observer, log *slog.Logger) consumerDeps {
 	d := consumerDeps{
-		limiter:  lim,
-		retry:    cfg.Delivery.RetryPolicy(),
-		drain:    time.Duration(cfg.Delivery.DrainTimeout),
-		observer: obs,
-		log:      log,
+		limiter:     lim,
+		retry:       cfg.Delivery.RetryPolicy(),
+		drain:       time.Duration(cfg.Delivery.DrainTimeout),
+		maxSetAside: time.Duration(cfg.Delivery.MaxSetAside),
+		observer:    obs,
+		log:         log,
 	}
 	for _, x := range cfg.Limit.Extra {
 		if x.OnExceed == string(limiter.ActionDelay) {
@@ -218,6 +222,7 @@ func (d consumerDeps) options(ordering consumer.Ordering, keyFunc func() (consum
 		MaxPause:     d.maxPause,
 		Retry:        d.retry,
 		DrainTimeout: d.drain,
+		MaxSetAside:  d.maxSetAside,
 		Observer:     d.observer,
 		Logger:       d.log,
 		Ordering:     ordering,
