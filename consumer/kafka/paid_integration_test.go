@@ -131,3 +131,72 @@ func TestSetAsideHotKeyOnce(t *testing.T) {
 		t.Errorf("%d set aside, %d writes to the delay topic; want at most %d: each message set aside about once", setAside, copies, n-1+slack)
 	}
 }
+
+// TestSetAsideCappedStay sets aside 4 messages of one key through a delay
+// layer of 5/s, burst 1 (slots 200, 400 and 600 ms ahead) with
+// MaxSetAside 100 ms: no stay in the delay topic is longer, a message back
+// before its slot is set aside again, and each is delivered once, in the
+// order of its slot.
+func TestSetAsideCappedStay(t *testing.T) {
+	const (
+		n       = 4
+		maxStay = 100 * time.Millisecond
+	)
+	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
+	cluster := newDelayCluster(t, 1, topic)
+	brokers := cluster.ListenAddrs()
+	recs := make([]*kgo.Record, n)
+	for i := range recs {
+		recs[i] = &kgo.Record{Topic: topic, Key: []byte("hot"), Value: []byte(strconv.Itoa(i))}
+	}
+	produce(t, brokers, recs...)
+
+	var (
+		mu        sync.Mutex
+		delivered []string
+		stays     []time.Duration
+	)
+	obs := &consumer.Observer{SetAside: func(_ consumer.Message, d time.Duration) {
+		mu.Lock()
+		defer mu.Unlock()
+		stays = append(stays, d)
+	}}
+	h := func(_ context.Context, m consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		delivered = append(delivered, string(m.Body))
+		return nil
+	}
+	c, err := New(Config{
+		Brokers: brokers, Topic: topic, Group: group, SetAside: true,
+		Options: consumer.Options{Limiter: bucketLimiter{newDelayLayerBucket(t, 5, 1)}, MaxSetAside: maxStay,
+			Observer: obs, Logger: testLogger(t)},
+		ConfigureReader: fastGroup,
+	}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, c)
+	waitFor(t, "every message delivered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(delivered) >= n
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d messages of one key at 5/s with MaxSetAside %v: set aside for %v; delivered %v", n, maxStay, stays, delivered)
+	if !slices.Equal(delivered, []string{"0", "1", "2", "3"}) {
+		t.Errorf("delivered %v, want each message once, in the order of its slot", delivered)
+	}
+	for _, d := range stays {
+		if d > maxStay {
+			t.Errorf("set aside for %v, want at most MaxSetAside %v", d, maxStay)
+		}
+	}
+	if len(stays) <= n-1 {
+		t.Errorf("set aside %d times, want more than %d: the slots 400 and 600 ms ahead take more than one stay of %v", len(stays), n-1, maxStay)
+	}
+}

@@ -219,8 +219,9 @@ func TestAckPaths(t *testing.T) {
 				m := pub.published[0]
 				if pub.exchanges[0] != "" || pub.keys[0] != "sms.delay" || m.Expiration != "250" ||
 					m.Headers[HeaderSetAsideReason] != "limit per-recipient: no room" || m.Headers["trace"] != "abc" ||
+					m.Headers[consumer.HeaderPaid] != paidSlot ||
 					string(m.Body) != "hello" || m.DeliveryMode != amqp.Persistent {
-					t.Errorf("set aside as %+v to exchange %q key %q; want the message to sms.delay via the default exchange, expiring in 250ms, with the reason",
+					t.Errorf("set aside as %+v to exchange %q key %q; want the message to sms.delay via the default exchange, expiring in 250ms, with the reason and the paid slot",
 						m, pub.exchanges[0], pub.keys[0])
 				}
 				args := pub.declared["sms.delay"]
@@ -257,8 +258,11 @@ func TestAckPaths(t *testing.T) {
 func ok(context.Context, consumer.Message) error { return nil }
 
 func setAside(context.Context, consumer.Message) error {
-	return consumer.SetAside(errors.New("limit per-recipient: no room"), 250*time.Millisecond)
+	return consumer.SetAsideWith(errors.New("limit per-recipient: no room"), 250*time.Millisecond,
+		map[string]string{consumer.HeaderPaid: paidSlot})
 }
+
+const paidSlot = `[{"layer":"per-recipient","key":"a","due":"2026-01-01T00:00:00Z"}]`
 
 // setAsideOnce returns a handler that sets a message aside with a paid
 // marker, then delivers it when it comes back with the marker.
