@@ -249,8 +249,9 @@ func TestBacklogCountsSetAside(t *testing.T) {
 		SetAside: true,
 	}
 	c, err := New(cfg, func(_ context.Context, m consumer.Message) error {
-		// A key divisible by 3 is set aside for an hour when it first
-		// comes from the topic.
+		// A key divisible by 3 is set aside for an hour (a stay capped
+		// at Options.MaxSetAside, a minute on the fake clock) when it
+		// first comes from the topic.
 		if i, _ := strconv.Atoi(string(m.Key)); m.Source.Topic == topic && i%3 == 0 {
 			return consumer.SetAside(errors.New("over the per-key limit"), time.Hour)
 		}

@@ -271,7 +271,8 @@ func TestBacklogCountsSetAside(t *testing.T) {
 	dq := q + ".delay"
 	t.Cleanup(func() { _, _ = b.ch.QueueDelete(dq, false, false, false) })
 
-	// m-0000, m-0002 and m-0004 are set aside for an hour; the others
+	// m-0000, m-0002 and m-0004 are set aside for an hour (a stay capped
+	// at Options.MaxSetAside, a minute, far beyond the test); the others
 	// are delivered.
 	var handled atomic.Int64
 	h := func(_ context.Context, m consumer.Message) error {
