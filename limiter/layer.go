@@ -472,6 +472,6 @@ func ExceededError(l Layer, at time.Time, wait time.Duration) *LimitError {
 func ReservedError(l Layer, key string, at time.Time, wait time.Duration) *LimitError {
 	e := ExceededError(l, at, wait)
 	e.Reason = strings.Replace(e.Reason, "; room in", "; slot booked in", 1)
-	e.Reserved, e.Key = true, key
+	e.Reserved, e.Key, e.RetryAt = true, key, at.Add(wait)
 	return e
 }

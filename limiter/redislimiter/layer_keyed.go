@@ -190,6 +190,9 @@ func (l *Layered) keyedResult(req limiter.LayerRequest, status, wait, idx, now i
 	case 2:
 		res.Exceeded = limiter.ExceededError(layer, res.At, res.Wait)
 	case 4:
+		if idx == 0 {
+			return limiter.LayerResult{}, l.malformed("take layers", []int64{status, wait, idx, now})
+		}
 		res.Exceeded = limiter.ReservedError(layer, layerKeyOf(layer, req), res.At, res.Wait)
 	case -2:
 		return res, limiter.CostError(layer, req.Cost)

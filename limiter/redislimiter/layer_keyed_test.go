@@ -138,6 +138,16 @@ func TestKeyedScriptReplies(t *testing.T) {
 	if !errors.Is(errs[3], limiter.ErrCostExceedsBurst) {
 		t.Errorf("request 3: %v; want ErrCostExceedsBurst", errs[3])
 	}
+	// Status 4: refused, the slot booked on the layer for the request's key.
+	booked := []limiter.LayerRequest{{Cost: 1, Keys: map[string]string{"a": "k1"}}}
+	l.keyedReplies(booked, "1800000000000000 4 500000 1", nil, out, errs)
+	if errs[0] != nil || !errors.As(out[0].Exceeded, &le) || !le.Reserved || le.Key != "k1" || !le.RetryAt.Equal(at.Add(500*time.Millisecond)) {
+		t.Errorf("a booked refusal: %+v, %v; want Reserved for key k1 at %v", out[0].Exceeded, errs[0], at.Add(500*time.Millisecond))
+	}
+	l.keyedReplies(booked, "1800000000000000 4 500000 0", nil, out, errs)
+	if !errors.Is(errs[0], limiter.ErrMalformedReply) {
+		t.Errorf("a booked refusal naming no layer: %v; want ErrMalformedReply", errs[0])
+	}
 	l.keyedReplies(reqs[:2], "1800000000000000 1 0", nil, out, errs)
 	if errs[0] == nil || !errors.Is(errs[1], limiter.ErrMalformedReply) {
 		t.Errorf("a short reply: %v, %v; want ErrMalformedReply", errs[0], errs[1])
