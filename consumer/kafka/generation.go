@@ -268,6 +268,11 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 		seq := p.tracker.add(m.Offset)
 		p.mu.Unlock()
 		w := work{m: m, msg: ToMessage(m), p: p, seq: seq}
+		if !p.delay {
+			// Only a copy that the group set aside carries slots it paid
+			// for: a producer cannot pass a layer with the header.
+			delete(w.msg.Headers, consumer.HeaderPaid)
+		}
 		if c.cfg.Ordering == consumer.OrderKey {
 			w.key, w.keyErr = c.proc.Key(w.msg)
 		}

@@ -55,7 +55,8 @@ func newDelayLayerBucket(t *testing.T, rate float64, burst int) *limiter.Bucket 
 // refuses, 50 ms apart, and the message comes back with the slot paid
 // (consumer.HeaderPaid), so each is set aside about once: 9 writes to the
 // delay topic, not one per message and round (up to 45). Every message is
-// delivered exactly once, in the order of its slot. (A message back more
+// delivered exactly once, in the order of its slot, and the header a
+// producer forged does not pass the layer. (A message back more
 // than limiter.PaidLateness late, 25 ms here, books a new slot behind the
 // others: one more write, and it comes last.)
 func TestSetAsideHotKeyOnce(t *testing.T) {
@@ -67,15 +68,20 @@ func TestSetAsideHotKeyOnce(t *testing.T) {
 	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 	cluster := newDelayCluster(t, 1, topic)
 	brokers := cluster.ListenAddrs()
+	// A producer's paid slot is not trusted: it would let every message
+	// pass the layer together when due.
+	forged := `[{"layer":"per-key","key":"hot","due":"` + time.Now().Add(300*time.Millisecond).UTC().Format(time.RFC3339Nano) + `"}]`
 	recs := make([]*kgo.Record, n)
 	for i := range recs {
-		recs[i] = &kgo.Record{Topic: topic, Key: []byte("hot"), Value: []byte(strconv.Itoa(i))}
+		recs[i] = &kgo.Record{Topic: topic, Key: []byte("hot"), Value: []byte(strconv.Itoa(i)),
+			Headers: []kgo.RecordHeader{{Key: consumer.HeaderPaid, Value: []byte(forged)}}}
 	}
 	produce(t, brokers, recs...)
 
 	var (
 		mu        sync.Mutex
 		delivered []string
+		at        []time.Time
 		setAside  int
 	)
 	obs := &consumer.Observer{SetAside: func(consumer.Message, time.Duration) {
@@ -87,6 +93,7 @@ func TestSetAsideHotKeyOnce(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		delivered = append(delivered, string(m.Body))
+		at = append(at, time.Now())
 		return nil
 	}
 	c, err := New(Config{
@@ -129,6 +136,10 @@ func TestSetAsideHotKeyOnce(t *testing.T) {
 	}
 	if setAside > n-1+slack || copies > int64(n-1+slack) {
 		t.Errorf("%d set aside, %d writes to the delay topic; want at most %d: each message set aside about once", setAside, copies, n-1+slack)
+	}
+	// 9 slots 50 ms apart, less what a slot may be late (25 ms).
+	if span := at[len(at)-1].Sub(at[0]); span < (n-1)*25*time.Millisecond {
+		t.Errorf("delivered within %v, want the layer's spacing: 9 × 50 ms", span)
 	}
 }
 

@@ -93,3 +93,26 @@ func TestBacklogMissingQueue(t *testing.T) {
 	}
 	c.probes.Wait()
 }
+
+// TestFromDelayQueue: only a delivery that the broker dead-lettered from
+// the delay queue counts as set aside by the consumer, whose paid slots
+// (consumer.HeaderPaid) are then kept.
+func TestFromDelayQueue(t *testing.T) {
+	death := func(q string) amqp.Table {
+		return amqp.Table{"x-death": []any{amqp.Table{"queue": "other", "reason": "rejected"}, amqp.Table{"queue": q, "reason": "expired"}}}
+	}
+	for _, tt := range []struct {
+		name    string
+		headers amqp.Table
+		want    bool
+	}{
+		{"from the delay queue", death("sms.delay"), true},
+		{"dead-lettered from another queue", death("sms.retry"), false},
+		{"published with the header", amqp.Table{consumer.HeaderPaid: "[]"}, false},
+		{"no headers", nil, false},
+	} {
+		if got := fromDelayQueue(amqp.Delivery{Headers: tt.headers}, "sms.delay"); got != tt.want {
+			t.Errorf("%s: fromDelayQueue = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}

@@ -690,16 +690,19 @@ func TestSetAside(t *testing.T) {
 	first := map[string]time.Time{}
 	second := map[string]time.Time{}
 	reasons := map[string]string{}
+	paid := map[string]string{}
+	const slot = `[{"layer":"per-recipient","key":"a","due":"2026-01-01T00:00:00Z"}]`
 	h := func(_ context.Context, m consumer.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		id := m.Source.MessageID
 		if _, seen := first[id]; !seen {
 			first[id] = time.Now()
-			return consumer.SetAside(errors.New("limit per-recipient: 5 per 1h"), delay)
+			return consumer.SetAsideWith(errors.New("limit per-recipient: 5 per 1h"), delay, map[string]string{consumer.HeaderPaid: slot})
 		}
 		second[id] = time.Now()
 		reasons[id] = m.Headers[rabbitmq.HeaderSetAsideReason]
+		paid[id] = m.Headers[consumer.HeaderPaid]
 		return nil
 	}
 	var setAside atomic.Int64
@@ -719,6 +722,9 @@ func TestSetAside(t *testing.T) {
 		}
 		if reasons[id] != "limit per-recipient: 5 per 1h" {
 			t.Errorf("%s came back with reason header %q", id, reasons[id])
+		}
+		if paid[id] != slot {
+			t.Errorf("%s came back with %s %q, want the slot it was set aside with", id, consumer.HeaderPaid, paid[id])
 		}
 		if first[id].After(firstRound) {
 			firstRound = first[id]

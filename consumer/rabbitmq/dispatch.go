@@ -64,6 +64,11 @@ type item struct {
 
 func (r *run) item(d amqp.Delivery) item {
 	it := item{d: d, msg: ToMessage(d, r.cfg.Queue)}
+	if !fromDelayQueue(d, r.delayQueue()) {
+		// Only a copy that this consumer set aside carries slots it paid
+		// for: a publisher cannot pass a layer with the header.
+		delete(it.msg.Headers, consumer.HeaderPaid)
+	}
 	if r.cfg.Ordering == consumer.OrderKey {
 		it.key, it.keyErr = r.proc.Key(it.msg)
 	}
@@ -250,4 +255,16 @@ func requeueAttrs(d *amqp.Delivery) []slog.Attr {
 		slog.Uint64("delivery_tag", d.DeliveryTag),
 		slog.Bool("redelivered", d.Redelivered),
 	}
+}
+
+// fromDelayQueue reports whether d came back from the delay queue q: the
+// broker dead-lettered it from there, as its x-death header says.
+func fromDelayQueue(d amqp.Delivery, q string) bool {
+	deaths, _ := d.Headers["x-death"].([]any)
+	for _, x := range deaths {
+		if t, ok := x.(amqp.Table); ok && t["queue"] == q {
+			return true
+		}
+	}
+	return false
 }
