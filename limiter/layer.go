@@ -468,7 +468,7 @@ func ExceededError(l Layer, at time.Time, wait time.Duration) *LimitError {
 
 // ReservedError returns the *LimitError for delay layer l refusing a
 // request whose key in it is key, and booking its slot after wait (see
-// ReservesOnRefusal): ExceededError's, with Reserved and Key.
+// ReservesOnRefusal): ExceededError's, with Reserved, Key and RetryAt set.
 func ReservedError(l Layer, key string, at time.Time, wait time.Duration) *LimitError {
 	e := ExceededError(l, at, wait)
 	e.Reason = strings.Replace(e.Reason, "; room in", "; slot booked in", 1)
