@@ -331,9 +331,13 @@ type Kafka struct {
 	// DelayTopic receives the messages a layer of limit.extra with
 	// on_exceed delay sets aside; the group consumes it too. Empty means
 	// the consumer's default, Topic + ".delay"; it must differ from Topic
-	// and from the dead-letter topic.
+	// and from the dead-letter topic. Groups that consume one topic should
+	// each set their own: on a shared one, each skips the messages the
+	// others set aside.
 	DelayTopic string `yaml:"delay_topic"`
-	// StartOffset is first or last; empty means first.
+	// StartOffset is first or last; empty means first. It applies to the
+	// partitions of Topic without a committed offset; those of DelayTopic
+	// always start at first.
 	StartOffset StartOffset `yaml:"start_offset"`
 	// Ordering is partition, key or none (consumer.Ordering); empty means
 	// the consumer's default, partition.

@@ -87,7 +87,10 @@
 // Config.DelayTopic ("<topic>.delay") with its key, value and headers plus
 // HeaderDue (now + the delay), the position it was first consumed from
 // (consumer.HeaderOriginalTopic, ...Partition, ...Offset, kept when it is
-// set aside again), consumer.HeaderAttempts and HeaderSetAsideReason. The
+// set aside again), consumer.HeaderAttempts, HeaderSetAsideReason,
+// consumer.HeaderPaid (the slots a delay layer booked for it, passed when
+// it comes back; honoured only on a message read from the delay topic) and
+// HeaderGroup (Config.Group, the group that set it aside). The
 // write waits for every in-sync replica and is retried with backoff; only
 // once it succeeded does the original count as finished, so the commit may
 // pass it. A crash in between handles the message twice, never loses it.
@@ -96,7 +99,18 @@
 // drained and committed like the topic's. The fetcher of a delay partition
 // stops at a head that is not due, on one timer (ended by a revocation),
 // and hands it to the normal path when it is due, where it is throttled
-// again. A message set aside gives up its place: later messages of its
+// again. A delay partition without a committed offset is read from its
+// first offset, whatever Config.StartOffset says for the topic.
+//
+// Several groups that consume one topic share its default delay topic.
+// Each skips, without handling, the copies another group set aside
+// (HeaderGroup): it commits past them, logs each at debug level and the
+// first of each partition at info level, and counts them
+// (ReaderStats.SkippedOtherGroup). A copy without HeaderGroup, set aside
+// by an older version, is handled by whichever group reads it. Such groups
+// should preferably each set their own Config.DelayTopic.
+//
+// A message set aside gives up its place: later messages of its
 // partition or key go ahead of it. Order within a delay partition is by
 // due time only approximately:
 // a message due earlier waits behind a later head, so a fixed delay per
@@ -239,9 +253,11 @@ type Config struct {
 	// when it does not exist; when it can neither find nor create it, it
 	// logs a warning and the handlers wait out the delays instead.
 	DelayTopic string
-	// StartOffset is where the group starts on a partition without a
-	// committed offset: kafkago.FirstOffset (the default) or
-	// kafkago.LastOffset.
+	// StartOffset is where the group starts on a partition of Topic
+	// without a committed offset: kafkago.FirstOffset (the default) or
+	// kafkago.LastOffset. A partition of DelayTopic without a committed
+	// offset always starts at its first offset, so that no message set
+	// aside is skipped.
 	StartOffset int64
 
 	// CommitTimeout bounds the final commit of a generation, at a
@@ -314,6 +330,10 @@ type Consumer struct {
 	prc kafkago.ReaderConfig
 
 	stats statsCounter
+	// otherGroupLogged holds the delay partitions (topicPartition) on
+	// which a copy of another group was skipped, so that it is logged at
+	// info level once per partition.
+	otherGroupLogged sync.Map
 	// clock tells the time and waits for the heads of the delay topic's
 	// partitions; tests replace it.
 	clock clock
@@ -669,7 +689,7 @@ func (c *Consumer) newGeneration(ctx context.Context, client *kafkago.Client, ge
 		as := slices.Clone(gen.Assignments[topic])
 		slices.SortFunc(as, func(a, b kafkago.PartitionAssignment) int { return a.ID - b.ID })
 		for _, a := range as {
-			parts = append(parts, assignment{topicPartition{topic, a.ID}, a.Offset})
+			parts = append(parts, assignment{topicPartition{topic, a.ID}, c.startOffset(topic, a.Offset)})
 		}
 	}
 	g := &generation{
@@ -697,6 +717,22 @@ func (c *Consumer) newGeneration(ctx context.Context, client *kafkago.Client, ge
 	}
 	g.skips = c.readFinished(ctx, client, parts)
 	return g
+}
+
+// startOffset returns the offset to start reading a partition of topic
+// at, given the offset kafka-go assigned: the committed offset, or
+// Config.StartOffset (FirstOffset or LastOffset, both negative) when the
+// group has none. kafka-go applies StartOffset to every topic of the
+// group, but a partition of the delay topic without a committed offset
+// starts at its first offset whatever StartOffset says: its copies'
+// originals were committed, so a copy skipped there would be lost. A
+// delay partition has no committed offset until a copy on it was handled,
+// which a consumer stopped before the first copy was due never did.
+func (c *Consumer) startOffset(topic string, assigned int64) int64 {
+	if topic == c.cfg.DelayTopic && c.cfg.SetAside && assigned < 0 {
+		return kafkago.FirstOffset
+	}
+	return assigned
 }
 
 // commitWithMetadata commits offsets and metadata in gen.

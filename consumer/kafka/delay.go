@@ -24,6 +24,11 @@ const (
 	// handler's error, such as a layer's refusal. It is the header the
 	// RabbitMQ consumer sets on its delay queue's messages.
 	HeaderSetAsideReason = "x-throttle-set-aside-reason"
+	// HeaderGroup names the consumer group that set the message aside.
+	// Groups that consume one topic share its default delay topic; each
+	// skips the copies another group wrote, and handles those without the
+	// header, written before it existed.
+	HeaderGroup = "x-throttle-group"
 )
 
 // clock tells the time and waits for the heads of the delay topic's
@@ -57,6 +62,46 @@ func dueOf(m kafkago.Message) (time.Time, bool) {
 	}
 	t, err := time.Parse(time.RFC3339Nano, string(v))
 	return t, err == nil
+}
+
+// groupOf returns the group that set m aside (HeaderGroup); of several
+// such headers the last one counts, as in dueOf. It reports false for a
+// copy without the header.
+func groupOf(m kafkago.Message) (string, bool) {
+	var v []byte
+	for _, h := range m.Headers {
+		if h.Key == HeaderGroup {
+			v = h.Value
+		}
+	}
+	return string(v), v != nil
+}
+
+// skipOtherGroup reports whether m, a message of the delay topic, was set
+// aside by another consumer group (HeaderGroup), and if so marks it
+// finished without handling it, so that the commit moves past it: that
+// group handles its own copy, whose original this group handled already.
+// A copy without the header, written by an older version, is handled.
+func (r *genRun) skipOtherGroup(p *partState, m kafkago.Message) bool {
+	c := r.c
+	group, ok := groupOf(m)
+	if !ok || group == c.cfg.Group {
+		return false
+	}
+	p.mu.Lock()
+	p.tracker.finish(p.tracker.add(m.Offset))
+	p.mu.Unlock()
+	r.otherGroup.Add(1)
+	c.stats.skippedOtherGroup()
+	r.com.wake()
+	args := []any{"topic", p.topic, "partition", p.partition, "offset", m.Offset,
+		"group", c.cfg.Group, "set_aside_by", group}
+	if _, logged := c.otherGroupLogged.LoadOrStore(p.topicPartition, struct{}{}); !logged {
+		c.log.Info("skipping the copies another consumer group set aside in the delay topic; "+
+			"give each group its own delay topic (DelayTopic) to avoid reading them", args...)
+	}
+	c.log.Debug("delay copy of another consumer group skipped", args...)
+	return true
 }
 
 // waitDue waits until m, the head of a partition of the delay topic, is
@@ -98,6 +143,7 @@ func (c *Consumer) setAside(ctx context.Context, w work, out consumer.Outcome, d
 		h[k] = v
 	}
 	h[HeaderDue] = due.Format(time.RFC3339Nano)
+	h[HeaderGroup] = c.cfg.Group
 	h[consumer.HeaderAttempts] = strconv.Itoa(out.Attempts)
 	if out.Err != nil {
 		h[HeaderSetAsideReason] = out.Err.Error()

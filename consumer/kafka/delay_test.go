@@ -366,6 +366,7 @@ func TestSetAsideWritesBeforeCommit(t *testing.T) {
 					consumer.HeaderOriginalOffset:    "1",
 					consumer.HeaderAttempts:          "0",
 					HeaderSetAsideReason:             reason.Error(),
+					HeaderGroup:                      "g",
 				}
 				if !maps.Equal(got, want) || string(w.Key) != "\x01" || string(w.Value) != "v" {
 					t.Fatalf("delay write key %q value %q headers %v; want key \"\\x01\", value \"v\", headers %v", w.Key, w.Value, got, want)

@@ -89,8 +89,9 @@ type genRun struct {
 	delay *deadLetterer
 	// dropped counts the messages fetched and not started when the
 	// partitions were revoked; skipped those not handled because the
-	// previous owner had finished them.
-	dropped, skipped atomic.Int64
+	// previous owner had finished them; otherGroup the copies of the
+	// delay topic skipped because another group set them aside.
+	dropped, skipped, otherGroup atomic.Int64
 }
 
 // runGeneration consumes the partitions of one generation until it ends
@@ -207,7 +208,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 	c.stats.revoked(n)
 	args := []any{"partitions", ids}
 	if delay != nil {
-		args = append(args, "delay_partitions", delayIDs)
+		args = append(args, "delay_partitions", delayIDs, "skipped_other_group", r.otherGroup.Load())
 	}
 	args = append(args, "reason", reason, "dropped", n, "skipped", r.skipped.Load(),
 		"committed", formatOffsets(c.cfg.Topic, committed), "took", time.Since(start).Round(time.Millisecond).String())
@@ -252,6 +253,9 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 			p.mu.Unlock()
 			r.skipped.Add(1)
 			r.com.wake()
+			continue
+		}
+		if p.delay && r.skipOtherGroup(p, m) {
 			continue
 		}
 		if p.delay && !r.waitDue(p, m) {

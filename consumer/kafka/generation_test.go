@@ -200,13 +200,22 @@ func (rg *runningGeneration) finish(t *testing.T, shutdown bool) {
 // waitFor polls cond every 5 ms until it holds, failing the test after 10s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	if !within(10*time.Second, cond) {
+		t.Fatalf("%s: not within 10s", what)
+	}
+}
+
+// within polls cond every 5 ms until it holds, and reports whether it did
+// within d.
+func within(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
+			return false
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	return true
 }
 
 func newTestConsumer(t *testing.T, cfg Config, h consumer.Handler) *Consumer {

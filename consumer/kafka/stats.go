@@ -63,6 +63,10 @@ type ReaderStats struct {
 	// shutdown). They were not handled here and stay uncommitted, so the
 	// partition's next owner handles them.
 	DroppedAtRevocation int64
+	// SkippedOtherGroup counts the messages of the delay topic that
+	// another consumer group set aside (HeaderGroup), skipped without
+	// handling: groups that share a delay topic read each other's copies.
+	SkippedOtherGroup int64
 }
 
 // add adds the counts of s, which kafka-go resets on every Stats call, to
@@ -127,6 +131,12 @@ func (s *statsCounter) revoked(dropped int64) {
 	defer s.mu.Unlock()
 	s.totals.PartitionsAssigned = 0
 	s.totals.DroppedAtRevocation += dropped
+}
+
+func (s *statsCounter) skippedOtherGroup() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.totals.SkippedOtherGroup++
 }
 
 func (s *statsCounter) get() ReaderStats {
