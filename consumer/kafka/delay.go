@@ -27,7 +27,8 @@ const (
 	// HeaderGroup names the consumer group that set the message aside.
 	// Groups that consume one topic share its default delay topic; each
 	// skips the copies another group wrote, and handles those without the
-	// header, written before it existed.
+	// header, written before it existed. A group renamed while copies wait
+	// in the delay topic skips the copies set aside under its old name.
 	HeaderGroup = "x-throttle-group"
 )
 
