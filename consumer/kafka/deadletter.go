@@ -59,7 +59,8 @@ func (d *deadLetterer) send(ctx context.Context, m kafkago.Message, dlh map[stri
 }
 
 // deadLetterHeaders returns orig without the names in dlh, followed by dlh
-// sorted by name.
+// sorted by name, less those whose value is empty: an empty value removes
+// the header (consumer.Outcome.SetAsideHeaders).
 func deadLetterHeaders(orig []kafkago.Header, dlh map[string]string) []kafkago.Header {
 	out := make([]kafkago.Header, 0, len(orig)+len(dlh))
 	for _, h := range orig {
@@ -68,8 +69,10 @@ func deadLetterHeaders(orig []kafkago.Header, dlh map[string]string) []kafkago.H
 		}
 	}
 	names := make([]string, 0, len(dlh))
-	for k := range dlh {
-		names = append(names, k)
+	for k, v := range dlh {
+		if v != "" {
+			names = append(names, k)
+		}
 	}
 	slices.Sort(names)
 	for _, k := range names {

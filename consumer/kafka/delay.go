@@ -140,7 +140,7 @@ func (c *Consumer) setAside(ctx context.Context, w work, out consumer.Outcome, d
 	out.SetAside = min(out.SetAside, c.proc.Options().MaxSetAside) // back to set aside again if need be
 	due := c.clock.Now().Add(out.SetAside).UTC()
 	h := c.origin(m)
-	for k, v := range out.SetAsideHeaders() { // such as consumer.HeaderPaid; "" replaces an old value
+	for k, v := range out.SetAsideHeaders() { // such as consumer.HeaderPaid; "" removes an old one (deadLetterHeaders)
 		h[k] = v
 	}
 	h[HeaderDue] = due.Format(time.RFC3339Nano)

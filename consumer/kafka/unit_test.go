@@ -201,8 +201,11 @@ func TestWait(t *testing.T) {
 }
 
 func TestDeadLetterHeaders(t *testing.T) {
-	orig := []kafkago.Header{{Key: "trace", Value: []byte("abc")}, {Key: consumer.HeaderAttempts, Value: []byte("stale")}}
-	got := deadLetterHeaders(orig, map[string]string{consumer.HeaderAttempts: "3", consumer.HeaderError: "boom"})
+	// An empty value removes the header, as an old x-throttle-paid on a
+	// copy set aside again without a slot (Outcome.SetAsideHeaders).
+	orig := []kafkago.Header{{Key: "trace", Value: []byte("abc")}, {Key: consumer.HeaderAttempts, Value: []byte("stale")},
+		{Key: consumer.HeaderPaid, Value: []byte(`[{"layer":"old"}]`)}}
+	got := deadLetterHeaders(orig, map[string]string{consumer.HeaderAttempts: "3", consumer.HeaderError: "boom", consumer.HeaderPaid: ""})
 	want := []string{"trace=abc", consumer.HeaderAttempts + "=3", consumer.HeaderError + "=boom"}
 	if len(got) != len(want) {
 		t.Fatalf("headers = %v, want %v", got, want)
