@@ -43,28 +43,13 @@ func TestSetAsideLastOffsetRestart(t *testing.T) {
 	}
 	produce(t, brokers, recs...)
 
-	var (
-		mu        sync.Mutex
-		delivered = map[string]int{}
-		setAside  int
-	)
-	obs := &consumer.Observer{SetAside: func(consumer.Message, time.Duration) {
-		mu.Lock()
-		defer mu.Unlock()
-		setAside++
-	}}
-	h := func(_ context.Context, m consumer.Message) error {
-		mu.Lock()
-		defer mu.Unlock()
-		delivered[string(m.Body)]++
-		return nil
-	}
+	rec := newRecorder()
 	newReplica := func(lim consumer.Limiter) *Consumer {
 		c, err := New(Config{
 			Brokers: brokers, Topic: topic, Group: group, SetAside: true, StartOffset: kafkago.LastOffset,
-			Options:         consumer.Options{Limiter: lim, Observer: obs, Logger: testLogger(t)},
+			Options:         consumer.Options{Limiter: lim, Observer: rec.observer(), Logger: testLogger(t)},
 			ConfigureReader: fastGroup,
-		}, h)
+		}, rec.handle)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -75,9 +60,9 @@ func TestSetAsideLastOffsetRestart(t *testing.T) {
 	// MaxSetAside, a minute.
 	stop1 := runConsumer(t, newReplica(newKeySpacing(time.Hour)))
 	waitFor(t, "one message delivered and the others set aside", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(delivered) == 1 && setAside == n-1
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.count) == 1 && len(rec.stays) == n-1
 	})
 	if err := stop1(); err != nil {
 		t.Fatalf("Run of the first consumer: %v", err)
@@ -92,24 +77,14 @@ func TestSetAsideLastOffsetRestart(t *testing.T) {
 	c2 := newReplica(newKeySpacing(0))
 	c2.clock = newFakeClock(time.Now().Add(2 * time.Minute)) // the copies are due
 	stop2 := runConsumer(t, c2)
-	waitFor(t, "every message delivered", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(delivered) == n
-	})
+	rec.waitDistinct(t, n)
 	waitFor(t, "the delay topic committed to its end", func() bool {
 		return committed(t, brokers, group, topic+".delay")[0] == n-1
 	})
 	if err := stop2(); err != nil {
 		t.Fatalf("Run of the second consumer: %v", err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for id, k := range delivered {
-		if k != 1 {
-			t.Errorf("message %s delivered %d times, want once", id, k)
-		}
-	}
+	rec.checkOnce(t, "")
 }
 
 // TestSetAsideTwoGroups runs two groups, A and B, on one topic, each with
@@ -144,36 +119,25 @@ func TestSetAsideTwoGroups(t *testing.T) {
 	produce(t, brokers, recs...)
 
 	type groupRun struct {
-		name      string
-		c         *Consumer
-		mu        sync.Mutex
-		delivered map[string]int
-		foreign   []string // bodies of copies handled that another group set aside
-		setAside  int      // copies written
-		stop      func() error
+		name    string
+		c       *Consumer
+		rec     *recorder
+		foreign []string // bodies of copies handled that another group set aside; under rec.mu
+		stop    func() error
 	}
 	runs := []*groupRun{{name: testenv.Name(t, "a")}, {name: testenv.Name(t, "b")}}
 	for _, g := range runs {
-		g.delivered = map[string]int{}
-		obs := &consumer.Observer{SetAside: func(consumer.Message, time.Duration) {
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			g.setAside++
-		}}
-		h := func(_ context.Context, m consumer.Message) error {
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			g.delivered[string(m.Body)]++
+		g.rec = newRecorder()
+		g.rec.also = func(m consumer.Message) {
 			if by, ok := m.Headers[HeaderGroup]; ok && by != g.name {
 				g.foreign = append(g.foreign, string(m.Body))
 			}
-			return nil
 		}
 		c, err := New(Config{
 			Brokers: brokers, Topic: topic, Group: g.name, SetAside: true,
-			Options:         consumer.Options{Limiter: newKeySpacing(150 * time.Millisecond), Observer: obs, Logger: testLogger(t)},
+			Options:         consumer.Options{Limiter: newKeySpacing(150 * time.Millisecond), Observer: g.rec.observer(), Logger: testLogger(t)},
 			ConfigureReader: fastGroup,
-		}, h)
+		}, g.rec.handle)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -185,11 +149,7 @@ func TestSetAsideTwoGroups(t *testing.T) {
 	// Each group has delivered every message and committed both topics to
 	// their ends, so it has read every copy of either group.
 	for _, g := range runs {
-		waitFor(t, "group "+g.name+" delivered every message", func() bool {
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			return len(g.delivered) == n+1
-		})
+		g.rec.waitDistinct(t, n+1)
 	}
 	for _, g := range runs {
 		// Not fatal: the checks below tell why, such as copies that go
@@ -208,27 +168,24 @@ func TestSetAsideTwoGroups(t *testing.T) {
 		}
 	}
 	for i, g := range runs {
+		g.rec.checkOnce(t, "group "+g.name+": ")
 		other := runs[1-i]
-		g.mu.Lock()
-		other.mu.Lock()
+		g.rec.mu.Lock()
+		other.rec.mu.Lock()
+		setAside, otherSetAside := len(g.rec.stays), len(other.rec.stays)
 		t.Logf("group %s: %d set aside, %d copies of the other group skipped; deliveries %v",
-			g.name, g.setAside, g.c.ReaderStats().SkippedOtherGroup, g.delivered)
-		for id, k := range g.delivered {
-			if k != 1 {
-				t.Errorf("group %s delivered message %s %d times, want once", g.name, id, k)
-			}
-		}
+			g.name, setAside, g.c.ReaderStats().SkippedOtherGroup, g.rec.count)
 		if len(g.foreign) > 0 {
 			t.Errorf("group %s handled copies the other group set aside: %v", g.name, g.foreign)
 		}
-		if g.setAside == 0 {
+		other.rec.mu.Unlock()
+		g.rec.mu.Unlock()
+		if setAside == 0 {
 			t.Errorf("group %s set nothing aside", g.name)
 		}
-		if got, want := g.c.ReaderStats().SkippedOtherGroup, int64(other.setAside); got != want {
+		if got, want := g.c.ReaderStats().SkippedOtherGroup, int64(otherSetAside); got != want {
 			t.Errorf("group %s skipped %d copies of the other group, want the %d it set aside", g.name, got, want)
 		}
-		other.mu.Unlock()
-		g.mu.Unlock()
 	}
 }
 

@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
+	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/internal/testenv"
 )
 
@@ -150,4 +152,67 @@ func runConsumer(t testing.TB, c *Consumer) (stop func() error) {
 	}
 	t.Cleanup(func() { _ = stop() })
 	return stop
+}
+
+// recorder records what a test consumer handled and set aside. Its
+// handle and observer may be shared by several consumers; read its fields
+// under mu.
+type recorder struct {
+	mu sync.Mutex
+	// bodies are the bodies handled, in order, at the instants at.
+	bodies []string
+	at     []time.Time
+	// count is the deliveries of each body.
+	count map[string]int
+	// stays are the set-asides, each for how long.
+	stays []time.Duration
+	// also, when set, sees each message handled, under mu.
+	also func(consumer.Message)
+}
+
+func newRecorder() *recorder { return &recorder{count: map[string]int{}} }
+
+// handle is a consumer.Handler that records m and succeeds.
+func (r *recorder) handle(_ context.Context, m consumer.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.bodies = append(r.bodies, string(m.Body))
+	r.at = append(r.at, time.Now())
+	r.count[string(m.Body)]++
+	if r.also != nil {
+		r.also(m)
+	}
+	return nil
+}
+
+// observer returns an Observer that records the set-asides.
+func (r *recorder) observer() *consumer.Observer {
+	return &consumer.Observer{SetAside: func(_ consumer.Message, d time.Duration) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.stays = append(r.stays, d)
+	}}
+}
+
+// waitDistinct waits until n distinct bodies were handled.
+func (r *recorder) waitDistinct(t *testing.T, n int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d distinct messages handled", n), func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.count) >= n
+	})
+}
+
+// checkOnce reports every body handled more than once; name prefixes the
+// errors ("" for none).
+func (r *recorder) checkOnce(t testing.TB, name string) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, k := range r.count {
+		if k != 1 {
+			t.Errorf("%smessage %s delivered %d times, want once", name, id, k)
+		}
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -78,44 +77,24 @@ func TestSetAsideHotKeyOnce(t *testing.T) {
 	}
 	produce(t, brokers, recs...)
 
-	var (
-		mu        sync.Mutex
-		delivered []string
-		at        []time.Time
-		setAside  int
-	)
-	obs := &consumer.Observer{SetAside: func(consumer.Message, time.Duration) {
-		mu.Lock()
-		defer mu.Unlock()
-		setAside++
-	}}
-	h := func(_ context.Context, m consumer.Message) error {
-		mu.Lock()
-		defer mu.Unlock()
-		delivered = append(delivered, string(m.Body))
-		at = append(at, time.Now())
-		return nil
-	}
+	rec := newRecorder()
 	c, err := New(Config{
 		Brokers: brokers, Topic: topic, Group: group, SetAside: true,
-		Options:         consumer.Options{Limiter: bucketLimiter{newDelayLayerBucket(t, rate, 1)}, Observer: obs, Logger: testLogger(t)},
+		Options:         consumer.Options{Limiter: bucketLimiter{newDelayLayerBucket(t, rate, 1)}, Observer: rec.observer(), Logger: testLogger(t)},
 		ConfigureReader: fastGroup,
-	}, h)
+	}, rec.handle)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := runConsumer(t, c)
-	waitFor(t, "every message delivered", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(delivered) >= n
-	})
+	rec.waitDistinct(t, n)
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
 
-	mu.Lock()
-	defer mu.Unlock()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	delivered, at, setAside := rec.bodies, rec.at, len(rec.stays)
 	copies := int64(0)
 	for _, e := range endOffsets(t, brokers, topic+".delay") {
 		copies += e
@@ -162,42 +141,24 @@ func TestSetAsideCappedStay(t *testing.T) {
 	}
 	produce(t, brokers, recs...)
 
-	var (
-		mu        sync.Mutex
-		delivered []string
-		stays     []time.Duration
-	)
-	obs := &consumer.Observer{SetAside: func(_ consumer.Message, d time.Duration) {
-		mu.Lock()
-		defer mu.Unlock()
-		stays = append(stays, d)
-	}}
-	h := func(_ context.Context, m consumer.Message) error {
-		mu.Lock()
-		defer mu.Unlock()
-		delivered = append(delivered, string(m.Body))
-		return nil
-	}
+	rec := newRecorder()
 	c, err := New(Config{
 		Brokers: brokers, Topic: topic, Group: group, SetAside: true,
 		Options: consumer.Options{Limiter: bucketLimiter{newDelayLayerBucket(t, 5, 1)}, MaxSetAside: maxStay,
-			Observer: obs, Logger: testLogger(t)},
+			Observer: rec.observer(), Logger: testLogger(t)},
 		ConfigureReader: fastGroup,
-	}, h)
+	}, rec.handle)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := runConsumer(t, c)
-	waitFor(t, "every message delivered", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(delivered) >= n
-	})
+	rec.waitDistinct(t, n)
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	delivered, stays := rec.bodies, rec.stays
 	t.Logf("%d messages of one key at 5/s with MaxSetAside %v: set aside for %v; delivered %v", n, maxStay, stays, delivered)
 	if !slices.Equal(delivered, []string{"0", "1", "2", "3"}) {
 		t.Errorf("delivered %v, want each message once, in the order of its slot", delivered)
