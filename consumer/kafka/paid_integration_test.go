@@ -49,6 +49,25 @@ func newDelayLayerBucket(t *testing.T, rate float64, burst int) *limiter.Bucket 
 	return b
 }
 
+// runDelayLayer runs a consumer of topic in group, setting messages aside,
+// with opts (its Observer and Logger set here) until n distinct messages
+// were handled, and returns what it recorded.
+func runDelayLayer(t *testing.T, brokers []string, topic, group string, n int, opts consumer.Options) *recorder {
+	t.Helper()
+	rec := newRecorder()
+	opts.Observer, opts.Logger = rec.observer(), testLogger(t)
+	c, err := New(Config{Brokers: brokers, Topic: topic, Group: group, SetAside: true, Options: opts, ConfigureReader: fastGroup}, rec.handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runConsumer(t, c)
+	rec.waitDistinct(t, n)
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return rec
+}
+
 // TestSetAsideHotKeyOnce sends 10 messages of one key at once through a
 // delay layer of 20/s, burst 1: the layer books a slot for each message it
 // refuses, 50 ms apart, and the message comes back with the slot paid
@@ -77,21 +96,7 @@ func TestSetAsideHotKeyOnce(t *testing.T) {
 	}
 	produce(t, brokers, recs...)
 
-	rec := newRecorder()
-	c, err := New(Config{
-		Brokers: brokers, Topic: topic, Group: group, SetAside: true,
-		Options:         consumer.Options{Limiter: bucketLimiter{newDelayLayerBucket(t, rate, 1)}, Observer: rec.observer(), Logger: testLogger(t)},
-		ConfigureReader: fastGroup,
-	}, rec.handle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, c)
-	rec.waitDistinct(t, n)
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-
+	rec := runDelayLayer(t, brokers, topic, group, n, consumer.Options{Limiter: bucketLimiter{newDelayLayerBucket(t, rate, 1)}})
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	delivered, at, setAside := rec.bodies, rec.at, len(rec.stays)
@@ -141,21 +146,7 @@ func TestSetAsideCappedStay(t *testing.T) {
 	}
 	produce(t, brokers, recs...)
 
-	rec := newRecorder()
-	c, err := New(Config{
-		Brokers: brokers, Topic: topic, Group: group, SetAside: true,
-		Options: consumer.Options{Limiter: bucketLimiter{newDelayLayerBucket(t, 5, 1)}, MaxSetAside: maxStay,
-			Observer: rec.observer(), Logger: testLogger(t)},
-		ConfigureReader: fastGroup,
-	}, rec.handle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runConsumer(t, c)
-	rec.waitDistinct(t, n)
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	rec := runDelayLayer(t, brokers, topic, group, n, consumer.Options{Limiter: bucketLimiter{newDelayLayerBucket(t, 5, 1)}, MaxSetAside: maxStay})
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	delivered, stays := rec.bodies, rec.stays
