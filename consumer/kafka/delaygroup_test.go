@@ -1,7 +1,6 @@
 package kafka
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -189,25 +188,6 @@ func TestSetAsideTwoGroups(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer safe for concurrent writes, for a
-// logger's output.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestDelaySkipsOtherGroup feeds two delay partitions copies set aside by
 // this group ("g"), by another group, and without HeaderGroup (an older
 // version): the other group's copies are committed past at once, not
@@ -225,7 +205,7 @@ func TestDelaySkipsOtherGroup(t *testing.T) {
 		handled = append(handled, fmt.Sprintf("%d/%d", m.Source.Partition, m.Source.Offset))
 		return nil
 	}
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	c := newTestConsumer(t, Config{SetAside: true, Concurrency: 2, Options: consumer.Options{
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}}, h)
