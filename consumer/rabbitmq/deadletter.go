@@ -133,6 +133,13 @@ func deadLetter(d *amqp.Delivery, dlh map[string]string) amqp.Publishing {
 // not finished (ctx ended). A call that fails because the channel closed is
 // logged: the broker redelivers the message.
 func (r *run) handle(ctx context.Context, it item, pub publisher) {
+	for r.handleOnce(ctx, &it, pub) {
+	}
+}
+
+// handleOnce is one round of handle. It reports true when setAside waited
+// out the delay, without a delay queue, for it.msg to be handled again.
+func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bool) {
 	d := &it.d
 	var out consumer.Outcome
 	switch {
@@ -148,7 +155,7 @@ func (r *run) handle(ctx context.Context, it item, pub publisher) {
 	case out.Abandoned:
 		r.requeue(d, attrs)
 	case out.SetAside > 0:
-		r.setAside(ctx, it, out, pub, attrs)
+		return r.setAside(ctx, it, out, pub, attrs)
 	case out.Err == nil:
 		if err := d.Ack(false); err != nil {
 			r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq ack failed; the broker will redeliver the message",
@@ -168,6 +175,7 @@ func (r *run) handle(ctx context.Context, it item, pub publisher) {
 			r.proc.DeadLettered(it.msg, out, append(attrs, slog.String("dead_letter_exchange", dlx))...)
 		}
 	}
+	return false
 }
 
 // delayQueue returns the name of the queue that messages are set aside in.
@@ -181,9 +189,10 @@ func (c *Consumer) delayQueue() string { return c.cfg.Queue + ".delay" }
 // x-dead-letter-routing-key Queue) at the first message set aside on each
 // connection. Once the broker confirmed the copy, the delivery is acked.
 // If the delay queue cannot be declared, the handler waits out the delay
-// and the delivery is handled again, with those headers (or goes back to
-// the queue if ctx ends first).
-func (r *run) setAside(ctx context.Context, it item, out consumer.Outcome, pub publisher, attrs []slog.Attr) {
+// and setAside reports true: the delivery is to be handled again, as
+// it.msg, now with those headers (or it goes back to the queue if ctx ends
+// first).
+func (r *run) setAside(ctx context.Context, it *item, out consumer.Outcome, pub publisher, attrs []slog.Attr) (again bool) {
 	d := &it.d
 	q := r.delayQueue()
 	out.SetAside = min(out.SetAside, r.proc.Options().MaxSetAside) // back to set aside again if need be
@@ -193,14 +202,13 @@ func (r *run) setAside(ctx context.Context, it item, out consumer.Outcome, pub p
 			append(attrs, slog.String("err", err.Error()))...)
 		if consumer.Sleep(ctx, out.SetAside) != nil {
 			r.requeue(d, attrs)
-			return
+			return false
 		}
-		// Handled again here, with the headers it would have been set
-		// aside with: a requeued delivery would lose them, and with
+		// Handled again (by handle), with the headers it would have been
+		// set aside with: a requeued delivery would lose them, and with
 		// consumer.HeaderPaid the slot a delay layer booked for it.
 		it.msg = out.Returned(it.msg)
-		r.handle(ctx, it, pub)
-		return
+		return true
 	}
 	msg := deadLetter(d, nil)
 	for k, v := range out.SetAsideHeaders() { // such as consumer.HeaderPaid
@@ -218,6 +226,7 @@ func (r *run) setAside(ctx context.Context, it item, out consumer.Outcome, pub p
 		r.log.LogAttrs(ctx, slog.LevelDebug, "rabbitmq message set aside", attrs...)
 		r.cfg.Observer.ObserveSetAside(it.msg, out.SetAside)
 	}
+	return false
 }
 
 // HeaderSetAsideReason names the header of a message set aside in the delay
