@@ -318,29 +318,51 @@ func PaidLateness(l Layer) time.Duration {
 	return min(max(d, 25*time.Millisecond), time.Second)
 }
 
-// PaidLayers returns, in the order of layers, which of them the request
-// whose keys are keys (see LayerKeys) passes on a slot it paid for
-// (LayerRequest.Paid) at now, the store's clock, or nil when none. Every
-// store decides which slots count with it, and charges such a layer
-// PaidCharge.
-func PaidLayers(layers []Layer, keys []string, paid []PaidSlot, now time.Time) []bool {
+// PaidUntil returns, in the order of layers, the last instant on the
+// store's clock at which the request whose keys are keys (see LayerKeys)
+// passes each layer on a slot it paid for (LayerRequest.Paid): the slot's
+// Due plus PaidLateness, for a token-bucket layer with ActionDelay and the
+// request's key in it; the zero time for a layer without such a slot. It
+// returns nil when no layer has one. A store that decides on a clock of
+// its own compares them there (PaidLayers does it for a given instant).
+func PaidUntil(layers []Layer, keys []string, paid []PaidSlot) []time.Time {
 	if len(paid) == 0 {
 		return nil
 	}
-	var out []bool
+	var out []time.Time
 	for i, l := range layers {
 		if l.OnExceed != ActionDelay || l.IsQuota() {
 			continue
 		}
 		for _, s := range paid {
-			if s.Layer != l.Name || s.Key != keys[i] || now.After(s.Due.Add(PaidLateness(l))) {
+			if s.Layer != l.Name || s.Key != keys[i] {
 				continue
 			}
 			if out == nil {
-				out = make([]bool, len(layers))
+				out = make([]time.Time, len(layers))
 			}
-			out[i] = true
+			if u := s.Due.Add(PaidLateness(l)); u.After(out[i]) {
+				out[i] = u
+			}
 		}
+	}
+	return out
+}
+
+// PaidLayers returns, in the order of layers, which of them the request
+// whose keys are keys passes on a slot it paid for at now, the store's
+// clock (PaidUntil), or nil when none. Every store decides which slots
+// count with it, and charges such a layer PaidCharge.
+func PaidLayers(layers []Layer, keys []string, paid []PaidSlot, now time.Time) []bool {
+	var out []bool
+	for i, u := range PaidUntil(layers, keys, paid) {
+		if u.IsZero() || now.After(u) {
+			continue
+		}
+		if out == nil {
+			out = make([]bool, len(layers))
+		}
+		out[i] = true
 	}
 	return out
 }
@@ -449,6 +471,20 @@ func CostError(l Layer, cost int) error {
 // its OnExceed action, with room after wait. Stores call it so that every
 // store words its refusals alike.
 func ExceededError(l Layer, at time.Time, wait time.Duration) *LimitError {
+	return exceededError(l, at, wait, "room in")
+}
+
+// ReservedError returns the *LimitError for delay layer l refusing a
+// request whose key in it is key, and booking its slot after wait (see
+// ReservesOnRefusal): ExceededError's, with Reserved, Key and RetryAt set.
+func ReservedError(l Layer, key string, at time.Time, wait time.Duration) *LimitError {
+	e := exceededError(l, at, wait, "slot booked in")
+	e.Reserved, e.Key, e.RetryAt = true, key, at.Add(wait)
+	return e
+}
+
+// exceededError is ExceededError, saying what comes after wait as when.
+func exceededError(l Layer, at time.Time, wait time.Duration, when string) *LimitError {
 	shown := wait.Round(time.Millisecond) // the reason is for people
 	if wait >= time.Minute {
 		shown = wait.Round(time.Second)
@@ -457,21 +493,11 @@ func ExceededError(l Layer, at time.Time, wait time.Duration) *LimitError {
 	if l.IsQuota() {
 		reason = fmt.Sprintf("quota of %d per %s used up; resets in %v", l.Quota, l.Per, shown)
 	} else {
-		reason = fmt.Sprintf("rate %s (burst %d) exceeded; room in %v", formatRate(l.Rate), l.Burst, shown)
+		reason = fmt.Sprintf("rate %s (burst %d) exceeded; %s %v", formatRate(l.Rate), l.Burst, when, shown)
 	}
 	e := &LimitError{Layer: l.Name, Action: l.OnExceed, Reason: reason, Wait: wait}
 	if l.OnExceed == ActionDelay {
 		e.RetryAt = at.Add(wait)
 	}
-	return e
-}
-
-// ReservedError returns the *LimitError for delay layer l refusing a
-// request whose key in it is key, and booking its slot after wait (see
-// ReservesOnRefusal): ExceededError's, with Reserved, Key and RetryAt set.
-func ReservedError(l Layer, key string, at time.Time, wait time.Duration) *LimitError {
-	e := ExceededError(l, at, wait)
-	e.Reason = strings.Replace(e.Reason, "; room in", "; slot booked in", 1)
-	e.Reserved, e.Key, e.RetryAt = true, key, at.Add(wait)
 	return e
 }

@@ -258,26 +258,32 @@ func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string
 		}
 	}
 	args = append(args, l.warmArg) // the shared bucket's warm-up (warmupLua)
-	args = append(args, l.paidArg(st.layers, keys, req.Paid, clock))
+	args = append(args, l.paidArg(st.layers, keys, req.Paid))
 	return rkeys, args, clock
 }
 
 // paidArg returns the paid layers' argument of the layer scripts for the
-// layers of one step: one character per layer, '1' for a layer passed on a
-// paid slot at clock (limiter.PaidLayers), or "" when none is. The
-// lateness of a slot is judged by this host's clock, as the quota windows
-// are.
-func (l *Layered) paidArg(layers []int, keys []string, paid []limiter.PaidSlot, clock time.Time) string {
-	p := limiter.PaidLayers(l.layers, keys, paid, clock)
-	if p == nil {
+// layers of one step: for each layer, separated by spaces, the last
+// instant in µs on Redis's clock at which the request passes it on a slot
+// it paid for (limiter.PaidUntil), or 0; "" when no layer has one. The
+// script compares them with its own time, as it does every decision: the
+// slot's Due is on Redis's clock, and a replica's clock may be off by more
+// than the lateness a slot is allowed.
+func (l *Layered) paidArg(layers []int, keys []string, paid []limiter.PaidSlot) string {
+	u := limiter.PaidUntil(l.layers, keys, paid)
+	if u == nil {
 		return ""
 	}
-	b := make([]byte, len(layers))
+	b := make([]byte, 0, 17*len(layers))
 	for j, i := range layers {
-		b[j] = '0'
-		if p[i] {
-			b[j] = '1'
+		if j > 0 {
+			b = append(b, ' ')
 		}
+		us := int64(0)
+		if !u[i].IsZero() {
+			us = u[i].UnixMicro()
+		}
+		b = strconv.AppendInt(b, us, 10)
 	}
 	return string(b)
 }

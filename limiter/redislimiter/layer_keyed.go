@@ -30,8 +30,9 @@ import (
 // (0: TIME), n (layers per request); then 5 values per layer: index
 // (1-based, named in the reply), rate, burst, action (w: wait, d:
 // dead_letter, y: delay), max_wait_us; then 3 values per request: cost,
-// horizon_us, and the paid layers as in layersScript (one character per
-// layer, '1' for a layer paid for).
+// horizon_us, and the paid layers as in layersScript (for each layer, the
+// last instant in µs at which it passes on a paid slot, or 0; "" for
+// none).
 //
 // Reply: one string, "now_us" followed by "status wait_us layer" for each
 // request, separated by spaces; status, wait_us and layer as in
@@ -58,7 +59,7 @@ local out = {string.format('%d', now)}
 local k0 = 0
 for a = 3 + 5 * n, #ARGV, 3 do
   local cost, horizon = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local paid = paid_flags(ARGV[a + 2], n)
+  local paid = paid_flags(ARGV[a + 2], now)
   local status, wait, limiting = nil, 0, 0
   for i = 1, n do
     if paid[i] then
@@ -116,10 +117,8 @@ func (l *Layered) keyedOnly(st step) bool {
 // keyedArgs returns the KEYS and ARGV of layersKeyedScript for the requests
 // reqs, whose keys (by layer index) are keys, on the layers of one step.
 func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []limiter.LayerRequest, keys [][]string) ([]string, []any) {
-	nowUS, clock := int64(0), at
-	if at.IsZero() {
-		clock = time.Now()
-	} else {
+	nowUS := int64(0)
+	if !at.IsZero() {
 		nowUS = at.UnixMicro()
 	}
 	rkeys := make([]string, 0, len(reqs)*len(layers))
@@ -133,7 +132,7 @@ func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []limiter.LayerRequ
 		for _, i := range layers {
 			rkeys = append(rkeys, l.layerKey(i, keys[j][i]))
 		}
-		args = append(args, req.Cost, max(req.MaxWait, 0).Microseconds(), l.paidArg(layers, keys[j], req.Paid, clock))
+		args = append(args, req.Cost, max(req.MaxWait, 0).Microseconds(), l.paidArg(layers, keys[j], req.Paid))
 	}
 	return rkeys, args
 }

@@ -43,14 +43,20 @@ local function bucket_wait(key, now, cost, rate, burst)
   return tokens, ts, wt
 end
 
--- paid_flags returns, from a string of one character per layer, which
--- layers the request already paid for ('1'): a slot a delay layer booked
--- when it refused the message. Such a layer waits 0 and is charged
--- paid_charge.
-local function paid_flags(s, n)
-  local p = {}
-  s = s or ''
-  for i = 1, n do p[i] = string.sub(s, i, i) == '1' end
+-- paid_flags returns, from a string of one instant in µs per layer
+-- separated by spaces (see paidArg), which layers the request passes on a
+-- slot it already paid for at now: those whose instant is not 0 nor before
+-- now. Such a layer waits 0 and is charged paid_charge. A request without
+-- paid slots ("", most of them) gets the shared empty table.
+local NO_PAID = {}
+local function paid_flags(s, now)
+  if not s or s == '' then return NO_PAID end
+  local p, i = {}, 0
+  for d in string.gmatch(s, '%d+') do
+    i = i + 1
+    local u = tonumber(d)
+    p[i] = u > 0 and now <= u
+  end
   return p
 end
 
@@ -129,9 +135,11 @@ end
 // four window boundaries b0..b3 around the caller's clock (0 for a bucket);
 // then the shared bucket's warm-up in µs (0 or absent: none), which ramps
 // the shared part as it ramps takeScript (warmupLua); last, the paid
-// layers: one character per layer, '1' for a layer the request already
-// paid for (limiter.PaidLayers), which waits 0 and is charged only the
-// excess of a late slot (limiter.PaidCharge).
+// layers: for each layer, separated by spaces, the last instant in µs at
+// which the request passes it on a slot it already paid for
+// (limiter.PaidUntil), or 0; "" for none. Such a layer, at or before its
+// instant, waits 0 and is charged only the excess of a late slot
+// (limiter.PaidCharge).
 //
 // Reply: {status, wait_us, layer, remaining_milli, effective_rate_milli,
 // burst, now_us, tokens (cost plus the extra granted), rank, pushed_milli
@@ -180,7 +188,7 @@ end
 
 local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
 local tok, lts, wend, used, w, charge = {}, {}, {}, {}, {}, {}
-local paid = paid_flags(ARGV[14 + 10 * n], n)
+local paid = paid_flags(ARGV[14 + 10 * n], now)
 for i = 1, n do
   local a = 12 + (i - 1) * 10
   local key = KEYS[kb + i]
@@ -209,8 +217,7 @@ end
 local refused = refusal(n, action, w, maxw)
 if refused > 0 then
   local r = refused
-  local status = refused_status(r, KEYS[kb + r], kind[r], action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r])
-  return reply(status, w[r], idx[r], stokens, 0)
+  return reply(refused_status(r, KEYS[kb + r], kind[r], action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r]), w[r], idx[r], stokens, 0)
 end
 
 local wait, limiting, qwait = wait0, 0, 0

@@ -165,3 +165,37 @@ func TestLayeredBatchedConcurrent(t *testing.T) {
 	}
 	t.Logf("%d grants over %d keys", total, keys)
 }
+
+// TestPaidSlotOnRedisClock: at Redis's time, both layer scripts let a
+// request pass a delay layer on a slot whose lateness allowance has not
+// ended by the script's clock, and decide the layer as usual (here: book a
+// new slot) once it has. The instant goes to the script (paidArg), which
+// compares it with its own TIME: the slot's Due is on Redis's clock.
+func TestPaidSlotOnRedisClock(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	for _, skipShared := range []bool{false, true} { // layersScript, layersKeyedScript
+		l := newLayered(t, c, 1e6, 1e6, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDelay}})
+		req := limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": "k"}, SkipShared: skipShared}
+		first, err := l.TakeLayers(ctx, req)
+		if err != nil || !first.Granted {
+			t.Fatalf("first take = %+v, %v", first, err)
+		}
+		for _, tc := range []struct {
+			due  time.Duration // after the first take, on Redis's clock
+			pass bool
+		}{{time.Hour, true}, {-time.Hour, false}} {
+			req.Paid = []limiter.PaidSlot{{Layer: "per-key", Key: "k", Due: first.At.Add(tc.due)}}
+			res, err := l.TakeLayers(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if passed := res.Granted && res.Exceeded == nil; passed != tc.pass {
+				t.Errorf("skip shared %v, slot due %v after the first take: %+v, passed %v, want %v", skipShared, tc.due, res, passed, tc.pass)
+			}
+			if !tc.pass && (res.Exceeded == nil || !res.Exceeded.Reserved) {
+				t.Errorf("skip shared %v, slot late: %+v, want a new slot booked", skipShared, res.Exceeded)
+			}
+		}
+	}
+}
