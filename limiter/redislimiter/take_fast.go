@@ -28,9 +28,9 @@ import (
 // asking class (fastTakeResult). The commonest take of a bucket far above
 // its demand (a normal take with only the first five arguments, on a
 // missing state and override, full again within a microsecond) replies
-// with now_us alone, an integer (fullAgainResult): about 1.5 µs less of
-// Redis's one thread than the string, which every replica's calls queue
-// behind.
+// with now_us alone, an integer (fullAgainResult): it cost Redis's one
+// thread, which every replica's calls queue behind, 2.9–3.1 µs a call
+// against 3.7–4.1 µs with the string (redis-benchmark -P 50, BENCHMARKS.md).
 const takeFastLua = `
 local TAKE_NOW, TAKE_REAL = nil, nil
 if ARGV[6] then TAKE_NOW = tonumber(ARGV[6]) end
