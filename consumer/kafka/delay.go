@@ -89,12 +89,9 @@ func (r *genRun) skipOtherGroup(p *partState, m kafkago.Message) bool {
 	if !ok || group == c.cfg.Group {
 		return false
 	}
-	p.mu.Lock()
-	p.tracker.finish(p.tracker.add(m.Offset))
-	p.mu.Unlock()
 	r.otherGroup.Add(1)
 	c.stats.skippedOtherGroup()
-	r.com.wake()
+	r.finishUnhandled(p, m.Offset)
 	args := []any{"topic", p.topic, "partition", p.partition, "offset", m.Offset,
 		"group", c.cfg.Group, "set_aside_by", group}
 	if _, logged := c.otherGroupLogged.LoadOrStore(p.topicPartition, struct{}{}); !logged {

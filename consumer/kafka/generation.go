@@ -248,11 +248,8 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 		failures = 0
 		if p.skip.has(m.Offset) {
 			// Finished by the previous owner, after its committed offset.
-			p.mu.Lock()
-			p.tracker.finish(p.tracker.add(m.Offset))
-			p.mu.Unlock()
 			r.skipped.Add(1)
-			r.com.wake()
+			r.finishUnhandled(p, m.Offset)
 			continue
 		}
 		if p.delay && r.skipOtherGroup(p, m) {
@@ -378,6 +375,15 @@ func markStarted(h consumer.Handler) consumer.Handler {
 		}
 		return h(ctx, msg)
 	}
+}
+
+// finishUnhandled marks offset of p finished without handling it, so that
+// the commit moves past it.
+func (r *genRun) finishUnhandled(p *partState, offset int64) {
+	p.mu.Lock()
+	p.tracker.finish(p.tracker.add(offset))
+	p.mu.Unlock()
+	r.com.wake()
 }
 
 // handle runs the retry policy for w, then dead-letters it or sets it
