@@ -137,7 +137,10 @@ func (c *Consumer) setAside(ctx context.Context, w work, out consumer.Outcome, d
 	out.SetAside = min(out.SetAside, c.proc.Options().MaxSetAside) // back to set aside again if need be
 	due := c.clock.Now().Add(out.SetAside).UTC()
 	h := c.origin(m)
-	for k, v := range out.SetAsideHeaders() { // such as consumer.HeaderPaid; "" removes an old one (deadLetterHeaders)
+	// The copy carries consumer.HeaderPaid as w.msg does, not as m does:
+	// fetch dropped a producer's; "" removes it (deadLetterHeaders).
+	h[consumer.HeaderPaid] = w.msg.Headers[consumer.HeaderPaid]
+	for k, v := range out.SetAsideHeaders() { // such as consumer.HeaderPaid
 		h[k] = v
 	}
 	h[HeaderDue] = due.Format(time.RFC3339Nano)

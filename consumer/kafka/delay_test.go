@@ -444,3 +444,48 @@ func TestDeadLetterFromDelayTopicKeepsOrigin(t *testing.T) {
 		t.Fatalf("dead-letter headers %v", got)
 	}
 }
+
+// TestSetAsidePaidHeaderOfTheCopy: a message set aside by a handler that
+// names no headers (a plain consumer.SetAside) carries consumer.HeaderPaid
+// to the delay topic only when it came from there: the header a producer
+// wrote on a message of the topic, which fetch dropped, is not written to
+// the copy, where it would count when the copy comes back.
+func TestSetAsidePaidHeaderOfTheCopy(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
+	const slot = `[{"layer":"per-key","key":"k","due":"2026-12-01T06:00:01Z"}]`
+	paid := kafkago.Header{Key: consumer.HeaderPaid, Value: []byte(slot)}
+	h := func(context.Context, consumer.Message) error {
+		return consumer.SetAside(errors.New("downstream 429"), 5*time.Second)
+	}
+
+	t.Run("from the topic: the producer's header is dropped", func(t *testing.T) {
+		c := newTestConsumer(t, Config{SetAside: true}, h)
+		c.clock = newFakeClock(t0)
+		p0 := msgs(0, 0)
+		p0[0].Headers = []kafkago.Header{paid}
+		f := newFakeGroup(map[int]partitionReader{0: newFakeReader(p0...)})
+		dw := &fakeWriter{}
+		f.delayWriter = dw
+		rg := startGeneration(t, c, f, &fakeWriter{})
+		waitFor(t, "the commit", func() bool { return f.committed()[0] == 1 })
+		rg.finish(t, true)
+		dw.mu.Lock()
+		defer dw.mu.Unlock()
+		if len(dw.writes) != 1 {
+			t.Fatalf("%d delay writes, want 1", len(dw.writes))
+		}
+		if v, ok := headerMap(dw.writes[0].Headers)[consumer.HeaderPaid]; ok {
+			t.Errorf("the copy carries the producer's %s %q, want none", consumer.HeaderPaid, v)
+		}
+	})
+
+	t.Run("from the delay topic: the slot is kept", func(t *testing.T) {
+		delayed, _ := handleDelayMessage(t, t0, delayMsg(0, 0, t0, append(originHeaders("0", "3"), paid)...), h)
+		if len(delayed) != 1 {
+			t.Fatalf("%d delay writes, want 1", len(delayed))
+		}
+		if got := headerMap(delayed[0].Headers)[consumer.HeaderPaid]; got != slot {
+			t.Errorf("the copy carries %s %q, want %q", consumer.HeaderPaid, got, slot)
+		}
+	})
+}

@@ -419,3 +419,37 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestSetAsidePaidHeaderOfTheCopy: a delivery set aside by a handler that
+// names no headers (a plain consumer.SetAside) carries consumer.HeaderPaid
+// to the delay queue only when it came back from there: the header a
+// publisher wrote, which item dropped, is not published with the copy,
+// where it would count when the copy comes back.
+func TestSetAsidePaidHeaderOfTheCopy(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		headers amqp.Table
+		want    any
+	}{
+		{"published with the header: dropped", amqp.Table{consumer.HeaderPaid: paidSlot}, nil},
+		{"back from the delay queue: kept", amqp.Table{consumer.HeaderPaid: paidSlot,
+			"x-death": []any{amqp.Table{"queue": "sms.delay", "reason": "expired"}}}, paidSlot},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			pub := &fakePublisher{}
+			h := func(context.Context, consumer.Message) error {
+				return consumer.SetAside(errors.New("downstream 429"), 250*time.Millisecond)
+			}
+			p := newTestRun(t, context.Background(), Config{Options: consumer.Options{Retry: fastRetry}}, h, pub)
+			ack := &fakeAck{}
+			p.deliverForTest(amqp.Delivery{Acknowledger: ack, DeliveryTag: 7, MessageId: "m-7", Headers: tt.headers, Body: []byte("hello")})
+			p.wg.Wait()
+			if got := ack.of(7); len(got) != 1 || got[0] != "ack multiple=false" || len(pub.published) != 1 {
+				t.Fatalf("acknowledger calls %q, %d published; want acked after one copy", got, len(pub.published))
+			}
+			if got := pub.published[0].Headers[consumer.HeaderPaid]; got != tt.want {
+				t.Errorf("the copy carries %s %v, want %v", consumer.HeaderPaid, got, tt.want)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"strconv"
 	"sync"
 
@@ -211,7 +212,11 @@ func (r *run) setAside(ctx context.Context, it *item, out consumer.Outcome, pub 
 		return true
 	}
 	msg := deadLetter(d, nil)
-	for k, v := range out.SetAsideHeaders() { // such as consumer.HeaderPaid
+	// The copy carries consumer.HeaderPaid as it.msg does, not as d does:
+	// item dropped a publisher's.
+	h := map[string]string{consumer.HeaderPaid: it.msg.Headers[consumer.HeaderPaid]}
+	maps.Copy(h, out.SetAsideHeaders()) // such as consumer.HeaderPaid
+	for k, v := range h {
 		if v == "" {
 			delete(msg.Headers, k)
 		} else {
