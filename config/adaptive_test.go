@@ -32,12 +32,16 @@ func TestLimitAdaptiveErrorsNameTheKey(t *testing.T) {
 		{"{min_rate: 5, increase: fast}", "limit.adaptive.increase", ""},
 		{"{min_rate: 5, interval: -1s}", "limit.adaptive.interval", ">= 1µs"},
 		{"{min_rate: 5, interval: 0s}", "limit.adaptive.interval", "must not be 0"},
+		{"{min_rate: 20}", "limit.adaptive.min_rate", "must be <= the bucket's rate 10"},
+		{"{min_rate: 11/s}", "limit.adaptive.min_rate", "must be <= the bucket's rate 10"},
 	} {
 		_, err := Parse([]byte(strings.Replace(minimal, "rate: 10", "rate: 10\n  adaptive: "+c.adaptive, 1)), nil)
 		if err == nil || !strings.Contains(err.Error(), c.key) || !strings.Contains(err.Error(), c.msg) {
 			t.Errorf("adaptive %s: err = %v, want %s: ...%s", c.adaptive, err, c.key, c.msg)
 		}
 	}
+	// A floor at the rate is valid, also written as another unit.
+	mustParse(t, strings.Replace(minimal, "rate: 10", "rate: 10\n  adaptive: {min_rate: 600/min}", 1), nil)
 }
 
 func TestLimitWarmup(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -52,8 +53,13 @@ func (e *ValidationError) Error() string {
 
 type problems []Problem
 
+// add records a problem at key, once: a problem already recorded with the
+// same key and message is not repeated.
 func (ps *problems) add(key, format string, args ...any) {
-	*ps = append(*ps, Problem{Key: key, Message: fmt.Sprintf(format, args...)})
+	p := Problem{Key: key, Message: fmt.Sprintf(format, args...)}
+	if !slices.Contains(*ps, p) {
+		*ps = append(*ps, p)
+	}
 }
 
 // Validate checks every setting of c and returns a *ValidationError listing
@@ -134,6 +140,11 @@ func (l *Limit) validate(ps *problems) {
 		ps.library("limit", reflect.TypeFor[Limit](), limiter.ValidateBurst(l.Burst))
 	}
 	ps.library("limit", reflect.TypeFor[Limit](), l.LimiterOptions().Validate())
+	if a := l.Adaptive.Limiter(); a != nil {
+		// The rules that need the rate; Validate's own ones repeat above
+		// and are recorded once.
+		ps.library("limit", reflect.TypeFor[Limit](), a.ValidateFor(l.Rate))
+	}
 	_, err := limiter.ParsePriority(l.Priority)
 	ps.library("limit", reflect.TypeFor[Limit](), err)
 	_, errs := l.minShare()

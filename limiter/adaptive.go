@@ -27,8 +27,9 @@ import (
 type Adaptive struct {
 	// MinRate is the floor of the adaptive rate, in tokens per second: a
 	// push-back never takes the rate below it. Required: > 0 and
-	// <= MaxRate. A MinRate above the ceiling keeps the rate at the
-	// ceiling.
+	// <= MaxRate, and at most the bucket's configured rate (ValidateFor).
+	// A store caps the rate at the ceiling in force, so an operator's
+	// override below MinRate still wins.
 	MinRate float64
 	// Decrease multiplies the rate at each push-back: > 0 and < 1.
 	// Default 0.7.
@@ -80,6 +81,20 @@ func (a Adaptive) Validate() error {
 		bad("MergeWindow", "must be >= 0 (0 for the default 500ms)", a.MergeWindow)
 	}
 	return errors.Join(errs...)
+}
+
+// ValidateFor is Validate for a bucket configured at rate tokens per
+// second: MinRate must also be at most rate, since a floor above the
+// ceiling is a configuration mistake, not a limit. A rate that
+// ValidateRate rejects, or a MinRate that Validate rejects, is not
+// compared (their own checks report them).
+func (a Adaptive) ValidateFor(rate float64) error {
+	err := a.Validate()
+	if ValidateRate(rate) == nil && a.MinRate > rate && a.MinRate <= MaxRate {
+		msg := "must be <= the bucket's rate " + strconv.FormatFloat(rate, 'g', -1, 64)
+		err = errors.Join(err, &ParamError{Param: "Adaptive.MinRate", Msg: msg, Value: a.MinRate})
+	}
+	return err
 }
 
 // WithDefaults returns a with every zero field but MinRate set to its

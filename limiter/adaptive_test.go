@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,6 +58,40 @@ func TestAdaptiveValidate(t *testing.T) {
 	var pe *limiter.ParamError
 	if !errors.As(err, &pe) || pe.Param != "Adaptive.MinRate" {
 		t.Errorf("New with Adaptive{}: %v, want Adaptive.MinRate", err)
+	}
+}
+
+// TestAdaptiveValidateFor: a floor above the bucket's configured rate is an
+// error of MinRate; at the rate, or with a rate that is itself invalid
+// (reported by ValidateRate), only Validate's rules apply.
+func TestAdaptiveValidateFor(t *testing.T) {
+	for _, c := range []struct {
+		a     limiter.Adaptive
+		rate  float64
+		param string // "" means valid
+	}{
+		{limiter.Adaptive{MinRate: 20}, 10, "Adaptive.MinRate"},
+		{limiter.Adaptive{MinRate: 10.5}, 10, "Adaptive.MinRate"},
+		{limiter.Adaptive{MinRate: 10}, 10, ""},
+		{limiter.Adaptive{MinRate: 5}, 10, ""},
+		{limiter.Adaptive{MinRate: 20}, 0, ""},
+		{limiter.Adaptive{MinRate: 5, Decrease: 2}, 10, "Adaptive.Decrease"},
+	} {
+		err := c.a.ValidateFor(c.rate)
+		if c.param == "" {
+			if err != nil {
+				t.Errorf("%+v at rate %g: %v, want nil", c.a, c.rate, err)
+			}
+			continue
+		}
+		var pe *limiter.ParamError
+		if !errors.As(err, &pe) || pe.Param != c.param {
+			t.Errorf("%+v at rate %g: %v, want a ParamError for %s", c.a, c.rate, err, c.param)
+		}
+	}
+	err := limiter.Adaptive{MinRate: 20}.ValidateFor(10)
+	if err == nil || !strings.Contains(err.Error(), "10") {
+		t.Errorf("error %v does not name the rate", err)
 	}
 }
 
