@@ -27,16 +27,23 @@ type Request struct {
 	// Paid names the slots this message already paid for, as
 	// LayerRequest.Paid: those a delay layer booked when it refused the
 	// message (LimitError.Reserved). Those layers let it pass without
-	// taking from it again. Ignored by a store without layers.
+	// taking from it again. Only the slots that carry this Bucket's
+	// signature (LimitError.Sig; see PaidSecretStore) reach the store; the
+	// others are dropped (Bucket.PaidRefused). Ignored by a store without
+	// layers.
 	Paid []PaidSlot
 }
 
 // WaitN blocks until req.Cost tokens are granted on the shared bucket and on
 // every layer of the store (see LayeredStore), ctx ends, or the Bucket is
-// closed. All layers are decided together: they all grant, or none is
-// charged. The wait is the longest of the layers'; a reservation holds on
-// every layer, and if ctx ends while it is pending every layer gets its
-// tokens back.
+// closed. All layers are decided together, for the instant the message
+// goes out: they all grant, or none is charged. When the shared bucket
+// must wait, its reservation is the message's slot, and every layer is
+// charged for that instant; when a layer has no room by then, nothing is
+// charged and WaitN asks again the moment that layer has room. So the
+// sends keep the shared bucket's rate and burst and every layer's spacing
+// as the sink sees them, not only as the store decided them. If ctx ends
+// while a reservation is pending every layer gets its tokens back.
 //
 // A layer whose OnExceed is dead_letter or delay and that cannot grant
 // within its MaxWait makes WaitN return a *LimitError (matching
@@ -74,10 +81,12 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 	if req.Cost < 1 {
 		return fmt.Errorf("cost %d: %w", req.Cost, ErrInvalidCost)
 	}
+	req.Paid = b.verifyPaid(ctx, req.Paid) // paidsig.go
 	start := b.clock.Now()
 	b.addWaiting(req.Priority, 1)
 	defer b.addWaiting(req.Priority, -1)
-	limiting := "" // the layer that made this call wait last
+	limiting := "" // the layer that set the longest of this call's waits
+	var longest time.Duration
 	// head is set while this caller is the one of its class that asks
 	// while a floor holds the class back (floor.go).
 	head := false
@@ -146,11 +155,12 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			b.observeTake(res.TakeResult)
 		}
 		if res.Exceeded != nil {
+			b.signPaid(ctx, res.Exceeded) // paidsig.go
 			b.observeLayered(start, req, limiting, res.Exceeded)
 			return res.Exceeded
 		}
-		if res.Wait > 0 {
-			limiting = res.Limiting
+		if res.Wait >= longest && res.Wait > 0 {
+			longest, limiting = res.Wait, res.Limiting
 		}
 		if !res.Granted {
 			if res.Floor && !head {
@@ -168,17 +178,20 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 		}
 		passFloor()
 		if res.Wait > 0 {
-			// A change of the shared bucket does not move a layered
-			// reservation: the keyed layers' part of it still stands.
-			// It reaches the next request within the horizon. A push of
-			// its class does move it back, by the whole push: its shared
-			// part comes due that much later. When a layer set its wait,
-			// that may be later than needed, never sooner.
+			// A granted wait is the shared bucket's reservation: every
+			// layer was charged for the instant it is due. It moves with
+			// the shared bucket's queue, as a plain reservation does: a
+			// push of its class moves it back, and a change (a rate set
+			// or cleared, a pause) to where the change puts it, since
+			// kept at its old instant it would go out next to the slots
+			// the changed bucket hands out meanwhile. It never moves
+			// before every layer had room (LayersDue).
 			var pushes *pushHub
+			var changes *generation
 			if !lr.SkipShared {
-				pushes = &b.pushes
+				pushes, changes = &b.pushes, gen
 			}
-			if err := b.sleepReserved(ctx, nil, pushes, seen, res.TakeResult, math.Float64frombits(b.lastRate.Load())); err != nil {
+			if err := b.sleepReserved(ctx, changes, pushes, seen, res.TakeResult, math.Float64frombits(b.lastRate.Load()), res.LayersDue); err != nil {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
 				if rerr := ls.RefundLayers(rctx, lr, res); rerr != nil {
 					b.log.Debug("refunding a cancelled layered reservation failed", "tokens", req.Cost, "error", rerr)
@@ -249,6 +262,8 @@ type layeredFallback struct {
 	refilling atomic.Bool
 	// exceeded counts the refusals by layer: name → *atomic.Int64.
 	exceeded sync.Map
+	// paid signs and verifies the paid slots (paidsig.go).
+	paid paidSigner
 	// store is the Bucket's store when it has layers, found once.
 	once  sync.Once
 	store LayeredStore
@@ -344,6 +359,7 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls LayeredStore, req Re
 			return err
 		}
 		if res.Exceeded != nil {
+			b.signPaid(ctx, res.Exceeded) // paidsig.go
 			return res.Exceeded
 		}
 		if !res.Granted {
@@ -359,7 +375,7 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls LayeredStore, req Re
 		}
 		// As in the shared bucket, a push of its class moves the
 		// reservation back (see WaitN).
-		if err := b.sleepReserved(ctx, nil, pushes, heard, res.TakeResult, local.rate); err != nil {
+		if err := b.sleepReserved(ctx, nil, pushes, heard, res.TakeResult, local.rate, 0); err != nil {
 			_ = lm.RefundLayersAt(b.clock.Now(), lr, res)
 			return err
 		}

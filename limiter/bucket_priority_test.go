@@ -496,10 +496,13 @@ func (s layeredClassStore) RefundLayers(_ context.Context, req limiter.LayerRequ
 
 // TestHighArrivalMovesLayeredLowSleepers: the same as on the Memory store,
 // through WaitN on a layered store whose keyed layer leaves the shared
-// bucket the limit.
+// bucket the limit. The layer is charged when each low request goes out
+// (+100, +200 ms), and a request that goes out before one charged later
+// finds it used up to that instant less its burst: its burst (100 at
+// 1000/s) covers the 200 ms the low ones reserved ahead.
 func TestHighArrivalMovesLayeredLowSleepers(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
-	lm := newLayeredMemory(t, 10, 1, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 100, Burst: 10}})
+	lm := newLayeredMemory(t, 10, 1, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1000, Burst: 100}})
 	s := layeredClassStore{memClassStore{lm.Memory, clk, new(atomic.Bool)}, lm}
 	r := newClassRigOn(t, clk, s, s.watched, sleeperOpts)
 	r.keys = map[string]string{"per-key": "a"}
@@ -636,4 +639,55 @@ func TestLocalLayersMoveLowSleepers(t *testing.T) {
 	r.store, r.keys = cs, map[string]string{"per-key": "a"}
 	r.localLowSleepers()
 	r.highArrives(nil)
+}
+
+// TestRateRiseBringsLayeredReservationsForward: at 2/s, four layered
+// callers, each to its own recipient, hold reservations 0.5–2 s ahead
+// when the rate is raised to 100/s. They move forward with the shared
+// bucket's queue, as plain reservations do, and all come due within
+// 40 ms. They used to keep their old instants while the raised bucket
+// handed the same tokens out again: with an override set lower and then
+// cleared, a fleet with layers delivered 30–41 in a second against 25.
+func TestRateRiseBringsLayeredReservationsForward(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	lm := newLayeredMemory(t, 2, 1, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 1}})
+	s := layeredClassStore{memClassStore{lm.Memory, clk, new(atomic.Bool)}, lm}
+	r := newClassRigOn(t, clk, s, s.watched, sleeperOpts)
+	for _, name := range []string{"first", "r1", "r2", "r3", "r4"} {
+		r.keys = map[string]string{"per-key": name}
+		r.wait(name, limiter.PriorityNormal, 1) // +0, +0.5 s, ... +2 s
+	}
+	r.wake(4, func() {
+		if err := lm.SetRateAt(clk.Now(), 100, 1); err != nil {
+			t.Fatal(err)
+		}
+	})
+	r.advance(ms(100))
+	want := map[string]time.Duration{"first": 0, "r1": ms(10), "r2": ms(20), "r3": ms(30), "r4": ms(40)}
+	r.check(want)
+}
+
+// TestRateRiseKeepsLayeredSpacing: the same rise does not bring a
+// reservation before its key's layer had room. h's second message waits
+// on the shared bucket (due at +1.5 s, its key had room at +1 s); raised
+// to 100/s, it goes out at +1 s, 1 s after h's first, not at once.
+func TestRateRiseKeepsLayeredSpacing(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	lm := newLayeredMemory(t, 2, 1, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 1}})
+	s := layeredClassStore{memClassStore{lm.Memory, clk, new(atomic.Bool)}, lm}
+	r := newClassRigOn(t, clk, s, s.watched, sleeperOpts)
+	for _, w := range []struct{ name, key string }{{"h1", "h"}, {"x1", "x"}, {"y1", "y"}} {
+		r.keys = map[string]string{"per-key": w.key}
+		r.wait(w.name, limiter.PriorityNormal, 1) // +0, +0.5 s, +1 s
+	}
+	r.advance(ms(500)) // x1 goes out
+	r.keys = map[string]string{"per-key": "h"}
+	r.wait("h2", limiter.PriorityNormal, 1) // shared: +1.5 s; h had room at +1 s
+	r.wake(2, func() {
+		if err := lm.SetRateAt(clk.Now(), 100, 1); err != nil {
+			t.Fatal(err)
+		}
+	})
+	r.advance(ms(1100))
+	r.check(map[string]time.Duration{"h1": 0, "x1": ms(500), "y1": ms(510), "h2": ms(1000)})
 }

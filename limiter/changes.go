@@ -110,8 +110,12 @@ type reservation struct {
 // time the bucket changes and each time a push of its class moves it back.
 // It returns nil when the tokens are due, or the error that ended the wait
 // (the caller refunds). The local bucket's reservations have no generation
-// (gen is nil): its settings do not change under them.
-func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pushHub, heard [NumPriorities]uint64, res TakeResult, resume float64) error {
+// (gen is nil): its settings do not change under them. A change never
+// moves it before res.At+notBefore: a layered reservation charged its
+// layers for the instant it was first due, and going out before they all
+// had room (LayerResult.LayersDue) could put it closer to its key's
+// previous message than a layer allows.
+func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pushHub, heard [NumPriorities]uint64, res TakeResult, resume float64, notBefore time.Duration) error {
 	base := res.Rate
 	if base <= 0 { // paused
 		base = resume
@@ -163,6 +167,9 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 				next = max(next, gen.heard[r.class])
 			}
 			r = r.retime(st)
+			if floor := res.At.Add(notBefore); r.due.Before(floor) {
+				r.due = floor
+			}
 			storeAt, localAt = st.At, local
 		}
 		// Else the store cannot say what changed: the reservation keeps

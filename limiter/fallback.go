@@ -21,7 +21,8 @@ import (
 // tail this replica saw booked, or the failure plus the queue it last saw
 // (other replicas kept booking since), whichever is later. Its share is
 // Options.FallbackRate, or the last effective rate divided by the live
-// replicas; a replica that never learnt the count is closed instead.
+// replicas that consume (not idle, see Bucket.SetIdle); a replica that
+// never learnt the count is closed instead.
 //
 // Coming back: the shared bucket may have refilled while nobody took from
 // it, or restarted full and empty of state, or (after a Sentinel failover)
@@ -61,6 +62,12 @@ type fallbackState struct {
 	// effective rate (observeTake): lastRate is then the store's, not
 	// Store.Limits'. Atomic, not guarded by mu.
 	rateSeen atomic.Bool
+	// idle is what Bucket.SetIdle last set, and idleReplicas the other
+	// live replicas that reported themselves idle in the last heartbeat
+	// (ConsumerTracker), left out of the local share. Atomic, not guarded
+	// by mu.
+	idle         atomic.Bool
+	idleReplicas atomic.Int64
 }
 
 var errRetryShared = errors.New("store recovered")
@@ -175,7 +182,7 @@ func (b *Bucket) waitFallback(ctx context.Context, p Priority, cost int) error {
 			}
 			continue
 		}
-		if err := b.sleepReserved(ctx, nil, pushes, heard, res, local.rate); err != nil {
+		if err := b.sleepReserved(ctx, nil, pushes, heard, res, local.rate, 0); err != nil {
 			local.RefundClassAt(b.clock.Now(), n, res.Class)
 			return err
 		}
@@ -219,7 +226,7 @@ func (b *Bucket) storeFailed(err error) {
 // when this replica does not know its share. b.fb.mu is held.
 func (b *Bucket) fallBackLocked(err error) {
 	rate := b.opts.FallbackRate
-	replicas := float64(max(1, b.replicas.Load()))
+	replicas := float64(b.shareReplicas())
 	full, burst := math.Float64frombits(b.lastRate.Load()), b.lastBurst.Load()
 	if rate == 0 {
 		if !b.countKnown.Load() {
@@ -366,7 +373,7 @@ func (b *Bucket) tryRecover() bool {
 		// others still serve their local bookings.
 		debt := 0
 		b.fb.mu.Lock()
-		local, replicas := b.fb.local, max(b.fb.replicas, float64(b.replicas.Load()), 1)
+		local, replicas := b.fb.local, max(b.fb.replicas, float64(b.shareReplicas()))
 		b.fb.mu.Unlock()
 		if local != nil {
 			ls := local.StatusAt(b.clock.Now())

@@ -231,6 +231,11 @@ type LimitError struct {
 	// Key is the message's key in the layer ("" for a layer without
 	// keys), set with Reserved.
 	Key string
+	// Sig is the signature that a Bucket's WaitN gives a booked slot
+	// (with Reserved), which the slot carries back (PaidSlot.Sig, see
+	// Slot); "" when the Bucket could not sign it, in which case the slot
+	// will not pass the layer. Stores leave it empty.
+	Sig string
 	err error
 }
 
@@ -303,6 +308,10 @@ type PaidSlot struct {
 	// Due is the instant the slot was booked for, on the store's clock:
 	// LimitError.RetryAt.
 	Due time.Time `json:"due"`
+	// Sig is the Bucket's signature of the slot (LimitError.Sig): a
+	// Bucket's WaitN lets only the slots signed with its bucket's secret
+	// reach the store (see PaidSecretStore).
+	Sig string `json:"sig,omitempty"`
 }
 
 // PaidLateness returns how late after its Due a slot of layer l still
@@ -399,6 +408,12 @@ type LayerResult struct {
 	// Limiting names the layer whose wait is Wait, or "" for the shared
 	// bucket (also when nobody waits).
 	Limiting string
+	// LayersDue is, for a granted request, how long after At every layer
+	// had room: at most Wait, which is the shared bucket's. The layers
+	// were charged for the instant At+Wait; the request may go out as
+	// early as At+LayersDue (when a change of the shared bucket brings
+	// its reservation forward), never earlier.
+	LayersDue time.Duration
 	// Exceeded is set when a layer refused under its OnExceed action;
 	// Granted is then false and nothing was charged.
 	Exceeded *LimitError

@@ -111,6 +111,24 @@ func advanceLayer(b *memLayerBucket, now int64, l Layer) (tokens float64, ts int
 	return math.Min(tokens, float64(l.Burst)), ts
 }
 
+// sendCharge returns a layer bucket's tokens, as of ts, after a request of
+// cost that goes out at send (µs, at or after ts) took from it: the tokens
+// it holds at send, never more than its burst, less the cost, or for a
+// layer passed on a paid slot less the excess of a late slot
+// (PaidCharge). Charging at send rather than at the decision matters when
+// the request waits: the refill the bucket would have had beyond its burst
+// before send is not there to be spent again, so the next request of the
+// key goes out no closer than the layer's spacing after this one.
+func sendCharge(tokens float64, ts, send int64, cost float64, paid bool, l Layer) float64 {
+	ahead := float64(max(send-ts, 0)) * l.Rate / 1e6
+	at := math.Min(float64(l.Burst), tokens+ahead)
+	charge := cost
+	if paid {
+		charge = PaidCharge(at, cost, float64(l.Burst))
+	}
+	return at - charge - ahead
+}
+
 // TakeLayersAt is TakeLayers at an explicit instant.
 func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult, error) {
 	if req.Cost < 1 {
@@ -182,23 +200,28 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		end    int64 // quota: the current window's end
 		used   int
 		wait   int64
-		charge float64 // bucket: the tokens a grant takes
+		paid   bool // bucket: passed on a paid slot
 	}
+	// The message goes out when the shared bucket's reservation is due, at
+	// send = now + wait0, and every layer is decided and charged at that
+	// instant (see sendCharge): a layer that has no room by then makes
+	// the request come back when it has, charging nothing.
+	send := now + wait0
 	st := make([]layerState, len(m.layers))
-	paid := PaidLayers(m.layers, keys, req.Paid, t)
+	paid := PaidLayers(m.layers, keys, req.Paid, time.UnixMicro(send))
 	for i, l := range m.layers {
 		s := &st[i]
 		if paid != nil && paid[i] {
 			// Paid for: no wait, and only the excess of a late slot.
 			s.tokens, s.ts = advanceLayer(m.buckets[i][keys[i]], now, l)
-			s.charge = PaidCharge(s.tokens, cost, float64(l.Burst))
+			s.paid = true
 			continue
 		}
 		if l.IsQuota() {
 			if req.Cost > l.Quota {
 				return res, nil, CostError(l, req.Cost)
 			}
-			_, end := l.Per.Window(t, l.Location)
+			_, end := l.Per.Window(time.UnixMicro(send), l.Location)
 			s.end = end.UnixMicro()
 			if q := m.quotas[i][keys[i]]; q != nil && q.end == s.end {
 				s.used = q.used
@@ -212,7 +235,6 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			return res, nil, CostError(l, req.Cost)
 		}
 		s.tokens, s.ts = advanceLayer(m.buckets[i][keys[i]], now, l)
-		s.charge = cost
 		s.wait = s.ts - now
 		if after := s.tokens - cost; after < 0 {
 			s.wait = min(s.wait+waitUS(-after, l.Rate), maxWaitUS)
@@ -252,18 +274,20 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		return res, nil, nil
 	}
 
+	// A layer with no room at send makes the request come back when it
+	// has room, the longest such wait; a quota also waits for its next
+	// window: neither is reserved ahead. Else a shared wait beyond the
+	// horizon comes back when it fits.
 	wait, limiting := wait0, -1
-	var quotaWait int64
-	for i, l := range m.layers {
+	for i := range m.layers {
 		if st[i].wait > wait {
 			wait, limiting = st[i].wait, i
-		}
-		if l.IsQuota() {
-			quotaWait = max(quotaWait, st[i].wait)
 		}
 	}
 	if limiting >= 0 {
 		res.Limiting = m.layers[limiting].Name
+		res.Wait = time.Duration(wait) * time.Microsecond
+		return res, nil, nil
 	}
 	var horizon int64
 	if req.MaxWait > 0 {
@@ -272,10 +296,8 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			horizon = max(horizon, waitUS(cost, sRate))
 		}
 	}
-	if wait > horizon || quotaWait > 0 {
-		// Come back when the longest wait fits the horizon, or when the
-		// quota's window starts: a quota is never reserved ahead.
-		res.Wait = time.Duration(max(wait-horizon, quotaWait)) * time.Microsecond
+	if !req.SkipShared && wait > horizon {
+		res.Wait = time.Duration(wait-horizon) * time.Microsecond
 		return res, nil, nil
 	}
 
@@ -300,12 +322,15 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			m.quotas[i][keys[i]] = &memLayerQuota{end: st[i].end, used: st[i].used + req.Cost}
 			continue
 		}
-		if st[i].charge > 0 {
-			m.buckets[i][keys[i]] = &memLayerBucket{tokens: st[i].tokens - st[i].charge, ts: st[i].ts}
+		if after := sendCharge(st[i].tokens, st[i].ts, send, cost, st[i].paid, l); after != st[i].tokens {
+			m.buckets[i][keys[i]] = &memLayerBucket{tokens: after, ts: st[i].ts}
 		}
 	}
 	res.Granted, res.Tokens = true, got
 	res.Wait = time.Duration(wait) * time.Microsecond
+	for i := range st {
+		res.LayersDue = max(res.LayersDue, time.Duration(st[i].wait)*time.Microsecond)
+	}
 	return res, pushes, nil
 }
 
@@ -326,13 +351,14 @@ func (m *LayeredMemory) RefundLayersAt(t time.Time, req LayerRequest, res LayerR
 		pr.refund(res.Class.Rank(), float64(req.Cost))
 		m.store(math.Min(float64(m.burst), cur+float64(req.Cost)), ts, pr)
 	}
-	paid := PaidLayers(m.layers, keys, req.Paid, res.At) // as the take decided
+	send := res.At.Add(res.Wait)                       // when the take charged the layers
+	paid := PaidLayers(m.layers, keys, req.Paid, send) // as the take decided
 	for i, l := range m.layers {
 		if paid != nil && paid[i] {
 			continue // not charged by the take
 		}
 		if l.IsQuota() {
-			_, end := l.Per.Window(res.At, l.Location)
+			_, end := l.Per.Window(send, l.Location)
 			if q := m.quotas[i][keys[i]]; q != nil && q.end == end.UnixMicro() {
 				q.used = max(0, q.used-req.Cost)
 			}

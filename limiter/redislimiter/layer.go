@@ -181,7 +181,9 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req limiter.Laye
 		done []step
 	)
 	for _, st := range steps {
-		res, err := l.takeStep(ctx, at, req, keys, st)
+		// A step after the shared bucket's decides its layers for the
+		// instant the shared bucket's reservation is due.
+		res, err := l.takeStep(ctx, at, req, keys, st, out.Wait)
 		if err == nil && res.Granted {
 			if len(done) == 0 || st.shared {
 				wait := out.Wait
@@ -191,12 +193,13 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req limiter.Laye
 			if res.Wait > out.Wait || (len(done) == 0 && res.Limiting != "") {
 				out.Wait, out.Limiting = res.Wait, res.Limiting
 			}
+			out.LayersDue = max(out.LayersDue, res.LayersDue)
 			done = append(done, st)
 			continue
 		}
 		// A later step refused: give back what the earlier ones charged.
 		for _, d := range done {
-			if rerr := l.refundStep(context.WithoutCancel(ctx), at, req, keys, d, out.At, out.Class); rerr != nil && err == nil {
+			if rerr := l.refundStep(context.WithoutCancel(ctx), at, req, keys, d, out.At.Add(out.Wait), out.Class); rerr != nil && err == nil {
 				err = rerr
 			}
 		}
@@ -213,19 +216,22 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req limiter.Laye
 	return out, nil
 }
 
-// takeStep runs layersScript, or layersKeyedScript, for one step.
-func (l *Layered) takeStep(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step) (limiter.LayerResult, error) {
+// takeStep runs layersScript, or layersKeyedScript, for one step. A step
+// without the shared bucket decides its layers for the instant base after
+// the store's clock: when the message goes out, as the shared bucket's
+// step or the lease decided it.
+func (l *Layered) takeStep(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step, base time.Duration) (limiter.LayerResult, error) {
 	if l.keyedOnly(st) { // the cheaper script (layer_keyed.go)
-		return l.takeKeyed(ctx, at, req, keys, st)
+		return l.takeKeyed(ctx, at, req, keys, st, base)
 	}
-	rkeys, args, clock := l.takeArgs(at, req, keys, st)
+	rkeys, args, clock := l.takeArgs(at, req, keys, st, base)
 	v, err := layersScript.Run(ctx, l.client, rkeys, args...).Int64Slice()
 	return l.takeReply(req, v, err, clock)
 }
 
 // takeArgs returns the KEYS and ARGV of layersScript for one step, and the
 // local clock the quota windows were computed around.
-func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string, st step) ([]string, []any, time.Time) {
+func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string, st step, base time.Duration) ([]string, []any, time.Time) {
 	nowUS := int64(0)
 	clock := at
 	if at.IsZero() {
@@ -245,7 +251,11 @@ func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string
 		extra = max(req.Extra, 0)
 	}
 	sh := l.sharesArg(req.MinShare)
-	args = append(args, nowUS, req.Cost, max(req.MaxWait, 0).Microseconds(), shared, l.rateArg, l.burstArg, len(st.layers), extra,
+	horizon := max(req.MaxWait, 0) // without the shared bucket: base
+	if !st.shared {
+		horizon = max(base, 0)
+	}
+	args = append(args, nowUS, req.Cost, horizon.Microseconds(), shared, l.rateArg, l.burstArg, len(st.layers), extra,
 		rankArgs[req.Priority.Rank()], sh.boxed[1], sh.boxed[2], l.channelArg)
 	for _, i := range st.layers {
 		rkeys = append(rkeys, l.layerKey(i, keys[i]))
@@ -302,7 +312,7 @@ func (l *Layered) takeReply(req limiter.LayerRequest, v []int64, err error, cloc
 	if err != nil {
 		return limiter.LayerResult{}, l.fail("take layers", err)
 	}
-	if len(v) != 10 || v[8] < 0 || v[8] > 2 {
+	if len(v) != 11 || v[8] < 0 || v[8] > 2 {
 		return limiter.LayerResult{}, l.malformed("take layers", v)
 	}
 	res := limiter.LayerResult{TakeResult: limiter.TakeResult{
@@ -325,6 +335,7 @@ func (l *Layered) takeReply(req limiter.LayerRequest, v []int64, err error, cloc
 	switch v[0] {
 	case 1:
 		res.Granted, res.Tokens = true, int(v[7])
+		res.LayersDue = time.Duration(v[10]) * time.Microsecond
 	case 0:
 	case 3:
 		res.Floor = true
@@ -361,15 +372,16 @@ func (l *Layered) refundLayers(ctx context.Context, at time.Time, req limiter.La
 		return err
 	}
 	for _, st := range l.steps(req.SkipShared) {
-		if err := l.refundStep(ctx, at, req, keys, st, res.At, res.Class); err != nil {
+		if err := l.refundStep(ctx, at, req, keys, st, res.At.Add(res.Wait), res.Class); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// refundStep runs layersRefundScript for one step of a take charged at
-// charged (the store's clock), whose reservation on the shared bucket was
+// refundStep runs layersRefundScript for one step of a take that charged
+// the layers for the instant charged (the store's clock: when the message
+// was due to go out), whose reservation on the shared bucket was
 // in class's queue.
 func (l *Layered) refundStep(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step, charged time.Time, class limiter.Priority) error {
 	nowUS := int64(0)

@@ -54,7 +54,7 @@ func (b *layerBatcher) take(ctx context.Context, req limiter.LayerRequest, keys 
 	if !b.flushing {
 		b.flushing = true
 		b.mu.Unlock()
-		res, err := b.l.takeStep(ctx, time.Time{}, req, keys, step{shared: !req.SkipShared, layers: b.l.allLayers})
+		res, err := b.l.takeStep(ctx, time.Time{}, req, keys, step{shared: !req.SkipShared, layers: b.l.allLayers}, 0)
 		b.mu.Lock()
 		b.handOffLocked()
 		b.mu.Unlock()
@@ -132,7 +132,7 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {
 			keyed = append(keyed, q)
 			continue
 		}
-		rkeys, args, clock := b.l.takeArgs(time.Time{}, q.req, q.keys, step{shared: !q.req.SkipShared, layers: b.l.allLayers})
+		rkeys, args, clock := b.l.takeArgs(time.Time{}, q.req, q.keys, step{shared: !q.req.SkipShared, layers: b.l.allLayers}, 0)
 		cmds[i], clocks[i] = layersScript.EvalSha(ctx, pipe, rkeys, args...), clock
 	}
 	var (
@@ -147,7 +147,7 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {
 		for j, q := range keyed {
 			kreqs[j], kkeys[j] = q.req, q.keys
 		}
-		krkeys, kargs = b.l.keyedArgs(time.Time{}, b.l.allLayers, kreqs, kkeys)
+		krkeys, kargs = b.l.keyedArgs(time.Time{}, b.l.allLayers, kreqs, kkeys, 0)
 		kcmd = layersKeyedScript.EvalSha(ctx, pipe, krkeys, kargs...)
 	}
 	_, _ = pipe.Exec(ctx)
@@ -158,7 +158,7 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {
 		}
 		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
 			// Redis lost the script (a restart, SCRIPT FLUSH): Run loads it.
-			q.res, q.err = b.l.takeStep(ctx, time.Time{}, q.req, q.keys, step{shared: !q.req.SkipShared, layers: b.l.allLayers})
+			q.res, q.err = b.l.takeStep(ctx, time.Time{}, q.req, q.keys, step{shared: !q.req.SkipShared, layers: b.l.allLayers}, 0)
 			continue
 		}
 		v, err := c.Int64Slice()
@@ -172,7 +172,7 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {
 		s, err = layersKeyedScript.Run(ctx, b.l.client, krkeys, kargs...).Text()
 	}
 	res, errs := make([]limiter.LayerResult, len(keyed)), make([]error, len(keyed))
-	b.l.keyedReplies(kreqs, s, err, res, errs)
+	b.l.keyedReplies(kreqs, 0, s, err, res, errs)
 	for j, q := range keyed {
 		q.res, q.err = res[j], errs[j]
 	}

@@ -30,14 +30,18 @@ import (
 // (0: TIME), n (layers per request); then 5 values per layer: index
 // (1-based, named in the reply), rate, burst, action (w: wait, d:
 // dead_letter, y: delay), max_wait_us; then 3 values per request: cost,
-// horizon_us, and the paid layers as in layersScript (for each layer, the
-// last instant in µs at which it passes on a paid slot, or 0; "" for
-// none).
+// base_us (when the request goes out, after now: the shared bucket's wait
+// on a Cluster, 0 under a lease), and the paid layers as in layersScript
+// (for each layer, the last instant in µs at which it passes on a paid
+// slot, or 0; "" for none). Every layer is decided and charged for
+// now+base_us, as layersScript does.
 //
 // Reply: one string, "now_us" followed by "status wait_us layer" for each
-// request, separated by spaces; status, wait_us and layer as in
-// layersScript (status 1 granted, 0 not granted, 2 refused, 4 refused with
-// the slot booked on the delay layer, -2 cost above the layer's burst).
+// request, separated by spaces; status and layer as in layersScript
+// (status 1 granted, 0 not granted, 2 refused, 4 refused with the slot
+// booked on the delay layer, -2 cost above the layer's burst); wait_us as
+// in layersScript, except for a grant, where it is when every layer had
+// room (limiter.LayerResult.LayersDue).
 var layersKeyedScript = redis.NewScript(layersKeyedSrc)
 
 var layersKeyedSrc = mathLua + strings.TrimPrefix(layerPrelude, prelude) + `
@@ -54,23 +58,23 @@ for i = 1, n do
   action[i], maxw[i] = ARGV[a + 4], tonumber(ARGV[a + 5])
 end
 
-local tok, lts, w, charge = {}, {}, {}, {}
+local tok, lts, w = {}, {}, {}
 local out = {string.format('%d', now)}
 local k0 = 0
 for a = 3 + 5 * n, #ARGV, 3 do
-  local cost, horizon = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local paid = paid_flags(ARGV[a + 2], now)
+  local cost, base = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  local send = now + base
+  local paid = paid_flags(ARGV[a + 2], send)
   local status, wait, limiting = nil, 0, 0
   for i = 1, n do
     if paid[i] then
-      tok[i], lts[i], charge[i] = paid_charge(KEYS[k0 + i], now, cost, rate[i], burst[i])
+      tok[i], lts[i] = bucket_load(KEYS[k0 + i], now, rate[i], burst[i])
       w[i] = 0
     elseif cost > burst[i] then
       status, limiting = -2, idx[i]
       break
     else
       tok[i], lts[i], w[i] = bucket_wait(KEYS[k0 + i], now, cost, rate[i], burst[i])
-      charge[i] = cost
     end
   end
   if not status then
@@ -79,17 +83,21 @@ for a = 3 + 5 * n, #ARGV, 3 do
       status = refused_status(r, KEYS[k0 + r], 'b', action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r])
       wait, limiting = w[r], idx[r]
     else
+      wait = base
       for i = 1, n do
         if w[i] > wait then wait, limiting = w[i], idx[i] end
       end
-      if wait > horizon then
-        status, wait = 0, wait - horizon
+      if limiting > 0 then
+        status = 0
       else
-        status = 1
+        -- wait: when every layer had room (limiter.LayerResult.LayersDue)
+        status, wait = 1, 0
         for i = 1, n do
-          if charge[i] > 0 then
-            bucket_save(KEYS[k0 + i], tok[i] - charge[i], lts[i], now, rate[i], burst[i])
-          end
+          if w[i] > wait then wait = w[i] end
+        end
+        for i = 1, n do
+          local after = send_charge(tok[i], lts[i], send, cost, paid[i], rate[i], burst[i])
+          if after ~= tok[i] then bucket_save(KEYS[k0 + i], after, lts[i], now, rate[i], burst[i]) end
         end
       end
     end
@@ -116,7 +124,7 @@ func (l *Layered) keyedOnly(st step) bool {
 
 // keyedArgs returns the KEYS and ARGV of layersKeyedScript for the requests
 // reqs, whose keys (by layer index) are keys, on the layers of one step.
-func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []limiter.LayerRequest, keys [][]string) ([]string, []any) {
+func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []limiter.LayerRequest, keys [][]string, base time.Duration) ([]string, []any) {
 	nowUS := int64(0)
 	if !at.IsZero() {
 		nowUS = at.UnixMicro()
@@ -132,7 +140,7 @@ func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []limiter.LayerRequ
 		for _, i := range layers {
 			rkeys = append(rkeys, l.layerKey(i, keys[j][i]))
 		}
-		args = append(args, req.Cost, max(req.MaxWait, 0).Microseconds(), l.paidArg(layers, keys[j], req.Paid))
+		args = append(args, req.Cost, max(base, 0).Microseconds(), l.paidArg(layers, keys[j], req.Paid))
 	}
 	return rkeys, args
 }
@@ -141,7 +149,7 @@ func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []limiter.LayerRequ
 // results of reqs, in out and errs (of len(reqs)). Without the shared
 // bucket a result's Remaining, Rate and Burst are 0, as layersScript
 // replies then.
-func (l *Layered) keyedReplies(reqs []limiter.LayerRequest, s string, err error, out []limiter.LayerResult, errs []error) {
+func (l *Layered) keyedReplies(reqs []limiter.LayerRequest, base time.Duration, s string, err error, out []limiter.LayerResult, errs []error) {
 	if err != nil {
 		err = l.fail("take layers", err)
 		for j := range reqs {
@@ -166,13 +174,14 @@ func (l *Layered) keyedReplies(reqs []limiter.LayerRequest, s string, err error,
 			out[j], errs[j] = limiter.LayerResult{}, l.fail("take layers", fmt.Errorf("%w: %q", limiter.ErrMalformedReply, reply))
 			continue
 		}
-		out[j], errs[j] = l.keyedResult(req, status, wait, idx, now)
+		out[j], errs[j] = l.keyedResult(req, base, status, wait, idx, now)
 	}
 }
 
-// keyedResult is one request's result from layersKeyedScript: status,
-// wait_us, layer (1-based, 0 for none) and the store's clock now_us.
-func (l *Layered) keyedResult(req limiter.LayerRequest, status, wait, idx, now int64) (limiter.LayerResult, error) {
+// keyedResult is one request's result from layersKeyedScript, decided
+// for base after now: status, wait_us, layer (1-based, 0 for none) and the
+// store's clock now_us.
+func (l *Layered) keyedResult(req limiter.LayerRequest, base time.Duration, status, wait, idx, now int64) (limiter.LayerResult, error) {
 	res := limiter.LayerResult{TakeResult: limiter.TakeResult{
 		Wait: time.Duration(wait) * time.Microsecond,
 		At:   time.UnixMicro(now),
@@ -185,6 +194,7 @@ func (l *Layered) keyedResult(req limiter.LayerRequest, status, wait, idx, now i
 	switch status {
 	case 1:
 		res.Granted, res.Tokens = true, req.Cost
+		res.Wait, res.LayersDue = base, res.Wait
 	case 0:
 	case 2:
 		res.Exceeded = limiter.ExceededError(layer, res.At, res.Wait)
@@ -210,14 +220,14 @@ func nextInt(s string) (int64, string, bool) {
 }
 
 // takeKeyed decides one request on a step that keyedOnly accepts.
-func (l *Layered) takeKeyed(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step) (limiter.LayerResult, error) {
+func (l *Layered) takeKeyed(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step, base time.Duration) (limiter.LayerResult, error) {
 	reqs, ks := []limiter.LayerRequest{req}, [][]string{keys}
-	rkeys, args := l.keyedArgs(at, st.layers, reqs, ks)
+	rkeys, args := l.keyedArgs(at, st.layers, reqs, ks, base)
 	s, err := layersKeyedScript.Run(ctx, l.client, rkeys, args...).Text()
 	var (
 		out  [1]limiter.LayerResult
 		errs [1]error
 	)
-	l.keyedReplies(reqs, s, err, out[:], errs[:])
+	l.keyedReplies(reqs, base, s, err, out[:], errs[:])
 	return out[0], errs[0]
 }

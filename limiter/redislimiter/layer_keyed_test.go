@@ -59,12 +59,18 @@ func TestKeyedScriptMatchesLayersScript(t *testing.T) {
 		case 2:
 			req.Paid = []limiter.PaidSlot{{Layer: "per-sender", Key: "s9", Due: now}, {Layer: "per-key", Key: req.Keys["per-key"], Due: now}, {Layer: "gone", Key: "x", Due: now}} // ignored
 		}
-		got, gerr := keyed.takeLayers(ctx, now, req)
+		// base: when the message goes out, as a Cluster's shared step
+		// decided it (0: now, as a lease decides it).
+		var base time.Duration
+		if rng.IntN(2) == 0 {
+			base = time.Duration(rng.IntN(2_000_000)) * time.Microsecond
+		}
 		keys, err := limiter.LayerKeys(layers, req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rkeys, args, clock := full.takeArgs(now, req, keys, st)
+		got, gerr := keyed.takeKeyed(ctx, now, req, keys, st, base)
+		rkeys, args, clock := full.takeArgs(now, req, keys, st, base)
 		v, verr := layersScript.Run(ctx, c, rkeys, args...).Int64Slice()
 		want, werr := full.takeReply(req, v, verr, clock)
 		if (gerr == nil) != (werr == nil) || (gerr != nil && gerr.Error() != werr.Error()) {

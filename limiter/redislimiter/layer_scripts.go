@@ -60,14 +60,22 @@ local function paid_flags(s, now)
   return p
 end
 
--- paid_charge returns a paid layer bucket's tokens and timestamp at now,
--- and what a grant charges it (limiter.PaidCharge): the excess of a late
--- slot over the burst, max(0, tokens + cost - burst).
-local function paid_charge(key, now, cost, rate, burst)
-  local tokens, ts = bucket_load(key, now, rate, burst)
-  local c = tokens + cost - burst
-  if c < 0 then c = 0 end
-  return tokens, ts, c
+-- send_charge returns a layer bucket's tokens, as of ts, after a request
+-- of cost that goes out at send (µs) took from it (limiter's sendCharge):
+-- the tokens it holds at send, never more than burst, less the cost, or
+-- for a layer passed on a paid slot (paid) less the excess of a late slot.
+local function send_charge(tokens, ts, send, cost, paid, rate, burst)
+  local ahead = send - ts
+  if ahead < 0 then ahead = 0 end
+  ahead = ahead * rate / 1e6
+  local at = tokens + ahead
+  if at > burst then at = burst end
+  local c = cost
+  if paid then
+    c = at + cost - burst
+    if c < 0 then c = 0 end
+  end
+  return at - c - ahead
 end
 
 -- refused_status returns the status of a refusal by layer i (see
@@ -143,7 +151,8 @@ end
 //
 // Reply: {status, wait_us, layer, remaining_milli, effective_rate_milli,
 // burst, now_us, tokens (cost plus the extra granted), rank, pushed_milli
-// (its push counter on the shared bucket)}. status: 1 granted, 0 not
+// (its push counter on the shared bucket), layers_due_us (granted: when
+// every layer had room, limiter.LayerResult.LayersDue)}. status: 1 granted, 0 not
 // granted (come back after wait_us), 2 refused by layer's action, 4
 // refused by layer, a token bucket with action delay, which booked the
 // request's tokens for wait_us on itself alone (limiter.ReservesOnRefusal),
@@ -162,10 +171,10 @@ local rank, s1, s2 = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local kb = 0
 local srate, sburst, stokens, sts, safter, wait0, eff = 0, 0, 0, 0, 0, 0, 0
 local pushed, visible, q1, need = 0, 0, 0, 0
-local function reply(status, wait, layer, remaining, got)
+local function reply(status, wait, layer, remaining, got, due)
   local p = 0
   if rank == 1 then p = P1 elseif rank == 2 then p = P2 end
-  return {status, wait, layer, milli(remaining), milli(eff), sburst, now, got, rank, milli(p)}
+  return {status, wait, layer, milli(remaining), milli(eff), sburst, now, got, rank, milli(p), due or 0}
 end
 if shared then
   kb = 2
@@ -184,11 +193,16 @@ if shared then
   if visible - cost < 0 then wait0 = clamp(wait0 + wait_us(-(visible - cost), srate)) end
   if wait0 < 0 then wait0 = 0 end
   if horizon > 0 then horizon = math.max(horizon, wait_us(cost, srate)) end
+else
+  wait0 = horizon -- without the shared bucket: when the message goes out
 end
+-- Every layer is decided and charged at send, when the shared bucket's
+-- reservation is due (send_charge).
+local send = now + wait0
 
 local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
-local tok, lts, wend, used, w, charge = {}, {}, {}, {}, {}, {}
-local paid = paid_flags(ARGV[14 + 10 * n], now)
+local tok, lts, wend, used, w = {}, {}, {}, {}, {}
+local paid = paid_flags(ARGV[14 + 10 * n], send)
 for i = 1, n do
   local a = 12 + (i - 1) * 10
   local key = KEYS[kb + i]
@@ -196,12 +210,12 @@ for i = 1, n do
   rate[i], burst[i] = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   action[i], maxw[i] = ARGV[a + 5], tonumber(ARGV[a + 6])
   if paid[i] then
-    tok[i], lts[i], charge[i] = paid_charge(key, now, cost, rate[i], burst[i])
+    tok[i], lts[i] = bucket_load(key, now, rate[i], burst[i])
     w[i] = 0
   elseif kind[i] == 'q' then
     local quota = rate[i]
     if cost > quota then return reply(-2, 0, idx[i], stokens, 0) end
-    local we = window_end(a + 7, now)
+    local we = window_end(a + 7, send)
     if not we then return reply(-3, 0, idx[i], stokens, 0) end
     wend[i] = we
     used[i] = quota_used(key, we)
@@ -210,7 +224,6 @@ for i = 1, n do
   else
     if cost > burst[i] then return reply(-2, 0, idx[i], stokens, 0) end
     tok[i], lts[i], w[i] = bucket_wait(key, now, cost, rate[i], burst[i])
-    charge[i] = cost
   end
 end
 
@@ -220,14 +233,16 @@ if refused > 0 then
   return reply(refused_status(r, KEYS[kb + r], kind[r], action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r]), w[r], idx[r], stokens, 0)
 end
 
-local wait, limiting, qwait = wait0, 0, 0
+-- A layer without room at send: come back when it has room, charging
+-- nothing (a quota's room is its next window). Else a shared wait beyond
+-- the horizon comes back when it fits.
+local wait, limiting, due = wait0, 0, 0
 for i = 1, n do
   if w[i] > wait then wait, limiting = w[i], idx[i] end
-  if kind[i] == 'q' and w[i] > qwait then qwait = w[i] end
+  if w[i] > due then due = w[i] end
 end
-if wait > horizon or qwait > 0 then
-  return reply(0, math.max(wait - horizon, qwait), limiting, stokens, 0)
-end
+if limiting > 0 then return reply(0, wait, limiting, stokens, 0) end
+if shared and wait > horizon then return reply(0, wait - horizon, 0, stokens, 0) end
 
 local got = cost
 if shared then
@@ -243,11 +258,12 @@ for i = 1, n do
   local key = KEYS[kb + i]
   if kind[i] == 'q' then
     quota_save(key, wend[i], used[i] + cost, now)
-  elseif charge[i] > 0 then
-    bucket_save(key, tok[i] - charge[i], lts[i], now, rate[i], burst[i])
+  else
+    local after = send_charge(tok[i], lts[i], send, cost, paid[i], rate[i], burst[i])
+    if after ~= tok[i] then bucket_save(key, after, lts[i], now, rate[i], burst[i]) end
   end
 end
-return reply(1, wait, limiting, safter, got)
+return reply(1, wait, limiting, safter, got, due)
 `)
 
 // layersRefundScript gives back what layersScript charged. A quota is

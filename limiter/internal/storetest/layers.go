@@ -112,16 +112,43 @@ var layerCases = []struct {
 			{op: lstatus, layer: "per-key", key: "b", tokens: 3, full: true},
 			{op: lstatus, layer: "per-key", key: "a", tokens: 1},
 		}},
-	{"the longest wait wins and reserves every layer", 10, 5,
+	{"a layer without room when the shared bucket is due: come back when it has room, nothing reserved", 10, 5,
 		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 2, Burst: 1}},
 		[]lstep{
 			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, granted: true, remaining: 4},
-			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, granted: true, wait: 500 * time.Millisecond, limiting: "per-key", remaining: 3},
-			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, granted: true, wait: time.Second, limiting: "per-key", remaining: 2},
-			// Beyond the horizon: told to come back when it fits, nothing charged.
-			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, wait: 500 * time.Millisecond, limiting: "per-key", remaining: 2},
-			{op: lstatus, layer: "per-key", key: "a", tokens: -2},
-			{op: ltake, cost: 1, keys: k("b"), maxWait: time.Second, granted: true, remaining: 1},
+			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, wait: 500 * time.Millisecond, limiting: "per-key", remaining: 4},
+			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, wait: 500 * time.Millisecond, limiting: "per-key", remaining: 4},
+			{op: lstatus, layer: "per-key", key: "a", tokens: 0},
+			{op: lshared, remaining: 4},
+			{op: ltake, cost: 1, keys: k("b"), maxWait: time.Second, granted: true, remaining: 3},
+			// Back when the key has room: charged then, on every layer.
+			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, granted: true, remaining: 4},
+			{at: 500 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: 0},
+		}},
+	{"the shared bucket's wait charges every layer at the instant it is due", 10, 1,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 2}},
+		[]lstep{
+			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, granted: true, remaining: 0},
+			// Due in 100 ms: the key, full then, holds 1 after it; 0.9 now.
+			{op: ltake, cost: 1, keys: k("b"), maxWait: time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -1},
+			{op: lstatus, layer: "per-key", key: "b", tokens: 0.9},
+			// Due in 200 ms: a holds 1 now and 1.2 then; 0.2 after it.
+			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, granted: true, wait: 200 * time.Millisecond, remaining: -2},
+			{op: lstatus, layer: "per-key", key: "a", tokens: 0},
+			// a's next has room 1 s after its last went out, not before.
+			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, wait: time.Second, limiting: "per-key", remaining: -2},
+		}},
+	{"a key's spacing holds when its earlier message waits on the shared bucket", 5, 1,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 1}},
+		[]lstep{
+			{op: ltake, cost: 1, keys: k("x"), maxWait: 10 * time.Second, granted: true, remaining: 0},
+			// h goes out at +200 ms, behind x.
+			{op: ltake, cost: 1, keys: k("h"), maxWait: 10 * time.Second, granted: true, wait: 200 * time.Millisecond, remaining: -1},
+			// h's next may go out 1 s after that, at +1.2 s, not at +400 ms
+			// behind it on the shared bucket, nor at +1 s.
+			{op: ltake, cost: 1, keys: k("h"), maxWait: 10 * time.Second, wait: 1200 * time.Millisecond, limiting: "per-key", remaining: -1},
+			{at: 1199 * time.Millisecond, op: ltake, cost: 1, keys: k("h"), maxWait: 10 * time.Second, wait: time.Millisecond, limiting: "per-key", remaining: 1},
+			{at: 1200 * time.Millisecond, op: ltake, cost: 1, keys: k("h"), maxWait: 10 * time.Second, granted: true, remaining: 0},
 		}},
 	{"a cancelled wait refunds every layer", 10, 1,
 		[]limiter.Layer{
@@ -130,12 +157,14 @@ var layerCases = []struct {
 		},
 		[]lstep{
 			{op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 0},
-			{op: ltake, cost: 1, keys: k("a"), maxWait: 2 * time.Second, granted: true, wait: time.Second, limiting: "per-key", remaining: -1},
+			{op: ltake, cost: 1, keys: k("b"), maxWait: 2 * time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -1},
 			{op: lshared, remaining: -1},
 			{op: lstatus, layer: "daily", used: 2, windowEnd: utc("2026-01-03T00:00:00Z")},
-			{at: 10 * time.Millisecond, op: lrefund, cost: 1, keys: k("a"), refundOf: 1},
+			// b was charged for +100 ms: 1 then, 0 after it, -0.1 now.
+			{op: lstatus, layer: "per-key", key: "b", tokens: -0.1},
+			{at: 10 * time.Millisecond, op: lrefund, cost: 1, keys: k("b"), refundOf: 1},
 			{at: 10 * time.Millisecond, op: lshared, remaining: 0.1},
-			{at: 10 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: 0.01},
+			{at: 10 * time.Millisecond, op: lstatus, layer: "per-key", key: "b", tokens: 0.91},
 			{at: 10 * time.Millisecond, op: lstatus, layer: "daily", used: 1, windowEnd: utc("2026-01-03T00:00:00Z")},
 		}},
 	{"a cost above a layer's burst is refused at once, nothing charged", 10, 5,
@@ -169,8 +198,8 @@ var layerCases = []struct {
 			{op: ltake, cost: 1, extra: 5, keys: k("a"), granted: true, got: 2, remaining: 0},
 			// A wait (here the key's) grants no extra.
 			{op: ltake, cost: 1, extra: 5, keys: k("b"), maxWait: time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -1},
-			{op: ltake, cost: 1, extra: 5, keys: k("a"), maxWait: time.Second, granted: true, wait: time.Second, limiting: "per-key", remaining: -2},
-			{op: lstatus, layer: "per-key", key: "a", tokens: -1},
+			{op: ltake, cost: 1, extra: 5, keys: k("a"), maxWait: time.Second, wait: time.Second, limiting: "per-key", remaining: -1},
+			{op: lstatus, layer: "per-key", key: "a", tokens: 0},
 		}},
 	{"delay: says when the layer has room, charges nothing", 10, 5,
 		[]limiter.Layer{{Name: "hourly", Quota: 2, Per: limiter.PerHour, OnExceed: limiter.ActionDelay}},
@@ -237,11 +266,12 @@ var layerCases = []struct {
 			{at: time.Second, op: lstatus, layer: "all", tokens: 0},
 		}},
 	{"max_wait: a dead_letter layer waits up to it", 10, 5,
-		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDeadLetter, MaxWait: 1500 * time.Millisecond}},
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 2, OnExceed: limiter.ActionDeadLetter, MaxWait: 1500 * time.Millisecond}},
 		[]lstep{
-			{op: ltake, cost: 1, keys: k("a"), maxWait: 2 * time.Second, granted: true, remaining: 4},
-			{op: ltake, cost: 1, keys: k("a"), maxWait: 2 * time.Second, granted: true, wait: time.Second, limiting: "per-key", remaining: 3},
-			{op: ltake, cost: 1, keys: k("a"), maxWait: 2 * time.Second, wait: 2 * time.Second, limiting: "per-key", exceeded: limiter.ActionDeadLetter, remaining: 3},
+			{op: ltake, cost: 2, keys: k("a"), maxWait: 2 * time.Second, granted: true, remaining: 3},
+			{op: ltake, cost: 1, keys: k("a"), maxWait: 2 * time.Second, wait: time.Second, limiting: "per-key", remaining: 3},
+			{op: ltake, cost: 2, keys: k("a"), maxWait: 2 * time.Second, wait: 2 * time.Second, limiting: "per-key", exceeded: limiter.ActionDeadLetter, remaining: 3},
+			{at: time.Second, op: ltake, cost: 1, keys: k("a"), maxWait: 2 * time.Second, granted: true, remaining: 4},
 		}},
 	{"dead_letter wins over delay", 10, 5,
 		[]limiter.Layer{

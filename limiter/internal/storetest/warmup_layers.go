@@ -15,8 +15,8 @@ type WarmupLayeredFactory func(t *testing.T, rate float64, burst int, warmup tim
 // bucket of RunWarmup (30/s, burst 30, warm-up 60s) under a keyed layer (1/s,
 // burst 40). The shared part ramps exactly as a plain take does (the first
 // four steps are RunWarmup's), a refund refills along the ramp in progress
-// (a plain refill would have filled the bucket), and the layer's wait
-// still counts when it is the longer.
+// (a plain refill would have filled the bucket), and the layer's wait,
+// when it is the longer, charges nothing.
 func RunWarmupLayers(t *testing.T, newStore WarmupLayeredFactory) {
 	s := newStore(t, 30, 30, time.Minute, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 40}})
 	type wstep struct {
@@ -49,8 +49,9 @@ func RunWarmupLayers(t *testing.T, newStore WarmupLayeredFactory) {
 		// Half-way: capped at the burst; 30/√5.
 		{at: 30 * time.Second, key: "f", cost: 30, maxWait: 10 * time.Second, granted: true, rem: 0, rate: 13.416408},
 		// 13.507063 tokens of the ramp from 30s to 31s; the layer's key f
-		// holds 11 and waits 1s for the 12th: the longer wait.
-		{at: 31 * time.Second, key: "f", cost: 12, maxWait: 5 * time.Second, granted: true, wait: time.Second, rem: 1.507063, rate: 13.598952, limiting: "per-key"},
+		// holds 11 and waits 1s for the 12th: the longer wait, so nothing
+		// is charged and the take comes back then.
+		{at: 31 * time.Second, key: "f", cost: 12, maxWait: 5 * time.Second, wait: time.Second, rem: 13.507063, rate: 13.598952, limiting: "per-key"},
 		// The ramp is over at 60s: the full rate.
 		{at: 60 * time.Second, key: "g", cost: 30, granted: true, rem: 0, rate: 30},
 		// Idle for longer than the warm-up: cold again.
