@@ -43,6 +43,8 @@ type simSend struct {
 // It returns the sends, in the order they go out.
 func simulateLayers(t *testing.T, m *limiter.LayeredMemory, keys []string, workers int, horizon time.Duration) []simSend {
 	t.Helper()
+	calls := 0
+	defer func() { t.Logf("%d store calls for %d messages", calls, len(keys)) }()
 	var (
 		q     simQueue
 		next  int
@@ -62,6 +64,7 @@ func simulateLayers(t *testing.T, m *limiter.LayeredMemory, keys []string, worke
 			cur[e.worker], next = next, next+1
 		}
 		key := keys[cur[e.worker]]
+		calls++
 		res, err := m.TakeLayersAt(storetest.Base.Add(e.at), limiter.LayerRequest{Cost: 1, MaxWait: horizon, Keys: map[string]string{"per-key": key}})
 		if err != nil || res.Exceeded != nil {
 			t.Fatalf("take at +%v: %v %v", e.at, err, res.Exceeded)
