@@ -31,20 +31,48 @@ func (b *Bucket) heartbeat(rt ReplicaTracker) {
 	}
 }
 
+// SetIdle tells the Bucket whether this replica consumes nothing now, such
+// as a Kafka group member that owns no partition (idle), or consumes again
+// (not idle). A Bucket starts not idle. Its heartbeats carry it
+// (ReplicaReport.Idle) from the next one on, and on a store that counts
+// them (ConsumerTracker) the other replicas leave an idle one out when
+// they divide the rate for a local fallback (Options.OnStoreError
+// ModeLocal): members without work would shrink the share of those with.
+// A replica counts itself in its own share even while idle, since it may
+// be given work during the outage. Safe for concurrent use.
+func (b *Bucket) SetIdle(idle bool) { b.fb.idle.Store(idle) }
+
+// Idle reports what SetIdle last set.
+func (b *Bucket) Idle() bool { return b.fb.idle.Load() }
+
 // beat sends one heartbeat, with this replica's report when the tracker
-// takes one.
+// takes one, and returns the live replicas. A tracker that counts the
+// replicas that consume also updates the idle count.
 func (b *Bucket) beat(ctx context.Context, rt ReplicaTracker) (int, error) {
 	ttl := 3 * b.opts.HeartbeatInterval
-	if r, ok := rt.(ReportingTracker); ok {
-		return r.HeartbeatReport(ctx, b.opts.ReplicaID, ttl, ReplicaReport{
-			Mode:              b.Mode(),
-			Granted:           b.Granted(),
-			Waiting:           b.Waiting(),
-			WaitingByPriority: b.WaitingByPriority(),
-			Exceeded:          b.Exceeded(),
-		})
+	if _, ok := rt.(ReportingTracker); !ok {
+		return rt.Heartbeat(ctx, b.opts.ReplicaID, ttl)
 	}
-	return rt.Heartbeat(ctx, b.opts.ReplicaID, ttl)
+	r := ReplicaReport{
+		Mode:              b.Mode(),
+		Granted:           b.Granted(),
+		Waiting:           b.Waiting(),
+		WaitingByPriority: b.WaitingByPriority(),
+		Exceeded:          b.Exceeded(),
+		Idle:              b.Idle(),
+	}
+	ct, ok := rt.(ConsumerTracker)
+	if !ok {
+		return rt.(ReportingTracker).HeartbeatReport(ctx, b.opts.ReplicaID, ttl, r)
+	}
+	live, consuming, err := ct.HeartbeatConsumers(ctx, b.opts.ReplicaID, ttl, r)
+	if err == nil && live > 0 {
+		if r.Idle {
+			consuming++ // this one keeps its place in its own share
+		}
+		b.setIdleReplicas(max(0, live-consuming))
+	}
+	return live, err
 }
 
 // setReplicas records the live replica count. For three heartbeat
@@ -54,9 +82,32 @@ func (b *Bucket) beat(ctx context.Context, rt ReplicaTracker) (int, error) {
 // at the whole rate on every replica.
 func (b *Bucket) setReplicas(n int) {
 	defer b.countKnown.Store(true)
-	if int64(n) < b.replicas.Load() &&
-		b.clock.Now().Sub(time.Unix(0, b.recoveredAt.Load())) < 3*b.opts.HeartbeatInterval {
+	if int64(n) < b.replicas.Load() && b.recovering() {
 		return
 	}
 	b.replicas.Store(int64(n))
+}
+
+// setIdleReplicas records the live replicas that reported themselves idle,
+// this one never included. Right after the store came back it only lets
+// the count shrink, as setReplicas only lets the live count grow.
+func (b *Bucket) setIdleReplicas(n int) {
+	if int64(n) > b.fb.idleReplicas.Load() && b.recovering() {
+		return
+	}
+	b.fb.idleReplicas.Store(int64(n))
+}
+
+// recovering reports whether the store came back less than three
+// heartbeat intervals ago.
+func (b *Bucket) recovering() bool {
+	return b.clock.Now().Sub(time.Unix(0, b.recoveredAt.Load())) < 3*b.opts.HeartbeatInterval
+}
+
+// shareReplicas is how many replicas the rate is divided among in a local
+// fallback: the live replicas less those that reported themselves idle in
+// the last heartbeats (SetIdle), at least 1. On a store that does not count
+// idle replicas, every live one.
+func (b *Bucket) shareReplicas() int64 {
+	return max(1, b.replicas.Load()-b.fb.idleReplicas.Load())
 }

@@ -253,6 +253,9 @@ type ReplicaReport struct {
 	// (Bucket.Exceeded) since the Bucket started; layers that refused
 	// none are left out. Nil without refusals.
 	Exceeded map[string]int64
+	// Idle is set while the replica consumes nothing (Bucket.SetIdle),
+	// such as a Kafka group member that owns no partition.
+	Idle bool
 }
 
 // ReportingTracker is a ReplicaTracker that also records each replica's
@@ -262,6 +265,18 @@ type ReportingTracker interface {
 	ReplicaTracker
 	// HeartbeatReport is Heartbeat, recording r for replica id.
 	HeartbeatReport(ctx context.Context, id string, ttl time.Duration, r ReplicaReport) (int, error)
+}
+
+// ConsumerTracker is a ReportingTracker that also counts the live replicas
+// that consume: those whose last report was not Idle. A Bucket on such a
+// store divides the rate of its local fallback among those replicas (see
+// Bucket.SetIdle); on another store, among all the live ones.
+type ConsumerTracker interface {
+	ReportingTracker
+	// HeartbeatConsumers is HeartbeatReport, returning the number of live
+	// replicas and, of them, the number whose last report was not Idle,
+	// this one included unless r is Idle.
+	HeartbeatConsumers(ctx context.Context, id string, ttl time.Duration, r ReplicaReport) (live, consuming int, err error)
 }
 
 // Notifier is implemented by stores that announce the changes operators and

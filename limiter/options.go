@@ -60,7 +60,8 @@ type Options struct {
 	OnStoreError Mode
 	// FallbackRate is the rate of the local bucket in ModeLocal. Default:
 	// the last effective rate divided by the live replicas seen in
-	// heartbeats before the failure. A replica that has never reached a
+	// heartbeats before the failure, less those that reported themselves
+	// idle (Bucket.SetIdle). A replica that has never reached a
 	// store that counts replicas (one started while Redis is down) does not
 	// know its share: without a FallbackRate it stays closed until the
 	// store answers, since any guess could let the fleet run above the
