@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -280,6 +282,14 @@ type Replica struct {
 	// WaitingByPriority is Waiting by class, indexed by limiter.Priority;
 	// zeros when none waits or the heartbeat did not say.
 	WaitingByPriority [limiter.NumPriorities]int
+	// Idle is set when its report says it consumes nothing
+	// (limiter.ReplicaReport.Idle), such as a Kafka group member that
+	// owns no partition.
+	Idle bool
+	// BeatAt is when its last heartbeat ran, on Redis's clock: Granted is
+	// the count as of then, so two beats give the rate exactly. Zero when
+	// the heartbeat did not say (an older replica).
+	BeatAt time.Time
 }
 
 // parseWaitingByPriority parses a report's "w:HIGH,NORMAL,LOW" token.
@@ -302,6 +312,24 @@ func parseWaitingByPriority(tok string) (w [limiter.NumPriorities]int, ok bool) 
 	return w, true
 }
 
+// InUse reports whether Redis holds anything of the bucket: its state (a
+// bucket that is not full, or paused), an override, or a live replica. A
+// name that nothing uses is most likely a typo, or the bucket of replicas
+// that are all stopped and whose bucket refilled. It makes two calls.
+func (a *Admin) InUse(ctx context.Context) (bool, error) {
+	cmd := redis.NewIntCmd(ctx, "exists", a.keys.all[0], a.keys.all[1])
+	_ = a.client.Process(ctx, cmd)
+	n, err := cmd.Result()
+	if err != nil {
+		return false, storeError("in use", a.name, err)
+	}
+	if n > 0 {
+		return true, nil
+	}
+	reps, err := a.Replicas(ctx)
+	return len(reps) > 0, err
+}
+
 // Replicas returns the live replicas, from their heartbeats, sorted by id.
 func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 	v, err := replicasScript.Run(ctx, a.client, a.keys.all[2:], 0).StringSlice()
@@ -315,9 +343,16 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 	for i := 0; i < len(v); i += 2 {
 		r := Replica{ID: v[i]}
 		// "rate burst", then from replicas that report it "mode granted
-		// waiting" and tokens "x:LAYER:N" and "w:HIGH,NORMAL,LOW" (unknown
-		// tokens are skipped).
-		if f := strings.Fields(v[i+1]); len(f) >= 2 {
+		// waiting" and tokens "x:LAYER:N", "w:HIGH,NORMAL,LOW" and "idle",
+		// and last "a:BEAT_US" (unknown tokens are skipped).
+		f := strings.Fields(v[i+1])
+		if n := len(f); n > 0 && strings.HasPrefix(f[n-1], "a:") {
+			if us, err := strconv.ParseInt(f[n-1][2:], 10, 64); err == nil && us > 0 {
+				r.BeatAt = time.UnixMicro(us)
+			}
+			f = f[:n-1]
+		}
+		if len(f) >= 2 {
 			r.Rate, _ = strconv.ParseFloat(f[0], 64)
 			r.Burst, _ = strconv.Atoi(f[1])
 			if limiter.ValidateRate(r.Rate) != nil || limiter.ValidateBurst(r.Burst) != nil {
@@ -330,6 +365,10 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 					r.Mode, r.Granted, r.Waiting, r.Reported = limiter.Mode(f[2]), granted, waiting, true
 				}
 				for _, tok := range f[5:] {
+					if tok == "idle" {
+						r.Idle = r.Reported
+						continue
+					}
 					if w, ok := parseWaitingByPriority(tok); ok {
 						r.WaitingByPriority = w
 						continue

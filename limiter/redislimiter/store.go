@@ -20,7 +20,7 @@
 //	                       x (the TTL's end as last set, ms; see save)
 //	PREFIX{NAME}:override  hash: rate, burst                       TTL: the override's duration, if any
 //	PREFIX{NAME}:replicas  sorted set: replica → expiry             TTL: twice the heartbeat TTL
-//	PREFIX{NAME}:configs   hash: replica → "rate burst [mode granted waiting x:LAYER:N... w:H,N,L]"  TTL: as replicas
+//	PREFIX{NAME}:configs   hash: replica → "rate burst [mode granted waiting x:LAYER:N... w:H,N,L idle] a:BEAT_US"  TTL: as replicas
 //
 // and announce changes on the Pub/Sub channel PREFIX{NAME}:changes (see
 // Watch). PREFIX defaults to "throttle:". A missing state key means a full
@@ -498,6 +498,26 @@ func (s *Store) Heartbeat(ctx context.Context, id string, ttl time.Duration) (in
 // HeartbeatReport implements limiter.ReportingTracker: Heartbeat, recording
 // r with the configured limits, which Replicas reports.
 func (s *Store) HeartbeatReport(ctx context.Context, id string, ttl time.Duration, r limiter.ReplicaReport) (int, error) {
+	return s.heartbeat(ctx, id, ttl, s.report(r))
+}
+
+// HeartbeatConsumers implements limiter.ConsumerTracker: HeartbeatReport,
+// also counting the live replicas whose last report was not Idle, in the
+// same script call (which reads every live replica's report: once per
+// heartbeat, not per message).
+func (s *Store) HeartbeatConsumers(ctx context.Context, id string, ttl time.Duration, r limiter.ReplicaReport) (live, consuming int, err error) {
+	v, err := heartbeatScript.Run(ctx, s.client, s.allKeys[2:], id, ttl.Microseconds(), 0, s.report(r), "1").Int64Slice()
+	if err != nil {
+		return 0, 0, s.fail("heartbeat", err)
+	}
+	if len(v) != 2 {
+		return 0, 0, s.malformed("heartbeat", v)
+	}
+	return int(v[0]), int(v[1]), nil
+}
+
+// report is the configs value of a heartbeat that carries r.
+func (s *Store) report(r limiter.ReplicaReport) string {
 	mode := string(r.Mode)
 	if mode == "" || strings.ContainsAny(mode, " \t\r\n") {
 		mode = "-"
@@ -513,7 +533,11 @@ func (s *Store) HeartbeatReport(ctx context.Context, id string, ttl time.Duratio
 	if w := r.WaitingByPriority; w != ([limiter.NumPriorities]int{}) {
 		report += " w:" + strconv.Itoa(w[limiter.PriorityHigh]) + "," + strconv.Itoa(w[limiter.PriorityNormal]) + "," + strconv.Itoa(w[limiter.PriorityLow])
 	}
-	return s.heartbeat(ctx, id, ttl, report)
+	// And "idle" while the replica consumes nothing.
+	if r.Idle {
+		report += " idle"
+	}
+	return report
 }
 
 func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration, config string) (int, error) {
@@ -549,6 +573,7 @@ var _ limiter.Store = (*Store)(nil)
 var _ limiter.ReplicaTracker = (*Store)(nil)
 var _ limiter.AttributedPauser = (*Store)(nil)
 var _ limiter.ReportingTracker = (*Store)(nil)
+var _ limiter.ConsumerTracker = (*Store)(nil)
 var _ limiter.ClassRefunder = (*Store)(nil)
 
 // Buckets returns the names of the buckets that have keys in Redis under
