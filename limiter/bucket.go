@@ -188,15 +188,38 @@ func (b *Bucket) Check(ctx context.Context) error {
 // when they are due, or says when to ask again; Wait sleeps exactly that
 // long. If ctx ends while a reservation is pending, the reserved tokens go
 // back to the bucket. A cost above the burst fails at once with
-// ErrCostExceedsBurst.
+// ErrCostExceedsBurst. After Close it returns ErrClosed and takes nothing.
+// If ctx ends while the store-failure policy keeps the Bucket closed
+// (ModeClosed), the error matches both ctx's and the store error that
+// closed it (ErrStore or ErrMisconfigured).
+//
+// On a store with layers Wait is WaitN(ctx, Request{Cost: cost}), so no
+// layer is skipped: a keyed layer makes it fail with ErrMissingKey, since
+// only WaitN can name the message's keys.
 //
 // The request is of the Bucket's class, Options.Priority.
 func (b *Bucket) Wait(ctx context.Context, cost int) error {
+	if b.layeredStore() != nil {
+		return b.WaitN(ctx, Request{Cost: cost, Priority: b.opts.Priority})
+	}
 	return b.waitAs(ctx, b.opts.Priority, cost)
 }
 
-// waitAs is Wait for a request of class p.
+// closed reports whether Close was called.
+func (b *Bucket) closed() bool {
+	select {
+	case <-b.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitAs is Wait for a request of class p on the shared bucket alone.
 func (b *Bucket) waitAs(ctx context.Context, p Priority, cost int) error {
+	if b.closed() {
+		return ErrClosed
+	}
 	err := b.wait(ctx, p, cost)
 	if err == nil {
 		b.granted.Add(int64(cost))
@@ -335,7 +358,9 @@ func (b *Bucket) horizon() time.Duration {
 // did. In ModeClosed it reports false and in ModeOpen true without asking
 // the store. The request is of the Bucket's class, Options.Priority: it
 // gets tokens only if no reservation of its class or a higher one is
-// waiting for them.
+// waiting for them. After Close it returns ErrClosed and takes nothing.
+// On a store with layers it takes from every layer too, all or none, and
+// fails with ErrMissingKey when a layer is keyed (see WaitN).
 func (b *Bucket) Allow(ctx context.Context, cost int) (bool, error) {
 	ok, err := b.allow(ctx, cost)
 	if ok && err == nil {
@@ -347,6 +372,12 @@ func (b *Bucket) Allow(ctx context.Context, cost int) (bool, error) {
 func (b *Bucket) allow(ctx context.Context, cost int) (bool, error) {
 	if cost < 1 {
 		return false, fmt.Errorf("cost %d: %w", cost, ErrInvalidCost)
+	}
+	if b.closed() {
+		return false, ErrClosed
+	}
+	if ls := b.layeredStore(); ls != nil {
+		return b.allowLayers(ctx, ls, cost)
 	}
 	p := b.opts.Priority
 	if b.lease.take(p, cost) {

@@ -71,6 +71,9 @@ type Request struct {
 // not known locally. A key whose messages all go to one replica gets only
 // that replica's share of its rate (under-granting).
 func (b *Bucket) WaitN(ctx context.Context, req Request) error {
+	if b.closed() {
+		return ErrClosed
+	}
 	if req.Priority >= NumPriorities {
 		return &ParamError{Param: "Priority", Msg: "must be high, normal or low", Value: req.Priority.String()}
 	}
@@ -202,6 +205,48 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 		}
 		b.observeLayered(start, req, limiting, nil)
 		return nil
+	}
+}
+
+// allowLayers is Allow on a layered store: the shared bucket and every
+// layer grant now, or nothing is taken.
+func (b *Bucket) allowLayers(ctx context.Context, ls LayeredStore, cost int) (bool, error) {
+	layers := ls.Layers()
+	if _, err := LayerKeys(layers, LayerRequest{}); err != nil {
+		return false, err
+	}
+	lr := LayerRequest{Cost: cost, Priority: b.opts.Priority, MinShare: b.opts.MinShare}
+	for {
+		switch b.Mode() {
+		case ModeOpen:
+			return true, nil
+		case ModeClosed:
+			return false, nil
+		case ModeLocal:
+			local := b.fallbackBucket()
+			if local == nil {
+				continue
+			}
+			lm, err := b.localLayers(local, layers)
+			if err != nil {
+				return false, err
+			}
+			res, err := lm.TakeLayersAt(b.clock.Now(), lr)
+			return err == nil && res.Granted, err
+		}
+		res, err := ls.TakeLayers(ctx, lr)
+		if err != nil {
+			if cerr := ctx.Err(); cerr != nil {
+				return false, cerr
+			}
+			if errors.Is(err, ErrCostExceedsBurst) || errors.Is(err, ErrInvalidCost) {
+				return false, err
+			}
+			b.storeFailed(err)
+			continue
+		}
+		b.observeTake(res.TakeResult)
+		return res.Granted, nil
 	}
 }
 

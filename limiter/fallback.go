@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -50,6 +51,8 @@ type fallbackState struct {
 	// recovered is closed when the Bucket returns to ModeShared; nil in
 	// ModeShared.
 	recovered chan struct{}
+	// cause is the store error that made the Bucket leave ModeShared.
+	cause error
 	// probing is set while the probe goroutine runs.
 	probing bool
 	// probeNow asks the probe to ask the store at once: the store has
@@ -124,7 +127,7 @@ func (b *Bucket) setLocalLocked(local *Memory) {
 // returns the local bucket and the channel closed on recovery, unsettled.
 func (b *Bucket) fallbackGate(ctx context.Context) (local *Memory, recovered <-chan struct{}, settled bool, err error) {
 	b.fb.mu.Lock()
-	mode, local, rec := b.Mode(), b.fb.local, b.fb.recovered
+	mode, local, rec, cause := b.Mode(), b.fb.local, b.fb.recovered, b.fb.cause
 	b.fb.mu.Unlock()
 	if rec == nil {
 		return nil, nil, true, errRetryShared
@@ -135,7 +138,7 @@ func (b *Bucket) fallbackGate(ctx context.Context) (local *Memory, recovered <-c
 	case ModeClosed:
 		select {
 		case <-ctx.Done():
-			return nil, nil, true, ctx.Err()
+			return nil, nil, true, closedError(ctx.Err(), cause)
 		case <-b.done:
 			return nil, nil, true, ErrClosed
 		case <-rec:
@@ -143,6 +146,17 @@ func (b *Bucket) fallbackGate(ctx context.Context) (local *Memory, recovered <-c
 		}
 	}
 	return local, rec, false, nil
+}
+
+// closedError is the error of a wait that ctx ended while the Bucket was
+// in ModeClosed: it matches both ctxErr and the store error that closed it
+// (ErrStore for an outage, ErrMisconfigured for a refused client), so that
+// the caller learns why nothing was granted.
+func closedError(ctxErr, cause error) error {
+	if cause == nil {
+		return fmt.Errorf("bucket closed by its store-failure policy: %w", ctxErr)
+	}
+	return fmt.Errorf("bucket closed by its store-failure policy (%w): %w", cause, ctxErr)
 }
 
 // waitFallback waits under the store-failure policy for a request of class
@@ -318,6 +332,7 @@ func (b *Bucket) switchLocked(from, to Mode, err error) {
 	if from == ModeShared {
 		b.fb.recovered = make(chan struct{})
 	}
+	b.fb.cause = err
 	if to != ModeLocal {
 		b.setLocalLocked(nil)
 	}
