@@ -292,6 +292,14 @@ type Config struct {
 	// consumer must know that a write succeeded, on every in-sync replica,
 	// before it commits past the message.
 	ConfigureWriter func(*kafkago.Writer)
+	// Assigned, when set, is called with the number of partitions (of
+	// Topic and DelayTopic) this replica owns, at each assignment, and
+	// with 0 at each revocation. A member given none is idle: pass a
+	// function that tells the limiter, such as
+	// func(n int) { bucket.SetIdle(n == 0) } for a *limiter.Bucket, so
+	// that the replicas that consume do not count it in their fallback
+	// shares. Called from the group's goroutine; it must not block.
+	Assigned func(partitions int)
 }
 
 // Consumer consumes one topic in a consumer group. Create it with New, run
@@ -370,6 +378,7 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	c := &Consumer{cfg: cfg, proc: proc, log: cfg.Logger, clock: realClock{}}
+	c.stats.assigned = cfg.Assigned
 	if err := c.readerConfig(); err != nil {
 		return nil, err
 	}

@@ -88,6 +88,8 @@ type statsCounter struct {
 	mu     sync.Mutex
 	live   map[*kafkago.Reader]struct{}
 	totals ReaderStats
+	// assigned is Config.Assigned, or nil.
+	assigned func(partitions int)
 }
 
 // addReader starts counting r.
@@ -122,15 +124,21 @@ func (s *statsCounter) joinFailed() {
 
 func (s *statsCounter) setAssigned(n int) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.totals.PartitionsAssigned = int64(n)
+	s.mu.Unlock()
+	if s.assigned != nil {
+		s.assigned(n)
+	}
 }
 
 func (s *statsCounter) revoked(dropped int64) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.totals.PartitionsAssigned = 0
 	s.totals.DroppedAtRevocation += dropped
+	s.mu.Unlock()
+	if s.assigned != nil {
+		s.assigned(0)
+	}
 }
 
 func (s *statsCounter) skippedOtherGroup() {
