@@ -26,8 +26,9 @@ type LimitLayer struct {
 	// Key is a message template (sinks/msgtmpl, the data and functions of
 	// the HTTP sink's templates) giving the message's key in this layer,
 	// such as {{.JSON.to}}: one bucket or quota per key. Empty means one
-	// state shared by every message. A message for which it fails or
-	// renders empty is dead-lettered with the reason.
+	// state shared by every message. A message for which it fails (a
+	// field that is missing or JSON null, a body that is not JSON; see
+	// msgtmpl.Render) or renders empty is dead-lettered with the reason.
 	Key string `yaml:"key,omitempty"`
 	// Rate and Burst make a keyed token bucket. Rate is a number per
 	// second or "N/s", "N/min", "N/h", "N/d"; Burst defaults to

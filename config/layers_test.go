@@ -81,6 +81,33 @@ func TestLimitExtraMapsOntoLayers(t *testing.T) {
 	}
 }
 
+// TestLayerKeysNullAndNotJSON: a recipient that is JSON null, or missing,
+// is a permanent error naming the layer, its YAML key and the field, never
+// the key "<no value>", which stays a recipient of its own; a body that is
+// not JSON says so.
+func TestLayerKeysNullAndNotJSON(t *testing.T) {
+	keys, err := mustParse(t, layersDoc, nil).Limit.LayerKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr := map[string]string{"x-from": "+15550000001"}
+	for _, body := range []string{`{"to":null}`, `{"to":null,"x":1}`} {
+		got, err := keys(consumer.Message{Body: []byte(body), Headers: hdr})
+		if !consumer.IsPermanent(err) || !strings.Contains(err.Error(), `"per-recipient" (limit.extra[0].key)`) ||
+			!strings.Contains(err.Error(), "{{.JSON.to}} has no value") {
+			t.Errorf("%s: keys = %q, %v; want a permanent error naming per-recipient, its key and .JSON.to", body, got, err)
+		}
+	}
+	got, err := keys(consumer.Message{Body: []byte(`{"to":"<no value>"}`), Headers: hdr})
+	if err != nil || got["per-recipient"] != "<no value>" {
+		t.Errorf(`"<no value>" as a recipient: %q, %v`, got, err)
+	}
+	_, err = keys(consumer.Message{Body: []byte(`to=+1555`), Headers: hdr})
+	if !consumer.IsPermanent(err) || !strings.Contains(err.Error(), `"per-recipient"`) || !strings.Contains(err.Error(), "message body is not JSON: invalid character") {
+		t.Errorf("a body that is not JSON: %v", err)
+	}
+}
+
 func TestLimitExtraBadInputs(t *testing.T) {
 	layer := func(s string) string {
 		return strings.Replace(minimal, "rate: 10\n", "rate: 10\n  extra:\n    - name: l\n"+s, 1)

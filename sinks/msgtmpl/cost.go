@@ -12,7 +12,9 @@ import (
 // "limit.cost_template") and returns a consumer.CostFunc that renders it
 // for each message. The rendering, spaces trimmed, must be a positive
 // integer: {{sms_segments .JSON.text}} costs an SMS by its segments. A
-// template that fails for a message, or renders anything else, makes a
+// template that fails for a message (see Render: a null or missing field,
+// a body that is not JSON, a run past the limits such as MaxSteps), or
+// renders anything else, makes a
 // consumer.Permanent error naming the template and quoting (at most 64
 // bytes of) what it rendered, so the message is dead-lettered with the
 // reason rather than sent at a guessed cost. A parse error is returned at

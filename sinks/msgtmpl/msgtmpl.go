@@ -10,9 +10,13 @@
 // form, which encodes a map, or alternating keys and values, as
 // application/x-www-form-urlencoded.
 //
-// Templates parsed with [Parse] fail, rather than print "<no value>", when
-// they refer to a missing JSON field or header (use index for optional
-// ones) or to .JSON of a body that is not JSON.
+// Templates parsed with [Parse] and run by [Render] fail, rather than
+// print "<no value>", when they refer to a missing JSON field or header
+// (use index for optional headers, with or if for optional fields) or
+// print a JSON null ([ErrNoValue]), and when they read .JSON of a body that
+// is not JSON ([ErrNotJSON]). An execution is bounded in steps, nesting,
+// output and time ([MaxSteps], [MaxDepth], [MaxOutputBase], [MaxTime]):
+// past a bound it fails ([ErrLimit]).
 //
 // Everything in this package is safe for concurrent use: a parsed template
 // may be executed from many goroutines at once.
@@ -21,6 +25,7 @@ package msgtmpl
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"text/template"
@@ -36,6 +41,9 @@ type Data struct {
 	// keep their exact text), or nil when the body is not one valid JSON
 	// value. For a JSON object, {{.JSON.field}} reads a field.
 	JSON any
+	// notJSON says why the body is not JSON (wrapping ErrNotJSON), nil
+	// when it is.
+	notJSON error
 	// Body is the raw body as a string.
 	Body string
 	// Key is the message key as a string.
@@ -49,7 +57,8 @@ type Data struct {
 }
 
 // NewData builds the Data of msg. It decodes the body once; a body that is
-// not exactly one JSON value leaves JSON nil.
+// not exactly one JSON value leaves JSON nil, and a template that reads
+// .JSON then fails with ErrNotJSON and the reason.
 func NewData(msg consumer.Message) *Data {
 	d := &Data{
 		Body:    string(msg.Body),
@@ -64,11 +73,19 @@ func NewData(msg consumer.Message) *Data {
 	dec := json.NewDecoder(bytes.NewReader(msg.Body))
 	dec.UseNumber()
 	var v any
-	if err := dec.Decode(&v); err == nil {
+	err := dec.Decode(&v)
+	if err == nil {
 		// Only a body that is one JSON value and nothing else.
-		if _, err := dec.Token(); err == io.EOF {
-			d.JSON = v
+		if _, err = dec.Token(); err == nil {
+			err = errors.New("more than one JSON value")
 		}
+	} else if err == io.EOF {
+		err = errors.New("empty")
+	}
+	if err == io.EOF {
+		d.JSON = v
+	} else {
+		d.notJSON = fmt.Errorf("%w: %v", ErrNotJSON, err)
 	}
 	return d
 }
@@ -86,17 +103,36 @@ func FuncMap() template.FuncMap {
 
 // Parse parses text as a message template called name, with [FuncMap] and
 // missingkey=error. Its error names the template (name) and the line, such
-// as `template: body_template:1: function "jsn" not defined`.
+// as `template: body_template:1: function "jsn" not defined`. The template
+// it returns is prepared for [Render], which checks what it prints and
+// bounds its execution; do not add to it with its Parse or AddParseTree.
 func Parse(name, text string) (*template.Template, error) {
-	return template.New(name).Funcs(FuncMap()).Option("missingkey=error").Parse(text)
+	t, err := template.New(name).Funcs(FuncMap()).Funcs(template.FuncMap{valueFunc: noValue}).Option("missingkey=error").Parse(text)
+	if err != nil {
+		return nil, err
+	}
+	guard(t)
+	return t, nil
 }
 
 // Render executes t, which should come from [Parse], on data and returns
-// the output. Its error names the template.
+// the output. It runs in the calling goroutine and stops at the first
+// limit reached (see MaxSteps). Its error names the template; it matches
+// ErrNoValue for a printed null or missing value, ErrNotJSON when the
+// template reads .JSON of a body that is not JSON, and ErrLimit for a
+// limit reached.
 func Render(t *template.Template, data *Data) ([]byte, error) {
-	var buf bytes.Buffer
-	if err := t.Execute(&buf, data); err != nil {
-		return nil, fmt.Errorf("rendering %s: %w", t.Name(), err)
+	w := newLimitedWriter(len(data.Body))
+	err := t.Execute(w, data)
+	if err == nil {
+		return w.buf.Bytes(), nil
 	}
-	return buf.Bytes(), nil
+	var nv *noValueError
+	switch {
+	case data.notJSON != nil && readsJSON(t):
+		return nil, fmt.Errorf("rendering %s: %w; %w", t.Name(), data.notJSON, err)
+	case errors.As(err, &nv):
+		return nil, fmt.Errorf("rendering %s: %w", t.Name(), nv)
+	}
+	return nil, fmt.Errorf("rendering %s: %w", t.Name(), err)
 }
