@@ -21,7 +21,10 @@ func TestBucketsMoveLowSleepersOnRedisPushes(t *testing.T) {
 	low, high := priorityReplica(t, c, name, 5, limiter.PriorityLow), priorityReplica(t, c, name, 5, limiter.PriorityHigh)
 	ctx := context.Background()
 	admin := newStore(t, c, name, 5, 1)
-	waitFor(t, "both replicas subscribed", func() bool { return subscribers(ctx, c, admin) == 2 })
+	// Both replicas listen through the client's one shared subscription.
+	waitFor(t, "both replicas subscribed", func() bool {
+		return subscribers(ctx, c, admin) == 1 && watcherCount(c, admin.channel) == 2
+	})
 
 	lowSleepersRace{admin: admin, low: low, high: high, slot: 200 * time.Millisecond}.check(t)
 }

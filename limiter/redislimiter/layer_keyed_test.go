@@ -129,7 +129,7 @@ func TestKeyedScriptReplies(t *testing.T) {
 	})
 	reqs := []limiter.LayerRequest{{Cost: 1}, {Cost: 2}, {Cost: 1}, {Cost: 3}}
 	out, errs := make([]limiter.LayerResult, 4), make([]error, 4)
-	l.keyedReplies(reqs, "1800000000000000 1 0 0 0 250000 1 2 900000 2 -2 0 1", nil, out, errs)
+	l.keyedReplies(reqs, 0, "1800000000000000 1 0 0 0 250000 1 2 900000 2 -2 0 1", nil, out, errs)
 	at := time.UnixMicro(1_800_000_000_000_000)
 	if errs[0] != nil || !out[0].Granted || out[0].Tokens != 1 || !out[0].At.Equal(at) {
 		t.Errorf("request 0: %+v, %v; want granted at %v", out[0], errs[0], at)
@@ -146,15 +146,15 @@ func TestKeyedScriptReplies(t *testing.T) {
 	}
 	// Status 4: refused, the slot booked on the layer for the request's key.
 	booked := []limiter.LayerRequest{{Cost: 1, Keys: map[string]string{"a": "k1"}}}
-	l.keyedReplies(booked, "1800000000000000 4 500000 1", nil, out, errs)
+	l.keyedReplies(booked, 0, "1800000000000000 4 500000 1", nil, out, errs)
 	if errs[0] != nil || !errors.As(out[0].Exceeded, &le) || !le.Reserved || le.Key != "k1" || !le.RetryAt.Equal(at.Add(500*time.Millisecond)) {
 		t.Errorf("a booked refusal: %+v, %v; want Reserved for key k1 at %v", out[0].Exceeded, errs[0], at.Add(500*time.Millisecond))
 	}
-	l.keyedReplies(booked, "1800000000000000 4 500000 0", nil, out, errs)
+	l.keyedReplies(booked, 0, "1800000000000000 4 500000 0", nil, out, errs)
 	if !errors.Is(errs[0], limiter.ErrMalformedReply) {
 		t.Errorf("a booked refusal naming no layer: %v; want ErrMalformedReply", errs[0])
 	}
-	l.keyedReplies(reqs[:2], "1800000000000000 1 0", nil, out, errs)
+	l.keyedReplies(reqs[:2], 0, "1800000000000000 1 0", nil, out, errs)
 	if errs[0] == nil || !errors.Is(errs[1], limiter.ErrMalformedReply) {
 		t.Errorf("a short reply: %v, %v; want ErrMalformedReply", errs[0], errs[1])
 	}

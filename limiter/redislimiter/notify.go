@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,39 +23,159 @@ import (
 // Watch also calls changed once after each resubscription: the replica
 // then takes its sleeping reservations again and finds whatever changed
 // meanwhile.
+//
+// Every Watch on one Redis client shares one Pub/Sub connection, however
+// many buckets and Stores use the client: it is opened with the first
+// Watch and closed when the last one ends. changed and pushed are called
+// from that connection's reader, so they must not block.
 func (s *Store) Watch(ctx context.Context, changed func(), pushed func(limiter.Push)) {
-	ps := s.client.Subscribe(ctx, s.channel)
-	defer ps.Close()
-	ch := ps.ChannelWithSubscriptions()
-	subscribed := false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case msg, ok := <-ch:
-			if !ok {
-				return
+	h := joinHub(s.client)
+	defer h.leave()
+	w := &watcher{changed: changed, pushed: pushed}
+	h.add(ctx, s.channel, w)
+	defer h.remove(s.channel, w)
+	<-ctx.Done()
+}
+
+// watcher is one Watch call's callbacks.
+type watcher struct {
+	changed func()
+	pushed  func(limiter.Push)
+}
+
+// hubs holds the Pub/Sub hub of each Redis client in use.
+var hubs = struct {
+	sync.Mutex
+	m map[Client]*pubsubHub
+}{m: map[Client]*pubsubHub{}}
+
+// pubsubHub is one Pub/Sub connection of a Redis client, shared by every
+// Watch on it: it subscribes to a channel while a Watch listens there and
+// fans each message out to that channel's watchers. Its reader goroutine
+// runs from the first Watch to the end of the last.
+type pubsubHub struct {
+	client Client
+	ps     *redis.PubSub
+	done   chan struct{} // closed when the reader has returned
+	refs   int           // guarded by hubs
+
+	mu       sync.Mutex
+	watchers map[string]map[*watcher]struct{}
+	// subscribed holds the channels whose first subscription was
+	// confirmed: a later confirmation is a resubscription.
+	subscribed map[string]bool
+}
+
+// joinHub returns client's hub, opening it for the first Watch. The caller
+// calls leave when its Watch ends.
+func joinHub(client Client) *pubsubHub {
+	hubs.Lock()
+	defer hubs.Unlock()
+	h := hubs.m[client]
+	if h == nil {
+		h = &pubsubHub{
+			client: client, ps: client.Subscribe(context.Background()), done: make(chan struct{}),
+			watchers: map[string]map[*watcher]struct{}{}, subscribed: map[string]bool{},
+		}
+		hubs.m[client] = h
+		go h.read()
+	}
+	h.refs++
+	return h
+}
+
+// leave ends one Watch's use of the hub; the last closes its connection
+// and waits for its reader.
+func (h *pubsubHub) leave() {
+	hubs.Lock()
+	h.refs--
+	last := h.refs == 0
+	if last {
+		delete(hubs.m, h.client)
+	}
+	hubs.Unlock()
+	if last {
+		h.ps.Close()
+		<-h.done
+	}
+}
+
+// add registers w on channel, subscribing to it for the first watcher.
+func (h *pubsubHub) add(ctx context.Context, channel string, w *watcher) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ws := h.watchers[channel]
+	if ws == nil {
+		ws = map[*watcher]struct{}{}
+		h.watchers[channel] = ws
+		// An error here is a connection down: go-redis subscribes
+		// again when it reconnects, and the watchers hear a change.
+		_ = h.ps.Subscribe(ctx, channel)
+	}
+	ws[w] = struct{}{}
+}
+
+// remove unregisters w, unsubscribing from channel after its last watcher.
+func (h *pubsubHub) remove(channel string, w *watcher) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ws := h.watchers[channel]
+	delete(ws, w)
+	if len(ws) == 0 {
+		delete(h.watchers, channel)
+		delete(h.subscribed, channel)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = h.ps.Unsubscribe(ctx, channel)
+		cancel()
+	}
+}
+
+// of returns the watchers of channel now.
+func (h *pubsubHub) of(channel string) []*watcher {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]*watcher, 0, len(h.watchers[channel]))
+	for w := range h.watchers[channel] {
+		out = append(out, w)
+	}
+	return out
+}
+
+// read fans the connection's messages out until it is closed.
+func (h *pubsubHub) read() {
+	defer close(h.done)
+	for msg := range h.ps.ChannelWithSubscriptions() {
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind != "subscribe" {
+				continue
 			}
-			switch m := msg.(type) {
-			case *redis.Subscription:
-				if m.Kind != "subscribe" {
-					continue
-				}
-				if !subscribed { // the first subscription: nothing was missed
-					subscribed = true
-					continue
-				}
-			case *redis.Message:
-				if strings.HasPrefix(m.Payload, "push ") {
-					if pushed != nil {
-						for _, p := range parsePush(m.Payload) {
-							pushed(p)
+			h.mu.Lock()
+			again := h.subscribed[m.Channel]
+			h.subscribed[m.Channel] = true
+			h.mu.Unlock()
+			if !again { // the first subscription: nothing was missed
+				continue
+			}
+			for _, w := range h.of(m.Channel) {
+				w.changed()
+			}
+		case *redis.Message:
+			ws := h.of(m.Channel)
+			if strings.HasPrefix(m.Payload, "push ") {
+				ps := parsePush(m.Payload)
+				for _, w := range ws {
+					if w.pushed != nil {
+						for _, p := range ps {
+							w.pushed(p)
 						}
 					}
-					continue
 				}
+				continue
 			}
-			changed()
+			for _, w := range ws {
+				w.changed()
+			}
 		}
 	}
 }
@@ -91,3 +212,17 @@ func parsePush(payload string) []limiter.Push {
 }
 
 var _ limiter.Notifier = (*Store)(nil)
+
+// watcherCount returns how many Watch calls listen on channel through
+// client's shared connection.
+func watcherCount(client Client, channel string) int {
+	hubs.Lock()
+	h := hubs.m[client]
+	hubs.Unlock()
+	if h == nil {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.watchers[channel])
+}
