@@ -215,6 +215,11 @@ type Observer struct {
 	// OnExceed action (ActionDeadLetter or ActionDelay), or for a cost it
 	// can never grant (ActionDeadLetter).
 	LimitExceeded func(layer string, action Action)
+	// PaidRefused is called for each paid slot (Request.Paid) that WaitN
+	// refused for a missing or wrong signature (see PaidSecretStore), with
+	// the layer it names if the store has that layer, else ""; the layer
+	// then decided as usual.
+	PaidRefused func(layer string)
 	// PriorityWaited is called after each successful Wait or WaitN
 	// (besides Waited) with the request's class and the time it blocked.
 	PriorityWaited func(p Priority, d time.Duration)

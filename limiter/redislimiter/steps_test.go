@@ -52,7 +52,7 @@ func uniqueBucket(t testing.TB, c redis.UniversalClient) string {
 	name := fmt.Sprintf("test-%d-%x", time.Now().UnixNano(), rand.Uint64())
 	t.Cleanup(func() {
 		base := DefaultPrefix + "{" + name + "}:"
-		c.Del(context.Background(), base+"state", base+"override", base+"replicas", base+"configs")
+		c.Del(context.Background(), base+"state", base+"override", base+"replicas", base+"configs", base+"paid-secret")
 	})
 	return name
 }

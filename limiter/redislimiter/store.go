@@ -21,6 +21,7 @@
 //	PREFIX{NAME}:override  hash: rate, burst                       TTL: the override's duration, if any
 //	PREFIX{NAME}:replicas  sorted set: replica → expiry             TTL: twice the heartbeat TTL
 //	PREFIX{NAME}:configs   hash: replica → "rate burst [mode granted waiting x:LAYER:N... w:H,N,L idle] a:BEAT_US"  TTL: as replicas
+//	PREFIX{NAME}:paid-secret  string: the secret that signs paid slots (see PaidSecret)  no TTL
 //
 // and announce changes on the Pub/Sub channel PREFIX{NAME}:changes (see
 // Watch). PREFIX defaults to "throttle:". A missing state key means a full
@@ -598,7 +599,7 @@ func Buckets(ctx context.Context, client redis.UniversalClient, prefix string) (
 		iter := c.Scan(ctx, 0, match, 1000).Iterator()
 		for iter.Next(ctx) {
 			rest, ok := strings.CutPrefix(iter.Val(), prefix+"{")
-			if !ok {
+			if !ok || strings.HasSuffix(rest, paidSecretSuffix) { // kept while the bucket is idle too
 				continue
 			}
 			if name, _, ok := strings.Cut(rest, "}:"); ok && ValidateBucketName(name) == nil {

@@ -1,0 +1,233 @@
+package limiter
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// PaidSecretStore is a LayeredStore that keeps the secret with which the
+// Buckets on it sign the slots its delay layers book (LimitError.Sig,
+// PaidSlot.Sig), where every replica of the bucket reads the same one. A
+// Bucket on a store without it signs with a random secret of this process:
+// a slot then passes only a Bucket of this process, and one back at
+// another replica books its layer again.
+//
+// A slot passes a layer only when its signature is the Bucket's HMAC-SHA256
+// of the bucket's name, the slot's layer, key and due instant: a producer,
+// who does not know the secret, cannot make one, nor move a genuine slot
+// to another layer, key or instant.
+type PaidSecretStore interface {
+	// PaidSecret returns the name of the store's bucket and its secret,
+	// at least 16 bytes. When the store keeps none yet, it keeps candidate
+	// (random, 32 bytes) first, atomically: of the replicas that start
+	// together, the first to write wins and all of them return its secret.
+	PaidSecret(ctx context.Context, candidate []byte) (bucket string, secret []byte, err error)
+}
+
+// paidSecretSize is the size of a secret the Bucket makes.
+const paidSecretSize = 32
+
+// minPaidSecret is the shortest secret a Bucket accepts from its store.
+const minPaidSecret = 16
+
+// paidReread is how long a Bucket waits between two reads of its store's
+// secret: after one failed, or after a slot with a signature failed to
+// verify (the secret may have changed in the store: deleted and made again
+// by another replica).
+const paidReread = 5 * time.Second
+
+// processSecret is the secret of the Buckets on a store that keeps none.
+var processSecret = sync.OnceValue(randomSecret)
+
+func randomSecret() []byte {
+	b := make([]byte, paidSecretSize)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return b
+}
+
+// paidKey is a bucket's name and secret. It is never logged.
+type paidKey struct {
+	bucket string
+	secret []byte
+}
+
+// sign returns the signature of slot s: base64 (URL alphabet, no padding)
+// of the HMAC-SHA256 of the bucket's name, s's layer and key, each
+// length-prefixed, and s's Due in Unix nanoseconds.
+func (k *paidKey) sign(s PaidSlot) string {
+	return base64.RawURLEncoding.EncodeToString(k.mac(s))
+}
+
+// mac is the HMAC-SHA256 that sign encodes.
+func (k *paidKey) mac(s PaidSlot) []byte {
+	m := hmac.New(sha256.New, k.secret)
+	buf := make([]byte, 0, 64+len(k.bucket)+len(s.Layer)+len(s.Key))
+	buf = append(buf, "throttle paid slot v1"...)
+	for _, f := range []string{k.bucket, s.Layer, s.Key} {
+		buf = binary.AppendUvarint(buf, uint64(len(f)))
+		buf = append(buf, f...)
+	}
+	buf = binary.BigEndian.AppendUint64(buf, uint64(s.Due.UnixNano()))
+	m.Write(buf)
+	return m.Sum(nil)
+}
+
+// verify reports whether s carries k's signature of it.
+func (k *paidKey) verify(s PaidSlot) bool {
+	if k == nil || s.Sig == "" {
+		return false
+	}
+	got, err := base64.RawURLEncoding.DecodeString(s.Sig)
+	if err != nil {
+		return false
+	}
+	return hmac.Equal(got, k.mac(s))
+}
+
+// Slot returns the slot that e booked (with Reserved), as the message
+// carries it back in Request.Paid: Layer, Key, RetryAt (in UTC) and Sig.
+func (e *LimitError) Slot() PaidSlot {
+	return PaidSlot{Layer: e.Layer, Key: e.Key, Due: e.RetryAt.UTC(), Sig: e.Sig}
+}
+
+// paidSigner is a Bucket's secret for its paid slots, read from its store
+// once and kept, and the count of the slots it refused.
+type paidSigner struct {
+	key atomic.Pointer[paidKey]
+	// lock lets one caller at a time read the secret from the store.
+	once sync.Once
+	lock chan struct{}
+	// lastRead is when the secret was last read (the Bucket's clock, Unix
+	// nanoseconds), guarded by lock.
+	lastRead int64
+	refused  atomic.Int64
+}
+
+// paidKey returns the Bucket's secret, reading it from the store (one round
+// trip, at most one caller at a time) if it has none yet, or if stale is
+// the one it has, and fetch is set; at most once per paidReread. It returns
+// nil when the Bucket has no secret: the store failed, or fetch is off.
+func (b *Bucket) paidKey(ctx context.Context, fetch bool, stale *paidKey) *paidKey {
+	ps := &b.layered.paid
+	k := ps.key.Load()
+	if (k != nil && k != stale) || !fetch {
+		return k
+	}
+	store, ok := b.store.(PaidSecretStore)
+	if !ok {
+		ps.key.CompareAndSwap(nil, &paidKey{secret: processSecret()})
+		return ps.key.Load()
+	}
+	ps.once.Do(func() { ps.lock = make(chan struct{}, 1) })
+	select {
+	case ps.lock <- struct{}{}:
+	case <-ctx.Done():
+		return k
+	}
+	defer func() { <-ps.lock }()
+	if k = ps.key.Load(); k != nil && k != stale {
+		return k // read by another caller meanwhile
+	}
+	now := b.clock.Now().UnixNano()
+	if ps.lastRead != 0 && now-ps.lastRead < int64(paidReread) {
+		return k
+	}
+	ps.lastRead = now
+	// Keep the secret this Bucket has if the store lost its own, so that
+	// the slots this replica signed still pass.
+	candidate := randomSecret()
+	if k != nil {
+		candidate = k.secret
+	}
+	rctx, cancel := context.WithTimeout(ctx, b.opts.ProbeInterval)
+	defer cancel()
+	bucket, secret, err := store.PaidSecret(rctx, candidate)
+	if err == nil && len(secret) < minPaidSecret {
+		err = &ParamError{Param: "paid secret", Msg: "is shorter than 16 bytes"}
+	}
+	if err != nil {
+		b.log.Warn("reading the secret that signs paid slots failed: slots booked meanwhile are not signed, and returned ones book their layer again", "error", err)
+		return k
+	}
+	nk := &paidKey{bucket: bucket, secret: secret}
+	ps.key.Store(nk)
+	return nk
+}
+
+// signPaid signs the slot that le booked, if it did (LimitError.Sig). It
+// reads the secret from the store only in ModeShared, once per replica; a
+// slot left unsigned books its layer again when it comes back.
+func (b *Bucket) signPaid(ctx context.Context, le *LimitError) {
+	if le == nil || !le.Reserved {
+		return
+	}
+	if k := b.paidKey(ctx, b.Mode() == ModeShared, nil); k != nil {
+		le.Sig = k.sign(le.Slot())
+	}
+}
+
+// verifyPaid returns the slots of paid that carry this Bucket's signature
+// (paid itself when all do). Each slot it drops (a missing or wrong
+// signature, or no secret to check it with) is logged at debug, counted
+// (PaidRefused) and reported to Observer.PaidRefused, naming its layer
+// only when the store has it; its layer then decides as if the message
+// named no slot. A wrong signature makes it read
+// the secret again (at most once per paidReread), in case the store's
+// changed.
+func (b *Bucket) verifyPaid(ctx context.Context, paid []PaidSlot) []PaidSlot {
+	if len(paid) == 0 {
+		return paid
+	}
+	fetch := b.Mode() == ModeShared
+	k := b.paidKey(ctx, fetch, nil)
+	bad := 0
+	for _, s := range paid {
+		if !k.verify(s) {
+			bad++
+			if s.Sig != "" && k != nil && fetch {
+				k = b.paidKey(ctx, true, k)
+				break
+			}
+		}
+	}
+	if bad == 0 {
+		return paid
+	}
+	var out []PaidSlot
+	var layers []Layer
+	if ls := b.layeredStore(); ls != nil {
+		layers = ls.Layers()
+	}
+	for _, s := range paid {
+		if k.verify(s) {
+			out = append(out, s)
+			continue
+		}
+		// The layer's name is the message's word: only a layer of the
+		// store is named, so that metrics keep a bounded set of labels.
+		layer := ""
+		if slices.ContainsFunc(layers, func(l Layer) bool { return l.Name == s.Layer }) {
+			layer = s.Layer
+		}
+		b.layered.paid.refused.Add(1)
+		b.log.Debug("a paid slot is refused: its signature is missing or wrong; its layer decides as usual",
+			"layer", layer, "signed", s.Sig != "")
+		if o := b.opts.Observer; o != nil && o.PaidRefused != nil {
+			o.PaidRefused(layer)
+		}
+	}
+	return out
+}
+
+// PaidRefused returns how many paid slots (Request.Paid) WaitN refused
+// since the Bucket started, for a missing or wrong signature: forged by a
+// producer, or signed with a secret the store no longer keeps.
+func (b *Bucket) PaidRefused() int64 { return b.layered.paid.refused.Load() }

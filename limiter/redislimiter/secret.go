@@ -1,0 +1,54 @@
+package redislimiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// paidSecretSuffix ends the name of the key that holds a bucket's paid-slot
+// secret: PREFIX{NAME}:paid-secret.
+const paidSecretSuffix = ":paid-secret"
+
+// paidSecretScript keeps ARGV[1] in KEYS[1] unless it holds a secret
+// already, and returns the one it holds: of the replicas that start
+// together, the first wins.
+var paidSecretScript = redis.NewScript(`
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
+`)
+
+// PaidSecret implements limiter.PaidSecretStore: the secret with which the
+// Buckets of every replica sign the slots that the delay layers book. It
+// lives in the key PREFIX{NAME}:paid-secret, in the bucket's slot, without
+// a TTL: candidate if the key did not exist, else the secret already there.
+// A Bucket reads it once (one script call) and keeps it. Deleting the key
+// costs the slots signed before their pass, never more: such a message
+// books its layer again when it comes back (set aside once more). A
+// replica reads the key again when a signed slot fails to verify (at most
+// every few seconds), offering the secret it has, so the replicas come to
+// share one again. The secret never appears in errors or logs.
+func (s *Store) PaidSecret(ctx context.Context, candidate []byte) (bucket string, secret []byte, err error) {
+	if len(candidate) == 0 {
+		return "", nil, &limiter.ParamError{Param: "candidate", Msg: "must not be empty"}
+	}
+	v, err := paidSecretScript.Run(ctx, s.client, []string{s.paidSecretKey()}, candidate).Text()
+	if err != nil {
+		if errors.Is(err, redis.Nil) {
+			err = fmt.Errorf("%w: no secret after SET NX", limiter.ErrMalformedReply)
+		}
+		return "", nil, s.fail("read paid secret", err)
+	}
+	return s.cfg.Bucket, []byte(v), nil
+}
+
+// paidSecretKey names the key of the bucket's paid-slot secret.
+func (s *Store) paidSecretKey() string {
+	return s.cfg.Prefix + "{" + s.cfg.Bucket + "}" + paidSecretSuffix
+}
+
+var _ limiter.PaidSecretStore = (*Layered)(nil)
