@@ -15,14 +15,17 @@ import (
 // (limiter.LimitError.Reserved). Its value is a JSON array of
 // limiter.PaidSlot objects, such as
 //
-//	[{"layer":"per-recipient","key":"+15550100","due":"2026-12-01T10:00:02.05Z"}]
+//	[{"layer":"per-recipient","key":"+15550100","due":"2026-12-01T10:00:02.05Z","sig":"..."}]
 //
 // When the message comes back, its first limiter wait passes those layers
 // without taking from them again (limiter.Request.Paid; a slot back more
 // than limiter.PaidLateness late is forfeit); a later attempt, after a
 // failure, pays again. Throttle writes it, every backend
 // carries it with the message it sets aside, and an empty value names no
-// slot.
+// slot. A slot passes only with the signature (sig) that the limiter gave
+// it with the bucket's secret (limiter.PaidSecretStore): a producer cannot
+// make one. The backends also drop the header from a message that they did
+// not read back from their delay topic or queue.
 const HeaderPaid = "x-throttle-paid"
 
 // PaidSlots returns the slots that msg's HeaderPaid names. A missing,
@@ -60,7 +63,7 @@ func paidHeaders(msg Message, le *limiter.LimitError) map[string]string {
 		}
 	}
 	if le.Reserved {
-		slots = append(slots, limiter.PaidSlot{Layer: le.Layer, Key: le.Key, Due: le.RetryAt.UTC()})
+		slots = append(slots, le.Slot())
 	}
 	v := ""
 	if len(slots) > 0 {

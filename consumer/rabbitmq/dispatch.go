@@ -66,7 +66,9 @@ func (r *run) item(d amqp.Delivery) item {
 	it := item{d: d, msg: ToMessage(d, r.cfg.Queue)}
 	if !fromDelayQueue(d, r.delayQueue()) {
 		// Only a copy that this consumer set aside carries slots it paid
-		// for: a publisher cannot pass a layer with the header.
+		// for. This is the second line: a publisher can forge x-death too,
+		// and what keeps its slot from passing a layer is the limiter's
+		// signature (limiter.PaidSlot.Sig).
 		delete(it.msg.Headers, consumer.HeaderPaid)
 	}
 	if r.cfg.Ordering == consumer.OrderKey {
