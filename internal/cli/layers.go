@@ -33,9 +33,12 @@ func layeredStore(store *redislimiter.Store, cfg config.Limit) (limiter.Store, e
 
 // layerObserver returns obs with the metrics of limit.extra added, or obs
 // itself without layers: throttle_limit_exceeded_total{layer,action}, the
-// refusals, and throttle_limit_wait_seconds{layer}, the waits by the layer
-// that set them ("bucket" for the shared bucket). Labels name layers, never
-// keys, so their number is bounded by the configuration.
+// refusals, throttle_limit_wait_seconds{layer}, the waits by the layer
+// that set them ("bucket" for the shared bucket), and
+// throttle_paid_slots_refused_total{layer}, the paid slots (x-throttle-paid)
+// refused for a missing or wrong signature ("other" for a layer that is not
+// configured). Labels name layers, never keys, so their number is bounded
+// by the configuration.
 func layerObserver(m *metrics, obs *limiter.Observer, cfg config.Limit) *limiter.Observer {
 	if len(cfg.Extra) == 0 {
 		return obs
@@ -49,9 +52,19 @@ func layerObserver(m *metrics, obs *limiter.Observer, cfg config.Limit) *limiter
 		Help:    "Time a message waited for tokens, by the layer whose wait was the longest (bucket: the shared bucket).",
 		Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600},
 	}, []string{"layer"})
-	m.reg.MustRegister(exceeded, waits)
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "throttle_paid_slots_refused_total",
+		Help: "Paid slots (x-throttle-paid) refused for a missing or wrong signature, by layer (other: not a configured layer); the layer then decided as usual.",
+	}, []string{"layer"})
+	m.reg.MustRegister(exceeded, waits, refused)
 	o := *obs
 	o.LimitExceeded = func(layer string, action limiter.Action) { exceeded.WithLabelValues(layer, string(action)).Inc() }
+	o.PaidRefused = func(layer string) {
+		if layer == "" {
+			layer = "other"
+		}
+		refused.WithLabelValues(layer).Inc()
+	}
 	o.LayerWaited = func(layer string, d time.Duration) {
 		if layer == "" {
 			layer = "bucket"
