@@ -201,8 +201,8 @@ type Limit struct {
 	Priority string `yaml:"priority,omitempty"`
 	// PriorityHeader optionally names the message header holding a
 	// message's class (high, normal or low), which then wins over
-	// Priority. A message without it, or with it empty, has class
-	// Priority; any other value is a permanent error, so the message is
+	// Priority. A message without it has class Priority; any other
+	// value, the empty one too, is a permanent error, so the message is
 	// dead-lettered with the reason.
 	PriorityHeader string `yaml:"priority_header,omitempty"`
 	// MinShare maps a class to the floor of its share of the rate while it

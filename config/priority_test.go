@@ -35,8 +35,8 @@ func TestLimitPriorityMapsOntoTheLimiter(t *testing.T) {
 }
 
 // TestLimitPriorityOfAMessage: the header's class when it is set, the
-// replica's class otherwise, and a permanent error naming the header for a
-// value that is not a class.
+// replica's class without it, and a permanent error naming the header for a
+// value that is not a class, the empty one too.
 func TestLimitPriorityOfAMessage(t *testing.T) {
 	cfg := mustParse(t, strings.Replace(minimal, "rate: 10", "rate: 10\n  priority: low\n  priority_header: x-priority", 1), nil)
 	class := cfg.Limit.PriorityFunc()
@@ -46,7 +46,7 @@ func TestLimitPriorityOfAMessage(t *testing.T) {
 		bad     bool
 	}{
 		{nil, limiter.PriorityLow, false},
-		{map[string]string{"x-priority": ""}, limiter.PriorityLow, false},
+		{map[string]string{"x-priority": ""}, 0, true},
 		{map[string]string{"x-priority": "high"}, limiter.PriorityHigh, false},
 		{map[string]string{"x-priority": "normal"}, limiter.PriorityNormal, false},
 		{map[string]string{"x-priority": "low"}, limiter.PriorityLow, false},
@@ -56,7 +56,11 @@ func TestLimitPriorityOfAMessage(t *testing.T) {
 		p, err := class(consumer.Message{Headers: c.headers})
 		switch {
 		case c.bad:
-			if !consumer.IsPermanent(err) || !strings.Contains(err.Error(), `priority header "x-priority"`) || !strings.Contains(err.Error(), c.headers["x-priority"]) {
+			v := c.headers["x-priority"]
+			if v == "" {
+				v = "empty"
+			}
+			if !consumer.IsPermanent(err) || !strings.Contains(err.Error(), `priority header "x-priority"`) || !strings.Contains(err.Error(), v) {
 				t.Errorf("headers %v: err %v, want a permanent error naming the header and the value", c.headers, err)
 			}
 		case err != nil || p != c.want:

@@ -65,8 +65,8 @@ type PriorityFunc func(Message) (limiter.Priority, error)
 
 // PriorityFromHeader returns a PriorityFunc that reads a message's class
 // from the named header: high, normal or low (limiter.ParsePriority). A
-// message without the header, or with it empty, has class def, and so has
-// every message when name is empty. Any other value is a Permanent error
+// message without the header has class def, and so has every message when
+// name is empty. Any other value, the empty one too, is a Permanent error
 // naming the header, so the message is dead-lettered with the reason
 // rather than sent in a class nobody chose.
 func PriorityFromHeader(name string, def limiter.Priority) PriorityFunc {
@@ -74,9 +74,14 @@ func PriorityFromHeader(name string, def limiter.Priority) PriorityFunc {
 		if name == "" {
 			return def, nil
 		}
-		v := m.Headers[name]
-		if v == "" {
+		v, ok := m.Headers[name]
+		if !ok {
 			return def, nil
+		}
+		if v == "" {
+			// limiter.ParsePriority takes "" for its default class.
+			return def, Permanent(fmt.Errorf("priority header %q: empty, want %s, %s or %s", name,
+				limiter.PriorityHigh, limiter.PriorityNormal, limiter.PriorityLow))
 		}
 		p, err := limiter.ParsePriority(v)
 		if err != nil {
