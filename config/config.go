@@ -347,8 +347,8 @@ type Kafka struct {
 	// means the message key. It requires ordering: key.
 	OrderingKey string `yaml:"ordering_key"`
 	// MaxInFlight bounds the messages handled at once under ordering key
-	// or none. Zero means the consumer's default
-	// (kafka.DefaultMaxInFlight); not 0 in YAML.
+	// or none; under ordering partition it is an error. Zero means the
+	// consumer's default (kafka.DefaultMaxInFlight); not 0 in YAML.
 	MaxInFlight int `yaml:"max_in_flight,omitempty" check:"nonzero"`
 	// SASL configures SASL authentication; it is off by default.
 	SASL SASL `yaml:"sasl"`
@@ -848,6 +848,9 @@ func Parse(data []byte, lookup func(string) (string, bool)) (*Config, error) {
 	if err := cfg.Validate(); errors.As(err, &ve) {
 		for _, p := range ve.Problems {
 			if !w.covers(p.Key) {
+				if p.Line == 0 {
+					p.Line = w.lines[p.Key]
+				}
 				ps = append(ps, p)
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -108,13 +109,13 @@ func TestParseBadInputs(t *testing.T) {
 			name: "unknown key",
 			doc:  minimal + "redis:\n  pasword: x\n",
 			key:  "redis.pasword",
-			want: "unknown key (line 13); did you mean password?",
+			want: "unknown key; did you mean password? (line 13)",
 		},
 		{
 			name: "unknown top-level key",
 			doc:  minimal + "limits: {}\n",
 			key:  "limits",
-			want: "unknown key (line 12); did you mean limit?",
+			want: "unknown key; did you mean limit? (line 12)",
 		},
 		{
 			name: "bad duration",
@@ -370,7 +371,7 @@ func TestParseBadInputs(t *testing.T) {
 				return
 			}
 			for _, p := range problemsOf(t, err) {
-				if p.Key == tt.key && strings.Contains(p.Message, tt.want) {
+				if p.Key == tt.key && strings.Contains(p.String(), tt.want) {
 					if !strings.Contains(err.Error(), tt.key+": ") {
 						t.Errorf("Error() %q does not name key %q", err, tt.key)
 					}
@@ -457,8 +458,8 @@ delivery:
 	if !reflect.DeepEqual(keys, want) {
 		t.Fatalf("keys = %q, want %q; problems:\n%v", keys, want, ps)
 	}
-	if got := ps[3].Message; got != "environment variables A, B are not set (line 16)" {
-		t.Errorf("message = %q", got)
+	if got := ps[3]; got.Message != "environment variables A, B are not set" || got.Line != 16 {
+		t.Errorf("problem = %+v", got)
 	}
 }
 
@@ -1070,6 +1071,8 @@ func TestOrdering(t *testing.T) {
 		{kafka("ordering: key\n    ordering_key: '{{nope}}'"), "source.kafka.ordering_key", `function "nope" not defined`},
 		{kafka("ordering_key: '{{.Key}}'"), "source.kafka.ordering_key", `requires ordering "key", got ""`},
 		{kafka("max_in_flight: 0"), "source.kafka.max_in_flight", "must not be 0"},
+		{kafka("max_in_flight: 50"), "source.kafka.max_in_flight", `has no effect with ordering "partition"`},
+		{kafka("ordering: partition\n    max_in_flight: 50"), "source.kafka.max_in_flight", `has no effect with ordering "partition"`},
 		{"limit: {bucket: b, rate: 1}\nsink: {stdout: {}}\nsource: {rabbitmq: {url: 'amqp://h/', queue: q, ordering: none, ordering_key: x}}\n",
 			"source.rabbitmq.ordering_key", `requires ordering "key", got "none"`},
 	} {
@@ -1079,6 +1082,7 @@ func TestOrdering(t *testing.T) {
 			t.Errorf("problems %v, want %s: %s", ps, tt.key, tt.want)
 		}
 	}
+	mustParse(t, kafka("ordering: none\n    max_in_flight: 50"), nil)
 }
 
 // TestLibraryFieldsNameYAMLKeys checks the translation of the Go field
@@ -1128,5 +1132,64 @@ func TestDeliveryValidatedByTheConsumer(t *testing.T) {
 	_, err = Parse([]byte(minimal+"delivery: {backoff: 2s, max_backoff: 1s}\n"), nil)
 	if ps := problemsOf(t, err); ps[0].Key != "delivery.max_backoff" {
 		t.Errorf("problems %v", ps)
+	}
+}
+
+// TestProblemsCarryTheirLine: every problem about a key present in the
+// YAML gives that key's line, whether the walker found it while decoding
+// or a library's validation did afterwards; a problem about an absent key
+// has none.
+func TestProblemsCarryTheirLine(t *testing.T) {
+	doc := `limit:
+  rate: 10
+  on_store_error: sometimes
+  adaptive:
+    min_rate: 20
+  extra:
+    - name: l
+      key: '{{nope}}'
+      rate: 1
+source:
+  kafka:
+    brokers: ["127.0.0.1:9092"]
+    topic: sms
+    group: g
+    max_in_flight: 50
+    ordering: partition
+sink:
+  stdout: {}
+  http: {url: "http://h/"}
+redis:
+  timeout: soon
+  pasword: x
+`
+	_, err := Parse([]byte(doc), nil)
+	want := map[string]int{
+		"limit.bucket":               0, // absent
+		"limit.on_store_error":       3,
+		"limit.adaptive.min_rate":    5,
+		"limit.extra[0].key":         8,
+		"source.kafka.max_in_flight": 15,
+		"sink":                       17,
+		"redis.timeout":              21,
+		"redis.pasword":              22,
+	}
+	got := map[string]int{}
+	for _, p := range problemsOf(t, err) {
+		got[p.Key] = p.Line
+		if p.Line > 0 && !strings.HasSuffix(p.String(), fmt.Sprintf(" (line %d)", p.Line)) {
+			t.Errorf("%q does not end with its line", p.String())
+		}
+		if strings.Contains(p.Message, "(line") {
+			t.Errorf("%q: the line is in the message", p.String())
+		}
+	}
+	for key, line := range want {
+		if l, ok := got[key]; !ok || l != line {
+			t.Errorf("%s: line %d (reported %v), want %d", key, l, ok, line)
+		}
+	}
+	if t.Failed() {
+		t.Logf("problems:\n%v", err)
 	}
 }

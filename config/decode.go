@@ -41,6 +41,8 @@ const (
 type walker struct {
 	lookup   func(string) (string, bool)
 	problems []Problem
+	lines    map[string]int // the line of each key path met, for Parse
+	merging  int            // > 0 while walking the value of a merge key
 	expanded map[*yaml.Node]expandState
 	original map[*yaml.Node]string // text before expansion, for nodes with references
 	active   map[*yaml.Node]bool
@@ -54,11 +56,22 @@ func newWalker(lookup func(string) (string, bool)) *walker {
 		expanded: make(map[*yaml.Node]expandState),
 		original: make(map[*yaml.Node]string),
 		active:   make(map[*yaml.Node]bool),
+		lines:    make(map[string]int),
 	}
 }
 
-func (w *walker) add(key, format string, args ...any) {
-	w.problems = append(w.problems, Problem{Key: key, Message: fmt.Sprintf(format, args...)})
+// add records a problem at key, found at line of the document.
+func (w *walker) add(line int, key, format string, args ...any) {
+	w.problems = append(w.problems, Problem{Key: key, Message: fmt.Sprintf(format, args...), Line: line})
+}
+
+// line records the line of the key at path. A key set explicitly wins
+// over one a merge key (<<) brings in, whichever comes first.
+func (w *walker) line(path string, line int) {
+	if _, ok := w.lines[path]; ok && w.merging > 0 {
+		return
+	}
+	w.lines[path] = line
 }
 
 // walk checks n, which is to be decoded into a value of type t at path.
@@ -67,7 +80,7 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 	if w.steps > maxWalkSteps {
 		if !w.fatal {
 			w.fatal = true
-			w.add(path, "document too complex (too many nested aliases)")
+			w.add(n.Line, path, "document too complex (too many nested aliases)")
 		}
 		return
 	}
@@ -84,7 +97,7 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 		}
 		if w.active[target] {
 			w.fatal = true
-			w.add(path, "alias *%s refers to a value that contains it (line %d)", n.Value, n.Line)
+			w.add(n.Line, path, "alias *%s refers to a value that contains it", n.Value)
 			return
 		}
 		w.active[target] = true
@@ -112,7 +125,7 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 			return
 		}
 		if n.Kind != yaml.MappingNode {
-			w.reject(n, t, path, "expected a mapping, got %s (line %d)", describeNode(n), n.Line)
+			w.reject(n, t, path, "expected a mapping, got %s", describeNode(n))
 			return
 		}
 		w.walkStruct(n, base, path)
@@ -121,7 +134,7 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 			return
 		}
 		if n.Kind != yaml.MappingNode {
-			w.reject(n, t, path, "expected a mapping, got %s (line %d)", describeNode(n), n.Line)
+			w.reject(n, t, path, "expected a mapping, got %s", describeNode(n))
 			return
 		}
 		seen := make(map[string]int)
@@ -130,6 +143,7 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 			if !ok || w.duplicate(seen, k, name, path) {
 				return false
 			}
+			w.line(join(path, name), k.Line)
 			w.walk(v, base.Elem(), join(path, name))
 			return true
 		})
@@ -143,10 +157,11 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 			*n = yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq", Line: n.Line, Column: n.Column, Content: []*yaml.Node{&item}}
 		}
 		if n.Kind != yaml.SequenceNode {
-			w.reject(n, t, path, "expected a list, got %s (line %d)", describeNode(n), n.Line)
+			w.reject(n, t, path, "expected a list, got %s", describeNode(n))
 			return
 		}
 		for i, item := range n.Content {
+			w.line(fmt.Sprintf("%s[%d]", path, i), item.Line)
 			w.walk(item, base.Elem(), fmt.Sprintf("%s[%d]", path, i))
 		}
 	default:
@@ -161,7 +176,7 @@ func (w *walker) walkStruct(n *yaml.Node, t reflect.Type, path string) {
 	w.filterPairs(n, func(k, v *yaml.Node) bool {
 		if k.Kind == yaml.ScalarNode && k.ShortTag() == "!!merge" {
 			if !isMergeable(v) {
-				w.add(path, "the value of a merge key (<<) must be a mapping or a list of mappings (line %d)", v.Line)
+				w.add(v.Line, path, "the value of a merge key (<<) must be a mapping or a list of mappings")
 				return false
 			}
 			w.walkMerge(v, t, path)
@@ -173,9 +188,10 @@ func (w *walker) walkStruct(n *yaml.Node, t reflect.Type, path string) {
 		}
 		f, ok := fields[name]
 		if !ok {
-			w.add(join(path, name), "unknown key (line %d)%s", k.Line, suggest(name, fields))
+			w.add(k.Line, join(path, name), "unknown key%s", suggest(name, fields))
 			return false
 		}
+		w.line(join(path, name), k.Line)
 		checks := strings.Split(f.Tag.Get("check"), ",")
 		if slices.Contains(checks, "rate") {
 			w.walkRate(v, f.Type, join(path, name))
@@ -208,7 +224,7 @@ func (w *walker) walkRate(n *yaml.Node, t reflect.Type, path string) {
 			// Do not echo what came from the environment.
 			msg = fmt.Sprintf("%q does not expand to a rate: %s", w.original[target], strings.SplitN(msg, ", got", 2)[0])
 		}
-		w.reject(target, t, path, "%s (line %d)", msg, target.Line)
+		w.reject(target, t, path, "%s", msg)
 		w.expanded[target] = expandFailed
 		return
 	}
@@ -233,7 +249,7 @@ func (w *walker) checkNonZero(n *yaml.Node, t reflect.Type, path string) {
 	if err := n.Decode(v.Interface()); err != nil || !v.Elem().IsZero() {
 		return
 	}
-	w.reject(n, t, path, "must not be 0; omit the key for the default (line %d)", n.Line)
+	w.reject(n, t, path, "must not be 0; omit the key for the default")
 }
 
 // filterPairs calls keep for each key and value of the mapping n, and drops
@@ -273,6 +289,8 @@ func isMergeable(v *yaml.Node) bool {
 
 // walkMerge checks the value of a "<<" merge key, which isMergeable accepted.
 func (w *walker) walkMerge(v *yaml.Node, t reflect.Type, path string) {
+	w.merging++
+	defer func() { w.merging-- }()
 	target := v
 	if target.Kind == yaml.AliasNode && target.Alias != nil {
 		target = target.Alias
@@ -290,7 +308,7 @@ func (w *walker) walkMerge(v *yaml.Node, t reflect.Type, path string) {
 // to base.
 func (w *walker) walkLeaf(n *yaml.Node, t, base reflect.Type, path string) {
 	if n.Kind != yaml.ScalarNode {
-		w.reject(n, t, path, "expected a single value, got %s (line %d)", describeNode(n), n.Line)
+		w.reject(n, t, path, "expected a single value, got %s", describeNode(n))
 		return
 	}
 	if w.expanded[n] == expandedRefs && n.Style&yaml.TaggedStyle == 0 {
@@ -320,15 +338,15 @@ func (w *walker) walkLeaf(n *yaml.Node, t, base reflect.Type, path string) {
 		case errors.As(err, &te):
 			msg = fmt.Sprintf("cannot use %q as %s", n.Value, describeType(base))
 		}
-		w.reject(n, t, path, "%s (line %d)", msg, n.Line)
+		w.reject(n, t, path, "%s", msg)
 	}
 }
 
-// reject records a problem with n and replaces n with a value that decodes
-// to the default, so that the rest of the tree can still be decoded and
-// validated.
+// reject records a problem with n, at its line, and replaces n with a
+// value that decodes to the default, so that the rest of the tree can still
+// be decoded and validated.
 func (w *walker) reject(n *yaml.Node, t reflect.Type, path, format string, args ...any) {
-	w.add(path, format, args...)
+	w.add(n.Line, path, format, args...)
 	if t.Kind() == reflect.Pointer && t.Elem().Kind() == reflect.Struct {
 		*n = yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Line: n.Line, Column: n.Column}
 		return
@@ -347,7 +365,7 @@ func (w *walker) expand(n *yaml.Node, t reflect.Type, path string) bool {
 	}
 	v, refs, err := envexpand.Expand(n.Value, w.lookup)
 	if err != nil {
-		w.reject(n, t, path, "%v (line %d)", err, n.Line)
+		w.reject(n, t, path, "%v", err)
 		w.expanded[n] = expandFailed
 		return false
 	}
@@ -363,7 +381,7 @@ func (w *walker) expand(n *yaml.Node, t reflect.Type, path string) bool {
 // key returns the name of the mapping key k.
 func (w *walker) key(k *yaml.Node, path string) (string, bool) {
 	if k.Kind != yaml.ScalarNode {
-		w.add(path, "keys must be plain strings, got %s (line %d)", describeNode(k), k.Line)
+		w.add(k.Line, path, "keys must be plain strings, got %s", describeNode(k))
 		return "", false
 	}
 	return k.Value, true
@@ -373,7 +391,7 @@ func (w *walker) key(k *yaml.Node, path string) (string, bool) {
 // mapping at path.
 func (w *walker) duplicate(seen map[string]int, k *yaml.Node, name, path string) bool {
 	if line, ok := seen[name]; ok {
-		w.add(join(path, name), "duplicate key (lines %d and %d)", line, k.Line)
+		w.add(k.Line, join(path, name), "duplicate key, first at line %d", line)
 		return true
 	}
 	seen[name] = k.Line

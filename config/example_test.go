@@ -65,7 +65,7 @@ func ExampleParse_errors() {
 	// Output:
 	// limit.rate: must be a number > 0 and <= 1e+09, got -5 (line 1)
 	// source: exactly one of kafka, rabbitmq must be set, got 0
-	// sink: exactly one of http, postgres, stdout must be set, got 2 (http, stdout)
+	// sink: exactly one of http, postgres, stdout must be set, got 2 (http, stdout) (line 2)
 }
 
 func ExampleRedactURL() {

@@ -25,14 +25,22 @@ type Problem struct {
 	Key string
 	// Message says what is wrong, such as "must be > 0, got -5".
 	Message string
+	// Line is the line of the key concerned in the YAML document, 0 when
+	// the key is absent or the Config was not parsed from YAML.
+	Line int
 }
 
-// String returns "key: message".
+// String returns "key: message (line N)", without the key when it is
+// empty and without the line when it is unknown.
 func (p Problem) String() string {
-	if p.Key == "" {
-		return p.Message
+	s := p.Message
+	if p.Key != "" {
+		s = p.Key + ": " + s
 	}
-	return p.Key + ": " + p.Message
+	if p.Line > 0 {
+		s += " (line " + strconv.Itoa(p.Line) + ")"
+	}
+	return s
 }
 
 // ValidationError lists every problem found in a configuration. It is a
@@ -192,6 +200,15 @@ func (k *Kafka) validate(ps *problems) {
 		opts.OrderingKey = f
 	}
 	ps.library(key, reflect.TypeFor[Kafka](), k.ConsumerConfig(opts, nil).Validate())
+	if k.MaxInFlight != 0 {
+		// The consumer bounds ordering key and none with MaxInFlight and
+		// partition with Concurrency: a max_in_flight it would ignore is
+		// a mistake.
+		if o, err := (consumer.Options{Ordering: k.Ordering}).WithDefaults(); err == nil && o.Ordering == consumer.OrderPartition {
+			ps.add(key+".max_in_flight", "has no effect with ordering %q; it bounds ordering %q and %q (partition uses concurrency)",
+				o.Ordering, consumer.OrderKey, consumer.OrderNone)
+		}
+	}
 	switch k.StartOffset {
 	case "", StartFirst, StartLast:
 	default:
