@@ -60,7 +60,8 @@
 // Unknown keys, values of the wrong type, bad durations and unset variables
 // are all reported together, and so are validation failures; either way
 // Parse returns a *ValidationError whose problems each name the dotted key
-// they concern, such as "limit.rate" or "source.kafka.brokers[0]".
+// they concern, such as "limit.rate" or "source.kafka.brokers[0]", and the
+// line of that key when it is in the document (Problem.Line).
 //
 // # Secrets
 //
