@@ -6,7 +6,6 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"text/template"
 	"time"
 
 	"github.com/throttlehq/throttle/consumer"
@@ -83,40 +82,13 @@ func (l Limit) layers() ([]limiter.Layer, []error) {
 // fails or renders empty it returns a consumer.Permanent error naming the
 // layer and its YAML key.
 func (l Limit) LayerKeys() (func(consumer.Message) (map[string]string, error), error) {
-	type keyed struct {
-		name, yamlKey string
-		t             *template.Template
-	}
-	var ks []keyed
+	var keys []msgtmpl.LayerKey
 	for i, x := range l.Extra {
-		if x.Key == "" {
-			continue
+		if x.Key != "" {
+			keys = append(keys, msgtmpl.LayerKey{Layer: x.Name, Name: "limit.extra[" + strconv.Itoa(i) + "].key", Text: x.Key})
 		}
-		key := "limit.extra[" + strconv.Itoa(i) + "].key"
-		t, err := msgtmpl.Parse(key, x.Key)
-		if err != nil {
-			return nil, err
-		}
-		ks = append(ks, keyed{name: x.Name, yamlKey: key, t: t})
 	}
-	if len(ks) == 0 {
-		return nil, nil
-	}
-	return func(m consumer.Message) (map[string]string, error) {
-		d := msgtmpl.NewData(m)
-		out := make(map[string]string, len(ks))
-		for _, k := range ks {
-			b, err := msgtmpl.Render(k.t, d)
-			if err != nil {
-				return nil, consumer.Permanent(fmt.Errorf("the key of limit %q (%s): %w", k.name, k.yamlKey, err))
-			}
-			if len(b) == 0 {
-				return nil, consumer.Permanent(fmt.Errorf("the key of limit %q (%s) rendered empty", k.name, k.yamlKey))
-			}
-			out[k.name] = string(b)
-		}
-		return out, nil
-	}, nil
+	return msgtmpl.KeysFunc(keys)
 }
 
 // validateExtra checks limit.extra: the key templates, the time zones, and

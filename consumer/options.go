@@ -60,6 +60,17 @@ type Options struct {
 	// function that fails makes the message fail permanently: it is
 	// dead-lettered with that error. Setting it requires OrderKey.
 	OrderingKey KeyFunc
+	// Priority gives each message's class (limiter.Priority: high, normal
+	// or low), for the order in which the backend starts the messages it
+	// holds: a message of a higher class goes ahead of those of lower
+	// classes waiting for a handler, as far as Ordering allows, and the
+	// lower classes leave a few handler slots free for the higher ones
+	// (see Ordering for what each ordering allows). It orders the
+	// consumer only: give the limiter the same class (the binary does
+	// both from limit.priority_header). An error counts as the class
+	// returned with it; the limiter decides what the message's class
+	// error means. Default nil: one class, the broker's order.
+	Priority PriorityFunc
 	// Observer receives message and connection events, for metrics.
 	// Default: none.
 	Observer *Observer
@@ -82,6 +93,9 @@ func (o Options) Validate() error {
 	}
 	if o.Cost != nil && o.Limiter == nil {
 		bad("Cost", "is set but Limiter is nil")
+	}
+	if err := keyedLayerError(o.Limiter); err != nil {
+		bad("Limiter", "%w", err)
 	}
 	if o.MaxPause < 0 {
 		bad("MaxPause", "%v must not be negative", o.MaxPause)

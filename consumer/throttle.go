@@ -95,7 +95,10 @@ func PriorityFromHeader(name string, def limiter.Priority) PriorityFunc {
 // each handler attempt, so retries are throttled like first attempts. A nil
 // cost means CostOne. A cost the limiter can never grant (above its burst)
 // becomes a Permanent error, so the message is dead-lettered instead of
-// blocking the consumer. A layer that refuses with on_exceed delay (a
+// blocking the consumer. A layer that refuses with on_exceed dead_letter
+// (a *limiter.LimitError with ActionDeadLetter) becomes a Permanent error
+// whose dead letter carries HeaderLimit and HeaderLimitReason, so it is
+// never retried. A layer that refuses with on_exceed delay (a
 // *limiter.LimitError with ActionDelay) becomes a SetAside error for the
 // layer's wait, with HeaderPaid naming the slot the layer booked, if it
 // did (LimitError.Reserved), and the slots the message still holds from an
@@ -131,6 +134,10 @@ func Throttle(l Limiter, cost CostFunc) Middleware {
 					// the slot (HeaderPaid) so that it passes the layer
 					// when it comes back.
 					return SetAsideWith(fmt.Errorf("waiting for %d tokens: %w", n, err), le.Wait, paidHeaders(msg, le))
+				case errors.As(err, &le) && le.Action == limiter.ActionDeadLetter:
+					// A layer refuses the message, or its cost can never
+					// pass a layer: dead-lettered, naming the layer.
+					return Permanent(fmt.Errorf("waiting for %d tokens: %w", n, limitRefusal{le}))
 				case errors.Is(err, limiter.ErrCostExceedsBurst):
 					return Permanent(fmt.Errorf("waiting for %d tokens: %w", n, err))
 				case errors.Is(err, limiter.ErrClosed):

@@ -205,6 +205,9 @@ func (b *Bucket) Wait(ctx context.Context, cost int) error {
 	return b.waitAs(ctx, b.opts.Priority, cost)
 }
 
+// Priority returns the class of Wait and Allow, Options.Priority.
+func (b *Bucket) Priority() Priority { return b.opts.Priority }
+
 // closed reports whether Close was called.
 func (b *Bucket) closed() bool {
 	select {

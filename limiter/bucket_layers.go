@@ -316,6 +316,15 @@ type layeredFallback struct {
 
 // layeredStore returns the Bucket's store if it is a LayeredStore with at
 // least one layer, else nil.
+// Layers returns the layers of the Bucket's store, with their defaults
+// filled in, or nil for a store without layers.
+func (b *Bucket) Layers() []Layer {
+	if ls := b.layeredStore(); ls != nil {
+		return ls.Layers()
+	}
+	return nil
+}
+
 func (b *Bucket) layeredStore() LayeredStore {
 	b.layered.once.Do(func() {
 		if ls, ok := b.store.(LayeredStore); ok && len(ls.Layers()) > 0 {

@@ -1,15 +1,12 @@
 package cli
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/throttlehq/throttle/config"
-	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
@@ -73,67 +70,3 @@ func layerObserver(m *metrics, obs *limiter.Observer, cfg config.Limit) *limiter
 	}
 	return &o
 }
-
-// consumerLimiter returns the consumer's limiter: w, or, with limit.extra,
-// a layeredLimiter around it.
-func consumerLimiter(cfg config.Limit, w *waitLimiter) (consumer.Limiter, error) {
-	if len(cfg.Extra) == 0 {
-		return w, nil
-	}
-	keys, err := cfg.LayerKeys()
-	if err != nil {
-		return nil, &configError{err: err}
-	}
-	return &layeredLimiter{waitLimiter: w, keys: keys}, nil
-}
-
-// layeredLimiter waits on the shared bucket and the layers of limit.extra
-// in one decision (limiter.Bucket.WaitN), with the message's key in each
-// keyed layer. A layer whose on_exceed is dead_letter refuses with a
-// permanent error whose dead-letter headers name it; a delay layer's
-// refusal goes back to consumer.Throttle, which sets the message aside
-// until the layer has room: a token-bucket layer books the message's slot
-// then, and the message comes back with consumer.HeaderPaid naming it. It
-// is safe for concurrent use.
-type layeredLimiter struct {
-	*waitLimiter
-	keys func(consumer.Message) (map[string]string, error) // nil: no keyed layer
-}
-
-// WaitMessage implements consumer.MessageLimiter.
-func (w *layeredLimiter) WaitMessage(ctx context.Context, msg consumer.Message, cost int) error {
-	p, err := w.classOf(msg)
-	if err != nil {
-		return err
-	}
-	var keys map[string]string
-	if w.keys != nil {
-		if keys, err = w.keys(msg); err != nil {
-			return err
-		}
-	}
-	// A message set aside by a delay layer that booked its slot comes
-	// back naming the layer (consumer.HeaderPaid): it passes it without
-	// taking from it again.
-	err = w.waitCounted(ctx, limiter.Request{Cost: cost, Keys: keys, Priority: p, Paid: consumer.PaidSlots(msg)})
-	var le *limiter.LimitError
-	if errors.As(err, &le) && le.Action == limiter.ActionDeadLetter {
-		return consumer.Permanent(limitRefusal{le})
-	}
-	// A delay layer's *limiter.LimitError goes to consumer.Throttle as is:
-	// it sets the message aside (consumer.SetAside) for le.Wait.
-	return err
-}
-
-// limitRefusal is a layer's refusal as the consumer dead-letters it: the
-// headers name the layer and say why.
-type limitRefusal struct{ *limiter.LimitError }
-
-func (e limitRefusal) Unwrap() error { return e.LimitError }
-
-// DeadLetterHeaders implements the consumer's dead-letter header hook.
-func (e limitRefusal) DeadLetterHeaders() map[string]string {
-	return map[string]string{"x-throttle-limit": e.Layer, "x-throttle-limit-reason": e.Reason}
-}
-
-var _ consumer.MessageLimiter = (*layeredLimiter)(nil)

@@ -284,14 +284,10 @@ func (m *metrics) averageCost() float64 {
 	return 1
 }
 
-// startWaiting counts a message that starts waiting for tokens, for the
-// progress line; call stopWaiting when it stops. (Two calls, not a
-// returned closure: this is on every message's path, where the closure was
-// an allocation.)
-func (m *metrics) startWaiting() { m.waitingN.Add(1) }
-
-// stopWaiting counts a message that stopped waiting for tokens.
-func (m *metrics) stopWaiting() { m.waitingN.Add(-1) }
+// addWaiting counts the messages waiting for tokens, for the progress
+// line: +1 when one starts waiting, -1 when it stops
+// (consumer.LimitOptions.Waiting).
+func (m *metrics) addWaiting(d int) { m.waitingN.Add(int64(d)) }
 
 // countWaiting makes throttle_limiter_waiting read by, such as the bucket's
 // WaitingByPriority, at each scrape.

@@ -111,14 +111,17 @@ func TestWaitLimiter(t *testing.T) {
 	}
 	t.Cleanup(func() { b.Close() })
 	m := newMetrics("")
-	w := &waitLimiter{l: b, maxWait: 50 * time.Millisecond, m: m}
+	w, err := consumerLimiter(config.Limit{MaxWait: config.Duration(50 * time.Millisecond)}, b, m)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	if err := w.Wait(ctx, 1); err != nil {
 		t.Fatalf("first wait: %v", err)
 	}
 	err = w.Wait(ctx, 1)
-	if !errors.Is(err, errMaxWait) {
-		t.Fatalf("second wait: %v, want errMaxWait", err)
+	if !errors.Is(err, consumer.ErrMaxWait) {
+		t.Fatalf("second wait: %v, want consumer.ErrMaxWait", err)
 	}
 	if consumer.IsPermanent(err) {
 		t.Errorf("a max_wait timeout must be retryable, got a permanent error")
@@ -147,7 +150,10 @@ func TestTokensTakenAndAverageCost(t *testing.T) {
 	if m.averageCost() != 1 {
 		t.Errorf("average cost before any message = %v, want 1", m.averageCost())
 	}
-	w := &waitLimiter{l: b, m: m}
+	w, err := consumerLimiter(config.Limit{}, b, m)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, cost := range []int{3, 1, 2} { // a 3-part SMS, then 1 and 2 parts
 		if err := w.Wait(context.Background(), cost); err != nil {
 			t.Fatal(err)

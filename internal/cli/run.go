@@ -148,13 +148,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		m.setPreset(cfg.Sink.HTTP.Preset)
 	}
 
-	lim, err := consumerLimiter(cfg.Limit, &waitLimiter{
-		l:        bucket,
-		maxWait:  time.Duration(cfg.Limit.MaxWait),
-		m:        m,
-		class:    cfg.Limit.PriorityFunc(),
-		priority: cfg.Limit.LimiterOptions().Priority,
-	})
+	lim, err := consumerLimiter(cfg.Limit, bucket, m)
 	if err != nil {
 		return err
 	}

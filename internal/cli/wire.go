@@ -49,84 +49,28 @@ func limiterOptions(cfg *config.Config, obs *limiter.Observer, log *slog.Logger)
 	return opts
 }
 
-// errMaxWait is the cause of a wait cut short by limit.max_wait.
-var errMaxWait = errors.New("limit.max_wait exceeded")
-
-// waitLimiter wraps the bucket for the consumer: it waits in each
-// message's class (limit.priority, or the value of limit.priority_header),
-// counts the messages waiting for tokens and bounds each wait by
-// limit.max_wait. A wait cut short fails the delivery attempt with a
-// retryable error, so the retry policy tries again later and dead-letters
-// the message once delivery.max_attempts are used up. It is safe for
-// concurrent use.
-type waitLimiter struct {
-	l       requestWaiter
-	maxWait time.Duration
-	m       *metrics
-	// class gives a message's class; nil means priority for every
-	// message.
-	class consumer.PriorityFunc
-	// priority is the class of Wait, which has no message: limit.priority.
-	priority limiter.Priority
-}
-
-// requestWaiter is what waitLimiter needs of the bucket: WaitN, which
-// takes the request's class as it is. *limiter.Bucket satisfies it.
-type requestWaiter interface {
-	WaitN(ctx context.Context, req limiter.Request) error
-}
-
-// Wait implements consumer.Limiter, in the class limit.priority.
-func (w *waitLimiter) Wait(ctx context.Context, cost int) error {
-	return w.waitCounted(ctx, limiter.Request{Cost: cost, Priority: w.priority})
-}
-
-// WaitMessage implements consumer.MessageLimiter, in the message's class.
-// A class header whose value is not a class fails the message with a
-// permanent error, so that it is dead-lettered with the reason.
-func (w *waitLimiter) WaitMessage(ctx context.Context, msg consumer.Message, cost int) error {
-	p, err := w.classOf(msg)
+// consumerLimiter returns what the consumer waits on: the bucket, through
+// consumer.NewLimiter, with the message's class (limit.priority, or the
+// value of limit.priority_header), its key in each keyed layer of
+// limit.extra, and limit.max_wait; it counts the messages waiting for
+// tokens and the tokens granted in m.
+func consumerLimiter(cfg config.Limit, bucket *limiter.Bucket, m *metrics) (consumer.MessageLimiter, error) {
+	keys, err := cfg.LayerKeys()
 	if err != nil {
-		return err
+		return nil, &configError{err: err}
 	}
-	return w.waitCounted(ctx, limiter.Request{Cost: cost, Priority: p})
+	lim, err := consumer.NewLimiter(bucket, consumer.LimitOptions{
+		Keys:     keys,
+		Priority: cfg.PriorityFunc(),
+		MaxWait:  time.Duration(cfg.MaxWait),
+		Waiting:  m.addWaiting,
+		Granted:  m.tookTokens,
+	})
+	if err != nil {
+		return nil, &configError{err: fmt.Errorf("limit: %w", err)}
+	}
+	return lim, nil
 }
-
-// classOf returns msg's class.
-func (w *waitLimiter) classOf(msg consumer.Message) (limiter.Priority, error) {
-	if w.class == nil {
-		return w.priority, nil
-	}
-	return w.class(msg)
-}
-
-// waitCounted is wait, counting the message while it waits and its tokens
-// once granted.
-func (w *waitLimiter) waitCounted(ctx context.Context, req limiter.Request) error {
-	w.m.startWaiting()
-	defer w.m.stopWaiting()
-	err := w.wait(ctx, req)
-	if err == nil {
-		w.m.tookTokens(req.Cost)
-	}
-	return err
-}
-
-// wait is the bucket's WaitN bounded by limit.max_wait.
-func (w *waitLimiter) wait(ctx context.Context, req limiter.Request) error {
-	if w.maxWait <= 0 {
-		return w.l.WaitN(ctx, req)
-	}
-	wctx, cancel := context.WithTimeoutCause(ctx, w.maxWait, errMaxWait)
-	defer cancel()
-	err := w.l.WaitN(wctx, req)
-	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), errMaxWait) {
-		return fmt.Errorf("no tokens within %v: %w", w.maxWait, errMaxWait)
-	}
-	return err
-}
-
-var _ consumer.MessageLimiter = (*waitLimiter)(nil)
 
 // newSink builds the configured sink. Sinks holding connections are closed
 // by the returned function.
@@ -174,9 +118,16 @@ type consumerDeps struct {
 	maxSetAside time.Duration
 	observer    *consumer.Observer
 	log         *slog.Logger
+	// priority gives each message's class when limit.priority_header is
+	// set, so that the consumer starts the higher classes first; nil when
+	// every message has the replica's class.
+	priority consumer.PriorityFunc
 	// setAside is set when a layer of limit.extra sets messages aside
 	// (on_exceed: delay): the Kafka consumer then uses its delay topic.
 	setAside bool
+	// assigned tells the bucket how many partitions the Kafka consumer
+	// owns: none makes the replica idle (limiter.Bucket.SetIdle).
+	assigned func(partitions int)
 }
 
 // newDeps maps the limit, sink and delivery sections to consumerDeps.
@@ -190,6 +141,12 @@ func newDeps(cfg *config.Config, lim consumer.Limiter, bucket *limiter.Bucket, o
 		maxSetAside: time.Duration(cfg.Delivery.MaxSetAside),
 		observer:    obs,
 		log:         log,
+	}
+	if cfg.Limit.PriorityHeader != "" {
+		d.priority = cfg.Limit.PriorityFunc()
+	}
+	if bucket != nil {
+		d.assigned = func(n int) { bucket.SetIdle(n == 0) }
 	}
 	for _, x := range cfg.Limit.Extra {
 		if x.OnExceed == string(limiter.ActionDelay) {
@@ -227,6 +184,7 @@ func (d consumerDeps) options(ordering consumer.Ordering, keyFunc func() (consum
 		Logger:       d.log,
 		Ordering:     ordering,
 		OrderingKey:  key,
+		Priority:     d.priority,
 	}, nil
 }
 
@@ -245,6 +203,7 @@ func newConsumer(src config.Source, d consumerDeps, h consumer.Handler) (runner,
 		}
 		kc := k.ConsumerConfig(opts, dialer)
 		kc.SetAside = d.setAside
+		kc.Assigned = d.assigned
 		c, err := kafka.New(kc, h)
 		if err != nil {
 			return nil, &configError{err: fmt.Errorf("source.kafka: %w", err)}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -72,13 +73,28 @@ func TestPostgresMissingTableNamesTheKey(t *testing.T) {
 	}
 }
 
-// requestRecorder is a requestWaiter that grants every request at once and
-// records it.
-type requestRecorder struct{ got []limiter.Request }
+// takeRecorder is a store on the in-process memory stores that records
+// the class and keys of every request, plain or layered.
+type takeRecorder struct {
+	*limiter.LayeredMemory
+	mu  sync.Mutex
+	got []limiter.Request
+}
 
-func (r *requestRecorder) WaitN(_ context.Context, req limiter.Request) error {
+func (r *takeRecorder) Take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+	r.record(limiter.Request{Cost: req.Cost, Priority: req.Priority})
+	return r.LayeredMemory.Take(ctx, req)
+}
+
+func (r *takeRecorder) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
+	r.record(limiter.Request{Cost: req.Cost, Priority: req.Priority, Keys: req.Keys})
+	return r.LayeredMemory.TakeLayers(ctx, req)
+}
+
+func (r *takeRecorder) record(req limiter.Request) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.got = append(r.got, req)
-	return nil
 }
 
 // TestWaitLimiterClass: the consumer's limiter fills every request's class:
@@ -95,13 +111,31 @@ sink: {stdout: {}}
 		if err != nil {
 			t.Fatal(err)
 		}
-		rec := &requestRecorder{}
-		w := &waitLimiter{l: rec, m: newMetrics("kafka"), class: cfg.Limit.PriorityFunc(), priority: cfg.Limit.LimiterOptions().Priority}
-		lim, err := consumerLimiter(cfg.Limit, w)
+		layers, err := cfg.Limit.Layers()
 		if err != nil {
 			t.Fatal(err)
 		}
-		ml := lim.(consumer.MessageLimiter)
+		shared, err := limiter.NewMemory(100, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lm, err := limiter.NewLayeredMemory(shared, layers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := &takeRecorder{LayeredMemory: lm}
+		opts := cfg.Limit.LimiterOptions()
+		opts.Lease.Disabled = true
+		b, err := limiter.New(rec, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		lim, err := consumerLimiter(cfg.Limit, b, newMetrics("kafka"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ml := lim
 		ctx := t.Context()
 		msg := func(class string) consumer.Message {
 			m := consumer.Message{Key: []byte("+15550001"), Headers: map[string]string{}}

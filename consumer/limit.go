@@ -1,0 +1,175 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// The headers a layer's refusal puts on the dead letter (see NewLimiter).
+const (
+	// HeaderLimit names the layer of limit.extra that refused the message.
+	HeaderLimit = "x-throttle-limit"
+	// HeaderLimitReason says why, in a few words.
+	HeaderLimitReason = "x-throttle-limit-reason"
+)
+
+// ErrMaxWait is wrapped by the error of a wait that LimitOptions.MaxWait
+// cut short. It is retryable: the retry policy tries again later and
+// dead-letters the message once its attempts are used up.
+var ErrMaxWait = errors.New("max wait for tokens exceeded")
+
+// LimitOptions configure NewLimiter. The zero value waits without a bound
+// in the Bucket's class (limiter.Options.Priority), for a bucket without
+// keyed layers.
+type LimitOptions struct {
+	// Keys gives the message's key in each keyed layer of the bucket
+	// (limiter.Request.Keys), such as the recipient of an SMS. It is
+	// required when the bucket has a keyed layer. An error fails the
+	// message: make it Permanent when retrying cannot help, so that the
+	// message is dead-lettered with the reason.
+	Keys func(Message) (map[string]string, error)
+	// Priority gives the message's class. Default: the Bucket's class
+	// for every message. An error fails the message, as for Keys.
+	Priority PriorityFunc
+	// MaxWait bounds each wait for tokens. A wait cut short fails the
+	// attempt with a retryable error wrapping ErrMaxWait. Default 0: no
+	// bound.
+	MaxWait time.Duration
+	// Waiting, when set, is called with +1 when a message starts waiting
+	// for tokens and -1 when it stops, and Granted with the tokens of
+	// each grant: for a gauge of waiting messages and a counter of
+	// tokens. They must not block.
+	Waiting func(delta int)
+	Granted func(tokens int)
+}
+
+// NewLimiter returns the limiter a consumer waits on (Options.Limiter)
+// for bucket: each message's request names its keys (LimitOptions.Keys),
+// its class (LimitOptions.Priority) and the slots it already paid for
+// (PaidSlots), and waits at most LimitOptions.MaxWait. What the layers
+// decide becomes what the consumer does with the message:
+//
+//   - a layer with on_exceed dead_letter that refuses makes the message
+//     fail permanently, so that it is dead-lettered with HeaderLimit and
+//     HeaderLimitReason naming the layer and the reason;
+//   - a layer with on_exceed delay that refuses sets the message aside
+//     until the layer has room (Throttle turns the refusal into a
+//     SetAside), carrying the slot the layer booked in HeaderPaid;
+//   - a cost a layer can never grant is a permanent failure too.
+//
+// It is the one adapter from a message to a limiter request: the binary
+// uses it as a library user does. It returns an error wrapping
+// ErrInvalidOptions for a nil bucket, a negative MaxWait, or a bucket
+// with a keyed layer and no Keys. The limiter is safe for concurrent use.
+func NewLimiter(bucket *limiter.Bucket, opts LimitOptions) (MessageLimiter, error) {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, args...)})
+	}
+	if bucket == nil {
+		bad("bucket", "must not be nil")
+	} else if opts.Keys == nil {
+		for _, l := range bucket.Layers() {
+			if l.Keyed {
+				bad("Keys", "is required: layer %q is keyed", l.Name)
+				break
+			}
+		}
+	}
+	if opts.MaxWait < 0 {
+		bad("MaxWait", "%v must not be negative", opts.MaxWait)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	return &messageLimiter{b: bucket, opts: opts}, nil
+}
+
+// messageLimiter is what NewLimiter returns.
+type messageLimiter struct {
+	b    *limiter.Bucket
+	opts LimitOptions
+}
+
+// Wait implements Limiter: a request without a message, in the Bucket's
+// class. It fails with limiter.ErrMissingKey on a bucket with a keyed
+// layer.
+func (l *messageLimiter) Wait(ctx context.Context, cost int) error {
+	return l.wait(ctx, cost, func(ctx context.Context) error { return l.b.Wait(ctx, cost) })
+}
+
+// WaitMessage implements MessageLimiter.
+func (l *messageLimiter) WaitMessage(ctx context.Context, msg Message, cost int) error {
+	req := limiter.Request{Cost: cost, Paid: PaidSlots(msg)}
+	var err error
+	if l.opts.Priority != nil {
+		if req.Priority, err = l.opts.Priority(msg); err != nil {
+			return err
+		}
+	} else {
+		req.Priority = l.b.Priority()
+	}
+	if l.opts.Keys != nil {
+		if req.Keys, err = l.opts.Keys(msg); err != nil {
+			return err
+		}
+	}
+	return l.wait(ctx, cost, func(ctx context.Context) error { return l.b.WaitN(ctx, req) })
+}
+
+// wait runs do, bounded by MaxWait and reported to Waiting and Granted.
+func (l *messageLimiter) wait(ctx context.Context, cost int, do func(context.Context) error) error {
+	if l.opts.Waiting != nil {
+		l.opts.Waiting(1)
+		defer l.opts.Waiting(-1)
+	}
+	var err error
+	if l.opts.MaxWait <= 0 {
+		err = do(ctx)
+	} else {
+		wctx, cancel := context.WithTimeoutCause(ctx, l.opts.MaxWait, ErrMaxWait)
+		err = do(wctx)
+		if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), ErrMaxWait) {
+			err = fmt.Errorf("no tokens within %v: %w", l.opts.MaxWait, ErrMaxWait)
+		}
+		cancel()
+	}
+	if err == nil && l.opts.Granted != nil {
+		l.opts.Granted(cost)
+	}
+	return err
+}
+
+// limitRefusal is a layer's dead_letter refusal as the consumer
+// dead-letters it: the headers name the layer and say why.
+type limitRefusal struct{ *limiter.LimitError }
+
+func (e limitRefusal) Unwrap() error { return e.LimitError }
+
+// DeadLetterHeaders implements the dead-letter header hook (see
+// RetryPolicy).
+func (e limitRefusal) DeadLetterHeaders() map[string]string {
+	return map[string]string{HeaderLimit: e.Layer, HeaderLimitReason: e.Reason}
+}
+
+// keyedLayerError returns an error when l is a *limiter.Bucket with a keyed
+// layer: it cannot name a message's keys, so a consumer must wait on
+// NewLimiter's limiter instead.
+func keyedLayerError(l Limiter) error {
+	b, ok := l.(*limiter.Bucket)
+	if !ok {
+		return nil
+	}
+	for _, ly := range b.Layers() {
+		if ly.Keyed {
+			return fmt.Errorf("is a *limiter.Bucket with the keyed layer %q, which needs each message's key: wrap it with consumer.NewLimiter", ly.Name)
+		}
+	}
+	return nil
+}
+
+var _ MessageLimiter = (*messageLimiter)(nil)

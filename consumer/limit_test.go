@@ -1,0 +1,146 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// layeredBucket returns a Bucket on the in-process store with a keyed
+// per-recipient layer.
+func layeredBucket(t *testing.T, layer limiter.Layer) *limiter.Bucket {
+	t.Helper()
+	shared, err := limiter.NewMemory(1000, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := limiter.NewLayeredMemory(shared, []limiter.Layer{layer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := limiter.New(store, limiter.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func toKeys(m consumer.Message) (map[string]string, error) {
+	return map[string]string{"per-recipient": m.Headers["to"]}, nil
+}
+
+// TestThrottleDeadLettersALayersRefusal: a dead_letter layer's refusal,
+// from NewLimiter or from a MessageLimiter of the user's own, is
+// dead-lettered at once with the layer and the reason. It used to be
+// retried: three messages took 7 failed attempts, none dead-lettered, and
+// all three were sent in the end.
+func TestThrottleDeadLettersALayersRefusal(t *testing.T) {
+	b := layeredBucket(t, limiter.Layer{Name: "per-recipient", Keyed: true, Rate: 1.0 / 3600, Burst: 1, OnExceed: limiter.ActionDeadLetter})
+	l, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := refusingLimiter{&limiter.LimitError{Layer: "mine", Action: limiter.ActionDeadLetter, Reason: "no"}}
+	for _, c := range []struct {
+		name      string
+		l         consumer.Limiter
+		sends     int
+		wantLayer string
+	}{
+		{"NewLimiter", l, 1, "per-recipient"},
+		{"a MessageLimiter of one's own", own, 0, "mine"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sent := 0
+			h := consumer.Throttle(c.l, nil)(func(context.Context, consumer.Message) error { sent++; return nil })
+			attempts := 0
+			for range 3 {
+				o := fastRetry.Process(context.Background(), h, consumer.Message{Headers: map[string]string{"to": "+15550100"}}, nil)
+				attempts += o.Attempts
+				if o.Delivered() {
+					continue
+				}
+				hd := o.DeadLetterHeaders(nil)
+				if !consumer.IsPermanent(o.Err) || hd[consumer.HeaderLimit] != c.wantLayer || hd[consumer.HeaderLimitReason] == "" {
+					t.Errorf("outcome %+v, headers %v: want a permanent failure naming layer %q and a reason", o, hd, c.wantLayer)
+				}
+			}
+			if sent != c.sends || attempts != 3 {
+				t.Errorf("%d sent in %d attempts, want %d sent in 3 (no retries)", sent, attempts, c.sends)
+			}
+		})
+	}
+}
+
+// TestNewLimiterSetsAsideForADelayLayer: a delay layer's refusal sets the
+// message aside for the layer's wait, with the slot it booked.
+func TestNewLimiterSetsAsideForADelayLayer(t *testing.T) {
+	b := layeredBucket(t, limiter.Layer{Name: "per-recipient", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDelay})
+	l, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := consumer.Throttle(l, nil)(func(context.Context, consumer.Message) error { return nil })
+	msg := consumer.Message{Headers: map[string]string{"to": "+15550100"}}
+	if err := h(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+	err = h(context.Background(), msg)
+	d, ok := consumer.SetAsideOf(err)
+	if !ok || d <= 900*time.Millisecond || d > time.Second {
+		t.Fatalf("second message: %v (set aside %v, %v), want set aside for about 1s", err, d, ok)
+	}
+}
+
+// TestConsumerRefusesAKeyedBucket: a *limiter.Bucket with a keyed layer
+// cannot name a message's keys; given directly as Options.Limiter it is a
+// configuration error that names consumer.NewLimiter. It used to be taken
+// as it was, and the layer silently skipped: 5 messages of one recipient
+// at 1/s went out 0–1 ms apart. NewLimiter without Keys fails too.
+func TestConsumerRefusesAKeyedBucket(t *testing.T) {
+	b := layeredBucket(t, limiter.Layer{Name: "per-recipient", Keyed: true, Rate: 1, Burst: 1})
+	_, err := consumer.Options{Limiter: b}.WithDefaults()
+	var fe *consumer.FieldError
+	if !errors.Is(err, consumer.ErrInvalidOptions) || !errors.As(err, &fe) || fe.Field != "Limiter" || !contains(err.Error(), "consumer.NewLimiter") {
+		t.Errorf("Options with a keyed bucket: %v, want an ErrInvalidOptions naming Limiter and consumer.NewLimiter", err)
+	}
+	if _, err := consumer.NewLimiter(b, consumer.LimitOptions{}); !errors.Is(err, consumer.ErrInvalidOptions) {
+		t.Errorf("NewLimiter without Keys on a keyed layer: %v, want ErrInvalidOptions", err)
+	}
+	l, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (consumer.Options{Limiter: l}).WithDefaults(); err != nil {
+		t.Errorf("Options with NewLimiter's limiter: %v", err)
+	}
+}
+
+// TestNewLimiterMaxWait: a wait longer than MaxWait fails the attempt
+// with a retryable error wrapping ErrMaxWait.
+func TestNewLimiterMaxWait(t *testing.T) {
+	b := layeredBucket(t, limiter.Layer{Name: "per-recipient", Keyed: true, Rate: 1, Burst: 1})
+	var waiting, granted int
+	l, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys, MaxWait: 20 * time.Millisecond,
+		Waiting: func(d int) { waiting += d }, Granted: func(n int) { granted += n }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := consumer.Message{Headers: map[string]string{"to": "+15550100"}}
+	if err := l.WaitMessage(context.Background(), msg, 1); err != nil {
+		t.Fatal(err)
+	}
+	err = l.WaitMessage(context.Background(), msg, 1)
+	if !errors.Is(err, consumer.ErrMaxWait) || consumer.IsPermanent(err) {
+		t.Errorf("a wait of 1s with MaxWait 20ms: %v, want a retryable ErrMaxWait", err)
+	}
+	if waiting != 0 || granted != 1 {
+		t.Errorf("Waiting sums to %d, Granted to %d; want 0 and 1", waiting, granted)
+	}
+}
+
