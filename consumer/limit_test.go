@@ -143,4 +143,3 @@ func TestNewLimiterMaxWait(t *testing.T) {
 		t.Errorf("Waiting sums to %d, Granted to %d; want 0 and 1", waiting, granted)
 	}
 }
-
