@@ -18,7 +18,9 @@ import (
 // gets the behaviour of a bucket without classes.
 type Priority uint8
 
-// The classes, from the first served to the last.
+// The classes. PriorityHigh is served first, then PriorityNormal, then
+// PriorityLow (Priority.Rank gives that order); PriorityNormal is the zero
+// value, so that a request that names no class is normal.
 const (
 	PriorityNormal Priority = iota
 	PriorityHigh

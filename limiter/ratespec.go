@@ -1,9 +1,7 @@
 package limiter
 
-// This file belongs to the config owner (issue 11/12): the one parser of
-// rate strings, used by the config file (limit.rate, layer rates) and the
-// CLI (bucket set --rate). Everything else in package limiter is
-// H-limiter's.
+// The one parser of rate strings, used by the config file (limit.rate,
+// layer rates) and the CLI (bucket set --rate).
 
 import (
 	"errors"

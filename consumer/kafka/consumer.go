@@ -12,15 +12,20 @@
 // finished; then fetching blocks) and goes to a scheduler that keeps the
 // order Config.Ordering asks for:
 //
-//   - OrderingPartition (the default): the messages of a partition one at
+//   - consumer.OrderPartition (the default): the messages of a partition one at
 //     a time, in order; up to Config.Concurrency partitions in parallel.
-//   - OrderingKey: the messages of one key of a partition one at a time,
+//   - consumer.OrderKey: the messages of one key of a partition one at a time,
 //     in order; different keys concurrently, up to Config.MaxInFlight.
-//   - OrderingNone: any messages concurrently, up to Config.MaxInFlight.
+//   - consumer.OrderNone: any messages concurrently, up to Config.MaxInFlight.
 //
 // Ordered lanes (partitions or keys) take turns one message each, so a
 // busy lane does not starve the others, and a message waiting for its
-// tokens holds back only the later messages of its own lane. For each
+// tokens holds back only the later messages of its own lane. With classes
+// (Options.Priority), a lane whose next message has a higher class, or
+// such a message under consumer.OrderNone, starts first, on a worker that the
+// lower classes leave free; and a fetched message of a higher class takes
+// a slot that they leave free, so that it is read while lower-class
+// messages fill the window (see consumer.Ordering). For each
 // message a worker waits on the limiter for the message's cost
 // (consumer.Throttle), calls the handler under the retry policy, and
 // dead-letters the message when the error is permanent or the attempts run
@@ -31,7 +36,7 @@
 //
 // Kafka keeps one committed offset per partition, and committing an offset
 // commits everything before it. Messages of a partition may finish out of
-// order (OrderingKey, OrderingNone), so the consumer tracks, per partition,
+// order (consumer.OrderKey, consumer.OrderNone), so the consumer tracks, per partition,
 // which fetched messages finished, in a fixed ring that allocates nothing
 // per message, and commits the end of the longest finished prefix: the
 // offset of the oldest unfinished message, with the messages that finished
@@ -205,7 +210,10 @@ var (
 // (Options.OrderingKey, by default the Kafka message key) within a
 // partition one at a time, in order, and different keys concurrently, up
 // to MaxInFlight at once. consumer.OrderNone handles any messages
-// concurrently, up to MaxInFlight.
+// concurrently, up to MaxInFlight. With classes (Options.Priority), a
+// fetched message of a higher class starts ahead of lower-class ones as
+// far as the ordering allows, and the lower classes leave a reserve of the
+// workers and of the fetch window free (see consumer.Ordering).
 type Config struct {
 	consumer.Options
 
