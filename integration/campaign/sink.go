@@ -1,0 +1,152 @@
+package campaign
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Message is the JSON body of a published message; the HTTP sink gets it
+// as is.
+type Message struct {
+	ID    int    `json:"id"`
+	To    string `json:"to"`
+	From  string `json:"from"`
+	Acct  string `json:"acct,omitempty"`
+	Class string `json:"class,omitempty"`
+}
+
+// Arrival returns the message as an arrival at t.
+func (m Message) Arrival(t time.Time) Arrival {
+	return Arrival{ID: m.ID, To: m.To, From: m.From, Acct: m.Acct, Class: m.Class, At: t}
+}
+
+// Sink is an HTTP sink on a free loopback port that records the time and
+// the fields of every message it receives, and answers 200. It is safe for
+// concurrent use; Close stops it.
+type Sink struct {
+	srv *http.Server
+	ln  net.Listener
+
+	mu       sync.Mutex
+	arrivals []Arrival
+	seen     map[int]int
+	done     chan struct{}
+}
+
+// StartSink starts a sink.
+func StartSink() (*Sink, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("campaign: sink: %w", err)
+	}
+	s := &Sink{ln: ln, seen: map[int]int{}, done: make(chan struct{})}
+	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		defer close(s.done)
+		_ = s.srv.Serve(ln)
+	}()
+	return s, nil
+}
+
+func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
+	var m Message
+	if err := json.NewDecoder(r.Body).Decode(&m); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	now := time.Now()
+	s.mu.Lock()
+	s.arrivals = append(s.arrivals, m.Arrival(now))
+	s.seen[m.ID]++
+	s.mu.Unlock()
+	w.WriteHeader(http.StatusOK)
+}
+
+// URL is the sink's sink.http.url.
+func (s *Sink) URL() string { return "http://" + s.ln.Addr().String() + "/send" }
+
+// Arrivals returns a copy of what the sink received, in arrival order.
+func (s *Sink) Arrivals() []Arrival {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Arrival(nil), s.arrivals...)
+}
+
+// Counts returns the requests and the distinct messages received so far.
+func (s *Sink) Counts() (requests, unique int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.arrivals), len(s.seen)
+}
+
+// Seen reports how often message id arrived.
+func (s *Sink) Seen(id int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seen[id]
+}
+
+// Close stops the sink and waits for it.
+func (s *Sink) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := s.srv.Shutdown(ctx)
+	<-s.done
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+// Stalls measures how late this process's goroutines wake up: the longest
+// overshoot of a 5 ms sleep, which on a loaded machine is the longest time
+// everything stood still, the sink's clock included. Stop ends it.
+type Stalls struct {
+	max     atomic.Int64 // time.Duration
+	stop    chan struct{}
+	stopped chan struct{}
+}
+
+// MeasureStalls starts measuring until Stop.
+func MeasureStalls() *Stalls {
+	s := &Stalls{stop: make(chan struct{}), stopped: make(chan struct{})}
+	go func() {
+		defer close(s.stopped)
+		timer := time.NewTimer(5 * time.Millisecond)
+		defer timer.Stop()
+		for {
+			start := time.Now()
+			timer.Reset(5 * time.Millisecond)
+			select {
+			case <-s.stop:
+				return
+			case <-timer.C:
+			}
+			if late := time.Since(start) - 5*time.Millisecond; late > time.Duration(s.max.Load()) {
+				s.max.Store(int64(late))
+			}
+		}
+	}()
+	return s
+}
+
+// Max returns the longest stall measured so far.
+func (s *Stalls) Max() time.Duration { return time.Duration(s.max.Load()) }
+
+// Stop stops measuring and waits for the goroutine. It may be called more
+// than once from one goroutine.
+func (s *Stalls) Stop() {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	<-s.stopped
+}

@@ -1,0 +1,245 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/throttlehq/throttle/integration/campaign"
+	"github.com/throttlehq/throttle/internal/testenv"
+)
+
+// The tests in this file measure layered limits as a provider sees them:
+// three `throttle run` replicas share a bucket (20/s, burst 5) in a private
+// redis-server with keyed layers (limit.extra), and a recording sink
+// timestamps every message with its recipient and sender. The checker of
+// integration/campaign then holds the sink's log to:
+//
+//   - every 1 s window at most rate + burst (25), the rate being the
+//     highest in force from 1 s before the window (after `bucket set`);
+//   - every 100 ms window at most burst + rate × 0.1 + 1 (8): the 1 is
+//     the sink's arrival jitter, a grant reaching the sink 1–50 ms after
+//     the limiter's instant, so a 100 ms window of arrivals holds grants
+//     from up to 150 ms (rate × 50 ms = 1 more at 20/s);
+//   - the closest pair of one key's arrivals at least 85% of the layer's
+//     spacing (1/rate; 1.7 s for 30/min), less the longest stall of the
+//     test process (a late timestamp shortens the gap after it by as
+//     much);
+//   - every message delivered once: none lost, none dead-lettered, no
+//     duplicate but after a SIGKILL (its unacked messages, at most the
+//     prefetch, go to the other replicas, README "Failure modes").
+//
+// Both bounds are widened by the deliveries due in the test process's
+// longest stall (testenv.WindowBound), and only by that.
+
+// layersFleetCase is one fleet of layersFleetTest.
+type layersFleetCase struct {
+	// extra is limit.extra, each line indented by two spaces.
+	extra string
+	// layers are the keyed layers to check, with their fields.
+	layers []campaign.KeyedLayer
+	// msgs returns the messages to publish.
+	msgs []campaign.Message
+	// within bounds the time from the first publish to the last
+	// arrival: what the binding limit needs, plus a slack; 0 for none.
+	within time.Duration
+	// during runs while the fleet delivers, once delivered(n) can wait
+	// for n deliveries; it returns the overrides it made and the
+	// duplicates it allows.
+	during func(t *testing.T, f *faultFleet, spec faultFleetSpec, delivered func(n int)) ([]campaign.RateChange, int)
+}
+
+// layersRecipients returns n messages to recipients r0..r(recipients-1) in
+// turn, from senders s0..s(senders-1) in turn.
+func layersRecipients(n, recipients, senders int) []campaign.Message {
+	var out []campaign.Message
+	for id := range n {
+		out = append(out, campaign.Message{ID: id, To: fmt.Sprintf("r%d", id%recipients), From: fmt.Sprintf("s%d", id%senders)})
+	}
+	return out
+}
+
+// perRecipientLayer is limit.extra's per-recipient bucket of 30/min, burst
+// 1, with on_exceed action.
+func perRecipientLayer(action string) string {
+	return fmt.Sprintf(`  extra:
+    - name: per-recipient
+      key: '{{.JSON.to}}'
+      rate: 30/min
+      burst: 1
+      on_exceed: %s
+`, action)
+}
+
+var recipientLayer = campaign.KeyedLayer{Name: "per-recipient", Key: func(a campaign.Arrival) string { return a.To }, Rate: 0.5, Burst: 1}
+
+// TestLayersFleet runs the cases, each on its own fleet, queue, bucket and
+// Redis, in parallel.
+func TestLayersFleet(t *testing.T) {
+	cases := map[string]layersFleetCase{
+		// The per-recipient layer binds: 30 recipients × 5 messages, each
+		// recipient's 2nd to 5th message 2 s apart.
+		// 4 × 2 s, plus the slack.
+		"LayerBindingWait": {extra: perRecipientLayer("wait"), layers: []campaign.KeyedLayer{recipientLayer}, msgs: layersRecipients(150, 30, 1),
+			within: 8*time.Second + layersSlack},
+		// The same with the messages set aside in the delay queue.
+		"LayerBindingDelay": {extra: perRecipientLayer("delay"), layers: []campaign.KeyedLayer{recipientLayer}, msgs: layersRecipients(150, 30, 1),
+			within: 8*time.Second + layersSlack},
+		// The shared bucket binds: 100 recipients, at most 2 messages
+		// each, 5 s apart at 20/s: (150 - burst) / 20/s, plus the slack.
+		"SharedBinding": {extra: perRecipientLayer("wait"), layers: []campaign.KeyedLayer{recipientLayer}, msgs: layersRecipients(150, 100, 1),
+			within: 7250*time.Millisecond + layersSlack},
+		// An override lower than the configured rate, set then cleared
+		// while a per-sender (5/s, wait) and a per-recipient (30/min,
+		// delay) layer hold messages.
+		"OverrideSetCleared": {
+			extra: `  extra:
+    - name: per-sender
+      key: '{{.JSON.from}}'
+      rate: 5/s
+      burst: 1
+      on_exceed: wait
+    - name: per-recipient
+      key: '{{.JSON.to}}'
+      rate: 30/min
+      burst: 1
+      on_exceed: delay
+`,
+			layers: []campaign.KeyedLayer{
+				{Name: "per-sender", Key: func(a campaign.Arrival) string { return a.From }, Rate: 5, Burst: 1},
+				recipientLayer,
+			},
+			msgs: layersRecipients(150, 50, 6),
+			during: func(t *testing.T, f *faultFleet, spec faultFleetSpec, delivered func(int)) ([]campaign.RateChange, int) {
+				var changes []campaign.RateChange
+				set := func(rate float64, args ...string) {
+					from := time.Now()
+					if code, out, errOut := f.Admin(append([]string{"set"}, args...)...); code != 0 {
+						t.Fatalf("bucket set %v: exit %d: %s %s", args, code, out, errOut)
+					}
+					changes = append(changes, campaign.RateChange{From: from, To: time.Now(), Rate: rate})
+				}
+				delivered(30)
+				set(10, "--rate", "10")
+				faultSleepUntil(t.Context(), time.Now().Add(3*time.Second))
+				set(0, "--clear")
+				return changes, 0
+			},
+		},
+		// A replica SIGKILLed mid-run and started again, the per-recipient
+		// layer binding.
+		"ReplicaKilled": {
+			extra: perRecipientLayer("wait"), layers: []campaign.KeyedLayer{recipientLayer}, msgs: layersRecipients(150, 30, 1),
+			during: func(t *testing.T, f *faultFleet, spec faultFleetSpec, delivered func(int)) ([]campaign.RateChange, int) {
+				delivered(40)
+				f.Procs[1].Kill()
+				layersWaitConsumers(t, f, 2)
+				f.Start(spec, 20)
+				layersWaitConsumers(t, f, 3)
+				return nil, spec.Prefetch
+			},
+		},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			layersFleetTest(t, c)
+		})
+	}
+}
+
+// layersFleetTest runs one case: three replicas at 20/s, burst 5,
+// prefetch 60, with c's layers; it publishes c's messages, runs c.during,
+// waits until every message arrived, stops the fleet and checks the
+// sink's log.
+func layersFleetTest(t *testing.T, c layersFleetCase) {
+	const (
+		rate     = 20.0
+		burst    = 5
+		prefetch = 60
+	)
+	srv := faultStartRedis(t)
+	sink, err := campaign.StartSink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sink.Close() })
+	f := faultNewFleet(t)
+	t.Cleanup(func() { _, _ = f.ch.QueueDelete(f.Name()+".delay", false, false, false) })
+	spec := faultFleetSpec{Redis: "  addr: " + srv.Addr() + "\n", Burst: burst, Prefetch: prefetch, LimitExtra: c.extra, SinkURL: sink.URL()}
+	for range 3 {
+		f.Start(spec, rate)
+	}
+	f.WaitConsumers(3)
+
+	published := map[int]campaign.Arrival{}
+	ctx := testenv.Context(t, 30*time.Second)
+	start := time.Now()
+	for _, m := range c.msgs {
+		body, _ := json.Marshal(m)
+		err := f.ch.PublishWithContext(ctx, "", f.Name(), true, false, amqp.Publishing{
+			ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: fmt.Sprint(m.ID), Body: body,
+		})
+		if err != nil {
+			t.Fatalf("publishing: %v", err)
+		}
+		published[m.ID] = m.Arrival(time.Time{})
+	}
+	delivered := func(n int) {
+		t.Helper()
+		faultEventually(t, 60*time.Second, fmt.Sprintf("%d distinct messages at the sink", n), func() bool {
+			_, unique := sink.Counts()
+			return unique >= n
+		})
+	}
+	var overrides []campaign.RateChange
+	dupBound := 0
+	if c.during != nil {
+		overrides, dupBound = c.during(t, f, spec, delivered)
+	}
+	delivered(len(c.msgs))
+	took := time.Since(start)
+	if c.within > 0 && took > c.within {
+		t.Errorf("delivering %d messages took %v, want at most %v (what the binding limit needs, plus %v)", len(c.msgs), took.Round(time.Millisecond), c.within, layersSlack)
+	}
+	f.Stop()
+	dead := map[int]int{}
+	for {
+		d, ok, err := f.ch.Get(f.Name()+".dlq", true)
+		if err != nil || !ok {
+			break
+		}
+		var m campaign.Message
+		_ = json.Unmarshal(d.Body, &m)
+		dead[m.ID]++
+	}
+	r := campaign.Check(sink.Arrivals(), campaign.Spec{
+		Rate: rate, Burst: burst, Allowance100ms: campaign.Allowance100ms, Overrides: overrides,
+		Keyed: c.layers, Stall: f.Stalls.Max(), Published: published, DeadLettered: dead, DupBound: dupBound,
+	})
+	t.Logf("%d messages delivered in %v:\n  %s", len(c.msgs), took.Round(time.Millisecond), strings.Join(r.Lines, "\n  "))
+	ts := campaign.Times(sink.Arrivals())
+	t.Logf("per second: %v", faultPerSecond(ts, ts[0], ts[len(ts)-1].Add(time.Second)))
+	for _, v := range r.Violations {
+		t.Error(v)
+	}
+}
+
+// layersSlack is how much longer than the binding limit needs a run may
+// take to deliver everything: the first sends spread over a few hundred
+// ms, publishing takes about as long, and a slot comes due a few ms late.
+const layersSlack = 3 * time.Second
+
+// layersWaitConsumers waits until RabbitMQ counts n consumers on the
+// fleet's queue; unlike faultFleet.WaitConsumers, a replica the test
+// killed does not fail it.
+func layersWaitConsumers(t *testing.T, f *faultFleet, n int) {
+	t.Helper()
+	faultEventually(t, 30*time.Second, fmt.Sprintf("%d consumers on the queue", n), func() bool {
+		return cliQueueState(f.conn, f.Name()).Consumers == n
+	})
+}
