@@ -43,13 +43,18 @@ replica reports the same ones in its heartbeats.
   status  tokens now, the effective rate and burst, the configured ones,
           the runtime override and its expiry, a push-back pause,
           the live replicas with their configured rate and burst (from their
-          heartbeats), each priority class's reserved tokens and waiting
-          messages (while a class other than normal is in use), and
-          warnings: live replicas configured differently
-          (while no override settles it), or differently from --config.
+          heartbeats) and those that are idle (consume nothing: a Kafka
+          group member without partitions), each priority class's
+          reserved tokens and waiting messages (while a class other than
+          normal is in use), and warnings: live replicas configured
+          differently (while no override settles it), or differently from
+          --config; a name that nothing uses (no state, no override, no
+          live replica: a typo?).
   set     writes a runtime override: --rate R (per second, or N/min...), --burst B
           (default: each replica keeps its configured burst), for --for D
-          (default: until cleared). --clear removes the override.
+          (default: until cleared). --clear removes the override. Without
+          a live replica the override is stored all the same, for the
+          replicas started while it holds, with a warning on stderr.
   fill    fills the bucket to its burst now, before a known peak. A push-back
           pause stays in force.
   reset   deletes the bucket's state and its override: the bucket is full,
@@ -71,7 +76,7 @@ With --json, every subcommand prints the bucket's status as one JSON object
 (list prints an array of them):
   {"bucket", "tokens", "rate", "burst", "configured": {"rate", "burst"},
    "override": {"rate", "burst", "expires_in_seconds"}, "paused_seconds",
-   "replicas": [{"id", "configured": {"rate", "burst"}}], "warnings": [...],
+   "replicas": [{"id", "configured": {"rate", "burst"}, "idle"}], "warnings": [...],
    "adaptive": {"rate", "ceiling", "since_decrease_seconds"},
    "warmup": {"ramping", "rate_factor", "seconds_left", "cold"},
    "classes": [{"priority" (high|normal|low), "reserved", "waiting"}],
@@ -144,7 +149,7 @@ type bucketTarget struct {
 	from   string // where they come from, for the text output
 }
 
-func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
+func cmdBucket(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return usagef("bucket", "bucket needs a subcommand: status, set, fill, reset or list")
 	}
@@ -219,10 +224,8 @@ func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 		if clear {
 			err = t.admin.ClearOverride(ctx)
 			done = fmt.Sprintf("Cleared the override of bucket %s: each replica's configured rate applies again.", t.name)
-		} else {
-			err = t.admin.SetOverride(ctx, rate, burst, ttl)
-			done = fmt.Sprintf("Bucket %s now runs at %s, %s, %s; every running replica takes it up with its next token request.",
-				t.name, formatRate(rate), describeBurst(burst), describeTTL(ttl))
+		} else if err = t.admin.SetOverride(ctx, rate, burst, ttl); err == nil {
+			done, err = t.setDone(ctx, rate, burst, ttl, stderr)
 		}
 	case "fill":
 		err = t.admin.Fill(ctx)
@@ -256,6 +259,24 @@ func cmdBucket(ctx context.Context, args []string, stdout io.Writer) error {
 	writeStatus(stdout, st, t.from)
 	writeLayers(stdout, st.Layers)
 	return nil
+}
+
+// setDone says what 'bucket set --rate' did. Without a live replica the
+// override is stored all the same, for the replicas started while it holds,
+// and a warning on stderr says that no replica uses the bucket now.
+func (t *bucketTarget) setDone(ctx context.Context, rate float64, burst int, ttl time.Duration, stderr io.Writer) (string, error) {
+	reps, err := t.admin.Replicas(ctx)
+	if err != nil {
+		return "", err
+	}
+	set := fmt.Sprintf("Bucket %s now runs at %s, %s, %s", t.name, formatRate(rate), describeBurst(burst), describeTTL(ttl))
+	if len(reps) > 0 {
+		return set + "; every running replica takes it up with its next token request.", nil
+	}
+	fmt.Fprintf(stderr, "throttle: warning: no replica is using bucket %s now (no live heartbeat); "+
+		"if replicas should be running, check the name ('bucket list' shows the buckets in use).\n", t.name)
+	return set + ", but no replica is using it now (no live heartbeat): the override is stored, " +
+		"and replicas started while it holds take it up with their first token request.", nil
 }
 
 // checkSetFlags checks the flags of bucket set and returns the rate in
@@ -587,6 +608,9 @@ type limitsJSON struct {
 type replicaJSON struct {
 	ID         string      `json:"id"`
 	Configured *limitsJSON `json:"configured"`
+	// Idle is set when its heartbeat says it consumes nothing, such as a
+	// Kafka group member without partitions (limiter.Bucket.SetIdle).
+	Idle bool `json:"idle"`
 }
 
 type overrideJSON struct {
@@ -634,7 +658,7 @@ func (t *bucketTarget) status(ctx context.Context) (*bucketStatus, error) {
 		Warnings:      []string{},
 	}
 	for _, r := range reps {
-		rj := replicaJSON{ID: r.ID}
+		rj := replicaJSON{ID: r.ID, Idle: r.Idle}
 		if r.Burst > 0 {
 			rj.Configured = &limitsJSON{Rate: r.Rate, Burst: r.Burst}
 		}
@@ -680,6 +704,16 @@ func (t *bucketTarget) status(ctx context.Context) (*bucketStatus, error) {
 		out.Tokens = &tokens
 	}
 	out.Warnings = append(out.Warnings, configWarnings(out, t.from)...)
+	if len(reps) == 0 && st.Override == nil && st.PausedFor == 0 {
+		inUse, err := t.admin.InUse(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if !inUse {
+			out.Warnings = append(out.Warnings, fmt.Sprintf("nothing uses bucket %s now: Redis holds no state, no override and no live replica of it; "+
+				"check the name (a typo?): 'bucket list' shows the buckets in use", t.name))
+		}
+	}
 	if o := out.Override; o != nil && o.Ignored {
 		out.Warnings = append(out.Warnings, fmt.Sprintf("Redis holds an override that is out of range (rate %q, burst %q), written by another program: "+
 			"the replicas ignore it and use their configured limits; 'bucket set' or 'bucket set --clear' replaces it", o.RawRate, o.RawBurst))
@@ -781,15 +815,23 @@ func writeStatus(w io.Writer, st *bucketStatus, from string) {
 	writeWarmup(w, st.Warmup)
 	writeClasses(w, st.Classes)
 	ids := make([]string, len(st.Replicas))
+	idle := 0
 	for i, r := range st.Replicas {
 		ids[i] = r.ID
 		if r.Configured == nil {
 			ids[i] += " (limits not reported)"
 		}
+		if r.Idle {
+			ids[i] += " (idle: consumes nothing)"
+			idle++
+		}
 	}
-	if len(ids) == 0 {
+	switch {
+	case len(ids) == 0:
 		line("replicas", "none alive")
-	} else {
+	case idle > 0:
+		line("replicas", "%d alive, %d idle: %s", len(ids), idle, strings.Join(ids, ", "))
+	default:
 		line("replicas", "%d alive: %s", len(ids), strings.Join(ids, ", "))
 	}
 	for _, w := range st.Warnings {

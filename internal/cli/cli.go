@@ -124,7 +124,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if len(rest) > 0 && rest[0] == "watch" { // watch.go
 			return cmdBucketWatch(ctx, rest[1:], stdout)
 		}
-		return cmdBucket(ctx, rest, stdout)
+		return cmdBucket(ctx, rest, stdout, stderr)
 	case "demo":
 		return cmdDemo(ctx, rest, stdout, stderr)
 	case "healthcheck":
