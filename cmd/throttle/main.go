@@ -7,7 +7,9 @@
 // messages; the process then exits 0. A second one exits at once with
 // status 130. (SIGHUP drains too: a closed terminal or a supervisor's
 // hang-up must not drop in-flight messages. The configuration is not
-// reloaded; restart the replica to change it.)
+// reloaded; restart the replica to change it.) Commands that drain nothing
+// (bucket watch, the other bucket commands) end on the first signal and
+// ignore a second one.
 package main
 
 import (
@@ -33,6 +35,9 @@ func main() {
 	go func() {
 		<-sigs
 		sig := <-sigs
+		if !cli.Drains(os.Args[1:]) {
+			return // it is ending already, with nothing to cut short
+		}
 		fmt.Fprintf(os.Stderr, "throttle: second %v, exiting without finishing the drain; unacked messages will be redelivered.\n", sig)
 		os.Exit(cli.ExitInterrupted)
 	}()

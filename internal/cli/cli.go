@@ -34,10 +34,20 @@ const (
 	// flag, a missing argument, or a config file that does not validate.
 	ExitUsage = 2
 	// ExitInterrupted is what cmd/throttle exits with when a second SIGINT,
-	// SIGTERM or SIGHUP arrives during the drain (128 + SIGINT, the shell
-	// convention).
+	// SIGTERM or SIGHUP arrives during the drain of a command that drains
+	// (see Drains; 128 + SIGINT, the shell convention).
 	ExitInterrupted = 130
 )
+
+// Drains reports whether the command of args (without the program name)
+// drains in-flight messages when ctx ends: run and demo. For them a second
+// signal should cut the drain short (ExitInterrupted). The other commands
+// consume nothing: they end promptly on the first signal, with their own
+// exit code (bucket watch with ExitOK), and a second one has nothing to
+// cut short, as when timeout(1) signals the process and then its group.
+func Drains(args []string) bool {
+	return len(args) > 0 && (args[0] == "run" || args[0] == "demo")
+}
 
 // version and commit are set at build time with
 //

@@ -215,3 +215,16 @@ func TestSentence(t *testing.T) {
 		}
 	}
 }
+
+// TestDrains: only the commands that consume drain, so that a second
+// signal cuts short only their drain; bucket watch ends on the first.
+func TestDrains(t *testing.T) {
+	for args, want := range map[string]bool{
+		"run --config x.yaml": true, "demo": true,
+		"bucket watch sms --redis 127.0.0.1:6379": false, "bucket status": false, "version": false, "": false,
+	} {
+		if got := Drains(strings.Fields(args)); got != want {
+			t.Errorf("Drains(%q) = %v, want %v", args, got, want)
+		}
+	}
+}
