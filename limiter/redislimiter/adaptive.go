@@ -10,7 +10,7 @@ import (
 )
 
 // Decrease implements limiter.Adapter with one script call: the bucket's
-// adaptive rate, kept in its override hash (see adaptiveLua), drops by
+// adaptive rate, kept in its override hash (see lua/adaptive.lua), drops by
 // a.Decrease unless another replica's push-back did so within
 // a.MergeWindow, by Redis time. The decrease is announced on the bucket's
 // channel, so that replicas re-time the reservations their callers sleep

@@ -267,7 +267,7 @@ func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string
 			args = append(args, 0, 0, 0, 0)
 		}
 	}
-	args = append(args, l.warmArg) // the shared bucket's warm-up (warmupLua)
+	args = append(args, l.warmArg) // the shared bucket's warm-up (lua/warmup.lua)
 	args = append(args, l.paidArg(st.layers, keys, req.Paid))
 	return rkeys, args, clock
 }

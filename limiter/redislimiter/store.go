@@ -16,7 +16,7 @@
 // they land in one Redis Cluster slot and one script can touch them all:
 //
 //	PREFIX{NAME}:state     hash: tokens, ts (µs), by (who paused),  TTL: until the bucket is full again, or a little later
-//	                       the classes' q0 q2 p1 p2 j1 j2 (see priorityLua),
+//	                       the classes' q0 q2 p1 p2 j1 j2 (see lua/priority.lua),
 //	                       x (the TTL's end as last set, ms; see save)
 //	PREFIX{NAME}:override  hash: rate, burst                       TTL: the override's duration, if any
 //	PREFIX{NAME}:replicas  sorted set: replica → expiry             TTL: twice the heartbeat TTL
