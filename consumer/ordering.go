@@ -7,6 +7,28 @@ import (
 
 // Ordering says which messages a consumer handles in order. It is a plain
 // string, safe for concurrent use.
+//
+// With classes (Options.Priority), a message of a higher class goes ahead
+// of lower-class messages only where the ordering lets it start first:
+//
+//   - OrderPartition on Kafka: never within its partition, whose
+//     messages start one at a time in order; among partitions, the one
+//     whose next message has the highest class starts first.
+//     OrderPartition on RabbitMQ starts deliveries in the broker's order
+//     and ignores classes.
+//   - OrderKey: ahead of every message of other keys that waits for a
+//     handler, never ahead of an earlier message of its own key.
+//   - OrderNone: ahead of every message that waits for a handler.
+//
+// Each class also leaves a reserve of the handler slots (MaxInFlight or
+// Concurrency) free per class above it, about a twentieth of them, so
+// that a higher-class message finds one at once while lower-class
+// messages wait for tokens in the others; and a class with messages
+// waiting and no slot gets the next free one, so that none is shut out
+// (its share of the tokens is then the limiter's MinShare). Only
+// messages the consumer holds are reordered: on Kafka those fetched, at
+// most the handler slots plus QueueSize (the lower classes leave the
+// same reserve of that window); on RabbitMQ those within Prefetch.
 type Ordering string
 
 // The orderings.

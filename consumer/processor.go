@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/throttlehq/throttle/limiter"
 )
 
 // Processor is the per-message path that every backend shares: the
@@ -87,6 +89,22 @@ func (p *Processor) Key(msg Message) (string, error) {
 	}
 	return k, nil
 }
+
+// Class returns msg's class (Options.Priority), by which the backend
+// orders the messages waiting for a handler; PriorityNormal without
+// Options.Priority.
+func (p *Processor) Class(msg Message) limiter.Priority {
+	if p.opts.Priority == nil {
+		return limiter.PriorityNormal
+	}
+	c, _ := p.opts.Priority(msg)
+	return c
+}
+
+// Classes reports whether messages have classes of their own
+// (Options.Priority), so that the backend reserves slots for the higher
+// ones.
+func (p *Processor) Classes() bool { return p.opts.Priority != nil }
 
 // DeadLettered reports a message that the backend handed to its
 // dead-letter destination: it sets msg.Attempt to the attempts made, calls

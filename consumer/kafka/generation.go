@@ -11,6 +11,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/dispatch"
 )
 
 // partitionReader is what a partition's fetcher needs from a kafka-go
@@ -79,8 +80,10 @@ type genRun struct {
 	// partitions are revoked) or Run's context ends; fetching and the
 	// first limiter wait of each message stop then.
 	hctx, rctx context.Context
-	// slots bounds the messages fetched and not finished.
-	slots chan struct{}
+	// slots bounds the messages fetched and not finished, by class
+	// (dispatch.Slots): a message of a higher class is read while lower
+	// ones fill the window.
+	slots *dispatch.Slots
 	sched *scheduler
 	com   *committer
 	dl    *deadLetterer
@@ -133,9 +136,10 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 	if c.cfg.Ordering != consumer.OrderPartition {
 		workers = c.cfg.MaxInFlight
 	}
-	r := &genRun{c: c, hctx: hctx, rctx: rctx, slots: make(chan struct{}, workers+queue), dl: dl, delay: delay}
+	classes := c.proc.Classes()
+	r := &genRun{c: c, hctx: hctx, rctx: rctx, slots: dispatch.NewSlots(dispatch.NewRule(workers+queue, classes)), dl: dl, delay: delay}
 	r.com = newCommitter(g.commit, parts, c.cfg.Ordering != consumer.OrderPartition, log)
-	r.sched = newScheduler(c.cfg.Ordering, workers, r.newWorker)
+	r.sched = newScheduler(c.cfg.Ordering, workers, classes, r.newWorker)
 
 	comCtx, stopCommitter := context.WithCancel(hctx)
 	defer stopCommitter()
@@ -149,6 +153,9 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 	closers := make([]func(), len(parts))
 	for i, p := range parts {
 		rd, closeReader := g.open(p.topicPartition, g.partitions[i].offset)
+		if p.delay {
+			rd = r.dueOrder(p, rd) // copies in the order they are due
+		}
 		closers[i] = closeReader
 		fetching.Add(1)
 		go func() {
@@ -170,8 +177,8 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 	for _, closeReader := range closers {
 		closing.Go(closeReader)
 	}
-	for range r.sched.stop() {
-		<-r.slots
+	for _, w := range r.sched.stop() {
+		r.slots.Release(w.class)
 		r.dropped.Add(1)
 	}
 
@@ -259,27 +266,26 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 			r.dropped.Add(1)
 			return
 		}
-		select {
-		case r.slots <- struct{}{}:
-		case <-r.rctx.Done():
-			r.dropped.Add(1)
-			return
-		}
-		p.mu.Lock()
-		seq := p.tracker.add(m.Offset)
-		p.mu.Unlock()
-		w := work{m: m, msg: ToMessage(m), p: p, seq: seq}
+		w := work{m: m, msg: ToMessage(m), p: p}
 		if !p.delay {
 			// Only a copy that the group set aside carries slots it paid
 			// for: a producer cannot pass a layer with the header.
 			delete(w.msg.Headers, consumer.HeaderPaid)
 		}
+		w.class = dispatch.ClassOf(c.proc.Class(w.msg))
+		if r.slots.Acquire(r.rctx, w.class) != nil {
+			r.dropped.Add(1)
+			return
+		}
+		p.mu.Lock()
+		w.seq = p.tracker.add(m.Offset)
+		p.mu.Unlock()
 		if c.cfg.Ordering == consumer.OrderKey {
 			w.key, w.keyErr = c.proc.Key(w.msg)
 		}
 		c.cfg.Observer.ObserveReceived(w.msg)
 		if !r.sched.enqueue(w) {
-			<-r.slots
+			r.slots.Release(w.class)
 			r.dropped.Add(1)
 			return
 		}
@@ -291,7 +297,7 @@ func (r *genRun) newWorker() func(work) {
 	gate := &firstWait{revoke: r.rctx}
 	ctx := context.WithValue(r.hctx, firstWaitKey{}, gate)
 	return func(w work) {
-		defer func() { <-r.slots }()
+		defer r.slots.Release(w.class)
 		if r.rctx.Err() != nil {
 			r.dropped.Add(1) // revoked before it started
 			return

@@ -22,7 +22,7 @@ func TestSchedulerWakesAnotherWorker(t *testing.T) {
 		barrier.Wait()
 		close(opened)
 	}()
-	s := newScheduler(consumer.OrderNone, 2, func() func(work) {
+	s := newScheduler(consumer.OrderNone, 2, false, func() func(work) {
 		return func(w work) {
 			if w.m.Offset == 0 {
 				return // the warm-up message
@@ -60,7 +60,7 @@ func TestSchedulerLanes(t *testing.T) {
 		order   []string
 		release = make(chan struct{})
 	)
-	s := newScheduler(consumer.OrderKey, 1, func() func(work) {
+	s := newScheduler(consumer.OrderKey, 1, false, func() func(work) {
 		return func(w work) {
 			mu.Lock()
 			order = append(order, string(w.m.Key)+string(w.m.Value))
@@ -108,4 +108,52 @@ func equalStrings(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+// TestSchedulerClasses: with classes and 5 workers, low messages on free
+// keys start on 3 workers only; a high one enqueued behind them starts at
+// once on a fourth, while the lows still run; stop returns the lows that
+// waited.
+func TestSchedulerClasses(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		running []string
+		release = make(chan struct{})
+	)
+	s := newScheduler(consumer.OrderKey, 5, true, func() func(work) {
+		return func(w work) {
+			mu.Lock()
+			running = append(running, string(w.m.Key))
+			mu.Unlock()
+			<-release
+		}
+	})
+	enq := func(key string, class int) {
+		s.enqueue(work{m: kafkago.Message{Key: []byte(key)}, key: key, class: class})
+	}
+	for _, k := range []string{"l1", "l2", "l3", "l4", "l5", "l6"} {
+		enq(k, 2)
+	}
+	waitFor(t, "3 lows running", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(running) == 3
+	})
+	enq("h1", 0)
+	waitFor(t, "the high running", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(running) == 4
+	})
+	mu.Lock()
+	if running[3] != "h1" {
+		t.Errorf("started %v, want h1 fourth", running)
+	}
+	mu.Unlock()
+	dropped := s.stop()
+	close(release)
+	s.wait()
+	if len(dropped) != 3 {
+		t.Errorf("stop returned %d messages, want the 3 lows that waited", len(dropped))
+	}
 }

@@ -107,15 +107,14 @@ func newTestRun(t *testing.T, ctx context.Context, cfg Config, h consumer.Handle
 	}
 	hctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
-	r := &run{Consumer: c, hctx: hctx, cancelHandlers: cancel, sem: make(chan struct{}, c.cfg.Concurrency)}
+	r := newRun(c, hctx, cancel)
 	r.startWorkers()
 	t.Cleanup(r.stopWorkers)
 	return &dispatcher{run: r, ctx: hctx, pub: pub}
 }
 
-// deliver hands d to p as serve does, taking a slot first.
+// deliverForTest hands d to p as serve does.
 func (p *dispatcher) deliverForTest(d amqp.Delivery) {
-	p.sem <- struct{}{}
 	p.dispatch(p.item(d))
 }
 
@@ -333,8 +332,8 @@ func TestKeyOrdering(t *testing.T) {
 		t.Fatalf("while a1 and c1 are held, handled %v; want b1 b2 b3", order)
 	}
 	mu.Unlock()
-	if keys, queued := p.keys.Len(); keys != 2 || queued != 3 {
-		t.Fatalf("KeyQueue holds %d keys and %d queued deliveries, want 2 and 3 (a2 a3 c2)", keys, queued)
+	if keys, queued := p.queued(); keys != 2 || queued != 3 {
+		t.Fatalf("the queue holds %d keys and %d queued deliveries, want 2 and 3 (a2 a3 c2)", keys, queued)
 	}
 	p.stopping.Store(true) // shutdown: c2, a2, a3 must not start
 	close(hold)

@@ -43,6 +43,16 @@ type Config struct {
 	// binary) strictly one after the other, in delivery order, while
 	// other keys proceed, up to Concurrency keys at once. Prefetch bounds
 	// the deliveries in flight, those waiting behind their key included.
+	//
+	// With classes (Options.Priority), OrderKey and OrderNone start a
+	// delivery of a higher class ahead of the lower-class ones that wait
+	// for a handler (under OrderKey, not ahead of its own key's), and the
+	// lower classes leave a reserve of the Concurrency handlers free for
+	// it (see consumer.Ordering). Only deliveries within Prefetch are
+	// reordered: a higher-class message further back in the queue waits
+	// until the broker sends it (a queue declared with x-max-priority and
+	// messages published with a priority property make the broker send
+	// it first). OrderPartition ignores classes.
 	consumer.Options
 
 	// URL is the broker address: amqp://user:pass@host:5672/vhost, or

@@ -175,12 +175,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHandlers()
-	r := &run{
-		Consumer:       c,
-		hctx:           hctx,
-		cancelHandlers: cancelHandlers,
-		sem:            make(chan struct{}, c.cfg.Concurrency),
-	}
+	r := newRun(c, hctx, cancelHandlers)
 	r.startWorkers()
 	defer r.stopWorkers()
 	defer r.drain() // handlers of broken sessions may still be returning

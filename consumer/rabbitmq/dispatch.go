@@ -11,6 +11,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/dispatch"
+	"github.com/throttlehq/throttle/limiter"
 )
 
 // run is the state of one call to Run.
@@ -18,11 +20,30 @@ type run struct {
 	*Consumer
 	hctx           context.Context // parent of every handler's context
 	cancelHandlers context.CancelFunc
-	sem            chan struct{}  // one slot per running handler
-	work           chan task      // to the Concurrency workers
-	wg             sync.WaitGroup // tasks dispatched and not finished
-	workers        sync.WaitGroup
-	inflight       atomic.Int64 // deliveries taken and not yet settled
+	// classes is set when deliveries start by their class
+	// (Options.Priority, with OrderKey or OrderNone).
+	classes bool
+	wg      sync.WaitGroup // deliveries dispatched and not settled or requeued
+	workers sync.WaitGroup
+	// inflight counts the deliveries taken and not yet settled.
+	inflight atomic.Int64
+
+	mu   sync.Mutex
+	cond *sync.Cond // signalled when a delivery may start, or at stop
+	// queue holds the deliveries that wait for a handler, in lanes by key
+	// under OrderKey, and hands them to the Concurrency workers by class.
+	queue   *dispatch.Queue[string, task]
+	stopped bool
+}
+
+// newRun returns the state of a call to Run whose handlers' contexts
+// derive from hctx, which cancelHandlers cancels.
+func newRun(c *Consumer, hctx context.Context, cancelHandlers context.CancelFunc) *run {
+	classes := c.proc.Classes() && c.cfg.Ordering != consumer.OrderPartition
+	r := &run{Consumer: c, hctx: hctx, cancelHandlers: cancelHandlers, classes: classes,
+		queue: dispatch.NewQueue[string, task](dispatch.NewRule(c.cfg.Concurrency, classes))}
+	r.cond = sync.NewCond(&r.mu)
+	return r
 }
 
 // task is a delivery for a worker, with the session it came from.
@@ -32,38 +53,59 @@ type task struct {
 }
 
 // startWorkers starts the Concurrency long-lived handler goroutines, which
-// serve every session of the run; stopWorkers ends them once no task is
-// left. Long-lived workers keep their grown stacks, where a goroutine per
-// delivery would grow a new one each time.
+// serve every session of the run; stopWorkers ends them once no delivery
+// is left. Long-lived workers keep their grown stacks, where a goroutine
+// per delivery would grow a new one each time.
 func (r *run) startWorkers() {
-	r.work = make(chan task, cap(r.sem))
-	for range cap(r.sem) {
-		r.workers.Add(1)
-		go func() {
-			defer r.workers.Done()
-			for t := range r.work {
-				t.p.run1(t.it)
-			}
-		}()
+	for range r.cfg.Concurrency {
+		r.workers.Go(r.work)
 	}
 }
 
 func (r *run) stopWorkers() {
 	r.wg.Wait()
-	close(r.work)
+	r.mu.Lock()
+	r.stopped = true
+	r.cond.Broadcast()
+	r.mu.Unlock()
 	r.workers.Wait()
 }
 
-// item is a delivery with its message and, under OrderKey, its key.
+// work runs deliveries as the queue hands them out, until stopWorkers.
+func (r *run) work() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for {
+		t, started, ok := r.queue.Pop()
+		for !ok && !r.stopped {
+			r.cond.Wait()
+			t, started, ok = r.queue.Pop()
+		}
+		if !ok {
+			return
+		}
+		if r.queue.CanPop() {
+			r.cond.Signal() // a slot for another class, beside this one
+		}
+		r.mu.Unlock()
+		t.p.run1(t.it)
+		r.mu.Lock()
+		r.queue.Done(started)
+	}
+}
+
+// item is a delivery with its message, its class (dispatch.ClassOf) and,
+// under OrderKey, its key.
 type item struct {
 	d      amqp.Delivery
 	msg    consumer.Message
+	class  int
 	key    string
 	keyErr error // the key function failed: the message is dead-lettered
 }
 
 func (r *run) item(d amqp.Delivery) item {
-	it := item{d: d, msg: ToMessage(d, r.cfg.Queue)}
+	it := item{d: d, msg: ToMessage(d, r.cfg.Queue), class: dispatch.ClassOf(limiter.PriorityNormal)}
 	if !fromDelayQueue(d, r.delayQueue()) {
 		// Only a copy that this consumer set aside carries slots it paid
 		// for. This is the second line: a publisher can forge x-death too,
@@ -71,68 +113,54 @@ func (r *run) item(d amqp.Delivery) item {
 		// signature (limiter.PaidSlot.Sig).
 		delete(it.msg.Headers, consumer.HeaderPaid)
 	}
+	if r.classes {
+		it.class = dispatch.ClassOf(r.proc.Class(it.msg))
+	}
 	if r.cfg.Ordering == consumer.OrderKey {
 		it.key, it.keyErr = r.proc.Key(it.msg)
 	}
 	return it
 }
 
-// dispatcher starts the handlers of one session's deliveries in the order
-// they arrive: each in its own goroutine, holding a slot of run.sem, or,
-// under OrderKey, behind the running handler of the same key.
+// dispatcher starts the handlers of one session's deliveries: in the
+// order they arrive, or by class (run.classes), and under OrderKey one at
+// a time per key, in the order they arrived.
 type dispatcher struct {
 	*run
 	ctx      context.Context // the session's handler context
 	pub      publisher       // the session's publishing channel
-	keys     consumer.KeyQueue[item]
-	stopping atomic.Bool // shutting down: queued deliveries are requeued, not started
+	stopping atomic.Bool     // shutting down: queued deliveries are requeued, not started
 }
 
-// dispatch takes it, for which the caller holds a slot. The slot is given
-// back when the worker that handles it is done, or at once when it is
-// queued behind its key.
+// dispatch queues it for a worker.
 func (p *dispatcher) dispatch(it item) {
 	p.inflight.Add(1)
 	p.cfg.Observer.ObserveReceived(it.msg)
-	if p.keyed(it) && !p.keys.Push(it.key, it) {
-		<-p.sem // queued: the key's owner handles it
-		return
-	}
 	p.wg.Add(1)
-	p.work <- task{p: p, it: it} // never blocks: a slot is held, and there are as many workers
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	keyed := p.cfg.Ordering == consumer.OrderKey && it.keyErr == nil
+	if p.queue.Push(task{p: p, it: it}, it.class, it.key, keyed) && p.queue.CanPop() {
+		p.cond.Signal()
+	}
 }
 
-func (p *dispatcher) keyed(it item) bool {
-	return p.cfg.Ordering == consumer.OrderKey && it.keyErr == nil
+// queued returns the keys that have a delivery running or waiting, and
+// the deliveries waiting for a handler.
+func (r *run) queued() (keys, waiting int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.queue.Len()
 }
 
-// run1 handles it and, under OrderKey, the deliveries queued behind it,
-// then gives back the slot.
+// run1 handles it, or requeues it when the session is shutting down.
 func (p *dispatcher) run1(it item) {
-	defer func() {
-		<-p.sem
-		p.wg.Done()
-	}()
-	p.settle(it)
-	if !p.keyed(it) {
+	defer p.wg.Done()
+	defer p.inflight.Add(-1)
+	if p.stopping.Load() {
+		p.requeue(&it.d, nil)
 		return
 	}
-	for {
-		next, ok := p.keys.Next(it.key)
-		if !ok {
-			return
-		}
-		if p.stopping.Load() {
-			p.requeue(&next.d, nil)
-			p.inflight.Add(-1)
-			continue
-		}
-		p.settle(next)
-	}
-}
-
-func (p *dispatcher) settle(it item) {
-	defer p.inflight.Add(-1)
 	p.handle(p.ctx, it, p.pub)
 }
 
@@ -144,48 +172,33 @@ func (r *run) serve(ctx context.Context, s *session) error {
 	defer cancel()
 	p := &dispatcher{run: r, ctx: sctx, pub: s.pub}
 	broken := func(err error) error {
+		// The deliveries that wait are the broker's again: none starts.
+		p.stopping.Store(true)
 		cancel()
 		s.close()
 		return err
 	}
 	for {
-		// Take a handler slot before taking a delivery, so that no
-		// delivery waits here unhandled.
-		select {
-		case r.sem <- struct{}{}:
-		case <-ctx.Done():
-			return r.shutdown(s, p, cancel)
-		case e := <-s.connClosed:
-			return broken(closeError("connection", e))
-		case e := <-s.chClosed:
-			return broken(closeError("channel", e))
-		case e := <-s.pubClosed:
-			return broken(closeError("publishing channel", e))
-		}
+		// Every delivery is read at once: the broker's prefetch bounds
+		// them, and the queue starts them by class.
 		select {
 		case d, ok := <-s.deliveries:
 			if !ok {
-				<-r.sem
 				return broken(s.deliveriesClosed())
 			}
 			if ctx.Err() != nil {
 				// Shutting down: d goes back to the queue.
-				<-r.sem
 				r.requeue(&d, nil)
 				return r.shutdown(s, p, cancel)
 			}
 			p.dispatch(r.item(d))
 		case <-ctx.Done():
-			<-r.sem
 			return r.shutdown(s, p, cancel)
 		case e := <-s.connClosed:
-			<-r.sem
 			return broken(closeError("connection", e))
 		case e := <-s.chClosed:
-			<-r.sem
 			return broken(closeError("channel", e))
 		case e := <-s.pubClosed:
-			<-r.sem
 			return broken(closeError("publishing channel", e))
 		}
 	}
