@@ -90,6 +90,12 @@ func (p *Processor) Key(msg Message) (string, error) {
 	return k, nil
 }
 
+// KeyFailed returns the Outcome of a message whose ordering key could
+// not be computed (Key's error): it failed for good in its first attempt,
+// without a handler call, and is to be dead-lettered (Attempts 1, Err
+// err).
+func (p *Processor) KeyFailed(err error) Outcome { return Outcome{Attempts: 1, Err: err} }
+
 // Class returns msg's class (Options.Priority), by which the backend
 // orders the messages waiting for a handler; PriorityNormal without
 // Options.Priority.

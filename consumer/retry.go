@@ -55,7 +55,8 @@ func (p RetryPolicy) Delay(attempt int, err error) time.Duration {
 // Outcome is how one message ended in Process.
 type Outcome struct {
 	// Attempts is the number of handler calls made, not counting those
-	// that asked to set the message aside (SetAside).
+	// that asked to set the message aside (SetAside); 1 for a message
+	// that failed before its handler was called (Processor.KeyFailed).
 	Attempts int
 	// Err is nil when the message was delivered. Otherwise it is the last
 	// handler error, and the message must be dead-lettered, unless Abandoned

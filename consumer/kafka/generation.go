@@ -398,7 +398,7 @@ func (r *genRun) finishUnhandled(p *partState, offset int64) {
 // is handled again.
 func (c *Consumer) handle(ctx context.Context, w work, dl, delay *deadLetterer, gate *firstWait) outcome {
 	m := w.m
-	out := consumer.Outcome{Err: w.keyErr}
+	out := c.proc.KeyFailed(w.keyErr)
 	if w.keyErr == nil {
 		msg := w.msg
 		out = c.proc.Process(ctx, msg)

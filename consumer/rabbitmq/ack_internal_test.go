@@ -154,7 +154,7 @@ func TestAckPaths(t *testing.T) {
 		{name: "no dead-letter exchange: nacked", handler: permanent, noDLX: true, want: "nack multiple=false", dead: true},
 		{name: "unfinished at the drain deadline: requeued", handler: blockUntilDone, cancel: true, want: "requeue multiple=false"},
 		{name: "ordering key fails: dead-lettered without a handler call", handler: ok, keyErr: true, want: "ack multiple=false",
-			published: 1, dead: true, wantErr: "no key for you", attempts: "0"},
+			published: 1, dead: true, wantErr: "no key for you", attempts: "1"},
 		{name: "set aside: published to the delay queue, then acked", handler: setAside, want: "ack multiple=false",
 			published: 1, setAside: true},
 		{name: "set aside without a delay queue: waited, then handled again", handler: setAsideOnce(), declareErr: errors.New("403"),

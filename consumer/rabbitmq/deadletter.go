@@ -145,7 +145,7 @@ func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bo
 	var out consumer.Outcome
 	switch {
 	case it.keyErr != nil:
-		out = consumer.Outcome{Err: it.keyErr}
+		out = r.proc.KeyFailed(it.keyErr)
 	case ctx.Err() != nil:
 		out = consumer.Outcome{Abandoned: true}
 	default:
