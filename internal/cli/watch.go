@@ -34,8 +34,10 @@ only Redis (no Prometheus), and redraws every second until Ctrl-C:
   delivered  the rate the replicas were granted tokens at, with a
              sparkline of the last minute
   replicas   each live replica and what its heartbeat reports: its mode
-             (shared, local, closed, open), the rate it was granted tokens
-             at, the messages waiting for tokens, and its configured limits
+             (shared, local, closed, open; idle when it consumes nothing,
+             such as a Kafka group member without partitions), the rate it
+             was granted tokens at, the messages waiting for tokens, and
+             its configured limits
   layers     the extra layers of --config's limit.extra: each one's limit,
              what Redis holds for it (an unkeyed layer's tokens or quota
              used, a keyed layer's keys in use, counted every 10 s), and
@@ -46,18 +48,22 @@ only Redis (no Prometheus), and redraws every second until Ctrl-C:
              replicas report are listed, without their limits
 
 Each replica reports its mode, the tokens it granted, its waiting calls
-and its layers' refusals with its heartbeat (every 3 s): its delivered
-rate is taken between the reads at which its count changed, over up to
-15 s, so it shows about 6 s after the start and lags a change by a few
-seconds. The bucket's
-delivered rate is the sum when every live replica reports one; otherwise
-it is estimated from the bucket's own tokens and refill, which undercounts
-while the bucket is full.
+and its layers' refusals with its heartbeat (every 3 s), which Redis
+stamps with its clock: its delivered rate is the tokens granted between
+its heartbeats over the last 10 s, so it shows at its second heartbeat
+after the start (within 3 s) and follows a change within a few seconds.
+The bucket's delivered rate is the replicas' sum; "?" until each has
+beaten twice. Only when the replicas report no counts (older versions) is
+it estimated from the bucket's own tokens and refill, and says so: the
+estimate undercounts while the bucket is full.
 
 When standard output is not a terminal, it prints one line per interval
 instead, for logs and scripts:
   TIME BUCKET tokens=T/B rate=R/s(SOURCE) paused=D replicas=N delivered=R/s waiting=W
-followed, when a layer is known or refused a message, by
+where delivered reads R/s(estimated) when it is an estimate, followed,
+when a replica is idle, by
+  idle=N
+and, when a layer is known or refused a message, by
   exceeded=LAYER:N,LAYER:N   (the refusals summed over the live replicas)
 
 Flags:
@@ -300,8 +306,10 @@ type replicaView struct {
 	// then mode, delivered and waiting are known.
 	reported  bool
 	mode      string
-	delivered float64 // tokens granted per second since the last sample; NaN before the second
+	delivered float64 // tokens granted per second (grantTrack); NaN until known
 	waiting   int
+	// idle is set when its report says it consumes nothing.
+	idle bool
 }
 
 // watchView is everything one frame shows. It is a plain value, built by
@@ -317,11 +325,12 @@ type watchView struct {
 	configured *limitsJSON
 	from       string
 	replicas   []replicaView
-	// delivered is the granted rate over the last interval; NaN when not
-	// known yet. estimated says it comes from the bucket's tokens, not
-	// from the replicas' reports.
-	delivered float64
-	estimated bool
+	// delivered is the replicas' granted rate; NaN when not known yet.
+	// estimated says it comes from the bucket's tokens instead, since
+	// unreported of the live replicas report no count.
+	delivered  float64
+	estimated  bool
+	unreported int
 	// spark are the delivered rates of the last minute, oldest first;
 	// NaN where unknown.
 	spark []float64
@@ -385,7 +394,7 @@ func (h *watchHistory) add(s sample, err error, now time.Time) watchView {
 		h.grants = map[string]*grantTrack{}
 	}
 	live := map[string]bool{}
-	allReported, sum := len(s.replicas) > 0, 0.0
+	sum := 0.0
 	for _, r := range s.replicas {
 		rv := replicaView{id: r.ID, delivered: math.NaN()}
 		if r.Burst > 0 {
@@ -398,15 +407,13 @@ func (h *watchHistory) add(s sample, err error, now time.Time) watchView {
 				g = &grantTrack{}
 				h.grants[r.ID] = g
 			}
-			g.observe(s.at, r.Granted)
-			rv.reported, rv.mode, rv.waiting = true, string(r.Mode), r.Waiting
+			g.observe(s.at, r.BeatAt, r.Granted)
+			rv.reported, rv.mode, rv.waiting, rv.idle = true, string(r.Mode), r.Waiting, r.Idle
 			rv.delivered = g.rate(s.at)
-		}
-		if math.IsNaN(rv.delivered) {
-			allReported = false
 		} else {
-			sum += rv.delivered
+			v.unreported++
 		}
+		sum += rv.delivered // NaN while a replica's rate is not known yet
 		v.replicas = append(v.replicas, rv)
 	}
 	for id := range h.grants {
@@ -416,7 +423,7 @@ func (h *watchHistory) add(s sample, err error, now time.Time) watchView {
 	}
 	v.layers = h.addExceeded(s, v.layers)
 	switch {
-	case allReported:
+	case len(s.replicas) > 0 && v.unreported == 0:
 		v.delivered = sum
 	case h.last != nil:
 		if dt := s.at.Sub(h.last.at).Seconds(); dt > 0 {
@@ -473,10 +480,14 @@ func (h *watchHistory) addExceeded(s sample, layers []layerView) []layerView {
 }
 
 // A replica's report reaches Redis with its heartbeat (every 3 s by
-// default), so a granted count read every second changes only now and
-// then. The rate is taken between the reads at which it changed, over up
-// to grantWindow, and is 0 once it has not changed for grantIdleAfter.
+// default), which Redis stamps with its clock (Replica.BeatAt). The rate
+// is the count's increase between the heartbeats of the last beatWindow,
+// timed by their stamps. For a replica whose heartbeat carries no stamp
+// (an older version), it is taken between the reads at which the count
+// changed, over up to grantWindow, and is 0 once it has not changed for
+// grantIdleAfter: timed by the reads, it is off by up to a read interval.
 const (
+	beatWindow     = 10 * time.Second
 	grantWindow    = 15 * time.Second
 	grantIdleAfter = 10 * time.Second
 )
@@ -487,6 +498,10 @@ type grantTrack struct {
 	last    int64     // the count last read
 	since   time.Time // when last was first read
 	changes []grantPoint
+	// beats is set when the heartbeats carry their instant: changes
+	// then holds one point per heartbeat, at its instant, and since is
+	// the last one's.
+	beats bool
 }
 
 // grantPoint is a count read at the first read that saw it.
@@ -495,8 +510,16 @@ type grantPoint struct {
 	granted int64
 }
 
-// observe records the count read at at.
-func (g *grantTrack) observe(at time.Time, granted int64) {
+// observe records the count read at at, which the heartbeat of instant
+// beat carried (zero when the heartbeat does not say).
+func (g *grantTrack) observe(at, beat time.Time, granted int64) {
+	if g.seen && g.beats != !beat.IsZero() { // the replica changed versions
+		*g = grantTrack{}
+	}
+	if !beat.IsZero() {
+		g.observeBeat(beat, granted)
+		return
+	}
 	switch {
 	case !g.seen:
 		// The first read's count may be seconds old: not a change.
@@ -514,12 +537,31 @@ func (g *grantTrack) observe(at time.Time, granted int64) {
 	}
 }
 
+// observeBeat records the count the heartbeat of instant beat carried: a
+// point of its own, once per heartbeat, whether or not the count moved.
+func (g *grantTrack) observeBeat(beat time.Time, granted int64) {
+	switch {
+	case g.seen && !beat.After(g.since): // the same heartbeat, read again
+		return
+	case g.seen && granted < g.last: // the replica restarted
+		g.changes = nil
+	}
+	g.seen, g.beats, g.last, g.since = true, true, granted, beat
+	g.changes = append(g.changes, grantPoint{beat, granted})
+	for len(g.changes) > 2 && beat.Sub(g.changes[0].at) > beatWindow {
+		g.changes = g.changes[1:]
+	}
+}
+
 // rate returns the tokens granted per second between the first and last
-// change in the window, 0 when the count has not moved for
-// grantIdleAfter, and NaN when it cannot tell yet.
+// point in the window and NaN when it cannot tell yet; without heartbeat
+// instants, 0 when the count has not moved for grantIdleAfter.
 func (g *grantTrack) rate(now time.Time) float64 {
 	n := len(g.changes)
 	switch {
+	case g.beats && n < 2:
+		return math.NaN()
+	case g.beats:
 	case g.seen && now.Sub(g.since) >= grantIdleAfter:
 		return 0
 	case n < 2:
@@ -554,6 +596,35 @@ func estimateDelivered(before, after redislimiter.BucketStatus, dt float64) (flo
 	}
 	granted := before.Tokens + refill - after.Tokens
 	return max(0, granted/dt), true
+}
+
+// deliveredSource says where the delivered rate of v comes from, to follow
+// it on the screen.
+func deliveredSource(v watchView) string {
+	switch {
+	case v.estimated && len(v.replicas) == 0:
+		return " (estimated from the bucket's tokens: no live replica)"
+	case v.estimated && v.unreported == len(v.replicas):
+		return " (estimated from the bucket's tokens: the replicas report no counts; it undercounts while the bucket is full)"
+	case v.estimated:
+		return fmt.Sprintf(" (estimated from the bucket's tokens: %d of %d replicas report no count; it undercounts while the bucket is full)", v.unreported, len(v.replicas))
+	case !math.IsNaN(v.delivered):
+		return " (reported by the replicas)"
+	case v.ok && len(v.replicas) > 0:
+		return " (measuring: each replica's rate shows from its second heartbeat)"
+	}
+	return ""
+}
+
+// idleReplicas counts the replicas of v that report themselves idle.
+func idleReplicas(v watchView) int {
+	n := 0
+	for _, r := range v.replicas {
+		if r.idle {
+			n++
+		}
+	}
+	return n
 }
 
 // rateSource names where the effective rate comes from.
@@ -619,14 +690,7 @@ func renderWatch(v watchView) string {
 	} else {
 		line("paused", "no")
 	}
-	how := ""
-	switch {
-	case v.estimated:
-		how = " (estimated from the bucket's tokens)"
-	case !math.IsNaN(v.delivered):
-		how = " (reported by the replicas)"
-	}
-	line("delivered", "%s%s", formatMaybeRate(v.delivered), how)
+	line("delivered", "%s%s", formatMaybeRate(v.delivered), deliveredSource(v))
 	cells := downsample(v.spark, sparkCells)
 	lo, hi := sparkRange(cells)
 	line("", "%s  last %v, %s–%s", sparkline(cells), watchWindow, formatMaybeRate(lo), formatMaybeRate(hi))
@@ -634,13 +698,20 @@ func renderWatch(v watchView) string {
 	if len(v.replicas) == 0 {
 		line("replicas", "none alive")
 	} else {
-		line("replicas", "%d alive", len(v.replicas))
+		if idle := idleReplicas(v); idle > 0 {
+			line("replicas", "%d alive, %d idle (consuming nothing: no partition or consumer)", len(v.replicas), idle)
+		} else {
+			line("replicas", "%d alive", len(v.replicas))
+		}
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "    ID\tMODE\tDELIVERED\tWAITING\tCONFIGURED")
 		for _, r := range v.replicas {
 			mode, delivered, waiting := "?", "?", "?"
 			if r.reported {
 				mode, delivered, waiting = r.mode, formatMaybeRate(r.delivered), strconv.Itoa(r.waiting)
+			}
+			if r.idle {
+				mode += ", idle"
 			}
 			conf := "not reported"
 			if c := r.configured; c != nil {
@@ -711,8 +782,15 @@ func watchLine(v watchView) string {
 	if reported {
 		w = strconv.Itoa(waiting)
 	}
+	delivered := formatMaybeRate(v.delivered)
+	if v.estimated && !math.IsNaN(v.delivered) {
+		delivered += "(estimated)"
+	}
 	line := fmt.Sprintf("%s %s tokens=%s rate=%s paused=%v replicas=%d delivered=%s waiting=%s",
-		ts, v.bucket, tokens, rate, roundDuration(st.PausedFor.Seconds()), len(v.replicas), formatMaybeRate(v.delivered), w)
+		ts, v.bucket, tokens, rate, roundDuration(st.PausedFor.Seconds()), len(v.replicas), delivered, w)
+	if idle := idleReplicas(v); idle > 0 {
+		line += " idle=" + strconv.Itoa(idle)
+	}
 	if len(v.layers) > 0 {
 		counts := make([]string, len(v.layers))
 		for i, l := range v.layers {

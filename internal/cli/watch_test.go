@@ -78,9 +78,9 @@ func TestWatchHistorySteps(t *testing.T) {
 			"2026-12-01T03:00:00Z sms tokens=40/50 rate=50/s(configured) paused=0s replicas=2 delivered=? waiting=?"},
 		// 40 + 50·1 − 30 = 60 tokens granted in the second.
 		{time.Second, st(30, 50, 0, nil), nil,
-			[]string{"delivered   60/s (estimated from the bucket's tokens)", "last 1m0s, 60/s–60/s",
+			[]string{"delivered   60/s (estimated from the bucket's tokens: the replicas report no counts", "last 1m0s, 60/s–60/s",
 				"layers      1 (limit.extra of throttle.yaml)", "    per-recipient  1/s, burst 3, per key, on_exceed delay  12 keys in use  ?         ?"},
-			"2026-12-01T03:00:01Z sms tokens=30/50 rate=50/s(configured) paused=0s replicas=2 delivered=60/s waiting=? exceeded=per-recipient:?"},
+			"2026-12-01T03:00:01Z sms tokens=30/50 rate=50/s(configured) paused=0s replicas=2 delivered=60/s(estimated) waiting=? exceeded=per-recipient:?"},
 		// An override to 80/s: the rate changed, so no estimate.
 		{3 * time.Second, st(50, 80, 0, &redislimiter.Override{Rate: 80, ExpiresIn: 90 * time.Second}), nil,
 			[]string{"rate        80/s (override)", "override    80/s, each replica's burst, expires in 1m30s", "delivered   ?"},
@@ -401,7 +401,7 @@ func TestGrantTrackSteps(t *testing.T) {
 		{25, 250, math.NaN()},
 		{28, 400, 50},
 	} {
-		g.observe(t0.Add(time.Duration(s.at)*time.Second), s.granted)
+		g.observe(t0.Add(time.Duration(s.at)*time.Second), time.Time{}, s.granted)
 		got := g.rate(t0.Add(time.Duration(s.at) * time.Second))
 		if !(math.IsNaN(got) && math.IsNaN(s.want)) && math.Abs(got-s.want) > 1e-9 {
 			t.Errorf("step %d (t=%ds, granted %d): rate %v, want %v", i, s.at, s.granted, got, s.want)
@@ -574,6 +574,88 @@ func TestEstimateDelivered(t *testing.T) {
 	} {
 		if got, est := estimateDelivered(st(tc.before), st(tc.after), 1); got != tc.want || !est {
 			t.Errorf("estimateDelivered(%v → %v tokens in 1 s at 50/s, burst 50) = %v, want %v", tc.before, tc.after, got, tc.want)
+		}
+	}
+}
+
+// TestGrantTrackBeats follows a replica whose heartbeats (every 3 s, at
+// instants that Redis stamps) are read every second: the rate is the
+// count's increase between the stamps of the last 10 s, known from the
+// second heartbeat on, whatever the reads' timing.
+func TestGrantTrackBeats(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	var g grantTrack
+	for i, s := range []struct {
+		read, beat int // ms
+		granted    int64
+		want       float64 // NaN: unknown
+	}{
+		{0, -2900, 1000, math.NaN()}, // one heartbeat: no rate yet
+		{1000, -2900, 1000, math.NaN()},
+		{2000, 100, 1030, 10}, // 30 in 3 s, though read 2 s apart
+		{3000, 100, 1030, 10},
+		{4000, 3050, 1060, 60. / 5.95},
+		{5000, 6100, 1090, 90. / 9},
+		{9000, 9100, 1090, 60. / 9}, // nothing granted in the last 3 s
+		{10000, 12100, 1090, 30. / 9.05},
+		{13000, 15100, 1090, 0},
+		{14000, 18100, 40, math.NaN()}, // restarted
+		{15000, 21100, 100, 20},
+	} {
+		g.observe(ms(s.read), ms(s.beat), s.granted)
+		got := g.rate(ms(s.read))
+		if !(math.IsNaN(got) && math.IsNaN(s.want)) && math.Abs(got-s.want) > 1e-9 {
+			t.Errorf("step %d (read %d ms, beat %d ms, granted %d): rate %v, want %v", i, s.read, s.beat, s.granted, got, s.want)
+		}
+	}
+}
+
+// TestWatchDeliveredSource checks what the delivered rate says of its
+// source: the replicas' sum once every one has beaten twice ("?" before,
+// never an estimate), an estimate only when replicas report no counts,
+// and the idle replicas.
+func TestWatchDeliveredSource(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	full := redislimiter.BucketStatus{Bucket: "sms", Rate: 50, Burst: 50, TokensKnown: true, Tokens: 50}
+	rep := func(id string, beat time.Duration, granted int64, idle bool) redislimiter.Replica {
+		return redislimiter.Replica{ID: id, Rate: 50, Burst: 50, Reported: true, Mode: limiter.ModeShared, Granted: granted, Idle: idle, BeatAt: t0.Add(beat)}
+	}
+	h := newWatchHistory("sms", time.Second)
+	steps := []struct {
+		at   time.Duration
+		reps []redislimiter.Replica
+		want []string // on the screen
+		line string   // in the line
+	}{
+		{0, []redislimiter.Replica{rep("a", 0, 100, false), rep("b", 0, 0, true)},
+			[]string{"delivered   ? (measuring: each replica's rate shows from its second heartbeat)", "2 alive, 1 idle", "a   shared        ?", "b   shared, idle  ?"},
+			"delivered=? waiting=0 idle=1"},
+		// The bucket is full: an estimate would say 0/s.
+		{time.Second, []redislimiter.Replica{rep("a", 0, 100, false), rep("b", 0, 0, true)},
+			[]string{"delivered   ? (measuring"}, "delivered=? waiting=0 idle=1"},
+		{3 * time.Second, []redislimiter.Replica{rep("a", 3*time.Second, 130, false), rep("b", 3*time.Second, 0, true)},
+			[]string{"delivered   10/s (reported by the replicas)", "a   shared        10/s", "b   shared, idle  0/s"},
+			"delivered=10/s waiting=0 idle=1"},
+		// A replica of an older version reports nothing: an estimate.
+		{4 * time.Second, []redislimiter.Replica{rep("a", 3*time.Second, 130, false), {ID: "old", Rate: 50, Burst: 50}},
+			[]string{"delivered   0/s (estimated from the bucket's tokens: 1 of 2 replicas report no count; it undercounts while the bucket is full)"},
+			"delivered=0/s(estimated) waiting=0"},
+		{5 * time.Second, []redislimiter.Replica{{ID: "old", Rate: 50, Burst: 50}},
+			[]string{"delivered   0/s (estimated from the bucket's tokens: the replicas report no counts; it undercounts while the bucket is full)"},
+			"delivered=0/s(estimated) waiting=?"},
+	}
+	for i, s := range steps {
+		at := t0.Add(s.at)
+		v := h.add(sample{at: at, status: full, replicas: s.reps, configured: &limitsJSON{Rate: 50, Burst: 50}, from: "x.yaml"}, nil, at)
+		screen := renderWatch(v)
+		for _, w := range s.want {
+			if !strings.Contains(screen, w) {
+				t.Errorf("step %d: screen lacks %q:\n%s", i, w, screen)
+			}
+		}
+		if line := watchLine(v); !strings.Contains(line, " "+s.line) {
+			t.Errorf("step %d: line %q lacks %q", i, line, s.line)
 		}
 	}
 }
