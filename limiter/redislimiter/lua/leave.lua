@@ -1,0 +1,9 @@
+-- leave.lua: leaveScript, on its own (no prelude).
+--
+-- leaveScript removes a replica from the heartbeat set.
+--
+-- KEYS: replicas, configs. ARGV: id.
+
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return 1
