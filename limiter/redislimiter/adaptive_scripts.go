@@ -2,49 +2,12 @@ package redislimiter
 
 import "github.com/redis/go-redis/v9"
 
-// decreaseScript records a push-back for the adaptive rate: unless the
-// last decrease is within the merge window, it multiplies the rate in force
-// by decrease (floored at min_rate, capped at the ceiling), restarts the
-// climb from now (or the end of a pause in force), and announces it. The
-// adaptive fields expire with an override that has a TTL, and otherwise
-// when the rate is back at the ceiling.
-//
-// KEYS: state, override. ARGV: rate, burst, decrease, min_rate, slope
-// (tokens/s per µs), window_us, now_us, channel. Reply: {decreased (1/0),
-// rate_milli}.
-var decreaseScript = redis.NewScript(prelude + `
-local now = now_us(ARGV[7])
-local cur, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
-local last = tonumber(redis.call('HGET', KEYS[2], 'adec'))
-if AD and last and now - last < tonumber(ARGV[6]) then return {0, milli(cur)} end
-local tokens, ts = load(KEYS[1], now, cur, burst)
-save(KEYS[1], tokens, ts, now, cur, burst)
-local nr = math.min(CEIL, math.max(tonumber(ARGV[4]), cur * tonumber(ARGV[3])))
-local at = math.max(now, ts)
-local k = tonumber(ARGV[5])
-redis.call('HSET', KEYS[2], 'arate', string.format('%.17g', nr), 'ats', string.format('%d', at),
-  'ainc', ARGV[5], 'adec', string.format('%d', now))
-if redis.call('HEXISTS', KEYS[2], 'rate') == 0 then
-  local ms = 1000 + (at - now) / 1000
-  if k > 0 then ms = ms + (CEIL - nr) / k / 1000 end
-  redis.call('PEXPIRE', KEYS[2], math.ceil(math.min(ms, 1e12)))
-end
-redis.call('PUBLISH', ARGV[8], 'adaptive')
-return {1, milli(nr)}
-`)
+// decreaseScript records a push-back for the adaptive rate (the rate in
+// force times decrease, unless the last decrease is within the merge
+// window) and announces it: the prelude, then lua/decrease.lua (KEYS, ARGV
+// and reply in its header).
+var decreaseScript = redis.NewScript(prelude + luaSource("decrease.lua"))
 
-// adaptiveStatusScript reads the adaptive state.
-//
-// KEYS: state, override. ARGV: rate (0: unknown), burst, now_us. Reply:
-// {on (1/0), rate_milli (at now), ceiling_milli, since_decrease_us (-1 when
-// never), now_us}.
-var adaptiveStatusScript = redis.NewScript(prelude + `
-local now = now_us(ARGV[3])
-local rate = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
-local last = tonumber(redis.call('HGET', KEYS[2], 'adec'))
-local since = -1
-if last then since = clamp(now - last) end
-local on = 0
-if AD then on = 1 end
-return {on, milli(rate), milli(CEIL or 0), since, now}
-`)
+// adaptiveStatusScript reads the adaptive state: the prelude, then
+// lua/adaptive_status.lua.
+var adaptiveStatusScript = redis.NewScript(prelude + luaSource("adaptive_status.lua"))

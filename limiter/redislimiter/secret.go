@@ -14,13 +14,10 @@ import (
 // secret: PREFIX{NAME}:paid-secret.
 const paidSecretSuffix = ":paid-secret"
 
-// paidSecretScript keeps ARGV[1] in KEYS[1] unless it holds a secret
-// already, and returns the one it holds: of the replicas that start
-// together, the first wins.
-var paidSecretScript = redis.NewScript(`
-redis.call('SET', KEYS[1], ARGV[1], 'NX')
-return redis.call('GET', KEYS[1])
-`)
+// paidSecretScript keeps a candidate secret unless the key holds one
+// already, and returns the one it holds: lua/paid_secret.lua, without the
+// prelude.
+var paidSecretScript = redis.NewScript(luaSource("paid_secret.lua"))
 
 // PaidSecret implements limiter.PaidSecretStore: the secret with which the
 // Buckets of every replica sign the slots that the delay layers book. It
