@@ -1,0 +1,128 @@
+-- layer_prelude.lua: the functions of the layer scripts. A layer's state is
+-- one string key: "tokens ts" for a keyed bucket (ts in µs), "window_end
+-- used" for a quota. Numbers go through %.17g so that a token count survives
+-- a round trip exactly, as it does in the in-process store.
+--
+-- layerPrelude is prelude.lua followed by this file; layers_keyed.lua
+-- follows math.lua and this file, without the rest of the prelude.
+
+local function num2(v)
+  if not v then return nil, nil end
+  local a, b = string.match(v, '^(%S+) (%S+)$')
+  return tonumber(a), tonumber(b)
+end
+
+-- bucket_load returns a layer bucket's tokens and timestamp at now. A
+-- missing key is a full bucket.
+local function bucket_load(key, now, rate, burst)
+  local tokens, ts = num2(redis.call('GET', key))
+  if not tokens or not ts then return burst, now end
+  if now > ts then
+    tokens = tokens + (now - ts) * rate / 1e6
+    ts = now
+  end
+  if tokens > burst then tokens = burst end
+  return tokens, ts
+end
+
+-- bucket_save stores a layer bucket that expires when it is full again.
+local function bucket_save(key, tokens, ts, now, rate, burst)
+  local full_us = (ts - now) + (burst - tokens) * 1e6 / rate
+  redis.call('SET', key, string.format('%.17g %.17g', tokens, ts), 'PX', math.ceil(full_us / 1000) + 1000)
+end
+
+-- bucket_wait returns a layer bucket's tokens and timestamp at now, and
+-- the µs until it holds cost tokens (0 when it holds them now).
+local function bucket_wait(key, now, cost, rate, burst)
+  local tokens, ts = bucket_load(key, now, rate, burst)
+  local wt = ts - now
+  local after = tokens - cost
+  if after < 0 then wt = clamp(wt + wait_us(-after, rate)) end
+  if wt < 0 then wt = 0 end
+  return tokens, ts, wt
+end
+
+-- paid_flags returns, from a string of one instant in µs per layer
+-- separated by spaces (see paidArg), which layers the request passes on a
+-- slot it already paid for at now: those whose instant is not 0 nor before
+-- now. Such a layer waits 0 and is charged paid_charge. A request without
+-- paid slots ("", most of them) gets the shared empty table.
+local NO_PAID = {}
+local function paid_flags(s, now)
+  if not s or s == '' then return NO_PAID end
+  local p, i = {}, 0
+  for d in string.gmatch(s, '%d+') do
+    i = i + 1
+    local u = tonumber(d)
+    p[i] = u > 0 and now <= u
+  end
+  return p
+end
+
+-- send_charge returns a layer bucket's tokens, as of ts, after a request
+-- of cost that goes out at send (µs) took from it (limiter's sendCharge):
+-- the tokens it holds at send, never more than burst, less the cost, or
+-- for a layer passed on a paid slot (paid) less the excess of a late slot.
+local function send_charge(tokens, ts, send, cost, paid, rate, burst)
+  local ahead = send - ts
+  if ahead < 0 then ahead = 0 end
+  ahead = ahead * rate / 1e6
+  local at = tokens + ahead
+  if at > burst then at = burst end
+  local c = cost
+  if paid then
+    c = at + cost - burst
+    if c < 0 then c = 0 end
+  end
+  return at - c - ahead
+end
+
+-- refused_status returns the status of a refusal by layer i (see
+-- layersScript): 4 after booking the request's slot on i, as a token-bucket
+-- layer with action delay does (limiter.ReservesOnRefusal), else 2.
+local function refused_status(i, key, kind, action, w, tok, lts, cost, now, rate, burst)
+  if action == 'y' and kind ~= 'q' and w < 1e15 then
+    bucket_save(key, tok - cost, lts, now, rate, burst)
+    return 4
+  end
+  return 2
+end
+
+-- refusal returns the layer (1..n) that refuses a request whose layers
+-- would wait w, or 0: a layer whose action is not wait (w) refuses when
+-- its wait is above its max wait; dead_letter (d) wins over delay (y), and
+-- among delay layers the longest wait.
+local function refusal(n, action, w, maxw)
+  local refused = 0
+  for i = 1, n do
+    if action[i] ~= 'w' and w[i] > maxw[i] then
+      if action[i] == 'd' then
+        if refused == 0 or action[refused] ~= 'd' then refused = i end
+      elseif refused == 0 or (action[refused] == 'y' and w[i] > w[refused]) then
+        refused = i
+      end
+    end
+  end
+  return refused
+end
+
+-- quota_used returns the tokens used in the window ending at e.
+local function quota_used(key, e)
+  local se, su = num2(redis.call('GET', key))
+  if se == e and su then return su end
+  return 0
+end
+
+local function quota_save(key, e, used, now)
+  redis.call('SET', key, string.format('%.17g %d', e, used), 'PX', math.ceil((e - now) / 1000) + 1000)
+end
+
+-- window_end returns the end of the window among the boundaries
+-- b0 < b1 < b2 < b3 (ARGV[a..a+3]) that holds now, or nil.
+local function window_end(a, now)
+  for j = 0, 2 do
+    local s, e = tonumber(ARGV[a + j]), tonumber(ARGV[a + j + 1])
+    if now >= s and now < e then return e end
+  end
+  return nil
+end

@@ -1,0 +1,19 @@
+-- layer_status.lua: the body of layerStatusScript, after prelude.lua and
+-- layer_prelude.lua (layerPrelude).
+--
+-- layerStatusScript reads one key of a layer.
+--
+-- KEYS: the layer's key. ARGV: kind, rate or quota, burst, b0..b3, now_us.
+-- Reply: {tokens_milli (bucket) or used (quota), window_end_us (quota, 0
+-- for a bucket; -1 when no window holds now), now_us, kept (1 when the key
+-- exists)}.
+
+local now = now_us(ARGV[8])
+local kept = redis.call('EXISTS', KEYS[1])
+if ARGV[1] == 'q' then
+  local e = window_end(4, now)
+  if not e then return {0, -1, now, kept} end
+  return {quota_used(KEYS[1], e), e, now, kept}
+end
+local tokens = bucket_load(KEYS[1], now, tonumber(ARGV[2]), tonumber(ARGV[3]))
+return {milli(tokens), 0, now, kept}

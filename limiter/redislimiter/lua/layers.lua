@@ -1,0 +1,139 @@
+-- layers.lua: the body of layersScript, after prelude.lua and layer_prelude.lua
+-- (layerPrelude).
+--
+-- layersScript decides the shared bucket (optionally) and layers in one
+-- atomic step: all grant and are charged, or none is. It mirrors
+-- limiter.LayeredMemory.TakeLayersAt line by line.
+--
+-- KEYS: with the shared bucket, its state and override keys; then one key
+-- per layer. ARGV: now_us (0: TIME), cost, horizon_us, shared (1/0),
+-- shared rate, shared burst, n, extra (shared tokens to lease when all is
+-- granted at once), rank, share1, share2, channel (the class on the shared
+-- bucket, as in takeScript); then 10 values per layer: index (1-based,
+-- named in the reply), kind (b: bucket, q: quota), rate or quota, burst,
+-- action (w: wait, d: dead_letter, y: delay), max_wait_us, and for a quota
+-- four window boundaries b0..b3 around the caller's clock (0 for a bucket);
+-- then the shared bucket's warm-up in µs (0 or absent: none), which ramps
+-- the shared part as it ramps takeScript (warmup.lua); last, the paid
+-- layers: for each layer, separated by spaces, the last instant in µs at
+-- which the request passes it on a slot it already paid for
+-- (limiter.PaidUntil), or 0; "" for none. Such a layer, at or before its
+-- instant, waits 0 and is charged only the excess of a late slot
+-- (limiter.PaidCharge).
+--
+-- Reply: {status, wait_us, layer, remaining_milli, effective_rate_milli,
+-- burst, now_us, tokens (cost plus the extra granted), rank, pushed_milli
+-- (its push counter on the shared bucket), layers_due_us (granted: when
+-- every layer had room, limiter.LayerResult.LayersDue)}. status: 1 granted, 0
+-- not
+-- granted (come back after wait_us), 2 refused by layer's action, 4
+-- refused by layer, a token bucket with action delay, which booked the
+-- request's tokens for wait_us on itself alone (limiter.ReservesOnRefusal),
+-- 3 refused by a lower rank's MinShare on the shared bucket (wait_us until
+-- it would not), -1 cost above the shared burst, -2 cost above layer's burst or
+-- quota, -3 no window holds now (a clock skew above a window). layer is
+-- the 1-based index of the layer that set wait_us or refused, or 0 for the
+-- shared bucket.
+
+local now = now_us(ARGV[1])
+local cost, horizon = tonumber(ARGV[2]), tonumber(ARGV[3])
+local shared = ARGV[4] == '1'
+local n = tonumber(ARGV[7])
+local extra = tonumber(ARGV[8])
+local rank, s1, s2 = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local kb = 0
+local srate, sburst, stokens, sts, safter, wait0, eff = 0, 0, 0, 0, 0, 0, 0
+local pushed, visible, q1, need = 0, 0, 0, 0
+local function reply(status, wait, layer, remaining, got, due)
+  local p = 0
+  if rank == 1 then p = P1 elseif rank == 2 then p = P2 end
+  return {status, wait, layer, milli(remaining), milli(eff), sburst, now, got, rank, milli(p), due or 0}
+end
+if shared then
+  kb = 2
+  srate, sburst = limits(KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]))
+  WARM = tonumber(ARGV[13 + 10 * n]) -- warmupLua, as in takeScript
+  if WARM and WARM <= 0 then WARM = nil end
+  stokens, sts = load(KEYS[1], now, srate, sburst)
+  if WRATE then srate = WRATE end -- a cold start or a ramp in progress
+  pushed, visible, q1, need = prio_class(stokens, rank, cost, s1, s2, sburst)
+  eff = srate
+  if sts > now then eff = 0 end
+  if cost > sburst then return reply(-1, 0, 0, stokens, 0) end
+  if need > 0 then return reply(3, clamp((sts - now) + wait_us(need, srate)), 0, stokens, 0) end
+  safter = stokens - cost
+  wait0 = sts - now
+  if visible - cost < 0 then wait0 = clamp(wait0 + wait_us(-(visible - cost), srate)) end
+  if wait0 < 0 then wait0 = 0 end
+  if horizon > 0 then horizon = math.max(horizon, wait_us(cost, srate)) end
+else
+  wait0 = horizon -- without the shared bucket: when the message goes out
+end
+-- Every layer is decided and charged at send, when the shared bucket's
+-- reservation is due (send_charge).
+local send = now + wait0
+
+local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
+local tok, lts, wend, used, w = {}, {}, {}, {}, {}
+local paid = paid_flags(ARGV[14 + 10 * n], send)
+for i = 1, n do
+  local a = 12 + (i - 1) * 10
+  local key = KEYS[kb + i]
+  idx[i], kind[i] = tonumber(ARGV[a + 1]), ARGV[a + 2]
+  rate[i], burst[i] = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  action[i], maxw[i] = ARGV[a + 5], tonumber(ARGV[a + 6])
+  if paid[i] then
+    tok[i], lts[i] = bucket_load(key, now, rate[i], burst[i])
+    w[i] = 0
+  elseif kind[i] == 'q' then
+    local quota = rate[i]
+    if cost > quota then return reply(-2, 0, idx[i], stokens, 0) end
+    local we = window_end(a + 7, send)
+    if not we then return reply(-3, 0, idx[i], stokens, 0) end
+    wend[i] = we
+    used[i] = quota_used(key, we)
+    w[i] = 0
+    if used[i] + cost > quota then w[i] = we - now end
+  else
+    if cost > burst[i] then return reply(-2, 0, idx[i], stokens, 0) end
+    tok[i], lts[i], w[i] = bucket_wait(key, now, cost, rate[i], burst[i])
+  end
+end
+
+local refused = refusal(n, action, w, maxw)
+if refused > 0 then
+  local r = refused
+  return reply(refused_status(r, KEYS[kb + r], kind[r], action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r]), w[r], idx[r], stokens, 0)
+end
+
+-- A layer without room at send: come back when it has room, charging
+-- nothing (a quota's room is its next window). Else a shared wait beyond
+-- the horizon comes back when it fits.
+local wait, limiting, due = wait0, 0, 0
+for i = 1, n do
+  if w[i] > wait then wait, limiting = w[i], idx[i] end
+  if w[i] > due then due = w[i] end
+end
+if limiting > 0 then return reply(0, wait, limiting, stokens, 0) end
+if shared and wait > horizon then return reply(0, wait - horizon, 0, stokens, 0) end
+
+local got = cost
+if shared then
+  if wait == 0 and extra > 0 and safter >= 1 then
+    local k = math.min(extra, math.floor(safter))
+    safter = safter - k
+    got = got + k
+  end
+  prio_grant(rank, pushed, q1, s1, s2, sburst, ARGV[12], now)
+  save(KEYS[1], safter, sts, now, srate, sburst)
+end
+for i = 1, n do
+  local key = KEYS[kb + i]
+  if kind[i] == 'q' then
+    quota_save(key, wend[i], used[i] + cost, now)
+  else
+    local after = send_charge(tok[i], lts[i], send, cost, paid[i], rate[i], burst[i])
+    if after ~= tok[i] then bucket_save(key, after, lts[i], now, rate[i], burst[i]) end
+  end
+end
+return reply(1, wait, limiting, safter, got, due)

@@ -1,0 +1,96 @@
+-- layers_keyed.lua: the body of layersKeyedScript, after math.lua and
+-- layer_prelude.lua (layersKeyedSrc).
+--
+-- layersKeyedScript decides, for one or more requests in turn, layers that
+-- are all token buckets, without the shared bucket: what a Bucket sends
+-- while its lease pays the shared bucket, and a Cluster's keyed steps. Each
+-- request is decided as layersScript decides it with shared 0 and no
+-- quota, and is atomic on its own (the whole call is, too).
+--
+-- It is layersScript's job at a fraction of its cost in Redis, with the
+-- same layer functions (layer_prelude.lua) and clamp and wait_us (math.lua): it
+-- does not carry the rest of the shared bucket's prelude (adaptive rate,
+-- warm-up, overrides), whose functions Redis would re-create on every call; the
+-- layers'
+-- constants come once per call, not once per request; TIME is read once
+-- per call; and the reply is one string. A batch of concurrent requests is
+-- one call (see layerBatcher).
+--
+-- KEYS: each request's key of every layer, request by request. ARGV: now_us
+-- (0: TIME), n (layers per request); then 5 values per layer: index
+-- (1-based, named in the reply), rate, burst, action (w: wait, d:
+-- dead_letter, y: delay), max_wait_us; then 3 values per request: cost,
+-- base_us (when the request goes out, after now: the shared bucket's wait
+-- on a Cluster, 0 under a lease), and the paid layers as in layersScript
+-- (for each layer, the last instant in µs at which it passes on a paid
+-- slot, or 0; "" for none). Every layer is decided and charged for
+-- now+base_us, as layersScript does.
+--
+-- Reply: one string, "now_us" followed by "status wait_us layer" for each
+-- request, separated by spaces; status and layer as in layersScript
+-- (status 1 granted, 0 not granted, 2 refused, 4 refused with the slot
+-- booked on the delay layer, -2 cost above the layer's burst); wait_us as
+-- in layersScript, except for a grant, where it is when every layer had
+-- room (limiter.LayerResult.LayersDue).
+
+local now = tonumber(ARGV[1])
+if not (now and now > 0) then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local n = tonumber(ARGV[2])
+local idx, rate, burst, action, maxw = {}, {}, {}, {}, {}
+for i = 1, n do
+  local a = 2 + (i - 1) * 5
+  idx[i], rate[i], burst[i] = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  action[i], maxw[i] = ARGV[a + 4], tonumber(ARGV[a + 5])
+end
+
+local tok, lts, w = {}, {}, {}
+local out = {string.format('%d', now)}
+local k0 = 0
+for a = 3 + 5 * n, #ARGV, 3 do
+  local cost, base = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  local send = now + base
+  local paid = paid_flags(ARGV[a + 2], send)
+  local status, wait, limiting = nil, 0, 0
+  for i = 1, n do
+    if paid[i] then
+      tok[i], lts[i] = bucket_load(KEYS[k0 + i], now, rate[i], burst[i])
+      w[i] = 0
+    elseif cost > burst[i] then
+      status, limiting = -2, idx[i]
+      break
+    else
+      tok[i], lts[i], w[i] = bucket_wait(KEYS[k0 + i], now, cost, rate[i], burst[i])
+    end
+  end
+  if not status then
+    local r = refusal(n, action, w, maxw)
+    if r > 0 then
+      status = refused_status(r, KEYS[k0 + r], 'b', action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r])
+      wait, limiting = w[r], idx[r]
+    else
+      wait = base
+      for i = 1, n do
+        if w[i] > wait then wait, limiting = w[i], idx[i] end
+      end
+      if limiting > 0 then
+        status = 0
+      else
+        -- wait: when every layer had room (limiter.LayerResult.LayersDue)
+        status, wait = 1, 0
+        for i = 1, n do
+          if w[i] > wait then wait = w[i] end
+        end
+        for i = 1, n do
+          local after = send_charge(tok[i], lts[i], send, cost, paid[i], rate[i], burst[i])
+          if after ~= tok[i] then bucket_save(KEYS[k0 + i], after, lts[i], now, rate[i], burst[i]) end
+        end
+      end
+    end
+  end
+  out[#out + 1] = string.format('%d %d %d', status, wait, limiting)
+  k0 = k0 + n
+end
+return table.concat(out, ' ')
