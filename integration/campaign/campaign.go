@@ -423,18 +423,7 @@ func (r *run) running() []*replica {
 
 // queueState returns a queue's messages and consumers, zeros when it does
 // not exist.
-func (r *run) queueState(name string) amqp.Queue {
-	ch, err := r.conn.Channel()
-	if err != nil {
-		return amqp.Queue{}
-	}
-	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
-	if err != nil {
-		return amqp.Queue{}
-	}
-	return q
-}
+func (r *run) queueState(name string) amqp.Queue { return QueueState(r.conn, name) }
 
 func (r *run) consumers() int { return r.queueState(r.name).Consumers }
 
@@ -620,17 +609,17 @@ func (r *run) drain(ctx context.Context) error {
 	for {
 		_, unique := r.sink.Counts()
 		dead := r.queueState(r.name + ".dlq").Messages
-		if unique+dead >= len(r.published) && r.queueState(r.name).Messages == 0 && r.queueState(r.name+".delay").Messages == 0 {
+		if unique+dead >= len(r.published) && r.queueState(r.name).Messages == 0 && SetAside(r.conn, r.name) == 0 {
 			r.logf("+%.1fs drained: %d delivered, %d dead-lettered", time.Since(r.start).Seconds(), unique, dead)
 			return nil
 		}
 		if time.Now().After(deadline) {
 			r.logf("+%.1fs not drained after %v: %d delivered, %d dead-lettered of %d; %d ready, %d set aside",
 				time.Since(r.start).Seconds(), limit.Round(time.Second), unique, dead, len(r.published),
-				r.queueState(r.name).Messages, r.queueState(r.name+".delay").Messages)
+				r.queueState(r.name).Messages, SetAside(r.conn, r.name))
 			return nil // the checker reports what is missing
 		}
-		if err := sleepUntil(ctx, time.Now().Add(100*time.Millisecond)); err != nil {
+		if err := sleepUntil(ctx, time.Now().Add(250*time.Millisecond)); err != nil {
 			return err
 		}
 	}
@@ -650,63 +639,26 @@ func (r *run) stopFleet() {
 	}
 }
 
-// readQueued empties the delay queue and the queue, in turns until both
-// are empty (reading the delay queue dead-letters its expired messages
-// back to the queue), and counts their messages by id.
+// readQueued empties the queue and its delay queues (ReadQueued),
+// logging what was left.
 func (r *run) readQueued() (map[int]int, error) {
-	out := map[int]int{}
-	for {
-		n := 0
-		for _, q := range []string{r.name + ".delay", r.name} {
-			got, err := r.read(q)
-			if err != nil {
-				return nil, err
-			}
-			for id, k := range got {
-				out[id] += k
-				n += k
-			}
-		}
-		if n == 0 {
-			return out, nil
-		}
-		time.Sleep(100 * time.Millisecond) // let the broker move what expired
+	out, left, err := ReadQueued(r.conn, r.name)
+	for _, l := range left {
+		r.logf("%s", l)
 	}
+	return out, err
 }
 
-// read empties a queue and counts its messages by id.
+// read empties a queue (Read), logging the dead letters that no quota
+// refused.
 func (r *run) read(queue string) (map[int]int, error) {
-	ch, err := r.conn.Channel()
-	if err != nil {
-		return nil, err
+	out, msgs, err := Read(r.conn, queue)
+	for _, d := range msgs {
+		if lim, _ := d.Headers["x-throttle-limit"].(string); lim != "per-account" {
+			r.logf("%s: %s: headers %v", queue, d.Body, d.Headers)
+		}
 	}
-	defer ch.Close()
-	out := map[int]int{}
-	for {
-		d, ok, err := ch.Get(queue, true)
-		if err != nil {
-			var ae *amqp.Error
-			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-				return out, nil
-			}
-			return nil, fmt.Errorf("campaign: reading %s: %w", queue, err)
-		}
-		if !ok {
-			return out, nil
-		}
-		var m Message
-		if err := json.Unmarshal(d.Body, &m); err != nil {
-			r.note("a dead letter that is not a message: %q", d.Body)
-			continue
-		}
-		if lim, _ := d.Headers["x-throttle-limit"].(string); strings.HasSuffix(queue, ".dlq") && lim != "per-account" {
-			r.logf("dead letter %d: headers %v", m.ID, d.Headers)
-		}
-		if !strings.HasSuffix(queue, ".dlq") {
-			r.logf("left in %s: %+v, expiration %q, headers %v", queue, m, d.Expiration, d.Headers)
-		}
-		out[m.ID]++
-	}
+	return out, err
 }
 
 // spec returns what the run promised.
@@ -756,13 +708,7 @@ func (r *run) close() {
 		r.stalls.Stop()
 	}
 	if r.conn != nil {
-		if ch, err := r.conn.Channel(); err == nil {
-			for _, q := range []string{r.name, r.name + ".dlq", r.name + ".delay"} {
-				_, _ = ch.QueueDelete(q, false, false, false)
-			}
-			_ = ch.ExchangeDelete(r.name+".dlx", false, false)
-			ch.Close()
-		}
+		DeleteQueues(r.conn, r.name)
 		r.conn.Close()
 	}
 }
