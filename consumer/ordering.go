@@ -24,8 +24,11 @@ import (
 // Concurrency) free per class above it, about a twentieth of them, so
 // that a higher-class message finds one at once while lower-class
 // messages wait for tokens in the others; and a class with messages
-// waiting and no slot gets the next free one, so that none is shut out
-// (its share of the tokens is then the limiter's MinShare). Only
+// waiting and no slot gets the next free one (higher classes first among
+// those), so that with at least as many slots as classes waiting none is
+// shut out (its share of the tokens is then the limiter's MinShare); with
+// a single slot, a lower class waits while a higher one has messages
+// ready. Only
 // messages the consumer holds are reordered: on Kafka those fetched, at
 // most the handler slots plus QueueSize (the lower classes leave the
 // same reserve of that window); on RabbitMQ those within Prefetch.
