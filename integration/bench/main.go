@@ -28,6 +28,12 @@
 // 127.0.0.1:5672 and redis-server on the PATH (it starts its own, so that
 // INFO counts the replica's calls only); the sink and kfake run in a child
 // process (this binary with -serve-services). It writes E2E.md.
+//
+// With -campaign D it runs the seeded fault campaign of
+// integration/campaign for D of faults instead (docs/campaign.md): it
+// builds the binary from -campaign-root, needs RabbitMQ and redis-server
+// like -e2e, prints the schedule and the checker's report, and exits 1
+// when a promise was broken; -seed N reruns a schedule.
 package main
 
 import (
@@ -95,6 +101,8 @@ type config struct {
 	flags      string // the flags as given, for the report
 	// e2e, when set, selects the end-to-end comparison instead.
 	e2e *e2eConfig
+	// campaign, when set, selects the seeded fault campaign instead.
+	campaign *campaignConfig
 }
 
 func main() {
@@ -112,9 +120,12 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if cfg.e2e != nil {
+	switch {
+	case cfg.campaign != nil:
+		err = runCampaign(ctx, *cfg.campaign)
+	case cfg.e2e != nil:
 		err = runE2E(ctx, *cfg.e2e)
-	} else {
+	default:
 		err = run(ctx, cfg)
 	}
 	if err != nil {
@@ -155,11 +166,23 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&scenarios, "e2e-scenarios", "rabbitmq,kafka", "(e2e) comma-separated sources: rabbitmq, kafka")
 	fs.StringVar(&e2e.out, "e2e-out", "E2E.md", "(e2e) markdown report to write")
 	fs.StringVar(&e2e.profileDir, "profile", "", "(e2e) before the measured runs, profile one throttle run per source (CPU, allocs, block, mutex) into this directory")
+	var camp campaignConfig
+	fs.DurationVar(&camp.duration, "campaign", 0, "run the seeded fault campaign (integration/campaign, docs/campaign.md) with this long a fault schedule instead")
+	fs.Int64Var(&camp.seed, "seed", 0, "(campaign) the schedule's seed; 0 for a random one, printed")
+	fs.StringVar(&camp.root, "campaign-root", "../..", "(campaign) the throttle module to build the binary from")
+	fs.StringVar(&camp.amqpURL, "amqp", "amqp://guest:guest@127.0.0.1:5672/", "(campaign) RabbitMQ")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
 	for _, a := range args {
 		cfg.flags += " " + a
+	}
+	if camp.duration != 0 {
+		if camp.duration < 10*time.Second {
+			return config{}, fmt.Errorf("-campaign must be at least 10s")
+		}
+		cfg.campaign = &camp
+		return cfg, nil
 	}
 	if e2eOn {
 		e2e.flags = cfg.flags
