@@ -57,6 +57,19 @@ func TestHeartbeatCountsConsumers(t *testing.T) {
 	if live, consuming := report("b", false, 5); live != 5 || consuming != 3 {
 		t.Errorf("b no longer idle: %d live, %d consuming; want 5, 3", live, consuming)
 	}
+	// An idle replica that leaves, or whose heartbeats expire, no longer
+	// counts as idle.
+	if err := s.Leave(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.HeartbeatConsumers(ctx, "e", time.Millisecond, limiter.ReplicaReport{Mode: limiter.ModeShared, Idle: true}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Millisecond)
+	if live, consuming := report("a", false, 20); live != 4 || consuming != 3 {
+		t.Errorf("d left, e expired: %d live, %d consuming; want 4, 3 (c idle)", live, consuming)
+	}
+	report("d", true, 0)
 	after, err := s.Admin().Status(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@
 //	PREFIX{NAME}:override  hash: rate, burst                       TTL: the override's duration, if any
 //	PREFIX{NAME}:replicas  sorted set: replica → expiry             TTL: twice the heartbeat TTL
 //	PREFIX{NAME}:configs   hash: replica → "rate burst [mode granted waiting x:LAYER:N... w:H,N,L idle] a:BEAT_US"  TTL: as replicas
+//	PREFIX{NAME}:idle      sorted set: idle replica → expiry        TTL: as replicas
 //	PREFIX{NAME}:paid-secret  string: the secret that signs paid slots (see PaidSecret)  no TTL
 //
 // and announce changes on the Pub/Sub channel PREFIX{NAME}:changes (see
@@ -117,7 +118,8 @@ type Store struct {
 	cfg    Config
 	batch  *batcher // nil with Config.NoBatching
 	admin  *Admin
-	// stateKeys is {state, override}; allKeys adds replicas and configs.
+	// stateKeys is {state, override}; allKeys adds replicas, configs and
+	// idle.
 	stateKeys []string
 	allKeys   []string
 	channel   string // Pub/Sub channel announcing changes, see Watch
@@ -193,7 +195,7 @@ type keys struct {
 
 func newKeys(prefix, bucket string) keys {
 	base := prefix + "{" + bucket + "}:"
-	return keys{all: []string{base + "state", base + "override", base + "replicas", base + "configs"}, channel: base + "changes"}
+	return keys{all: []string{base + "state", base + "override", base + "replicas", base + "configs", base + "idle"}, channel: base + "changes"}
 }
 
 // Admin returns the operator commands for this store's bucket, knowing its
@@ -493,21 +495,21 @@ func (s *Store) status(ctx context.Context, nowUS int64) (limiter.State, error) 
 // also records its configured rate and burst, which Replicas reports, so an
 // operator can see replicas that disagree.
 func (s *Store) Heartbeat(ctx context.Context, id string, ttl time.Duration) (int, error) {
-	return s.heartbeat(ctx, id, ttl, s.configArg)
+	return s.heartbeat(ctx, id, ttl, s.configArg, false)
 }
 
 // HeartbeatReport implements limiter.ReportingTracker: Heartbeat, recording
 // r with the configured limits, which Replicas reports.
 func (s *Store) HeartbeatReport(ctx context.Context, id string, ttl time.Duration, r limiter.ReplicaReport) (int, error) {
-	return s.heartbeat(ctx, id, ttl, s.report(r))
+	return s.heartbeat(ctx, id, ttl, s.report(r), r.Idle)
 }
 
 // HeartbeatConsumers implements limiter.ConsumerTracker: HeartbeatReport,
 // also counting the live replicas whose last report was not Idle, in the
-// same script call (which reads every live replica's report: once per
-// heartbeat, not per message).
+// same script call: the idle ones are kept in a sorted set of their own,
+// so the count costs no more with a thousand replicas than with one.
 func (s *Store) HeartbeatConsumers(ctx context.Context, id string, ttl time.Duration, r limiter.ReplicaReport) (live, consuming int, err error) {
-	v, err := heartbeatScript.Run(ctx, s.client, s.allKeys[2:], id, ttl.Microseconds(), 0, s.report(r), "1").Int64Slice()
+	v, err := heartbeatScript.Run(ctx, s.client, s.allKeys[2:], id, ttl.Microseconds(), 0, s.report(r), idleArg(r.Idle), "1").Int64Slice()
 	if err != nil {
 		return 0, 0, s.fail("heartbeat", err)
 	}
@@ -541,12 +543,20 @@ func (s *Store) report(r limiter.ReplicaReport) string {
 	return report
 }
 
-func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration, config string) (int, error) {
-	n, err := heartbeatScript.Run(ctx, s.client, s.allKeys[2:], id, ttl.Microseconds(), 0, config).Int()
+func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration, config string, idle bool) (int, error) {
+	n, err := heartbeatScript.Run(ctx, s.client, s.allKeys[2:], id, ttl.Microseconds(), 0, config, idleArg(idle)).Int()
 	if err != nil {
 		return 0, s.fail("heartbeat", err)
 	}
 	return n, nil
+}
+
+// idleArg is the heartbeat script's idle argument.
+func idleArg(idle bool) string {
+	if idle {
+		return "1"
+	}
+	return "0"
 }
 
 // Leave implements limiter.ReplicaTracker.

@@ -105,7 +105,7 @@ func TestKeysShareOneClusterSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"app:{sms-outbound}:state", "app:{sms-outbound}:override", "app:{sms-outbound}:replicas", "app:{sms-outbound}:configs"}
+	want := []string{"app:{sms-outbound}:state", "app:{sms-outbound}:override", "app:{sms-outbound}:replicas", "app:{sms-outbound}:configs", "app:{sms-outbound}:idle"}
 	if got := s.Keys(); !slices.Equal(got, want) {
 		t.Errorf("keys = %q, want %q", got, want)
 	}
@@ -285,7 +285,7 @@ func TestReplicasReportTheirConfiguredLimits(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("Replicas = %+v, %v; want %+v", got, err, want)
 	}
-	for _, k := range s.allKeys[2:] {
+	for _, k := range s.allKeys[2:4] { // no replica is idle: no idle key
 		if ttl := c.PTTL(ctx, k).Val(); ttl <= 0 {
 			t.Errorf("key %s: TTL %v, want one (the heartbeats keep it)", k, ttl)
 		}
