@@ -345,7 +345,7 @@ func (b *Bucket) localLayers(local *Memory, layers []Layer) (*LayeredMemory, err
 	if lf.shared == local && lf.local != nil {
 		return lf.local, nil
 	}
-	replicas := float64(max(1, b.replicas.Load()))
+	replicas := float64(b.shareReplicas()) // those that consume, as the shared bucket's share
 	if full := math.Float64frombits(b.lastRate.Load()); b.opts.FallbackRate > 0 && full > 0 {
 		replicas = max(1, full/b.opts.FallbackRate)
 	}
