@@ -52,7 +52,7 @@ end
 if shared then
   kb = 2
   srate, sburst = limits(KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]))
-  WARM = tonumber(ARGV[13 + 10 * n]) -- warmupLua, as in takeScript
+  WARM = tonumber(ARGV[13 + 10 * n]) -- warmup.lua, as in takeScript
   if WARM and WARM <= 0 then WARM = nil end
   stokens, sts = load(KEYS[1], now, srate, sburst)
   if WRATE then srate = WRATE end -- a cold start or a ramp in progress

@@ -19,7 +19,7 @@ local kb = 0
 if ARGV[3] == '1' then
   kb = 2
   local rate, burst = limits(KEYS[2], tonumber(ARGV[4]), tonumber(ARGV[5]))
-  WARM, WKEEP = tonumber(ARGV[8 + 4 * n]), true -- warmupLua: along a ramp, starting none
+  WARM, WKEEP = tonumber(ARGV[8 + 4 * n]), true -- warmup.lua: along a ramp, starting none
   if WARM and WARM <= 0 then WARM = nil end
   local tokens, ts = load(KEYS[1], now, rate, burst)
   prio_refund(tonumber(ARGV[7]), cost)

@@ -77,7 +77,7 @@ end
 
 -- limits returns the effective rate and burst: the override's where it
 -- holds a valid value, else the configured ones; the rate is the adaptive
--- rate at NOW below that ceiling when the hash holds one (adaptiveLua).
+-- rate at NOW below that ceiling when the hash holds one (adaptive.lua).
 -- none true says the override hash is known to be missing (the take's
 -- fast path checked), so it is not read.
 local function limits(okey, rate, burst, none)
@@ -94,7 +94,7 @@ end
 
 -- load returns the tokens and timestamp at now. A missing bucket is full.
 -- The bucket refills only after ts; ts lies in the future while it is paused.
--- It reads the classes' state in the same HMGET (priorityLua), and the
+-- It reads the classes' state in the same HMGET (priority.lua), and the
 -- key's expiry as save() last set it (RX, ms on Redis's clock). st, when
 -- given, holds those fields as already read (the take's fast path), in
 -- the order of the HMGET below.
@@ -104,7 +104,7 @@ local function load(skey, now, rate, burst, st)
   end
   local o = 5
   RX = tonumber(st[4])
-  if st[o] or st[o + 1] or st[o + 2] or st[o + 3] or st[o + 4] or st[o + 5] then -- priorityLua
+  if st[o] or st[o + 1] or st[o + 2] or st[o + 3] or st[o + 4] or st[o + 5] then -- priority.lua
     RQ0, RQ2, RP1, RP2 = tonumber(st[o]), tonumber(st[o + 1]), tonumber(st[o + 2]), tonumber(st[o + 3])
     RJ1, RJ2 = tonumber(st[o + 4]), tonumber(st[o + 5])
     Q0, Q2, P1, P2, J1, J2 = RQ0 or 0, RQ2 or 0, RP1 or 0, RP2 or 0, RJ1, RJ2
@@ -142,10 +142,10 @@ end
 -- than 100 ms after the bucket is full, so most calls skip PEXPIRE; it is
 -- then set to a second after full, plus a quarter of the time to refill
 -- the tokens reserved ahead, so that a growing queue extends it rarely.
--- takeFastLua has the same arithmetic.
+-- take_fast.lua has the same arithmetic.
 local function save(skey, tokens, ts, now, rate, burst)
   local full_us = (ts - now) + (burst - tokens) * 1e6 / rate
-  if WARM then -- warmupLua: the ramp start, and "missing" = idle longer than WARM
+  if WARM then -- warmup.lua: the ramp start, and "missing" = idle longer than WARM
     if WTS then redis.call('HSET', skey, 'wts', string.format('%d', WTS), 'wu', string.format('%d', WARM)) end
     full_us = full_us + WARM
   end

@@ -9,7 +9,7 @@
 
 local now = now_us(ARGV[4])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
-WARM, WKEEP = tonumber(ARGV[6]), true -- warmupLua
+WARM, WKEEP = tonumber(ARGV[6]), true -- warmup.lua
 if WARM and WARM <= 0 then WARM = nil end
 local tokens, ts = load(KEYS[1], now, rate, burst)
 local k = tonumber(ARGV[3])

@@ -24,7 +24,7 @@ local ts = tonumber(st[2])
 if ts and ts > now then paused = clamp(ts - now); by = st[3] or '' end
 local tokens = false
 local r0, r1, r2 = 0, 0, 0
-if rate > 0 and burst > 0 then -- load reads the classes' state (priorityLua)
+if rate > 0 and burst > 0 then -- load reads the classes' state (priority.lua)
   local t = load(KEYS[1], now, rate, burst)
   tokens = milli(t)
   r0, r2 = Q0, Q2

@@ -19,10 +19,10 @@ REALMS = TAKE_REAL
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]), TAKE_NOOV)
 local cost, extra, max_wait = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local rank, s1, s2 = tonumber(ARGV[8]) or 1, tonumber(ARGV[9]) or 0, tonumber(ARGV[10]) or 0
-WARM = tonumber(ARGV[7]) -- warmupLua
+WARM = tonumber(ARGV[7]) -- warmup.lua
 if WARM and WARM <= 0 then WARM = nil end
 local tokens, ts = load(KEYS[1], now, rate, burst, TAKE_ST)
-if WRATE then rate = WRATE end -- warmupLua: a cold start or a ramp in progress
+if WRATE then rate = WRATE end -- warmup.lua: a cold start or a ramp in progress
 local eff = rate
 if ts > now then eff = 0 end
 local pushed, visible, q1, need = prio_class(tokens, rank, cost, s1, s2, burst)
