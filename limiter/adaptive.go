@@ -139,7 +139,7 @@ type Adapter interface {
 // adaptiveCurve is a bucket's adaptive rate over time: a from the instant at
 // (µs), then climbing by k tokens/s per µs, never above the ceiling. The
 // Redis scripts compute the same curve, with the same operations in the same
-// order (adaptiveLua in package redislimiter), so that both stores pass the
+// order (redislimiter's lua/adaptive.lua), so that both stores pass the
 // same step tables.
 type adaptiveCurve struct {
 	on   bool

@@ -132,7 +132,7 @@ type ClassRefunder interface {
 // Both stores keep the same state beside a bucket's tokens T (negative
 // while reserved ahead), with the same arithmetic in the same order: the
 // Memory store in prio, the Redis scripts in the state hash's fields q0 q2
-// p1 p2 j1 j2 (priorityLua in package redislimiter). Every reservation is
+// p1 p2 j1 j2 (redislimiter's lua/priority.lua). Every reservation is
 // in one queue: rank 0's first, then rank 1's, then rank 2's.
 //
 //   - q[0], q[2] are the tokens reserved by ranks 0 and 2 and not yet

@@ -43,7 +43,7 @@ func ValidateWarmup(d time.Duration) error {
 
 // warmCum returns ∫₀ᵘ rate(t) dt for the ramp at rate (tokens/s) over w
 // µs, in tokens·µs/s. The Redis scripts compute the same expression
-// (warmupLua in package redislimiter).
+// (redislimiter's lua/warmup.lua).
 func warmCum(rate float64, w, u int64) float64 {
 	if u >= w {
 		return rate*float64(w)/2 + rate*float64(u-w)
