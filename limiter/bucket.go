@@ -438,6 +438,11 @@ func (b *Bucket) State(ctx context.Context) (State, error) {
 	return st, nil
 }
 
+// MaxPause returns the longest pause Pause applies: Options.MaxPause, or
+// its default. A sink that reports a provider's delay may cap it here, so
+// that the message that got the delay is retried when the pause ends.
+func (b *Bucket) MaxPause() time.Duration { return b.opts.MaxPause }
+
 // Pause stops the shared bucket from granting for d, capped at
 // Options.MaxPause, for every replica. It is what the PushBack middleware
 // calls when a provider answers 429. Tokens leased by this replica are

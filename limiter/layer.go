@@ -53,9 +53,13 @@ type Layer struct {
 	// comes back naming the layer in LayerRequest.Paid, and passes it
 	// without taking from it again.
 	OnExceed Action
-	// MaxWait is how long a request may wait for this layer before
-	// OnExceed applies; only with ActionDeadLetter or ActionDelay. Default
-	// 0: any wait is refused.
+	// MaxWait is the longest wait for this layer that a request is
+	// granted; a longer one is refused at once under OnExceed, decided
+	// when the store answers (the request does not wait MaxWait first).
+	// Only with ActionDeadLetter or ActionDelay. Default 0: any wait for
+	// this layer is refused. It is not a bound on a caller's wait: that is
+	// the caller's context (consumer.LimitOptions.WaitTimeout), and the
+	// bucket's reservation horizon is Options.MaxReserve.
 	MaxWait time.Duration
 }
 
@@ -183,6 +187,10 @@ func ValidateLayers(layers []Layer) error {
 			if l.Location == nil {
 				l.Location = time.UTC
 			}
+			continue
+		}
+		if l.Rate == 0 && l.Burst == 0 {
+			bad("Rate", "needs a rate (Rate, a token bucket) or a quota (Quota and Per)", nil)
 			continue
 		}
 		if err := ValidateRate(l.Rate); err != nil {

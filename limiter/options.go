@@ -77,7 +77,9 @@ type Options struct {
 	// store that implements ReplicaTracker. A replica counts as gone after
 	// three missed heartbeats. Default 3s.
 	HeartbeatInterval time.Duration
-	// MaxPause caps Pause. Default 60s.
+	// MaxPause caps every Pause: it is the one cap on a push-back pause
+	// (consumer.PushBack hands the bucket the delay a sink reported, as
+	// it is). Bucket.MaxPause reports the cap in force. Default 60s.
 	MaxPause time.Duration
 	// Lease configures token leasing. Default: on, adapting to the rate.
 	Lease LeaseOptions
