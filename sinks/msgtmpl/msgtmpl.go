@@ -1,25 +1,3 @@
-// Package msgtmpl is the one place that defines what a template over a
-// message sees and may call: the HTTP sink's body template, and the cost and
-// layer key templates of the limit section all use it, so a template that
-// works in one works in the others.
-//
-// A template sees a [Data] built from the message: .JSON (the body parsed as
-// JSON), .Body, .Key, .Headers, .Source and .Attempt. Besides the
-// text/template builtins (urlquery, print, index, ...) it may call the
-// functions of [FuncMap]: json, which encodes its argument as JSON, and
-// form, which encodes a map, or alternating keys and values, as
-// application/x-www-form-urlencoded.
-//
-// Templates parsed with [Parse] and run by [Render] fail, rather than
-// print "<no value>", when they refer to a missing JSON field or header
-// (use index for optional headers, with or if for optional fields) or
-// print a JSON null ([ErrNoValue]), and when they read .JSON of a body that
-// is not JSON ([ErrNotJSON]). An execution is bounded in steps, nesting,
-// output and time ([MaxSteps], [MaxDepth], [MaxOutputBase], [MaxTime]):
-// past a bound it fails ([ErrLimit]).
-//
-// Everything in this package is safe for concurrent use: a parsed template
-// may be executed from many goroutines at once.
 package msgtmpl
 
 import (
