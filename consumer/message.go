@@ -1,23 +1,3 @@
-// Package consumer turns messages from a broker into throttled, at-least-once
-// calls to a Handler.
-//
-// The broker backends live in subpackages (consumer/kafka and
-// consumer/rabbitmq) so that an importer pulls in only the client it uses.
-// This package holds what they share, so that they behave alike: the
-// Message type, the Handler and Middleware types, the error classification
-// that decides between retry and dead-letter, the retry policy, the
-// Throttle and PushBack middleware, and the pieces of every backend:
-// Options (embedded in each backend's Config), Processor (the per-message
-// path, with a rate-bounded log of sink failures), Lifecycle (Run runs
-// once, Close stops it), Backoff and Sleep, Ordering with KeyQueue, and
-// the dead-letter headers (Outcome.DeadLetterHeaders).
-//
-// The flow for each message is: wait on the limiter for the message's cost,
-// call the handler, then commit or ack only after the handler succeeded. A
-// failed handler is retried with exponential backoff and jitter; a permanent
-// error, or the last failed attempt, sends the message to the dead-letter
-// destination and only then commits or acks it. Every message ends either
-// delivered or dead-lettered.
 package consumer
 
 import (
