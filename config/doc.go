@@ -2,8 +2,11 @@
 // configuration of the throttle binary, and maps it onto the configurations
 // of the libraries it drives.
 //
-// A configuration file looks like this (every key is optional unless noted;
-// see the field documentation for defaults and rules):
+// Every key, with its default, is listed in docs/configuration.md in the
+// repository (a test keeps that page complete, and every YAML example of
+// the documentation valid). A configuration file looks like this (every
+// key is optional unless noted; see the field documentation for defaults
+// and rules):
 //
 //	redis:
 //	  addr: 127.0.0.1:6379
@@ -48,7 +51,7 @@
 //
 // Settings handed to a library are checked by that library's exported
 // validation (httpsink.Config.Validate, postgres.Config.Validate,
-// redislimiter.ValidateBucketName, limiter.ValidateRate, limiter.ParseRate)
+// redislimiter.Config.Validate, limiter.Options.Validate, limiter.ParseRate)
 // and defaulted by it: a zero field means the library's default, and
 // config repeats neither rules nor defaults. Library errors name Go fields;
 // config reports them under the YAML key. Where 0 means nothing (burst,
