@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/throttlehq/throttle/internal/testenv"
 )
 
 // TestAdaptivePushBackThroughTheBinary: with limit.adaptive, a 429 from
@@ -34,7 +36,7 @@ func TestAdaptivePushBackThroughTheBinary(t *testing.T) {
 	p := f.Start(spec, 50)
 	f.WaitConsumers(1)
 	f.Publish(0, 40)
-	faultEventually(t, 30*time.Second, "deliveries after the push-back", func() bool { return accepted.Load() >= 20 })
+	testenv.Eventually(t, 30*time.Second, "deliveries after the push-back", func() bool { return accepted.Load() >= 20 })
 
 	code, stdout, stderr := f.Admin("status", "--json")
 	if code != 0 {
@@ -56,7 +58,7 @@ func TestAdaptivePushBackThroughTheBinary(t *testing.T) {
 	}
 	addr := p.MetricsAddr(t)
 	var gauge float64
-	faultEventually(t, 10*time.Second, "throttle_bucket_adaptive_rate below the ceiling", func() bool {
+	testenv.Eventually(t, 10*time.Second, "throttle_bucket_adaptive_rate below the ceiling", func() bool {
 		_, body := cliGet("http://" + addr + "/metrics")
 		gauge = cliMetric(body, "throttle_bucket_adaptive_rate")
 		return gauge > 0 && gauge < 50

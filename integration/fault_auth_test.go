@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/throttlehq/throttle/internal/faultproxy"
+	"github.com/throttlehq/throttle/internal/testenv"
 )
 
 // The tests in this file are issue 11, items 3 and 7: Redis and RabbitMQ
@@ -113,7 +114,7 @@ func TestFaultRedisRefusesAtRunTime(t *testing.T) {
 			t.Fatalf("CLIENT KILL TYPE %s: %v", typ, err)
 		}
 	}
-	faultEventually(t, 5*time.Second, "/readyz kept answering 200 while Redis refused the replica", func() bool {
+	testenv.Eventually(t, 5*time.Second, "/readyz answering 503 while Redis refuses the replica", func() bool {
 		code, _ := cliGet("http://" + metrics + "/readyz")
 		return code == 503
 	})
@@ -183,7 +184,7 @@ func faultStartDuringOutage(t *testing.T, limitExtra string) {
 	faultSleepUntil(ctx, start.Add(span))
 	upAt := time.Now()
 	srv.Start()
-	faultEventually(t, 20*time.Second, "deliveries after Redis came up", func() bool {
+	testenv.Eventually(t, 20*time.Second, "deliveries after Redis came up", func() bool {
 		return faultCount(f.Sink.times(), upAt, time.Now()) >= 2*burst
 	})
 	resumed := time.Now()
@@ -253,7 +254,7 @@ func TestFaultRabbitMQDisconnected(t *testing.T) {
 	p := f.Start(spec, 50)
 	f.WaitConsumers(1)
 	metrics := p.MetricsAddr(t)
-	faultEventually(t, 10*time.Second, "/readyz never answered 200", func() bool {
+	testenv.Eventually(t, 10*time.Second, "/readyz answering 200", func() bool {
 		code, _ := cliGet("http://" + metrics + "/readyz")
 		return code == 200
 	})
@@ -267,7 +268,7 @@ func TestFaultRabbitMQDisconnected(t *testing.T) {
 		}
 	}()
 	cutAt := time.Now()
-	faultEventually(t, 5*time.Second, "/readyz kept answering 200 while the replica was cut off RabbitMQ", func() bool {
+	testenv.Eventually(t, 5*time.Second, "/readyz answering 503 while the replica is cut off RabbitMQ", func() bool {
 		code, _ := cliGet("http://" + metrics + "/readyz")
 		return code == 503
 	})
@@ -284,7 +285,7 @@ func TestFaultRabbitMQDisconnected(t *testing.T) {
 	accepted := proxy.Accepted()
 	stop()
 	<-cutting
-	faultEventually(t, 30*time.Second, "/readyz did not answer 200 after RabbitMQ came back", func() bool {
+	testenv.Eventually(t, 30*time.Second, "/readyz answering 200 again after RabbitMQ came back", func() bool {
 		code, _ := cliGet("http://" + metrics + "/readyz")
 		return code == 200
 	})

@@ -136,19 +136,16 @@ func (f *faultTracker) Summary(n int) string {
 // the test with the missing ones after d.
 func faultWaitAccounted(t *testing.T, f *faultTracker, ids []string, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		missing, wrong := f.Missing(ids)
+	var missing []string
+	if !testenv.Within(d, func() bool {
+		var wrong []string
+		missing, wrong = f.Missing(ids)
 		if len(wrong) > 0 {
 			t.Fatalf("messages ended in the wrong place: %v", wrong)
 		}
-		if len(missing) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v, %d messages were neither delivered nor dead-lettered: %v (%s)", d, len(missing), faultHead(missing), f.Summary(len(ids)))
-		}
-		time.Sleep(20 * time.Millisecond)
+		return len(missing) == 0
+	}) {
+		t.Fatalf("after %v, %d messages were neither delivered nor dead-lettered: %v (%s)", d, len(missing), faultHead(missing), f.Summary(len(ids)))
 	}
 }
 
@@ -275,7 +272,7 @@ func TestFaultRabbitMQConnectionCut(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 
-	faultEventually(t, 20*time.Second, "the consumer never got a third of the way", func() bool { return tr.Delivered() > len(ids)/3 })
+	testenv.Eventually(t, 20*time.Second, "a third of the messages delivered", func() bool { return tr.Delivered() > len(ids)/3 })
 	proxy.Cut()
 	cutAt := tr.Delivered()
 	faultWaitAccounted(t, tr, ids, 30*time.Second)
@@ -292,7 +289,7 @@ func TestFaultRabbitMQConnectionCut(t *testing.T) {
 			wantDead++
 		}
 	}
-	faultEventually(t, 5*time.Second, "the dead-letter queue does not hold exactly the rejected messages", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the dead-letter queue holding exactly the rejected messages", func() bool {
 		return faultQueueDepth(t, ch, queue+".dlq") == wantDead
 	})
 	if n := faultQueueDepth(t, ch, queue); n != 0 {
@@ -469,12 +466,12 @@ func TestFaultKafkaConnectionCut(t *testing.T) {
 		ConfigureReader: faultKafkaFastGroup,
 	}, tr.Handler(nil))
 
-	faultEventually(t, 30*time.Second, "the consumer never got a third of the way", func() bool { return tr.Delivered() > len(ids)/3 })
+	testenv.Eventually(t, 30*time.Second, "a third of the messages delivered", func() bool { return tr.Delivered() > len(ids)/3 })
 	before := proxy.Accepted()
 	proxy.Cut()
 	cutAt := tr.Delivered()
 	faultWaitAccounted(t, tr, ids, 60*time.Second)
-	faultEventually(t, 20*time.Second, "the group never committed every message", func() bool {
+	testenv.Eventually(t, 20*time.Second, "the group committing every message", func() bool {
 		lag, err := faultKafkaLag(context.Background(), brokers, group, topic)
 		return err == nil && lag == 0
 	})

@@ -190,7 +190,7 @@ func (f *faultFleet) Start(spec faultFleetSpec, rate float64) *faultFleetProc {
 // WaitConsumers waits until RabbitMQ counts n consumers on the queue.
 func (f *faultFleet) WaitConsumers(n int) {
 	f.t.Helper()
-	faultEventually(f.t, 30*time.Second, fmt.Sprintf("%d consumers on the queue", n), func() bool {
+	testenv.Eventually(f.t, 30*time.Second, fmt.Sprintf("%d consumers on the queue", n), func() bool {
 		for _, p := range f.Procs {
 			if p.Exited() {
 				f.t.Fatalf("%s exited early:\n%s", p.name, faultTail(p.out.String(), 40))
@@ -243,7 +243,7 @@ func (f *faultFleet) Stop() {
 func (p *faultFleetProc) MetricsAddr(t *testing.T) string {
 	t.Helper()
 	var addr string
-	faultEventually(t, 20*time.Second, p.name+" never logged its metrics address", func() bool {
+	testenv.Eventually(t, 20*time.Second, p.name+" logging its metrics address", func() bool {
 		for _, rec := range faultLogRecords(p.out.String()) {
 			if rec["msg"] == "serving metrics" {
 				addr, _ = rec["addr"].(string)
@@ -414,7 +414,7 @@ func TestFaultHangupDrains(t *testing.T) {
 		t.Errorf("%d deliveries finished, want the 1 in flight at SIGHUP", n)
 	}
 	// The message in flight was acked; the other two wait in the queue.
-	faultEventually(t, 10*time.Second, "2 messages left in the queue", func() bool {
+	testenv.Eventually(t, 10*time.Second, "2 messages left in the queue", func() bool {
 		return cliQueueState(f.conn, f.name).Messages == 2
 	})
 }

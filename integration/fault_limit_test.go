@@ -58,7 +58,7 @@ func faultReport(t *testing.T, f *faultFleet, rate float64, burst int, start, en
 // faultWaitFlowing waits until the sink has received n messages.
 func faultWaitFlowing(t *testing.T, f *faultFleet, n int) time.Time {
 	t.Helper()
-	faultEventually(t, 30*time.Second, fmt.Sprintf("%d deliveries", n), func() bool {
+	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("%d deliveries", n), func() bool {
 		got, _ := f.Sink.counts()
 		return got >= n
 	})
@@ -160,7 +160,7 @@ func TestFaultFleetSentinelFailover(t *testing.T) {
 	faultSleepUntil(ctx, start.Add(4*time.Second))
 	killAt := time.Now()
 	set.Master.Kill()
-	faultEventually(t, 30*time.Second, "the sentinels never promoted the replica", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the sentinels promoting the replica", func() bool {
 		addr, err := set.MasterAddr(ctx)
 		return err == nil && addr == set.Replica.Addr()
 	})

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/throttlehq/throttle/internal/testenv"
 )
 
 // TestFaultPushBackIsLogged makes the sink answer 429 with Retry-After: 2
@@ -45,12 +47,12 @@ func TestFaultPushBackIsLogged(t *testing.T) {
 	}
 	f.WaitConsumers(2)
 	f.Publish(0, 400)
-	faultEventually(t, 20*time.Second, "deliveries before the storm", func() bool { return accepted.Load() >= 10 })
+	testenv.Eventually(t, 20*time.Second, "deliveries before the storm", func() bool { return accepted.Load() >= 10 })
 	refusing.Store(true)
 	stormAt := time.Now()
 	faultSleepUntil(context.Background(), stormAt.Add(storm))
 	refusing.Store(false)
-	faultEventually(t, 20*time.Second, "deliveries after the storm", func() bool { return accepted.Load() >= 40 })
+	testenv.Eventually(t, 20*time.Second, "deliveries after the storm", func() bool { return accepted.Load() >= 40 })
 	f.Stop()
 
 	ids := map[string]bool{}

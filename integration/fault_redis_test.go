@@ -13,6 +13,7 @@ import (
 	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/internal/faultproxy"
 	"github.com/throttlehq/throttle/internal/redisconn"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
@@ -63,7 +64,7 @@ func TestFaultRedisKilledLocalFallback(t *testing.T) {
 		Bucket: faultName(t), Rate: rate, Burst: 6, Replicas: reps,
 	})
 	// The local share comes from the heartbeats seen before the outage.
-	faultEventually(t, 5*time.Second, "the replicas never saw each other's heartbeats", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the replicas seeing each other's heartbeats", func() bool {
 		for _, r := range replicas {
 			if r.Bucket.Replicas() != reps {
 				return false
@@ -79,7 +80,7 @@ func TestFaultRedisKilledLocalFallback(t *testing.T) {
 	faultSleepUntil(ctx, start.Add(shared))
 	killAt := time.Now()
 	srv.Kill()
-	faultEventually(t, 2*time.Second, "the replicas did not fall back to local limiting", func() bool {
+	testenv.Eventually(t, 2*time.Second, "the replicas falling back to local limiting", func() bool {
 		return faultAllModes(replicas, limiter.ModeLocal)
 	})
 	switchedIn := time.Since(killAt)
@@ -87,7 +88,7 @@ func TestFaultRedisKilledLocalFallback(t *testing.T) {
 	// already booked in the shared bucket are due, then runs at the share.
 	for i, r := range replicas {
 		var st limiter.State
-		faultEventually(t, 3*time.Second, fmt.Sprintf("replica %d never limited locally at %.2f/s", i, rate/reps), func() bool {
+		testenv.Eventually(t, 3*time.Second, fmt.Sprintf("replica %d limiting locally at %.2f/s", i, rate/reps), func() bool {
 			var err error
 			st, err = r.Bucket.State(ctx)
 			return err == nil && st.Mode == limiter.ModeLocal && st.Rate >= rate/reps*0.99 && st.Rate <= rate/reps*1.01
@@ -97,7 +98,7 @@ func TestFaultRedisKilledLocalFallback(t *testing.T) {
 	faultSleepUntil(ctx, killAt.Add(outage))
 	restartAt := time.Now()
 	srv.Start()
-	faultEventually(t, 5*time.Second, "the replicas did not return to the shared bucket", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the replicas back on the shared bucket", func() bool {
 		return faultAllModes(replicas, limiter.ModeShared)
 	})
 	backAt := time.Now()
@@ -145,7 +146,7 @@ func TestFaultRedisKilledClosed(t *testing.T) {
 	faultSleepUntil(ctx, start.Add(time.Second))
 	killAt := time.Now()
 	srv.Kill()
-	faultEventually(t, 2*time.Second, "the replicas did not close", func() bool {
+	testenv.Eventually(t, 2*time.Second, "the replicas closed", func() bool {
 		return faultAllModes(replicas, limiter.ModeClosed)
 	})
 	// Reservations made before the kill fall due within the 1s horizon.
@@ -153,7 +154,7 @@ func TestFaultRedisKilledClosed(t *testing.T) {
 	faultSleepUntil(ctx, killAt.Add(3*time.Second))
 	restartAt := time.Now()
 	srv.Start()
-	faultEventually(t, 5*time.Second, "the replicas did not reopen", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the replicas reopened", func() bool {
 		return faultAllModes(replicas, limiter.ModeShared)
 	})
 	backAt := time.Now()
@@ -193,14 +194,14 @@ func TestFaultRedisKilledOpen(t *testing.T) {
 	run := faultDrive(runCtx, replicas, 2, func() { time.Sleep(2 * time.Millisecond) })
 	faultSleepUntil(ctx, start.Add(time.Second))
 	srv.Kill()
-	faultEventually(t, 2*time.Second, "the replicas did not open", func() bool {
+	testenv.Eventually(t, 2*time.Second, "the replicas open", func() bool {
 		return faultAllModes(replicas, limiter.ModeOpen)
 	})
 	openAt := time.Now()
 	faultSleepUntil(ctx, openAt.Add(2*time.Second))
 	restartAt := time.Now()
 	srv.Start()
-	faultEventually(t, 5*time.Second, "the replicas did not return to the shared bucket", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the replicas back on the shared bucket", func() bool {
 		return faultAllModes(replicas, limiter.ModeShared)
 	})
 	backAt := time.Now()
@@ -308,14 +309,14 @@ func TestFaultRedisPartition(t *testing.T) {
 	faultSleepUntil(ctx, start.Add(time.Second))
 	blockAt := time.Now()
 	p.Block()
-	faultEventually(t, 2*time.Second, "the replica did not fall back during the partition", func() bool {
+	testenv.Eventually(t, 2*time.Second, "the replica falling back during the partition", func() bool {
 		return faultAllModes(replicas, limiter.ModeLocal)
 	})
 	switchedIn := time.Since(blockAt)
 	faultSleepUntil(ctx, blockAt.Add(3*time.Second))
 	healAt := time.Now()
 	p.Unblock()
-	faultEventually(t, 5*time.Second, "the replica did not return after the partition", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the replica back after the partition", func() bool {
 		return faultAllModes(replicas, limiter.ModeShared)
 	})
 	stop()
@@ -454,7 +455,7 @@ func TestFaultSentinelFailover(t *testing.T) {
 	failAt := time.Now()
 	set.Failover(t)
 	failedOver := time.Now()
-	faultEventually(t, 10*time.Second, "the replicas did not settle on the new master", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the replicas settled on the new master", func() bool {
 		return faultAllModes(replicas, limiter.ModeShared)
 	})
 	// Let the clients drop the old master's connections, then measure.

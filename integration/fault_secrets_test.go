@@ -83,7 +83,7 @@ func TestFaultSecretsNeverLogged(t *testing.T) {
 			}
 			// Wait for the store errors that the Bucket reports, so that
 			// they are checked too.
-			faultEventually(t, 5*time.Second, "the Bucket reported no store error", func() bool {
+			testenv.Eventually(t, 5*time.Second, "a store error reported by the Bucket", func() bool {
 				mu.Lock()
 				defer mu.Unlock()
 				return len(errs) >= 1

@@ -205,10 +205,11 @@ func faultWaitPing(t testing.TB, addr string, proc *faultProc) {
 func faultPing(addr string, proc *faultProc) error {
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond, DialerRetries: 1})
 	defer c.Close()
-	deadline := time.Now().Add(faultStartTimeout)
-	for {
+	var err error
+	exited := false
+	answered := testenv.Within(faultStartTimeout, func() bool {
 		// Dial first, so that go-redis does not log every refused attempt.
-		err := faultDial(addr)
+		err = faultDial(addr)
 		if err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 			err = c.Ping(ctx).Err()
@@ -216,16 +217,18 @@ func faultPing(addr string, proc *faultProc) error {
 		}
 		var reply redis.Error
 		if err == nil || errors.As(err, &reply) { // an error reply, such as NOAUTH, is an answer too
-			return nil
+			return true
 		}
-		if proc.Exited() {
-			return fmt.Errorf("%s exited before answering PING:\n%s", proc.name, proc.out)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s did not answer PING within %v: %v\n%s", proc.name, faultStartTimeout, err, proc.out)
-		}
-		time.Sleep(50 * time.Millisecond)
+		exited = proc.Exited()
+		return exited
+	})
+	switch {
+	case exited:
+		return fmt.Errorf("%s exited before answering PING:\n%s", proc.name, proc.out)
+	case !answered:
+		return fmt.Errorf("%s did not answer PING within %v: %v\n%s", proc.name, faultStartTimeout, err, proc.out)
 	}
+	return nil
 }
 
 // faultDial reports whether addr accepts TCP connections.
@@ -237,17 +240,11 @@ func faultDial(addr string) error {
 	return c.Close()
 }
 
-// faultEventually polls cond every 20ms until it is true, failing the test
-// with msg after d.
-func faultEventually(t testing.TB, d time.Duration, msg string, cond func() bool) {
+// faultEventually is testenv.Eventually, for the tests that still call it
+// by this name.
+func faultEventually(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", d, msg)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, d, what, cond)
 }
 
 // faultSentinelSet is one master, one replica and three Sentinels
@@ -267,7 +264,7 @@ func faultStartSentinelSet(t testing.TB) *faultSentinelSet {
 	master := faultStartRedis(t)
 	replica := faultStartRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port()))
 	rc := replica.Client()
-	faultEventually(t, faultStartTimeout, "replica never synced with the master", func() bool {
+	testenv.Eventually(t, faultStartTimeout, "the replica in sync with the master", func() bool {
 		info, err := rc.Info(context.Background(), "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
@@ -297,7 +294,7 @@ sentinel parallel-syncs %[3]s 1
 	}
 	for _, s := range set.Sentinels {
 		sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
-		faultEventually(t, faultStartTimeout, "sentinel "+s.Addr()+" never saw the replica and the other sentinels", func() bool {
+		testenv.Eventually(t, faultStartTimeout, "sentinel "+s.Addr()+" seeing the replica and the other sentinels", func() bool {
 			ctx := context.Background()
 			m, err := sc.Master(ctx, faultMasterName).Result()
 			if err != nil {
@@ -336,18 +333,15 @@ func (s *faultSentinelSet) MasterAddr(ctx context.Context) (string, error) {
 func (s *faultSentinelSet) Failover(t testing.TB) {
 	t.Helper()
 	cli := faultNeedBinary(t, "redis-cli")
-	deadline := time.Now().Add(faultStartTimeout)
-	for {
-		out, err := exec.Command(cli, "-p", strconv.Itoa(s.Sentinels[0].Port()), "SENTINEL", "FAILOVER", faultMasterName).CombinedOutput()
-		if err == nil && strings.TrimSpace(string(out)) == "OK" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("SENTINEL FAILOVER never succeeded: %s %v", out, err)
-		}
-		time.Sleep(200 * time.Millisecond)
+	var out []byte
+	var err error
+	if !testenv.Within(faultStartTimeout, func() bool {
+		out, err = exec.Command(cli, "-p", strconv.Itoa(s.Sentinels[0].Port()), "SENTINEL", "FAILOVER", faultMasterName).CombinedOutput()
+		return err == nil && strings.TrimSpace(string(out)) == "OK"
+	}) {
+		t.Fatalf("SENTINEL FAILOVER never succeeded: %s %v", out, err)
 	}
-	faultEventually(t, faultStartTimeout, "the sentinels never named the replica as master", func() bool {
+	testenv.Eventually(t, faultStartTimeout, "the sentinels naming the replica as master", func() bool {
 		addr, err := s.MasterAddr(context.Background())
 		return err == nil && addr == s.Replica.Addr()
 	})
@@ -387,7 +381,7 @@ func faultStartCluster(t testing.TB) *faultCluster {
 	}
 	for _, n := range c.Nodes {
 		nc := n.Client()
-		faultEventually(t, faultStartTimeout, n.Addr()+" never reported cluster_state:ok", func() bool {
+		testenv.Eventually(t, faultStartTimeout, n.Addr()+" reporting cluster_state:ok", func() bool {
 			info, err := nc.ClusterInfo(context.Background()).Result()
 			return err == nil && strings.Contains(info, "cluster_state:ok")
 		})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/kafka"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/sinks/httpsink"
 )
@@ -138,7 +139,7 @@ func TestFaultSinkDown(t *testing.T) {
 		ConfigureReader: faultKafkaFastGroup,
 	}, tr.Handler(sink.Send))
 
-	faultEventually(t, 30*time.Second, "the consumer never got a third of the way", func() bool { return tr.Delivered() > len(ids)/3 })
+	testenv.Eventually(t, 30*time.Second, "a third of the messages delivered", func() bool { return tr.Delivered() > len(ids)/3 })
 	// Down returns once the requests in flight have been answered, so the
 	// endpoint accepts nothing after it, though the consumer may count one
 	// of those answers as delivered a moment later. Whatever the consumer
@@ -151,7 +152,7 @@ func TestFaultSinkDown(t *testing.T) {
 	endpoint.Up()
 	faultWaitAccounted(t, tr, ids, 30*time.Second)
 	recoveredIn := time.Since(downAt) - outage
-	faultEventually(t, 20*time.Second, "the group never committed every message", func() bool {
+	testenv.Eventually(t, 20*time.Second, "the group committing every message", func() bool {
 		lag, err := faultKafkaLag(context.Background(), brokers, group, topic)
 		return err == nil && lag == 0
 	})

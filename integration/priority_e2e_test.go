@@ -118,7 +118,7 @@ log:
 	start("otp", otp)
 	start("marketing 1", mkt)
 	start("marketing 2", mkt)
-	faultEventually(t, 30*time.Second, "every replica consuming", func() bool {
+	testenv.Eventually(t, 30*time.Second, "every replica consuming", func() bool {
 		for _, p := range s.procs {
 			if p.Exited() {
 				t.Fatalf("%s exited early:\n%s", p.name, faultTail(p.out.String(), 40))
@@ -280,7 +280,7 @@ func e2ePriority(t *testing.T, classes bool, phase time.Duration) {
 	// marketing's backlog, which outlasts both phases at the full rate.
 	s.publish(s.mktCh, s.mktQ, prioOTPBase-1, amqp.Table{"x-priority": "urgent"})
 	s.backlog(int(rate * (2*phase + settle + surgeSettle + 10*time.Second).Seconds()))
-	faultEventually(t, 20*time.Second, "marketing delivering", func() bool {
+	testenv.Eventually(t, 20*time.Second, "marketing delivering", func() bool {
 		_, mkt := s.arrivals()
 		return len(mkt) > burst
 	})

@@ -104,17 +104,6 @@ func sinkE2ECheck(t *testing.T, p *sinkE2EProvider) {
 	}
 }
 
-func sinkE2EWait(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestSinkRejectionIsDeadLetteredKafka: a message the provider answers with
 // 400 goes to the dead-letter topic after one attempt; the rest arrive.
 func TestSinkRejectionIsDeadLetteredKafka(t *testing.T) {
@@ -166,7 +155,7 @@ func TestSinkRejectionIsDeadLetteredKafka(t *testing.T) {
 		}
 		fs.EachRecord(func(r *kgo.Record) { dead = append(dead, r) })
 	}
-	sinkE2EWait(t, "every accepted message", func() bool { return len(p.counts()) == sinkE2EMessages })
+	testenv.Eventually(t, 30*time.Second, "every accepted message", func() bool { return len(p.counts()) == sinkE2EMessages })
 	stop()
 	if err := <-done; err != nil {
 		t.Fatalf("Run = %v", err)
@@ -224,7 +213,7 @@ func TestSinkRejectionIsDeadLetteredRabbitMQ(t *testing.T) {
 		ch.ExchangeDelete(queue+".dlx", false, false)
 	})
 	// The consumer declares the queue; publish once it exists.
-	sinkE2EWait(t, "the queue to be declared", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the queue to be declared", func() bool {
 		probe, err := conn.Channel()
 		if err != nil {
 			return false
@@ -241,9 +230,9 @@ func TestSinkRejectionIsDeadLetteredRabbitMQ(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sinkE2EWait(t, "every accepted message", func() bool { return len(p.counts()) == sinkE2EMessages })
+	testenv.Eventually(t, 30*time.Second, "every accepted message", func() bool { return len(p.counts()) == sinkE2EMessages })
 	var dead amqp.Delivery
-	sinkE2EWait(t, "the rejected message in the dead-letter queue", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the rejected message in the dead-letter queue", func() bool {
 		d, ok, err := ch.Get(queue+".dlq", true)
 		if ok && err == nil {
 			dead = d

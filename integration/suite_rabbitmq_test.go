@@ -10,6 +10,7 @@ import (
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
+	"github.com/throttlehq/throttle/internal/testenv"
 )
 
 // suiteRabbitMQ is the suite's RabbitMQ broker.
@@ -75,23 +76,17 @@ func (q *suiteAMQPQueue) replica(t *testing.T, spec suiteReplicaSpec) suiteRunne
 // waitConsumers waits until the queue exists with n consumers.
 func (q *suiteAMQPQueue) waitConsumers(t *testing.T, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		var consumers int
-		err := q.withChannel(func(ch *amqp.Channel) error {
+	var consumers int
+	var err error
+	if !testenv.Within(30*time.Second, func() bool {
+		err = q.withChannel(func(ch *amqp.Channel) error {
 			st, err := ch.QueueDeclarePassive(q.name, true, false, false, false, nil)
 			consumers = st.Consumers
 			return err
 		})
-		if err == nil && consumers == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("queue %s has %d consumers, want %d (last error: %v)", q.name, consumers, n, err)
-		}
-		<-tick.C
+		return err == nil && consumers == n
+	}) {
+		t.Fatalf("queue %s has %d consumers, want %d (last error: %v)", q.name, consumers, n, err)
 	}
 }
 
@@ -132,24 +127,28 @@ func (q *suiteAMQPQueue) publish(t *testing.T, bodies []string) {
 func (q *suiteAMQPQueue) deadLettered(t *testing.T, n int) []suiteDLMessage {
 	t.Helper()
 	var out []suiteDLMessage
-	deadline := time.Now().Add(10 * time.Second)
 	err := q.withChannel(func(ch *amqp.Channel) error {
-		for len(out) < n && time.Now().Before(deadline) {
-			d, ok, err := ch.Get(q.name+".dlq", true)
-			if err != nil {
-				return err
+		var err error
+		// Get does not block; the test polls.
+		testenv.Within(10*time.Second, func() bool {
+			for len(out) < n {
+				var d amqp.Delivery
+				var ok bool
+				if d, ok, err = ch.Get(q.name+".dlq", true); err != nil {
+					return true
+				}
+				if !ok {
+					return false
+				}
+				h := map[string]string{}
+				for k, v := range d.Headers {
+					h[k] = fmt.Sprint(v)
+				}
+				out = append(out, suiteDLMessage{body: string(d.Body), headers: h})
 			}
-			if !ok {
-				time.Sleep(20 * time.Millisecond) // Get does not block; the test polls
-				continue
-			}
-			h := map[string]string{}
-			for k, v := range d.Headers {
-				h[k] = fmt.Sprint(v)
-			}
-			out = append(out, suiteDLMessage{body: string(d.Body), headers: h})
-		}
-		return nil
+			return true
+		})
+		return err
 	})
 	if err != nil {
 		t.Fatalf("reading %s.dlq: %v", q.name, err)

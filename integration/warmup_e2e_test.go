@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/throttlehq/throttle/internal/testenv"
 )
 
 // TestWarmupRampE2E is issue 14's warm-up through the binary: 3 replicas
@@ -27,7 +29,7 @@ func TestWarmupRampE2E(t *testing.T) {
 	}
 	f.WaitConsumers(3)
 	f.Publish(0, 1500)
-	faultEventually(t, 20*time.Second, "a first delivery", func() bool { return len(f.Sink.times()) > 0 })
+	testenv.Eventually(t, 20*time.Second, "a first delivery", func() bool { return len(f.Sink.times()) > 0 })
 	first := f.Sink.times()[0]
 	faultSleepUntil(t.Context(), first.Add(warm+3*time.Second))
 	f.Stop()
