@@ -256,7 +256,7 @@ func TestParseBadInputs(t *testing.T) {
 			name: "max_backoff below backoff",
 			doc:  minimal + "delivery: {backoff: 2s, max_backoff: 1s}\n",
 			key:  "delivery.max_backoff",
-			want: "must be >= delivery.backoff (2s), got 1s",
+			want: "1s must not be below the backoff, 2s",
 		},
 		{
 			name: "cluster with db",

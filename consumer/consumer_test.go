@@ -131,14 +131,14 @@ func TestThrottleAndPushBack(t *testing.T) {
 	h := consumer.Chain(func(context.Context, consumer.Message) error {
 		calls++
 		return consumer.RetryAfter(errors.New("429"), 5*time.Second)
-	}, consumer.Throttle(b, consumer.CostFromHeader("cost")), consumer.PushBack(p, 2*time.Second))
+	}, consumer.Throttle(b, consumer.CostFromHeader("cost")), consumer.PushBack(p))
 
 	err = h(context.Background(), consumer.Message{Headers: map[string]string{"cost": "2"}})
 	if d, ok := consumer.RetryAfterOf(err); !ok || d != 5*time.Second || calls != 1 {
 		t.Fatalf("handler error = %v (retry after %v), calls %d", err, d, calls)
 	}
-	if len(p.paused) != 1 || p.paused[0] != 2*time.Second {
-		t.Fatalf("paused = %v, want [2s] (capped)", p.paused)
+	if len(p.paused) != 1 || p.paused[0] != 5*time.Second {
+		t.Fatalf("paused = %v, want [5s] (the Pauser caps it)", p.paused)
 	}
 	// A cost above the burst is dead-lettered, not waited for.
 	err = h(context.Background(), consumer.Message{Headers: map[string]string{"cost": "3"}})

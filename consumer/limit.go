@@ -17,10 +17,11 @@ const (
 	HeaderLimitReason = "x-throttle-limit-reason"
 )
 
-// ErrMaxWait is wrapped by the error of a wait that LimitOptions.MaxWait
-// cut short. It is retryable: the retry policy tries again later and
-// dead-letters the message once its attempts are used up.
-var ErrMaxWait = errors.New("max wait for tokens exceeded")
+// ErrWaitTimeout is wrapped by the error of a wait that
+// LimitOptions.WaitTimeout cut short. It is retryable: the retry policy
+// tries again later and dead-letters the message once its attempts are
+// used up.
+var ErrWaitTimeout = errors.New("max wait for tokens exceeded")
 
 // LimitOptions configure NewLimiter. The zero value waits without a bound
 // in the Bucket's class (limiter.Options.Priority), for a bucket without
@@ -33,12 +34,17 @@ type LimitOptions struct {
 	// message is dead-lettered with the reason.
 	Keys func(Message) (map[string]string, error)
 	// Priority gives the message's class. Default: the Bucket's class
-	// for every message. An error fails the message, as for Keys.
+	// for every message. An error fails the message, as for Keys. A
+	// consumer whose Options.Limiter is this limiter orders its messages
+	// by the same function (Options.Priority's default).
 	Priority PriorityFunc
-	// MaxWait bounds each wait for tokens. A wait cut short fails the
-	// attempt with a retryable error wrapping ErrMaxWait. Default 0: no
+	// WaitTimeout bounds each wait for tokens, the shared bucket's and the
+	// layers' together: a wait still going after it is cut short and fails
+	// the attempt with a retryable error wrapping ErrWaitTimeout. It is
+	// the caller's bound, unlike limiter.Layer.MaxWait, the longest wait a
+	// layer grants before its OnExceed refuses at once. Default 0: no
 	// bound.
-	MaxWait time.Duration
+	WaitTimeout time.Duration
 	// Waiting, when set, is called with +1 when a message starts waiting
 	// for tokens and -1 when it stops, and Granted with the tokens of
 	// each grant: for a gauge of waiting messages and a counter of
@@ -50,7 +56,7 @@ type LimitOptions struct {
 // NewLimiter returns the limiter a consumer waits on (Options.Limiter)
 // for bucket: each message's request names its keys (LimitOptions.Keys),
 // its class (LimitOptions.Priority) and the slots it already paid for
-// (PaidSlots), and waits at most LimitOptions.MaxWait. What the layers
+// (PaidSlots), and waits at most LimitOptions.WaitTimeout. What the layers
 // decide becomes what the consumer does with the message:
 //
 //   - a layer with on_exceed dead_letter that refuses makes the message
@@ -63,10 +69,11 @@ type LimitOptions struct {
 //
 // It is the one adapter from a message to a limiter request: the binary
 // uses it as a library user does. It returns an error wrapping
-// ErrInvalidOptions for a nil bucket, a negative MaxWait, or a bucket
-// with a keyed layer and no Keys. The limiter is safe for concurrent use.
+// ErrInvalidOptions for a nil bucket, options that Validate rejects, or a
+// bucket with a keyed layer and no Keys. The limiter is safe for
+// concurrent use.
 func NewLimiter(bucket *limiter.Bucket, opts LimitOptions) (MessageLimiter, error) {
-	var errs []error
+	errs := []error{opts.Validate()}
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, args...)})
 	}
@@ -80,13 +87,21 @@ func NewLimiter(bucket *limiter.Bucket, opts LimitOptions) (MessageLimiter, erro
 			}
 		}
 	}
-	if opts.MaxWait < 0 {
-		bad("MaxWait", "%v must not be negative", opts.MaxWait)
-	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	return &messageLimiter{b: bucket, opts: opts}, nil
+}
+
+// Validate returns nil or every problem of o that needs no bucket, each a
+// *FieldError naming the Go field at fault ("WaitTimeout"), joined with
+// errors.Join. NewLimiter calls it; a program may call it to check its
+// configuration before it has a bucket.
+func (o LimitOptions) Validate() error {
+	if o.WaitTimeout < 0 {
+		return &FieldError{Field: "WaitTimeout", Err: fmt.Errorf("%v must not be negative", o.WaitTimeout)}
+	}
+	return nil
 }
 
 // messageLimiter is what NewLimiter returns.
@@ -121,20 +136,20 @@ func (l *messageLimiter) WaitMessage(ctx context.Context, msg Message, cost int)
 	return l.wait(ctx, cost, func(ctx context.Context) error { return l.b.WaitN(ctx, req) })
 }
 
-// wait runs do, bounded by MaxWait and reported to Waiting and Granted.
+// wait runs do, bounded by WaitTimeout and reported to Waiting and Granted.
 func (l *messageLimiter) wait(ctx context.Context, cost int, do func(context.Context) error) error {
 	if l.opts.Waiting != nil {
 		l.opts.Waiting(1)
 		defer l.opts.Waiting(-1)
 	}
 	var err error
-	if l.opts.MaxWait <= 0 {
+	if l.opts.WaitTimeout <= 0 {
 		err = do(ctx)
 	} else {
-		wctx, cancel := context.WithTimeoutCause(ctx, l.opts.MaxWait, ErrMaxWait)
+		wctx, cancel := context.WithTimeoutCause(ctx, l.opts.WaitTimeout, ErrWaitTimeout)
 		err = do(wctx)
-		if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), ErrMaxWait) {
-			err = fmt.Errorf("no tokens within %v: %w", l.opts.MaxWait, ErrMaxWait)
+		if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), ErrWaitTimeout) {
+			err = fmt.Errorf("no tokens within %v: %w", l.opts.WaitTimeout, ErrWaitTimeout)
 		}
 		cancel()
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -14,11 +15,11 @@ import (
 // per-recipient layer.
 func layeredBucket(t *testing.T, layer limiter.Layer) *limiter.Bucket {
 	t.Helper()
-	shared, err := limiter.NewMemory(1000, 100)
+	shared, err := backend.NewMemory(1000, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := limiter.NewLayeredMemory(shared, []limiter.Layer{layer})
+	store, err := backend.NewLayeredMemory(shared, []limiter.Layer{layer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,12 +122,12 @@ func TestConsumerRefusesAKeyedBucket(t *testing.T) {
 	}
 }
 
-// TestNewLimiterMaxWait: a wait longer than MaxWait fails the attempt
-// with a retryable error wrapping ErrMaxWait.
-func TestNewLimiterMaxWait(t *testing.T) {
+// TestNewLimiterWaitTimeout: a wait longer than WaitTimeout fails the
+// attempt with a retryable error wrapping ErrWaitTimeout.
+func TestNewLimiterWaitTimeout(t *testing.T) {
 	b := layeredBucket(t, limiter.Layer{Name: "per-recipient", Keyed: true, Rate: 1, Burst: 1})
 	var waiting, granted int
-	l, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys, MaxWait: 20 * time.Millisecond,
+	l, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys, WaitTimeout: 20 * time.Millisecond,
 		Waiting: func(d int) { waiting += d }, Granted: func(n int) { granted += n }})
 	if err != nil {
 		t.Fatal(err)
@@ -136,10 +137,47 @@ func TestNewLimiterMaxWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = l.WaitMessage(context.Background(), msg, 1)
-	if !errors.Is(err, consumer.ErrMaxWait) || consumer.IsPermanent(err) {
-		t.Errorf("a wait of 1s with MaxWait 20ms: %v, want a retryable ErrMaxWait", err)
+	if !errors.Is(err, consumer.ErrWaitTimeout) || consumer.IsPermanent(err) {
+		t.Errorf("a wait of 1s with WaitTimeout 20ms: %v, want a retryable ErrWaitTimeout", err)
 	}
 	if waiting != 0 || granted != 1 {
 		t.Errorf("Waiting sums to %d, Granted to %d; want 0 and 1", waiting, granted)
+	}
+}
+
+// TestOptionsPriorityFromNewLimiter: a consumer waiting on NewLimiter's
+// limiter orders its messages by the limiter's LimitOptions.Priority
+// unless Options.Priority is set, so that a program sets the class once;
+// without one it keeps one class.
+func TestOptionsPriorityFromNewLimiter(t *testing.T) {
+	b := layeredBucket(t, limiter.Layer{Name: "per-recipient", Keyed: true, Rate: 1, Burst: 1})
+	fromHeader := consumer.PriorityFromHeader("x-priority", limiter.PriorityLow)
+	l, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys, Priority: fromHeader})
+	if err != nil {
+		t.Fatal(err)
+	}
+	high := consumer.Message{Headers: map[string]string{"x-priority": "high"}}
+	o, err := consumer.Options{Limiter: l}.WithDefaults()
+	if err != nil || o.Priority == nil {
+		t.Fatalf("WithDefaults = %v, Priority set %v; want the limiter's", err, o.Priority != nil)
+	}
+	if p, err := o.Priority(high); p != limiter.PriorityHigh || err != nil {
+		t.Errorf("class of a high message = %v, %v", p, err)
+	}
+	mine := func(consumer.Message) (limiter.Priority, error) { return limiter.PriorityNormal, nil }
+	if o, _ := (consumer.Options{Limiter: l, Priority: mine}).WithDefaults(); o.Priority == nil {
+		t.Error("Options.Priority was dropped")
+	} else if p, _ := o.Priority(high); p != limiter.PriorityNormal {
+		t.Errorf("Options.Priority lost to the limiter's: class %v", p)
+	}
+	plain, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := (consumer.Options{Limiter: plain}).WithDefaults(); o.Priority != nil {
+		t.Error("a limiter without Priority gave the consumer classes")
+	}
+	if _, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys, WaitTimeout: -time.Second}); !errors.Is(err, consumer.ErrInvalidOptions) || !contains(err.Error(), "WaitTimeout") {
+		t.Errorf("a negative WaitTimeout: %v", err)
 	}
 }

@@ -29,12 +29,11 @@ type Options struct {
 	// Limiter.
 	Cost CostFunc
 	// Pauser, when set, is paused for every replica when a handler returns
-	// an error made with RetryAfter (PushBack). It is usually the same
-	// bucket as Limiter.
+	// an error made with RetryAfter (PushBack), for the delay the error
+	// carries: the Pauser caps it (a *limiter.Bucket at its
+	// limiter.Options.MaxPause). It is usually the same bucket as
+	// Limiter.
 	Pauser Pauser
-	// MaxPause caps a pause asked for by a handler. Default 0: no cap
-	// beyond the Pauser's own.
-	MaxPause time.Duration
 	// MaxSetAside caps how long a message stays in a backend's delay
 	// topic or queue at a time (see SetAside). Both deliver a message only
 	// after the ones set aside before it in the same partition or queue,
@@ -66,10 +65,11 @@ type Options struct {
 	// classes waiting for a handler, as far as Ordering allows, and the
 	// lower classes leave a few handler slots free for the higher ones
 	// (see Ordering for what each ordering allows). It orders the
-	// consumer only: give the limiter the same class (the binary does
-	// both from limit.priority_header). An error counts as the class
-	// returned with it; the limiter decides what the message's class
-	// error means. Default nil: one class, the broker's order.
+	// consumer only; the limiter needs the same class. An error counts as
+	// the class returned with it; the limiter decides what the message's
+	// class error means. Default: the LimitOptions.Priority of a Limiter
+	// made by NewLimiter, so that the class is set once; else nil: one
+	// class, the broker's order.
 	Priority PriorityFunc
 	// Observer receives message and connection events, for metrics.
 	// Default: none.
@@ -84,7 +84,7 @@ type Options struct {
 var ErrInvalidOptions = errors.New("invalid consumer options")
 
 // Validate returns nil or every problem of o, each a *FieldError naming
-// the Go field at fault ("MaxPause", "Retry.MaxAttempts"), joined with
+// the Go field at fault ("DrainTimeout", "Retry.MaxAttempts"), joined with
 // errors.Join (read them with FieldErrors).
 func (o Options) Validate() error {
 	var errs []error
@@ -96,9 +96,6 @@ func (o Options) Validate() error {
 	}
 	if err := keyedLayerError(o.Limiter); err != nil {
 		bad("Limiter", "%w", err)
-	}
-	if o.MaxPause < 0 {
-		bad("MaxPause", "%v must not be negative", o.MaxPause)
 	}
 	if o.DrainTimeout < 0 {
 		bad("DrainTimeout", "%v must not be negative", o.DrainTimeout)
@@ -114,6 +111,8 @@ func (o Options) Validate() error {
 	}
 	if o.Retry.MaxBackoff < 0 {
 		bad("Retry.MaxBackoff", "%v must not be negative", o.Retry.MaxBackoff)
+	} else if o.Retry.MaxBackoff > 0 && o.Retry.MaxBackoff < o.Retry.Backoff {
+		bad("Retry.MaxBackoff", "%v must not be below the backoff, %v", o.Retry.MaxBackoff, o.Retry.Backoff)
 	}
 	if err := o.Ordering.Validate(); err != nil {
 		bad("Ordering", "%w", err)
@@ -124,7 +123,8 @@ func (o Options) Validate() error {
 }
 
 // WithDefaults validates o (Validate) and returns it with every default
-// filled in (OrderingKey only under OrderKey). Its errors wrap
+// filled in (OrderingKey only under OrderKey; Priority from a Limiter made
+// by NewLimiter). Its errors wrap
 // ErrInvalidOptions and the *FieldError of each problem. It is idempotent.
 // Backends call it from their constructors, so a caller rarely needs to.
 func (o Options) WithDefaults() (Options, error) {
@@ -136,6 +136,11 @@ func (o Options) WithDefaults() (Options, error) {
 	}
 	if o.OrderingKey == nil && o.Ordering == OrderKey {
 		o.OrderingKey = KeyOf
+	}
+	if o.Priority == nil {
+		if ml, ok := o.Limiter.(*messageLimiter); ok {
+			o.Priority = ml.opts.Priority
+		}
 	}
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = DefaultDrainTimeout
@@ -157,7 +162,7 @@ func (o Options) middleware() []Middleware {
 		mw = append(mw, Throttle(o.Limiter, o.Cost))
 	}
 	if o.Pauser != nil {
-		mw = append(mw, PushBack(o.Pauser, o.MaxPause))
+		mw = append(mw, PushBack(o.Pauser))
 	}
 	return mw
 }

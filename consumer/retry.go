@@ -18,7 +18,8 @@ type RetryPolicy struct {
 	// Backoff is the delay before the second attempt. It doubles with each
 	// further attempt. Default 200ms.
 	Backoff time.Duration
-	// MaxBackoff caps the delay. Default 30s.
+	// MaxBackoff caps the delay; set with Backoff, it must not be below
+	// it (Options.Validate). Default 30s, or Backoff when that is longer.
 	MaxBackoff time.Duration
 }
 

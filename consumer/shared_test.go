@@ -88,7 +88,7 @@ func TestOptionsWithDefaults(t *testing.T) {
 		field string
 	}{
 		{consumer.Options{Cost: consumer.CostOne}, "Cost"},
-		{consumer.Options{MaxPause: -1}, "MaxPause"},
+		{consumer.Options{Retry: consumer.RetryPolicy{Backoff: 2 * time.Second, MaxBackoff: time.Second}}, "Retry.MaxBackoff"},
 		{consumer.Options{DrainTimeout: -1}, "DrainTimeout"},
 		{consumer.Options{Ordering: "random"}, "Ordering"},
 		{consumer.Options{OrderingKey: consumer.KeyOf}, "OrderingKey"},

@@ -25,8 +25,8 @@ type MessageLimiter interface {
 }
 
 // Pauser is a limiter that can be paused for every replica at once, as the
-// PushBack middleware does when a provider asks to slow down.
-// *limiter.Bucket satisfies it.
+// PushBack middleware does when a provider asks to slow down. Pause caps d
+// at the Pauser's own longest pause. *limiter.Bucket satisfies it.
 type Pauser interface {
 	Pause(ctx context.Context, d time.Duration) error
 }
@@ -153,17 +153,16 @@ func Throttle(l Limiter, cost CostFunc) Middleware {
 // PushBack returns middleware that pauses the shared bucket when the handler
 // returns an error made with RetryAfter, such as a sink's answer to an HTTP
 // 429. Every replica that shares the bucket then waits, not only this one,
-// because a provider's limit is global too. The pause is capped at maxPause
-// (no cap when maxPause is 0) and always ends by itself. A failure to pause
-// is ignored: the handler's error still reaches the retry policy.
-func PushBack(p Pauser, maxPause time.Duration) Middleware {
+// because a provider's limit is global too. The pause is the delay the
+// error carries; the Pauser caps it (a *limiter.Bucket at
+// limiter.Options.MaxPause, the one cap), and it always ends by itself. A
+// failure to pause is ignored: the handler's error still reaches the retry
+// policy.
+func PushBack(p Pauser) Middleware {
 	return func(next Handler) Handler {
 		return func(ctx context.Context, msg Message) error {
 			err := next(ctx, msg)
 			if d, ok := RetryAfterOf(err); ok && d > 0 {
-				if maxPause > 0 {
-					d = min(d, maxPause)
-				}
 				_ = p.Pause(ctx, d)
 			}
 			return err

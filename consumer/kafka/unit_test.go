@@ -45,9 +45,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"delay topic is the topic", func(c *Config) { c.DelayTopic = "t" }, ok, "DelayTopic"},
 		{"delay topic is the dead-letter topic", func(c *Config) { c.DelayTopic = "t.dlq" }, ok, "DelayTopic"},
 		{"default delay topic is the dead-letter topic", func(c *Config) { c.DeadLetterTopic = "t.delay" }, ok, "DelayTopic"},
-		{"negative drain timeout", func(c *Config) { c.DrainTimeout = -time.Second }, ok, "DrainTimeout"},
+		{"max backoff below backoff", func(c *Config) { c.Retry = consumer.RetryPolicy{Backoff: 2 * time.Second, MaxBackoff: time.Second} }, ok, "Retry.MaxBackoff"},
 		{"negative commit timeout", func(c *Config) { c.CommitTimeout = -time.Second }, ok, "CommitTimeout"},
-		{"negative max pause", func(c *Config) { c.MaxPause = -time.Second }, ok, "MaxPause"},
+		{"negative drain timeout", func(c *Config) { c.DrainTimeout = -time.Second }, ok, "DrainTimeout"},
 		{"cost without limiter", func(c *Config) { c.Cost = consumer.CostOne }, ok, "Limiter"},
 		{"reader hook breaks backoff", func(c *Config) {
 			c.ConfigureReader = func(rc *kafkago.ReaderConfig) { rc.ReadBackoffMax = time.Millisecond }

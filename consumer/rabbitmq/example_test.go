@@ -32,7 +32,7 @@ func ExampleConsumer() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	bucket, err := limiter.New(store, limiter.Options{})
+	bucket, err := limiter.New(store, limiter.Options{MaxPause: 30 * time.Second}) // the longest push-back pause
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -44,11 +44,10 @@ func ExampleConsumer() {
 		Declare:  true, // sms, with dead-letter exchange sms.dlx and queue sms.dlq
 		Prefetch: 20,
 		Options: consumer.Options{ // the settings every backend shares
-			Limiter:  bucket,
-			Cost:     consumer.CostFromHeader("segments"),
-			Pauser:   bucket, // a handler's consumer.RetryAfter pauses every replica
-			MaxPause: 30 * time.Second,
-			Retry:    consumer.RetryPolicy{MaxAttempts: 5},
+			Limiter: bucket,
+			Cost:    consumer.CostFromHeader("segments"),
+			Pauser:  bucket, // a handler's consumer.RetryAfter pauses every replica, up to the bucket's MaxPause
+			Retry:   consumer.RetryPolicy{MaxAttempts: 5},
 		},
 	}, func(ctx context.Context, msg consumer.Message) error {
 		return sendSMS(ctx, msg.Body)

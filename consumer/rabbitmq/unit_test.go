@@ -49,7 +49,7 @@ func TestNewValidation(t *testing.T) {
 		{name: "negative concurrency", cfg: rabbitmq.Config{URL: url, Queue: "q", Concurrency: -2}, wantErr: "Concurrency"},
 		{name: "cost without limiter", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{Cost: consumer.CostOne}}, wantErr: "Cost"},
 		{name: "negative drain", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{DrainTimeout: -time.Second}}, wantErr: "DrainTimeout"},
-		{name: "negative max pause", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{MaxPause: -time.Second}}, wantErr: "MaxPause"},
+		{name: "max backoff below backoff", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{Retry: consumer.RetryPolicy{Backoff: 2 * time.Second, MaxBackoff: time.Second}}}, wantErr: "Retry.MaxBackoff"},
 		{name: "max backoff below backoff", cfg: rabbitmq.Config{URL: url, Queue: "q", ReconnectBackoff: time.Second, MaxReconnectBackoff: time.Millisecond}, wantErr: "MaxReconnectBackoff"},
 	}
 	for _, tt := range tests {
@@ -308,13 +308,13 @@ func TestLogsDurationsAsStrings(t *testing.T) {
 func TestValidateNamesEveryField(t *testing.T) {
 	err := rabbitmq.Config{
 		Prefetch: -1, Concurrency: -1, ReconnectBackoff: -time.Second,
-		Options: consumer.Options{MaxPause: -time.Second, Ordering: "random", Retry: consumer.RetryPolicy{MaxAttempts: -1}},
+		Options: consumer.Options{DrainTimeout: -time.Second, Ordering: "random", Retry: consumer.RetryPolicy{MaxAttempts: -1}},
 	}.Validate()
 	var fields []string
 	for _, fe := range consumer.FieldErrors(err) {
 		fields = append(fields, fe.Field)
 	}
-	want := []string{"URL", "Queue", "Prefetch", "Concurrency", "ReconnectBackoff", "MaxPause", "Retry.MaxAttempts", "Ordering"}
+	want := []string{"URL", "Queue", "Prefetch", "Concurrency", "ReconnectBackoff", "DrainTimeout", "Retry.MaxAttempts", "Ordering"}
 	if strings.Join(fields, " ") != strings.Join(want, " ") {
 		t.Fatalf("Validate named %v, want %v (error: %v)", fields, want, err)
 	}

@@ -120,8 +120,8 @@ func TestWaitLimiter(t *testing.T) {
 		t.Fatalf("first wait: %v", err)
 	}
 	err = w.Wait(ctx, 1)
-	if !errors.Is(err, consumer.ErrMaxWait) {
-		t.Fatalf("second wait: %v, want consumer.ErrMaxWait", err)
+	if !errors.Is(err, consumer.ErrWaitTimeout) {
+		t.Fatalf("second wait: %v, want consumer.ErrWaitTimeout", err)
 	}
 	if consumer.IsPermanent(err) {
 		t.Errorf("a max_wait timeout must be retryable, got a permanent error")

@@ -60,11 +60,11 @@ func consumerLimiter(cfg config.Limit, bucket *limiter.Bucket, m *metrics) (cons
 		return nil, &configError{err: err}
 	}
 	lim, err := consumer.NewLimiter(bucket, consumer.LimitOptions{
-		Keys:     keys,
-		Priority: cfg.PriorityFunc(),
-		MaxWait:  time.Duration(cfg.MaxWait),
-		Waiting:  m.addWaiting,
-		Granted:  m.tookTokens,
+		Keys:        keys,
+		Priority:    cfg.PriorityFunc(),
+		WaitTimeout: time.Duration(cfg.MaxWait),
+		Waiting:     m.addWaiting,
+		Granted:     m.tookTokens,
 	})
 	if err != nil {
 		return nil, &configError{err: fmt.Errorf("limit: %w", err)}
@@ -107,12 +107,11 @@ func newSink(ctx context.Context, cfg config.Sink, out io.Writer) (sinks.Sink, f
 // consumerDeps are the parts of a consumer that do not come from the
 // source section.
 type consumerDeps struct {
-	limiter  consumer.Limiter
-	cost     consumer.CostFunc
-	pauser   consumer.Pauser
-	maxPause time.Duration
-	retry    consumer.RetryPolicy
-	drain    time.Duration
+	limiter consumer.Limiter
+	cost    consumer.CostFunc
+	pauser  consumer.Pauser
+	retry   consumer.RetryPolicy
+	drain   time.Duration
 	// maxSetAside caps one stay in a delay topic or queue
 	// (delivery.max_set_aside).
 	maxSetAside time.Duration
@@ -160,7 +159,6 @@ func newDeps(cfg *config.Config, lim consumer.Limiter, bucket *limiter.Bucket, o
 	}
 	if h := cfg.Sink.HTTP; h != nil && h.PushBackEnabled() {
 		d.pauser = bucket
-		d.maxPause = time.Duration(h.MaxPause)
 	}
 	return d
 }
@@ -176,7 +174,6 @@ func (d consumerDeps) options(ordering consumer.Ordering, keyFunc func() (consum
 		Limiter:      d.limiter,
 		Cost:         d.cost,
 		Pauser:       d.pauser,
-		MaxPause:     d.maxPause,
 		Retry:        d.retry,
 		DrainTimeout: d.drain,
 		MaxSetAside:  d.maxSetAside,

@@ -48,7 +48,7 @@ func newReplica(t *testing.T, addr, bucket, url string) replica {
 	})
 	return replica{
 		bucket:  b,
-		handler: consumer.Chain(sinks.Handler(sink), consumer.Throttle(b, nil), consumer.PushBack(b, 0)),
+		handler: consumer.Chain(sinks.Handler(sink), consumer.Throttle(b, nil), consumer.PushBack(b)),
 	}
 }
 
