@@ -7,7 +7,7 @@ import (
 	"github.com/throttlehq/throttle/config"
 )
 
-// readme is the example configuration of the README.
+// readme is an example configuration (every key: docs/configuration.md).
 const readme = `
 redis:
   addr: 127.0.0.1:6379

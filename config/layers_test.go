@@ -9,7 +9,7 @@ import (
 	"github.com/throttlehq/throttle/limiter"
 )
 
-// layersDoc is the example of issue 12: a per-recipient bucket, a
+// layersDoc is the layered example: a per-recipient bucket, a
 // per-sender bucket and a daily cap in New York.
 const layersDoc = `
 limit:

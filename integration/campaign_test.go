@@ -19,7 +19,7 @@ import (
 // under a nemesis that kills and pauses Redis, cuts connections, kills and
 // restarts replicas, and sets and clears the rate, then checks every
 // shared window, per-key gap and quota, loss and duplicates against the
-// README's bounds. The seed is random and logged; THROTTLE_CAMPAIGN_SEED
+// documented bounds. The seed is random and logged; THROTTLE_CAMPAIGN_SEED
 // reruns one schedule, THROTTLE_CAMPAIGN_DURATION (a Go duration) changes
 // the length, THROTTLE_CAMPAIGN_LOGS (a directory) keeps the replicas'
 // logs, at THROTTLE_CAMPAIGN_LOG_LEVEL (default info).

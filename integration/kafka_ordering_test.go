@@ -10,7 +10,7 @@ import (
 	"github.com/throttlehq/throttle/internal/testenv"
 )
 
-// TestKafkaKeyOrderingThroughput is issue 13's target through the binary:
+// TestKafkaKeyOrderingThroughput is the key ordering's target through the binary:
 // one partition, 20 keys, a per-key layer of 1/s (limit.extra), a shared
 // bucket of 100/s, each key's messages together in the partition. With
 // ordering: key a key that waits for its layer holds only its own

@@ -23,7 +23,7 @@ import (
 // are numbered from 0.
 const prioOTPBase = 1_000_000
 
-// prioScenario is issue 14's OTP-versus-marketing scenario: two
+// prioScenario is the OTP-versus-marketing scenario: two
 // deployments of the binary, each consuming its own RabbitMQ queue, share
 // one bucket in the shared Redis and deliver to one recording sink.
 type prioScenario struct {
@@ -230,7 +230,7 @@ func otpTimes(otp map[int]time.Time) []time.Time {
 	return ts
 }
 
-// TestPriorityOTPMarketingE2E is issue 14's priority scenario through the
+// TestPriorityOTPMarketingE2E is the priority scenario through the
 // binary, with the shared Redis and RabbitMQ: an OTP deployment (1
 // replica, limit.priority high) and a marketing deployment (2 replicas,
 // low, a backlog) share a bucket at 40/s, every replica with min_share

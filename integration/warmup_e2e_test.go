@@ -10,11 +10,11 @@ import (
 	"github.com/throttlehq/throttle/internal/testenv"
 )
 
-// TestWarmupRampE2E is issue 14's warm-up through the binary: 3 replicas
+// TestWarmupRampE2E is the warm-up through the binary: 3 replicas
 // share a new bucket at 60/s, burst 10, limit.warmup 20s, with a backlog
 // ready, and the recording sink counts the deliveries in each second from
 // the first. It logs them beside Guava's curve, ∫ 60/√(9 − 8t/20s) dt over
-// each second (see README, Warm-up), and the worst deviation over seconds
+// each second (see docs/adaptive.md, Warm-up), and the worst deviation over seconds
 // 2 to 20. It takes about 40 s, so it runs only with THROTTLE_SIM=1:
 //
 //	THROTTLE_SIM=1 go test -count=1 -run TestWarmupRampE2E -v ./integration/

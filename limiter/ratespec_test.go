@@ -35,7 +35,7 @@ func TestParseRate(t *testing.T) {
 		{"-3/s", 0, "> 0"},
 		{"NaN", 0, "> 0"},
 		{"Inf/s", 0, "> 0"},
-		{"1e20", 0, "<= 1e+09"}, // issue 11 item 2: bucket set --rate 1e20
+		{"1e20", 0, "<= 1e+09"}, // bucket set --rate 1e20 once passed
 		{"1e20/d", 0, "<= 1e+09"},
 		{"1e400", 0, "out of range"},
 		{"1e-320/d", 0, "too small"},

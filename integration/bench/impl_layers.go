@@ -16,7 +16,7 @@ import (
 )
 
 // layerKeys is how many distinct keys implementation (e) spreads its
-// messages over: issue 12's 100k recipients.
+// messages over: the layers target's 100k recipients.
 const layerKeys = 100_000
 
 // layerKeyNames are the keys of implementation (e), made once.
@@ -118,7 +118,7 @@ func (b *bench) measureLayerPairs(ctx context.Context, rounds int) ([]layerPair,
 // layerPairsMarkdown writes the table of the paired rounds, and returns the
 // median of their ratios.
 func layerPairsMarkdown(b *strings.Builder, pairs []layerPair) float64 {
-	fmt.Fprintf(b, "A keyed layer against the shared bucket alone (fast workload, %d paired rounds, order alternating; issue 12):\n\n", len(pairs))
+	fmt.Fprintf(b, "A keyed layer against the shared bucket alone (fast workload, %d paired rounds, order alternating):\n\n", len(pairs))
 	b.WriteString("| round | (c) shared bucket alone, no leasing: granted/s | (e) + a keyed layer over 100k keys, leasing: granted/s | (e) ÷ (c) | (e) Redis calls/token (client) | Redis CPU s/M tokens, (c) / (e) |\n|--:|--:|--:|--:|--:|--:|\n")
 	ratios := make([]float64, len(pairs))
 	for i, p := range pairs {

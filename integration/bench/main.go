@@ -2,7 +2,7 @@
 // Redis: a tutorial-style Lua bucket, go-redis/redis_rate, and this
 // repository's limiter without and with token leasing; and, as a fifth
 // implementation, this repository's limiter with leasing plus one keyed
-// layer over 100k keys (issue 12), against the shared bucket alone.
+// layer over 100k keys, against the shared bucket alone.
 //
 // Each implementation runs on the same workloads, one after the other, with
 // N simulated replicas (each its own Redis client and its own limiter, with

@@ -153,7 +153,7 @@ func (rep *report) markdown() string {
 	return b.String()
 }
 
-// target is one of issue 7's targets and how this run did.
+// target is one of the limiter's targets and how this run did.
 type target struct {
 	name string
 	got  string

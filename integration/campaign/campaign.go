@@ -3,7 +3,8 @@
 // simulation: a nemesis injects faults chosen at random from a seed on a
 // schedule (Plan) while a publisher sends a seeded workload (Workload), and
 // a checker (Check) reads what the recording sink received and verifies
-// every promise the README makes for the faults involved.
+// every promise the documentation makes for the faults involved
+// (docs/operations.md, Failure modes).
 //
 // The fleet: replicas of the binary consume one RabbitMQ queue through a
 // faultproxy (so a cut breaks only their connections) and share one bucket

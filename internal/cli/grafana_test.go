@@ -81,7 +81,7 @@ func TestGrafanaDashboardNamesRealMetrics(t *testing.T) {
 		}
 	}
 	walk(dash.Panels)
-	// What issue 16 asks the dashboard to show.
+	// What the dashboard must show.
 	for _, want := range []string{"Delivered rate against the limit", "Wait for tokens", "Tokens in the bucket",
 		"Limiter mode per replica", "Backlog", "Time to drain the backlog at the limit", "Dead letters", "Redis errors"} {
 		if !slices.Contains(titles, want) {

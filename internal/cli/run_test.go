@@ -181,7 +181,7 @@ func (r idleRunner) Run(ctx context.Context) error {
 
 // TestRunLogsShutdownInOrder stops a replica whose consumer returns as soon
 // as its context ends, many times, and checks that "shutting down" is
-// logged before "stopped" each time (issue 11 item 12: the two raced, and
+// logged before "stopped" each time (they once raced, and
 // "stopped" could come first).
 func TestRunLogsShutdownInOrder(t *testing.T) {
 	redisAddr := testenv.RedisAddr(t)
@@ -221,7 +221,7 @@ log: {format: json}
 		if down < 0 || stopped < 0 || stopped < down {
 			t.Fatalf("run #%d: want \"shutting down\" (at %d) logged before \"stopped\" (at %d):\n%s", i+1, down, stopped, logs)
 		}
-		// Issue 11 item 12: JSON logs gave durations in nanoseconds.
+		// JSON logs once gave durations in nanoseconds.
 		if !strings.Contains(logs, `"drain_timeout":"30s"`) {
 			t.Fatalf("run #%d: the JSON log does not give drain_timeout as \"30s\":\n%s", i+1, logs)
 		}

@@ -583,8 +583,8 @@ func TestErrorBodySnippetIsTruncated(t *testing.T) {
 	}
 }
 
-// TestValidateTemplateFunctions is the regression test of issue 11 item 1:
-// the README's push-webhook and SMS templates call json and form, which
+// TestValidateTemplateFunctions is a regression test:
+// the documented push-webhook and SMS templates call json and form, which
 // Validate (what the config package calls) must know, exactly as New does.
 func TestValidateTemplateFunctions(t *testing.T) {
 	for _, tmpl := range []string{

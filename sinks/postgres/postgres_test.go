@@ -154,7 +154,7 @@ func TestPayloadColumns(t *testing.T) {
 		3: `{"nul":"a\u0000b"}`, // valid JSON that jsonb cannot hold
 		4: ``,
 		5: `[1,2,3]`,
-		// Issue 11 item 6: valid JSON that jsonb refuses (SQLSTATE 22P02,
+		// A regression: valid JSON that jsonb refuses (SQLSTATE 22P02,
 		// 22P05, 22003) went to the dead letters.
 		6:  `{"a":"\ud800"}`,       // a lone high surrogate
 		7:  `{"a":"\udc00x"}`,      // a lone low surrogate
@@ -312,7 +312,7 @@ func TestTableThatDoesNotFit(t *testing.T) {
 	}
 }
 
-// TestHeadersWithNUL is the regression test of issue 11 item 6: a header
+// TestHeadersWithNUL is a regression test: a header
 // value (or name) holding NUL, which jsonb cannot hold, failed the insert
 // and dead-lettered the message. NUL becomes U+FFFD; the rest is kept.
 func TestHeadersWithNUL(t *testing.T) {

@@ -1,4 +1,4 @@
-// Command adaptiveplot draws the per-second deliveries of issue 14's
+// Command adaptiveplot draws the per-second deliveries of the adaptive rate's
 // hidden-limit scenario (adaptive off and on, through the binary) from the
 // measured series in adaptive-series.txt, with the provider's hidden limit,
 // and prints each series' mean over the measurement window. It measures
