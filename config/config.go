@@ -22,6 +22,7 @@ import (
 	"github.com/throttlehq/throttle/consumer/kafka"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
 	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
 	"github.com/throttlehq/throttle/sinks/httpsink"
 	"github.com/throttlehq/throttle/sinks/msgtmpl"
 	"github.com/throttlehq/throttle/sinks/postgres"
@@ -152,15 +153,16 @@ const (
 // value: safe to read concurrently, not to mutate concurrently.
 type Limit struct {
 	// Bucket names the bucket in Redis; every replica sharing it shares
-	// the rate. It is required, and redislimiter.ValidateBucketName says
+	// the rate. It is required, and redislimiter.Config.Validate says
 	// which names are valid.
 	Bucket string `yaml:"bucket"`
 	// Rate is the number of tokens added per second. It is required and
-	// must pass limiter.ValidateRate. In YAML it is a number per second or
+	// must pass redislimiter.Config.Validate. In YAML it is a number per second or
 	// a string "N/s", "N/min", "N/h" or "N/d" (see limiter.ParseRate).
 	Rate float64 `yaml:"rate" check:"rate"`
-	// Burst is the bucket capacity, >= 1. Parse sets it to
-	// limiter.DefaultBurst(Rate) when the key is absent; not 0 in YAML.
+	// Burst is the bucket capacity, >= 1. Parse sets it to the
+	// store's default (redislimiter.Config.WithDefaults) when the key is
+	// absent; not 0 in YAML.
 	Burst int `yaml:"burst,omitempty" check:"nonzero"`
 	// CostHeader optionally names the message header holding a message's
 	// integer cost in tokens; empty means every message costs 1.
@@ -176,7 +178,7 @@ type Limit struct {
 	OnStoreError StoreErrorPolicy `yaml:"on_store_error"`
 	// FallbackRate is the local rate used by the local policy. The
 	// default, 0, means Rate divided by the number of live replicas;
-	// otherwise it must pass limiter.ValidateRate.
+	// otherwise limiter.Options.Validate checks it.
 	FallbackRate float64 `yaml:"fallback_rate"`
 	// ProbeInterval is how often Redis is probed while it fails. Zero
 	// means the limiter's default (1s); not 0 in YAML.
@@ -213,7 +215,7 @@ type Limit struct {
 	// Warmup is the warm-up period (redislimiter.Config.Warmup): on first
 	// use, and after the bucket has been idle for longer than Warmup, its
 	// rate ramps from a third of Rate to Rate over Warmup. 0 means none;
-	// limiter.ValidateWarmup says which values are valid.
+	// redislimiter.Config.Validate says which values are valid.
 	Warmup Duration `yaml:"warmup,omitempty"`
 }
 
@@ -238,6 +240,14 @@ func (a *LimitAdaptive) Limiter() *limiter.Adaptive {
 		return nil
 	}
 	return &limiter.Adaptive{MinRate: a.MinRate, Decrease: a.Decrease, Increase: a.Increase, Interval: time.Duration(a.Interval)}
+}
+
+// StoreConfig maps l onto the Redis store's configuration: the bucket's
+// name, rate, burst and warm-up. It is the one mapping: Validate checks its
+// result with redislimiter.Config.Validate, and the binary adds the
+// options that do not come from this section.
+func (l Limit) StoreConfig() redislimiter.Config {
+	return redislimiter.Config{Bucket: l.Bucket, Rate: l.Rate, Burst: l.Burst, Warmup: time.Duration(l.Warmup)}
 }
 
 // LimiterOptions maps l onto the limiter's options: the store-error
@@ -895,12 +905,10 @@ func (e *syntaxError) Unwrap() error { return e.err }
 
 // applyDerivedDefaults fills the one default the binary reads back from
 // the configuration: the burst, which replicas report and the CLI shows.
-// It comes from the limiter (limiter.DefaultBurst), never from a copy of
-// its rule.
+// It comes from the store (redislimiter.Config.WithDefaults), never from a
+// copy of its rule.
 func (c *Config) applyDerivedDefaults() {
-	if l := &c.Limit; l.Burst == 0 && limiter.ValidateRate(l.Rate) == nil {
-		l.Burst = limiter.DefaultBurst(l.Rate)
-	}
+	c.Limit.Burst = c.Limit.StoreConfig().WithDefaults().Burst
 }
 
 // String returns the configuration as YAML with every secret replaced by

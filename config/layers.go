@@ -19,7 +19,7 @@ import (
 // value: safe to read concurrently, not to mutate concurrently.
 type LimitLayer struct {
 	// Name names the layer in metrics, logs and the dead-letter header
-	// x-throttle-limit. Required, unique; limiter.ValidateLayers says which
+	// x-throttle-limit. Required, unique; limiter.Layers.Validate says which
 	// names are valid.
 	Name string `yaml:"name"`
 	// Key is a message template (sinks/msgtmpl, the data and functions of
@@ -31,7 +31,7 @@ type LimitLayer struct {
 	Key string `yaml:"key,omitempty"`
 	// Rate and Burst make a keyed token bucket. Rate is a number per
 	// second or "N/s", "N/min", "N/h", "N/d"; Burst defaults to
-	// limiter.DefaultBurst(Rate).
+	// one second of tokens (limiter.Layers.Validate).
 	Rate  float64 `yaml:"rate,omitempty" check:"rate"`
 	Burst int     `yaml:"burst,omitempty" check:"nonzero"`
 	// Quota makes a calendar quota instead of a bucket: at most Quota
@@ -92,7 +92,7 @@ func (l Limit) LayerKeys() (func(consumer.Message) (map[string]string, error), e
 }
 
 // validateExtra checks limit.extra: the key templates, the time zones, and
-// the layers themselves with limiter.ValidateLayers, each problem under
+// the layers themselves with limiter.Layers.Validate, each problem under
 // its YAML key.
 func (l *Limit) validateExtra(ps *problems) {
 	for i, x := range l.Extra {
@@ -111,7 +111,7 @@ func (l *Limit) validateExtra(ps *problems) {
 		key, msg, _ := strings.Cut(err.Error(), ": ")
 		ps.add(key, "%s", msg)
 	}
-	for _, err := range leaves(limiter.ValidateLayers(layers)) {
+	for _, err := range leaves(limiter.Layers(layers).Validate()) {
 		var pe *limiter.ParamError
 		if !errors.As(err, &pe) {
 			ps.add("limit.extra", "%s", err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -13,8 +14,8 @@ import (
 // to one recipient within the minute is dead-lettered naming the layer,
 // never retried, never sent.
 func ExampleNewLimiter() {
-	shared, _ := limiter.NewMemory(100, 10) // the provider account: 100/s
-	store, _ := limiter.NewLayeredMemory(shared, []limiter.Layer{{
+	shared, _ := backend.NewMemory(100, 10) // the provider account: 100/s
+	store, _ := backend.NewLayeredMemory(shared, []limiter.Layer{{
 		Name: "per-recipient", Keyed: true, Rate: 1.0 / 60, Burst: 1, // 1 a minute
 		OnExceed: limiter.ActionDeadLetter,
 	}})

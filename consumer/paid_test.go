@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -24,11 +25,11 @@ type slotLimiter struct {
 
 func newSlotLimiter(t *testing.T, rate float64) *slotLimiter {
 	t.Helper()
-	shared, err := limiter.NewMemory(1e6, 1e6)
+	shared, err := backend.NewMemory(1e6, 1e6)
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := limiter.NewLayeredMemory(shared, []limiter.Layer{
+	store, err := backend.NewLayeredMemory(shared, []limiter.Layer{
 		{Name: "per-key", Keyed: true, Rate: rate, Burst: 1, OnExceed: limiter.ActionDelay},
 	})
 	if err != nil {
@@ -145,7 +146,7 @@ func TestProcessPaysOnceWaitingInTheHandler(t *testing.T) {
 	}
 	// n first takes and the failed message's retry pay; each message
 	// refused (at most n: the retry may be refused too) comes back paid.
-	// A slot back late (a timer's lateness above limiter.PaidLateness,
+	// A slot back late (a timer's lateness above backend.PaidLateness,
 	// 25 ms here) is booked again: allow one.
 	if unpaid != n+1 || paid > n+1 {
 		t.Errorf("%d takes without a paid slot, %d with; want %d without (the first takes and the retry) and about %d with", unpaid, paid, n+1, n)

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
 // TestAdaptiveHiddenLimitE2E is issue 14's unknown-limit scenario through
@@ -37,7 +37,7 @@ func TestAdaptiveHiddenLimitE2E(t *testing.T) {
 
 func e2eHiddenLimit(t *testing.T, adaptive bool) {
 	const published = 4000
-	hidden, err := limiter.NewMemory(37, 5)
+	hidden, err := backend.NewMemory(37, 5)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func e2eHiddenLimit(t *testing.T, adaptive bool) {
 		_ = json.Unmarshal(b, &body)
 		mu.Lock()
 		defer mu.Unlock()
-		res, _ := hidden.Take(r.Context(), limiter.TakeRequest{Cost: 1})
+		res, _ := hidden.Take(r.Context(), backend.TakeRequest{Cost: 1})
 		if !res.Granted {
 			refusedAt = append(refusedAt, time.Now())
 			http.Error(w, "rate limited", http.StatusTooManyRequests)

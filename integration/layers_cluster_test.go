@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
@@ -39,8 +40,8 @@ func TestLayersCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	const recipients = 200
-	req := func(i int) limiter.LayerRequest {
-		return limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-recipient": fmt.Sprintf("+1555%07d", i)}}
+	req := func(i int) backend.LayerRequest {
+		return backend.LayerRequest{Cost: 1, Keys: map[string]string{"per-recipient": fmt.Sprintf("+1555%07d", i)}}
 	}
 	for round := range 2 {
 		for i := range recipients {

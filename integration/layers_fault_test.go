@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
@@ -111,8 +112,8 @@ func TestLayersSentinelFailover(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	take := func(key string) (limiter.LayerResult, error) {
-		return ls.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-recipient": key}})
+	take := func(key string) (backend.LayerResult, error) {
+		return ls.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Keys: map[string]string{"per-recipient": key}})
 	}
 	for range 2 {
 		if res, err := take("x"); err != nil || !res.Granted {

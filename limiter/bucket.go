@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
 // Bucket is one replica's handle on a shared token bucket, on top of a
@@ -25,7 +27,7 @@ type Bucket struct {
 	store Store
 	opts  Options
 	log   *slog.Logger
-	clock Clock
+	clock backend.Clock
 
 	mode atomic.Pointer[Mode]
 	fb   fallbackState // guarded by its own mutex
@@ -93,7 +95,7 @@ func New(store Store, opts Options) (*Bucket, error) {
 	b.lease.init(b)
 	b.gen.Store(newGeneration())
 	b.pushes.init()
-	if n, ok := store.(Notifier); ok {
+	if n, ok := store.(backend.Notifier); ok {
 		ctx, cancel := context.WithCancel(context.Background())
 		b.wg.Add(2)
 		go func() {
@@ -106,7 +108,7 @@ func New(store Store, opts Options) (*Bucket, error) {
 			cancel()
 		}()
 	}
-	if rt, ok := store.(ReplicaTracker); ok {
+	if rt, ok := store.(backend.ReplicaTracker); ok {
 		b.wg.Add(1)
 		go b.heartbeat(rt)
 	} else {
@@ -118,7 +120,7 @@ func New(store Store, opts Options) (*Bucket, error) {
 // NewLocal returns a Bucket on a new in-process Memory store, for a single
 // replica or tests.
 func NewLocal(rate float64, burst int) (*Bucket, error) {
-	m, err := NewMemory(rate, burst)
+	m, err := backend.NewMemory(rate, burst)
 	if err != nil {
 		return nil, err
 	}
@@ -170,7 +172,7 @@ func (b *Bucket) Check(ctx context.Context) error {
 	st, err := b.store.Status(ctx)
 	if err == nil {
 		b.observeState(st)
-		if rt, ok := b.store.(ReplicaTracker); ok {
+		if rt, ok := b.store.(backend.ReplicaTracker); ok {
 			var n int
 			if n, err = b.beat(ctx, rt); err == nil && n > 0 {
 				b.setReplicas(n)
@@ -297,7 +299,7 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 			}
 		}
 		gen, seen := b.gen.Load(), b.pushes.heard()
-		res, err := b.store.Take(ctx, TakeRequest{Cost: cost + extra, MaxWait: b.horizon(), Priority: p, MinShare: b.opts.MinShare})
+		res, err := b.store.Take(ctx, backend.TakeRequest{Cost: cost + extra, MaxWait: b.horizon(), Priority: p, MinShare: b.opts.MinShare})
 		if err != nil {
 			endRefill()
 			if cerr := ctx.Err(); cerr != nil {
@@ -394,12 +396,13 @@ func (b *Bucket) allow(ctx context.Context, cost int) (bool, error) {
 			return false, nil
 		case ModeLocal:
 			if fb := b.fallbackBucket(); fb != nil {
-				res, err := fb.Take(ctx, TakeRequest{Cost: min(cost, fb.burst), Priority: p, MinShare: b.opts.MinShare})
+				_, burst := fb.Limits()
+				res, err := fb.Take(ctx, backend.TakeRequest{Cost: min(cost, burst), Priority: p, MinShare: b.opts.MinShare})
 				return res.Granted, err
 			}
 			continue
 		}
-		res, err := b.store.Take(ctx, TakeRequest{Cost: cost, Priority: p, MinShare: b.opts.MinShare})
+		res, err := b.store.Take(ctx, backend.TakeRequest{Cost: cost, Priority: p, MinShare: b.opts.MinShare})
 		if err != nil {
 			if cerr := ctx.Err(); cerr != nil {
 				return false, cerr
@@ -455,7 +458,7 @@ func (b *Bucket) Pause(ctx context.Context, d time.Duration) error {
 	b.lease.drop()
 	if b.Mode() == ModeShared {
 		var err error
-		if ap, ok := b.store.(AttributedPauser); ok {
+		if ap, ok := b.store.(backend.AttributedPauser); ok {
 			err = ap.PauseBy(ctx, d, b.opts.ReplicaID)
 		} else {
 			err = b.store.Pause(ctx, d)
@@ -494,7 +497,7 @@ func (b *Bucket) Close() error {
 		if n := b.lease.drain(); n > 0 && b.Mode() == ModeShared {
 			err = b.store.Refund(ctx, n)
 		}
-		if rt, ok := b.store.(ReplicaTracker); ok && b.Mode() == ModeShared {
+		if rt, ok := b.store.(backend.ReplicaTracker); ok && b.Mode() == ModeShared {
 			err = errors.Join(err, rt.Leave(ctx, b.opts.ReplicaID))
 		}
 	})
@@ -514,7 +517,7 @@ func (b *Bucket) refund(ctx context.Context, tokens int) {
 // store holds in class's queue (TakeResult.Class), so that a store with
 // classes forgets them there.
 func (b *Bucket) refundClass(ctx context.Context, tokens int, class Priority) {
-	cr, ok := b.store.(ClassRefunder)
+	cr, ok := b.store.(backend.ClassRefunder)
 	if !ok {
 		b.refund(ctx, tokens)
 		return
@@ -526,7 +529,7 @@ func (b *Bucket) refundClass(ctx context.Context, tokens int, class Priority) {
 	}
 }
 
-func (b *Bucket) observeTake(res TakeResult) {
+func (b *Bucket) observeTake(res backend.TakeResult) {
 	debt := max(0, -res.Remaining)
 	b.lastDebt.Store(math.Float64bits(debt))
 	if res.Rate > 0 { // a paused bucket reports 0: keep the rate to fall back to

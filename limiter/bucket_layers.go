@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
 // Request is what WaitN waits for: a message's cost, charged on the shared
@@ -115,7 +117,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			b.observeLayered(start, req, limiting, err)
 			return err
 		}
-		lr := LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid}
+		lr := backend.LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid}
 		leading := false
 		if b.lease.take(req.Priority, req.Cost) {
 			lr.SkipShared = true
@@ -210,12 +212,12 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 
 // allowLayers is Allow on a layered store: the shared bucket and every
 // layer grant now, or nothing is taken.
-func (b *Bucket) allowLayers(ctx context.Context, ls LayeredStore, cost int) (bool, error) {
+func (b *Bucket) allowLayers(ctx context.Context, ls backend.LayeredStore, cost int) (bool, error) {
 	layers := ls.Layers()
-	if _, err := LayerKeys(layers, LayerRequest{}); err != nil {
+	if _, err := backend.LayerKeys(layers, backend.LayerRequest{}); err != nil {
 		return false, err
 	}
-	lr := LayerRequest{Cost: cost, Priority: b.opts.Priority, MinShare: b.opts.MinShare}
+	lr := backend.LayerRequest{Cost: cost, Priority: b.opts.Priority, MinShare: b.opts.MinShare}
 	for {
 		switch b.Mode() {
 		case ModeOpen:
@@ -301,8 +303,8 @@ func (lf *layeredFallback) countExceeded(layer string) {
 // whether a WaitN is leasing shared tokens.
 type layeredFallback struct {
 	mu     sync.Mutex
-	shared *Memory
-	local  *LayeredMemory
+	shared *backend.Memory
+	local  *backend.LayeredMemory
 	// refilling is set while one WaitN asks for a lease with its message.
 	refilling atomic.Bool
 	// exceeded counts the refusals by layer: name → *atomic.Int64.
@@ -311,7 +313,7 @@ type layeredFallback struct {
 	paid paidSigner
 	// store is the Bucket's store when it has layers, found once.
 	once  sync.Once
-	store LayeredStore
+	store backend.LayeredStore
 }
 
 // layeredStore returns the Bucket's store if it is a LayeredStore with at
@@ -325,9 +327,9 @@ func (b *Bucket) Layers() []Layer {
 	return nil
 }
 
-func (b *Bucket) layeredStore() LayeredStore {
+func (b *Bucket) layeredStore() backend.LayeredStore {
 	b.layered.once.Do(func() {
-		if ls, ok := b.store.(LayeredStore); ok && len(ls.Layers()) > 0 {
+		if ls, ok := b.store.(backend.LayeredStore); ok && len(ls.Layers()) > 0 {
 			b.layered.store = ls
 		}
 	})
@@ -338,7 +340,7 @@ func (b *Bucket) layeredState() *layeredFallback { return &b.layered }
 
 // localLayers returns the in-process layers that go with the fallback
 // bucket local, at this replica's share of each layer.
-func (b *Bucket) localLayers(local *Memory, layers []Layer) (*LayeredMemory, error) {
+func (b *Bucket) localLayers(local *backend.Memory, layers []Layer) (*backend.LayeredMemory, error) {
 	lf := b.layeredState()
 	lf.mu.Lock()
 	defer lf.mu.Unlock()
@@ -349,7 +351,7 @@ func (b *Bucket) localLayers(local *Memory, layers []Layer) (*LayeredMemory, err
 	if full := math.Float64frombits(b.lastRate.Load()); b.opts.FallbackRate > 0 && full > 0 {
 		replicas = max(1, full/b.opts.FallbackRate)
 	}
-	lm, err := NewLayeredMemory(local, ShareLayers(layers, replicas))
+	lm, err := backend.NewLayeredMemory(local, ShareLayers(layers, replicas))
 	if err != nil {
 		return nil, err
 	}
@@ -380,7 +382,7 @@ func ShareLayers(layers []Layer, n float64) []Layer {
 
 // waitLayersFallback is WaitN under the store-failure policy. It returns
 // errRetryShared when the store came back before tokens were granted.
-func (b *Bucket) waitLayersFallback(ctx context.Context, ls LayeredStore, req Request) error {
+func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore, req Request) error {
 	local, recovered, settled, err := b.fallbackGate(ctx)
 	if settled {
 		return err
@@ -392,15 +394,16 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls LayeredStore, req Re
 	// A cost above a local share's burst or quota is charged as much as
 	// the share holds, so that a message the shared limits allow is not
 	// refused for the split.
-	cost := min(req.Cost, local.burst)
-	for _, l := range lm.layers {
+	localRate, localBurst := local.Limits()
+	cost := min(req.Cost, localBurst)
+	for _, l := range lm.Layers() {
 		if l.IsQuota() {
 			cost = min(cost, l.Quota)
 		} else {
 			cost = min(cost, l.Burst)
 		}
 	}
-	lr := LayerRequest{Cost: cost, Keys: req.Keys, MaxWait: b.opts.MaxReserve, Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid}
+	lr := backend.LayerRequest{Cost: cost, Keys: req.Keys, MaxWait: b.opts.MaxReserve, Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid}
 	pushes := b.fallbackPushes(local)
 	for {
 		gen := b.gen.Load()
@@ -429,7 +432,7 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls LayeredStore, req Re
 		}
 		// As in the shared bucket, a push of its class moves the
 		// reservation back (see WaitN).
-		if err := b.sleepReserved(ctx, nil, pushes, heard, res.TakeResult, local.rate, 0); err != nil {
+		if err := b.sleepReserved(ctx, nil, pushes, heard, res.TakeResult, localRate, 0); err != nil {
 			_ = lm.RefundLayersAt(b.clock.Now(), lr, res)
 			return err
 		}

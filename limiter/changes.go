@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
 // A change announced by the store (a rate override, a fill, a reset, a
@@ -115,7 +117,7 @@ type reservation struct {
 // layers for the instant it was first due, and going out before they all
 // had room (LayerResult.LayersDue) could put it closer to its key's
 // previous message than a layer allows.
-func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pushHub, heard [NumPriorities]uint64, res TakeResult, resume float64, notBefore time.Duration) error {
+func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pushHub, heard [NumPriorities]uint64, res backend.TakeResult, resume float64, notBefore time.Duration) error {
 	base := res.Rate
 	if base <= 0 { // paused
 		base = resume
@@ -141,7 +143,7 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 	for {
 		var pushed <-chan struct{}
 		if listen {
-			var ps []Push
+			var ps []backend.Push
 			ps, next, pushed = pushes.since(r.class, next)
 			for _, p := range ps {
 				r = r.push(p)
@@ -202,7 +204,7 @@ func (r reservation) retime(st State) reservation {
 // is one it has not seen and it was not due yet when p was made, and by
 // the tokens of the pushes it missed before p (their counters tell how
 // many, not when: it is moved back by them all, which is conservative).
-func (r reservation) push(p Push) reservation {
+func (r reservation) push(p backend.Push) reservation {
 	if p.Class != r.class || p.Counter <= r.pushed {
 		return r
 	}
@@ -263,7 +265,7 @@ type pushHub struct {
 type pushLog struct {
 	// n counts the pushes heard; written under pushHub.mu.
 	n    atomic.Uint64
-	ring [pushRing]Push // push i is at ring[i%pushRing]
+	ring [pushRing]backend.Push // push i is at ring[i%pushRing]
 	wake chan struct{}
 }
 
@@ -285,7 +287,7 @@ func (h *pushHub) heard() [NumPriorities]uint64 {
 }
 
 // add records the push p and wakes the sleepers of its class.
-func (h *pushHub) add(p Push) {
+func (h *pushHub) add(p backend.Push) {
 	if p.Class >= NumPriorities {
 		return
 	}
@@ -302,7 +304,7 @@ func (h *pushHub) add(p Push) {
 // since returns the pushes of class c from the next-th on that the ring
 // still holds, the number to ask from next time, and a channel closed at
 // the next push.
-func (h *pushHub) since(c Priority, next uint64) (ps []Push, after uint64, wake <-chan struct{}) {
+func (h *pushHub) since(c Priority, next uint64) (ps []backend.Push, after uint64, wake <-chan struct{}) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	l := &h.classes[c]
@@ -319,7 +321,7 @@ func (h *pushHub) since(c Priority, next uint64) (ps []Push, after uint64, wake 
 // pushed is the Bucket's handler of the store's pushes (Notifier.Watch).
 // It only wakes the sleepers of the pushed class: no store read, no new
 // generation, no lease given back.
-func (b *Bucket) pushed(p Push) { b.pushes.add(p) }
+func (b *Bucket) pushed(p backend.Push) { b.pushes.add(p) }
 
 // baseRate returns the rate st refills at apart from a pause.
 func baseRate(st State) float64 {

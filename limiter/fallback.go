@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
 // The store-failure state machine.
@@ -42,7 +44,7 @@ import (
 type fallbackState struct {
 	mu sync.Mutex // guards every field and the mode transitions
 	// local is the in-process bucket of ModeLocal, or nil.
-	local *Memory
+	local *backend.Memory
 	// pushes fans the local bucket's pushes out to the callers sleeping on
 	// its reservations, as Bucket.pushes does the store's; unwatch ends
 	// the watch of local that feeds it.
@@ -80,7 +82,7 @@ var errRetryShared = errors.New("store recovered")
 var errUnknownShare = errors.New("the number of live replicas is unknown (none was ever counted) and Options.FallbackRate is not set")
 
 // fallbackBucket returns the local bucket of ModeLocal, or nil.
-func (b *Bucket) fallbackBucket() *Memory {
+func (b *Bucket) fallbackBucket() *backend.Memory {
 	b.fb.mu.Lock()
 	defer b.fb.mu.Unlock()
 	return b.fb.local
@@ -88,7 +90,7 @@ func (b *Bucket) fallbackBucket() *Memory {
 
 // fallbackPushes returns the pushes of the local bucket local, or nil when
 // local is no longer the Bucket's.
-func (b *Bucket) fallbackPushes(local *Memory) *pushHub {
+func (b *Bucket) fallbackPushes(local *backend.Memory) *pushHub {
 	b.fb.mu.Lock()
 	defer b.fb.mu.Unlock()
 	if b.fb.local != local {
@@ -101,7 +103,7 @@ func (b *Bucket) fallbackPushes(local *Memory) *pushHub {
 // watches its pushes for the callers sleeping on its reservations: a
 // request of a higher class moves those of the lower classes back, as in
 // the shared bucket. b.fb.mu is held.
-func (b *Bucket) setLocalLocked(local *Memory) {
+func (b *Bucket) setLocalLocked(local *backend.Memory) {
 	if b.fb.unwatch != nil {
 		b.fb.unwatch()
 	}
@@ -125,7 +127,7 @@ func (b *Bucket) setLocalLocked(local *Memory) {
 // ModeClosed blocks until ctx ends, the Bucket closes or the store comes
 // back, and a store already back gives errRetryShared. In ModeLocal it
 // returns the local bucket and the channel closed on recovery, unsettled.
-func (b *Bucket) fallbackGate(ctx context.Context) (local *Memory, recovered <-chan struct{}, settled bool, err error) {
+func (b *Bucket) fallbackGate(ctx context.Context) (local *backend.Memory, recovered <-chan struct{}, settled bool, err error) {
 	b.fb.mu.Lock()
 	mode, local, rec, cause := b.Mode(), b.fb.local, b.fb.recovered, b.fb.cause
 	b.fb.mu.Unlock()
@@ -173,6 +175,7 @@ func (b *Bucket) waitFallback(ctx context.Context, p Priority, cost int) error {
 	// the shared bucket, so that little is booked ahead when the store
 	// comes back.
 	pushes := b.fallbackPushes(local)
+	localRate, localBurst := local.Limits()
 	for left := cost; left > 0; {
 		if left == cost && b.fallbackBucket() != local {
 			// The store came back while this caller waited for the
@@ -180,13 +183,13 @@ func (b *Bucket) waitFallback(ctx context.Context, p Priority, cost int) error {
 			// would not be charged to the shared one.
 			return errRetryShared
 		}
-		n := min(left, local.burst)
+		n := min(left, localBurst)
 		gen := b.gen.Load()
 		var heard [NumPriorities]uint64
 		if pushes != nil {
 			heard = pushes.heard()
 		}
-		res, err := local.TakeAt(b.clock.Now(), TakeRequest{Cost: n, MaxWait: b.opts.MaxReserve, Priority: p, MinShare: b.opts.MinShare})
+		res, err := local.TakeAt(b.clock.Now(), backend.TakeRequest{Cost: n, MaxWait: b.opts.MaxReserve, Priority: p, MinShare: b.opts.MinShare})
 		if err != nil {
 			return err
 		}
@@ -196,7 +199,7 @@ func (b *Bucket) waitFallback(ctx context.Context, p Priority, cost int) error {
 			}
 			continue
 		}
-		if err := b.sleepReserved(ctx, nil, pushes, heard, res, local.rate, 0); err != nil {
+		if err := b.sleepReserved(ctx, nil, pushes, heard, res, localRate, 0); err != nil {
 			local.RefundClassAt(b.clock.Now(), n, res.Class)
 			return err
 		}
@@ -254,13 +257,6 @@ func (b *Bucket) fallBackLocked(err error) {
 		replicas = max(1, full/rate)
 	}
 	now := b.clock.Now()
-	local, ferr := NewMemory(rate, max(1, int(math.Ceil(float64(burst)/replicas))))
-	if ferr != nil {
-		b.log.Error("bucket store failed and the local share is unusable: not granting", "mode", ModeClosed, "local_rate", rate, "error", ferr)
-		b.switchLocked(ModeShared, ModeClosed, err)
-		return
-	}
-	local.now = b.clock.Now
 	// The local bucket starts empty: the shared bucket's tokens were spent
 	// or are about to be. Reservations already made there are still
 	// served: the local bucket refills only after them.
@@ -274,11 +270,17 @@ func (b *Bucket) fallBackLocked(err error) {
 			booked = t
 		}
 	}
-	local.save(0, max(now.UnixMicro(), booked.UnixMicro()))
-	b.warmLocal(local, now.UnixMicro())
+	local, ferr := backend.NewEmptyMemory(rate, max(1, int(math.Ceil(float64(burst)/replicas))), b.clock.Now, booked)
+	if ferr != nil {
+		b.log.Error("bucket store failed and the local share is unusable: not granting", "mode", ModeClosed, "local_rate", rate, "error", ferr)
+		b.switchLocked(ModeShared, ModeClosed, err)
+		return
+	}
+	b.warmLocal(local, now)
 	b.setLocalLocked(local)
 	b.fb.replicas = replicas
-	b.log.Warn("bucket store failed, limiting locally", "mode", ModeLocal, "local_rate", rate, "local_burst", local.burst,
+	_, localBurst := local.Limits()
+	b.log.Warn("bucket store failed, limiting locally", "mode", ModeLocal, "local_rate", rate, "local_burst", localBurst,
 		"replicas", math.Round(replicas*100)/100, "local_start_in", max(0, booked.Sub(now)), "error", err)
 	b.switchLocked(ModeShared, ModeLocal, err)
 }
@@ -304,12 +306,12 @@ func (b *Bucket) fallBackLocked(err error) {
 // In every case a local bucket idle for longer than the warm-up ramps
 // again from a third of its rate on its next take, as the shared one
 // would. m.mu need not be held: local is not shared yet.
-func (b *Bucket) warmLocal(local *Memory, now int64) {
-	ws, ok := b.store.(WarmupStore)
+func (b *Bucket) warmLocal(local *backend.Memory, now time.Time) {
+	ws, ok := b.store.(backend.WarmupStore)
 	if !ok {
 		return
 	}
-	w := ws.Warmup().Microseconds()
+	w := ws.Warmup()
 	if w <= 0 {
 		return
 	}
@@ -322,8 +324,7 @@ func (b *Bucket) warmLocal(local *Memory, now int64) {
 			f = math.Float64frombits(b.lastRate.Load()) / rate
 		}
 	}
-	local.warm = w
-	local.wts = now - rampElapsed(f, w)
+	local.WarmAt(w, f, now)
 }
 
 // switchLocked moves from one mode to another, and starts the probe when

@@ -3,13 +3,15 @@ package limiter
 import (
 	"context"
 	"time"
+
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
 // heartbeat reports this replica alive every HeartbeatInterval. The first
 // beat goes at once and the second after at most 500 ms, so that replicas
 // started together learn each other's count quickly and size their leases
 // and fallback shares for it.
-func (b *Bucket) heartbeat(rt ReplicaTracker) {
+func (b *Bucket) heartbeat(rt backend.ReplicaTracker) {
 	defer b.wg.Done()
 	t := b.clock.NewTimer(min(b.opts.HeartbeatInterval, 500*time.Millisecond))
 	defer t.Stop()
@@ -48,12 +50,12 @@ func (b *Bucket) Idle() bool { return b.fb.idle.Load() }
 // beat sends one heartbeat, with this replica's report when the tracker
 // takes one, and returns the live replicas. A tracker that counts the
 // replicas that consume also updates the idle count.
-func (b *Bucket) beat(ctx context.Context, rt ReplicaTracker) (int, error) {
+func (b *Bucket) beat(ctx context.Context, rt backend.ReplicaTracker) (int, error) {
 	ttl := 3 * b.opts.HeartbeatInterval
-	if _, ok := rt.(ReportingTracker); !ok {
+	if _, ok := rt.(backend.ReportingTracker); !ok {
 		return rt.Heartbeat(ctx, b.opts.ReplicaID, ttl)
 	}
-	r := ReplicaReport{
+	r := backend.ReplicaReport{
 		Mode:              b.Mode(),
 		Granted:           b.Granted(),
 		Waiting:           b.Waiting(),
@@ -61,9 +63,9 @@ func (b *Bucket) beat(ctx context.Context, rt ReplicaTracker) (int, error) {
 		Exceeded:          b.Exceeded(),
 		Idle:              b.Idle(),
 	}
-	ct, ok := rt.(ConsumerTracker)
+	ct, ok := rt.(backend.ConsumerTracker)
 	if !ok {
-		return rt.(ReportingTracker).HeartbeatReport(ctx, b.opts.ReplicaID, ttl, r)
+		return rt.(backend.ReportingTracker).HeartbeatReport(ctx, b.opts.ReplicaID, ttl, r)
 	}
 	live, consuming, err := ct.HeartbeatConsumers(ctx, b.opts.ReplicaID, ttl, r)
 	if err == nil && live > 0 {

@@ -5,6 +5,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
 // LeaseOptions configure token leasing. At high rates a Bucket takes a batch
@@ -75,8 +77,8 @@ type leasePool struct {
 	opts   LeaseOptions
 	mu     sync.Mutex
 	tokens int
-	used   bool  // spent from or refilled since the idle timer last fired
-	idle   Timer // gives unused tokens back; nil until the first lease
+	used   bool          // spent from or refilled since the idle timer last fired
+	idle   backend.Timer // gives unused tokens back; nil until the first lease
 	// refilling is closed when the caller refilling the pool has its answer.
 	refilling chan struct{}
 }

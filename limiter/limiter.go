@@ -1,60 +1,180 @@
 // Package limiter is a token bucket that many processes can share.
 //
-// A bucket refills at Rate tokens per second up to Burst tokens. A new bucket
-// starts full, and however long it sits idle it never holds more than Burst.
-// A message may cost several tokens.
+// A bucket refills at a rate of tokens per second up to its burst. A new
+// bucket starts full, and however long it sits idle it never holds more
+// than its burst. A message may cost several tokens.
 //
 // The bucket's state lives in a Store. The Redis store (package
 // limiter/redislimiter) keeps it in Redis and updates it with one atomic Lua
 // script per operation that reads the time from Redis itself, so every
 // replica that names the same bucket shares one rate whatever its own clock
-// says. The Memory store keeps it in this process, for single-replica use,
-// tests, and the local fallback when Redis is down.
+// says. NewLocal keeps it in this process, for a single replica and tests;
+// a Bucket on Redis uses such a bucket as its local fallback while Redis is
+// down.
 //
 // A Bucket is the handle that consumers use: Wait blocks until tokens are
-// granted, Allow takes them only if they are there now, and State reads the
-// bucket. Waiting is exact: the store either reserves the caller's tokens and
-// says when they are due, or says how long to wait before asking again. No
-// call polls on a fixed interval.
+// granted, Allow takes them only if they are there now, WaitN also passes
+// the bucket's layers (per-key limits and quotas, see Layer), and State
+// reads the bucket. Waiting is exact: the store either reserves the
+// caller's tokens and says when they are due, or says how long to wait
+// before asking again. No call polls on a fixed interval.
 package limiter
 
 import (
-	"context"
 	"errors"
-	"fmt"
-	"math"
-	"strconv"
-	"time"
+
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
-// MaxRate is the highest rate, in tokens per second, that a bucket accepts:
-// in its configuration, a runtime override or a fallback rate. It keeps the
-// stores' arithmetic exact (the Redis scripts answer in thousandths of a
-// token) and far from integer overflow.
-const MaxRate = 1e9
+// Store keeps the state of one bucket: the Redis store of package
+// limiter/redislimiter (redislimiter.New), or an in-process one
+// (NewLocalStore). A program passes it to New; its methods are the
+// Bucket's, and the stores of this module are its only implementations.
+type Store interface{ backend.Store }
 
-// MaxBurst is the largest burst a bucket accepts.
-const MaxBurst = math.MaxInt32
+// State is a snapshot of a bucket: its tokens (negative while reserved
+// ahead), effective and configured rate and burst, an operator's override,
+// a pause, the live replicas, the tokens each class holds reserved, and the
+// Bucket's Mode. Bucket.State returns it.
+type State = backend.State
 
-// DefaultBurst returns the burst used when none is given: one second of
-// tokens at rate, at least 1 and at most MaxBurst.
-func DefaultBurst(rate float64) int {
-	if !(rate > 0) {
-		return 1
-	}
-	return int(min(math.Max(1, math.Ceil(rate)), MaxBurst))
-}
+// Mode says how a Bucket is limiting right now: ModeShared, or the policy
+// it applies while its store fails (Options.OnStoreError).
+type Mode = backend.Mode
+
+// The modes of a Bucket. ModeShared is normal operation; the others are the
+// policies for a store failure, chosen with Options.OnStoreError.
+const (
+	// ModeShared takes every token from the Store, shared by all replicas.
+	ModeShared = backend.ModeShared
+	// ModeLocal limits with an in-process bucket at this replica's share of
+	// the rate while the Store is down. It is the default policy.
+	ModeLocal = backend.ModeLocal
+	// ModeClosed stops granting until the Store answers again. A Bucket is
+	// also closed, whatever its policy, while the store reports
+	// ErrMisconfigured, and while the store is down before this replica has
+	// learnt how many replicas share the bucket (see Options.FallbackRate).
+	ModeClosed = backend.ModeClosed
+	// ModeOpen grants everything while the Store is down. It is dangerous:
+	// the sink sees the unthrottled rate of every replica.
+	ModeOpen = backend.ModeOpen
+)
+
+// Priority is a request's class. Across every replica and deployment that
+// shares a bucket, a waiting request of a higher class gets tokens before
+// any request of a lower class, including lower-class requests that already
+// hold reservations further out: those reservations move back by the
+// tokens the higher class took ahead of them. A lower class gets what the
+// higher ones leave, and Options.MinShare keeps a floor under it. The zero
+// value is PriorityNormal, so a caller that never names a class gets the
+// behaviour of a bucket without classes. String gives "high", "normal" or
+// "low".
+type Priority = backend.Priority
+
+// The classes, served in this order: PriorityHigh, then PriorityNormal,
+// then PriorityLow. PriorityNormal is the zero value.
+const (
+	PriorityHigh   = backend.PriorityHigh
+	PriorityNormal = backend.PriorityNormal
+	PriorityLow    = backend.PriorityLow
+)
+
+// NumPriorities is the number of classes; Shares is indexed by Priority.
+const NumPriorities = backend.NumPriorities
+
+// ParsePriority parses "high", "normal" or "low". The empty string is
+// PriorityNormal. Another string gives a *ParamError.
+func ParsePriority(s string) (Priority, error) { return backend.ParsePriority(s) }
+
+// Shares holds a fraction of the rate per class, indexed by Priority, such
+// as Options.MinShare. The zero value is no floor for any class. Its
+// Validate(param) returns a *ParamError naming param for a share outside
+// [0, 1) or shares that add up to 1 or more.
+type Shares = backend.Shares
+
+// Layer is a further limit that a message must pass together with the
+// shared bucket: a keyed token bucket (Rate and Burst, one bucket per key,
+// such as one per recipient) or a calendar quota (Quota per hour, day or
+// month in a time zone, optionally one per key). Its OnExceed action says
+// whether a request it cannot grant in time waits, is dead-lettered or is
+// delayed (LimitError). The store decides the shared bucket and every layer
+// in one atomic step: all of them grant, or none is charged. Give layers to
+// NewLocal or NewLocalStore, or to the Redis store (redislimiter's
+// Store.WithLayers).
+type Layer = backend.Layer
+
+// Layers are a bucket's layers, in order; a []Layer converts to it. Its
+// Validate checks them and fills in their defaults in place (Burst,
+// OnExceed, Location), returning a *ParamError per problem, joined, whose
+// Param is "Layers[i].Field": each name unique, not empty and without
+// braces, colons or white space; a token bucket's Rate above 0 and at most
+// 1e9 and its Burst (0 for one second of tokens); a quota's Quota, Per and
+// no Rate or Burst; OnExceed wait, dead_letter or delay, and a MaxWait only
+// with dead_letter or delay. NewLocal and the stores call it.
+type Layers = backend.Layers
+
+// Action is what a layer does when it cannot grant within its MaxWait (see
+// Layer.OnExceed).
+type Action = backend.Action
+
+// The actions of a layer: wait as long as needed (the default), refuse at
+// once with a *LimitError for the dead-letter queue, or refuse with a
+// *LimitError that says when the layer will have room.
+const (
+	ActionWait       = backend.ActionWait
+	ActionDeadLetter = backend.ActionDeadLetter
+	ActionDelay      = backend.ActionDelay
+)
+
+// Period is the window of a quota layer (Layer.Per).
+type Period = backend.Period
+
+// The quota windows. Each starts at the calendar boundary in the quota's
+// time zone: the top of the hour, midnight, the first of the month.
+const (
+	PerHour  = backend.PerHour
+	PerDay   = backend.PerDay
+	PerMonth = backend.PerMonth
+)
+
+// LimitError is a request refused by a layer under its OnExceed action
+// (ActionDeadLetter or ActionDelay), or for a cost the layer can never
+// grant. It matches ErrLimitExceeded, and for such a cost also
+// ErrCostExceedsBurst. Its Layer, Action, Reason and Wait say which layer
+// refused, what to do with the message and when the layer has room; for a
+// delay layer that booked the message's slot (Reserved), Slot returns the
+// PaidSlot the message carries back in Request.Paid.
+type LimitError = backend.LimitError
+
+// PaidSlot is a slot that a delay layer booked for a message
+// (LimitError.Slot), which the message names when it comes back
+// (Request.Paid) so that it passes the layer without taking from it again.
+// The consumers carry it in a header, in JSON.
+type PaidSlot = backend.PaidSlot
+
+// Adaptive configures the adaptive rate (AIMD) of a bucket whose real limit
+// is unknown or changes (Options.Adaptive): each push-back (Bucket.Pause)
+// multiplies the rate by Decrease, down to MinRate; while none comes, the
+// rate climbs back by Increase every Interval, up to the configured rate.
+// Validate and ValidateFor check it.
+type Adaptive = backend.Adaptive
+
+// ParamError is a bad parameter given to a constructor or a call. Param is
+// the Go name of the parameter or field, such as "Rate" or
+// "Lease.Fraction".
+type ParamError = backend.ParamError
 
 // Sentinel errors. They are wrapped with context; test with errors.Is.
 var (
 	// ErrCostExceedsBurst is returned at once when a cost is larger than
-	// the bucket's burst: such a request could never be granted.
-	ErrCostExceedsBurst = errors.New("cost exceeds burst")
+	// the bucket's burst (or a layer's burst or quota): such a request
+	// could never be granted.
+	ErrCostExceedsBurst = backend.ErrCostExceedsBurst
 	// ErrInvalidCost is returned for a cost below 1.
-	ErrInvalidCost = errors.New("cost must be at least 1")
+	ErrInvalidCost = backend.ErrInvalidCost
 	// ErrStore wraps every failure of a Store: unreachable, timed out, a
 	// script error or a malformed reply.
-	ErrStore = errors.New("bucket store failed")
+	ErrStore = backend.ErrStore
 	// ErrClosed is returned by a Bucket after Close.
 	ErrClosed = errors.New("bucket closed")
 	// ErrMisconfigured is matched, besides ErrStore, by a store failure
@@ -63,302 +183,12 @@ var (
 	// Bucket never falls back on it: it stops granting (ModeClosed) and
 	// logs an error until the store answers again. Check returns it at
 	// start, so that a program can exit instead of running unlimited.
-	ErrMisconfigured = errors.New("bucket store misconfigured")
+	ErrMisconfigured = backend.ErrMisconfigured
+	// ErrMissingKey is returned by WaitN when a keyed layer has no key in
+	// Request.Keys, and by Wait and Allow on a store with a keyed layer.
+	ErrMissingKey = backend.ErrMissingKey
+	// ErrLimitExceeded is matched by every *LimitError: a layer refused a
+	// request under its OnExceed action, or a cost can never pass a
+	// layer. No layer was charged.
+	ErrLimitExceeded = backend.ErrLimitExceeded
 )
-
-// State is a snapshot of a bucket.
-type State struct {
-	// Tokens is the number of tokens in the bucket now. It is negative
-	// when callers have reserved tokens that are not yet due.
-	Tokens float64
-	// Rate is the effective refill rate in tokens per second: the runtime
-	// override if one is set, else the configured rate, and 0 while the
-	// bucket is paused.
-	Rate float64
-	// Burst is the effective capacity.
-	Burst int
-	// BaseRate is the refill rate apart from a pause: Rate once the pause
-	// ends, which is the adaptive rate when one is in force (see
-	// Adaptive). 0 when the store does not say.
-	BaseRate float64
-	// ConfiguredRate and ConfiguredBurst are the values this replica was
-	// started with.
-	ConfiguredRate  float64
-	ConfiguredBurst int
-	// Override is the runtime override set by an operator, if any.
-	Override *Override
-	// PausedFor is how long the bucket stays paused, or 0.
-	PausedFor time.Duration
-	// PausedBy names the replica whose push-back set the pause in force,
-	// when the store records it (see AttributedPauser); else "".
-	PausedBy string
-	// Replicas is the number of live replicas known from heartbeats, or 0
-	// when the store does not track them.
-	Replicas int
-	// Reserved is the tokens each class holds reserved ahead, indexed by
-	// Priority: they add up to max(0, -Tokens). Zero from a store without
-	// classes.
-	Reserved Shares
-	// Pushed is each class's push counter (see Push), indexed by Priority;
-	// PriorityHigh's is always 0. A replica that may have missed pushes,
-	// such as after a resubscription, compares it with the counter its
-	// reservations saw.
-	Pushed Shares
-	// Mode is how the Bucket that produced this State is limiting now. A
-	// Store leaves it empty.
-	Mode Mode
-	// At is the store's clock when it answered, or the zero time when the
-	// State does not come from a store.
-	At time.Time
-}
-
-// Override is a rate and burst set at runtime that wins over every replica's
-// configured values until it is cleared or expires.
-type Override struct {
-	Rate float64
-	// Burst is the override's burst, or 0 when the override keeps each
-	// replica's configured burst.
-	Burst int
-	// ExpiresIn is how long the override still holds, or 0 for no expiry.
-	ExpiresIn time.Duration
-}
-
-// TakeRequest asks a Store for tokens.
-type TakeRequest struct {
-	// Cost is the number of tokens needed, at least 1.
-	Cost int
-	// Extra asks for up to this many more tokens, granted only from tokens
-	// available now and never reserved ahead. (A Bucket's lease asks for
-	// its whole batch as Cost instead, so that a saturated bucket still
-	// costs one call per batch.)
-	Extra int
-	// MaxWait is the reservation horizon. If the tokens are not available
-	// now but will be within max(MaxWait, Cost/rate), they are reserved and
-	// TakeResult.Wait says when they are due. If MaxWait is 0, tokens are
-	// taken only if available now.
-	MaxWait time.Duration
-	// Priority is the request's class (see Priority). A store without
-	// classes treats every request alike.
-	Priority Priority
-	// MinShare is the floor of each class's share of the rate while it has
-	// reservations waiting (Options.MinShare). A take that would jump
-	// further ahead of a lower class than its floor allows is refused with
-	// TakeResult.Floor.
-	MinShare Shares
-}
-
-// TakeResult is a Store's answer to a TakeRequest.
-type TakeResult struct {
-	// Granted reports whether tokens were taken or reserved.
-	Granted bool
-	// Tokens is the number of tokens taken: Cost plus any Extra granted.
-	Tokens int
-	// Wait is, when Granted, how long until the reserved tokens are due (0
-	// when they were available now). When not Granted, it is how long until
-	// the same request could be granted if nobody else took tokens.
-	Wait time.Duration
-	// Remaining is the number of tokens left after the call; negative when
-	// tokens are reserved ahead.
-	Remaining float64
-	// Rate and Burst are the bucket's effective values at the time of the
-	// call; Rate is 0 while the bucket is paused.
-	Rate  float64
-	Burst int
-	// At is the store's clock when it answered. At+Wait is the instant, on
-	// the store's clock, when granted tokens are due.
-	At time.Time
-	// Class is the class whose queue holds a reservation: the request's
-	// Priority (a store without classes leaves it PriorityNormal). Pushes
-	// of Class move the reservation (see Push), and a cancelled one is
-	// refunded in it (ClassRefunder).
-	Class Priority
-	// Pushed is Class's push counter when the store answered: the
-	// reservation moves back by each Push of Class with a larger Counter.
-	Pushed float64
-	// Floor reports a refusal (Granted is false) because the take would
-	// have jumped further ahead of a lower class's reservations than that
-	// class's MinShare allows. Wait is then the exact time until the floor
-	// lets it through. A Bucket queues the callers of a class that a floor
-	// holds back behind one that asks (see Options.MinShare).
-	Floor bool
-}
-
-// Store keeps the state of one token bucket. Implementations must make each
-// method atomic with respect to every other caller of the same bucket, and
-// must be safe for concurrent use.
-type Store interface {
-	// Take takes or reserves tokens. A cost above the effective burst
-	// returns an error that wraps ErrCostExceedsBurst.
-	Take(ctx context.Context, req TakeRequest) (TakeResult, error)
-	// Refund puts back tokens that were taken but not used, such as those
-	// of a cancelled reservation or an unused lease. The bucket never
-	// exceeds its burst.
-	Refund(ctx context.Context, tokens int) error
-	// Pause stops the bucket from granting for d, counted by the store's
-	// clock, for every caller. Reservations already made are kept. A pause
-	// never shortens one that is longer.
-	Pause(ctx context.Context, d time.Duration) error
-	// Status reads the bucket without changing it.
-	Status(ctx context.Context) (State, error)
-	// Drain empties the bucket, as if its tokens had been spent, and
-	// leaves at least debt tokens reserved ahead of every later caller:
-	// the tokens become min(tokens, -debt). A Bucket calls it when it
-	// comes back from its fallback, so that the tokens its replicas
-	// granted and booked locally are charged to the shared bucket instead
-	// of adding to a bucket that refilled, or restarted full, meanwhile.
-	// Drains do not add up: replicas coming back one after the other each
-	// charge their estimate of the whole fleet's bookings.
-	Drain(ctx context.Context, debt int) error
-	// Limits returns the rate and burst the store was configured with,
-	// without any I/O. The Bucket uses them before it has heard from the
-	// store, for example to size its fallback when the store is down from
-	// the start.
-	Limits() (rate float64, burst int)
-}
-
-// AttributedPauser is implemented by stores that record which replica set
-// a pause, for State.PausedBy. A Bucket pauses with PauseBy, naming itself,
-// when its store implements it.
-type AttributedPauser interface {
-	// PauseBy is Pause, recording by as the replica that paused when the
-	// pause extends the one in force.
-	PauseBy(ctx context.Context, d time.Duration, by string) error
-}
-
-// ReplicaTracker is implemented by stores that count the live replicas of a
-// bucket. The Bucket sends a heartbeat for itself every HeartbeatInterval and
-// uses the count to size its local fallback share and its leases.
-type ReplicaTracker interface {
-	// Heartbeat records that replica id is alive for ttl and returns the
-	// number of live replicas, this one included.
-	Heartbeat(ctx context.Context, id string, ttl time.Duration) (int, error)
-	// Leave removes replica id at once.
-	Leave(ctx context.Context, id string) error
-}
-
-// ReplicaReport is what a Bucket says about itself with each heartbeat, for
-// operators' tools. It is a plain value.
-type ReplicaReport struct {
-	// Mode is how the Bucket limits now.
-	Mode Mode
-	// Granted is the number of tokens its Wait and Allow granted since it
-	// started: a counter, so that a reader derives the rate from two reads.
-	Granted int64
-	// Waiting is the number of Wait calls waiting for the store now.
-	Waiting int
-	// WaitingByPriority is Waiting by class, indexed by Priority
-	// (Bucket.WaitingByPriority).
-	WaitingByPriority [NumPriorities]int
-	// Exceeded counts, by layer name, the WaitN calls each layer refused
-	// (Bucket.Exceeded) since the Bucket started; layers that refused
-	// none are left out. Nil without refusals.
-	Exceeded map[string]int64
-	// Idle is set while the replica consumes nothing (Bucket.SetIdle),
-	// such as a Kafka group member that owns no partition.
-	Idle bool
-}
-
-// ReportingTracker is a ReplicaTracker that also records each replica's
-// report. A Bucket sends its heartbeats with HeartbeatReport when its store
-// implements it.
-type ReportingTracker interface {
-	ReplicaTracker
-	// HeartbeatReport is Heartbeat, recording r for replica id.
-	HeartbeatReport(ctx context.Context, id string, ttl time.Duration, r ReplicaReport) (int, error)
-}
-
-// ConsumerTracker is a ReportingTracker that also counts the live replicas
-// that consume: those whose last report was not Idle. A Bucket on such a
-// store divides the rate of its local fallback among those replicas (see
-// Bucket.SetIdle); on another store, among all the live ones.
-type ConsumerTracker interface {
-	ReportingTracker
-	// HeartbeatConsumers is HeartbeatReport, returning the number of live
-	// replicas and, of them, the number whose last report was not Idle,
-	// this one included unless r is Idle.
-	HeartbeatConsumers(ctx context.Context, id string, ttl time.Duration, r ReplicaReport) (live, consuming int, err error)
-}
-
-// Notifier is implemented by stores that announce the changes operators and
-// push-back make to a bucket (a rate override, a fill, a reset, a pause, a
-// replica's return from fallback) to every replica. A Bucket that hears one
-// reads the bucket once and moves the reservations its callers are sleeping
-// on to where the new rate or pause puts them, keeping their order, so the
-// change reaches them within a round trip instead of after the reservation
-// horizon; it gives back its leased tokens; and, in fallback, it asks the
-// store at once whether it is back.
-type Notifier interface {
-	// Watch calls changed for every announced change until ctx ends, then
-	// returns. It resubscribes by itself after a connection failure, and
-	// then calls changed once, since announcements may have been missed
-	// while it was not subscribed. It calls pushed, unless nil, for every
-	// announced Push, and never calls changed for one: a push moves the
-	// reservations of a lower class back, it does not change the bucket.
-	Watch(ctx context.Context, changed func(), pushed func(Push))
-}
-
-// ValidateRate returns a *ParamError for the parameter "Rate" unless rate
-// is a number above zero and at most MaxRate.
-func ValidateRate(rate float64) error {
-	if !(rate > 0) || rate > MaxRate { // also rejects NaN and infinities
-		return &ParamError{Param: "Rate", Msg: "must be a number > 0 and <= " + strconv.FormatFloat(MaxRate, 'g', -1, 64), Value: rate}
-	}
-	return nil
-}
-
-// ValidateBurst returns a *ParamError for the parameter "Burst" unless
-// burst is at least 1 and at most MaxBurst.
-func ValidateBurst(burst int) error {
-	if burst < 1 || burst > MaxBurst {
-		return &ParamError{Param: "Burst", Msg: "must be >= 1 and <= " + strconv.Itoa(MaxBurst), Value: burst}
-	}
-	return nil
-}
-
-// ParamError is a bad parameter given to a constructor or a call.
-type ParamError struct {
-	// Param is the Go name of the parameter or field, such as "Rate" or
-	// "Lease.Fraction".
-	Param string
-	Msg   string
-	Value any
-}
-
-func (e *ParamError) Error() string {
-	if e.Value == nil {
-		return e.Param + ": " + e.Msg
-	}
-	if s, ok := e.Value.(string); ok {
-		return fmt.Sprintf("%s: %s, got %q", e.Param, e.Msg, s)
-	}
-	return fmt.Sprintf("%s: %s, got %v", e.Param, e.Msg, e.Value)
-}
-
-// ErrMalformedReply is wrapped by a StoreError when a store answers with a
-// reply it cannot parse.
-var ErrMalformedReply = errors.New("malformed store reply")
-
-// StoreError is a failed Store call. It matches ErrStore with errors.Is and
-// unwraps to the cause.
-type StoreError struct {
-	// Op is the operation: "take", "refund", "pause", "status", ...
-	Op string
-	// Bucket is the bucket's name.
-	Bucket string
-	Err    error
-	// Misconfigured is set when the failure is not an outage but a
-	// configuration problem (see ErrMisconfigured).
-	Misconfigured bool
-}
-
-func (e *StoreError) Error() string {
-	return "bucket " + strconv.Quote(e.Bucket) + ": " + e.Op + ": " + e.Err.Error()
-}
-
-func (e *StoreError) Unwrap() error { return e.Err }
-
-// Is makes errors.Is(err, ErrStore) true for every StoreError, and
-// errors.Is(err, ErrMisconfigured) true for one whose Misconfigured is set.
-func (e *StoreError) Is(target error) bool {
-	return target == ErrStore || (target == ErrMisconfigured && e.Misconfigured)
-}

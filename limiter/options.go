@@ -7,37 +7,9 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/throttlehq/throttle/internal/backend"
 )
-
-// Mode says how a Bucket is limiting right now.
-type Mode string
-
-// The modes of a Bucket. ModeShared is normal operation; the others are the
-// policies for a store failure, chosen with Options.OnStoreError.
-const (
-	// ModeShared takes every token from the Store, shared by all replicas.
-	ModeShared Mode = "shared"
-	// ModeLocal limits with an in-process bucket at this replica's share of
-	// the rate while the Store is down. It is the default policy.
-	ModeLocal Mode = "local"
-	// ModeClosed stops granting until the Store answers again. A Bucket is
-	// also closed, whatever its policy, while the store reports
-	// ErrMisconfigured, and while the store is down before this replica has
-	// learnt how many replicas share the bucket (see Options.FallbackRate).
-	ModeClosed Mode = "closed"
-	// ModeOpen grants everything while the Store is down. It is dangerous:
-	// the sink sees the unthrottled rate of every replica.
-	ModeOpen Mode = "open"
-)
-
-// ParseMode parses a store-error policy: "local", "closed" or "open".
-func ParseMode(s string) (Mode, error) {
-	switch m := Mode(s); m {
-	case ModeLocal, ModeClosed, ModeOpen:
-		return m, nil
-	}
-	return "", &ParamError{Param: "OnStoreError", Msg: "must be local, closed or open", Value: s}
-}
 
 // Options configure a Bucket. The zero value is ready to use; each field
 // documents its default.
@@ -106,7 +78,7 @@ type Options struct {
 	// Clock is the Bucket's one time source for its timers (sleeps, probe,
 	// heartbeats, lease expiry) and for the Observer. The token arithmetic
 	// never uses it: the store has its own clock. Default SystemClock.
-	Clock Clock
+	Clock backend.Clock
 }
 
 // Validate returns the *ParamError of every field out of range, joined,
@@ -116,13 +88,13 @@ type Options struct {
 func (o Options) Validate() error {
 	var errs []error
 	if o.OnStoreError != "" {
-		if _, err := ParseMode(string(o.OnStoreError)); err != nil {
+		if _, err := backend.ParseMode(string(o.OnStoreError)); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if o.FallbackRate != 0 {
-		if err := ValidateRate(o.FallbackRate); err != nil {
-			errs = append(errs, &ParamError{Param: "FallbackRate", Msg: "must be 0 (the replica's share) or a number > 0 and <= " + strconv.FormatFloat(MaxRate, 'g', -1, 64), Value: o.FallbackRate})
+		if err := backend.ValidateRate(o.FallbackRate); err != nil {
+			errs = append(errs, &ParamError{Param: "FallbackRate", Msg: "must be 0 (the replica's share) or a number > 0 and <= " + strconv.FormatFloat(backend.MaxRate, 'g', -1, 64), Value: o.FallbackRate})
 		}
 	}
 	for _, d := range []struct {
@@ -179,7 +151,7 @@ func (o Options) withDefaults() Options {
 		o.Logger = slog.Default()
 	}
 	if o.Clock == nil {
-		o.Clock = SystemClock
+		o.Clock = backend.SystemClock
 	}
 	return o
 }

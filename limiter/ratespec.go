@@ -7,6 +7,8 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
 // rateUnits maps the unit of a rate string to its length in seconds.
@@ -47,7 +49,7 @@ func ParseRate(s string) (float64, error) {
 		// So small that it underflows: report it rather than a zero.
 		return 0, &ParamError{Param: "Rate", Msg: "too small", Value: s}
 	}
-	if err := ValidateRate(rate); err != nil {
+	if err := backend.ValidateRate(rate); err != nil {
 		return 0, err
 	}
 	return rate, nil

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -31,11 +32,11 @@ func (l bucketLimiter) WaitMessage(ctx context.Context, msg consumer.Message, n 
 // with on_exceed delay.
 func newDelayLayerBucket(t *testing.T, rate float64, burst int) *limiter.Bucket {
 	t.Helper()
-	shared, err := limiter.NewMemory(1e6, 1e6)
+	shared, err := backend.NewMemory(1e6, 1e6)
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := limiter.NewLayeredMemory(shared, []limiter.Layer{
+	store, err := backend.NewLayeredMemory(shared, []limiter.Layer{
 		{Name: "per-key", Keyed: true, Rate: rate, Burst: burst, OnExceed: limiter.ActionDelay},
 	})
 	if err != nil {
@@ -75,7 +76,7 @@ func runDelayLayer(t *testing.T, brokers []string, topic, group string, n int, o
 // delay topic, not one per message and round (up to 45). Every message is
 // delivered exactly once, in the order of its slot, and the header a
 // producer forged does not pass the layer. (A message back more
-// than limiter.PaidLateness late, 25 ms here, books a new slot behind the
+// than backend.PaidLateness late, 25 ms here, books a new slot behind the
 // others: one more write, and it comes last.)
 func TestSetAsideHotKeyOnce(t *testing.T) {
 	const (

@@ -11,6 +11,7 @@ import (
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -32,11 +33,11 @@ func (l recipientLimiter) WaitMessage(ctx context.Context, msg consumer.Message,
 // rate and burst 1 with on_exceed delay.
 func newRecipientLimiter(t *testing.T, rate float64) recipientLimiter {
 	t.Helper()
-	shared, err := limiter.NewMemory(1e6, 1e6)
+	shared, err := backend.NewMemory(1e6, 1e6)
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := limiter.NewLayeredMemory(shared, []limiter.Layer{
+	store, err := backend.NewLayeredMemory(shared, []limiter.Layer{
 		{Name: "per-recipient", Keyed: true, Rate: rate, Burst: 1, OnExceed: limiter.ActionDelay},
 	})
 	if err != nil {

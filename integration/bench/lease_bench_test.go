@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
@@ -21,7 +22,7 @@ var leaseStores = []struct {
 	new  func(tb testing.TB) limiter.Store
 }{
 	{"memory", func(tb testing.TB) limiter.Store {
-		m, err := limiter.NewMemory(1e9, 1e9)
+		m, err := backend.NewMemory(1e9, 1e9)
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -108,7 +109,7 @@ func TestLeaseWaitDoesNotAllocate(t *testing.T) {
 }
 
 func TestLeaseAllocsHelper(t *testing.T) {
-	m, err := limiter.NewMemory(1e9, 1e9)
+	m, err := backend.NewMemory(1e9, 1e9)
 	if err != nil {
 		t.Fatal(err)
 	}

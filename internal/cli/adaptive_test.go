@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
@@ -68,7 +69,7 @@ sink: {stdout: {}}
 	if w := warmupOf(); w == nil || w["cold"] != true {
 		t.Errorf("new bucket: warmup = %v, want cold", w)
 	}
-	if _, err := store.Take(testenv.Context(t, 10*time.Second), limiter.TakeRequest{Cost: 1}); err != nil {
+	if _, err := store.Take(testenv.Context(t, 10*time.Second), backend.TakeRequest{Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
 	w := warmupOf()

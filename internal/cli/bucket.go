@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttlehq/throttle/config"
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/redisconn"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
@@ -299,8 +300,8 @@ func checkSetFlags(fs *flag.FlagSet, rateArg string, burst int, ttl time.Duratio
 		return 0, usagef(help, "--rate%s", paramProblem(err, rateArg))
 	}
 	switch {
-	case set["burst"] && limiter.ValidateBurst(burst) != nil:
-		return 0, usagef(help, "--burst%s", paramProblem(limiter.ValidateBurst(burst), burst))
+	case set["burst"] && backend.ValidateBurst(burst) != nil:
+		return 0, usagef(help, "--burst%s", paramProblem(backend.ValidateBurst(burst), burst))
 	case set["for"] && ttl <= 0:
 		return 0, usagef(help, "--for must be > 0, got %v; leave it out for an override that holds until cleared", ttl)
 	}
@@ -560,7 +561,7 @@ type classJSON struct {
 func classesOf(st redislimiter.BucketStatus, reps []redislimiter.Replica) []classJSON {
 	out := make([]classJSON, 0, limiter.NumPriorities)
 	for rank := range limiter.NumPriorities {
-		p := limiter.PriorityOfRank(rank)
+		p := backend.PriorityOfRank(rank)
 		c := classJSON{Priority: p.String()}
 		if st.TokensKnown {
 			r := st.Reserved[p]

@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
-	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
 
@@ -35,7 +35,7 @@ func layeredBucket(t *testing.T, keys ...string) (string, *redislimiter.Layered,
 	client, ls := openLayers(t, path)
 	ctx := testenv.Context(t, 10*time.Second)
 	for _, k := range keys {
-		req := limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-recipient": k, "daily": k}}
+		req := backend.LayerRequest{Cost: 1, Keys: map[string]string{"per-recipient": k, "daily": k}}
 		if _, err := ls.TakeLayers(ctx, req); err != nil {
 			t.Fatal(err)
 		}

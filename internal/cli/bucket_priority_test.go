@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -25,7 +26,7 @@ func TestBucketStatusClasses(t *testing.T) {
 	// which goes ahead of them.
 	take := func(p limiter.Priority) {
 		t.Helper()
-		res, err := store.Take(ctx, limiter.TakeRequest{Cost: 1, MaxWait: time.Minute, Priority: p})
+		res, err := store.Take(ctx, backend.TakeRequest{Cost: 1, MaxWait: time.Minute, Priority: p})
 		if err != nil || !res.Granted {
 			t.Fatalf("take %v: %+v, %v", p, res, err)
 		}
@@ -37,7 +38,7 @@ func TestBucketStatusClasses(t *testing.T) {
 	w1[limiter.PriorityLow], w1[limiter.PriorityHigh] = 3, 1
 	w2[limiter.PriorityLow] = 2
 	for id, w := range map[string][limiter.NumPriorities]int{"marketing-1": w1, "marketing-2": w2} {
-		if _, err := store.HeartbeatReport(ctx, id, time.Minute, limiter.ReplicaReport{Mode: limiter.ModeShared, WaitingByPriority: w}); err != nil {
+		if _, err := store.HeartbeatReport(ctx, id, time.Minute, backend.ReplicaReport{Mode: limiter.ModeShared, WaitingByPriority: w}); err != nil {
 			t.Fatal(err)
 		}
 	}

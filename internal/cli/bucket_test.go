@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttlehq/throttle/config"
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/redisconn"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
@@ -384,7 +385,7 @@ func TestBucketList(t *testing.T) {
 
 // TestBucketSetRateRange is issue 11 item 2: 'bucket set --rate 1e20'
 // turned the limit off, and status printed a negative rate and no
-// override. A rate above limiter.MaxRate is a usage error; rates may be
+// override. A rate above backend.MaxRate is a usage error; rates may be
 // given per second, minute, hour or day; status shows what Redis holds,
 // also an override out of range that another program wrote.
 func TestBucketSetRateRange(t *testing.T) {
@@ -411,7 +412,7 @@ func TestBucketSetRateRange(t *testing.T) {
 	}{
 		{"5/min", 5.0 / 60},
 		{"90/h", 90.0 / 3600},
-		{"1e9", limiter.MaxRate},
+		{"1e9", backend.MaxRate},
 		{"12.5/s", 12.5},
 	} {
 		st := bucketJSON(t, "set", name, "--redis", addr, "--rate", tc.arg)
@@ -453,7 +454,7 @@ func TestFormatRate(t *testing.T) {
 		want string
 	}{
 		{12.5, "12.5/s"},
-		{limiter.MaxRate, "1000000000/s"},
+		{backend.MaxRate, "1000000000/s"},
 		{0.5, "0.5/s"},
 		{5.0 / 60, "5/min"},
 		{1.0 / 3, "20/min"},

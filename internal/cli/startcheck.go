@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/throttlehq/throttle/config"
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
@@ -63,7 +64,7 @@ func checkBucket(ctx context.Context, rc config.Redis, b *limiter.Bucket, store 
 // limiter.ErrMisconfigured; Redis's answers carry no secrets.
 func refusedError(rc config.Redis, err error) error {
 	cause := err
-	var se *limiter.StoreError
+	var se *backend.StoreError
 	if errors.As(err, &se) {
 		cause = se.Err // without the bucket and operation: the sentence names them
 	}

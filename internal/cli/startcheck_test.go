@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttlehq/throttle/config"
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -40,7 +41,7 @@ func TestRefusedError(t *testing.T) {
 		{single, "ERR unknown command 'evalsha', with args beginning with: 'abc' '3' 'throttle:{x}:state'",
 			"ERR unknown command 'evalsha'; the bucket needs Lua scripts"},
 	} {
-		err := refusedError(tc.rc, &limiter.StoreError{Op: "status", Bucket: "x", Err: redisReply(tc.reply), Misconfigured: true})
+		err := refusedError(tc.rc, &backend.StoreError{Op: "status", Bucket: "x", Err: redisReply(tc.reply), Misconfigured: true})
 		if got := err.Error(); !strings.Contains(got, tc.want) || strings.Contains(got, "hunter2") || strings.Contains(got, "throttle:{x}") {
 			t.Errorf("refusedError(%q) = %q, want it to contain %q, and neither the password nor the echoed keys", tc.reply, got, tc.want)
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/creack/pty"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
@@ -351,7 +352,7 @@ func TestWatchLayers(t *testing.T) {
 	ctx := testenv.Context(t, 10*time.Second)
 	// Two recipients and the provider layer take tokens.
 	for _, to := range []string{"+1555000001", "+1555000002"} {
-		req := limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-recipient": to}}
+		req := backend.LayerRequest{Cost: 1, Keys: map[string]string{"per-recipient": to}}
 		if _, err := ls.TakeLayers(ctx, req); err != nil {
 			t.Fatal(err)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -76,17 +77,17 @@ func TestPostgresMissingTableNamesTheKey(t *testing.T) {
 // takeRecorder is a store on the in-process memory stores that records
 // the class and keys of every request, plain or layered.
 type takeRecorder struct {
-	*limiter.LayeredMemory
+	*backend.LayeredMemory
 	mu  sync.Mutex
 	got []limiter.Request
 }
 
-func (r *takeRecorder) Take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+func (r *takeRecorder) Take(ctx context.Context, req backend.TakeRequest) (backend.TakeResult, error) {
 	r.record(limiter.Request{Cost: req.Cost, Priority: req.Priority})
 	return r.LayeredMemory.Take(ctx, req)
 }
 
-func (r *takeRecorder) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
+func (r *takeRecorder) TakeLayers(ctx context.Context, req backend.LayerRequest) (backend.LayerResult, error) {
 	r.record(limiter.Request{Cost: req.Cost, Priority: req.Priority, Keys: req.Keys})
 	return r.LayeredMemory.TakeLayers(ctx, req)
 }
@@ -115,11 +116,11 @@ sink: {stdout: {}}
 		if err != nil {
 			t.Fatal(err)
 		}
-		shared, err := limiter.NewMemory(100, 10)
+		shared, err := backend.NewMemory(100, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
-		lm, err := limiter.NewLayeredMemory(shared, layers)
+		lm, err := backend.NewLayeredMemory(shared, layers)
 		if err != nil {
 			t.Fatal(err)
 		}

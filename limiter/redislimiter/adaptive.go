@@ -6,10 +6,11 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
-// Decrease implements limiter.Adapter with one script call: the bucket's
+// Decrease implements backend.Adapter with one script call: the bucket's
 // adaptive rate, kept in its override hash (see lua/adaptive.lua), drops by
 // a.Decrease unless another replica's push-back did so within
 // a.MergeWindow, by Redis time. The decrease is announced on the bucket's
@@ -66,7 +67,7 @@ func (a *Admin) adaptive(ctx context.Context, nowUS int64) (AdaptiveStatus, erro
 		return AdaptiveStatus{}, storeError("adaptive status", a.name, err)
 	}
 	if len(v) != 5 {
-		return AdaptiveStatus{}, storeError("adaptive status", a.name, fmt.Errorf("%w: %d values %v", limiter.ErrMalformedReply, len(v), v))
+		return AdaptiveStatus{}, storeError("adaptive status", a.name, fmt.Errorf("%w: %d values %v", backend.ErrMalformedReply, len(v), v))
 	}
 	st := AdaptiveStatus{On: v[0] == 1, Rate: float64(v[1]) / 1000, Ceiling: float64(v[2]) / 1000, SinceDecrease: -1, At: time.UnixMicro(v[4])}
 	if v[3] >= 0 {
@@ -75,4 +76,4 @@ func (a *Admin) adaptive(ctx context.Context, nowUS int64) (AdaptiveStatus, erro
 	return st, nil
 }
 
-var _ limiter.Adapter = (*Store)(nil)
+var _ backend.Adapter = (*Store)(nil)

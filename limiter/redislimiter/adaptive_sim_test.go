@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -37,14 +38,14 @@ func TestAdaptiveHiddenLimitSimulation(t *testing.T) {
 // provider is a mock API with a hidden limit: a token bucket.
 type provider struct {
 	mu     sync.Mutex
-	m      *limiter.Memory
+	m      *backend.Memory
 	ok, no atomic.Int64
 }
 
 func (p *provider) send() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	res, _ := p.m.Take(context.Background(), limiter.TakeRequest{Cost: 1})
+	res, _ := p.m.Take(context.Background(), backend.TakeRequest{Cost: 1})
 	if res.Granted {
 		p.ok.Add(1)
 	} else {
@@ -56,7 +57,7 @@ func (p *provider) send() bool {
 func simulateHiddenLimit(t *testing.T, adaptive bool, d time.Duration) {
 	c := newClient(t)
 	name := uniqueBucket(t, c)
-	hidden, err := limiter.NewMemory(37, 5)
+	hidden, err := backend.NewMemory(37, 5)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/internal/storetest"
 )
@@ -64,7 +65,7 @@ func TestAdaptiveSharedAndOverridden(t *testing.T) {
 	if !st.On || st.Rate < 70 || st.Rate > 71 || st.Ceiling != 100 || st.SinceDecrease < 0 || st.SinceDecrease > 5*time.Second {
 		t.Errorf("Adaptive() = %+v", st)
 	}
-	res, err := b.Take(ctx, limiter.TakeRequest{Cost: 1})
+	res, err := b.Take(ctx, backend.TakeRequest{Cost: 1})
 	if err != nil || res.Rate < 70 || res.Rate > 71 {
 		t.Errorf("take: rate %v (%v), want the adaptive ~70", res.Rate, err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -54,12 +55,12 @@ func NewAdmin(client Client, cfg AdminConfig) (*Admin, error) {
 		return nil, err
 	}
 	if cfg.Rate != 0 {
-		if err := limiter.ValidateRate(cfg.Rate); err != nil {
+		if err := backend.ValidateRate(cfg.Rate); err != nil {
 			return nil, err
 		}
 	}
 	if cfg.Burst != 0 {
-		if err := limiter.ValidateBurst(cfg.Burst); err != nil {
+		if err := backend.ValidateBurst(cfg.Burst); err != nil {
 			return nil, err
 		}
 	}
@@ -87,7 +88,7 @@ type Override struct {
 	// ExpiresIn is how long the override still holds, or 0 for no expiry.
 	ExpiresIn time.Duration
 	// Ignored is set when Redis holds a rate or burst that is not a number
-	// within (0, limiter.MaxRate] or [1, limiter.MaxBurst], written by
+	// within (0, backend.MaxRate] or [1, backend.MaxBurst], written by
 	// something other than SetOverride. The replicas then use their
 	// configured values, and RawRate and RawBurst show what Redis holds.
 	Ignored bool
@@ -122,7 +123,7 @@ type BucketStatus struct {
 	Replicas int
 	// Reserved is the tokens each class holds reserved ahead, indexed by
 	// limiter.Priority, and Pushed each class's push counter (see
-	// limiter.Push). Both are zero when Tokens is unknown.
+	// backend.Push). Both are zero when Tokens is unknown.
 	Reserved limiter.Shares
 	Pushed   limiter.Shares
 	// At is Redis's clock when it answered.
@@ -140,7 +141,7 @@ func (a *Admin) status(ctx context.Context, nowUS int64) (BucketStatus, error) {
 		return BucketStatus{}, storeError("status", a.name, err)
 	}
 	malformed := func() (BucketStatus, error) {
-		return BucketStatus{}, storeError("status", a.name, fmt.Errorf("%w: %v", limiter.ErrMalformedReply, v))
+		return BucketStatus{}, storeError("status", a.name, fmt.Errorf("%w: %v", backend.ErrMalformedReply, v))
 	}
 	if len(v) != 15 {
 		return malformed()
@@ -162,7 +163,7 @@ func (a *Admin) status(ctx context.Context, nowUS int64) (BucketStatus, error) {
 		At:        time.UnixMicro(ints[8]),
 	}
 	for rank := range limiter.NumPriorities {
-		st.Reserved[limiter.PriorityOfRank(rank)] = float64(ints[10+rank]) / 1000
+		st.Reserved[backend.PriorityOfRank(rank)] = float64(ints[10+rank]) / 1000
 	}
 	st.Pushed[limiter.PriorityNormal] = float64(ints[13]) / 1000
 	st.Pushed[limiter.PriorityLow] = float64(ints[14]) / 1000
@@ -178,12 +179,12 @@ func (a *Admin) status(ctx context.Context, nowUS int64) (BucketStatus, error) {
 		if rerr == nil {
 			o.Rate = r
 		}
-		if rerr != nil || limiter.ValidateRate(r) != nil {
+		if rerr != nil || backend.ValidateRate(r) != nil {
 			o.Ignored = true
 		}
 		if hasBurst {
 			b, berr := strconv.ParseFloat(rawBurst, 64)
-			if berr == nil && b >= 1 && b <= limiter.MaxBurst {
+			if berr == nil && b >= 1 && b <= backend.MaxBurst {
 				o.Burst = int(b)
 			} else {
 				o.Ignored = true
@@ -205,12 +206,12 @@ func (a *Admin) status(ctx context.Context, nowUS int64) (BucketStatus, error) {
 // Errors in the parameters are *limiter.ParamError naming "Rate", "Burst"
 // or "TTL".
 func (a *Admin) SetOverride(ctx context.Context, rate float64, burst int, ttl time.Duration) error {
-	if err := limiter.ValidateRate(rate); err != nil {
+	if err := backend.ValidateRate(rate); err != nil {
 		return err
 	}
 	if burst != 0 {
-		if err := limiter.ValidateBurst(burst); err != nil {
-			return &limiter.ParamError{Param: "Burst", Msg: "must be >= 1 and <= " + strconv.Itoa(limiter.MaxBurst) + ", or 0 to keep the configured burst", Value: burst}
+		if err := backend.ValidateBurst(burst); err != nil {
+			return &limiter.ParamError{Param: "Burst", Msg: "must be >= 1 and <= " + strconv.Itoa(backend.MaxBurst) + ", or 0 to keep the configured burst", Value: burst}
 		}
 	}
 	if ttl < 0 {
@@ -266,7 +267,7 @@ type Replica struct {
 	Rate  float64
 	Burst int
 	// Reported is set when the heartbeat carried the replica's report
-	// (limiter.ReplicaReport): Mode, Granted and Waiting are then as of
+	// (backend.ReplicaReport): Mode, Granted and Waiting are then as of
 	// its last heartbeat, else zero.
 	Reported bool
 	Mode     limiter.Mode
@@ -283,7 +284,7 @@ type Replica struct {
 	// zeros when none waits or the heartbeat did not say.
 	WaitingByPriority [limiter.NumPriorities]int
 	// Idle is set when its report says it consumes nothing
-	// (limiter.ReplicaReport.Idle), such as a Kafka group member that
+	// (backend.ReplicaReport.Idle), such as a Kafka group member that
 	// owns no partition.
 	Idle bool
 	// BeatAt is when its last heartbeat ran, on Redis's clock: Granted is
@@ -337,7 +338,7 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 		return nil, storeError("replicas", a.name, err)
 	}
 	if len(v)%2 != 0 {
-		return nil, storeError("replicas", a.name, fmt.Errorf("%w: %d values, want pairs", limiter.ErrMalformedReply, len(v)))
+		return nil, storeError("replicas", a.name, fmt.Errorf("%w: %d values, want pairs", backend.ErrMalformedReply, len(v)))
 	}
 	out := make([]Replica, 0, len(v)/2)
 	for i := 0; i < len(v); i += 2 {
@@ -355,7 +356,7 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 		if len(f) >= 2 {
 			r.Rate, _ = strconv.ParseFloat(f[0], 64)
 			r.Burst, _ = strconv.Atoi(f[1])
-			if limiter.ValidateRate(r.Rate) != nil || limiter.ValidateBurst(r.Burst) != nil {
+			if backend.ValidateRate(r.Rate) != nil || backend.ValidateBurst(r.Burst) != nil {
 				r.Rate, r.Burst = 0, 0
 			}
 			if len(f) >= 5 {

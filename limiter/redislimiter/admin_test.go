@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -23,7 +24,7 @@ func TestRateAboveTheMaximumIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	for _, rate := range []float64{1e20, limiter.MaxRate * 2} {
+	for _, rate := range []float64{1e20, backend.MaxRate * 2} {
 		var pe *limiter.ParamError
 		if err := a.SetOverride(ctx, rate, 0, 0); !errors.As(err, &pe) || pe.Param != "Rate" {
 			t.Errorf("SetOverride(%g) = %v; want a ParamError for Rate", rate, err)
@@ -32,11 +33,11 @@ func TestRateAboveTheMaximumIsRefused(t *testing.T) {
 	if st, err := a.Status(ctx); err != nil || st.Override != nil {
 		t.Fatalf("status after refused overrides = %+v, %v; want no override", st, err)
 	}
-	if err := a.SetOverride(ctx, limiter.MaxRate, limiter.MaxBurst, 0); err != nil {
+	if err := a.SetOverride(ctx, backend.MaxRate, backend.MaxBurst, 0); err != nil {
 		t.Fatalf("SetOverride at the maximum = %v", err)
 	}
 	st, err := a.Status(ctx)
-	if err != nil || st.Rate != limiter.MaxRate || st.Burst != limiter.MaxBurst || !st.TokensKnown || st.Tokens != limiter.MaxBurst {
+	if err != nil || st.Rate != backend.MaxRate || st.Burst != backend.MaxBurst || !st.TokensKnown || st.Tokens != backend.MaxBurst {
 		t.Fatalf("status at the maximum = %+v, %v", st, err)
 	}
 }
@@ -55,11 +56,11 @@ func TestOutOfRangeOverrideInRedisIsIgnoredAndShown(t *testing.T) {
 	if err := c.HSet(ctx, s.stateKeys[1], "rate", "1e20", "burst", "nan").Err(); err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.Take(ctx, limiter.TakeRequest{Cost: 5})
+	res, err := s.Take(ctx, backend.TakeRequest{Cost: 5})
 	if err != nil || res.Rate != 20 || res.Burst != 5 {
 		t.Fatalf("take under a 1e20 override = %+v, %v; want the configured 20/s burst 5", res, err)
 	}
-	res, err = s.Take(ctx, limiter.TakeRequest{Cost: 1})
+	res, err = s.Take(ctx, backend.TakeRequest{Cost: 1})
 	if err != nil || res.Granted || res.Wait > 50*time.Millisecond || res.Wait < 40*time.Millisecond {
 		t.Fatalf("take from the empty bucket = %+v, %v; want told to wait about 50ms (one token at 20/s)", res, err)
 	}
@@ -85,21 +86,21 @@ func TestOutOfRangeOverrideInRedisIsIgnoredAndShown(t *testing.T) {
 // MaxBurst with a long reservation, where milli-token replies are largest.
 func TestRepliesStayExactAtTheLimits(t *testing.T) {
 	c := newClient(t)
-	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: limiter.MaxRate, Burst: limiter.MaxBurst})
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: backend.MaxRate, Burst: backend.MaxBurst})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC).UnixMicro()
 	for i := range 3 {
-		res, err := s.take(ctx, at, limiter.TakeRequest{Cost: limiter.MaxBurst, MaxWait: time.Hour})
-		if err != nil || !res.Granted || res.Rate != limiter.MaxRate || res.Burst != limiter.MaxBurst ||
-			res.Remaining != -float64(i)*limiter.MaxBurst {
+		res, err := s.take(ctx, at, backend.TakeRequest{Cost: backend.MaxBurst, MaxWait: time.Hour})
+		if err != nil || !res.Granted || res.Rate != backend.MaxRate || res.Burst != backend.MaxBurst ||
+			res.Remaining != -float64(i)*backend.MaxBurst {
 			t.Fatalf("take %d = %+v, %v", i, res, err)
 		}
 	}
 	st, err := s.status(ctx, at)
-	if err != nil || st.Tokens != -2*limiter.MaxBurst || st.Rate != limiter.MaxRate {
+	if err != nil || st.Tokens != -2*backend.MaxBurst || st.Rate != backend.MaxRate {
 		t.Fatalf("status = %+v, %v", st, err)
 	}
 }
@@ -116,7 +117,7 @@ func TestAdminWithoutLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Take(ctx, limiter.TakeRequest{Cost: 5}); err != nil {
+	if _, err := s.Take(ctx, backend.TakeRequest{Cost: 5}); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := a.Status(ctx); err != nil || st.Rate != 0 || st.Burst != 0 || st.TokensKnown || st.Override != nil {
@@ -234,7 +235,7 @@ func TestConfigurationErrorsAreNotOutages(t *testing.T) {
 				}
 				return s
 			}
-			_, err := store().Take(ctx, limiter.TakeRequest{Cost: 1})
+			_, err := store().Take(ctx, backend.TakeRequest{Cost: 1})
 			if !errors.Is(err, limiter.ErrMisconfigured) || !errors.Is(err, limiter.ErrStore) {
 				t.Fatalf("Take = %v; want ErrMisconfigured and ErrStore", err)
 			}
@@ -249,7 +250,7 @@ func TestConfigurationErrorsAreNotOutages(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Network: "unix", Addr: filepath.Join(t.TempDir(), "none.sock"), MaxRetries: -1})
 	defer c.Close()
 	s, _ := New(c, Config{Bucket: "b", Rate: 10, Burst: 5})
-	if _, err := s.Take(ctx, limiter.TakeRequest{Cost: 1}); !errors.Is(err, limiter.ErrStore) || errors.Is(err, limiter.ErrMisconfigured) {
+	if _, err := s.Take(ctx, backend.TakeRequest{Cost: 1}); !errors.Is(err, limiter.ErrStore) || errors.Is(err, limiter.ErrMisconfigured) {
 		t.Fatalf("Take on a missing server = %v; want ErrStore only", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -59,8 +60,8 @@ const (
 // caller gives up on a sent Take the leader of its batch does, and recycles
 // it.
 type pending struct {
-	req       limiter.TakeRequest
-	res       limiter.TakeResult
+	req       backend.TakeRequest
+	res       backend.TakeResult
 	err       error
 	state     pendingState
 	abandoned bool // the caller's ctx ended while the Take was in flight
@@ -78,7 +79,7 @@ func (p *pending) release() {
 }
 
 // take is Store.Take with batching. req.Cost is valid.
-func (b *batcher) take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+func (b *batcher) take(ctx context.Context, req backend.TakeRequest) (backend.TakeResult, error) {
 	b.mu.Lock()
 	if !b.flushing {
 		// Nothing in flight: send at once, alone, exactly as without
@@ -110,14 +111,14 @@ func (b *batcher) take(ctx context.Context, req limiter.TakeRequest) (limiter.Ta
 }
 
 // abandon handles a caller whose ctx ended while it waited for p.
-func (b *batcher) abandon(ctx context.Context, p *pending) (limiter.TakeResult, error) {
+func (b *batcher) abandon(ctx context.Context, p *pending) (backend.TakeResult, error) {
 	b.mu.Lock()
 	switch p.state {
 	case sent:
 		// The leader refunds what the batch grants and recycles p.
 		p.abandoned = true
 		b.mu.Unlock()
-		return limiter.TakeResult{}, ctx.Err()
+		return backend.TakeResult{}, ctx.Err()
 	case done:
 		// The answer came as ctx ended: report it, as a call that
 		// returned would.
@@ -136,19 +137,19 @@ func (b *batcher) abandon(ctx context.Context, p *pending) (limiter.TakeResult, 
 		b.mu.Unlock()
 	}
 	p.release()
-	return limiter.TakeResult{}, ctx.Err()
+	return backend.TakeResult{}, ctx.Err()
 }
 
 // lead sends the next batch, which starts with p, the head of the queue,
 // hands the answers out and passes the lead on.
-func (b *batcher) lead(ctx context.Context, p *pending) (limiter.TakeResult, error) {
+func (b *batcher) lead(ctx context.Context, p *pending) (backend.TakeResult, error) {
 	b.mu.Lock()
 	if err := ctx.Err(); err != nil {
 		b.removeLocked(p)
 		b.handOffLocked()
 		b.mu.Unlock()
 		p.release()
-		return limiter.TakeResult{}, err
+		return backend.TakeResult{}, err
 	}
 	n := min(len(b.queue), maxBatch)
 	batch := append(b.batch[:0], b.queue[:n]...)
@@ -245,7 +246,7 @@ func (b *batcher) send(ctx context.Context, batch []*pending) {
 // takeEvalSha returns the EVALSHA of takeScript for req at nowUS (0: Redis
 // TIME), as takeScript.EvalSha would build it but with one allocation for
 // the arguments instead of five.
-func takeEvalSha(ctx context.Context, s *Store, req limiter.TakeRequest, nowUS int64) *redis.Cmd {
+func takeEvalSha(ctx context.Context, s *Store, req backend.TakeRequest, nowUS int64) *redis.Cmd {
 	args := make([]any, 0, len(s.takeHead)+takeArgc)
 	args = append(args, s.takeHead...)
 	args = s.appendTakeArgs(args, req, nowUS)

@@ -11,12 +11,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
 // outcome is what one Take returned.
 type outcome struct {
-	res limiter.TakeResult
+	res backend.TakeResult
 	err error
 }
 
@@ -50,7 +51,7 @@ func newBatchRig(t *testing.T, burst int) *batchRig {
 		t.Fatal(err)
 	}
 	// Load the script, so that no EVALSHA misses unless a test says so.
-	if _, err := s.take(context.Background(), 0, limiter.TakeRequest{Cost: 1}); err != nil {
+	if _, err := s.take(context.Background(), 0, backend.TakeRequest{Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Refund(context.Background(), 1); err != nil {
@@ -124,7 +125,7 @@ func (r *batchRig) hold() <-chan outcome {
 func (r *batchRig) take(ctx context.Context, cost int) <-chan outcome {
 	out := make(chan outcome, 1)
 	go func() {
-		res, err := r.s.Take(ctx, limiter.TakeRequest{Cost: cost})
+		res, err := r.s.Take(ctx, backend.TakeRequest{Cost: cost})
 		out <- outcome{res, err}
 	}()
 	return out
@@ -215,7 +216,7 @@ func TestQueuedTakesGoOutAsOnePipelineInOrder(t *testing.T) {
 func TestLeaseRefillsAreNotBatched(t *testing.T) {
 	r := newBatchRig(t, 100)
 	first := r.hold()
-	res, err := r.s.Take(context.Background(), limiter.TakeRequest{Cost: 2, Extra: 5})
+	res, err := r.s.Take(context.Background(), backend.TakeRequest{Cost: 2, Extra: 5})
 	if err != nil || !res.Granted || res.Tokens != 7 {
 		t.Fatalf("Take with extra while a flight is held = %+v, %v; want 7 tokens at once", res, err)
 	}
@@ -236,7 +237,7 @@ func TestConcurrentTakesGrantExactlyTheBurst(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.take(context.Background(), 0, limiter.TakeRequest{Cost: 1}); err != nil { // load the script
+			if _, err := s.take(context.Background(), 0, backend.TakeRequest{Cost: 1}); err != nil { // load the script
 				t.Fatal(err)
 			}
 			s.Refund(context.Background(), 1)
@@ -247,7 +248,7 @@ func TestConcurrentTakesGrantExactlyTheBurst(t *testing.T) {
 			for range workers {
 				wg.Go(func() {
 					for range each {
-						res, err := s.Take(context.Background(), limiter.TakeRequest{Cost: 1})
+						res, err := s.Take(context.Background(), backend.TakeRequest{Cost: 1})
 						if err != nil {
 							t.Error(err)
 							return
@@ -331,7 +332,7 @@ func TestAbandonedLeadPassesOn(t *testing.T) {
 	r := newBatchRig(t, 10)
 	b := r.s.batch
 	p1, p2 := pendingPool.Get().(*pending), pendingPool.Get().(*pending)
-	p1.req, p2.req = limiter.TakeRequest{Cost: 1}, limiter.TakeRequest{Cost: 2}
+	p1.req, p2.req = backend.TakeRequest{Cost: 1}, backend.TakeRequest{Cost: 2}
 	b.mu.Lock()
 	b.flushing = true
 	b.queue = append(b.queue, p1, p2)
@@ -452,7 +453,7 @@ func TestBatchErrors(t *testing.T) {
 				return err
 			},
 			costs: []int{1, 1},
-			want:  []error{nil, limiter.ErrMalformedReply},
+			want:  []error{nil, backend.ErrMalformedReply},
 		},
 		{
 			name: "script error",
@@ -491,7 +492,7 @@ func TestBatchErrors(t *testing.T) {
 						t.Errorf("Take %d = %+v, %v; want %v with the burst", i, o.res, o.err, want)
 					}
 				default:
-					var se *limiter.StoreError
+					var se *backend.StoreError
 					if !errors.Is(o.err, want) || !errors.As(o.err, &se) || se.Op != "take" || se.Bucket != r.s.cfg.Bucket {
 						t.Errorf("Take %d = %v; want a take StoreError wrapping %v", i, o.err, want)
 					}

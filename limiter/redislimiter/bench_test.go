@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -50,7 +51,7 @@ func benchBucketConfig(b *testing.B, cfg Config, opts limiter.Options) (*limiter
 		b.Fatal(err)
 	}
 	// Load the script so that the first EVALSHA does not miss.
-	if _, err := s.Take(context.Background(), limiter.TakeRequest{Cost: 1}); err != nil {
+	if _, err := s.Take(context.Background(), backend.TakeRequest{Cost: 1}); err != nil {
 		b.Fatal(err)
 	}
 	h := &countingHook{}
@@ -163,7 +164,7 @@ func BenchmarkTakeAlone(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	req := limiter.TakeRequest{Cost: 1, MaxWait: time.Second}
+	req := backend.TakeRequest{Cost: 1, MaxWait: time.Second}
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := s.Take(ctx, req); err != nil {

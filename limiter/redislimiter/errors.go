@@ -6,13 +6,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
-// storeError wraps err as a *limiter.StoreError, marked Misconfigured when
+// storeError wraps err as a *backend.StoreError, marked Misconfigured when
 // Redis refused this client in a way that waiting will not cure.
 func storeError(op, bucket string, err error) error {
-	return &limiter.StoreError{Op: op, Bucket: bucket, Err: err, Misconfigured: misconfigured(err)}
+	return &backend.StoreError{Op: op, Bucket: bucket, Err: err, Misconfigured: misconfigured(err)}
 }
 
 // misconfigured reports whether err is Redis refusing this client's

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -37,7 +38,7 @@ func TestHeartbeatCountsConsumers(t *testing.T) {
 	}
 	report := func(id string, idle bool, granted int64) (int, int) {
 		t.Helper()
-		live, consuming, err := s.HeartbeatConsumers(ctx, id, time.Minute, limiter.ReplicaReport{Mode: limiter.ModeShared, Granted: granted, Idle: idle})
+		live, consuming, err := s.HeartbeatConsumers(ctx, id, time.Minute, backend.ReplicaReport{Mode: limiter.ModeShared, Granted: granted, Idle: idle})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,7 +49,7 @@ func TestHeartbeatCountsConsumers(t *testing.T) {
 	if _, err := s.Heartbeat(ctx, "old", time.Minute); err != nil { // no report: consuming
 		t.Fatal(err)
 	}
-	if _, err := s.HeartbeatReport(ctx, "c", time.Minute, limiter.ReplicaReport{Mode: limiter.ModeShared, Idle: true}); err != nil {
+	if _, err := s.HeartbeatReport(ctx, "c", time.Minute, backend.ReplicaReport{Mode: limiter.ModeShared, Idle: true}); err != nil {
 		t.Fatal(err)
 	}
 	if live, consuming := report("d", true, 0); live != 5 || consuming != 2 {
@@ -62,7 +63,7 @@ func TestHeartbeatCountsConsumers(t *testing.T) {
 	if err := s.Leave(ctx, "d"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.HeartbeatConsumers(ctx, "e", time.Millisecond, limiter.ReplicaReport{Mode: limiter.ModeShared, Idle: true}); err != nil {
+	if _, _, err := s.HeartbeatConsumers(ctx, "e", time.Millisecond, backend.ReplicaReport{Mode: limiter.ModeShared, Idle: true}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Millisecond)

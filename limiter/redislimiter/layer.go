@@ -10,10 +10,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
-// Layered is a limiter.LayeredStore in Redis: a Store's shared bucket plus
+// Layered is a backend.LayeredStore in Redis: a Store's shared bucket plus
 // further layers (keyed buckets and calendar quotas; see limiter.Layer).
 //
 // On one Redis node, or a Sentinel-managed master, one script decides the
@@ -67,12 +68,12 @@ type Layered struct {
 }
 
 // WithLayers returns a layered store on s's bucket. The layers are
-// validated (see limiter.ValidateLayers) and copied. It makes no Redis
+// validated (see backend.ValidateLayers) and copied. It makes no Redis
 // call. A Cluster client (*redis.ClusterClient) makes the store spread keyed
 // state over the masters, deciding in steps (see Layered).
 func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 	layers = append([]limiter.Layer(nil), layers...)
-	if err := limiter.ValidateLayers(layers); err != nil {
+	if err := backend.ValidateLayers(layers); err != nil {
 		return nil, err
 	}
 	_, cluster := s.client.(*redis.ClusterClient)
@@ -102,7 +103,7 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 	return l, nil
 }
 
-// Layers implements limiter.LayeredStore.
+// Layers implements backend.LayeredStore.
 func (l *Layered) Layers() []limiter.Layer { return append([]limiter.Layer(nil), l.layers...) }
 
 // LayerKey returns the Redis key that holds the state of key in layer i.
@@ -154,30 +155,30 @@ func (l *Layered) steps(skipShared bool) []step {
 	return out
 }
 
-// TakeLayers implements limiter.LayeredStore with one script call on a
+// TakeLayers implements backend.LayeredStore with one script call on a
 // single node or Sentinel master, batched with concurrent calls into one
 // pipeline as Store.Take is (see Config.NoBatching); see Layered for a
 // Cluster.
-func (l *Layered) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
+func (l *Layered) TakeLayers(ctx context.Context, req backend.LayerRequest) (backend.LayerResult, error) {
 	return l.takeLayers(ctx, time.Time{}, req)
 }
 
 // takeLayers runs the take at the instant at, or at Redis TIME when at is
 // zero.
-func (l *Layered) takeLayers(ctx context.Context, at time.Time, req limiter.LayerRequest) (limiter.LayerResult, error) {
+func (l *Layered) takeLayers(ctx context.Context, at time.Time, req backend.LayerRequest) (backend.LayerResult, error) {
 	if req.Cost < 1 {
-		return limiter.LayerResult{}, fmt.Errorf("cost %d: %w", req.Cost, limiter.ErrInvalidCost)
+		return backend.LayerResult{}, fmt.Errorf("cost %d: %w", req.Cost, limiter.ErrInvalidCost)
 	}
-	keys, err := limiter.LayerKeys(l.layers, req)
+	keys, err := backend.LayerKeys(l.layers, req)
 	if err != nil {
-		return limiter.LayerResult{}, err
+		return backend.LayerResult{}, err
 	}
 	if at.IsZero() && l.batch != nil {
 		return l.batch.take(ctx, req, keys)
 	}
 	steps := l.steps(req.SkipShared)
 	var (
-		out  limiter.LayerResult
+		out  backend.LayerResult
 		done []step
 	)
 	for _, st := range steps {
@@ -220,7 +221,7 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req limiter.Laye
 // without the shared bucket decides its layers for the instant base after
 // the store's clock: when the message goes out, as the shared bucket's
 // step or the lease decided it.
-func (l *Layered) takeStep(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step, base time.Duration) (limiter.LayerResult, error) {
+func (l *Layered) takeStep(ctx context.Context, at time.Time, req backend.LayerRequest, keys []string, st step, base time.Duration) (backend.LayerResult, error) {
 	if l.keyedOnly(st) { // the cheaper script (layer_keyed.go)
 		return l.takeKeyed(ctx, at, req, keys, st, base)
 	}
@@ -231,7 +232,7 @@ func (l *Layered) takeStep(ctx context.Context, at time.Time, req limiter.LayerR
 
 // takeArgs returns the KEYS and ARGV of layersScript for one step, and the
 // local clock the quota windows were computed around.
-func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string, st step, base time.Duration) ([]string, []any, time.Time) {
+func (l *Layered) takeArgs(at time.Time, req backend.LayerRequest, keys []string, st step, base time.Duration) ([]string, []any, time.Time) {
 	nowUS := int64(0)
 	clock := at
 	if at.IsZero() {
@@ -275,12 +276,12 @@ func (l *Layered) takeArgs(at time.Time, req limiter.LayerRequest, keys []string
 // paidArg returns the paid layers' argument of the layer scripts for the
 // layers of one step: for each layer, separated by spaces, the last
 // instant in µs on Redis's clock at which the request passes it on a slot
-// it paid for (limiter.PaidUntil), or 0; "" when no layer has one. The
+// it paid for (backend.PaidUntil), or 0; "" when no layer has one. The
 // script compares them with its own time, as it does every decision: the
 // slot's Due is on Redis's clock, and a replica's clock may be off by more
 // than the lateness a slot is allowed.
 func (l *Layered) paidArg(layers []int, keys []string, paid []limiter.PaidSlot) string {
-	u := limiter.PaidUntil(l.layers, keys, paid)
+	u := backend.PaidUntil(l.layers, keys, paid)
 	if u == nil {
 		return ""
 	}
@@ -300,7 +301,7 @@ func (l *Layered) paidArg(layers []int, keys []string, paid []limiter.PaidSlot) 
 
 // layerKeyOf returns the request's key in layer ly: "" for a layer without
 // keys.
-func layerKeyOf(ly limiter.Layer, req limiter.LayerRequest) string {
+func layerKeyOf(ly limiter.Layer, req backend.LayerRequest) string {
 	if !ly.Keyed {
 		return ""
 	}
@@ -308,26 +309,26 @@ func layerKeyOf(ly limiter.Layer, req limiter.LayerRequest) string {
 }
 
 // takeReply turns layersScript's reply, or its error, into a LayerResult.
-func (l *Layered) takeReply(req limiter.LayerRequest, v []int64, err error, clock time.Time) (limiter.LayerResult, error) {
+func (l *Layered) takeReply(req backend.LayerRequest, v []int64, err error, clock time.Time) (backend.LayerResult, error) {
 	if err != nil {
-		return limiter.LayerResult{}, l.fail("take layers", err)
+		return backend.LayerResult{}, l.fail("take layers", err)
 	}
 	if len(v) != 11 || v[8] < 0 || v[8] > 2 {
-		return limiter.LayerResult{}, l.malformed("take layers", v)
+		return backend.LayerResult{}, l.malformed("take layers", v)
 	}
-	res := limiter.LayerResult{TakeResult: limiter.TakeResult{
+	res := backend.LayerResult{TakeResult: backend.TakeResult{
 		Wait:      time.Duration(v[1]) * time.Microsecond,
 		Remaining: float64(v[3]) / 1000,
 		Rate:      float64(v[4]) / 1000,
 		Burst:     int(v[5]),
 		At:        time.UnixMicro(v[6]),
-		Class:     limiter.PriorityOfRank(int(v[8])),
+		Class:     backend.PriorityOfRank(int(v[8])),
 		Pushed:    float64(v[9]) / 1000,
 	}}
 	var layer limiter.Layer
 	if v[2] > 0 {
 		if int(v[2]) > len(l.layers) {
-			return limiter.LayerResult{}, l.malformed("take layers", v)
+			return backend.LayerResult{}, l.malformed("take layers", v)
 		}
 		layer = l.layers[v[2]-1]
 		res.Limiting = layer.Name
@@ -340,34 +341,34 @@ func (l *Layered) takeReply(req limiter.LayerRequest, v []int64, err error, cloc
 	case 3:
 		res.Floor = true
 	case 2:
-		res.Exceeded = limiter.ExceededError(layer, res.At, res.Wait)
+		res.Exceeded = backend.ExceededError(layer, res.At, res.Wait)
 	case 4:
 		if v[2] == 0 {
-			return limiter.LayerResult{}, l.malformed("take layers", v)
+			return backend.LayerResult{}, l.malformed("take layers", v)
 		}
-		res.Exceeded = limiter.ReservedError(layer, layerKeyOf(layer, req), res.At, res.Wait)
+		res.Exceeded = backend.ReservedError(layer, layerKeyOf(layer, req), res.At, res.Wait)
 	case -1:
 		return res, fmt.Errorf("cost %d, burst %d: %w", req.Cost, res.Burst, limiter.ErrCostExceedsBurst)
 	case -2:
-		return res, limiter.CostError(layer, req.Cost)
+		return res, backend.CostError(layer, req.Cost)
 	case -3:
 		return res, l.fail("take layers", fmt.Errorf("layer %q: the Redis clock (%v) is outside the quota windows computed around this host's clock (%v)", layer.Name, res.At, clock))
 	default:
-		return limiter.LayerResult{}, l.malformed("take layers", v)
+		return backend.LayerResult{}, l.malformed("take layers", v)
 	}
 	return res, nil
 }
 
-// RefundLayers implements limiter.LayeredStore.
-func (l *Layered) RefundLayers(ctx context.Context, req limiter.LayerRequest, res limiter.LayerResult) error {
+// RefundLayers implements backend.LayeredStore.
+func (l *Layered) RefundLayers(ctx context.Context, req backend.LayerRequest, res backend.LayerResult) error {
 	return l.refundLayers(ctx, time.Time{}, req, res)
 }
 
-func (l *Layered) refundLayers(ctx context.Context, at time.Time, req limiter.LayerRequest, res limiter.LayerResult) error {
+func (l *Layered) refundLayers(ctx context.Context, at time.Time, req backend.LayerRequest, res backend.LayerResult) error {
 	if !res.Granted || req.Cost < 1 {
 		return nil
 	}
-	keys, err := limiter.LayerKeys(l.layers, req)
+	keys, err := backend.LayerKeys(l.layers, req)
 	if err != nil {
 		return err
 	}
@@ -383,7 +384,7 @@ func (l *Layered) refundLayers(ctx context.Context, at time.Time, req limiter.La
 // the layers for the instant charged (the store's clock: when the message
 // was due to go out), whose reservation on the shared bucket was
 // in class's queue.
-func (l *Layered) refundStep(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step, charged time.Time, class limiter.Priority) error {
+func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.LayerRequest, keys []string, st step, charged time.Time, class limiter.Priority) error {
 	nowUS := int64(0)
 	if !at.IsZero() {
 		nowUS = at.UnixMicro()
@@ -395,7 +396,7 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req limiter.Laye
 		shared = "1"
 		rkeys = append(rkeys, l.stateKeys...)
 	}
-	paid := limiter.PaidLayers(l.layers, keys, req.Paid, charged) // as the take decided
+	paid := backend.PaidLayers(l.layers, keys, req.Paid, charged) // as the take decided
 	layers := st.layers
 	if paid != nil { // a paid layer was not charged: nothing to give back
 		layers = slices.DeleteFunc(slices.Clone(layers), func(i int) bool { return paid[i] })
@@ -432,14 +433,14 @@ func (l *Layered) layerIndex(name string) (int, error) {
 
 // LayerStatus returns the state of one key of a layer ("" for a layer
 // without keys), read with one script call.
-func (l *Layered) LayerStatus(ctx context.Context, layer, key string) (limiter.LayerState, error) {
+func (l *Layered) LayerStatus(ctx context.Context, layer, key string) (backend.LayerState, error) {
 	return l.layerStatus(ctx, time.Time{}, layer, key)
 }
 
-func (l *Layered) layerStatus(ctx context.Context, at time.Time, layer, key string) (limiter.LayerState, error) {
+func (l *Layered) layerStatus(ctx context.Context, at time.Time, layer, key string) (backend.LayerState, error) {
 	i, err := l.layerIndex(layer)
 	if err != nil {
-		return limiter.LayerState{}, err
+		return backend.LayerState{}, err
 	}
 	nowUS, clock := int64(0), at
 	if at.IsZero() {
@@ -455,12 +456,12 @@ func (l *Layered) layerStatus(ctx context.Context, at time.Time, layer, key stri
 	}
 	v, err := layerStatusScript.Run(ctx, l.client, []string{l.layerKey(i, key)}, args...).Int64Slice()
 	if err != nil {
-		return limiter.LayerState{}, l.fail("layer status", err)
+		return backend.LayerState{}, l.fail("layer status", err)
 	}
 	if len(v) != 4 || v[1] < 0 {
-		return limiter.LayerState{}, l.malformed("layer status", v)
+		return backend.LayerState{}, l.malformed("layer status", v)
 	}
-	st := limiter.LayerState{Layer: layer, Key: key, At: time.UnixMicro(v[2])}
+	st := backend.LayerState{Layer: layer, Key: key, At: time.UnixMicro(v[2])}
 	if ly.IsQuota() {
 		st.Used, st.WindowEnd = int(v[0]), time.UnixMicro(v[1])
 		st.Full = st.Used == 0
@@ -486,4 +487,4 @@ func (l *Layered) ResetLayer(ctx context.Context, layer, key string) error {
 	return nil
 }
 
-var _ limiter.LayeredStore = (*Layered)(nil)
+var _ backend.LayeredStore = (*Layered)(nil)

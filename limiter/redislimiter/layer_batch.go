@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
 // layerBatcher combines the concurrent TakeLayers of one Layered store on a
@@ -31,9 +31,9 @@ type layerBatcher struct {
 }
 
 type layerPending struct {
-	req   limiter.LayerRequest
+	req   backend.LayerRequest
 	keys  []string
-	res   limiter.LayerResult
+	res   backend.LayerResult
 	err   error
 	state pendingState // changes under layerBatcher.mu
 	// ready is signalled once, when state becomes leading or done.
@@ -49,7 +49,7 @@ func (p *layerPending) release() {
 	layerPendingPool.Put(p)
 }
 
-func (b *layerBatcher) take(ctx context.Context, req limiter.LayerRequest, keys []string) (limiter.LayerResult, error) {
+func (b *layerBatcher) take(ctx context.Context, req backend.LayerRequest, keys []string) (backend.LayerResult, error) {
 	b.mu.Lock()
 	if !b.flushing {
 		b.flushing = true
@@ -73,7 +73,7 @@ func (b *layerBatcher) take(ctx context.Context, req limiter.LayerRequest, keys 
 		if p.state == queued {
 			b.queue = slices.DeleteFunc(b.queue, func(q *layerPending) bool { return q == p })
 			b.mu.Unlock()
-			return limiter.LayerResult{}, ctx.Err()
+			return backend.LayerResult{}, ctx.Err()
 		}
 		b.mu.Unlock()
 		<-p.ready
@@ -87,7 +87,7 @@ func (b *layerBatcher) take(ctx context.Context, req limiter.LayerRequest, keys 
 			_ = b.l.RefundLayers(rctx, req, p.res)
 			cancel()
 		}
-		return limiter.LayerResult{}, err
+		return backend.LayerResult{}, err
 	}
 	return p.res, p.err
 }
@@ -136,13 +136,13 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {
 		cmds[i], clocks[i] = layersScript.EvalSha(ctx, pipe, rkeys, args...), clock
 	}
 	var (
-		kreqs  []limiter.LayerRequest
+		kreqs  []backend.LayerRequest
 		krkeys []string
 		kargs  []any
 		kcmd   *redis.Cmd
 	)
 	if len(keyed) > 0 {
-		kreqs = make([]limiter.LayerRequest, len(keyed))
+		kreqs = make([]backend.LayerRequest, len(keyed))
 		kkeys := make([][]string, len(keyed))
 		for j, q := range keyed {
 			kreqs[j], kkeys[j] = q.req, q.keys
@@ -171,7 +171,7 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {
 	if redis.HasErrorPrefix(err, "NOSCRIPT") {
 		s, err = layersKeyedScript.Run(ctx, b.l.client, krkeys, kargs...).Text()
 	}
-	res, errs := make([]limiter.LayerResult, len(keyed)), make([]error, len(keyed))
+	res, errs := make([]backend.LayerResult, len(keyed)), make([]error, len(keyed))
 	b.l.keyedReplies(kreqs, 0, s, err, res, errs)
 	for j, q := range keyed {
 		q.res, q.err = res[j], errs[j]

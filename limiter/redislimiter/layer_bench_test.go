@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -47,11 +48,11 @@ func BenchmarkLayers(b *testing.B) {
 				var n atomic.Int64
 				one := func() error {
 					if !layered {
-						_, err := s.Take(ctx, limiter.TakeRequest{Cost: 1})
+						_, err := s.Take(ctx, backend.TakeRequest{Cost: 1})
 						return err
 					}
 					i := n.Add(1)
-					_, err := l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": names[i%keys]}})
+					_, err := l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": names[i%keys]}})
 					return err
 				}
 				if err := one(); err != nil { // loads the script
@@ -167,9 +168,9 @@ func BenchmarkLayersRatio(b *testing.B) {
 					key := map[string]string{"per-key": names[n.Add(1)%keys]}
 					switch mode {
 					case shared:
-						_, err = s.Take(ctx, limiter.TakeRequest{Cost: 1})
+						_, err = s.Take(ctx, backend.TakeRequest{Cost: 1})
 					case oneCall, keyedAlone:
-						_, err = l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: key, SkipShared: mode == keyedAlone})
+						_, err = l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Keys: key, SkipShared: mode == keyedAlone})
 					case bucket:
 						err = bk.WaitN(ctx, limiter.Request{Cost: 1, Keys: key})
 					}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -41,7 +42,7 @@ func (l *Layered) keyedOnly(st step) bool {
 
 // keyedArgs returns the KEYS and ARGV of layersKeyedScript for the requests
 // reqs, whose keys (by layer index) are keys, on the layers of one step.
-func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []limiter.LayerRequest, keys [][]string, base time.Duration) ([]string, []any) {
+func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []backend.LayerRequest, keys [][]string, base time.Duration) ([]string, []any) {
 	nowUS := int64(0)
 	if !at.IsZero() {
 		nowUS = at.UnixMicro()
@@ -66,11 +67,11 @@ func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []limiter.LayerRequ
 // results of reqs, in out and errs (of len(reqs)). Without the shared
 // bucket a result's Remaining, Rate and Burst are 0, as layersScript
 // replies then.
-func (l *Layered) keyedReplies(reqs []limiter.LayerRequest, base time.Duration, s string, err error, out []limiter.LayerResult, errs []error) {
+func (l *Layered) keyedReplies(reqs []backend.LayerRequest, base time.Duration, s string, err error, out []backend.LayerResult, errs []error) {
 	if err != nil {
 		err = l.fail("take layers", err)
 		for j := range reqs {
-			out[j], errs[j] = limiter.LayerResult{}, err
+			out[j], errs[j] = backend.LayerResult{}, err
 		}
 		return
 	}
@@ -88,7 +89,7 @@ func (l *Layered) keyedReplies(reqs []limiter.LayerRequest, base time.Duration, 
 			idx, s, ok = nextInt(s)
 		}
 		if !ok || idx < 0 || int(idx) > len(l.layers) {
-			out[j], errs[j] = limiter.LayerResult{}, l.fail("take layers", fmt.Errorf("%w: %q", limiter.ErrMalformedReply, reply))
+			out[j], errs[j] = backend.LayerResult{}, l.fail("take layers", fmt.Errorf("%w: %q", backend.ErrMalformedReply, reply))
 			continue
 		}
 		out[j], errs[j] = l.keyedResult(req, base, status, wait, idx, now)
@@ -98,8 +99,8 @@ func (l *Layered) keyedReplies(reqs []limiter.LayerRequest, base time.Duration, 
 // keyedResult is one request's result from layersKeyedScript, decided
 // for base after now: status, wait_us, layer (1-based, 0 for none) and the
 // store's clock now_us.
-func (l *Layered) keyedResult(req limiter.LayerRequest, base time.Duration, status, wait, idx, now int64) (limiter.LayerResult, error) {
-	res := limiter.LayerResult{TakeResult: limiter.TakeResult{
+func (l *Layered) keyedResult(req backend.LayerRequest, base time.Duration, status, wait, idx, now int64) (backend.LayerResult, error) {
+	res := backend.LayerResult{TakeResult: backend.TakeResult{
 		Wait: time.Duration(wait) * time.Microsecond,
 		At:   time.UnixMicro(now),
 	}}
@@ -114,16 +115,16 @@ func (l *Layered) keyedResult(req limiter.LayerRequest, base time.Duration, stat
 		res.Wait, res.LayersDue = base, res.Wait
 	case 0:
 	case 2:
-		res.Exceeded = limiter.ExceededError(layer, res.At, res.Wait)
+		res.Exceeded = backend.ExceededError(layer, res.At, res.Wait)
 	case 4:
 		if idx == 0 {
-			return limiter.LayerResult{}, l.malformed("take layers", []int64{status, wait, idx, now})
+			return backend.LayerResult{}, l.malformed("take layers", []int64{status, wait, idx, now})
 		}
-		res.Exceeded = limiter.ReservedError(layer, layerKeyOf(layer, req), res.At, res.Wait)
+		res.Exceeded = backend.ReservedError(layer, layerKeyOf(layer, req), res.At, res.Wait)
 	case -2:
-		return res, limiter.CostError(layer, req.Cost)
+		return res, backend.CostError(layer, req.Cost)
 	default:
-		return limiter.LayerResult{}, l.malformed("take layers", []int64{status, wait, idx, now})
+		return backend.LayerResult{}, l.malformed("take layers", []int64{status, wait, idx, now})
 	}
 	return res, nil
 }
@@ -137,12 +138,12 @@ func nextInt(s string) (int64, string, bool) {
 }
 
 // takeKeyed decides one request on a step that keyedOnly accepts.
-func (l *Layered) takeKeyed(ctx context.Context, at time.Time, req limiter.LayerRequest, keys []string, st step, base time.Duration) (limiter.LayerResult, error) {
-	reqs, ks := []limiter.LayerRequest{req}, [][]string{keys}
+func (l *Layered) takeKeyed(ctx context.Context, at time.Time, req backend.LayerRequest, keys []string, st step, base time.Duration) (backend.LayerResult, error) {
+	reqs, ks := []backend.LayerRequest{req}, [][]string{keys}
 	rkeys, args := l.keyedArgs(at, st.layers, reqs, ks, base)
 	s, err := layersKeyedScript.Run(ctx, l.client, rkeys, args...).Text()
 	var (
-		out  [1]limiter.LayerResult
+		out  [1]backend.LayerResult
 		errs [1]error
 	)
 	l.keyedReplies(reqs, base, s, err, out[:], errs[:])

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -43,7 +44,7 @@ func TestKeyedScriptMatchesLayersScript(t *testing.T) {
 	now := time.UnixMicro(1_800_000_000_000_000)
 	for i := range 400 {
 		now = now.Add(time.Duration(rng.IntN(400_000)) * time.Microsecond)
-		req := limiter.LayerRequest{
+		req := backend.LayerRequest{
 			Cost:       1 + rng.IntN(2),
 			Keys:       map[string]string{"per-key": fmt.Sprint("k", rng.IntN(3)), "per-sender": fmt.Sprint("s", rng.IntN(2)), "strict": fmt.Sprint("x", rng.IntN(2))},
 			MaxWait:    time.Duration(rng.IntN(3)) * time.Second,
@@ -65,7 +66,7 @@ func TestKeyedScriptMatchesLayersScript(t *testing.T) {
 		if rng.IntN(2) == 0 {
 			base = time.Duration(rng.IntN(2_000_000)) * time.Microsecond
 		}
-		keys, err := limiter.LayerKeys(layers, req)
+		keys, err := backend.LayerKeys(layers, req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -127,8 +128,8 @@ func TestKeyedScriptReplies(t *testing.T) {
 		{Name: "a", Keyed: true, Rate: 1, Burst: 2},
 		{Name: "b", Keyed: true, Rate: 1, Burst: 2, OnExceed: limiter.ActionDeadLetter},
 	})
-	reqs := []limiter.LayerRequest{{Cost: 1}, {Cost: 2}, {Cost: 1}, {Cost: 3}}
-	out, errs := make([]limiter.LayerResult, 4), make([]error, 4)
+	reqs := []backend.LayerRequest{{Cost: 1}, {Cost: 2}, {Cost: 1}, {Cost: 3}}
+	out, errs := make([]backend.LayerResult, 4), make([]error, 4)
 	l.keyedReplies(reqs, 0, "1800000000000000 1 0 0 0 250000 1 2 900000 2 -2 0 1", nil, out, errs)
 	at := time.UnixMicro(1_800_000_000_000_000)
 	if errs[0] != nil || !out[0].Granted || out[0].Tokens != 1 || !out[0].At.Equal(at) {
@@ -145,17 +146,17 @@ func TestKeyedScriptReplies(t *testing.T) {
 		t.Errorf("request 3: %v; want ErrCostExceedsBurst", errs[3])
 	}
 	// Status 4: refused, the slot booked on the layer for the request's key.
-	booked := []limiter.LayerRequest{{Cost: 1, Keys: map[string]string{"a": "k1"}}}
+	booked := []backend.LayerRequest{{Cost: 1, Keys: map[string]string{"a": "k1"}}}
 	l.keyedReplies(booked, 0, "1800000000000000 4 500000 1", nil, out, errs)
 	if errs[0] != nil || !errors.As(out[0].Exceeded, &le) || !le.Reserved || le.Key != "k1" || !le.RetryAt.Equal(at.Add(500*time.Millisecond)) {
 		t.Errorf("a booked refusal: %+v, %v; want Reserved for key k1 at %v", out[0].Exceeded, errs[0], at.Add(500*time.Millisecond))
 	}
 	l.keyedReplies(booked, 0, "1800000000000000 4 500000 0", nil, out, errs)
-	if !errors.Is(errs[0], limiter.ErrMalformedReply) {
+	if !errors.Is(errs[0], backend.ErrMalformedReply) {
 		t.Errorf("a booked refusal naming no layer: %v; want ErrMalformedReply", errs[0])
 	}
 	l.keyedReplies(reqs[:2], 0, "1800000000000000 1 0", nil, out, errs)
-	if errs[0] == nil || !errors.Is(errs[1], limiter.ErrMalformedReply) {
+	if errs[0] == nil || !errors.Is(errs[1], backend.ErrMalformedReply) {
 		t.Errorf("a short reply: %v, %v; want ErrMalformedReply", errs[0], errs[1])
 	}
 }
@@ -182,7 +183,7 @@ func TestLayeredBatchedKeyedConcurrent(t *testing.T) {
 				if (g+i)%7 == 0 {
 					ctx, cancel = context.WithTimeout(context.Background(), time.Duration(i)*100*time.Microsecond)
 				}
-				res, err := l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": key}, SkipShared: true})
+				res, err := l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": key}, SkipShared: true})
 				cancel()
 				if err == nil && res.Granted {
 					mu.Lock()
@@ -263,8 +264,8 @@ func TestKeyedBatchRecoversFromNoScript(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	l := newLayered(t, c, 1000, 1000, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 0.001, Burst: 5}})
 	ctx := context.Background()
-	take := func(key string) (limiter.LayerResult, error) {
-		return l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": key}, SkipShared: true})
+	take := func(key string) (backend.LayerResult, error) {
+		return l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": key}, SkipShared: true})
 	}
 	if _, err := take("warm"); err != nil { // loads the script
 		t.Fatal(err)
@@ -272,7 +273,7 @@ func TestKeyedBatchRecoversFromNoScript(t *testing.T) {
 	rig := &keyedRig{release: make(chan struct{})}
 	c.AddHook(rig)
 	type outcome struct {
-		res limiter.LayerResult
+		res backend.LayerResult
 		err error
 	}
 	first := make(chan outcome, 1)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -35,7 +36,7 @@ func TestLayerKeyMemory(t *testing.T) {
 	}
 	before := usedMemory()
 	for i := range n {
-		res, err := l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-recipient": fmt.Sprintf("+1555%07d", i)}})
+		res, err := l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Keys: map[string]string{"per-recipient": fmt.Sprintf("+1555%07d", i)}})
 		if err != nil || !res.Granted {
 			t.Fatalf("take %d: %+v %v", i, res, err)
 		}

@@ -9,7 +9,7 @@ var layerPrelude = prelude + luaSource("layer_prelude.lua")
 
 // layersScript decides the shared bucket (optionally) and layers in one
 // atomic step: all grant and are charged, or none is. It mirrors
-// limiter.LayeredMemory.TakeLayersAt line by line. layerPrelude, then
+// backend.LayeredMemory.TakeLayersAt line by line. layerPrelude, then
 // lua/layers.lua (KEYS, ARGV and reply in its header).
 var layersScript = redis.NewScript(layerPrelude + luaSource("layers.lua"))
 

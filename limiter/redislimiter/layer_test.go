@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/internal/storetest"
 )
@@ -17,15 +18,15 @@ import (
 // clockedLayers drives the layer scripts at explicit instants.
 type clockedLayers struct{ l *Layered }
 
-func (c clockedLayers) TakeLayersAt(now time.Time, req limiter.LayerRequest) (limiter.LayerResult, error) {
+func (c clockedLayers) TakeLayersAt(now time.Time, req backend.LayerRequest) (backend.LayerResult, error) {
 	return c.l.takeLayers(context.Background(), now, req)
 }
 
-func (c clockedLayers) RefundLayersAt(now time.Time, req limiter.LayerRequest, res limiter.LayerResult) error {
+func (c clockedLayers) RefundLayersAt(now time.Time, req backend.LayerRequest, res backend.LayerResult) error {
 	return c.l.refundLayers(context.Background(), now, req, res)
 }
 
-func (c clockedLayers) LayerStatusAt(now time.Time, layer, key string) (limiter.LayerState, error) {
+func (c clockedLayers) LayerStatusAt(now time.Time, layer, key string) (backend.LayerState, error) {
 	return c.l.layerStatus(context.Background(), now, layer, key)
 }
 
@@ -76,7 +77,7 @@ func TestLayerAdmin(t *testing.T) {
 		{Name: "daily", Quota: 100, Per: limiter.PerDay},
 	})
 	for i := range 50 {
-		if _, err := l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": fmt.Sprint("k", i)}}); err != nil {
+		if _, err := l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": fmt.Sprint("k", i)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -133,7 +134,7 @@ func TestLayeredBatchedConcurrent(t *testing.T) {
 				if (g+i)%7 == 0 {
 					ctx, cancel = context.WithTimeout(context.Background(), time.Duration(i)*100*time.Microsecond)
 				}
-				res, err := l.TakeLayers(ctx, limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": key}})
+				res, err := l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": key}})
 				cancel()
 				if err == nil && res.Granted {
 					mu.Lock()
@@ -176,7 +177,7 @@ func TestPaidSlotOnRedisClock(t *testing.T) {
 	ctx := context.Background()
 	for _, skipShared := range []bool{false, true} { // layersScript, layersKeyedScript
 		l := newLayered(t, c, 1e6, 1e6, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDelay}})
-		req := limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": "k"}, SkipShared: skipShared}
+		req := backend.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": "k"}, SkipShared: skipShared}
 		first, err := l.TakeLayers(ctx, req)
 		if err != nil || !first.Granted {
 			t.Fatalf("first take = %+v, %v", first, err)

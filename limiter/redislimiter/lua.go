@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
 // luaFiles holds the Lua of the scripts: one file per script body or shared
@@ -21,8 +21,8 @@ var luaFiles embed.FS
 // luaValues fill the {{NAME}} placeholders of the .lua files: numbers that
 // package limiter defines.
 var luaValues = map[string]string{
-	"MAXRATE":    strconv.FormatFloat(limiter.MaxRate, 'g', -1, 64),
-	"MAXBURST":   strconv.Itoa(limiter.MaxBurst),
+	"MAXRATE":    strconv.FormatFloat(backend.MaxRate, 'g', -1, 64),
+	"MAXBURST":   strconv.Itoa(backend.MaxBurst),
 	"MIN_QUEUED": minQueuedLua,
 }
 

@@ -9,10 +9,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
-// Watch implements limiter.Notifier. It subscribes to the bucket's channel,
+// Watch implements backend.Notifier. It subscribes to the bucket's channel,
 // PREFIX{NAME}:changes, on which the scripts of Admin's SetOverride,
 // ClearOverride, Fill and Reset and of Store's Pause announce themselves,
 // and calls changed for each announcement until ctx ends. A take that
@@ -28,7 +28,7 @@ import (
 // many buckets and Stores use the client: it is opened with the first
 // Watch and closed when the last one ends. changed and pushed are called
 // from that connection's reader, so they must not block.
-func (s *Store) Watch(ctx context.Context, changed func(), pushed func(limiter.Push)) {
+func (s *Store) Watch(ctx context.Context, changed func(), pushed func(backend.Push)) {
 	h := joinHub(s.client)
 	defer h.leave()
 	w := &watcher{changed: changed, pushed: pushed}
@@ -40,7 +40,7 @@ func (s *Store) Watch(ctx context.Context, changed func(), pushed func(limiter.P
 // watcher is one Watch call's callbacks.
 type watcher struct {
 	changed func()
-	pushed  func(limiter.Push)
+	pushed  func(backend.Push)
 }
 
 // hubs holds the Pub/Sub hub of each Redis client in use.
@@ -183,7 +183,7 @@ func (h *pubsubHub) read() {
 // parsePush parses a push announcement, "push NOW_US TOKENS_MILLI
 // RANK:COUNTER_MILLI...", into one Push per class named. A malformed
 // announcement gives none.
-func parsePush(payload string) []limiter.Push {
+func parsePush(payload string) []backend.Push {
 	f := strings.Fields(payload)
 	if len(f) < 4 || f[0] != "push" {
 		return nil
@@ -193,7 +193,7 @@ func parsePush(payload string) []limiter.Push {
 	if err1 != nil || err2 != nil {
 		return nil
 	}
-	out := make([]limiter.Push, 0, len(f)-3)
+	out := make([]backend.Push, 0, len(f)-3)
 	for _, rc := range f[3:] {
 		r, c, ok := strings.Cut(rc, ":")
 		rank, err1 := strconv.Atoi(r)
@@ -201,8 +201,8 @@ func parsePush(payload string) []limiter.Push {
 		if !ok || err1 != nil || err2 != nil || rank < 1 || rank > 2 {
 			return nil
 		}
-		out = append(out, limiter.Push{
-			Class:   limiter.PriorityOfRank(rank),
+		out = append(out, backend.Push{
+			Class:   backend.PriorityOfRank(rank),
 			Tokens:  float64(tokens) / 1000,
 			Counter: float64(counter) / 1000,
 			At:      time.UnixMicro(at),
@@ -211,7 +211,7 @@ func parsePush(payload string) []limiter.Push {
 	return out
 }
 
-var _ limiter.Notifier = (*Store)(nil)
+var _ backend.Notifier = (*Store)(nil)
 
 // watcherCount returns how many Watch calls listen on channel through
 // client's shared connection.

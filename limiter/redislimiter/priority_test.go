@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/internal/storetest"
 )
@@ -22,7 +23,7 @@ type watchedStore struct {
 	marks  chan int // the marks heard
 	sent   int      // the last mark announced
 	mu     sync.Mutex
-	pushes []limiter.Push
+	pushes []backend.Push
 }
 
 // mark announces a mark, an announcement only the test makes: a push whose
@@ -59,7 +60,7 @@ func watchStore(t *testing.T, c redis.UniversalClient, s *Store) *watchedStore {
 	t.Cleanup(func() { cancel(); <-done })
 	go func() {
 		defer close(done)
-		s.Watch(ctx, func() {}, func(p limiter.Push) {
+		s.Watch(ctx, func() {}, func(p backend.Push) {
 			if p.Counter < 0 {
 				w.marks <- int(-p.Counter)
 				return
@@ -81,7 +82,7 @@ func watchStore(t *testing.T, c redis.UniversalClient, s *Store) *watchedStore {
 // Pushes implements storetest.PriorityStore. It announces a mark after the
 // takes and waits until Watch hears it: the pushes the takes announced
 // before it have then been heard too.
-func (w *watchedStore) Pushes(t *testing.T) []limiter.Push {
+func (w *watchedStore) Pushes(t *testing.T) []backend.Push {
 	t.Helper()
 	if !w.heard(w.mark(), 5*time.Second) {
 		t.Fatal("the watch did not hear the test's mark")
@@ -111,7 +112,7 @@ func TestRedisPrioritySteps(t *testing.T) {
 // clockedPriorityLayers also takes from the shared bucket alone.
 type clockedPriorityLayers struct{ clockedLayers }
 
-func (c clockedPriorityLayers) TakeAt(now time.Time, req limiter.TakeRequest) (limiter.TakeResult, error) {
+func (c clockedPriorityLayers) TakeAt(now time.Time, req backend.TakeRequest) (backend.TakeResult, error) {
 	return c.l.take(context.Background(), now.UnixMicro(), req)
 }
 
@@ -128,10 +129,10 @@ func TestParsePush(t *testing.T) {
 	at := time.UnixMicro(1764560000123456)
 	for _, tc := range []struct {
 		in   string
-		want []limiter.Push
+		want []backend.Push
 	}{
-		{"push 1764560000123456 1500 2:3000", []limiter.Push{{Class: limiter.PriorityLow, Tokens: 1.5, Counter: 3, At: at}}},
-		{"push 1764560000123456 1000 1:1000 2:2500", []limiter.Push{
+		{"push 1764560000123456 1500 2:3000", []backend.Push{{Class: limiter.PriorityLow, Tokens: 1.5, Counter: 3, At: at}}},
+		{"push 1764560000123456 1000 1:1000 2:2500", []backend.Push{
 			{Class: limiter.PriorityNormal, Tokens: 1, Counter: 1, At: at},
 			{Class: limiter.PriorityLow, Tokens: 1, Counter: 2.5, At: at},
 		}},
@@ -177,14 +178,14 @@ func TestDefaultClassWritesNoClassField(t *testing.T) {
 		return keys
 	}
 	for i := range 4 {
-		if _, err := s.take(ctx, storetest.Base.UnixMicro(), limiter.TakeRequest{Cost: 1, MaxWait: time.Second}); err != nil {
+		if _, err := s.take(ctx, storetest.Base.UnixMicro(), backend.TakeRequest{Cost: 1, MaxWait: time.Second}); err != nil {
 			t.Fatal(err)
 		}
 		if got := fields(); !slices.Equal(got, []string{"tokens", "ts"}) {
 			t.Fatalf("take %d: state fields = %q; want tokens and ts only", i, got)
 		}
 	}
-	if _, err := s.take(ctx, storetest.Base.UnixMicro(), limiter.TakeRequest{Cost: 1, MaxWait: time.Second, Priority: limiter.PriorityLow}); err != nil {
+	if _, err := s.take(ctx, storetest.Base.UnixMicro(), backend.TakeRequest{Cost: 1, MaxWait: time.Second, Priority: limiter.PriorityLow}); err != nil {
 		t.Fatal(err)
 	}
 	if got := fields(); !slices.Equal(got, []string{"q2", "tokens", "ts"}) {
@@ -203,11 +204,11 @@ func TestDefaultTakeAnnouncesPush(t *testing.T) {
 	w := watchStore(t, c, s)
 	ctx := context.Background()
 	for range 2 {
-		if _, err := s.Take(ctx, limiter.TakeRequest{Cost: 1, MaxWait: time.Minute, Priority: limiter.PriorityLow}); err != nil {
+		if _, err := s.Take(ctx, backend.TakeRequest{Cost: 1, MaxWait: time.Minute, Priority: limiter.PriorityLow}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	res, err := s.Take(ctx, limiter.TakeRequest{Cost: 1, MaxWait: time.Minute})
+	res, err := s.Take(ctx, backend.TakeRequest{Cost: 1, MaxWait: time.Minute})
 	if err != nil || !res.Granted || res.Class != limiter.PriorityNormal {
 		t.Fatalf("normal take = %+v, %v; want granted in normal", res, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -21,7 +22,7 @@ func TestReplicaReportsWaitingByPriority(t *testing.T) {
 	}
 	var w [limiter.NumPriorities]int
 	w[limiter.PriorityHigh], w[limiter.PriorityLow] = 2, 31
-	reports := map[string]limiter.ReplicaReport{
+	reports := map[string]backend.ReplicaReport{
 		"busy": {Mode: limiter.ModeShared, Waiting: 33, WaitingByPriority: w, Exceeded: map[string]int64{"daily": 4}},
 		"idle": {Mode: limiter.ModeShared},
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -19,7 +20,7 @@ const paidSecretSuffix = ":paid-secret"
 // prelude.
 var paidSecretScript = redis.NewScript(luaSource("paid_secret.lua"))
 
-// PaidSecret implements limiter.PaidSecretStore: the secret with which the
+// PaidSecret implements backend.PaidSecretStore: the secret with which the
 // Buckets of every replica sign the slots that the delay layers book. It
 // lives in the key PREFIX{NAME}:paid-secret, in the bucket's slot, without
 // a TTL: candidate if the key did not exist, else the secret already there.
@@ -36,7 +37,7 @@ func (s *Store) PaidSecret(ctx context.Context, candidate []byte) (bucket string
 	v, err := paidSecretScript.Run(ctx, s.client, []string{s.paidSecretKey()}, candidate).Text()
 	if err != nil {
 		if errors.Is(err, redis.Nil) {
-			err = fmt.Errorf("%w: no secret after SET NX", limiter.ErrMalformedReply)
+			err = fmt.Errorf("%w: no secret after SET NX", backend.ErrMalformedReply)
 		}
 		return "", nil, s.fail("read paid secret", err)
 	}
@@ -48,4 +49,4 @@ func (s *Store) paidSecretKey() string {
 	return s.cfg.Prefix + "{" + s.cfg.Bucket + "}" + paidSecretSuffix
 }
 
-var _ limiter.PaidSecretStore = (*Layered)(nil)
+var _ backend.PaidSecretStore = (*Layered)(nil)

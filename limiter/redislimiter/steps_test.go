@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/internal/storetest"
@@ -18,7 +19,7 @@ import (
 // always passes 0, which makes the scripts read Redis TIME.
 type clocked struct{ s *Store }
 
-func (c clocked) TakeAt(now time.Time, req limiter.TakeRequest) (limiter.TakeResult, error) {
+func (c clocked) TakeAt(now time.Time, req backend.TakeRequest) (backend.TakeResult, error) {
 	return c.s.take(context.Background(), now.UnixMicro(), req)
 }
 

@@ -29,17 +29,18 @@
 // bucket, so the TTL only ever removes state that no longer matters; for
 // the same reason a take after which the bucket is full again within a
 // microsecond writes no state at all (takeFastLua). An
-// override holding values outside (0, limiter.MaxRate] or [1,
-// limiter.MaxBurst] is ignored by the scripts and shown by Admin.Status.
+// override holding values outside (0, backend.MaxRate] or [1,
+// backend.MaxBurst] is ignored by the scripts and shown by Admin.Status.
 //
 // Store is a replica's side; Admin is an operator's, and needs no
-// configured limits. Errors are *limiter.StoreError; those that waiting
+// configured limits. Errors are *backend.StoreError; those that waiting
 // will not cure (credentials, ACL permissions, scripts disabled, a wrong
 // db) also match limiter.ErrMisconfigured.
 package redislimiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -51,6 +52,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -65,7 +67,8 @@ type Config struct {
 	// Rate is this replica's configured refill rate, in tokens per second.
 	// An operator's override (SetOverride) wins over it.
 	Rate float64
-	// Burst is this replica's configured capacity, at least 1.
+	// Burst is this replica's configured capacity. Default (0): one
+	// second of tokens at Rate, at least 1.
 	Burst int
 	// Prefix is prepended to every key. Default DefaultPrefix.
 	Prefix string
@@ -106,7 +109,7 @@ type Client interface {
 }
 
 // Store is a limiter.Store kept in Redis. It also implements
-// limiter.ReplicaTracker and limiter.Notifier; Admin gives the operator
+// backend.ReplicaTracker and backend.Notifier; Admin gives the operator
 // commands.
 //
 // A Store is safe for concurrent use. It holds no connection of its own: it
@@ -142,30 +145,16 @@ type Store struct {
 }
 
 // New returns a Store for one bucket. It makes no Redis call. A Burst of 0
-// means limiter.DefaultBurst(Rate). Errors in the parameters are
+// means backend.DefaultBurst(Rate). Errors in the parameters are
 // *limiter.ParamError naming the Config field.
 func New(client Client, cfg Config) (*Store, error) {
 	if client == nil {
 		return nil, &limiter.ParamError{Param: "client", Msg: "must not be nil"}
 	}
-	if err := ValidateBucketName(cfg.Bucket); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := limiter.ValidateRate(cfg.Rate); err != nil {
-		return nil, err
-	}
-	if cfg.Burst == 0 {
-		cfg.Burst = limiter.DefaultBurst(cfg.Rate)
-	}
-	if err := limiter.ValidateBurst(cfg.Burst); err != nil {
-		return nil, err
-	}
-	if err := limiter.ValidateWarmup(cfg.Warmup); err != nil {
-		return nil, err
-	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = DefaultPrefix
-	}
+	cfg = cfg.WithDefaults()
 	k := newKeys(cfg.Prefix, cfg.Bucket)
 	s := &Store{
 		client:    client,
@@ -185,6 +174,34 @@ func New(client Client, cfg Config) (*Store, error) {
 		s.batch = &batcher{s: s}
 	}
 	return s, nil
+}
+
+// Validate returns the *limiter.ParamError of every field out of range,
+// joined, each naming the Go field ("Bucket", "Rate", "Burst", "Warmup"),
+// or nil: Bucket must pass ValidateBucketName, Rate must be above 0 and at
+// most 1e9 tokens per second, Burst 0 (the default) or between 1 and
+// 2^31-1, Warmup 0 (none) or between 1ms and 24h. New calls it; a program
+// may call it to check its configuration before it has a client.
+func (c Config) Validate() error {
+	errs := []error{ValidateBucketName(c.Bucket), backend.ValidateRate(c.Rate)}
+	if c.Burst != 0 {
+		errs = append(errs, backend.ValidateBurst(c.Burst))
+	}
+	errs = append(errs, backend.ValidateWarmup(c.Warmup))
+	return errors.Join(errs...)
+}
+
+// WithDefaults returns c with its defaults filled in: a Burst of 0 becomes
+// one second of tokens at Rate (at least 1), an empty Prefix DefaultPrefix.
+// A Rate that Validate rejects leaves Burst 0.
+func (c Config) WithDefaults() Config {
+	if c.Burst == 0 && backend.ValidateRate(c.Rate) == nil {
+		c.Burst = backend.DefaultBurst(c.Rate)
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	return c
 }
 
 // keys are the Redis keys and channel of one bucket.
@@ -226,9 +243,9 @@ func (s *Store) Limits() (float64, int) { return s.cfg.Rate, s.cfg.Burst }
 // pipeline with concurrent Takes (see Config.NoBatching). If ctx ends while
 // the call waits for its batch, Take returns ctx.Err() at once, and tokens
 // the batch granted it are refunded.
-func (s *Store) Take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+func (s *Store) Take(ctx context.Context, req backend.TakeRequest) (backend.TakeResult, error) {
 	if req.Cost < 1 {
-		return limiter.TakeResult{}, fmt.Errorf("cost %d: %w", req.Cost, limiter.ErrInvalidCost)
+		return backend.TakeResult{}, fmt.Errorf("cost %d: %w", req.Cost, limiter.ErrInvalidCost)
 	}
 	if s.batch == nil || req.Extra > 0 { // see Config.NoBatching
 		return s.take(ctx, 0, req)
@@ -238,9 +255,9 @@ func (s *Store) Take(ctx context.Context, req limiter.TakeRequest) (limiter.Take
 
 // take runs the take script alone. nowUS is the instant for the script, or
 // 0 for Redis TIME.
-func (s *Store) take(ctx context.Context, nowUS int64, req limiter.TakeRequest) (limiter.TakeResult, error) {
+func (s *Store) take(ctx context.Context, nowUS int64, req backend.TakeRequest) (backend.TakeResult, error) {
 	if req.Cost < 1 {
-		return limiter.TakeResult{}, fmt.Errorf("cost %d: %w", req.Cost, limiter.ErrInvalidCost)
+		return backend.TakeResult{}, fmt.Errorf("cost %d: %w", req.Cost, limiter.ErrInvalidCost)
 	}
 	// The EVALSHA is built from arguments boxed once (see takeEvalSha),
 	// and the reply is one string parsed without allocating: a lone Take
@@ -253,7 +270,7 @@ func (s *Store) take(ctx context.Context, nowUS int64, req limiter.TakeRequest) 
 }
 
 // takeArgs returns the ARGV of takeScript for req.
-func (s *Store) takeArgs(req limiter.TakeRequest, nowUS int64) []any {
+func (s *Store) takeArgs(req backend.TakeRequest, nowUS int64) []any {
 	return s.appendTakeArgs(make([]any, 0, takeArgc), req, nowUS)
 }
 
@@ -261,7 +278,7 @@ func (s *Store) takeArgs(req limiter.TakeRequest, nowUS int64) []any {
 const takeArgc = 11
 
 // appendTakeArgs appends the ARGV of takeScript for req to args.
-func (s *Store) appendTakeArgs(args []any, req limiter.TakeRequest, nowUS int64) []any {
+func (s *Store) appendTakeArgs(args []any, req backend.TakeRequest, nowUS int64) []any {
 	args = append(args, s.rateArg, s.burstArg, req.Cost, max(req.Extra, 0), s.maxWaitArg(req.MaxWait))
 	if nowUS == 0 && s.shortTake(req) {
 		// The rest are what the script takes when they are absent (Redis
@@ -275,7 +292,7 @@ func (s *Store) appendTakeArgs(args []any, req limiter.TakeRequest, nowUS int64)
 
 // shortTake reports whether a take of req at Redis's clock sends only the
 // first five arguments (appendTakeArgs).
-func (s *Store) shortTake(req limiter.TakeRequest) bool {
+func (s *Store) shortTake(req backend.TakeRequest) bool {
 	return s.cfg.Warmup == 0 && req.Priority == limiter.PriorityNormal && req.MinShare == (limiter.Shares{})
 }
 
@@ -297,7 +314,7 @@ func (s *Store) sharesArg(sh limiter.Shares) *boxedShares {
 	}
 	p := &boxedShares{shares: sh}
 	for rank := range p.boxed {
-		p.boxed[rank] = strconv.FormatFloat(sh[limiter.PriorityOfRank(rank)], 'g', -1, 64)
+		p.boxed[rank] = strconv.FormatFloat(sh[backend.PriorityOfRank(rank)], 'g', -1, 64)
 	}
 	s.lastShares.Store(p)
 	return p
@@ -326,15 +343,15 @@ type boxedInt struct {
 // answer. The reply is "granted tokens wait_us remaining_milli rate_milli
 // burst now_us rank pushed_milli", granted being 1, 0, -1 when the cost
 // exceeds the burst, or 2 when a lower class's MinShare refused the take.
-func (s *Store) takeResult(req limiter.TakeRequest, cmd *redis.Cmd) (limiter.TakeResult, error) {
+func (s *Store) takeResult(req backend.TakeRequest, cmd *redis.Cmd) (backend.TakeResult, error) {
 	if err := cmd.Err(); err != nil {
-		return limiter.TakeResult{}, s.fail("take", err)
+		return backend.TakeResult{}, s.fail("take", err)
 	}
 	if now, ok := cmd.Val().(int64); ok {
 		if res, ok := s.fullAgainResult(req, now); ok {
 			return res, nil
 		}
-		return limiter.TakeResult{}, s.fail("take", fmt.Errorf("%w: %d", limiter.ErrMalformedReply, now))
+		return backend.TakeResult{}, s.fail("take", fmt.Errorf("%w: %d", backend.ErrMalformedReply, now))
 	}
 	str, _ := cmd.Val().(string)
 	if res, ok := s.fastTakeResult(req, str); ok {
@@ -345,9 +362,9 @@ func (s *Store) takeResult(req limiter.TakeRequest, cmd *redis.Cmd) (limiter.Tak
 		ok = false
 	}
 	if !ok {
-		return limiter.TakeResult{}, s.fail("take", fmt.Errorf("%w: %q", limiter.ErrMalformedReply, cmd.Val()))
+		return backend.TakeResult{}, s.fail("take", fmt.Errorf("%w: %q", backend.ErrMalformedReply, cmd.Val()))
 	}
-	res := limiter.TakeResult{
+	res := backend.TakeResult{
 		Granted:   v[0] == 1,
 		Tokens:    int(v[1]),
 		Wait:      time.Duration(v[2]) * time.Microsecond,
@@ -355,7 +372,7 @@ func (s *Store) takeResult(req limiter.TakeRequest, cmd *redis.Cmd) (limiter.Tak
 		Rate:      float64(v[4]) / 1000,
 		Burst:     int(v[5]),
 		At:        time.UnixMicro(v[6]),
-		Class:     limiter.PriorityOfRank(int(v[7])),
+		Class:     backend.PriorityOfRank(int(v[7])),
 		Pushed:    float64(v[8]) / 1000,
 		Floor:     v[0] == 2,
 	}
@@ -409,7 +426,7 @@ func (s *Store) Refund(ctx context.Context, tokens int) error {
 	return s.refund(ctx, 0, tokens, limiter.PriorityHigh)
 }
 
-// RefundClass implements limiter.ClassRefunder.
+// RefundClass implements backend.ClassRefunder.
 func (s *Store) RefundClass(ctx context.Context, tokens int, class limiter.Priority) error {
 	return s.refund(ctx, 0, tokens, class)
 }
@@ -429,7 +446,7 @@ func (s *Store) Pause(ctx context.Context, d time.Duration) error {
 	return s.pause(ctx, 0, d, "")
 }
 
-// PauseBy implements limiter.AttributedPauser: Pause, recording by as the
+// PauseBy implements backend.AttributedPauser: Pause, recording by as the
 // replica that paused (Admin's BucketStatus.PausedBy, limiter.State.PausedBy).
 func (s *Store) PauseBy(ctx context.Context, d time.Duration, by string) error {
 	return s.pause(ctx, 0, d, by)
@@ -486,29 +503,29 @@ func (s *Store) status(ctx context.Context, nowUS int64) (limiter.State, error) 
 		st.Rate = 0
 	}
 	if o := bs.Override; o != nil && !o.Ignored {
-		st.Override = &limiter.Override{Rate: o.Rate, Burst: o.Burst, ExpiresIn: o.ExpiresIn}
+		st.Override = &backend.Override{Rate: o.Rate, Burst: o.Burst, ExpiresIn: o.ExpiresIn}
 	}
 	return st, nil
 }
 
-// Heartbeat implements limiter.ReplicaTracker. With each beat the replica
+// Heartbeat implements backend.ReplicaTracker. With each beat the replica
 // also records its configured rate and burst, which Replicas reports, so an
 // operator can see replicas that disagree.
 func (s *Store) Heartbeat(ctx context.Context, id string, ttl time.Duration) (int, error) {
 	return s.heartbeat(ctx, id, ttl, s.configArg, false)
 }
 
-// HeartbeatReport implements limiter.ReportingTracker: Heartbeat, recording
+// HeartbeatReport implements backend.ReportingTracker: Heartbeat, recording
 // r with the configured limits, which Replicas reports.
-func (s *Store) HeartbeatReport(ctx context.Context, id string, ttl time.Duration, r limiter.ReplicaReport) (int, error) {
+func (s *Store) HeartbeatReport(ctx context.Context, id string, ttl time.Duration, r backend.ReplicaReport) (int, error) {
 	return s.heartbeat(ctx, id, ttl, s.report(r), r.Idle)
 }
 
-// HeartbeatConsumers implements limiter.ConsumerTracker: HeartbeatReport,
+// HeartbeatConsumers implements backend.ConsumerTracker: HeartbeatReport,
 // also counting the live replicas whose last report was not Idle, in the
 // same script call: the idle ones are kept in a sorted set of their own,
 // so the count costs no more with a thousand replicas than with one.
-func (s *Store) HeartbeatConsumers(ctx context.Context, id string, ttl time.Duration, r limiter.ReplicaReport) (live, consuming int, err error) {
+func (s *Store) HeartbeatConsumers(ctx context.Context, id string, ttl time.Duration, r backend.ReplicaReport) (live, consuming int, err error) {
 	v, err := heartbeatScript.Run(ctx, s.client, s.allKeys[2:], id, ttl.Microseconds(), 0, s.report(r), idleArg(r.Idle), "1").Int64Slice()
 	if err != nil {
 		return 0, 0, s.fail("heartbeat", err)
@@ -520,7 +537,7 @@ func (s *Store) HeartbeatConsumers(ctx context.Context, id string, ttl time.Dura
 }
 
 // report is the configs value of a heartbeat that carries r.
-func (s *Store) report(r limiter.ReplicaReport) string {
+func (s *Store) report(r backend.ReplicaReport) string {
 	mode := string(r.Mode)
 	if mode == "" || strings.ContainsAny(mode, " \t\r\n") {
 		mode = "-"
@@ -559,7 +576,7 @@ func idleArg(idle bool) string {
 	return "0"
 }
 
-// Leave implements limiter.ReplicaTracker.
+// Leave implements backend.ReplicaTracker.
 func (s *Store) Leave(ctx context.Context, id string) error {
 	if err := leaveScript.Run(ctx, s.client, s.allKeys[2:], id).Err(); err != nil {
 		return s.fail("leave", err)
@@ -577,15 +594,15 @@ func (s *Store) fail(op string, err error) error {
 }
 
 func (s *Store) malformed(op string, v []int64) error {
-	return s.fail(op, fmt.Errorf("%w: %d values %v", limiter.ErrMalformedReply, len(v), v))
+	return s.fail(op, fmt.Errorf("%w: %d values %v", backend.ErrMalformedReply, len(v), v))
 }
 
 var _ limiter.Store = (*Store)(nil)
-var _ limiter.ReplicaTracker = (*Store)(nil)
-var _ limiter.AttributedPauser = (*Store)(nil)
-var _ limiter.ReportingTracker = (*Store)(nil)
-var _ limiter.ConsumerTracker = (*Store)(nil)
-var _ limiter.ClassRefunder = (*Store)(nil)
+var _ backend.ReplicaTracker = (*Store)(nil)
+var _ backend.AttributedPauser = (*Store)(nil)
+var _ backend.ReportingTracker = (*Store)(nil)
+var _ backend.ConsumerTracker = (*Store)(nil)
+var _ backend.ClassRefunder = (*Store)(nil)
 
 // Buckets returns the names of the buckets that have keys in Redis under
 // prefix (DefaultPrefix when empty), sorted. A bucket has keys while it is

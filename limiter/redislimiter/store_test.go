@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -35,9 +36,9 @@ func TestNewRejectsBadParameters(t *testing.T) {
 		{Config{Bucket: "b", Rate: math.NaN(), Burst: 1}, "Rate"},
 		{Config{Bucket: "b", Rate: math.Inf(1), Burst: 1}, "Rate"},
 		{Config{Bucket: "b", Rate: 1e20, Burst: 1}, "Rate"},
-		{Config{Bucket: "b", Rate: limiter.MaxRate * 1.01, Burst: 1}, "Rate"},
+		{Config{Bucket: "b", Rate: backend.MaxRate * 1.01, Burst: 1}, "Rate"},
 		{Config{Bucket: "b", Rate: 1, Burst: -1}, "Burst"},
-		{Config{Bucket: "b", Rate: 1, Burst: limiter.MaxBurst + 1}, "Burst"},
+		{Config{Bucket: "b", Rate: 1, Burst: backend.MaxBurst + 1}, "Burst"},
 	}
 	for _, tc := range cases {
 		_, err := New(c, tc.cfg)
@@ -52,7 +53,7 @@ func TestNewRejectsBadParameters(t *testing.T) {
 	if s, err := New(c, Config{Bucket: "b", Rate: 12.5}); err != nil || s.cfg.Burst != 13 {
 		t.Errorf("New with Burst 0 = %v; want the default burst 13 for 12.5/s", err)
 	}
-	if _, err := New(c, Config{Bucket: "b", Rate: limiter.MaxRate, Burst: limiter.MaxBurst}); err != nil {
+	if _, err := New(c, Config{Bucket: "b", Rate: backend.MaxRate, Burst: backend.MaxBurst}); err != nil {
 		t.Errorf("New at MaxRate and MaxBurst = %v", err)
 	}
 }
@@ -64,11 +65,11 @@ func TestUnreachableRedisIsAStoreError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Take(context.Background(), limiter.TakeRequest{Cost: 1})
+	_, err = s.Take(context.Background(), backend.TakeRequest{Cost: 1})
 	if !errors.Is(err, limiter.ErrStore) {
 		t.Fatalf("Take on a closed port = %v, want ErrStore", err)
 	}
-	var se *limiter.StoreError
+	var se *backend.StoreError
 	if !errors.As(err, &se) || se.Op != "take" || se.Bucket != "x" {
 		t.Fatalf("error %v does not name the op and bucket", err)
 	}
@@ -83,7 +84,7 @@ func TestMalformedReplyIsAnError(t *testing.T) {
 	// A state hash that some other program wrote with the wrong types must
 	// not make the script or the caller panic.
 	c.HSet(context.Background(), s.stateKeys[0], "tokens", "lots", "ts", "yesterday")
-	res, err := s.Take(context.Background(), limiter.TakeRequest{Cost: 1})
+	res, err := s.Take(context.Background(), backend.TakeRequest{Cost: 1})
 	if err != nil {
 		t.Fatalf("Take with a corrupt state = %v; want the bucket treated as new", err)
 	}
@@ -93,7 +94,7 @@ func TestMalformedReplyIsAnError(t *testing.T) {
 	// A key of the wrong type is a script error, wrapped as a StoreError.
 	c.Del(context.Background(), s.stateKeys[0])
 	c.Set(context.Background(), s.stateKeys[0], "a string", 0)
-	if _, err := s.Take(context.Background(), limiter.TakeRequest{Cost: 1}); !errors.Is(err, limiter.ErrStore) {
+	if _, err := s.Take(context.Background(), backend.TakeRequest{Cost: 1}); !errors.Is(err, limiter.ErrStore) {
 		t.Fatalf("Take on a string key = %v, want ErrStore", err)
 	}
 }
@@ -118,7 +119,7 @@ func TestStateKeyExpiresOnlyWhenFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Take(ctx, limiter.TakeRequest{Cost: 10}); err != nil {
+	if _, err := s.Take(ctx, backend.TakeRequest{Cost: 10}); err != nil {
 		t.Fatal(err)
 	}
 	// Empty at rate 2/s: full again in 5 s, so the key must live at least
@@ -137,7 +138,7 @@ func TestIdleBucketReturnsToBurstAndNoFurther(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if _, err := s.take(ctx, start.UnixMicro(), limiter.TakeRequest{Cost: 10}); err != nil {
+	if _, err := s.take(ctx, start.UnixMicro(), backend.TakeRequest{Cost: 10}); err != nil {
 		t.Fatal(err)
 	}
 	for _, idle := range []time.Duration{time.Second, time.Hour, 30 * 24 * time.Hour} {
@@ -176,7 +177,7 @@ func TestOverrideFillResetAndStatus(t *testing.T) {
 		t.Fatalf("status after override = %+v (override %+v)", st, st.Override)
 	}
 	// A take sees the override at once.
-	res, err := s.Take(ctx, limiter.TakeRequest{Cost: 20})
+	res, err := s.Take(ctx, backend.TakeRequest{Cost: 20})
 	if err != nil || !res.Granted || res.Rate != 50 {
 		t.Fatalf("take 20 under burst 20 override = %+v, %v", res, err)
 	}
@@ -192,7 +193,7 @@ func TestOverrideFillResetAndStatus(t *testing.T) {
 	if st, _ := s.Status(ctx); st.Rate != 10 || st.Burst != 5 || st.Override != nil || st.Tokens != 5 {
 		t.Fatalf("after clear = %+v, want the configured 10/s burst 5 and tokens capped at 5", st)
 	}
-	if _, err := s.Take(ctx, limiter.TakeRequest{Cost: 5}); err != nil {
+	if _, err := s.Take(ctx, backend.TakeRequest{Cost: 5}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Admin().Reset(ctx); err != nil {
@@ -255,7 +256,7 @@ func TestReplicasReportTheirConfiguredLimits(t *testing.T) {
 			t.Fatal(err)
 		}
 		if r.ID == "new-2" { // a replica that reports its state
-			if _, err := s.HeartbeatReport(ctx, r.ID, time.Minute, limiter.ReplicaReport{Mode: limiter.ModeShared, Granted: 1234, Waiting: 3, Exceeded: map[string]int64{"per-key": 7, "daily": 1}}); err != nil {
+			if _, err := s.HeartbeatReport(ctx, r.ID, time.Minute, backend.ReplicaReport{Mode: limiter.ModeShared, Granted: 1234, Waiting: 3, Exceeded: map[string]int64{"per-key": 7, "daily": 1}}); err != nil {
 				t.Fatal(err)
 			}
 			continue
@@ -366,7 +367,7 @@ type recordingStore struct {
 	due []time.Time
 }
 
-func (r *recordingStore) Take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+func (r *recordingStore) Take(ctx context.Context, req backend.TakeRequest) (backend.TakeResult, error) {
 	res, err := r.Store.Take(ctx, req)
 	if err == nil && res.Granted {
 		r.mu.Lock()
@@ -498,11 +499,11 @@ func TestAccuracyAcrossReplicas(t *testing.T) {
 type skewedClock struct{ offset time.Duration }
 
 func (c skewedClock) Now() time.Time { return time.Now().Add(c.offset) }
-func (c skewedClock) NewTimer(d time.Duration) limiter.Timer {
-	return limiter.SystemClock.NewTimer(d)
+func (c skewedClock) NewTimer(d time.Duration) backend.Timer {
+	return backend.SystemClock.NewTimer(d)
 }
-func (c skewedClock) AfterFunc(d time.Duration, f func()) limiter.Timer {
-	return limiter.SystemClock.AfterFunc(d, f)
+func (c skewedClock) AfterFunc(d time.Duration, f func()) backend.Timer {
+	return backend.SystemClock.AfterFunc(d, f)
 }
 
 // TestSkewedClocksKeepTheRateThroughAChange runs replicas whose clocks are
@@ -654,7 +655,7 @@ func TestBucketsListsTheBucketsWithKeys(t *testing.T) {
 		stores = append(stores, s)
 		t.Cleanup(func() { c.Del(context.Background(), s.Keys()...) })
 	}
-	if _, err := stores[0].Take(ctx, limiter.TakeRequest{Cost: 1}); err != nil {
+	if _, err := stores[0].Take(ctx, backend.TakeRequest{Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := stores[1].Heartbeat(ctx, "r1", time.Minute); err != nil {

@@ -4,7 +4,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
 // takeFastLua is the start of takeScript (lua/take_fast.lua, which
@@ -25,15 +25,15 @@ var takeFullAgainLua = luaSource("take_full_again.lua")
 // bucket at the configured rate and burst, with its Extra up to the burst,
 // and nothing stored. It is the answer the fast path's string would carry
 // (TestTakeFullAgainReply).
-func (s *Store) fullAgainResult(req limiter.TakeRequest, nowUS int64) (limiter.TakeResult, bool) {
+func (s *Store) fullAgainResult(req backend.TakeRequest, nowUS int64) (backend.TakeResult, bool) {
 	if !s.shortTake(req) || req.Cost > s.cfg.Burst {
-		return limiter.TakeResult{}, false
+		return backend.TakeResult{}, false
 	}
 	got := req.Cost
 	if left := s.cfg.Burst - req.Cost; req.Extra > 0 && left >= 1 {
 		got += min(req.Extra, left)
 	}
-	return limiter.TakeResult{
+	return backend.TakeResult{
 		Granted:   true,
 		Tokens:    got,
 		Remaining: float64(s.cfg.Burst - got),
@@ -52,12 +52,12 @@ func (s *Store) milliRate() float64 {
 
 // fastTakeResult returns the answer of the fast path's reply (takeFastLua)
 // to req, and false when str is not one.
-func (s *Store) fastTakeResult(req limiter.TakeRequest, str string) (limiter.TakeResult, bool) {
+func (s *Store) fastTakeResult(req backend.TakeRequest, str string) (backend.TakeResult, bool) {
 	var v [6]int64
 	if !parseInts(str, v[:]) || v[0] < 0 || v[0] > 1 {
-		return limiter.TakeResult{}, false
+		return backend.TakeResult{}, false
 	}
-	return limiter.TakeResult{
+	return backend.TakeResult{
 		Granted:   v[0] == 1,
 		Tokens:    int(v[1]),
 		Wait:      time.Duration(v[2]) * time.Microsecond,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -86,9 +87,9 @@ func TestTakeFastPathSameAsFull(t *testing.T) {
 		if rng.IntN(8) == 0 {
 			override["rate"] = strconv.FormatFloat(pick(2, 50, 1e6), 'g', -1, 64)
 		}
-		req := limiter.TakeRequest{
+		req := backend.TakeRequest{
 			Cost:     1 + rng.IntN(min(burst, 5)),
-			Priority: limiter.PriorityOfRank(rng.IntN(3)),
+			Priority: backend.PriorityOfRank(rng.IntN(3)),
 			MaxWait:  time.Duration(pick(0, 1, 10)) * time.Second,
 		}
 		if rng.IntN(3) == 0 {
@@ -97,7 +98,7 @@ func TestTakeFastPathSameAsFull(t *testing.T) {
 		if rng.IntN(12) == 0 {
 			req.Cost = burst + 1
 		}
-		var res [2]limiter.TakeResult
+		var res [2]backend.TakeResult
 		var errs [2]error
 		var after [2]map[string]string
 		var ttl, took [2]time.Duration
@@ -166,7 +167,7 @@ func TestTakeWithoutDefaultArgsAnnouncesPushes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(s.takeArgs(limiter.TakeRequest{Cost: 1}, 0)); n != 5 {
+	if n := len(s.takeArgs(backend.TakeRequest{Cost: 1}, 0)); n != 5 {
 		t.Fatalf("a normal take sends %d arguments, want 5", n)
 	}
 	sub := c.Subscribe(ctx, s.channel)
@@ -174,13 +175,13 @@ func TestTakeWithoutDefaultArgsAnnouncesPushes(t *testing.T) {
 	if _, err := sub.Receive(ctx); err != nil {
 		t.Fatal(err)
 	}
-	low := limiter.TakeRequest{Cost: 1, Priority: limiter.PriorityLow, MaxWait: 10 * time.Second}
+	low := backend.TakeRequest{Cost: 1, Priority: limiter.PriorityLow, MaxWait: 10 * time.Second}
 	for range 2 { // the token, then a reservation
 		if res, err := s.Take(ctx, low); err != nil || !res.Granted {
 			t.Fatalf("low take = %+v, %v", res, err)
 		}
 	}
-	if res, err := s.Take(ctx, limiter.TakeRequest{Cost: 1, MaxWait: 10 * time.Second}); err != nil || !res.Granted {
+	if res, err := s.Take(ctx, backend.TakeRequest{Cost: 1, MaxWait: 10 * time.Second}); err != nil || !res.Granted {
 		t.Fatalf("normal take = %+v, %v", res, err)
 	}
 	msg, err := sub.ReceiveMessage(ctx)
@@ -201,7 +202,7 @@ func TestTakeFullAgainAtOnceWritesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 3 {
-		if res, err := s.Take(ctx, limiter.TakeRequest{Cost: 1}); err != nil || !res.Granted || res.Remaining != 9999 {
+		if res, err := s.Take(ctx, backend.TakeRequest{Cost: 1}); err != nil || !res.Granted || res.Remaining != 9999 {
 			t.Fatalf("take = %+v, %v; want granted, 9999 left", res, err)
 		}
 	}
@@ -209,7 +210,7 @@ func TestTakeFullAgainAtOnceWritesNothing(t *testing.T) {
 		t.Fatalf("state key exists after takes of 1 at 1e9/s")
 	}
 	// 1001 tokens take longer than a microsecond to refill at 1e9/s.
-	if res, err := s.Take(ctx, limiter.TakeRequest{Cost: 1001}); err != nil || !res.Granted || res.Remaining != 8999 {
+	if res, err := s.Take(ctx, backend.TakeRequest{Cost: 1001}); err != nil || !res.Granted || res.Remaining != 8999 {
 		t.Fatalf("take = %+v, %v; want granted, 8999 left", res, err)
 	}
 	if got := c.HGet(ctx, s.stateKeys[0], "tokens").Val(); got != "8999" {
@@ -244,7 +245,7 @@ func TestTakeFullAgainReply(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		req := limiter.TakeRequest{Cost: 1 + rng.IntN(min(cfg.Burst, 5)), MaxWait: time.Duration(pick(0, 1)) * time.Second}
+		req := backend.TakeRequest{Cost: 1 + rng.IntN(min(cfg.Burst, 5)), MaxWait: time.Duration(pick(0, 1)) * time.Second}
 		if rng.IntN(3) == 0 {
 			req.Extra = rng.IntN(10)
 		}
@@ -252,7 +253,7 @@ func TestTakeFullAgainReply(t *testing.T) {
 			req.Cost = cfg.Burst + 1
 		}
 		if rng.IntN(10) == 0 {
-			req.Priority = limiter.PriorityOfRank(rng.IntN(3))
+			req.Priority = backend.PriorityOfRank(rng.IntN(3))
 		}
 		set := rng.IntN(10)
 		got := req.Cost
@@ -260,7 +261,7 @@ func TestTakeFullAgainReply(t *testing.T) {
 			got += min(req.Extra, cfg.Burst-req.Cost)
 		}
 		want := set > 1 && s.shortTake(req) && req.Cost <= cfg.Burst && float64(got)*1e6 <= cfg.Rate
-		var res [2]limiter.TakeResult
+		var res [2]backend.TakeResult
 		var errs [2]error
 		for k, script := range []*redis.Script{takeScript, long} {
 			c.Del(ctx, s.stateKeys...)

@@ -6,7 +6,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
 // WarmupStatus is the warm-up state of a bucket as Redis holds it (see
@@ -38,7 +38,7 @@ func (a *Admin) warmup(ctx context.Context, nowUS int64) (WarmupStatus, error) {
 		return WarmupStatus{}, storeError("warm-up status", a.name, err)
 	}
 	if len(v) != 5 {
-		return WarmupStatus{}, storeError("warm-up status", a.name, fmt.Errorf("%w: %d values %v", limiter.ErrMalformedReply, len(v), v))
+		return WarmupStatus{}, storeError("warm-up status", a.name, fmt.Errorf("%w: %d values %v", backend.ErrMalformedReply, len(v), v))
 	}
 	state, wts, wu, ts, now := v[0], v[1], v[2], v[3], v[4]
 	var st WarmupStatus
@@ -58,8 +58,8 @@ func (a *Admin) warmup(ctx context.Context, nowUS int64) (WarmupStatus, error) {
 	return st, nil
 }
 
-// Warmup returns Config.Warmup (limiter.WarmupStore): a Bucket's local
+// Warmup returns Config.Warmup (backend.WarmupStore): a Bucket's local
 // fallback ramps with it.
 func (s *Store) Warmup() time.Duration { return s.cfg.Warmup }
 
-var _ limiter.WarmupStore = (*Store)(nil)
+var _ backend.WarmupStore = (*Store)(nil)

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter/internal/storetest"
 )
 
@@ -22,7 +22,7 @@ func TestRedisWarmupSteps(t *testing.T) {
 func TestWarmupKeepsTheStateForTheWarmup(t *testing.T) {
 	c := newClient(t)
 	s := newWarmStore(t, c, uniqueBucket(t, c), 10, 10, time.Minute)
-	if _, err := s.Take(context.Background(), limiter.TakeRequest{Cost: 1}); err != nil {
+	if _, err := s.Take(context.Background(), backend.TakeRequest{Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
 	// A third of the burst minus 1 left, refilling at ~10/3 per second:
@@ -43,7 +43,7 @@ func TestAdminWarmupStatus(t *testing.T) {
 	if st, err := s.Admin().warmup(ctx, at(0)); err != nil || !st.Cold || st.Ramping {
 		t.Errorf("new bucket: %+v %v, want cold", st, err)
 	}
-	if _, err := s.take(ctx, at(0), limiter.TakeRequest{Cost: 1}); err != nil {
+	if _, err := s.take(ctx, at(0), backend.TakeRequest{Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := s.Admin().warmup(ctx, at(15*time.Second))

@@ -1,4 +1,4 @@
-// Package clocktest is a fake limiter.Clock: time stands still until the
+// Package clocktest is a fake backend.Clock: time stands still until the
 // test advances it, and timers fire in order as it passes them.
 package clocktest
 
@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
-// Clock is a fake limiter.Clock. It is safe for concurrent use.
+// Clock is a fake backend.Clock. It is safe for concurrent use.
 type Clock struct {
 	mu     sync.Mutex
 	now    time.Time
@@ -35,22 +35,22 @@ type timer struct {
 	live bool
 }
 
-// Now implements limiter.Clock.
+// Now implements backend.Clock.
 func (c *Clock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.now
 }
 
-// NewTimer implements limiter.Clock.
-func (c *Clock) NewTimer(d time.Duration) limiter.Timer {
+// NewTimer implements backend.Clock.
+func (c *Clock) NewTimer(d time.Duration) backend.Timer {
 	t := &timer{c: c, ch: make(chan time.Time, 1)}
 	t.Reset(d)
 	return t
 }
 
-// AfterFunc implements limiter.Clock.
-func (c *Clock) AfterFunc(d time.Duration, f func()) limiter.Timer {
+// AfterFunc implements backend.Clock.
+func (c *Clock) AfterFunc(d time.Duration, f func()) backend.Timer {
 	t := &timer{c: c, f: f}
 	t.Reset(d)
 	return t

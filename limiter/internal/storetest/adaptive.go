@@ -4,13 +4,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
-// AdaptiveClockedStore is a store with an adaptive rate (limiter.Adapter)
+// AdaptiveClockedStore is a store with an adaptive rate (backend.Adapter)
 // driven at explicit instants.
 type AdaptiveClockedStore interface {
-	TakeAt(now time.Time, req limiter.TakeRequest) (limiter.TakeResult, error)
+	TakeAt(now time.Time, req backend.TakeRequest) (backend.TakeResult, error)
 	PauseAt(now time.Time, d time.Duration) error
 	DecreaseAt(now time.Time, a limiter.Adaptive) (rate float64, decreased bool, err error)
 	StatusAt(now time.Time) (limiter.State, error)
@@ -98,7 +99,7 @@ func RunAdaptive(t *testing.T, newStore AdaptiveFactory) {
 				now := Base.Add(st.at)
 				switch st.op {
 				case take:
-					res, err := s.TakeAt(now, limiter.TakeRequest{Cost: st.cost, MaxWait: st.maxWait})
+					res, err := s.TakeAt(now, backend.TakeRequest{Cost: st.cost, MaxWait: st.maxWait})
 					if err != nil {
 						t.Fatalf("step %d: %v", i, err)
 					}

@@ -5,14 +5,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
 // LayeredClockedStore is a layered store driven at explicit instants.
 type LayeredClockedStore interface {
-	TakeLayersAt(now time.Time, req limiter.LayerRequest) (limiter.LayerResult, error)
-	RefundLayersAt(now time.Time, req limiter.LayerRequest, res limiter.LayerResult) error
-	LayerStatusAt(now time.Time, layer, key string) (limiter.LayerState, error)
+	TakeLayersAt(now time.Time, req backend.LayerRequest) (backend.LayerResult, error)
+	RefundLayersAt(now time.Time, req backend.LayerRequest, res backend.LayerResult) error
+	LayerStatusAt(now time.Time, layer, key string) (backend.LayerState, error)
 	StatusAt(now time.Time) (limiter.State, error)
 }
 
@@ -338,14 +339,14 @@ func RunLayers(t *testing.T, newStore LayeredFactory) {
 	for _, c := range layerCases {
 		t.Run(c.name, func(t *testing.T) {
 			s := newStore(t, c.rate, c.burst, c.layers)
-			reqs := make([]limiter.LayerRequest, len(c.steps))
-			results := make([]limiter.LayerResult, len(c.steps))
+			reqs := make([]backend.LayerRequest, len(c.steps))
+			results := make([]backend.LayerResult, len(c.steps))
 			for i, st := range c.steps {
 				now := Base.Add(st.at)
 				if !st.when.IsZero() {
 					now = st.when
 				}
-				req := limiter.LayerRequest{Cost: st.cost, Extra: st.extra, Keys: st.keys, MaxWait: st.maxWait, SkipShared: st.skipShared, Paid: st.paid}
+				req := backend.LayerRequest{Cost: st.cost, Extra: st.extra, Keys: st.keys, MaxWait: st.maxWait, SkipShared: st.skipShared, Paid: st.paid}
 				switch st.op {
 				case ltake:
 					res, err := s.TakeLayersAt(now, req)

@@ -5,20 +5,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
 // PriorityStore is a store with priority classes driven at explicit
 // instants, whose announced pushes the suite reads.
 type PriorityStore interface {
-	TakeAt(now time.Time, req limiter.TakeRequest) (limiter.TakeResult, error)
+	TakeAt(now time.Time, req backend.TakeRequest) (backend.TakeResult, error)
 	RefundClassAt(now time.Time, tokens int, class limiter.Priority) error
 	DrainAt(now time.Time, debt int) error
 	PauseAt(now time.Time, d time.Duration) error
 	StatusAt(now time.Time) (limiter.State, error)
 	// Pushes returns, in order, the pushes the store announced (through
 	// its Watch) since the last call.
-	Pushes(t *testing.T) []limiter.Push
+	Pushes(t *testing.T) []backend.Push
 }
 
 // PriorityFactory returns a new, full bucket with the given rate and
@@ -58,14 +59,14 @@ type pstep struct {
 	remaining float64 // ptake, pstatus: the tokens
 	in        limiter.Priority
 	counter   float64        // in's push counter (TakeResult.Pushed)
-	pushes    []limiter.Push // the take's announcements; At is the step's instant
+	pushes    []backend.Push // the take's announcements; At is the step's instant
 
 	reserved, pushed limiter.Shares // pstatus
 }
 
 // push is a Push of class, by tokens, to counter.
-func push(class limiter.Priority, tokens, counter float64) limiter.Push {
-	return limiter.Push{Class: class, Tokens: tokens, Counter: counter}
+func push(class limiter.Priority, tokens, counter float64) backend.Push {
+	return backend.Push{Class: class, Tokens: tokens, Counter: counter}
 }
 
 // shares returns Shares indexed by Priority.
@@ -105,7 +106,7 @@ var priorityCases = []struct {
 		{op: ptake, class: low, cost: 1, maxWait: time.Second, granted: true, wait: 200 * time.Millisecond, remaining: -2, in: low},
 		// Ahead of both low reservations, which move back by one token.
 		{op: ptake, class: high, cost: 1, maxWait: time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -3, in: high,
-			pushes: []limiter.Push{push(low, 1, 1)}},
+			pushes: []backend.Push{push(low, 1, 1)}},
 		{op: pstatus, remaining: -3, reserved: shares(1, 0, 2), pushed: shares(0, 0, 1)},
 		// A later low take queues behind, and sees the counter.
 		{op: ptake, class: low, cost: 1, maxWait: time.Second, granted: true, wait: 400 * time.Millisecond, remaining: -4, in: low, counter: 1},
@@ -117,11 +118,11 @@ var priorityCases = []struct {
 		{op: ptake, class: normal, cost: 1, granted: true, remaining: 0, in: normal},
 		{op: ptake, class: low, cost: 1, maxWait: time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -1, in: low},
 		{op: ptake, class: normal, cost: 1, maxWait: time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -2, in: normal,
-			pushes: []limiter.Push{push(low, 1, 1)}},
+			pushes: []backend.Push{push(low, 1, 1)}},
 		{op: ptake, class: high, cost: 1, maxWait: time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -3, in: high,
-			pushes: []limiter.Push{push(normal, 1, 1), push(low, 1, 2)}},
+			pushes: []backend.Push{push(normal, 1, 1), push(low, 1, 2)}},
 		{op: ptake, class: normal, cost: 1, maxWait: time.Second, granted: true, wait: 300 * time.Millisecond, remaining: -4, in: normal, counter: 1,
-			pushes: []limiter.Push{push(low, 1, 3)}},
+			pushes: []backend.Push{push(low, 1, 3)}},
 		{op: ptake, class: low, cost: 1, maxWait: time.Second, granted: true, wait: 500 * time.Millisecond, remaining: -5, in: low, counter: 3},
 		{op: pstatus, remaining: -5, reserved: shares(1, 2, 2), pushed: shares(0, 1, 3)},
 		// High due at 100ms, normal at 200 and 300ms, low at 400 and 500ms.
@@ -159,20 +160,20 @@ var priorityCases = []struct {
 		{op: ptake, class: low, lowShare: 0.25, cost: 4, maxWait: 10 * time.Second, granted: true, wait: 400 * time.Millisecond, remaining: -4, in: low},
 		// A whole burst of allowance: 3 of its 4 tokens are spent.
 		{op: ptake, class: high, lowShare: 0.25, cost: 3, maxWait: 10 * time.Second, granted: true, wait: 300 * time.Millisecond, remaining: -7, in: high,
-			pushes: []limiter.Push{push(low, 3, 3)}},
+			pushes: []backend.Push{push(low, 3, 3)}},
 		// 1 token left, 2 asked: refused until 4/3 tokens more refill.
 		{op: ptake, class: high, lowShare: 0.25, cost: 2, maxWait: 10 * time.Second, floor: true, wait: 133334 * time.Microsecond, remaining: -7, in: high},
 		{op: pstatus, remaining: -7, reserved: shares(3, 0, 4), pushed: shares(0, 0, 3)},
 		// 2 tokens refilled: 1.5 more allowance, 2.5 in all.
 		{at: 200 * time.Millisecond, op: ptake, class: high, lowShare: 0.25, cost: 2, maxWait: 10 * time.Second, granted: true, wait: 300 * time.Millisecond, remaining: -7, in: high,
-			pushes: []limiter.Push{push(low, 2, 5)}},
+			pushes: []backend.Push{push(low, 2, 5)}},
 		{at: 200 * time.Millisecond, op: ptake, class: high, lowShare: 0.25, cost: 1, maxWait: 10 * time.Second, floor: true, wait: 66667 * time.Microsecond, remaining: -7, in: high},
 		{at: 200 * time.Millisecond, op: pstatus, remaining: -7, reserved: shares(3, 0, 4), pushed: shares(0, 0, 5)},
 		// Low itself, normal without lower reservations and high without a
 		// share are not held back.
 		{at: 200 * time.Millisecond, op: ptake, class: low, lowShare: 0.25, cost: 1, maxWait: 10 * time.Second, granted: true, wait: 800 * time.Millisecond, remaining: -8, in: low, counter: 5},
 		{at: 200 * time.Millisecond, op: ptake, class: high, cost: 1, maxWait: 10 * time.Second, granted: true, wait: 400 * time.Millisecond, remaining: -9, in: high,
-			pushes: []limiter.Push{push(low, 1, 6)}},
+			pushes: []backend.Push{push(low, 1, 6)}},
 		// A pause adds to the floor's wait.
 		{at: 200 * time.Millisecond, op: ppause, maxWait: time.Second},
 		{at: 200 * time.Millisecond, op: ptake, class: high, lowShare: 0.25, cost: 1, maxWait: 10 * time.Second, floor: true, wait: 1066667 * time.Microsecond, remaining: -9, in: high},
@@ -182,13 +183,13 @@ var priorityCases = []struct {
 		{op: ptake, class: low, lowShare: 0.5, cost: 1, maxWait: 10 * time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -1, in: low},
 		// A burst of 2 at a share of 0.5: 2 tokens of allowance, all spent.
 		{op: ptake, class: high, lowShare: 0.5, cost: 2, maxWait: 10 * time.Second, granted: true, wait: 200 * time.Millisecond, remaining: -3, in: high,
-			pushes: []limiter.Push{push(low, 2, 2)}},
+			pushes: []backend.Push{push(low, 2, 2)}},
 		{op: ptake, class: high, lowShare: 0.5, cost: 1, maxWait: 10 * time.Second, floor: true, wait: 200 * time.Millisecond, remaining: -3, in: high},
 		{at: 10 * time.Second, op: pstatus, remaining: 2, pushed: shares(0, 0, 2)},
 		{at: 10 * time.Second, op: ptake, class: low, lowShare: 0.5, cost: 2, granted: true, remaining: 0, in: low, counter: 2},
 		{at: 10 * time.Second, op: ptake, class: low, lowShare: 0.5, cost: 1, maxWait: 10 * time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -1, in: low, counter: 2},
 		{at: 10 * time.Second, op: ptake, class: high, lowShare: 0.5, cost: 2, maxWait: 10 * time.Second, granted: true, wait: 200 * time.Millisecond, remaining: -3, in: high,
-			pushes: []limiter.Push{push(low, 2, 4)}},
+			pushes: []backend.Push{push(low, 2, 4)}},
 	}},
 	{"a drain's debt is at the front of the queue", 10, 1, []pstep{
 		{op: ptake, class: low, cost: 1, granted: true, remaining: 0, in: low},
@@ -198,7 +199,7 @@ var priorityCases = []struct {
 		{op: pstatus, remaining: -4, reserved: shares(2, 1, 1)},
 		// High queues behind the debt, ahead of normal and low.
 		{op: ptake, class: high, cost: 1, maxWait: time.Second, granted: true, wait: 300 * time.Millisecond, remaining: -5, in: high,
-			pushes: []limiter.Push{push(normal, 1, 1), push(low, 1, 1)}},
+			pushes: []backend.Push{push(normal, 1, 1), push(low, 1, 1)}},
 		{at: 250 * time.Millisecond, op: pstatus, remaining: -2.5, reserved: shares(0.5, 1, 1), pushed: shares(0, 1, 1)},
 	}},
 	{"a partly covered take pushes only what it lacks", 10, 2, []pstep{
@@ -206,7 +207,7 @@ var priorityCases = []struct {
 		{at: 50 * time.Millisecond, op: ptake, class: low, cost: 2, maxWait: time.Second, granted: true, wait: 50 * time.Millisecond, remaining: -0.5, in: low},
 		{at: 50 * time.Millisecond, op: pstatus, remaining: -0.5, reserved: shares(0, 0, 0.5)},
 		{at: 50 * time.Millisecond, op: ptake, class: high, cost: 1, maxWait: time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -1.5, in: high,
-			pushes: []limiter.Push{push(low, 1, 1)}},
+			pushes: []backend.Push{push(low, 1, 1)}},
 		{at: 50 * time.Millisecond, op: pstatus, remaining: -1.5, reserved: shares(1, 0, 0.5), pushed: shares(0, 0, 1)},
 	}},
 }
@@ -222,7 +223,7 @@ func RunPriority(t *testing.T, newStore PriorityFactory) {
 				now := Base.Add(st.at)
 				switch st.op {
 				case ptake:
-					req := limiter.TakeRequest{Cost: st.cost, MaxWait: st.maxWait, Priority: st.class, MinShare: shares(0, 0, st.lowShare)}
+					req := backend.TakeRequest{Cost: st.cost, MaxWait: st.maxWait, Priority: st.class, MinShare: shares(0, 0, st.lowShare)}
 					res, err := s.TakeAt(now, req)
 					if err != nil {
 						t.Fatalf("step %d: %v", i, err)
@@ -263,7 +264,7 @@ func RunPriority(t *testing.T, newStore PriorityFactory) {
 	}
 }
 
-func checkPushes(t *testing.T, i int, got, want []limiter.Push, at time.Time) {
+func checkPushes(t *testing.T, i int, got, want []backend.Push, at time.Time) {
 	t.Helper()
 	ok := len(got) == len(want)
 	for k := 0; ok && k < len(got); k++ {
@@ -292,7 +293,7 @@ func fmtShares(s limiter.Shares) string {
 // explicit instants.
 type PriorityLayeredStore interface {
 	LayeredClockedStore
-	TakeAt(now time.Time, req limiter.TakeRequest) (limiter.TakeResult, error)
+	TakeAt(now time.Time, req backend.TakeRequest) (backend.TakeResult, error)
 }
 
 // RunPriorityLayers runs a step table of layered takes with classes: the
@@ -303,10 +304,10 @@ func RunPriorityLayers(t *testing.T, newStore LayeredFactory) {
 	if !ok {
 		t.Fatal("the layered store does not take without layers at explicit instants")
 	}
-	lr := func(p limiter.Priority, key string) limiter.LayerRequest {
-		return limiter.LayerRequest{Cost: 1, MaxWait: time.Second, Keys: k(key), Priority: p}
+	lr := func(p limiter.Priority, key string) backend.LayerRequest {
+		return backend.LayerRequest{Cost: 1, MaxWait: time.Second, Keys: k(key), Priority: p}
 	}
-	take := func(i int, req limiter.LayerRequest, wait time.Duration, in limiter.Priority, counter float64) limiter.LayerResult {
+	take := func(i int, req backend.LayerRequest, wait time.Duration, in limiter.Priority, counter float64) backend.LayerResult {
 		t.Helper()
 		res, err := s.TakeLayersAt(Base, req)
 		if err != nil || !res.Granted || res.Wait != wait || res.Class != in || !near(res.Pushed, counter) {
@@ -324,7 +325,7 @@ func RunPriorityLayers(t *testing.T, newStore LayeredFactory) {
 	take(0, lr(low, "a"), 0, low, 0)
 	lowRes := take(1, lr(low, "b"), 100*time.Millisecond, low, 0)
 	// A plain take of the shared bucket queues behind, in its class.
-	if res, err := s.TakeAt(Base, limiter.TakeRequest{Cost: 1, MaxWait: time.Second, Priority: low}); err != nil || res.Wait != 200*time.Millisecond || res.Class != low {
+	if res, err := s.TakeAt(Base, backend.TakeRequest{Cost: 1, MaxWait: time.Second, Priority: low}); err != nil || res.Wait != 200*time.Millisecond || res.Class != low {
 		t.Fatalf("step 2: Take(low) = %+v, %v; want wait 200ms in low", res, err)
 	}
 	status(3, shares(0, 0, 2), shares(0, 0, 0))
@@ -342,8 +343,8 @@ func RunPriorityLayers(t *testing.T, newStore LayeredFactory) {
 	take(9, lr(low, "e"), 400*time.Millisecond, low, 2)
 	// With low's share at 0.5, a burst of 1 allows one jump of 1 token;
 	// the next normal take is refused until 2 tokens more refill.
-	share := func(key string) limiter.LayerRequest {
-		return limiter.LayerRequest{Cost: 1, MaxWait: time.Second, Keys: k(key), Priority: normal, MinShare: shares(0, 0, 0.5)}
+	share := func(key string) backend.LayerRequest {
+		return backend.LayerRequest{Cost: 1, MaxWait: time.Second, Keys: k(key), Priority: normal, MinShare: shares(0, 0, 0.5)}
 	}
 	take(10, share("f"), 300*time.Millisecond, normal, 0)
 	res, err := s.TakeLayersAt(Base, share("g"))

@@ -9,12 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
 // ClockedStore is a store driven at explicit instants.
 type ClockedStore interface {
-	TakeAt(now time.Time, req limiter.TakeRequest) (limiter.TakeResult, error)
+	TakeAt(now time.Time, req backend.TakeRequest) (backend.TakeResult, error)
 	RefundAt(now time.Time, tokens int) error
 	PauseAt(now time.Time, d time.Duration) error
 	DrainAt(now time.Time, debt int) error
@@ -174,7 +175,7 @@ func Run(t *testing.T, newStore Factory) {
 				now := Base.Add(st.at)
 				switch st.op {
 				case take:
-					res, err := s.TakeAt(now, limiter.TakeRequest{Cost: st.cost, Extra: st.extra, MaxWait: st.maxWait})
+					res, err := s.TakeAt(now, backend.TakeRequest{Cost: st.cost, Extra: st.extra, MaxWait: st.maxWait})
 					if st.err != nil {
 						if !errors.Is(err, st.err) {
 							t.Fatalf("step %d: err = %v, want %v", i, err, st.err)

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/internal/backend"
 )
 
 // WarmupFactory returns a new bucket with the given rate, burst and
@@ -13,7 +13,7 @@ type WarmupFactory func(t *testing.T, rate float64, burst int, warmup time.Durat
 
 // ClockedTaker takes at explicit instants.
 type ClockedTaker interface {
-	TakeAt(now time.Time, req limiter.TakeRequest) (limiter.TakeResult, error)
+	TakeAt(now time.Time, req backend.TakeRequest) (backend.TakeResult, error)
 }
 
 // RunWarmup runs the warm-up step table: 30/s, burst 30, warm-up 60s, so
@@ -41,7 +41,7 @@ func RunWarmup(t *testing.T, newStore WarmupFactory) {
 		// cold too, from its own instant.
 		{at: 300 * time.Second, op: take, cost: 20, remaining: 10, rate: 10, wait: time.Second},
 	} {
-		res, err := s.TakeAt(Base.Add(st.at), limiter.TakeRequest{Cost: st.cost, MaxWait: st.maxWait})
+		res, err := s.TakeAt(Base.Add(st.at), backend.TakeRequest{Cost: st.cost, MaxWait: st.maxWait})
 		if err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -32,8 +33,8 @@ func RunWarmupLayers(t *testing.T, newStore WarmupLayeredFactory) {
 		limiting string
 	}
 	var (
-		reqs []limiter.LayerRequest
-		ress []limiter.LayerResult
+		reqs []backend.LayerRequest
+		ress []backend.LayerResult
 	)
 	for i, st := range []wstep{
 		// First use: cold, a third of the burst and a third of the rate.
@@ -70,10 +71,10 @@ func RunWarmupLayers(t *testing.T, newStore WarmupLayeredFactory) {
 			if !near(got.Tokens, st.rem) {
 				t.Fatalf("step %d: after the refund of step %d at +%v: tokens %v, want %v", i, st.refund, st.at, got.Tokens, st.rem)
 			}
-			reqs, ress = append(reqs, limiter.LayerRequest{}), append(ress, limiter.LayerResult{})
+			reqs, ress = append(reqs, backend.LayerRequest{}), append(ress, backend.LayerResult{})
 			continue
 		}
-		req := limiter.LayerRequest{Cost: st.cost, MaxWait: st.maxWait, Keys: k(st.key)}
+		req := backend.LayerRequest{Cost: st.cost, MaxWait: st.maxWait, Keys: k(st.key)}
 		res, err := s.TakeLayersAt(now, req)
 		if err != nil {
 			t.Fatalf("step %d: %v", i, err)
@@ -126,7 +127,7 @@ func RunWarmupRefund(t *testing.T, newStore WarmupStoreFactory) {
 			}
 			continue
 		}
-		res, err := s.TakeAt(now, limiter.TakeRequest{Cost: st.cost, MaxWait: time.Second})
+		res, err := s.TakeAt(now, backend.TakeRequest{Cost: st.cost, MaxWait: time.Second})
 		if err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}

@@ -1,4 +1,4 @@
-package limiter
+package backend
 
 import (
 	"math"
@@ -130,4 +130,14 @@ func (m *Memory) takeLoad(now int64) (tokens float64, ts int64, rate float64, wt
 func (m *Memory) refundLoad(now int64) (tokens float64, ts int64, pr prio) {
 	tokens, ts, _, _ = m.warmAdvance(now, false)
 	return tokens, ts, m.loaded(tokens)
+}
+
+// WarmAt gives m, not yet in use, a warm-up of w and puts it at the point of
+// its ramp where the rate is f of the full rate (f clamped to [1/3, 1]) at
+// now, as a Bucket's local fallback continues the shared bucket's ramp.
+func (m *Memory) WarmAt(w time.Duration, f float64, now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.warm = w.Microseconds()
+	m.wts = now.UnixMicro() - rampElapsed(f, m.warm)
 }

@@ -1,4 +1,4 @@
-package limiter
+package backend
 
 import (
 	"context"
@@ -56,16 +56,6 @@ const maxWaitUS = 1e15
 // waitUS returns ceil(tokens·1e6/rate) microseconds, capped at maxWaitUS.
 func waitUS(tokens, rate float64) int64 {
 	return int64(math.Min(math.Ceil(tokens*1e6/rate), maxWaitUS))
-}
-
-// newEmptyMemory returns a Memory bucket that starts with no tokens.
-func newEmptyMemory(rate float64, burst int) (*Memory, error) {
-	m, err := NewMemory(rate, burst)
-	if err != nil {
-		return nil, err
-	}
-	m.tokens, m.ts, m.init = 0, m.now().UnixMicro(), true
-	return m, nil
 }
 
 // Take implements Store.
@@ -375,4 +365,21 @@ func (m *Memory) SetRateAt(t time.Time, rate float64, burst int) error {
 	m.mu.Unlock()
 	m.notify()
 	return nil
+}
+
+// SetClock makes m read the time from now instead of time.Now: a Bucket's
+// local fallback follows the Bucket's clock. Call it before m is used.
+func (m *Memory) SetClock(now func() time.Time) { m.now = now }
+
+// NewEmptyMemory returns a Memory bucket that starts with no tokens and
+// refills only from at on, as a Bucket's local fallback does: the shared
+// bucket's tokens were spent, and its reservations are served first.
+func NewEmptyMemory(rate float64, burst int, now func() time.Time, at time.Time) (*Memory, error) {
+	m, err := NewMemory(rate, burst)
+	if err != nil {
+		return nil, err
+	}
+	m.now = now
+	m.save(0, max(now().UnixMicro(), at.UnixMicro()))
+	return m, nil
 }

@@ -1,4 +1,4 @@
-package limiter
+package backend
 
 import (
 	"context"
@@ -142,6 +142,13 @@ func (p Period) Windows(t time.Time, loc *time.Location) [4]time.Time {
 	_, next := p.Window(end, loc)
 	return [4]time.Time{prev, start, end, next}
 }
+
+// Layers are a bucket's layers, in order.
+type Layers []Layer
+
+// Validate checks the layers and fills in their defaults (Burst, OnExceed,
+// Location), as ValidateLayers.
+func (ls Layers) Validate() error { return ValidateLayers(ls) }
 
 // ValidateLayers checks a bucket's layers and fills in their defaults (Burst,
 // OnExceed, Location). Errors are *ParamError whose Param is
