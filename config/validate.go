@@ -13,7 +13,6 @@ import (
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/limiter"
-	"github.com/throttlehq/throttle/limiter/redislimiter"
 	"github.com/throttlehq/throttle/sinks"
 )
 
@@ -74,7 +73,7 @@ func (ps *problems) add(key, format string, args ...any) {
 // all problems, or nil. Zero fields mean the libraries' defaults and are
 // valid. Settings handed to a library are checked by that library's own
 // exported validation (httpsink.Config.Validate, postgres.Config.Validate,
-// redislimiter.ValidateBucketName, limiter.ValidateRate, ...), with each
+// redislimiter.Config.Validate, limiter.Options.Validate, ...), with each
 // problem named by its YAML key. It does not modify c, does not read any
 // file and makes no network call.
 func (c *Config) Validate() error {
@@ -142,11 +141,7 @@ func (t *TLS) validate(ps *problems, key string) {
 
 func (l *Limit) validate(ps *problems) {
 	defer l.validateExtra(ps)
-	ps.library("limit", reflect.TypeFor[Limit](), redislimiter.ValidateBucketName(l.Bucket))
-	ps.library("limit", reflect.TypeFor[Limit](), limiter.ValidateRate(l.Rate))
-	if l.Burst != 0 {
-		ps.library("limit", reflect.TypeFor[Limit](), limiter.ValidateBurst(l.Burst))
-	}
+	ps.library("limit", reflect.TypeFor[Limit](), l.StoreConfig().Validate())
 	ps.library("limit", reflect.TypeFor[Limit](), l.LimiterOptions().Validate())
 	if a := l.Adaptive.Limiter(); a != nil {
 		// The rules that need the rate; Validate's own ones repeat above
@@ -159,7 +154,6 @@ func (l *Limit) validate(ps *problems) {
 	for _, err := range errs {
 		ps.add("limit.min_share", "a key %s", paramMessage(err))
 	}
-	ps.library("limit", reflect.TypeFor[Limit](), limiter.ValidateWarmup(time.Duration(l.Warmup)))
 	if l.MaxWait < 0 {
 		ps.add("limit.max_wait", "must be >= 0, got %v", l.MaxWait)
 	}
