@@ -40,6 +40,9 @@ import (
 type layersFleetCase struct {
 	// extra is limit.extra, each line indented by two spaces.
 	extra string
+	// classes publishes one message in 10 with x-priority high and 3 in
+	// 10 low, under limit.priority_header and min_share {low: 0.1}.
+	classes bool
 	// layers are the keyed layers to check, with their fields.
 	layers []campaign.KeyedLayer
 	// msgs returns the messages to publish.
@@ -132,6 +135,63 @@ func TestLayersFleet(t *testing.T) {
 				return changes, 0
 			},
 		},
+		// The per-sender layer binds throughout (one sender, 5/s, wait)
+		// while the shared rate is cut to 14/s, raised to 40/s and
+		// cleared: no override may move a message the layer holds.
+		"OverrideUnderSenderLayer": {
+			extra: `  extra:
+    - name: per-sender
+      key: '{{.JSON.from}}'
+      rate: 5/s
+      burst: 1
+      on_exceed: wait
+`,
+			layers: []campaign.KeyedLayer{{Name: "per-sender", Key: func(a campaign.Arrival) string { return a.From }, Rate: 5, Burst: 1}},
+			msgs:   layersRecipients(40, 40, 1),
+			// 39 intervals of 200 ms, plus the slack.
+			within: 7800*time.Millisecond + layersSlack,
+			during: func(t *testing.T, f *faultFleet, spec faultFleetSpec, delivered func(int)) ([]campaign.RateChange, int) {
+				var changes []campaign.RateChange
+				set := func(rate float64, args ...string) {
+					from := time.Now()
+					if code, out, errOut := f.Admin(append([]string{"set"}, args...)...); code != 0 {
+						t.Fatalf("bucket set %v: exit %d: %s %s", args, code, out, errOut)
+					}
+					changes = append(changes, campaign.RateChange{From: from, To: time.Now(), Rate: rate})
+				}
+				delivered(8)
+				set(14, "--rate", "14")
+				delivered(16)
+				set(40, "--rate", "40")
+				delivered(24)
+				set(0, "--clear")
+				return changes, 0
+			},
+		},
+		// Priority classes (one message in 10 high, 3 in 10 low,
+		// min_share {low: 0.1}) beside a per-sender (5/s, wait) and a
+		// per-recipient (30/min, delay) layer, 5 senders: a class orders
+		// the shared bucket only, so no key's spacing may shrink.
+		"PriorityClasses": {
+			classes: true,
+			extra: `  extra:
+    - name: per-sender
+      key: '{{.JSON.from}}'
+      rate: 5/s
+      burst: 1
+      on_exceed: wait
+    - name: per-recipient
+      key: '{{.JSON.to}}'
+      rate: 30/min
+      burst: 1
+      on_exceed: delay
+`,
+			layers: []campaign.KeyedLayer{
+				{Name: "per-sender", Key: func(a campaign.Arrival) string { return a.From }, Rate: 5, Burst: 1},
+				recipientLayer,
+			},
+			msgs: layersRecipients(150, 50, 5),
+		},
 		// A replica SIGKILLed mid-run and started again, the per-recipient
 		// layer binding.
 		"ReplicaKilled": {
@@ -172,7 +232,11 @@ func layersFleetTest(t *testing.T, c layersFleetCase) {
 	t.Cleanup(func() { sink.Close() })
 	f := faultNewFleet(t)
 	t.Cleanup(func() { campaign.DeleteQueues(f.conn, f.Name()) })
-	spec := faultFleetSpec{Redis: "  addr: " + srv.Addr() + "\n", Burst: burst, Prefetch: prefetch, LimitExtra: c.extra, SinkURL: sink.URL()}
+	extra := c.extra
+	if c.classes {
+		extra = "  priority_header: x-priority\n  min_share: {low: 0.1}\n" + extra
+	}
+	spec := faultFleetSpec{Redis: "  addr: " + srv.Addr() + "\n", Burst: burst, Prefetch: prefetch, LimitExtra: extra, SinkURL: sink.URL()}
 	for range 3 {
 		f.Start(spec, rate)
 	}
@@ -182,9 +246,21 @@ func layersFleetTest(t *testing.T, c layersFleetCase) {
 	ctx := testenv.Context(t, 30*time.Second)
 	start := time.Now()
 	for _, m := range c.msgs {
+		var headers amqp.Table
+		if c.classes {
+			switch m.ID % 10 {
+			case 0:
+				m.Class = "high"
+			case 1, 2, 3:
+				m.Class = "low"
+			default:
+				m.Class = "normal"
+			}
+			headers = amqp.Table{"x-priority": m.Class}
+		}
 		body, _ := json.Marshal(m)
 		err := f.ch.PublishWithContext(ctx, "", f.Name(), true, false, amqp.Publishing{
-			ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: fmt.Sprint(m.ID), Body: body,
+			ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: fmt.Sprint(m.ID), Body: body, Headers: headers,
 		})
 		if err != nil {
 			t.Fatalf("publishing: %v", err)

@@ -322,7 +322,8 @@ func (s *Spec) Bound(start time.Time, width time.Duration, allowance int) int {
 //
 //   - every 1 s window holds at most rate + burst (Bound), every 100 ms
 //     window burst + rate/10 + Allowance100ms;
-//   - for each keyed layer, arrivals of a key Burst apart in its order are
+//   - for each keyed layer, first arrivals of a key Burst apart in its
+//     order (a duplicate counts against DupBound instead) are
 //     at least GapFraction of the layer's spacing (1/rate) apart, less the
 //     stall (a late timestamp shortens the gap after it by at most that);
 //     pairs touching a disturbance are left out, and instead the key's
@@ -367,8 +368,19 @@ func Check(arrivals []Arrival, spec Spec) *Report {
 	}
 
 	inDisturbance := func(t time.Time) bool { _, k := spec.disturbed(t, t); return k > 0 }
+	// A duplicate is counted against DupBound, not against its key's
+	// spacing: a copy set aside twice by a crash carries the same paid
+	// slot, and both copies may go out at once.
+	var firsts []Arrival
+	seen := map[int]bool{}
+	for _, a := range arrivals {
+		if !seen[a.ID] {
+			seen[a.ID] = true
+			firsts = append(firsts, a)
+		}
+	}
 	for _, l := range spec.Keyed {
-		perKey := PerKey(arrivals, l.Key)
+		perKey := PerKey(firsts, l.Key)
 		spacing := time.Duration(float64(time.Second) / l.Rate)
 		want := time.Duration(frac*float64(spacing)) - spec.Stall
 		g := ClosestGap(perKey, max(l.Burst, 1), func(a, b time.Time) bool { return inDisturbance(a) || inDisturbance(b) })

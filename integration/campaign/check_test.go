@@ -118,6 +118,9 @@ func TestCheck(t *testing.T) {
 			[]Arrival{arr(0, "a", 0), arr(1, "a", 1500), arr(2, "b", 10), arr(2, "b", 5000), arr(3, "c", 20)},
 			map[int]int{4: 1}, 0,
 			[]string{"per-recipient: arrivals of key a 1 apart only 1.5s", "2 messages lost: 5 9", "dead-lettered that no limit refuses: 4", "1 duplicate deliveries, want at most 0"}},
+		{"a duplicate 1 ms after its first copy counts as a duplicate, not against the key's spacing",
+			[]Arrival{arr(0, "a", 0), arr(0, "a", 1), arr(1, "a", 2000), arr(2, "c", 20), arr(3, "d", 30), arr(4, "e", 40), arr(5, "f", 50)},
+			map[int]int{9: 1}, 0, []string{"1 duplicate deliveries, want at most 0"}},
 		{"duplicate within the bound", []Arrival{arr(0, "a", 0), arr(0, "a", 2000), arr(1, "b", 10), arr(2, "c", 20), arr(3, "d", 30), arr(4, "e", 40), arr(5, "f", 50)},
 			map[int]int{9: 1}, 1, nil},
 	}
