@@ -136,15 +136,15 @@ func ClosestGap(perKey map[string][]time.Time, lag int, skip func(a, b time.Time
 	return g
 }
 
-// Gaps returns the sorted gaps between a key's consecutive arrivals, for
-// reports.
+// Gaps returns the 12 shortest gaps between a key's consecutive
+// arrivals, sorted, for reports.
 func Gaps(ts []time.Time) []time.Duration {
 	var out []time.Duration
 	for i := 1; i < len(ts); i++ {
 		out = append(out, ts[i].Sub(ts[i-1]).Round(time.Millisecond))
 	}
 	slices.Sort(out)
-	return out
+	return out[:min(len(out), 12)]
 }
 
 // RateChange is an operator's `bucket set`: the rate in force is Rate
@@ -386,15 +386,15 @@ func Check(arrivals []Arrival, spec Spec) *Report {
 		g := ClosestGap(perKey, max(l.Burst, 1), func(a, b time.Time) bool { return inDisturbance(a) || inDisturbance(b) })
 		r.Closest[l.Name] = g
 		if g.N >= 2 {
-			r.logf("%s (%v/s burst %d, %d keys): closest pair %d apart %v, want >= %v; gaps of that key %v",
+			r.logf("%s (%v/s burst %d, %d keys): closest pair %d apart %v, want >= %v; shortest gaps of that key %v",
 				l.Name, l.Rate, l.Burst, len(perKey), max(l.Burst, 1), g, want.Round(time.Millisecond), Gaps(perKey[g.Key]))
 		} else {
 			r.logf("%s (%d keys): %v", l.Name, len(perKey), g)
 		}
 		if g.N >= 2 && g.D < want {
-			r.failf("%s: arrivals of key %s %d apart only %v apart from %s, want >= %v (%.0f%% of %v, less the %v stall); its gaps %v%s",
+			r.failf("%s: arrivals of key %s %d apart only %v apart from %s, want >= %v (%.0f%% of %v, less the %v stall)%s; its shortest gaps %v",
 				l.Name, g.Key, max(l.Burst, 1), g.D.Round(time.Millisecond), g.At.Format("15:04:05.000"), want.Round(time.Millisecond),
-				100*frac, spacing, spec.Stall.Round(time.Millisecond), Gaps(perKey[g.Key]), spec.near(g.At))
+				100*frac, spacing, spec.Stall.Round(time.Millisecond), spec.near(g.At), Gaps(perKey[g.Key]))
 		}
 		for _, d := range spec.Disturbances {
 			allowed := (1+d.ExtraKeyBursts)*l.Burst + int(l.Rate*d.To.Sub(d.From).Seconds()) + 1
