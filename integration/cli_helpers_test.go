@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -23,6 +24,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/throttlehq/throttle/consumer/rabbitmq"
 	"github.com/throttlehq/throttle/internal/testenv"
 )
 
@@ -330,6 +332,10 @@ func cliQueue(t *testing.T, amqpURL, name string) (*amqp.Connection, *amqp.Chann
 		_, _ = ch.QueueDelete(name, false, false, false)
 		_, _ = ch.QueueDelete(name+".dlq", false, false, false)
 		_ = ch.ExchangeDelete(name+".dlx", false, false)
+		for _, dq := range rabbitmq.DelayQueues(name, math.MaxInt64) {
+			_, _ = ch.QueueDelete(dq, false, false, false)
+			_ = ch.ExchangeDelete(dq, false, false)
+		}
 	})
 	return conn, ch
 }

@@ -63,19 +63,19 @@ type fakePublisher struct {
 	exchanges  []string
 	keys       []string
 	declareErr error
-	declared   map[string]amqp.Table
+	declared   map[string]int // the levels of each queue's delay queues
 }
 
-func (p *fakePublisher) declareQueue(name string, args amqp.Table) error {
+func (p *fakePublisher) declareDelay(queue string, levels int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.declareErr != nil {
 		return p.declareErr
 	}
 	if p.declared == nil {
-		p.declared = map[string]amqp.Table{}
+		p.declared = map[string]int{}
 	}
-	p.declared[name] = args
+	p.declared[queue] = levels
 	return nil
 }
 
@@ -216,16 +216,23 @@ func TestAckPaths(t *testing.T) {
 			}
 			if tt.setAside {
 				m := pub.published[0]
-				if pub.exchanges[0] != "" || pub.keys[0] != "sms.delay" || m.Expiration != "250" ||
+				// What is left of 250 ms when it is published, rounded down
+				// to 10 ms units, is 24 units: 0.0.0.1.1, from level 4.
+				if pub.exchanges[0] != "sms.delay.04" || pub.keys[0] != "0.0.0.1.1" || m.Expiration != "" ||
 					m.Headers[HeaderSetAsideReason] != "limit per-recipient: no room" || m.Headers["trace"] != "abc" ||
 					m.Headers[consumer.HeaderPaid] != paidSlot ||
 					string(m.Body) != "hello" || m.DeliveryMode != amqp.Persistent {
-					t.Errorf("set aside as %+v to exchange %q key %q; want the message to sms.delay via the default exchange, expiring in 250ms, with the reason and the paid slot",
+					t.Errorf("set aside as %+v to exchange %q key %q; want the message to sms.delay.04 with key 0.0.0.1.1, without expiration, with the reason and the paid slot",
 						m, pub.exchanges[0], pub.keys[0])
 				}
-				args := pub.declared["sms.delay"]
-				if args["x-dead-letter-exchange"] != "" || args["x-dead-letter-routing-key"] != "sms" {
-					t.Errorf("delay queue declared with %v, want dead-lettering back to sms", args)
+				due, err1 := time.Parse(time.RFC3339Nano, fmt.Sprint(m.Headers[HeaderDue]))
+				back, err2 := time.Parse(time.RFC3339Nano, fmt.Sprint(m.Headers[headerBack]))
+				if err1 != nil || err2 != nil || due.Sub(back) <= 0 || due.Sub(back) > delayUnit {
+					t.Errorf("due %v, back %v: want back up to one unit before due (no lead without a measured lag)", m.Headers[HeaderDue], m.Headers[headerBack])
+				}
+				// The default MaxSetAside, 1 min, is 6000 units: 13 levels.
+				if got := pub.declared["sms"]; got != 13 {
+					t.Errorf("delay queues of sms declared with %d levels, want 13", got)
 				}
 				return
 			}

@@ -13,7 +13,7 @@ import (
 )
 
 // Backlog returns the number of messages waiting at the broker: those
-// ready in the queue and those set aside in the delay queue. BacklogParts
+// ready in the queue and those set aside in the delay queues. BacklogParts
 // tells the two apart; Backlog is their Total.
 func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
 	return consumer.BacklogTotal(c.BacklogParts(ctx))
@@ -22,19 +22,23 @@ func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
 // BacklogParts returns the number of messages ready in the queue as Ready:
 // waiting at the broker and not yet delivered to any consumer (deliveries
 // held unacked by consumers, including this one's prefetch, are not
-// counted). It returns the messages of the delay queue, "<Queue>.delay",
-// as SetAside: set aside by a delay layer and not back in the queue yet.
-// Every replica consuming the queue sees the same numbers.
+// counted). It returns the messages of the delay queues,
+// "<Queue>.delay.NN" (see HeaderDue), as SetAside: set aside by a delay
+// layer and not back in the queue yet. Every replica consuming the queue
+// sees the same numbers. Messages that an older version set aside in the
+// single queue "<Queue>.delay" still come back, within
+// Options.MaxSetAside, but are not counted.
 //
 // It opens a short-lived channel on the connection that Run is consuming
-// on, passively declares the queue and the delay queue there and closes
+// on, passively declares the queue and the delay queues there and closes
 // the channel: it never dials, and it leaves the consuming channel alone.
-// It costs four round trips on that connection (opening the channel, the
-// two declares, closing the channel). The delay queue exists from the first
-// message set aside; while it does not, SetAside is 0, and after the
-// broker said so BacklogParts does not ask again for 30 seconds, since the
-// broker logs each such refusal. A delay queue that another replica has
-// just created may so be counted up to 30 seconds late. It is safe for
+// It costs a round trip for opening the channel, one per declare (the
+// queue and, with the default Options.MaxSetAside of a minute, 13 delay
+// levels) and one for closing the channel. The delay queues exist from
+// the first message set aside; while they do not, SetAside is 0, and after
+// the broker said so BacklogParts does not ask again for 30 seconds, since
+// the broker logs each such refusal. Delay queues that another replica
+// has just created may so be counted up to 30 seconds late. It is safe for
 // concurrent use, with Run and with other calls to Backlog.
 //
 // Before Run has connected, while Run is reconnecting, and after Run has
@@ -81,7 +85,7 @@ func (c *Consumer) BacklogParts(ctx context.Context) (consumer.Backlog, error) {
 }
 
 // delayRecheck is how long BacklogParts goes without asking for the delay
-// queue after the broker said that it does not exist.
+// queues after the broker said that they do not exist.
 const delayRecheck = 30 * time.Second
 
 // delayProbe remembers until when BacklogParts takes the delay queue for
@@ -110,7 +114,7 @@ func (c *Consumer) backlogError(err error) error {
 	return fmt.Errorf("rabbitmq: reading backlog of queue %q: %w", c.cfg.Queue, err)
 }
 
-// waitingMessages passively declares the queue and the delay queue on a
+// waitingMessages passively declares the queue and the delay queues on a
 // new channel of conn and returns their counts of ready messages. Errors
 // caused by conn being closed wrap ErrNotConnected.
 func (c *Consumer) waitingMessages(conn *amqp.Connection) (consumer.Backlog, error) {
@@ -138,16 +142,22 @@ func (c *Consumer) waitingMessages(conn *amqp.Connection) (consumer.Backlog, err
 	if !c.delayProbe.due(now) {
 		return b, nil
 	}
-	// The delay queue comes last: a NOT_FOUND closes the channel.
-	dq, err := ch.QueueDeclarePassive(c.delayQueue(), true, false, false, false, nil)
-	var aerr *amqp.Error
-	switch {
-	case errors.As(err, &aerr) && aerr.Code == amqp.NotFound:
-		c.delayProbe.absent(now)
-	case err != nil:
-		return consumer.Backlog{}, notConnected(fmt.Errorf("delay queue %q: %w", c.delayQueue(), err))
-	default:
-		b.SetAside = int64(dq.Messages)
+	// The delay queues come last, lowest level first: a NOT_FOUND closes
+	// the channel. Level 0 exists once anything was set aside.
+	for n := range delayLevels(c.proc.Options().MaxSetAside) {
+		name := delayLevelName(c.cfg.Queue, n)
+		dq, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+		var aerr *amqp.Error
+		switch {
+		case errors.As(err, &aerr) && aerr.Code == amqp.NotFound:
+			if n == 0 {
+				c.delayProbe.absent(now)
+			}
+			return b, nil
+		case err != nil:
+			return consumer.Backlog{}, notConnected(fmt.Errorf("delay queue %q: %w", name, err))
+		}
+		b.SetAside += int64(dq.Messages)
 	}
 	return b, nil
 }

@@ -261,15 +261,13 @@ func firstBacklogParts(t *testing.T, c *rabbitmq.Consumer) (consumer.Backlog, er
 }
 
 // TestBacklogCountsSetAside checks that the messages set aside in the
-// delay queue count in Backlog, and apart in BacklogParts: they are still
-// to be delivered. Before anything was set aside the delay queue does not
+// delay queues count in Backlog, and apart in BacklogParts: they are still
+// to be delivered. Before anything was set aside the delay queues do not
 // exist, which counts 0 and is no error.
 func TestBacklogCountsSetAside(t *testing.T) {
 	const n, setAside = 6, 3
 	b := newBroker(t)
 	q := b.declareQueue(t)
-	dq := q + ".delay"
-	t.Cleanup(func() { _, _ = b.ch.QueueDelete(dq, false, false, false) })
 
 	// m-0000, m-0002 and m-0004 are set aside for an hour (a stay capped
 	// at Options.MaxSetAside, a minute, far beyond the test); the others
@@ -308,8 +306,11 @@ func TestBacklogCountsSetAside(t *testing.T) {
 	if parts, err := backlogParts(t, c); err != nil || parts != want {
 		t.Errorf("BacklogParts returned %+v, %v; want %+v, nil", parts, err, want)
 	}
-	if ready := b.ready(t, dq); ready != setAside {
-		t.Errorf("another connection sees %d messages in the delay queue, want %d", ready, setAside)
+	// A minute is 6000 units of 10 ms, whose highest bit is bit 12: each
+	// waits at level 12 first, for 4096 units.
+	levels := rabbitmq.DelayQueues(q, consumer.DefaultMaxSetAside)
+	if ready := b.ready(t, levels[len(levels)-1]); ready != setAside {
+		t.Errorf("another connection sees %d messages in the delay queue of the highest level, want %d", ready, setAside)
 	}
 	cancel()
 	wait()
@@ -319,14 +320,13 @@ func TestBacklogCountsSetAside(t *testing.T) {
 }
 
 // TestBacklogDelayQueueRecheck checks that after the broker said that the
-// delay queue does not exist, BacklogParts does not ask for it again until
-// the recheck interval passed, while a consumer that was not told so sees
-// it at once.
+// delay queues do not exist, BacklogParts does not ask for them again
+// until the recheck interval passed, while a consumer that was not told so
+// sees them at once.
 func TestBacklogDelayQueueRecheck(t *testing.T) {
 	b := newBroker(t)
 	q := b.declareQueue(t)
-	dq := q + ".delay"
-	t.Cleanup(func() { _, _ = b.ch.QueueDelete(dq, false, false, false) })
+	dq := rabbitmq.DelayQueues(q, consumer.DefaultMaxSetAside)[0]
 	told := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q}, nop)
 	rabbitmq.SetDelayRecheck(told, time.Hour)
 	fresh := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q}, nop)

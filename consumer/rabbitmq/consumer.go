@@ -16,12 +16,14 @@
 //     queue's own dead-letter exchange takes it with RabbitMQ's x-death
 //     header only;
 //   - set aside (the handler returned a consumer.SetAside error, as a
-//     layered limit with on_exceed delay does): published to the delay
-//     queue "<Queue>.delay" with a per-message TTL, under a publisher
-//     confirm, then Ack; when the TTL expires, RabbitMQ dead-letters it
-//     back to the queue. The handler is free meanwhile. As always with
-//     per-message TTLs, a message expires only at the head of the delay
-//     queue, so a short delay may wait behind a longer one;
+//     layered limit with on_exceed delay does): published, under a
+//     publisher confirm, to the delay queues "<Queue>.delay.NN" (see
+//     DelayQueues), levels of fixed TTLs that RabbitMQ dead-letters from
+//     one to the next and back to the queue when it is due (HeaderDue),
+//     then Ack. The handler is free meanwhile. Each level's TTL is the
+//     same for all its messages, so none waits behind a longer delay;
+//     the message comes back a little early and its handler waits the
+//     rest;
 //   - not finished (shutdown past the drain deadline, or the limiter
 //     closed): Nack with requeue, so that the broker delivers it again.
 //
@@ -95,6 +97,9 @@ type Consumer struct {
 	// delayProbe spares the broker a question for a delay queue that it
 	// just said does not exist (BacklogParts).
 	delayProbe delayProbe
+	// lag is how late the delay queues bring messages back, which
+	// setAside asks for them back ahead of.
+	lag returnLag
 }
 
 // New returns a Consumer that calls h for each message of cfg.Queue. It

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"maps"
-	"strconv"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -21,9 +21,10 @@ type publisher interface {
 	// over), errNotConfirmed when the broker nacked it, and ctx's error
 	// when ctx ended first.
 	publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error
-	// declareQueue declares a durable queue with args, on a channel of
-	// its own, so that a refusal closes nothing else.
-	declareQueue(name string, args amqp.Table) error
+	// declareDelay declares the levels 0 to levels-1 of queue's delay
+	// queues (see declareDelay), on a channel of its own, so that a
+	// refusal closes nothing else.
+	declareDelay(queue string, levels int) error
 }
 
 var (
@@ -39,15 +40,16 @@ type confirmPublisher struct {
 	ch   *amqp.Channel
 
 	mu       sync.Mutex
-	declared map[string]bool // queues declared on conn; guarded by mu
+	declared map[string]bool // delay queues declared on conn, by top level; guarded by mu
 }
 
-// declareQueue declares the queue once per connection: a later call for a
-// queue declared already returns nil at once. Calls for the same queue
-// wait for each other.
-func (p *confirmPublisher) declareQueue(name string, args amqp.Table) error {
+// declareDelay declares queue's delay queues once per connection and
+// number of levels: a later call for them returns nil at once. Calls wait
+// for each other.
+func (p *confirmPublisher) declareDelay(queue string, levels int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	name := delayLevelName(queue, levels-1)
 	if p.declared[name] {
 		return nil
 	}
@@ -57,7 +59,7 @@ func (p *confirmPublisher) declareQueue(name string, args amqp.Table) error {
 	}
 	// A refused declare closes ch already, and Close does nothing.
 	defer func() { _ = ch.Close() }()
-	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
+	if err := declareDelay(ch, queue, levels); err != nil {
 		return err
 	}
 	if p.declared == nil {
@@ -148,6 +150,8 @@ func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bo
 		out = r.proc.KeyFailed(it.keyErr)
 	case ctx.Err() != nil:
 		out = consumer.Outcome{Abandoned: true}
+	case r.back(ctx, it, pub, requeueAttrs(d)):
+		return false
 	default:
 		out = r.proc.Process(ctx, it.msg)
 	}
@@ -179,27 +183,32 @@ func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bo
 	return false
 }
 
-// delayQueue returns the name of the queue that messages are set aside in.
+// delayQueue returns the name of the single delay queue that messages
+// were set aside in, with a per-message TTL, before the delay queues by
+// level (see delayUnit). A message set aside there comes back as before;
+// nothing is published there any more.
 func (c *Consumer) delayQueue() string { return c.cfg.Queue + ".delay" }
 
-// setAside publishes the delivery to the delay queue, "<Queue>.delay", with
-// a per-message TTL of out.SetAside (at most Options.MaxSetAside) and the headers its handler asked for
-// (consumer.Outcome.SetAsideHeaders, such as consumer.HeaderPaid); when the
-// TTL expires, the delay queue dead-letters it back to the queue through
-// the default exchange. The delay queue is declared (durable, x-dead-letter-exchange "",
-// x-dead-letter-routing-key Queue) at the first message set aside on each
-// connection. Once the broker confirmed the copy, the delivery is acked.
-// If the delay queue cannot be declared, the handler waits out the delay
-// and setAside reports true: the delivery is to be handled again, as
-// it.msg, now with those headers (or it goes back to the queue if ctx ends
-// first).
+// setAside publishes the delivery to the delay queues (see delayUnit),
+// to come back after out.SetAside (at most Options.MaxSetAside), with the
+// headers its handler asked for (consumer.Outcome.SetAsideHeaders, such as
+// consumer.HeaderPaid), HeaderDue and headerBack. It asks for it back a
+// lead ahead of its due time (returnLag), rounded down to delayUnit, and
+// the handler waits the rest when it comes back (run.back). The delay
+// queues are declared at the first message set aside on each connection.
+// Once the broker confirmed the copy, the delivery is acked. If the delay
+// queues cannot be declared, the handler waits out the delay and setAside
+// reports true: the delivery is to be handled again, as it.msg, now with
+// those headers (or it goes back to the queue if ctx ends first).
 func (r *run) setAside(ctx context.Context, it *item, out consumer.Outcome, pub publisher, attrs []slog.Attr) (again bool) {
 	d := &it.d
-	q := r.delayQueue()
-	out.SetAside = min(out.SetAside, r.proc.Options().MaxSetAside) // back to set aside again if need be
-	attrs = append(attrs, slog.String("delay_queue", q), slog.String("delay", out.SetAside.String()))
-	if err := pub.declareQueue(q, amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": r.cfg.Queue}); err != nil {
-		r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq cannot declare the delay queue; waiting out the delay in the handler",
+	maxSetAside := r.proc.Options().MaxSetAside
+	out.SetAside = min(out.SetAside, maxSetAside) // back to set aside again if need be
+	levels := delayLevels(maxSetAside)
+	due := time.Now().Add(out.SetAside)
+	attrs = append(attrs, slog.String("delay", out.SetAside.String()))
+	if err := pub.declareDelay(r.cfg.Queue, levels); err != nil {
+		r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq cannot declare the delay queues; waiting out the delay in the handler",
 			append(attrs, slog.String("err", err.Error()))...)
 		if consumer.Sleep(ctx, out.SetAside) != nil {
 			r.requeue(d, attrs)
@@ -211,7 +220,13 @@ func (r *run) setAside(ctx context.Context, it *item, out consumer.Outcome, pub 
 		it.msg = out.Returned(it.msg)
 		return true
 	}
+	// What is left of the delay after the declare (about 60 calls, the
+	// first time on a connection), less the lead.
+	now := time.Now()
+	exchange, key, after := delayRoute(r.cfg.Queue, due.Sub(now)-r.lag.lead(now), levels)
+	attrs = append(attrs, slog.String("delay_exchange", exchange))
 	msg := deadLetter(d, nil)
+	dropDelayDeaths(msg.Headers, r.cfg.Queue)
 	// The copy carries consumer.HeaderPaid as it.msg does, not as d does:
 	// item dropped a publisher's.
 	h := map[string]string{consumer.HeaderPaid: it.msg.Headers[consumer.HeaderPaid]}
@@ -223,11 +238,12 @@ func (r *run) setAside(ctx context.Context, it *item, out consumer.Outcome, pub 
 			msg.Headers[k] = v
 		}
 	}
-	msg.Expiration = strconv.FormatInt(max(out.SetAside.Milliseconds(), 1), 10)
+	msg.Headers[HeaderDue] = due.UTC().Format(time.RFC3339Nano)
+	msg.Headers[headerBack] = now.Add(after).UTC().Format(time.RFC3339Nano)
 	if out.Err != nil {
 		msg.Headers[HeaderSetAsideReason] = out.Err.Error()
 	}
-	if r.publishThenAck(ctx, d, pub, "", q, msg, attrs) {
+	if r.publishThenAck(ctx, d, pub, exchange, key, msg, attrs) {
 		r.log.LogAttrs(ctx, slog.LevelDebug, "rabbitmq message set aside", attrs...)
 		r.cfg.Observer.ObserveSetAside(it.msg, out.SetAside)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/url"
 	"sync"
@@ -13,6 +14,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/goleak"
 
+	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/rabbitmq"
 	"github.com/throttlehq/throttle/internal/testenv"
 )
 
@@ -75,6 +78,16 @@ func (b *broker) declareQueue(t *testing.T) string {
 		if err := ch.ExchangeDelete(dlx, false, false); err != nil {
 			t.Errorf("deleting exchange %s: %v", dlx, err)
 		}
+		// The delay queues, if a test set messages aside; deleting what
+		// does not exist is no error.
+		for _, name := range rabbitmq.DelayQueues(q, math.MaxInt64) {
+			if _, err := ch.QueueDelete(name, false, false, false); err != nil {
+				t.Errorf("deleting queue %s: %v", name, err)
+			}
+			if err := ch.ExchangeDelete(name, false, false); err != nil {
+				t.Errorf("deleting exchange %s: %v", name, err)
+			}
+		}
 	})
 	must(t, b.ch.ExchangeDeclare(dlx, amqp.ExchangeFanout, true, false, false, false, nil))
 	_, err := b.ch.QueueDeclare(dlq, true, false, false, false, nil)
@@ -136,6 +149,18 @@ func (b *broker) waitReady(t *testing.T, q string, want int) int {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// waitDelayEmpty waits up to 5 s until no message is ready in the delay
+// queues of q (with the default Options.MaxSetAside), and returns how many
+// are left.
+func (b *broker) waitDelayEmpty(t *testing.T, q string) int {
+	t.Helper()
+	left := 0
+	for _, dq := range rabbitmq.DelayQueues(q, consumer.DefaultMaxSetAside) {
+		left += b.waitReady(t, dq, 0)
+	}
+	return left
 }
 
 func must(t *testing.T, err error) {
