@@ -56,7 +56,8 @@ type committer struct {
 	log    *slog.Logger
 	wakeC  chan struct{}
 	// withMeta commits, with each offset, the messages that finished
-	// after it (finishedMetadata), for orderings that finish out of order.
+	// after it (finishedMetadata), for orderings that finish out of order;
+	// a partition of the delay topic always does (dueReader).
 	withMeta bool
 }
 
@@ -139,7 +140,10 @@ func (c *committer) commitMoved() error {
 		p.mu.Lock()
 		pos, ok := p.tracker.position()
 		var meta string
-		if c.withMeta {
+		// A partition of the delay topic finishes out of order under
+		// every ordering: its copies go in the order they are due.
+		withMeta := c.withMeta || p.delay
+		if withMeta {
 			if !ok {
 				// Nothing finished at the start yet; later messages may
 				// have. The position is still the first fetched one.
@@ -152,12 +156,12 @@ func (c *committer) commitMoved() error {
 		if ok && (pos > p.committed || meta != p.meta) && (pos != p.tracker.first || meta != "") {
 			if offsets == nil {
 				offsets = make(map[topicPartition]int64)
-				if c.withMeta {
-					metadata = make(map[topicPartition]string)
-				}
 			}
 			offsets[p.topicPartition] = pos
-			if c.withMeta {
+			if withMeta {
+				if metadata == nil {
+					metadata = make(map[topicPartition]string)
+				}
 				metadata[p.topicPartition] = meta
 			}
 		}

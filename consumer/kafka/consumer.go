@@ -101,11 +101,15 @@
 // pass it. A crash in between handles the message twice, never loses it.
 //
 // The group consumes the delay topic too: its partitions are assigned,
-// drained and committed like the topic's. The fetcher of a delay partition
-// stops at a head that is not due, on one timer (ended by a revocation),
-// and hands it to the normal path when it is due, where it is throttled
-// again. A delay partition without a committed offset is read from its
-// first offset, whatever Config.StartOffset says for the topic.
+// drained and committed like the topic's. The reader of a delay partition
+// reads ahead (up to 1024 copies) and hands each copy to the normal path
+// when it is due, in the order they are due, on one timer at a time
+// (ended by a revocation); there it is throttled again. Copies thus finish
+// out of order, and, under every Ordering, each commit of a delay
+// partition lists those finished after its offset in its metadata, which
+// the partition's next owner skips. A delay partition without a committed
+// offset is read from its first offset, whatever Config.StartOffset says
+// for the topic.
 //
 // Several groups that consume one topic share its default delay topic.
 // Each skips, without handling, the copies another group set aside
@@ -116,11 +120,9 @@
 // should preferably each set their own Config.DelayTopic.
 //
 // A message set aside gives up its place: later messages of its
-// partition or key go ahead of it. Order within a delay partition is by
-// due time only approximately:
-// a message due earlier waits behind a later head, so a fixed delay per
-// layer, which keeps due times nearly monotone, suits it best. Due times
-// are the writing replica's clock.
+// partition or key go ahead of it. A copy due earlier than one written
+// before it in its delay partition goes first: it does not wait behind
+// it. Due times are the writing replica's clock.
 //
 // Run creates the delay topic, with the topic's partition count and the
 // brokers' default settings, when it is missing; its retention must exceed
@@ -231,7 +233,8 @@ type Config struct {
 	// MaxInFlight bounds the messages handled at once with
 	// consumer.OrderKey and consumer.OrderNone (the handler is called from
 	// up to MaxInFlight goroutines). consumer.OrderPartition uses
-	// Concurrency instead. Default DefaultMaxInFlight.
+	// Concurrency instead, and Validate rejects a MaxInFlight set with it.
+	// Default DefaultMaxInFlight.
 	MaxInFlight int
 	// QueueSize bounds the fetched messages that wait for a worker, across
 	// all partitions, on top of the messages being handled (Concurrency or
@@ -251,8 +254,8 @@ type Config struct {
 	// SetAside, when true, makes the consumer set aside the messages whose
 	// handler asks for it (consumer.SetAside, as a layered limit with
 	// on_exceed delay does) in DelayTopic instead of waiting in the
-	// handler, and consume DelayTopic in the same group, each partition
-	// paused until its head is due (see Setting aside in the package
+	// handler, and consume DelayTopic in the same group, each copy handed
+	// on when it is due (see Setting aside in the package
 	// documentation). Default false: the handler waits out the delay and
 	// the message holds its worker meanwhile.
 	SetAside bool
@@ -431,6 +434,10 @@ func (cfg Config) Validate() error {
 	}
 	if cfg.MaxInFlight < 0 {
 		bad("MaxInFlight", "%d must not be negative", cfg.MaxInFlight)
+	} else if cfg.MaxInFlight > 0 && (cfg.Ordering == "" || cfg.Ordering == consumer.OrderPartition) {
+		// A bound the consumer would ignore is a mistake.
+		bad("MaxInFlight", "has no effect with ordering %q; it bounds ordering %q and %q (partition is bounded by the concurrency)",
+			consumer.OrderPartition, consumer.OrderKey, consumer.OrderNone)
 	}
 	if cfg.QueueSize < 0 {
 		bad("QueueSize", "%d must not be negative", cfg.QueueSize)
@@ -694,12 +701,13 @@ func (c *Consumer) fail(err error) {
 }
 
 // newGeneration wraps a kafka-go generation for runGeneration. With
-// OrderPartition it commits through the generation. With OrderKey and
-// OrderNone, whose messages finish out of order, it commits with each
-// offset the messages that finished after it (as metadata, which kafka-go's
-// Generation cannot send, so through client with the generation's ID and
-// member ID), and reads what the previous owners committed so, to skip
-// those messages.
+// OrderPartition and without SetAside it commits through the generation.
+// With OrderKey and OrderNone, whose messages finish out of order, and
+// with SetAside, whose delay topic's copies finish in the order they are
+// due (dueReader), it commits with each offset the messages that finished
+// after it (as metadata, which kafka-go's Generation cannot send, so
+// through client with the generation's ID and member ID), and reads what
+// the previous owners committed so, to skip those messages.
 func (c *Consumer) newGeneration(ctx context.Context, client *kafkago.Client, gen *kafkago.Generation, shutdown <-chan struct{}) *generation {
 	var parts []assignment
 	for _, topic := range []string{c.cfg.Topic, c.cfg.DelayTopic} {
@@ -726,7 +734,7 @@ func (c *Consumer) newGeneration(ctx context.Context, client *kafkago.Client, ge
 		shutdown: shutdown,
 		drained:  make(chan struct{}),
 	}
-	if c.cfg.Ordering == consumer.OrderPartition {
+	if c.cfg.Ordering == consumer.OrderPartition && !c.cfg.SetAside {
 		return g
 	}
 	g.commit = func(offsets map[topicPartition]int64, metadata map[topicPartition]string) error {

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"strconv"
@@ -102,11 +103,11 @@ func (r *genRun) skipOtherGroup(p *partState, m kafkago.Message) bool {
 	return true
 }
 
-// waitDue waits until m, the head of a partition of the delay topic, is
-// due, and reports false when the partition was revoked first. The fetcher
-// calls it before it fetches the next message, so the partition is paused
-// meanwhile: one timer, no polling. A message without a valid due time is
-// due at once.
+// waitDue waits until m, a message of the delay topic, is due, and
+// reports false when the partition was revoked first. The fetcher calls it
+// for each message its dueReader hands it, which is due already, except
+// when the replica's clock went back. A message without a valid due time
+// is due at once.
 func (r *genRun) waitDue(p *partState, m kafkago.Message) bool {
 	c := r.c
 	due, ok := dueOf(m)
@@ -116,7 +117,7 @@ func (r *genRun) waitDue(p *partState, m kafkago.Message) bool {
 		return r.rctx.Err() == nil
 	}
 	if wait := due.Sub(c.clock.Now()); wait > 0 {
-		c.log.Debug("delay partition paused until its head is due",
+		c.log.Debug("delay copy handed on before it is due; waiting",
 			"topic", p.topic, "partition", p.partition, "offset", m.Offset, "due", due, "in", wait.String())
 		if c.clock.SleepUntil(r.rctx, due) != nil {
 			return false
@@ -289,4 +290,142 @@ func delayTopicReady(md *kafkago.MetadataResponse, topic string) bool {
 		return true
 	}
 	return false
+}
+
+// maxDueAhead bounds the copies a dueReader holds, read ahead of the first
+// unfinished one of its partition of the delay topic. Beyond it the reader
+// waits for the earliest to be due before it reads on, and a copy due
+// earlier further on waits that long.
+const maxDueAhead = 1024
+
+// dueReader reads a partition of the delay topic ahead and hands its
+// copies on in the order they are due (HeaderDue), each when it is due,
+// rather than in the order they were written: copies set aside for
+// different delays interleave in a partition, and one due earlier behind
+// a later one would otherwise wait for it, late for the slot a delay layer
+// booked for it (consumer.HeaderPaid), which is then forfeit and booked
+// again. Copies due at the same instant go in offset order.
+//
+// It adds each copy to its partition's offset tracker as it reads it, in
+// offset order, so that the commit never passes a copy it holds; copies
+// then finish out of order, and the committer lists the finished ones
+// with the offset (finishedMetadata) for the partition's next owner. It
+// skips, as it reads them, the copies the previous owner finished and those
+// of another group (skipOtherGroup).
+//
+// A dueReader belongs to its partition's fetcher goroutine: FetchMessage
+// is not safe for concurrent use. The copies it holds when ctx ends count
+// as dropped.
+type dueReader struct {
+	r    *genRun
+	p    *partState
+	rd   partitionReader
+	held dueHeap
+}
+
+// dueOrder returns the reader of p, a partition of the delay topic, that
+// hands rd's copies on when they are due (see dueReader).
+func (r *genRun) dueOrder(p *partState, rd partitionReader) partitionReader {
+	return &dueReader{r: r, p: p, rd: rd}
+}
+
+// dueCopy is a copy read ahead and the instant it is due.
+type dueCopy struct {
+	m   kafkago.Message
+	due time.Time
+}
+
+// dueHeap orders copies by due time, then offset.
+type dueHeap []dueCopy
+
+func (h dueHeap) Len() int { return len(h) }
+func (h dueHeap) Less(i, j int) bool {
+	if !h[i].due.Equal(h[j].due) {
+		return h[i].due.Before(h[j].due)
+	}
+	return h[i].m.Offset < h[j].m.Offset
+}
+func (h dueHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *dueHeap) Push(x any)   { *h = append(*h, x.(dueCopy)) }
+func (h *dueHeap) Pop() any {
+	old := *h
+	c := old[len(old)-1]
+	old[len(old)-1] = dueCopy{}
+	*h = old[:len(old)-1]
+	return c
+}
+
+// FetchMessage returns the copy due first once it is due, reading on
+// meanwhile. It returns ctx's error when ctx ends, and the underlying
+// reader's error as it comes.
+func (d *dueReader) FetchMessage(ctx context.Context) (kafkago.Message, error) {
+	clock := d.r.c.clock
+	for {
+		if ctx.Err() != nil {
+			d.r.dropped.Add(int64(len(d.held)))
+			d.held = nil
+			return kafkago.Message{}, ctx.Err()
+		}
+		if len(d.held) > 0 && !d.held[0].due.After(clock.Now()) {
+			return heap.Pop(&d.held).(dueCopy).m, nil
+		}
+		if len(d.held) >= maxDueAhead {
+			_ = clock.SleepUntil(ctx, d.held[0].due)
+			continue
+		}
+		m, err := d.fetchUntilDue(ctx)
+		switch {
+		case errors.Is(err, errHeadDue):
+			continue
+		case err != nil:
+			if ctx.Err() != nil {
+				continue
+			}
+			return kafkago.Message{}, err
+		}
+		if d.p.skip.has(m.Offset) {
+			// Finished by the previous owner, after its committed offset.
+			d.r.skipped.Add(1)
+			d.r.finishUnhandled(d.p, m.Offset)
+			continue
+		}
+		if d.r.skipOtherGroup(d.p, m) {
+			continue
+		}
+		due, ok := dueOf(m)
+		if !ok {
+			due = time.Time{} // due at once; waitDue logs it
+		}
+		d.p.mu.Lock()
+		d.p.tracker.add(m.Offset)
+		d.p.mu.Unlock()
+		heap.Push(&d.held, dueCopy{m: m, due: due})
+	}
+}
+
+// errHeadDue ends a read of the next copy when the copy due first is.
+var errHeadDue = errors.New("held copy due")
+
+// fetchUntilDue reads the next copy, until the copy due first that d
+// holds is due, if any; then it returns errHeadDue.
+func (d *dueReader) fetchUntilDue(ctx context.Context) (kafkago.Message, error) {
+	if len(d.held) == 0 {
+		return d.rd.FetchMessage(ctx)
+	}
+	due := d.held[0].due
+	fctx, cancel := context.WithCancelCause(ctx)
+	timer := make(chan struct{})
+	go func() {
+		defer close(timer)
+		if d.r.c.clock.SleepUntil(fctx, due) == nil {
+			cancel(errHeadDue)
+		}
+	}()
+	m, err := d.rd.FetchMessage(fctx)
+	cancel(nil)
+	<-timer
+	if err != nil && errors.Is(context.Cause(fctx), errHeadDue) && ctx.Err() == nil {
+		return kafkago.Message{}, errHeadDue
+	}
+	return m, err
 }

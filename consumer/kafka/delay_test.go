@@ -169,13 +169,15 @@ func TestDueOf(t *testing.T) {
 	}
 }
 
-// TestDelayHeadTiming steps a fake clock through fixed instants over two
+// TestDelayDueTiming steps a fake clock through fixed instants over two
 // partitions of the delay topic and checks, at each, which messages were
-// handled, which due time each partition's fetcher is parked on, and what
-// was committed. A partition waits for its head only: a message due
-// earlier behind a later head waits for it (order by due time is only
-// approximate), and a past-due or undated message goes at once.
-func TestDelayHeadTiming(t *testing.T) {
+// handled, which due time each partition's reader waits for, and what was
+// committed. A partition's copies go in the order they are due, each when
+// it is due: one due earlier behind a later one does not wait for it (it
+// did, the head of a partition blocking it, so that a copy came back up
+// to the longest delay set aside before it late). A past-due or undated
+// copy goes at once. The commit stays before the first unfinished copy.
+func TestDelayDueTiming(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	type hpos struct {
@@ -189,13 +191,14 @@ func TestDelayHeadTiming(t *testing.T) {
 		committed map[int]int64
 	}{
 		// Partition 1's messages are past due and undated: handled at once.
-		// Partition 0's head is due at +1s.
+		// Partition 0's first due copies are due at +1s.
 		{0, []hpos{{1, 0}, {1, 1}}, []time.Duration{time.Second}, map[int]int64{1: 2}},
 		{500 * time.Millisecond, []hpos{{1, 0}, {1, 1}}, []time.Duration{time.Second}, map[int]int64{1: 2}},
-		// Offsets 0 and 1 are due; offset 2 (+3s) is the head now.
-		{time.Second, []hpos{{0, 0}, {0, 1}, {1, 0}, {1, 1}}, []time.Duration{3 * time.Second}, map[int]int64{0: 2, 1: 2}},
-		// Offset 3 is due at +2s but waits behind offset 2.
-		{2 * time.Second, []hpos{{0, 0}, {0, 1}, {1, 0}, {1, 1}}, []time.Duration{3 * time.Second}, map[int]int64{0: 2, 1: 2}},
+		// Offsets 0 and 1 are due; offset 3 (+2s) is the next due.
+		{time.Second, []hpos{{0, 0}, {0, 1}, {1, 0}, {1, 1}}, []time.Duration{2 * time.Second}, map[int]int64{0: 2, 1: 2}},
+		// Offset 3, due at +2s, goes before offset 2 (+3s); the commit
+		// stays at offset 2.
+		{2 * time.Second, []hpos{{0, 0}, {0, 1}, {0, 3}, {1, 0}, {1, 1}}, []time.Duration{3 * time.Second}, map[int]int64{0: 2, 1: 2}},
 		{3 * time.Second, []hpos{{0, 0}, {0, 1}, {0, 2}, {0, 3}, {1, 0}, {1, 1}}, nil, map[int]int64{0: 4, 1: 2}},
 	}
 	for _, ordering := range []consumer.Ordering{consumer.OrderPartition, consumer.OrderKey, consumer.OrderNone} {
@@ -256,10 +259,11 @@ func TestDelayHeadTiming(t *testing.T) {
 					time.Sleep(5 * time.Millisecond)
 				}
 			}
-			// One timer per head that was not due, no polling: offsets 0
-			// and 2 of partition 0.
-			if n := clk.sleepCalls(); n != 2 {
-				t.Errorf("SleepUntil called %d times, want 2", n)
+			// No polling: partition 0's reader waits for the copy due first
+			// while it reads each of the 3 after the first, and once for
+			// each of the 2 due times after +1s.
+			if n := clk.sleepCalls(); n > 6 {
+				t.Errorf("SleepUntil called %d times, want at most 6", n)
 			}
 			rg.finish(t, true)
 			if got := f.delayCommitted(); !maps.Equal(got, steps[len(steps)-1].committed) {
@@ -269,9 +273,9 @@ func TestDelayHeadTiming(t *testing.T) {
 	}
 }
 
-// TestDelayWaitEndsAtRevocation: a fetcher parked on a head that is not due
-// returns when the partition is revoked; the head is neither handled nor
-// committed, so the next owner reads it again.
+// TestDelayWaitEndsAtRevocation: a reader waiting for a copy that is not
+// due returns when the partition is revoked; the copy is neither handled
+// nor committed, so the next owner reads it again.
 func TestDelayWaitEndsAtRevocation(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
 	c := newTestConsumer(t, Config{SetAside: true}, func(context.Context, consumer.Message) error {
@@ -284,13 +288,66 @@ func TestDelayWaitEndsAtRevocation(t *testing.T) {
 	f.delayReaders = map[int]partitionReader{0: newFakeReader(delayMsg(0, 0, t0.Add(time.Hour)))}
 	f.delayWriter = &fakeWriter{}
 	rg := startGeneration(t, c, f, &fakeWriter{})
-	waitFor(t, "the fetcher parked on its head", func() bool { return len(clk.sleeping()) == 1 })
+	waitFor(t, "the reader waiting for the copy", func() bool { return len(clk.sleeping()) == 1 })
 	rg.finish(t, false)
 	if n := len(clk.sleeping()); n != 0 {
 		t.Errorf("%d sleepers left after the revocation", n)
 	}
 	if got := f.delayCommitted(); len(got) != 0 {
 		t.Errorf("committed %v, want nothing", got)
+	}
+}
+
+// TestDelayRevocationSkipsFinished: under OrderPartition too, the copies
+// of a delay partition finish in the order they are due, so a revocation
+// while an early copy waits commits its offset with the later, finished
+// ones listed in the metadata; the next owner handles only the one that
+// waited, when due, and none twice.
+func TestDelayRevocationSkipsFinished(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	var handled []int64
+	c := newTestConsumer(t, Config{SetAside: true}, func(_ context.Context, m consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		handled = append(handled, m.Source.Offset)
+		return nil
+	})
+	clk := newFakeClock(t0)
+	c.clock = clk
+	copies := []kafkago.Message{delayMsg(0, 0, t0.Add(time.Hour)), delayMsg(0, 1, t0), delayMsg(0, 2, t0.Add(-time.Second))}
+	f := newFakeGroup(map[int]partitionReader{})
+	f.delayReaders = map[int]partitionReader{0: newFakeReader(copies...)}
+	f.delayWriter = &fakeWriter{}
+	rg := startGeneration(t, c, f, &fakeWriter{})
+	waitFor(t, "offsets 1 and 2 handled, 0 held", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(handled) == 2 && len(clk.sleeping()) == 1
+	})
+	rg.finish(t, false)
+	f.mu.Lock()
+	pos, meta := f.delayCommits[0], f.delayMeta[0]
+	f.mu.Unlock()
+	if pos != 0 || !parseFinished(pos, meta).has(1) || !parseFinished(pos, meta).has(2) {
+		t.Fatalf("committed %d with metadata %q, want 0 with offsets 1 and 2 finished", pos, meta)
+	}
+
+	mu.Lock()
+	handled = nil
+	mu.Unlock()
+	clk.set(t0.Add(time.Hour))
+	f2 := newFakeGroup(map[int]partitionReader{})
+	f2.delayReaders = map[int]partitionReader{0: newFakeReader(copies...)}
+	f2.delayWriter = &fakeWriter{}
+	f2.delaySkips = map[int]finishedSet{0: parseFinished(pos, meta)}
+	rg2 := startGeneration(t, c, f2, &fakeWriter{})
+	waitFor(t, "the delay partition committed to its end", func() bool { return f2.delayCommitted()[0] == 3 })
+	rg2.finish(t, true)
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(handled, []int64{0}) {
+		t.Fatalf("the next owner handled %v, want only offset 0", handled)
 	}
 }
 

@@ -153,6 +153,9 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 	closers := make([]func(), len(parts))
 	for i, p := range parts {
 		rd, closeReader := g.open(p.topicPartition, g.partitions[i].offset)
+		if p.delay {
+			rd = r.dueOrder(p, rd) // copies in the order they are due
+		}
 		closers[i] = closeReader
 		fetching.Add(1)
 		go func() {

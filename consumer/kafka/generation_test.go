@@ -65,17 +65,21 @@ type fakeGroup struct {
 	// consumer then sets aside).
 	delayReaders map[int]partitionReader
 	delayWriter  messageWriter
+	// delaySkips is what the generation reads from the previous commit's
+	// metadata for the delay topic.
+	delaySkips map[int]finishedSet
 
 	mu           sync.Mutex
 	commits      map[int]int64  // partition -> next offset
 	meta         map[int]string // partition -> metadata committed with it
 	delayCommits map[int]int64  // partition of the delay topic -> next offset
+	delayMeta    map[int]string // partition of the delay topic -> metadata committed with it
 	calls        int
 	failCommits  int
 }
 
 func newFakeGroup(readers map[int]partitionReader) *fakeGroup {
-	return &fakeGroup{readers: readers, commits: map[int]int64{}, meta: map[int]string{}, delayCommits: map[int]int64{}}
+	return &fakeGroup{readers: readers, commits: map[int]int64{}, meta: map[int]string{}, delayCommits: map[int]int64{}, delayMeta: map[int]string{}}
 }
 
 func (f *fakeGroup) commit(offsets map[topicPartition]int64, metadata map[topicPartition]string) error {
@@ -98,6 +102,8 @@ func (f *fakeGroup) commit(offsets map[topicPartition]int64, metadata map[topicP
 		commits[p] = o
 		if tp.topic == "t" {
 			f.meta[p] = metadata[tp]
+		} else {
+			f.delayMeta[p] = metadata[tp]
 		}
 	}
 	return nil
@@ -136,6 +142,9 @@ func startGeneration(t *testing.T, c *Consumer, f *fakeGroup, w messageWriter) *
 	skips := map[topicPartition]finishedSet{}
 	for p, s := range f.skips {
 		skips[topicPartition{"t", p}] = s
+	}
+	for p, s := range f.delaySkips {
+		skips[topicPartition{"t.delay", p}] = s
 	}
 	rg.g = &generation{
 		id:       1,
@@ -420,12 +429,16 @@ func TestRevocation(t *testing.T) {
 				mu      sync.Mutex
 				started []int64
 			)
+			maxInFlight := 3 // ordering none; partition has one worker
+			if ordering == consumer.OrderPartition {
+				maxInFlight = 0
+			}
 			c := newTestConsumer(t, Config{
 				Options: consumer.Options{Ordering: ordering, Limiter: lim,
 					Retry: consumer.RetryPolicy{MaxAttempts: 1}, DrainTimeout: 10 * time.Second},
 				// Room for all ten messages, so the fetcher waits in
 				// FetchMessage when the revocation comes.
-				MaxInFlight: 3, QueueSize: 20,
+				MaxInFlight: maxInFlight, QueueSize: 20,
 			}, func(ctx context.Context, m consumer.Message) error {
 				mu.Lock()
 				started = append(started, m.Source.Offset)

@@ -47,8 +47,16 @@ func newOffsetTracker() *offsetTracker {
 }
 
 // add records a fetched message at offset off, which must be above every
-// offset added before, and returns its sequence number for finish.
+// offset added before, and returns its sequence number for finish. For an
+// offset added before and not yet behind the commit position, it returns
+// the sequence number it gave then: the delay topic's reader adds its
+// copies as it reads them, ahead, and hands each on when due (dueReader).
 func (t *offsetTracker) add(off int64) uint64 {
+	if t.fetched && off < t.next {
+		if seq, ok := t.seqOf(off); ok {
+			return seq
+		}
+	}
 	if t.tail-t.head == uint64(len(t.offs)) {
 		t.grow()
 	}
@@ -62,6 +70,26 @@ func (t *offsetTracker) add(off int64) uint64 {
 		t.first, t.fetched = off, true
 	}
 	return seq
+}
+
+// seqOf returns the sequence number of off, among the messages at or
+// after the commit position, by binary search: their offsets increase
+// with their sequence numbers.
+func (t *offsetTracker) seqOf(off int64) (uint64, bool) {
+	mask := uint64(len(t.offs) - 1)
+	lo, hi := t.head, t.tail
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if t.offs[mid&mask] < off {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	if lo < t.tail && t.offs[lo&mask] == off {
+		return lo, true
+	}
+	return 0, false
 }
 
 // grow doubles the ring, keeping every unfinished entry at its sequence

@@ -48,6 +48,12 @@ func TestOffsetTracker(t *testing.T) {
 		{"revocation before anything finished commits nothing", []step{
 			{add: []int64{7, 8}, finish: []int64{8}, want: -1, window: 2},
 		}},
+		{"an offset added again keeps its sequence number (the delay topic's read-ahead)", []step{
+			{add: []int64{10, 11, 12}, want: -1, window: 3},
+			{add: []int64{11}, finish: []int64{11}, want: -1, window: 3},
+			{add: []int64{10}, finish: []int64{10}, want: 12, window: 1},
+			{add: []int64{12, 13}, finish: []int64{12}, want: 13, window: 1},
+		}},
 		{"a window larger than the initial ring", []step{
 			{add: seq(0, 200), finish: seq(1, 200), want: -1, window: 200},
 			{finish: []int64{0}, want: 200, window: 0},
