@@ -194,15 +194,6 @@ func (k *Kafka) validate(ps *problems) {
 		opts.OrderingKey = f
 	}
 	ps.library(key, reflect.TypeFor[Kafka](), k.ConsumerConfig(opts, nil).Validate())
-	if k.MaxInFlight != 0 {
-		// The consumer bounds ordering key and none with MaxInFlight and
-		// partition with Concurrency: a max_in_flight it would ignore is
-		// a mistake.
-		if o, err := (consumer.Options{Ordering: k.Ordering}).WithDefaults(); err == nil && o.Ordering == consumer.OrderPartition {
-			ps.add(key+".max_in_flight", "has no effect with ordering %q; it bounds ordering %q and %q (partition uses concurrency)",
-				o.Ordering, consumer.OrderKey, consumer.OrderNone)
-		}
-	}
 	switch k.StartOffset {
 	case "", StartFirst, StartLast:
 	default:

@@ -36,6 +36,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"illegal topic name", func(c *Config) { c.Topic = "a b" }, ok, "Topic"},
 		{"illegal dead-letter topic name", func(c *Config) { c.DeadLetterTopic = ".." }, ok, "DeadLetterTopic"},
 		{"negative max in flight", func(c *Config) { c.MaxInFlight = -1 }, ok, "MaxInFlight"},
+		{"max in flight with ordering partition", func(c *Config) { c.MaxInFlight = 50 }, ok, "MaxInFlight"},
+		{"max in flight with ordering partition named", func(c *Config) { c.MaxInFlight = 50; c.Ordering = consumer.OrderPartition }, ok, "MaxInFlight"},
 		{"unknown ordering", func(c *Config) { c.Ordering = "random" }, ok, "Ordering"},
 		{"no group", func(c *Config) { c.Group = "" }, ok, "Group"},
 		{"negative concurrency", func(c *Config) { c.Concurrency = -1 }, ok, "Concurrency"},
