@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/throttlehq/throttle/consumer"
-	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -14,12 +13,10 @@ import (
 // to one recipient within the minute is dead-lettered naming the layer,
 // never retried, never sent.
 func ExampleNewLimiter() {
-	shared, _ := backend.NewMemory(100, 10) // the provider account: 100/s
-	store, _ := backend.NewLayeredMemory(shared, []limiter.Layer{{
+	bucket, _ := limiter.NewLocal(100, 10, limiter.Layer{ // the provider account: 100/s
 		Name: "per-recipient", Keyed: true, Rate: 1.0 / 60, Burst: 1, // 1 a minute
 		OnExceed: limiter.ActionDeadLetter,
-	}})
-	bucket, _ := limiter.New(store, limiter.Options{})
+	})
 	defer bucket.Close()
 
 	lim, err := consumer.NewLimiter(bucket, consumer.LimitOptions{

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/throttlehq/throttle/consumer"
-	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -15,15 +14,7 @@ import (
 // per-recipient layer.
 func layeredBucket(t *testing.T, layer limiter.Layer) *limiter.Bucket {
 	t.Helper()
-	shared, err := backend.NewMemory(1000, 100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := backend.NewLayeredMemory(shared, []limiter.Layer{layer})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := limiter.New(store, limiter.Options{})
+	b, err := limiter.NewLocal(1000, 100, layer)
 	if err != nil {
 		t.Fatal(err)
 	}

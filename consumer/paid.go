@@ -19,11 +19,11 @@ import (
 //
 // When the message comes back, its first limiter wait passes those layers
 // without taking from them again (limiter.Request.Paid; a slot back more
-// than backend.PaidLateness late is forfeit); a later attempt, after a
+// than a little late is forfeit, see limiter.PaidSlot); a later attempt, after a
 // failure, pays again. Throttle writes it, every backend
 // carries it with the message it sets aside, and an empty value names no
 // slot. A slot passes only with the signature (sig) that the limiter gave
-// it with the bucket's secret (backend.PaidSecretStore): a producer cannot
+// it with the bucket's secret (see limiter.PaidSlot): a producer cannot
 // make one. The backends also drop the header from a message that they did
 // not read back from their delay topic or queue.
 const HeaderPaid = "x-throttle-paid"

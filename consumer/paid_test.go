@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/throttlehq/throttle/consumer"
-	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -25,17 +24,8 @@ type slotLimiter struct {
 
 func newSlotLimiter(t *testing.T, rate float64) *slotLimiter {
 	t.Helper()
-	shared, err := backend.NewMemory(1e6, 1e6)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := backend.NewLayeredMemory(shared, []limiter.Layer{
-		{Name: "per-key", Keyed: true, Rate: rate, Burst: 1, OnExceed: limiter.ActionDelay},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := limiter.New(store, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}})
+	b, err := limiter.NewLocal(1e6, 1e6,
+		limiter.Layer{Name: "per-key", Keyed: true, Rate: rate, Burst: 1, OnExceed: limiter.ActionDelay})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -66,7 +66,7 @@ func TestFaultRedisKilledLocalFallback(t *testing.T) {
 	// The local share comes from the heartbeats seen before the outage.
 	testenv.Eventually(t, 5*time.Second, "the replicas seeing each other's heartbeats", func() bool {
 		for _, r := range replicas {
-			if r.Bucket.Replicas() != reps {
+			if r.Bucket.Stats().Replicas != reps {
 				return false
 			}
 		}

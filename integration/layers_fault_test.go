@@ -55,7 +55,7 @@ func TestLayersFallbackWhenRedisDies(t *testing.T) {
 	if err := buckets[0].Check(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if a, b := buckets[0].Replicas(), buckets[1].Replicas(); a != 2 || b != 2 {
+	if a, b := buckets[0].Stats().Replicas, buckets[1].Stats().Replicas; a != 2 || b != 2 {
 		t.Fatalf("replica counts %d and %d, want 2", a, b)
 	}
 	// grants counts the WaitNs granted for key on b until one is refused.

@@ -117,14 +117,39 @@ func New(store Store, opts Options) (*Bucket, error) {
 	return b, nil
 }
 
-// NewLocal returns a Bucket on a new in-process Memory store, for a single
-// replica or tests.
-func NewLocal(rate float64, burst int) (*Bucket, error) {
+// NewLocal returns a Bucket on a new in-process bucket (NewLocalStore) that
+// refills at rate tokens per second up to burst, with layers if any, for a
+// single replica or tests. Its leasing is off, since every take is already
+// in this process; its other options are the defaults (see Options). For
+// other options, pass NewLocalStore's store to New.
+func NewLocal(rate float64, burst int, layers ...Layer) (*Bucket, error) {
+	s, err := NewLocalStore(rate, burst, layers...)
+	if err != nil {
+		return nil, err
+	}
+	return New(s, Options{Lease: LeaseOptions{Disabled: true}})
+}
+
+// NewLocalStore returns a full bucket kept in this process that refills at
+// rate tokens per second up to burst (0: one second of tokens, at least 1),
+// deciding layers, if any, with it in one step as the Redis store does
+// (see Layer and Layers.Validate). It computes exactly what the Redis
+// store's scripts compute, in the same units. A bad rate, burst or layer
+// gives a *ParamError. The store is safe for concurrent use; give it to
+// one Bucket.
+func NewLocalStore(rate float64, burst int, layers ...Layer) (Store, error) {
 	m, err := backend.NewMemory(rate, burst)
 	if err != nil {
 		return nil, err
 	}
-	return New(m, Options{Lease: LeaseOptions{Disabled: true}})
+	if len(layers) == 0 {
+		return m, nil
+	}
+	lm, err := backend.NewLayeredMemory(m, layers)
+	if err != nil {
+		return nil, err
+	}
+	return lm, nil
 }
 
 // Mode returns how the Bucket is limiting now.
@@ -133,21 +158,50 @@ func (b *Bucket) Mode() Mode { return *b.mode.Load() }
 // ReplicaID returns the name this replica uses in heartbeats.
 func (b *Bucket) ReplicaID() string { return b.opts.ReplicaID }
 
-// Granted returns the tokens Wait and Allow granted since New.
-func (b *Bucket) Granted() int64 { return b.granted.Load() }
+// Stats are a Bucket's counters and what it knows of its fleet, for
+// metrics and operators' tools. Each field is read atomically; together
+// they are not one instant's snapshot.
+type Stats struct {
+	// Granted is the number of tokens that Wait, WaitN and Allow granted
+	// since New: a counter, so that a reader derives the rate from two
+	// reads.
+	Granted int64
+	// Waiting is the number of Wait and WaitN calls that wait for the
+	// store now, of every class; WaitingByPriority is the same by class,
+	// indexed by Priority.
+	Waiting           int
+	WaitingByPriority [NumPriorities]int
+	// Exceeded counts, by layer name, the WaitN calls each layer refused
+	// (Observer.LimitExceeded) since New, leaving out the layers that
+	// refused none; nil when none refused.
+	Exceeded map[string]int64
+	// PaidRefused is the number of paid slots (Request.Paid) that WaitN
+	// refused since New for a missing or wrong signature: forged by a
+	// producer, or signed with a secret the store no longer keeps.
+	PaidRefused int64
+	// Replicas is the number of live replicas seen in the last heartbeat,
+	// or 1 when the store does not track replicas.
+	Replicas int
+	// Idle is what SetIdle last set.
+	Idle bool
+}
 
-// Waiting returns the number of Wait and WaitN calls that wait for the
-// store now, of every class.
-func (b *Bucket) Waiting() int { return int(b.waiting.Load()) }
-
-// WaitingByPriority returns the number of Wait and WaitN calls that wait
-// for the store now, per class, indexed by Priority.
-func (b *Bucket) WaitingByPriority() [NumPriorities]int {
-	var n [NumPriorities]int
-	for p := range n {
-		n[p] = int(b.waitingBy[p].Load())
+// Stats returns the Bucket's counters (see Stats). Replicas send them with
+// their heartbeats, for 'throttle bucket status' and 'bucket watch'. Safe
+// for concurrent use.
+func (b *Bucket) Stats() Stats {
+	s := Stats{
+		Granted:     b.granted.Load(),
+		Waiting:     int(b.waiting.Load()),
+		Exceeded:    b.exceeded(),
+		PaidRefused: b.layered.paid.refused.Load(),
+		Replicas:    b.replicaCount(),
+		Idle:        b.fb.idle.Load(),
 	}
-	return n
+	for p := range s.WaitingByPriority {
+		s.WaitingByPriority[p] = int(b.waitingBy[p].Load())
+	}
+	return s
 }
 
 // addWaiting adds n to the calls of class p that wait for the store.
@@ -156,9 +210,9 @@ func (b *Bucket) addWaiting(p Priority, n int64) {
 	b.waitingBy[p].Add(n)
 }
 
-// Replicas returns the number of live replicas seen in the last heartbeat,
-// or 1 when the store does not track replicas.
-func (b *Bucket) Replicas() int { return int(b.replicas.Load()) }
+// replicaCount returns the number of live replicas seen in the last
+// heartbeat, or 1 when the store does not track replicas.
+func (b *Bucket) replicaCount() int { return int(b.replicas.Load()) }
 
 // Check asks the store once whether it works for this replica: it reads the
 // bucket and, for a store that tracks replicas, sends a heartbeat, which
@@ -432,7 +486,7 @@ func (b *Bucket) State(ctx context.Context) (State, error) {
 		return st, nil
 	}
 	rate, burst := b.store.Limits()
-	st := State{Mode: mode, ConfiguredRate: rate, ConfiguredBurst: burst, Replicas: b.Replicas()}
+	st := State{Mode: mode, ConfiguredRate: rate, ConfiguredBurst: burst, Replicas: b.replicaCount()}
 	if fb := b.fallbackBucket(); fb != nil {
 		local, _ := fb.Status(ctx)
 		st.Tokens, st.Rate, st.Burst, st.PausedFor, st.At = local.Tokens, local.Rate, local.Burst, local.PausedFor, local.At

@@ -26,18 +26,22 @@ type Request struct {
 	// PriorityNormal, whatever the Bucket's Options.Priority (the class of
 	// Wait and Allow).
 	Priority Priority
-	// Paid names the slots this message already paid for, as
-	// LayerRequest.Paid: those a delay layer booked when it refused the
-	// message (LimitError.Reserved). Those layers let it pass without
-	// taking from it again. Only the slots that carry this Bucket's
-	// signature (LimitError.Sig; see PaidSecretStore) reach the store; the
-	// others are dropped (Bucket.PaidRefused). Ignored by a store without
-	// layers.
+	// Paid names the slots this message already paid for: those a delay
+	// layer booked when it refused the message (LimitError.Reserved and
+	// LimitError.Slot). A layer with such a slot, for this request's key
+	// in it, lets the request pass without waiting or taking from it
+	// again; the shared bucket and the other layers decide as usual. A
+	// slot back more than a little late (15% of the time the layer takes
+	// to refill one token, between 25 ms and 1 s) is forfeit and the layer
+	// decides as usual, since the message could otherwise go out right
+	// next to the one booked after it. Only the slots that carry this
+	// Bucket's signature (PaidSlot.Sig) reach the store; the others are
+	// dropped (Stats.PaidRefused). Ignored by a store without layers.
 	Paid []PaidSlot
 }
 
 // WaitN blocks until req.Cost tokens are granted on the shared bucket and on
-// every layer of the store (see LayeredStore), ctx ends, or the Bucket is
+// every layer of the store (see Layer), ctx ends, or the Bucket is
 // closed. All layers are decided together, for the instant the message
 // goes out: they all grant, or none is charged. When the shared bucket
 // must wait, its reservation is the message's slot, and every layer is
@@ -273,11 +277,9 @@ func (b *Bucket) observeLayered(start time.Time, req Request, limiting string, e
 	}
 }
 
-// Exceeded returns, by layer name, how many WaitN calls each layer refused
-// since the Bucket started (see Options.Observer's LimitExceeded), leaving
-// out the layers that refused none; nil when none refused. Replicas send
-// it with their heartbeat report, for 'throttle bucket watch'.
-func (b *Bucket) Exceeded() map[string]int64 {
+// exceeded returns, by layer name, how many WaitN calls each layer refused
+// since the Bucket started (Stats.Exceeded).
+func (b *Bucket) exceeded() map[string]int64 {
 	var out map[string]int64
 	b.layered.exceeded.Range(func(k, v any) bool {
 		if out == nil {
@@ -351,7 +353,7 @@ func (b *Bucket) localLayers(local *backend.Memory, layers []Layer) (*backend.La
 	if full := math.Float64frombits(b.lastRate.Load()); b.opts.FallbackRate > 0 && full > 0 {
 		replicas = max(1, full/b.opts.FallbackRate)
 	}
-	lm, err := backend.NewLayeredMemory(local, ShareLayers(layers, replicas))
+	lm, err := backend.NewLayeredMemory(local, shareLayers(layers, replicas))
 	if err != nil {
 		return nil, err
 	}
@@ -359,9 +361,9 @@ func (b *Bucket) localLayers(local *backend.Memory, layers []Layer) (*backend.La
 	return lm, nil
 }
 
-// ShareLayers returns layers at one replica's share of n: rates divided by
+// shareLayers returns layers at one replica's share of n: rates divided by
 // n, bursts and quotas divided by n and rounded up (at least 1).
-func ShareLayers(layers []Layer, n float64) []Layer {
+func shareLayers(layers []Layer, n float64) []Layer {
 	out := append([]Layer(nil), layers...)
 	if n <= 1 {
 		return out

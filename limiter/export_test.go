@@ -72,3 +72,12 @@ var (
 	ValidateRate      = backend.ValidateRate
 	ValidateWarmup    = backend.ValidateWarmup
 )
+
+// The counters of Stats, one by one, as the tests of this package read them.
+func (b *Bucket) Granted() int64                        { return b.Stats().Granted }
+func (b *Bucket) Waiting() int                          { return b.Stats().Waiting }
+func (b *Bucket) WaitingByPriority() [NumPriorities]int { return b.Stats().WaitingByPriority }
+func (b *Bucket) Exceeded() map[string]int64            { return b.Stats().Exceeded }
+func (b *Bucket) PaidRefused() int64                    { return b.Stats().PaidRefused }
+func (b *Bucket) Replicas() int                         { return b.Stats().Replicas }
+func (b *Bucket) Idle() bool                            { return b.Stats().Idle }

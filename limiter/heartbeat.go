@@ -35,17 +35,14 @@ func (b *Bucket) heartbeat(rt backend.ReplicaTracker) {
 
 // SetIdle tells the Bucket whether this replica consumes nothing now, such
 // as a Kafka group member that owns no partition (idle), or consumes again
-// (not idle). A Bucket starts not idle. Its heartbeats carry it
-// (ReplicaReport.Idle) from the next one on, and on a store that counts
-// them (ConsumerTracker) the other replicas leave an idle one out when
+// (not idle). A Bucket starts not idle. Its heartbeats carry it from the
+// next one on, and on a store that counts them (the Redis store) the
+// other replicas leave an idle one out when
 // they divide the rate for a local fallback (Options.OnStoreError
 // ModeLocal): members without work would shrink the share of those with.
 // A replica counts itself in its own share even while idle, since it may
 // be given work during the outage. Safe for concurrent use.
 func (b *Bucket) SetIdle(idle bool) { b.fb.idle.Store(idle) }
-
-// Idle reports what SetIdle last set.
-func (b *Bucket) Idle() bool { return b.fb.idle.Load() }
 
 // beat sends one heartbeat, with this replica's report when the tracker
 // takes one, and returns the live replicas. A tracker that counts the
@@ -55,13 +52,14 @@ func (b *Bucket) beat(ctx context.Context, rt backend.ReplicaTracker) (int, erro
 	if _, ok := rt.(backend.ReportingTracker); !ok {
 		return rt.Heartbeat(ctx, b.opts.ReplicaID, ttl)
 	}
+	st := b.Stats()
 	r := backend.ReplicaReport{
 		Mode:              b.Mode(),
-		Granted:           b.Granted(),
-		Waiting:           b.Waiting(),
-		WaitingByPriority: b.WaitingByPriority(),
-		Exceeded:          b.Exceeded(),
-		Idle:              b.Idle(),
+		Granted:           st.Granted,
+		Waiting:           st.Waiting,
+		WaitingByPriority: st.WaitingByPriority,
+		Exceeded:          st.Exceeded,
+		Idle:              st.Idle,
 	}
 	ct, ok := rt.(backend.ConsumerTracker)
 	if !ok {

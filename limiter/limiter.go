@@ -149,7 +149,12 @@ type LimitError = backend.LimitError
 // PaidSlot is a slot that a delay layer booked for a message
 // (LimitError.Slot), which the message names when it comes back
 // (Request.Paid) so that it passes the layer without taking from it again.
-// The consumers carry it in a header, in JSON.
+// The consumers carry it in a header, in JSON. A slot passes only with the
+// signature (Sig) that the Bucket gave it: an HMAC-SHA256 of the bucket's
+// name, the slot's layer, key and due instant with a secret that the Redis
+// store keeps for the bucket (an in-process store: a secret of this
+// process), so that a producer can neither make a slot nor move one to
+// another layer, key or instant.
 type PaidSlot = backend.PaidSlot
 
 // Adaptive configures the adaptive rate (AIMD) of a bucket whose real limit

@@ -20,7 +20,7 @@ type Options struct {
 	// horizon is told how long to wait before it asks again. When more
 	// callers wait than the rate serves within MaxReserve, the horizon grows
 	// to fit them all (up to 10·MaxReserve), so that they queue instead of
-	// coming back. When a store that implements Notifier announces a rate
+	// coming back. When the store announces a rate
 	// change or a pause, the Bucket reads the bucket once and moves every
 	// reservation its callers sleep on to where the new rate or the pause
 	// puts it, keeping their order. The local fallback uses the same
@@ -46,7 +46,7 @@ type Options struct {
 	// process id and a counter.
 	ReplicaID string
 	// HeartbeatInterval is how often the Bucket reports itself alive to a
-	// store that implements ReplicaTracker. A replica counts as gone after
+	// store that tracks replicas (the Redis store). A replica counts as gone after
 	// three missed heartbeats. Default 3s.
 	HeartbeatInterval time.Duration
 	// MaxPause caps every Pause: it is the one cap on a push-back pause
@@ -57,7 +57,8 @@ type Options struct {
 	Lease LeaseOptions
 	// Adaptive, when set, makes each Pause also lower the bucket's rate,
 	// which then climbs back (AIMD; see Adaptive), in a store that
-	// implements Adapter. Default nil: the rate stays the configured one.
+	// keeps an adaptive rate (the Redis store and NewLocalStore's). Default
+	// nil: the rate stays the configured one.
 	Adaptive *Adaptive
 	// Priority is the class of Wait and Allow (WaitN uses its
 	// Request.Priority as it is), and of the tokens this replica leases:
@@ -77,7 +78,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Clock is the Bucket's one time source for its timers (sleeps, probe,
 	// heartbeats, lease expiry) and for the Observer. The token arithmetic
-	// never uses it: the store has its own clock. Default SystemClock.
+	// never uses it: the store has its own clock. Default: the system
+	// clock. Only this module's tests set it.
 	Clock backend.Clock
 }
 
@@ -176,8 +178,8 @@ type Observer struct {
 	// Paused is called when this Bucket learns of a push-back pause of the
 	// shared bucket: its own Pause (by is its ReplicaID), or a pause that
 	// another replica set, heard as an announcement of a store that
-	// implements Notifier (by is that replica's ID when the store records
-	// it, else ""). d is how long the pause still holds. It is called from
+	// announces changes (the Redis store; by is that replica's ID when it
+	// records it, else ""). d is how long the pause still holds. It is called from
 	// the Bucket's own goroutines and must not block.
 	Paused func(d time.Duration, by string)
 	// LayerWaited is called after each successful WaitN on a layered
@@ -190,7 +192,7 @@ type Observer struct {
 	// can never grant (ActionDeadLetter).
 	LimitExceeded func(layer string, action Action)
 	// PaidRefused is called for each paid slot (Request.Paid) that WaitN
-	// refused for a missing or wrong signature (see PaidSecretStore), with
+	// refused for a missing or wrong signature (see PaidSlot), with
 	// the layer it names if the store has that layer, else ""; the layer
 	// then decided as usual.
 	PaidRefused func(layer string)

@@ -154,7 +154,7 @@ func (b *Bucket) signPaid(ctx context.Context, le *LimitError) {
 // verifyPaid returns the slots of paid that carry this Bucket's signature
 // (paid itself when all do). Each slot it drops (a missing or wrong
 // signature, or no secret to check it with) is logged at debug, counted
-// (PaidRefused) and reported to Observer.PaidRefused, naming its layer
+// (Stats.PaidRefused) and reported to Observer.PaidRefused, naming its layer
 // only when the store has it; its layer then decides as if the message
 // named no slot. A wrong signature makes it read
 // the secret again (at most once per paidReread), in case the store's
@@ -203,8 +203,3 @@ func (b *Bucket) verifyPaid(ctx context.Context, paid []PaidSlot) []PaidSlot {
 	}
 	return out
 }
-
-// PaidRefused returns how many paid slots (Request.Paid) WaitN refused
-// since the Bucket started, for a missing or wrong signature: forged by a
-// producer, or signed with a secret the store no longer keeps.
-func (b *Bucket) PaidRefused() int64 { return b.layered.paid.refused.Load() }

@@ -22,7 +22,7 @@ var rateUnits = map[string]float64{
 // ParseRate parses a rate given as a number per second ("100", "0.5") or
 // as a number per unit: "N/s", "N/min", "N/h" or "N/d", such as "5/h" (five
 // per hour). White space around the number and the unit is allowed. The
-// result, in tokens per second, must pass ValidateRate; a string that is
+// result, in tokens per second, must be above 0 and at most 1e9; a string that is
 // not a rate yields an error that says what is accepted. ParseRate is safe
 // for concurrent use.
 func ParseRate(s string) (float64, error) {

@@ -10,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/throttlehq/throttle/consumer"
-	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -32,17 +31,8 @@ func (l bucketLimiter) WaitMessage(ctx context.Context, msg consumer.Message, n 
 // with on_exceed delay.
 func newDelayLayerBucket(t *testing.T, rate float64, burst int) *limiter.Bucket {
 	t.Helper()
-	shared, err := backend.NewMemory(1e6, 1e6)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := backend.NewLayeredMemory(shared, []limiter.Layer{
-		{Name: "per-key", Keyed: true, Rate: rate, Burst: burst, OnExceed: limiter.ActionDelay},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := limiter.New(store, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}})
+	b, err := limiter.NewLocal(1e6, 1e6,
+		limiter.Layer{Name: "per-key", Keyed: true, Rate: rate, Burst: burst, OnExceed: limiter.ActionDelay})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
-	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -33,13 +32,8 @@ func (l recipientLimiter) WaitMessage(ctx context.Context, msg consumer.Message,
 // rate and burst 1 with on_exceed delay.
 func newRecipientLimiter(t *testing.T, rate float64) recipientLimiter {
 	t.Helper()
-	shared, err := backend.NewMemory(1e6, 1e6)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := backend.NewLayeredMemory(shared, []limiter.Layer{
-		{Name: "per-recipient", Keyed: true, Rate: rate, Burst: 1, OnExceed: limiter.ActionDelay},
-	})
+	store, err := limiter.NewLocalStore(1e6, 1e6,
+		limiter.Layer{Name: "per-recipient", Keyed: true, Rate: rate, Burst: 1, OnExceed: limiter.ActionDelay})
 	if err != nil {
 		t.Fatal(err)
 	}

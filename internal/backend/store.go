@@ -238,10 +238,10 @@ type ReplicaReport struct {
 	// Waiting is the number of Wait calls waiting for the store now.
 	Waiting int
 	// WaitingByPriority is Waiting by class, indexed by Priority
-	// (Bucket.WaitingByPriority).
+	// (limiter.Stats.WaitingByPriority).
 	WaitingByPriority [NumPriorities]int
 	// Exceeded counts, by layer name, the WaitN calls each layer refused
-	// (Bucket.Exceeded) since the Bucket started; layers that refused
+	// (limiter.Stats.Exceeded) since the Bucket started; layers that refused
 	// none are left out. Nil without refusals.
 	Exceeded map[string]int64
 	// Idle is set while the replica consumes nothing (Bucket.SetIdle),

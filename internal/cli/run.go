@@ -123,7 +123,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 			log.Warn("closing the bucket", "error", err)
 		}
 	}()
-	m.countWaiting(bucket.WaitingByPriority)
+	m.countWaiting(func() [limiter.NumPriorities]int { return bucket.Stats().WaitingByPriority })
 
 	log.Info("starting",
 		"version", version,

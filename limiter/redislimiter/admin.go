@@ -277,7 +277,7 @@ type Replica struct {
 	// Waiting is the number of its Wait calls waiting for the store.
 	Waiting int
 	// Exceeded counts, by layer, the requests each layer of its store
-	// refused since it started (limiter.Bucket.Exceeded); nil when none
+	// refused since it started (limiter.Stats.Exceeded); nil when none
 	// did or the heartbeat did not say.
 	Exceeded map[string]int64
 	// WaitingByPriority is Waiting by class, indexed by limiter.Priority;

@@ -95,7 +95,7 @@ func TestPaidSlotAcrossReplicas(t *testing.T) {
 	if err := rb.WaitN(ctx, req(foreign)); !errors.Is(err, limiter.ErrLimitExceeded) {
 		t.Errorf("replica b, a slot of another bucket's secret: %v, want the layer's refusal", err)
 	}
-	if got := rb.PaidRefused(); got != 2 {
+	if got := rb.Stats().PaidRefused; got != 2 {
 		t.Errorf("replica b refused %d slots, want 2", got)
 	}
 	if err := rb.WaitN(ctx, req(slot)); err != nil {
