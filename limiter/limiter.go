@@ -1,23 +1,3 @@
-// Package limiter is a token bucket that many processes can share.
-//
-// A bucket refills at a rate of tokens per second up to its burst. A new
-// bucket starts full, and however long it sits idle it never holds more
-// than its burst. A message may cost several tokens.
-//
-// The bucket's state lives in a Store. The Redis store (package
-// limiter/redislimiter) keeps it in Redis and updates it with one atomic Lua
-// script per operation that reads the time from Redis itself, so every
-// replica that names the same bucket shares one rate whatever its own clock
-// says. NewLocal keeps it in this process, for a single replica and tests;
-// a Bucket on Redis uses such a bucket as its local fallback while Redis is
-// down.
-//
-// A Bucket is the handle that consumers use: Wait blocks until tokens are
-// granted, Allow takes them only if they are there now, WaitN also passes
-// the bucket's layers (per-key limits and quotas, see Layer), and State
-// reads the bucket. Waiting is exact: the store either reserves the
-// caller's tokens and says when they are due, or says how long to wait
-// before asking again. No call polls on a fixed interval.
 package limiter
 
 import (
