@@ -78,6 +78,22 @@ func perRecipientLayer(action string) string {
 `, action)
 }
 
+// classesLayers is limit.extra of the cases with priority classes: a
+// per-sender bucket of 5/s (wait) and a per-recipient one of 30/min
+// (delay), both burst 1.
+const classesLayers = `  extra:
+    - name: per-sender
+      key: '{{.JSON.from}}'
+      rate: 5/s
+      burst: 1
+      on_exceed: wait
+    - name: per-recipient
+      key: '{{.JSON.to}}'
+      rate: 30/min
+      burst: 1
+      on_exceed: delay
+`
+
 var recipientLayer = campaign.KeyedLayer{Name: "per-recipient", Key: func(a campaign.Arrival) string { return a.To }, Rate: 0.5, Burst: 1}
 
 // TestLayersFleet runs the cases, each on its own fleet, queue, bucket and
@@ -121,13 +137,7 @@ func TestLayersFleet(t *testing.T) {
 			msgs: layersRecipients(150, 50, 3),
 			during: func(t *testing.T, f *faultFleet, spec faultFleetSpec, delivered func(int)) ([]campaign.RateChange, int) {
 				var changes []campaign.RateChange
-				set := func(rate float64, args ...string) {
-					from := time.Now()
-					if code, out, errOut := f.Admin(append([]string{"set"}, args...)...); code != 0 {
-						t.Fatalf("bucket set %v: exit %d: %s %s", args, code, out, errOut)
-					}
-					changes = append(changes, campaign.RateChange{From: from, To: time.Now(), Rate: rate})
-				}
+				set := func(rate float64, args ...string) { changes = append(changes, layersSetRate(t, f, rate, args...)) }
 				delivered(30)
 				set(10, "--rate", "10")
 				faultSleepUntil(t.Context(), time.Now().Add(3*time.Second))
@@ -152,13 +162,7 @@ func TestLayersFleet(t *testing.T) {
 			within: 7800*time.Millisecond + layersSlack,
 			during: func(t *testing.T, f *faultFleet, spec faultFleetSpec, delivered func(int)) ([]campaign.RateChange, int) {
 				var changes []campaign.RateChange
-				set := func(rate float64, args ...string) {
-					from := time.Now()
-					if code, out, errOut := f.Admin(append([]string{"set"}, args...)...); code != 0 {
-						t.Fatalf("bucket set %v: exit %d: %s %s", args, code, out, errOut)
-					}
-					changes = append(changes, campaign.RateChange{From: from, To: time.Now(), Rate: rate})
-				}
+				set := func(rate float64, args ...string) { changes = append(changes, layersSetRate(t, f, rate, args...)) }
 				delivered(8)
 				set(14, "--rate", "14")
 				delivered(16)
@@ -174,23 +178,33 @@ func TestLayersFleet(t *testing.T) {
 		// the shared bucket only, so no key's spacing may shrink.
 		"PriorityClasses": {
 			classes: true,
-			extra: `  extra:
-    - name: per-sender
-      key: '{{.JSON.from}}'
-      rate: 5/s
-      burst: 1
-      on_exceed: wait
-    - name: per-recipient
-      key: '{{.JSON.to}}'
-      rate: 30/min
-      burst: 1
-      on_exceed: delay
-`,
+			extra:   classesLayers,
 			layers: []campaign.KeyedLayer{
 				{Name: "per-sender", Key: func(a campaign.Arrival) string { return a.From }, Rate: 5, Burst: 1},
 				recipientLayer,
 			},
 			msgs: layersRecipients(150, 50, 5),
+		},
+		// The same with the shared rate cut to 6/s and cleared: the
+		// campaign's per-sender gaps of 23-77 ms within 2 s of a
+		// `bucket set`, without faults.
+		"OverrideWithClasses": {
+			classes: true,
+			extra:   classesLayers,
+			layers: []campaign.KeyedLayer{
+				{Name: "per-sender", Key: func(a campaign.Arrival) string { return a.From }, Rate: 5, Burst: 1},
+				recipientLayer,
+			},
+			msgs: layersRecipients(150, 50, 5),
+			during: func(t *testing.T, f *faultFleet, spec faultFleetSpec, delivered func(int)) ([]campaign.RateChange, int) {
+				var changes []campaign.RateChange
+				set := func(rate float64, args ...string) { changes = append(changes, layersSetRate(t, f, rate, args...)) }
+				delivered(20)
+				set(6, "--rate", "6")
+				delivered(40)
+				set(0, "--clear")
+				return changes, 0
+			},
 		},
 		// A replica SIGKILLed mid-run and started again, the per-recipient
 		// layer binding.
@@ -317,6 +331,17 @@ func layersFleetTest(t *testing.T, c layersFleetCase) {
 // take to deliver everything: the first sends spread over a few hundred
 // ms, publishing takes about as long, and a slot comes due a few ms late.
 const layersSlack = 3 * time.Second
+
+// layersSetRate runs `throttle bucket set ARGS` on the fleet's bucket and
+// returns the change, rate being the override set (0 for --clear).
+func layersSetRate(t *testing.T, f *faultFleet, rate float64, args ...string) campaign.RateChange {
+	t.Helper()
+	from := time.Now()
+	if code, out, errOut := f.Admin(append([]string{"set"}, args...)...); code != 0 {
+		t.Fatalf("bucket set %v: exit %d: %s %s", args, code, out, errOut)
+	}
+	return campaign.RateChange{From: from, To: time.Now(), Rate: rate}
+}
 
 // layersWaitConsumers waits until RabbitMQ counts n consumers on the
 // fleet's queue; unlike faultFleet.WaitConsumers, a replica the test
