@@ -386,7 +386,7 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		}
 		passFloor()
 		if res.Wait > 0 {
-			if err := b.sleepReserved(ctx, gen, &b.pushes, seen, res, math.Float64frombits(b.lastRate.Load()), 0); err != nil {
+			if err := b.sleepReserved(ctx, gen, &b.pushes, seen, res, math.Float64frombits(b.lastRate.Load()), 0, nil); err != nil {
 				b.refundClass(ctx, res.Tokens, res.Class)
 				return err
 			}

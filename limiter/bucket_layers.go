@@ -194,24 +194,59 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			// or cleared, a pause) to where the change puts it, since
 			// kept at its old instant it would go out next to the slots
 			// the changed bucket hands out meanwhile. It never moves
-			// before every layer had room (LayersDue).
+			// before every layer had room (LayersDue). Moved back by
+			// more than a fraction of the closest layer's spacing
+			// (layersLateness), it charges its layers for the move
+			// (LayeredStore.DelayLayers): the key's next message was
+			// charged for an instant after this one's first.
+			//
+			// A cancelled reservation refunds the shared bucket only. Its
+			// layers keep the charge: a token bucket charged again after
+			// this one would hand the refunded token out next to that
+			// later message, so the slot is forfeit rather than sent
+			// twice.
 			var pushes *pushHub
 			var changes *generation
 			if !lr.SkipShared {
 				pushes, changes = &b.pushes, gen
 			}
-			if err := b.sleepReserved(ctx, changes, pushes, seen, res.TakeResult, math.Float64frombits(b.lastRate.Load()), res.LayersDue); err != nil {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
-				if rerr := ls.RefundLayers(rctx, lr, res); rerr != nil {
-					b.log.Debug("refunding a cancelled layered reservation failed", "tokens", req.Cost, "error", rerr)
+			late := &lateness{after: layersLateness(ls.Layers()), pay: func(by time.Duration) {
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
+				defer cancel()
+				if err := ls.DelayLayers(dctx, lr, res, by); err != nil {
+					b.log.Debug("charging the layers for a reservation moved back failed", "by", by, "error", err)
 				}
-				cancel()
+			}}
+			if late.after <= 0 {
+				late = nil
+			}
+			if err := b.sleepReserved(ctx, changes, pushes, seen, res.TakeResult, math.Float64frombits(b.lastRate.Load()), res.LayersDue, late); err != nil {
+				if !lr.SkipShared {
+					b.refundClass(ctx, req.Cost, res.Class)
+				}
 				return err
 			}
 		}
 		b.observeLayered(start, req, limiting, nil)
 		return nil
 	}
+}
+
+// layersLateness returns how much later than first due a layered
+// reservation may go out: the least of the token-bucket layers' slot
+// lateness (15% of its spacing, between 25 ms and 1 s; see
+// backend.PaidLateness), or 0 (no bound) without such a layer.
+func layersLateness(layers []Layer) time.Duration {
+	var d time.Duration
+	for _, l := range layers {
+		if l.IsQuota() {
+			continue
+		}
+		if p := backend.PaidLateness(l); d == 0 || p < d {
+			d = p
+		}
+	}
+	return d
 }
 
 // allowLayers is Allow on a layered store: the shared bucket and every
@@ -433,8 +468,13 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 			continue
 		}
 		// As in the shared bucket, a push of its class moves the
-		// reservation back (see WaitN).
-		if err := b.sleepReserved(ctx, nil, pushes, heard, res.TakeResult, localRate, 0); err != nil {
+		// reservation back, and a move back charges the layers for it
+		// (see WaitN).
+		var late *lateness
+		if after := layersLateness(lm.Layers()); after > 0 {
+			late = &lateness{after: after, pay: func(by time.Duration) { _ = lm.DelayLayersAt(b.clock.Now(), lr, res, by) }}
+		}
+		if err := b.sleepReserved(ctx, nil, pushes, heard, res.TakeResult, localRate, 0, late); err != nil {
 			_ = lm.RefundLayersAt(b.clock.Now(), lr, res)
 			return err
 		}

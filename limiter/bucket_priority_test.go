@@ -494,6 +494,10 @@ func (s layeredClassStore) RefundLayers(_ context.Context, req limiter.LayerRequ
 	return s.lm.RefundLayersAt(s.clk.Now(), req, res)
 }
 
+func (s layeredClassStore) DelayLayers(_ context.Context, req limiter.LayerRequest, res limiter.LayerResult, by time.Duration) error {
+	return s.lm.DelayLayersAt(s.clk.Now(), req, res, by)
+}
+
 // TestHighArrivalMovesLayeredLowSleepers: the same as on the Memory store,
 // through WaitN on a layered store whose keyed layer leaves the shared
 // bucket the limit. The layer is charged when each low request goes out
@@ -568,6 +572,10 @@ func (s openLayers) TakeLayers(ctx context.Context, req limiter.LayerRequest) (l
 
 func (s openLayers) RefundLayers(ctx context.Context, req limiter.LayerRequest, res limiter.LayerResult) error {
 	return s.Refund(ctx, res.Tokens)
+}
+
+func (openLayers) DelayLayers(context.Context, limiter.LayerRequest, limiter.LayerResult, time.Duration) error {
+	return nil
 }
 
 // TestFloorRefusalsQueueTheClass: a floor lets one high take through per
@@ -690,4 +698,37 @@ func TestRateRiseKeepsLayeredSpacing(t *testing.T) {
 	})
 	r.advance(ms(1100))
 	r.check(map[string]time.Duration{"h1": 0, "x1": ms(500), "y1": ms(510), "h2": ms(1000)})
+}
+
+// TestPushKeepsLayeredSpacing: a high request pushes a low one of sender
+// s from +100 ms (what its per-sender layer, 5/s, was charged for) to
+// +200 ms. The next message of s, asked for after the push, must still go
+// out 200 ms after the pushed one, not 100 ms: the pushed reservation
+// charges its layers for the move. Without that, a fleet with classes
+// beside a per-sender layer sent one sender's messages 0–61 ms apart
+// against 200 ms.
+func TestPushKeepsLayeredSpacing(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	lm := newLayeredMemory(t, 10, 1, []limiter.Layer{{Name: "per-sender", Keyed: true, Rate: 5, Burst: 1}})
+	s := layeredClassStore{memClassStore{lm.Memory, clk, new(atomic.Bool)}, lm}
+	r := newClassRigOn(t, clk, s, s.watched, sleeperOpts)
+	as := func(sender string) { r.keys = map[string]string{"per-sender": sender} }
+	as("x")
+	r.wait("first", limiter.PriorityLow, 1)
+	as("s")
+	r.wait("l1", limiter.PriorityLow, 1) // +100 ms
+	r.advance(ms(10))
+	as("y")
+	r.wake(1, func() { r.wait("high", limiter.PriorityHigh, 1) }) // takes +100 ms, pushes l1 to +200
+	r.advance(ms(10))
+	as("s")
+	r.wait("l2", limiter.PriorityLow, 1)
+	r.advance(ms(700))
+	got := r.granted()
+	if len(got) != 4 {
+		t.Fatalf("granted %v, want 4", got)
+	}
+	if gap := got["l2"] - got["l1"]; gap < ms(199) {
+		t.Errorf("sender s: l1 at +%v, l2 at +%v: %v apart, want at least the layer's 200 ms (grants %v)", got["l1"], got["l2"], gap, got)
+	}
 }

@@ -116,8 +116,12 @@ type reservation struct {
 // moves it before res.At+notBefore: a layered reservation charged its
 // layers for the instant it was first due, and going out before they all
 // had room (LayerResult.LayersDue) could put it closer to its key's
-// previous message than a layer allows.
-func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pushHub, heard [NumPriorities]uint64, res backend.TakeResult, resume float64, notBefore time.Duration) error {
+// previous message than a layer allows. When a push or a change moves it
+// more than late.after past the instant its layers were last charged for,
+// sleepReserved calls late.pay with how much later (when late is not nil):
+// going out later could put it closer to its key's next message, charged
+// for an instant after this one's, so the layers are charged for the move.
+func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pushHub, heard [NumPriorities]uint64, res backend.TakeResult, resume float64, notBefore time.Duration, late *lateness) error {
 	base := res.Rate
 	if base <= 0 { // paused
 		base = resume
@@ -140,6 +144,7 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 	if listen {
 		next = heard[r.class]
 	}
+	charged := r.due // the instant the layers were charged for
 	for {
 		var pushed <-chan struct{}
 		if listen {
@@ -148,6 +153,10 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 			for _, p := range ps {
 				r = r.push(p)
 			}
+		}
+		if late != nil && r.due.Sub(charged) > late.after {
+			late.pay(r.due.Sub(charged))
+			charged = r.due
 		}
 		var changed <-chan struct{}
 		if gen != nil {
@@ -177,6 +186,14 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 		// Else the store cannot say what changed: the reservation keeps
 		// its slot, which still stands in the store's queue.
 	}
+}
+
+// lateness is how a layered reservation that moves back pays its layers
+// (see sleepReserved): pay is called with how much later it goes out than
+// it was charged for, once that is more than after.
+type lateness struct {
+	after time.Duration
+	pay   func(by time.Duration)
 }
 
 // retime returns r moved to where the bucket st puts it.

@@ -199,7 +199,7 @@ func (b *Bucket) waitFallback(ctx context.Context, p Priority, cost int) error {
 			}
 			continue
 		}
-		if err := b.sleepReserved(ctx, nil, pushes, heard, res, localRate, 0); err != nil {
+		if err := b.sleepReserved(ctx, nil, pushes, heard, res, localRate, 0, nil); err != nil {
 			local.RefundClassAt(b.clock.Now(), n, res.Class)
 			return err
 		}

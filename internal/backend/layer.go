@@ -450,6 +450,20 @@ type LayeredStore interface {
 	// bucket. A quota is refunded only while its window is the one
 	// charged.
 	RefundLayers(ctx context.Context, req LayerRequest, res LayerResult) error
+	// DelayLayers takes from each token-bucket layer of a granted request
+	// (but one passed on a paid slot) what its send, moved by later than
+	// the instant the take charged it for, costs the key's next message:
+	// min(by·rate, cost) tokens (DelayCharge). A quota is left as charged.
+	DelayLayers(ctx context.Context, req LayerRequest, res LayerResult, by time.Duration) error
+}
+
+// DelayCharge returns the tokens a layer l charged cost for one instant
+// owes when the request goes out later by: the refill between the two
+// instants, which the key's next message must not spend, at most the cost.
+// A charge moved later by that much can never leave the layer holding more
+// than it would have with the charge at the later instant.
+func DelayCharge(l Layer, cost int, by time.Duration) float64 {
+	return min(by.Seconds()*l.Rate, float64(cost))
 }
 
 // LayerState is the state of one key of one layer.

@@ -370,6 +370,34 @@ func (m *LayeredMemory) RefundLayersAt(t time.Time, req LayerRequest, res LayerR
 	return nil
 }
 
+// DelayLayers implements LayeredStore.
+func (m *LayeredMemory) DelayLayers(_ context.Context, req LayerRequest, res LayerResult, by time.Duration) error {
+	return m.DelayLayersAt(m.now(), req, res, by)
+}
+
+// DelayLayersAt is DelayLayers at an explicit instant.
+func (m *LayeredMemory) DelayLayersAt(t time.Time, req LayerRequest, res LayerResult, by time.Duration) error {
+	if !res.Granted || by <= 0 || req.Cost < 1 {
+		return nil
+	}
+	keys, err := LayerKeys(m.layers, req)
+	if err != nil {
+		return err
+	}
+	now := t.UnixMicro()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	paid := PaidLayers(m.layers, keys, req.Paid, res.At.Add(res.Wait)) // as the take decided
+	for i, l := range m.layers {
+		if l.IsQuota() || (paid != nil && paid[i]) {
+			continue
+		}
+		tokens, ts := advanceLayer(m.buckets[i][keys[i]], now, l)
+		m.buckets[i][keys[i]] = &memLayerBucket{tokens: tokens - DelayCharge(l, req.Cost, by), ts: ts}
+	}
+	return nil
+}
+
 // sweep drops the states that a missing key means anyway: full buckets and
 // ended quota windows. It walks every state once per as many calls as there
 // are states, so its cost per call stays constant. m.mu must be held.

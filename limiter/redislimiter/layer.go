@@ -422,6 +422,50 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.Laye
 	return nil
 }
 
+// layersDelayScript takes from layer buckets what a granted request's
+// later send costs them (lua/layers_delay.lua).
+var layersDelayScript = redis.NewScript(mathLua + luaSource("layer_prelude.lua") + luaSource("layers_delay.lua"))
+
+// DelayLayers implements backend.LayeredStore: one script call per slot
+// group of the request's token-bucket layers (one on a single node).
+func (l *Layered) DelayLayers(ctx context.Context, req backend.LayerRequest, res backend.LayerResult, by time.Duration) error {
+	return l.delayLayers(ctx, time.Time{}, req, res, by)
+}
+
+func (l *Layered) delayLayers(ctx context.Context, at time.Time, req backend.LayerRequest, res backend.LayerResult, by time.Duration) error {
+	if !res.Granted || by <= 0 || req.Cost < 1 {
+		return nil
+	}
+	keys, err := backend.LayerKeys(l.layers, req)
+	if err != nil {
+		return err
+	}
+	nowUS := int64(0)
+	if !at.IsZero() {
+		nowUS = at.UnixMicro()
+	}
+	paid := backend.PaidLayers(l.layers, keys, req.Paid, res.At.Add(res.Wait)) // as the take decided
+	for _, st := range l.steps(true) {
+		var rkeys []string
+		args := []any{nowUS}
+		for _, i := range st.layers {
+			ly := l.layers[i]
+			if ly.IsQuota() || (paid != nil && paid[i]) {
+				continue
+			}
+			rkeys = append(rkeys, l.layerKey(i, keys[i]))
+			args = append(args, l.spec[i][2], l.spec[i][3], backend.DelayCharge(ly, req.Cost, by))
+		}
+		if len(rkeys) == 0 {
+			continue
+		}
+		if err := layersDelayScript.Run(ctx, l.client, rkeys, args...).Err(); err != nil {
+			return l.fail("delay layers", err)
+		}
+	}
+	return nil
+}
+
 func (l *Layered) layerIndex(name string) (int, error) {
 	for i, ly := range l.layers {
 		if ly.Name == name {

@@ -13,6 +13,7 @@ import (
 type LayeredClockedStore interface {
 	TakeLayersAt(now time.Time, req backend.LayerRequest) (backend.LayerResult, error)
 	RefundLayersAt(now time.Time, req backend.LayerRequest, res backend.LayerResult) error
+	DelayLayersAt(now time.Time, req backend.LayerRequest, res backend.LayerResult, by time.Duration) error
 	LayerStatusAt(now time.Time, layer, key string) (backend.LayerState, error)
 	StatusAt(now time.Time) (limiter.State, error)
 }
@@ -28,6 +29,7 @@ const (
 	lrefund
 	lstatus // a layer's key
 	lshared // the shared bucket
+	ldelay  // DelayLayers of the take refundOf, by delay
 )
 
 // lstep is one call at Base+at (or at when, if set) and what it must answer.
@@ -41,7 +43,8 @@ type lstep struct {
 	keys       map[string]string
 	maxWait    time.Duration
 	skipShared bool
-	refundOf   int // lrefund: the index of the take step to refund
+	refundOf   int           // lrefund, ldelay: the index of the take step
+	delay      time.Duration // ldelay
 	paid       []limiter.PaidSlot
 
 	granted  bool
@@ -167,6 +170,25 @@ var layerCases = []struct {
 			{at: 10 * time.Millisecond, op: lshared, remaining: 0.1},
 			{at: 10 * time.Millisecond, op: lstatus, layer: "per-key", key: "b", tokens: 0.91},
 			{at: 10 * time.Millisecond, op: lstatus, layer: "daily", used: 1, windowEnd: utc("2026-01-03T00:00:00Z")},
+		}},
+	{"a reservation moved back charges its layers the refill it delays, at most its cost", 10, 1,
+		[]limiter.Layer{
+			{Name: "per-key", Keyed: true, Rate: 5, Burst: 1},
+			{Name: "wide", Keyed: true, Rate: 1000, Burst: 100},
+			{Name: "daily", Quota: 10, Per: limiter.PerDay},
+		},
+		[]lstep{
+			{op: ltake, cost: 1, keys: map[string]string{"per-key": "x", "wide": "w"}, granted: true, remaining: 0},
+			// Due in 100 ms; the key holds 0 then, -0.5 now.
+			{op: ltake, cost: 1, keys: map[string]string{"per-key": "a", "wide": "w"}, maxWait: time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -1},
+			{op: lstatus, layer: "per-key", key: "a", tokens: -0.5},
+			// Moved back by 100 ms: 0.5 more taken from per-key, one (its
+			// cost, not 100) from wide (-1 after the charge for +100 ms,
+			// 9 at +10 ms); the quota is left as charged.
+			{at: 10 * time.Millisecond, op: ldelay, refundOf: 1, delay: 100 * time.Millisecond},
+			{at: 10 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: -0.95},
+			{at: 10 * time.Millisecond, op: lstatus, layer: "wide", key: "w", tokens: 8},
+			{at: 10 * time.Millisecond, op: lstatus, layer: "daily", used: 2, windowEnd: utc("2026-01-03T00:00:00Z")},
 		}},
 	{"a cost above a layer's burst is refused at once, nothing charged", 10, 5,
 		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 2}},
@@ -387,6 +409,10 @@ func RunLayers(t *testing.T, newStore LayeredFactory) {
 				case lrefund:
 					if err := s.RefundLayersAt(now, reqs[st.refundOf], results[st.refundOf]); err != nil {
 						t.Fatalf("step %d: refund: %v", i, err)
+					}
+				case ldelay:
+					if err := s.DelayLayersAt(now, reqs[st.refundOf], results[st.refundOf], st.delay); err != nil {
+						t.Fatalf("step %d: delay: %v", i, err)
 					}
 				case lshared:
 					got, err := s.StatusAt(now)
