@@ -6,18 +6,18 @@ import (
 	"sync"
 )
 
-// ErrClosed is returned by a backend's Run when Run was called before, or
-// after Close.
-var ErrClosed = errors.New("consumer closed")
+// ErrStopped is returned by a backend's Run when Run was called before, or
+// after Close. (A limiter.Bucket after Close returns limiter.ErrClosed.)
+var ErrStopped = errors.New("consumer stopped")
 
 // Lifecycle implements the Run and Close contract that every backend
 // shares:
 //
 //   - Run runs once. It returns when its context ends or Close is called,
 //     after draining (Options.DrainTimeout). A second call of Run, or a
-//     call after Close, returns ErrClosed at once.
+//     call after Close, returns ErrStopped at once.
 //   - Close stops a running Run as if its context had ended and waits for
-//     it to return. Close before Run makes Run return ErrClosed. Close is
+//     it to return. Close before Run makes Run return ErrStopped. Close is
 //     idempotent, safe from any goroutine except a handler of the same
 //     consumer (it would wait for itself), and returns nil.
 //
@@ -31,13 +31,13 @@ type Lifecycle struct {
 }
 
 // Start begins Run. It returns ctx with a cancel that Close triggers, and
-// end, which Run must call (deferred) when it returns. It returns ErrClosed
+// end, which Run must call (deferred) when it returns. It returns ErrStopped
 // when Run was called before or Close was called.
 func (l *Lifecycle) Start(ctx context.Context) (_ context.Context, end func(), _ error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.started || l.closed {
-		return nil, nil, ErrClosed
+		return nil, nil, ErrStopped
 	}
 	l.started = true
 	ctx, cancel := context.WithCancel(ctx)

@@ -46,8 +46,8 @@ func TestLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := l.Start(context.Background()); !errors.Is(err, consumer.ErrClosed) {
-		t.Fatalf("second Start = %v, want ErrClosed", err)
+	if _, _, err := l.Start(context.Background()); !errors.Is(err, consumer.ErrStopped) {
+		t.Fatalf("second Start = %v, want ErrStopped", err)
 	}
 	returned := make(chan struct{})
 	go func() { // Run
@@ -65,8 +65,8 @@ func TestLifecycle(t *testing.T) {
 
 	var fresh consumer.Lifecycle
 	_ = fresh.Close()
-	if _, _, err := fresh.Start(context.Background()); !errors.Is(err, consumer.ErrClosed) {
-		t.Fatalf("Start after Close = %v, want ErrClosed", err)
+	if _, _, err := fresh.Start(context.Background()); !errors.Is(err, consumer.ErrStopped) {
+		t.Fatalf("Start after Close = %v, want ErrStopped", err)
 	}
 }
 

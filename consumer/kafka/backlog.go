@@ -50,7 +50,7 @@ func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
 // concurrent use. ctx bounds the call; give it a deadline, since a broker
 // that accepts connections but does not answer holds the call until ctx
 // ends. The connections are kept for the next call until Close, after
-// which it returns an error wrapping ErrClosed. A per-partition error in a
+// which it returns an error wrapping consumer.ErrStopped. A per-partition error in a
 // broker's response fails the call, naming the partition.
 func (c *Consumer) BacklogParts(ctx context.Context) (consumer.Backlog, error) {
 	wrap := func(err error) error {
@@ -59,7 +59,7 @@ func (c *Consumer) BacklogParts(ctx context.Context) (consumer.Backlog, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return consumer.Backlog{}, wrap(ErrClosed)
+		return consumer.Backlog{}, wrap(consumer.ErrStopped)
 	}
 	c.backlogCalls++
 	c.mu.Unlock()

@@ -219,8 +219,8 @@ func TestBacklog(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Backlog(context.Background()); !errors.Is(err, ErrClosed) {
-		t.Errorf("Backlog after Close = %v, want ErrClosed", err)
+	if _, err := c.Backlog(context.Background()); !errors.Is(err, consumer.ErrStopped) {
+		t.Errorf("Backlog after Close = %v, want consumer.ErrStopped", err)
 	}
 }
 
@@ -476,8 +476,8 @@ func TestBacklogErrors(t *testing.T) {
 		_ = c.Close()
 		_, err := c.Backlog(context.Background())
 		wantNamed(t, err)
-		if !errors.Is(err, ErrClosed) {
-			t.Errorf("Backlog after Close = %v, want ErrClosed", err)
+		if !errors.Is(err, consumer.ErrStopped) {
+			t.Errorf("Backlog after Close = %v, want consumer.ErrStopped", err)
 		}
 	})
 

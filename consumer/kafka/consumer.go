@@ -46,10 +46,6 @@ var (
 	// ErrInvalidConfig is wrapped by every error New returns for bad
 	// input; the message names the field at fault.
 	ErrInvalidConfig = errors.New("invalid kafka consumer config")
-	// ErrClosed is returned by Run after Close, or when Run is called a
-	// second time, and wrapped by Backlog after Close. It is
-	// consumer.ErrClosed.
-	ErrClosed = consumer.ErrClosed
 )
 
 // Config configures a Consumer. Brokers, Topic and Group are required; every
@@ -456,7 +452,7 @@ func (c *Consumer) readerConfig() error {
 // draining in the same way. Transient broker errors are logged and retried.
 //
 // Run may be called once; a second call, or a call after Close, returns
-// ErrClosed.
+// consumer.ErrStopped.
 func (c *Consumer) Run(ctx context.Context) error {
 	ctx, end, err := c.life.Start(ctx)
 	if err != nil {
@@ -692,9 +688,10 @@ func (c *Consumer) openPartition(tp topicPartition, offset int64) (partitionRead
 }
 
 // Close stops a running Run as if its context had ended and waits for it to
-// return. Close before Run makes Run return ErrClosed. Close also releases
-// the broker connections that Backlog keeps between calls (once Backlog
-// calls in progress return), and Backlog returns ErrClosed afterwards.
+// return. Close before Run makes Run return consumer.ErrStopped. Close also
+// releases the broker connections that Backlog keeps between calls (once
+// Backlog calls in progress return), and Backlog returns
+// consumer.ErrStopped afterwards.
 // Close is idempotent and always returns nil.
 func (c *Consumer) Close() error {
 	_ = c.life.Close()

@@ -89,8 +89,8 @@ func TestReaderStatsWithoutRun(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Run(context.Background()); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Run after Close = %v, want ErrClosed", err)
+	if err := c.Run(context.Background()); !errors.Is(err, consumer.ErrStopped) {
+		t.Fatalf("Run after Close = %v, want consumer.ErrStopped", err)
 	}
 	if s := c.ReaderStats(); s != (ReaderStats{}) {
 		t.Fatalf("ReaderStats after Close without Run = %+v, want zero", s)

@@ -114,8 +114,8 @@ func TestRunOnceAndClose(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Run(context.Background()); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Run after Close = %v, want ErrClosed", err)
+	if err := c.Run(context.Background()); !errors.Is(err, consumer.ErrStopped) {
+		t.Fatalf("Run after Close = %v, want consumer.ErrStopped", err)
 	}
 }
 

@@ -16,10 +16,6 @@ import (
 	"github.com/throttlehq/throttle/consumer"
 )
 
-// ErrClosed is returned by Run when Run was called before, or after Close.
-// It is consumer.ErrClosed, the same for every backend.
-var ErrClosed = consumer.ErrClosed
-
 // ErrNotConnected is wrapped in the errors of Backlog and Connected when
 // the Consumer has no live connection to the broker: before Run has
 // connected, while Run is reconnecting, and after Run has returned. It is
@@ -97,7 +93,7 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 
 // Run connects, consumes and handles messages until ctx is cancelled or
 // Close is called. Run runs once: a second call, or a call after Close,
-// returns ErrClosed.
+// returns consumer.ErrStopped.
 //
 // When the connection or a channel closes, Run reconnects with exponential
 // backoff and jitter, sets the QoS again, declares the topology again if
@@ -217,7 +213,7 @@ func (c *Consumer) loop(ctx context.Context, r *run) error {
 }
 
 // Close stops a running Run as if its context had ended and waits for it to
-// return; Close before Run makes Run return ErrClosed. It is idempotent,
+// return; Close before Run makes Run return consumer.ErrStopped. It is idempotent,
 // safe from any goroutine except a handler of this Consumer, and returns
 // nil.
 func (c *Consumer) Close() error { return c.life.Close() }

@@ -136,7 +136,7 @@ func TestNoPasswordInErrorsOrLogs(t *testing.T) {
 
 // TestRunOnceAndClose checks the Run/Close contract that both backends
 // share: Run runs once, Close stops it and waits for it, and Run after
-// Close returns ErrClosed.
+// Close returns consumer.ErrStopped.
 func TestRunOnceAndClose(t *testing.T) {
 	var logs testenv.Buffer
 	c, err := rabbitmq.New(rabbitmq.Config{
@@ -159,8 +159,8 @@ func TestRunOnceAndClose(t *testing.T) {
 	if err := c.Connected(); !errors.Is(err, rabbitmq.ErrNotConnected) || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("Connected while failing to connect = %v, want ErrNotConnected with the cause", err)
 	}
-	if err := c.Run(context.Background()); !errors.Is(err, rabbitmq.ErrClosed) {
-		t.Errorf("second Run returned %v, want ErrClosed", err)
+	if err := c.Run(context.Background()); !errors.Is(err, consumer.ErrStopped) {
+		t.Errorf("second Run returned %v, want consumer.ErrStopped", err)
 	}
 	_ = c.Close()
 	select {
@@ -171,8 +171,8 @@ func TestRunOnceAndClose(t *testing.T) {
 	default:
 		t.Fatal("Close returned before Run did")
 	}
-	if err := c.Run(context.Background()); !errors.Is(err, consumer.ErrClosed) {
-		t.Errorf("Run after Close returned %v, want consumer.ErrClosed", err)
+	if err := c.Run(context.Background()); !errors.Is(err, consumer.ErrStopped) {
+		t.Errorf("Run after Close returned %v, want consumer.ErrStopped", err)
 	}
 }
 
