@@ -210,19 +210,29 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			if !lr.SkipShared {
 				pushes, changes = &b.pushes, gen
 			}
-			late := &lateness{after: layersLateness(ls.Layers()), pay: func(by time.Duration) {
+			layers := ls.Layers()
+			late := &lateness{after: layersLateness(layers), pay: func(by time.Duration) {
 				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
 				defer cancel()
 				if err := ls.DelayLayers(dctx, lr, res, by); err != nil {
 					b.log.Debug("charging the layers for a reservation moved back failed", "by", by, "error", err)
 				}
 			}}
-			if late.after <= 0 {
+			// A slot paid for on a delay layer cannot move: the next
+			// one is booked behind it. Moved back further than the
+			// slot's lateness, the message forfeits it and takes again
+			// as if it had come back that late (see Request.Paid).
+			late.forfeit = paidLateness(layers, lr.Keys, lr.Paid)
+			if late.after <= 0 && late.forfeit <= 0 {
 				late = nil
 			}
 			if err := b.sleepReserved(ctx, changes, pushes, seen, res.TakeResult, math.Float64frombits(b.lastRate.Load()), res.LayersDue, late); err != nil {
 				if !lr.SkipShared {
 					b.refundClass(ctx, req.Cost, res.Class)
+				}
+				if errors.Is(err, errMovedLate) {
+					req.Paid = nil
+					continue
 				}
 				return err
 			}
@@ -244,6 +254,23 @@ func layersLateness(layers []Layer) time.Duration {
 		}
 		if p := backend.PaidLateness(l); d == 0 || p < d {
 			d = p
+		}
+	}
+	return d
+}
+
+// paidLateness returns the least slot lateness (backend.PaidLateness) of
+// the delay layers that paid names for keys, or 0 when it names none.
+func paidLateness(layers []Layer, keys map[string]string, paid []backend.PaidSlot) time.Duration {
+	var d time.Duration
+	for _, s := range paid {
+		for _, l := range layers {
+			if l.Name != s.Layer || l.OnExceed != ActionDelay || l.IsQuota() || (l.Keyed && keys[l.Name] != s.Key) {
+				continue
+			}
+			if p := backend.PaidLateness(l); d == 0 || p < d {
+				d = p
+			}
 		}
 	}
 	return d

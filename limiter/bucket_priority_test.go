@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -731,4 +732,56 @@ func TestPushKeepsLayeredSpacing(t *testing.T) {
 	if gap := got["l2"] - got["l1"]; gap < ms(199) {
 		t.Errorf("sender s: l1 at +%v, l2 at +%v: %v apart, want at least the layer's 200 ms (grants %v)", got["l1"], got["l2"], gap, got)
 	}
+}
+
+// TestPushedPaidSlotIsForfeit: a message back on the slot a delay layer
+// booked for it (Request.Paid) waits on the shared bucket, and two high
+// requests push it back 200 ms, past the slot's lateness (150 ms at 1/s):
+// the next slot of its key is booked 1 s after its own, so going out that
+// late would put the two 800 ms apart. It forfeits the slot and is refused
+// again with a new one. Without that, a fleet with classes sent
+// per-recipient messages 772–834 ms apart against 2 s when a rate cut
+// moved them back.
+func TestPushedPaidSlotIsForfeit(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	lm := newLayeredMemory(t, 10, 1, []limiter.Layer{{Name: "per-recipient", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDelay}})
+	s := layeredClassStore{memClassStore{lm.Memory, clk, new(atomic.Bool)}, lm}
+	b := newClockedBucket(t, clk, s, sleeperOpts, s.watched)
+	ctx := context.Background()
+	to := func(k string) map[string]string { return map[string]string{"per-recipient": k} }
+	if err := b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("r")}); err != nil {
+		t.Fatal(err)
+	}
+	var le *limiter.LimitError
+	if err := b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("r")}); !errors.As(err, &le) || !le.Reserved {
+		t.Fatalf("second message to r: %v, want refused with a booked slot", err)
+	}
+	clk.Advance(le.Wait) // back on its slot, behind a low message to x
+	if err := b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("x")}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("r"), Paid: []limiter.PaidSlot{le.Slot()}})
+	}()
+	clk.WaitTimers(t, 1) // reserved at +100 ms on the shared bucket
+	highs := make(chan error, 2)
+	for _, k := range []string{"h1", "h2"} {
+		go func() { highs <- b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityHigh, Keys: to(k)}) }()
+	}
+	clk.WaitTimers(t, 2) // the highs, reserved at +100 and +200 ms
+	for range 300 {
+		time.Sleep(time.Millisecond) // let the sleepers hear the pushes
+		clk.Advance(time.Millisecond)
+		select {
+		case err := <-done:
+			var again *limiter.LimitError
+			if !errors.As(err, &again) || !again.Reserved || again.Wait < 800*time.Millisecond {
+				t.Fatalf("the pushed paid message: %v, want refused with a new slot about 1 s on", err)
+			}
+			return
+		default:
+		}
+	}
+	t.Fatal("the pushed paid message went out 200 ms past its slot, want it refused again")
 }

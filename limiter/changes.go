@@ -144,7 +144,7 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 	if listen {
 		next = heard[r.class]
 	}
-	charged := r.due // the instant the layers were charged for
+	charged, first := r.due, r.due // the instant the layers were charged for
 	for {
 		var pushed <-chan struct{}
 		if listen {
@@ -154,7 +154,10 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 				r = r.push(p)
 			}
 		}
-		if late != nil && r.due.Sub(charged) > late.after {
+		if late != nil && late.forfeit > 0 && r.due.Sub(first) > late.forfeit {
+			return errMovedLate
+		}
+		if late != nil && late.after > 0 && r.due.Sub(charged) > late.after {
 			late.pay(r.due.Sub(charged))
 			charged = r.due
 		}
@@ -194,7 +197,15 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 type lateness struct {
 	after time.Duration
 	pay   func(by time.Duration)
+	// forfeit, when not 0, ends the sleep with errMovedLate once the
+	// reservation moved back more than that from its first instant: a
+	// slot paid for on a delay layer, which cannot move.
+	forfeit time.Duration
 }
+
+// errMovedLate is sleepReserved's answer for a reservation moved back past
+// late.forfeit.
+var errMovedLate = errors.New("reservation moved back past its paid slot")
 
 // retime returns r moved to where the bucket st puts it.
 func (r reservation) retime(st State) reservation {
