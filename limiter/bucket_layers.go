@@ -210,8 +210,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			if !lr.SkipShared {
 				pushes, changes = &b.pushes, gen
 			}
-			layers := ls.Layers()
-			late := &lateness{after: layersLateness(layers), pay: func(by time.Duration) {
+			late := &lateness{after: b.layered.lateness, pay: func(by time.Duration) {
 				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
 				defer cancel()
 				if err := ls.DelayLayers(dctx, lr, res, by); err != nil {
@@ -222,7 +221,9 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			// one is booked behind it. Moved back further than the
 			// slot's lateness, the message forfeits it and takes again
 			// as if it had come back that late (see Request.Paid).
-			late.forfeit = paidLateness(layers, lr.Keys, lr.Paid)
+			if len(lr.Paid) > 0 {
+				late.forfeit = paidLateness(b.layered.layers, lr.Keys, lr.Paid)
+			}
 			if late.after <= 0 && late.forfeit <= 0 {
 				late = nil
 			}
@@ -375,9 +376,12 @@ type layeredFallback struct {
 	exceeded sync.Map
 	// paid signs and verifies the paid slots (paidsig.go).
 	paid paidSigner
-	// store is the Bucket's store when it has layers, found once.
-	once  sync.Once
-	store backend.LayeredStore
+	// store is the Bucket's store when it has layers, found once, with
+	// its layers and their layersLateness.
+	once     sync.Once
+	store    backend.LayeredStore
+	layers   []Layer
+	lateness time.Duration
 }
 
 // layeredStore returns the Bucket's store if it is a LayeredStore with at
@@ -394,7 +398,8 @@ func (b *Bucket) Layers() []Layer {
 func (b *Bucket) layeredStore() backend.LayeredStore {
 	b.layered.once.Do(func() {
 		if ls, ok := b.store.(backend.LayeredStore); ok && len(ls.Layers()) > 0 {
-			b.layered.store = ls
+			b.layered.store, b.layered.layers = ls, ls.Layers()
+			b.layered.lateness = layersLateness(b.layered.layers)
 		}
 	})
 	return b.layered.store
