@@ -15,7 +15,7 @@ import (
 	"github.com/throttlehq/throttle/internal/backend"
 )
 
-// TestAdaptiveHiddenLimitE2E is issue 14's unknown-limit scenario through
+// TestAdaptiveHiddenLimitE2E is the adaptive rate's unknown-limit scenario through
 // the binary: 3 replicas, each configured at 100/s, consume one RabbitMQ
 // backlog and deliver to a mock provider whose hidden limit is 37/s (a
 // token bucket, burst 5) and which answers 429 without Retry-After above

@@ -18,7 +18,7 @@ import (
 // a bucket with a per-recipient layer (burst 4, on_exceed dead_letter): both
 // fall back to their local stores, where the layer keeps refusing at each
 // replica's share (2 per recipient each). A recipient that had used its
-// burst in Redis gets it once more across the replicas, as the README says.
+// burst in Redis gets it once more across the replicas, as docs/layers.md says.
 func TestLayersFallbackWhenRedisDies(t *testing.T) {
 	t.Parallel()
 	srv := faultStartRedis(t)

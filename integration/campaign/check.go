@@ -156,9 +156,10 @@ type RateChange struct {
 }
 
 // Disturbance is a stretch during which a fault legitimately allows more
-// than the steady bounds, per the README's failure modes: a Redis outage
-// under the local fallback, or Redis restarted empty. It lasts from the
-// fault to a settling time after the heal.
+// than the steady bounds, per the documented failure modes
+// (docs/operations.md): a Redis outage under the local fallback, or Redis
+// restarted empty. It lasts from the fault to a settling time after the
+// heal.
 type Disturbance struct {
 	Kind     string
 	From, To time.Time

@@ -383,7 +383,7 @@ func TestBucketList(t *testing.T) {
 	}
 }
 
-// TestBucketSetRateRange is issue 11 item 2: 'bucket set --rate 1e20'
+// TestBucketSetRateRange is a regression test: 'bucket set --rate 1e20'
 // turned the limit off, and status printed a negative rate and no
 // override. A rate above backend.MaxRate is a usage error; rates may be
 // given per second, minute, hour or day; status shows what Redis holds,

@@ -29,7 +29,7 @@ func checkBucket(ctx context.Context, rc config.Redis, b *limiter.Bucket, store 
 		return refusedError(rc, err)
 	}
 	if err != nil {
-		log.Warn("cannot reach the bucket in redis yet; until it can, the limiter follows limit.on_store_error and limit.fallback_rate (see the README, Failure modes)", "error", err)
+		log.Warn("cannot reach the bucket in redis yet; until it can, the limiter follows limit.on_store_error and limit.fallback_rate (see docs/operations.md, Failure modes)", "error", err)
 		return nil
 	}
 	st, err := b.State(ctx)

@@ -14,8 +14,8 @@ import (
 	"github.com/throttlehq/throttle/limiter"
 )
 
-// TestAdaptiveHiddenLimitSimulation measures the unknown-limit scenario of
-// issue 14 at the library level (no binary, no broker): 3 replicas, each a
+// TestAdaptiveHiddenLimitSimulation measures the adaptive rate's
+// unknown-limit scenario at the library level (no binary, no broker): 3 replicas, each a
 // Bucket on its own Store sharing one Redis bucket configured at 100/s,
 // send to a mock provider whose hidden limit is 37/s (a token bucket, burst
 // 5, answering 429 without Retry-After above it). Like the HTTP sink with
