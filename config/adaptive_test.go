@@ -10,17 +10,17 @@ import (
 
 func TestLimitAdaptiveMapsOntoTheLimiter(t *testing.T) {
 	cfg := mustParse(t, strings.Replace(minimal, "rate: 10", "rate: 100/s\n  adaptive: {min_rate: 5, decrease: 0.5, increase: 60/min, interval: 2s}", 1), nil)
-	got := cfg.Limit.LimiterOptions().Adaptive
+	got := libs(t, cfg).Limiter.Adaptive
 	want := limiter.Adaptive{MinRate: 5, Decrease: 0.5, Increase: 1, Interval: 2 * time.Second}
 	if got == nil || *got != want {
 		t.Fatalf("Adaptive = %+v, want %+v", got, want)
 	}
-	if a := mustParse(t, minimal, nil).Limit.LimiterOptions().Adaptive; a != nil {
+	if a := libs(t, mustParse(t, minimal, nil)).Limiter.Adaptive; a != nil {
 		t.Errorf("without limit.adaptive: %+v, want nil", a)
 	}
 	// Round trip through String.
 	again := mustParse(t, cfg.String(), nil)
-	if a := again.Limit.LimiterOptions().Adaptive; a == nil || *a != want {
+	if a := libs(t, again).Limiter.Adaptive; a == nil || *a != want {
 		t.Errorf("after String(): %+v", a)
 	}
 }

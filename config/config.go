@@ -2,34 +2,23 @@ package config
 
 import (
 	"bytes"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"os"
 	"reflect"
-	"slices"
 	"strings"
-	"time"
 
 	"go.yaml.in/yaml/v3"
 
-	kafkago "github.com/segmentio/kafka-go"
-
 	"github.com/throttlehq/throttle/consumer"
-	"github.com/throttlehq/throttle/consumer/kafka"
-	"github.com/throttlehq/throttle/consumer/rabbitmq"
-	"github.com/throttlehq/throttle/limiter"
-	"github.com/throttlehq/throttle/limiter/redislimiter"
-	"github.com/throttlehq/throttle/sinks/httpsink"
-	"github.com/throttlehq/throttle/sinks/msgtmpl"
-	"github.com/throttlehq/throttle/sinks/postgres"
 )
 
-// Config is the whole configuration of the throttle binary. Obtain one with
-// [Load] or [Parse], which expand the environment and validate it.
+// Config is the whole configuration of the throttle binary: the YAML
+// model, one field per key. Obtain one with [Load] or [Parse], which
+// expand the environment and validate it, and map it onto the libraries'
+// configurations with [Config.Libraries].
 //
 // A zero field means "the default", and the default is the one of the
 // library the field is handed to (redisconn, limiter, the consumers, the
@@ -183,8 +172,11 @@ type Limit struct {
 	// ProbeInterval is how often Redis is probed while it fails. Zero
 	// means the limiter's default (1s); not 0 in YAML.
 	ProbeInterval Duration `yaml:"probe_interval,omitempty" check:"nonzero"`
-	// MaxWait bounds how long a message waits for tokens, >= 0. The
-	// default, 0, means waiting as long as needed.
+	// MaxWait bounds each wait of a message for tokens
+	// (consumer.LimitOptions.WaitTimeout, which must not be negative): a
+	// wait still going after it fails the attempt, which is retried like
+	// any retryable failure. It is a timeout, unlike the max_wait of a
+	// layer of Extra. The default, 0, means waiting as long as needed.
 	MaxWait Duration `yaml:"max_wait"`
 	// Lease is auto or off; empty means auto.
 	Lease LeaseMode `yaml:"lease"`
@@ -232,69 +224,6 @@ type LimitAdaptive struct {
 	Increase float64 `yaml:"increase,omitempty" check:"rate,nonzero"`
 	// Interval is the period of Increase.
 	Interval Duration `yaml:"interval,omitempty" check:"nonzero"`
-}
-
-// Limiter returns the limiter's options for a, or nil for a nil a.
-func (a *LimitAdaptive) Limiter() *limiter.Adaptive {
-	if a == nil {
-		return nil
-	}
-	return &limiter.Adaptive{MinRate: a.MinRate, Decrease: a.Decrease, Increase: a.Increase, Interval: time.Duration(a.Interval)}
-}
-
-// StoreConfig maps l onto the Redis store's configuration: the bucket's
-// name, rate, burst and warm-up. It is the one mapping: Validate checks its
-// result with redislimiter.Config.Validate, and the binary adds the
-// options that do not come from this section.
-func (l Limit) StoreConfig() redislimiter.Config {
-	return redislimiter.Config{Bucket: l.Bucket, Rate: l.Rate, Burst: l.Burst, Warmup: time.Duration(l.Warmup)}
-}
-
-// LimiterOptions maps l onto the limiter's options: the store-error
-// policy, the fallback rate, the probe interval, leasing, the adaptive
-// rate, the class and the floors of the classes. It is the one
-// mapping: Validate checks its result with limiter.Options.Validate, and
-// the binary adds what does not come from this section (observer, logger,
-// the push-back cap). A class limiter.ParsePriority rejects, in priority
-// or as a key of min_share, is left out here and reported by Validate.
-func (l Limit) LimiterOptions() limiter.Options {
-	class, _ := limiter.ParsePriority(l.Priority)
-	shares, _ := l.minShare()
-	return limiter.Options{
-		OnStoreError:  limiter.Mode(l.OnStoreError),
-		FallbackRate:  l.FallbackRate,
-		ProbeInterval: time.Duration(l.ProbeInterval),
-		Lease:         limiter.LeaseOptions{Disabled: l.Lease == LeaseOff},
-		Adaptive:      l.Adaptive.Limiter(),
-		Priority:      class,
-		MinShare:      shares,
-	}
-}
-
-// minShare maps min_share onto limiter.Shares, and returns the errors of
-// limiter.ParsePriority for the keys that are not a class. The fractions
-// are checked by limiter.Options.Validate.
-func (l Limit) minShare() (limiter.Shares, []error) {
-	var (
-		shares limiter.Shares
-		errs   []error
-	)
-	for _, class := range slices.Sorted(maps.Keys(l.MinShare)) {
-		p, err := limiter.ParsePriority(class)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		shares[p] = l.MinShare[class]
-	}
-	return shares, errs
-}
-
-// PriorityFunc returns the function giving a message's class:
-// priority_header's value when the header is set, else priority.
-func (l Limit) PriorityFunc() consumer.PriorityFunc {
-	class, _ := limiter.ParsePriority(l.Priority)
-	return consumer.PriorityFromHeader(l.PriorityHeader, class)
 }
 
 // Source says where messages come from (YAML key "source"). Exactly one
@@ -357,43 +286,14 @@ type Kafka struct {
 	// means the message key. It requires ordering: key.
 	OrderingKey string `yaml:"ordering_key"`
 	// MaxInFlight bounds the messages handled at once under ordering key
-	// or none; under ordering partition it is an error. Zero means the
+	// or none; under ordering partition, which concurrency bounds, it is
+	// an error (kafka.Config.Validate). Zero means the
 	// consumer's default (kafka.DefaultMaxInFlight); not 0 in YAML.
 	MaxInFlight int `yaml:"max_in_flight,omitempty" check:"nonzero"`
 	// SASL configures SASL authentication; it is off by default.
 	SASL SASL `yaml:"sasl"`
 	// TLS configures TLS to the brokers; it is off by default.
 	TLS TLS `yaml:"tls"`
-}
-
-// KeyFunc returns the consumer.KeyFunc of OrderingKey, or nil when it is
-// empty (the consumer's default key).
-func (k Kafka) KeyFunc() (consumer.KeyFunc, error) {
-	return orderingKeyFunc("source.kafka.ordering_key", k.OrderingKey)
-}
-
-// ConsumerConfig maps k onto the Kafka consumer's configuration, with
-// opts (the delivery options shared by both sources) and dialer (TLS and
-// SASL, or nil). The consumer validates and defaults the result: config
-// keeps no copy of its rules.
-func (k Kafka) ConsumerConfig(opts consumer.Options, dialer *kafkago.Dialer) kafka.Config {
-	opts.Ordering = k.Ordering
-	start := kafkago.FirstOffset
-	if k.StartOffset == StartLast {
-		start = kafkago.LastOffset
-	}
-	return kafka.Config{
-		Options:         opts,
-		Brokers:         k.Brokers,
-		Topic:           k.Topic,
-		Group:           k.Group,
-		Concurrency:     k.Concurrency,
-		MaxInFlight:     k.MaxInFlight,
-		DeadLetterTopic: k.DeadLetterTopic,
-		DelayTopic:      k.DelayTopic,
-		StartOffset:     start,
-		Dialer:          dialer,
-	}
 }
 
 // SASLMechanism names a Kafka SASL mechanism. It is a plain string and safe
@@ -458,48 +358,6 @@ type RabbitMQ struct {
 	TLS TLS `yaml:"tls"`
 }
 
-// KeyFunc returns the consumer.KeyFunc of OrderingKey, or nil when it is
-// empty (the consumer's default key).
-func (r RabbitMQ) KeyFunc() (consumer.KeyFunc, error) {
-	return orderingKeyFunc("source.rabbitmq.ordering_key", r.OrderingKey)
-}
-
-// ConsumerConfig maps r onto the RabbitMQ consumer's configuration, with
-// the TLS configuration tlsConf (from r.TLS.ClientConfig) and the options
-// the binary builds (limiter, retry policy, observer, ...), whose Ordering
-// it sets from r. It is the one mapping: Validate checks its result with
-// rabbitmq.Config.Validate, and the binary builds the consumer from it.
-func (r RabbitMQ) ConsumerConfig(tlsConf *tls.Config, opts consumer.Options) rabbitmq.Config {
-	opts.Ordering = r.Ordering
-	return rabbitmq.Config{
-		URL:                r.URL,
-		TLS:                tlsConf,
-		Queue:              r.Queue,
-		Prefetch:           r.Prefetch,
-		Concurrency:        r.Concurrency,
-		Declare:            r.Declare,
-		DeadLetterExchange: r.DeadLetterExchange,
-		Options:            opts,
-	}
-}
-
-// orderingKeyFunc parses the message template text named name and returns
-// a KeyFunc rendering it, or nil for an empty text. A message the template
-// fails on fails permanently (consumer.KeyFunc's contract).
-func orderingKeyFunc(name, text string) (consumer.KeyFunc, error) {
-	if text == "" {
-		return nil, nil
-	}
-	t, err := msgtmpl.Parse(name, text)
-	if err != nil {
-		return nil, err
-	}
-	return func(m consumer.Message) (string, error) {
-		b, err := msgtmpl.Render(t, msgtmpl.NewData(m))
-		return string(b), err
-	}, nil
-}
-
 // Sink says where messages are delivered (YAML key "sink"). Exactly one
 // field is non-nil in a valid Config; a key that is present in the YAML
 // counts as set even when its value is empty, so "stdout: {}" and "stdout:"
@@ -515,8 +373,8 @@ type Sink struct {
 }
 
 // HTTP configures the HTTP sink (YAML key "sink.http"). Its fields are
-// those of httpsink.Config (see [HTTP.SinkConfig]), whose Validate checks
-// them and whose defaults apply to zero fields. It is a plain value: safe
+// those of httpsink.Config (see Libraries.HTTP), whose Validate checks
+// them and whose defaults apply to zero fields, but MaxPause. It is a plain value: safe
 // to read concurrently, not to mutate concurrently.
 type HTTP struct {
 	// URL is the request URL; it is required and its scheme must be http
@@ -547,9 +405,11 @@ type HTTP struct {
 	// Retry-After) by pausing consumption. Nil means the default, true;
 	// use [HTTP.PushBackEnabled] to read it.
 	PushBack *bool `yaml:"push_back"`
-	// MaxPause bounds one push-back pause and the delay a Retry-After
-	// header may ask for. Zero means the default of the limiter and of the
-	// sink (60s); not 0 in YAML.
+	// MaxPause caps one push-back pause of the shared bucket: it is
+	// limiter.Options.MaxPause, the one cap. The binary caps the delay a
+	// response asks for (Retry-After) at the bucket's cap too, so that the
+	// message that got it is retried when the pause ends. Zero means the
+	// limiter's default (60s); not 0 in YAML.
 	MaxPause Duration `yaml:"max_pause,omitempty" check:"nonzero"`
 	// Preset is a provider preset, one of httpsink.Presets (twilio,
 	// vonage, vonage_sms, fcm, apns), or empty. With a preset, URL is
@@ -623,76 +483,13 @@ func (l *StringList) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// rules maps the classify list onto the sink's rules.
-func (h HTTP) rules() []httpsink.Rule {
-	if len(h.Classify) == 0 {
-		return nil
-	}
-	out := make([]httpsink.Rule, len(h.Classify))
-	for i, r := range h.Classify {
-		out[i] = httpsink.Rule{
-			Name:          r.Name,
-			Status:        r.Status,
-			Action:        httpsink.Action(r.Action),
-			Delay:         time.Duration(r.Delay),
-			RecipientGone: r.RecipientGone,
-		}
-		if r.Headers != nil {
-			out[i].Headers = make(map[string][]string, len(r.Headers))
-			for k, v := range r.Headers {
-				out[i].Headers[k] = v
-			}
-		}
-		if r.Body != nil {
-			out[i].Body = make(map[string][]string, len(r.Body))
-			for k, v := range r.Body {
-				out[i].Body[k] = v
-			}
-		}
-	}
-	return out
-}
-
 // PushBackEnabled reports whether push-back is on; a nil PushBack means on.
 func (h HTTP) PushBackEnabled() bool {
 	return h.PushBack == nil || *h.PushBack
 }
 
-// SinkConfig maps h onto the HTTP sink's configuration. It is the one
-// mapping: Validate checks its result with httpsink.Config.Validate, and
-// the binary builds the sink from it.
-func (h HTTP) SinkConfig() httpsink.Config {
-	return httpsink.Config{
-		URL:           h.URL,
-		Method:        h.Method,
-		Headers:       h.Headers,
-		Timeout:       time.Duration(h.Timeout),
-		BodyTemplate:  h.BodyTemplate,
-		ContentType:   h.ContentType,
-		MaxConns:      h.MaxConns,
-		MaxRetryAfter: time.Duration(h.MaxPause),
-		Preset:        h.Preset,
-		Credentials:   httpsink.Credentials(h.Credentials),
-		Rules:         h.rules(),
-	}
-}
-
-// CostFunc returns the cost of a message for the consumer: rendered by
-// CostTemplate (see msgtmpl.CostFunc), read from CostHeader (see
-// consumer.CostFromHeader), or nil when neither is set, which means one
-// token per message. The error is CostTemplate's parse error.
-func (l Limit) CostFunc() (consumer.CostFunc, error) {
-	switch {
-	case l.CostTemplate != "":
-		return msgtmpl.CostFunc("limit.cost_template", l.CostTemplate)
-	case l.CostHeader != "":
-		return consumer.CostFromHeader(l.CostHeader), nil
-	}
-	return nil, nil
-}
-
 // Postgres configures the PostgreSQL sink (YAML key "sink.postgres"). Its
-// fields are those of postgres.Config (see [Postgres.SinkConfig]), whose
+// fields are those of postgres.Config (see Libraries.Postgres), whose
 // Validate checks them. It is a plain value: safe to read concurrently, not
 // to mutate concurrently.
 type Postgres struct {
@@ -707,18 +504,6 @@ type Postgres struct {
 	// IDHeader optionally names the message header holding the
 	// idempotency id of a message.
 	IDHeader string `yaml:"id_header"`
-}
-
-// SinkConfig maps p onto the PostgreSQL sink's configuration. It is the
-// one mapping: Validate checks its result with postgres.Config.Validate,
-// and the binary builds the sink from it.
-func (p Postgres) SinkConfig() postgres.Config {
-	return postgres.Config{
-		DSN:         p.DSN,
-		Table:       p.Table,
-		CreateTable: p.CreateTable,
-		IDHeader:    p.IDHeader,
-	}
 }
 
 // Stdout configures the stdout sink (YAML key "sink.stdout"), which has no
@@ -738,7 +523,7 @@ type Delivery struct {
 	// in YAML.
 	Backoff Duration `yaml:"backoff,omitempty" check:"nonzero"`
 	// MaxBackoff caps the pause between retries; when both are set it
-	// must be >= Backoff. Zero means the retry policy's default (30s); not
+	// must be >= Backoff (consumer.Options.Validate). Zero means the retry policy's default (30s); not
 	// 0 in YAML.
 	MaxBackoff Duration `yaml:"max_backoff,omitempty" check:"nonzero"`
 	// DrainTimeout bounds how long in-flight messages may finish on
@@ -749,16 +534,6 @@ type Delivery struct {
 	// (consumer.Options.MaxSetAside). Zero means the consumer's default
 	// (1m); not 0 in YAML.
 	MaxSetAside Duration `yaml:"max_set_aside,omitempty" check:"nonzero"`
-}
-
-// RetryPolicy maps d's retry settings onto the consumers' retry policy,
-// whose defaults apply to zero fields.
-func (d Delivery) RetryPolicy() consumer.RetryPolicy {
-	return consumer.RetryPolicy{
-		MaxAttempts: d.MaxAttempts,
-		Backoff:     time.Duration(d.Backoff),
-		MaxBackoff:  time.Duration(d.MaxBackoff),
-	}
 }
 
 // Metrics configures the Prometheus endpoint (YAML key "metrics"). It is a
@@ -908,7 +683,7 @@ func (e *syntaxError) Unwrap() error { return e.err }
 // It comes from the store (redislimiter.Config.WithDefaults), never from a
 // copy of its rule.
 func (c *Config) applyDerivedDefaults() {
-	c.Limit.Burst = c.Limit.StoreConfig().WithDefaults().Burst
+	c.Limit.Burst = c.Limit.bucketConfig().WithDefaults().Burst
 }
 
 // String returns the configuration as YAML with every secret replaced by

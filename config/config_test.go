@@ -52,6 +52,16 @@ func mustParse(t *testing.T, doc string, vars map[string]string) *Config {
 	return cfg
 }
 
+// libs returns cfg mapped onto the libraries, failing otherwise.
+func libs(t *testing.T, cfg *Config) *Libraries {
+	t.Helper()
+	lib, err := cfg.Libraries()
+	if err != nil {
+		t.Fatalf("Libraries: %v", err)
+	}
+	return lib
+}
+
 // problems returns the problems of a *ValidationError, failing otherwise.
 func problemsOf(t *testing.T, err error) []Problem {
 	t.Helper()
@@ -328,7 +338,7 @@ func TestParseBadInputs(t *testing.T) {
 		{"bad lease", strings.Replace(minimal, "rate: 10", "rate: 10\n  lease: always", 1), nil, "limit.lease", `must be one of auto, off, got "always"`},
 		{"negative fallback rate", strings.Replace(minimal, "rate: 10", "rate: 10\n  fallback_rate: -1", 1), nil, "limit.fallback_rate", "must be 0 (the replica's share) or a number > 0 and <= 1e+09, got -1"},
 		{"zero probe interval", strings.Replace(minimal, "rate: 10", "rate: 10\n  probe_interval: 0s", 1), nil, "limit.probe_interval", "must not be 0; omit the key for the default"},
-		{"negative max wait", strings.Replace(minimal, "rate: 10", "rate: 10\n  max_wait: -1s", 1), nil, "limit.max_wait", "must be >= 0, got -1s"},
+		{"negative max wait", strings.Replace(minimal, "rate: 10", "rate: 10\n  max_wait: -1s", 1), nil, "limit.max_wait", "-1s must not be negative"},
 		{"zero drain timeout", minimal + "delivery: {drain_timeout: 0s}\n", nil, "delivery.drain_timeout", "must not be 0; omit the key for the default"},
 		{"zero max set aside", minimal + "delivery: {max_set_aside: 0s}\n", nil, "delivery.max_set_aside", "must not be 0; omit the key for the default"},
 		{"bad metrics listen", minimal + "metrics: {listen: 'localhost'}\n", nil, "metrics.listen", "must be host:port"},
@@ -1005,7 +1015,7 @@ func TestHTTPSinkValidatedByTheSink(t *testing.T) {
 	want := map[string]string{
 		"sink.http.method":                `must be an HTTP method such as POST, got "A B"`,
 		"sink.http.body_template":         `template: body_template:1: function "jsn" not defined`,
-		"sink.http.max_pause":             "must not be negative, got -1s",
+		"sink.http.max_pause":             "must be >= 0 (0 for the default), got -1s", // the limiter's cap
 		"sink.http.headers.Authorization": "value holds a control character (CR, LF, NUL, ...)",
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -1053,9 +1063,9 @@ func TestOrdering(t *testing.T) {
 	if k.Ordering != "key" || k.MaxInFlight != 50 {
 		t.Fatalf("kafka = %+v", k)
 	}
-	f, err := k.KeyFunc()
-	if err != nil || f == nil {
-		t.Fatalf("KeyFunc = %v, %v", f, err)
+	f := libs(t, cfg).Kafka.OrderingKey
+	if f == nil {
+		t.Fatal("no ordering key function")
 	}
 	if key, err := f(consumer.Message{Headers: map[string]string{"x-from": "+1555"}}); key != "+1555" || err != nil {
 		t.Errorf("key = %q, %v", key, err)
@@ -1063,8 +1073,8 @@ func TestOrdering(t *testing.T) {
 	if _, err := f(consumer.Message{Headers: map[string]string{}}); err != nil {
 		t.Errorf("a missing header via index: %v", err)
 	}
-	if f, err := (Kafka{}).KeyFunc(); f != nil || err != nil {
-		t.Errorf("empty ordering_key: %v, %v", f, err)
+	if f := libs(t, mustParse(t, minimal, nil)).Kafka.OrderingKey; f != nil {
+		t.Error("empty ordering_key: a key function, want the consumer's default")
 	}
 	for _, tt := range []struct{ doc, key, want string }{
 		{kafka("ordering: random"), "source.kafka.ordering", `"random" is not`},
@@ -1088,24 +1098,28 @@ func TestOrdering(t *testing.T) {
 // TestLibraryFieldsNameYAMLKeys checks the translation of the Go field
 // names in library errors into YAML keys.
 func TestLibraryFieldsNameYAMLKeys(t *testing.T) {
-	limit, http := reflect.TypeFor[Limit](), reflect.TypeFor[HTTP]()
 	for _, tt := range []struct {
-		t          reflect.Type
+		k          libraryKeys
 		goName, yk string
 	}{
-		{limit, "Bucket", "bucket"},
-		{limit, "FallbackRate", "fallback_rate"},
-		{limit, "fallback_rate", "fallback_rate"},
-		{limit, "OnStoreError", "on_store_error"},
-		{limit, "Lease.Fraction", "lease.fraction"},
-		{limit, "Lease.MinBatch", "lease.min_batch"},
-		{limit, "Nope", ""},
-		{http, "BodyTemplate", "body_template"},
-		{http, "MaxRetryAfter", "max_pause"},
-		{http, "URL", "url"},
+		{limitKeys, "Bucket", "limit.bucket"},
+		{limiterKeys, "FallbackRate", "limit.fallback_rate"},
+		{limiterKeys, "fallback_rate", "limit.fallback_rate"},
+		{limiterKeys, "OnStoreError", "limit.on_store_error"},
+		{limiterKeys, "Lease.Fraction", "limit.lease.fraction"},
+		{limiterKeys, "Lease.MinBatch", "limit.lease.min_batch"},
+		{limiterKeys, "MaxPause", "sink.http.max_pause"},
+		{limitKeys, "WaitTimeout", "limit.max_wait"},
+		{limitKeys, "Nope", "limit"},
+		{kafkaKeys, "Brokers[1]", "source.kafka.brokers[1]"},
+		{kafkaKeys, "Retry.MaxBackoff", "delivery.max_backoff"},
+		{rabbitMQKeys, "DrainTimeout", "delivery.drain_timeout"},
+		{httpKeys, "BodyTemplate", "sink.http.body_template"},
+		{httpKeys, "Rules", "sink.http.classify"},
+		{httpKeys, "URL", "sink.http.url"},
 	} {
-		if got := yamlKeyOf(tt.t, tt.goName); got != tt.yk {
-			t.Errorf("yamlKeyOf(%s, %q) = %q, want %q", tt.t.Name(), tt.goName, got, tt.yk)
+		if got := tt.k.key(tt.goName); got != tt.yk {
+			t.Errorf("%s key of %q = %q, want %q", tt.k.section, tt.goName, got, tt.yk)
 		}
 	}
 }

@@ -1,6 +1,9 @@
-// Package config loads, expands, validates and redacts the YAML
-// configuration of the throttle binary, and maps it onto the configurations
-// of the libraries it drives.
+// Package config is the YAML model of the throttle binary: it loads,
+// expands, validates and redacts the binary's configuration file, and maps
+// it onto the configurations of the libraries it drives
+// ([Config.Libraries]). The binary builds its pipeline from that mapping
+// and nothing else, so a program may load the binary's YAML, build the
+// same way, and get the same consumer.
 //
 // Every key, with its default, is listed in docs/configuration.md in the
 // repository (a test keeps that page complete, and every YAML example of
@@ -49,14 +52,27 @@
 //
 // # One source of truth
 //
-// Settings handed to a library are checked by that library's exported
-// validation (httpsink.Config.Validate, postgres.Config.Validate,
-// redislimiter.Config.Validate, limiter.Options.Validate, limiter.ParseRate)
-// and defaulted by it: a zero field means the library's default, and
-// config repeats neither rules nor defaults. Library errors name Go fields;
-// config reports them under the YAML key. Where 0 means nothing (burst,
-// timeouts, concurrency, ...), writing 0 in YAML is an error naming the key,
-// while leaving the key out gives the default.
+// config holds no rule and no default of its own about what the libraries
+// take. [Config.Libraries] is the one mapping of the YAML onto their
+// configurations (redislimiter.Config, the limiter.Layer list,
+// limiter.Options, consumer.LimitOptions, kafka.Config or rabbitmq.Config
+// with their consumer.Options, httpsink.Config or postgres.Config): each
+// key lands in one library field, and a value only travels from the file
+// down to the library that uses it. The libraries validate and default
+// what they are given: a zero field means the library's default, and
+// [Config.Validate] checks the mapped result with each library's exported
+// validation (redislimiter.Config.Validate, limiter.Options.Validate,
+// limiter.Layers.Validate, consumer.LimitOptions.Validate,
+// kafka.Config.Validate, rabbitmq.Config.Validate,
+// httpsink.Config.Validate, postgres.Config.Validate). Library errors name
+// Go fields; config reports them under the YAML key. What config checks
+// itself is the YAML: the shape of the document, the values a key may
+// take where the library's field is not a string (lease, start_offset,
+// sasl.mechanism), templates, classes and time zones, the
+// Redis connection, metrics and log, and that exactly one source and one
+// sink are set. Where 0 means nothing (burst, timeouts, concurrency, ...),
+// writing 0 in YAML is an error naming the key, while leaving the key out
+// gives the default.
 //
 // # Errors
 //

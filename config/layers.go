@@ -8,9 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/limiter"
-	"github.com/throttlehq/throttle/sinks/msgtmpl"
 )
 
 // LimitLayer is one further limit under limit.extra, decided with the
@@ -42,20 +40,33 @@ type LimitLayer struct {
 	Timezone string `yaml:"timezone,omitempty"`
 	// OnExceed is wait (the default), dead_letter or delay.
 	OnExceed string `yaml:"on_exceed,omitempty"`
-	// MaxWait is how long a message may wait for this layer before
-	// OnExceed (dead_letter or delay) applies. Default 0: no wait.
+	// MaxWait is the longest wait for this layer that a message is
+	// granted (limiter.Layer.MaxWait): a message that would wait longer
+	// is refused at once under OnExceed, dead_letter or delay. Default 0:
+	// any wait for this layer is refused. It is not a timeout, unlike
+	// limit.max_wait.
 	MaxWait Duration `yaml:"max_wait,omitempty"`
 }
 
-// Layers maps limit.extra onto the limiter's layers. Its error names the
-// YAML key of an unknown time zone; Validate reports every problem.
+// Layers maps limit.extra onto the limiter's layers: Libraries.Layers,
+// for the operator commands that need the layers alone. Its error is a
+// *ValidationError naming the YAML key of an unknown time zone; Validate
+// reports every problem.
 func (l Limit) Layers() ([]limiter.Layer, error) {
-	layers, errs := l.layers()
-	return layers, errors.Join(errs...)
+	var ps problems
+	layers := l.layers(&ps)
+	if len(ps) > 0 {
+		return nil, &ValidationError{Problems: ps}
+	}
+	return layers, nil
 }
 
-func (l Limit) layers() ([]limiter.Layer, []error) {
-	var errs []error
+// layers maps limit.extra onto the limiter's layers, nil without; an
+// unknown time zone is a problem and left out.
+func (l *Limit) layers(ps *problems) []limiter.Layer {
+	if len(l.Extra) == 0 {
+		return nil
+	}
 	out := make([]limiter.Layer, len(l.Extra))
 	for i, x := range l.Extra {
 		out[i] = limiter.Layer{
@@ -67,50 +78,19 @@ func (l Limit) layers() ([]limiter.Layer, []error) {
 		if x.Timezone != "" {
 			loc, err := time.LoadLocation(x.Timezone)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("limit.extra[%d].timezone: unknown time zone %q", i, x.Timezone))
+				ps.add(fmt.Sprintf("limit.extra[%d].timezone", i), "unknown time zone %q", x.Timezone)
 				continue
 			}
 			out[i].Location = loc
 		}
 	}
-	return out, errs
+	return out
 }
 
-// LayerKeys returns a function giving a message's key in every keyed layer
-// of limit.extra, by layer name, or nil when no layer has a key. The
-// function decodes the message once for all templates; for a template that
-// fails or renders empty it returns a consumer.Permanent error naming the
-// layer and its YAML key.
-func (l Limit) LayerKeys() (func(consumer.Message) (map[string]string, error), error) {
-	var keys []msgtmpl.LayerKey
-	for i, x := range l.Extra {
-		if x.Key != "" {
-			keys = append(keys, msgtmpl.LayerKey{Layer: x.Name, Name: "limit.extra[" + strconv.Itoa(i) + "].key", Text: x.Key})
-		}
-	}
-	return msgtmpl.KeysFunc(keys)
-}
-
-// validateExtra checks limit.extra: the key templates, the time zones, and
-// the layers themselves with limiter.Layers.Validate, each problem under
-// its YAML key.
-func (l *Limit) validateExtra(ps *problems) {
-	for i, x := range l.Extra {
-		if x.Key != "" {
-			key := fmt.Sprintf("limit.extra[%d].key", i)
-			if _, err := msgtmpl.Parse(key, x.Key); err != nil {
-				ps.add(key, "%s", err)
-			}
-		}
-		if x.Quota == 0 && x.Rate == 0 && x.Per == "" {
-			ps.add(fmt.Sprintf("limit.extra[%d]", i), "set rate (a keyed bucket) or quota and per (a quota)")
-		}
-	}
-	layers, errs := l.layers()
-	for _, err := range errs {
-		key, msg, _ := strings.Cut(err.Error(), ": ")
-		ps.add(key, "%s", msg)
-	}
+// validateLayers records the problems limiter.Layers.Validate finds in
+// layers, mapped from limit.extra, each under its YAML key. Validate fills
+// in the layers' defaults in place.
+func (l *Limit) validateLayers(ps *problems, layers []limiter.Layer) {
 	for _, err := range leaves(limiter.Layers(layers).Validate()) {
 		var pe *limiter.ParamError
 		if !errors.As(err, &pe) {
@@ -123,9 +103,6 @@ func (l *Limit) validateExtra(ps *problems) {
 		if !ok || aerr != nil || i < 0 || i >= len(l.Extra) {
 			ps.add("limit.extra", "%s", err)
 			continue
-		}
-		if field == "Rate" && l.Extra[i].Rate == 0 && l.Extra[i].Quota == 0 && l.Extra[i].Per == "" {
-			continue // reported above
 		}
 		yamlKey := map[string]string{"Location": "timezone", "Keyed": "key"}[field]
 		if yamlKey == "" {

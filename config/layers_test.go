@@ -46,6 +46,9 @@ func TestLimitExtraMapsOntoLayers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if lib := libs(t, cfg); len(lib.Layers) != len(layers) || !lib.Kafka.SetAside {
+		t.Errorf("Libraries: %d layers, Kafka.SetAside %v; want %d and true (daily-cap delays)", len(lib.Layers), lib.Kafka.SetAside, len(layers))
+	}
 	ny, _ := time.LoadLocation("America/New_York")
 	want := []limiter.Layer{
 		{Name: "per-recipient", Keyed: true, Rate: 5.0 / 3600, Burst: 5, OnExceed: limiter.ActionDeadLetter},
@@ -62,10 +65,7 @@ func TestLimitExtraMapsOntoLayers(t *testing.T) {
 			t.Errorf("layer %d = %+v, want %+v", i, g, w)
 		}
 	}
-	keys, err := cfg.Limit.LayerKeys()
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := libs(t, cfg).Limit.Keys
 	got, err := keys(consumer.Message{Body: []byte(`{"to":"+15551234567"}`), Headers: map[string]string{"x-from": "+15550000001"}})
 	if err != nil || got["per-recipient"] != "+15551234567" || got["per-sender"] != "+15550000001" || len(got) != 2 {
 		t.Errorf("keys = %v, %v", got, err)
@@ -86,10 +86,7 @@ func TestLimitExtraMapsOntoLayers(t *testing.T) {
 // the key "<no value>", which stays a recipient of its own; a body that is
 // not JSON says so.
 func TestLayerKeysNullAndNotJSON(t *testing.T) {
-	keys, err := mustParse(t, layersDoc, nil).Limit.LayerKeys()
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := libs(t, mustParse(t, layersDoc, nil)).Limit.Keys
 	hdr := map[string]string{"x-from": "+15550000001"}
 	for _, body := range []string{`{"to":null}`, `{"to":null,"x":1}`} {
 		got, err := keys(consumer.Message{Body: []byte(body), Headers: hdr})
@@ -121,7 +118,7 @@ func TestLimitExtraBadInputs(t *testing.T) {
 		{"quota together with rate", layer("      rate: 1\n      quota: 5\n      per: day\n"), "limit.extra[0].quota", "no Rate or Burst"},
 		{"unknown time zone", layer("      quota: 5\n      per: day\n      timezone: Mars/Olympus\n"), "limit.extra[0].timezone", "Mars/Olympus"},
 		{"unknown period", layer("      quota: 5\n      per: week\n"), "limit.extra[0].per", "hour, day or month"},
-		{"neither rate nor quota", layer("      key: '{{.Key}}'\n"), "limit.extra[0]", "rate"},
+		{"neither rate nor quota", layer("      key: '{{.Key}}'\n"), "limit.extra[0].rate", "needs a rate (Rate, a token bucket) or a quota"},
 		{"max_wait with wait", layer("      rate: 1\n      max_wait: 1s\n"), "limit.extra[0].max_wait", "dead_letter or delay"},
 		{"duplicate names", strings.Replace(layer("      rate: 1\n"), "    - name: l\n      rate: 1\n", "    - name: l\n      rate: 1\n    - name: l\n      rate: 2\n", 1), "limit.extra[1].name", "another layer"},
 	}

@@ -10,7 +10,7 @@ import (
 
 func TestLimitPriorityMapsOntoTheLimiter(t *testing.T) {
 	cfg := mustParse(t, strings.Replace(minimal, "rate: 10", "rate: 10\n  priority: low\n  priority_header: x-priority\n  min_share: {low: 0.1, normal: 0.2}", 1), nil)
-	opts := cfg.Limit.LimiterOptions()
+	opts := libs(t, cfg).Limiter
 	if opts.Priority != limiter.PriorityLow {
 		t.Errorf("Priority = %v, want low", opts.Priority)
 	}
@@ -20,17 +20,19 @@ func TestLimitPriorityMapsOntoTheLimiter(t *testing.T) {
 		t.Errorf("MinShare = %v, want %v", opts.MinShare, want)
 	}
 	// Round trip through String.
-	again := mustParse(t, cfg.String(), nil).Limit
-	if o := again.LimiterOptions(); o.Priority != limiter.PriorityLow || o.MinShare != want || again.PriorityHeader != "x-priority" {
-		t.Errorf("after String(): %+v", again)
+	again := mustParse(t, cfg.String(), nil)
+	if o := libs(t, again).Limiter; o.Priority != limiter.PriorityLow || o.MinShare != want || again.Limit.PriorityHeader != "x-priority" {
+		t.Errorf("after String(): %+v", again.Limit)
 	}
 	// Left out: normal, no floor, every message in its replica's class.
-	def := mustParse(t, minimal, nil).Limit
-	if o := def.LimiterOptions(); o.Priority != limiter.PriorityNormal || o.MinShare != (limiter.Shares{}) {
+	def := libs(t, mustParse(t, minimal, nil))
+	if o := def.Limiter; o.Priority != limiter.PriorityNormal || o.MinShare != (limiter.Shares{}) {
 		t.Errorf("without the keys: Priority %v, MinShare %v", o.Priority, o.MinShare)
 	}
-	if p, err := def.PriorityFunc()(consumer.Message{Headers: map[string]string{"x-priority": "high"}}); p != limiter.PriorityNormal || err != nil {
-		t.Errorf("without priority_header, a message's class = %v, %v; want normal", p, err)
+	// Without priority_header every message has the bucket's class: the
+	// limiter's Priority, and none of the consumer's.
+	if def.Limit.Priority != nil {
+		t.Error("without priority_header, a class function")
 	}
 }
 
@@ -39,7 +41,7 @@ func TestLimitPriorityMapsOntoTheLimiter(t *testing.T) {
 // value that is not a class, the empty one too.
 func TestLimitPriorityOfAMessage(t *testing.T) {
 	cfg := mustParse(t, strings.Replace(minimal, "rate: 10", "rate: 10\n  priority: low\n  priority_header: x-priority", 1), nil)
-	class := cfg.Limit.PriorityFunc()
+	class := libs(t, cfg).Limit.Priority
 	for _, c := range []struct {
 		headers map[string]string
 		want    limiter.Priority

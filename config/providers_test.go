@@ -34,7 +34,7 @@ sink:
         action: permanent
         recipient_gone: true
 `, map[string]string{"TOK": "s3cret-token"})
-	sc := cfg.Sink.HTTP.SinkConfig()
+	sc := libs(t, cfg).HTTP
 	if sc.Preset != "twilio" || sc.Credentials.Username != "AC1" || sc.Credentials.Password != "s3cret-token" || sc.URL != "" {
 		t.Fatalf("SinkConfig = %+v", sc)
 	}
@@ -79,20 +79,18 @@ func TestProviderConfigErrors(t *testing.T) {
 
 func TestCostFunc(t *testing.T) {
 	cfg := mustParse(t, strings.Replace(providersBase, "rate: 10\n", "rate: 10\n  cost_template: '{{sms_segments .JSON.text}}'\n", 1)+"sink: {stdout: {}}\n", nil)
-	cost, err := cfg.Limit.CostFunc()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cost := libs(t, cfg).Kafka.Cost
 	if n, err := cost(consumer.Message{Body: []byte(`{"text":"` + strings.Repeat("x", 161) + `"}`)}); n != 2 || err != nil {
 		t.Errorf("cost = %d, %v; want 2", n, err)
 	}
 	if _, err := cost(consumer.Message{Body: []byte(`{}`)}); !consumer.IsPermanent(err) {
 		t.Errorf("cost of a message without text: %v, want permanent", err)
 	}
-	if c, err := (Limit{}).CostFunc(); c != nil || err != nil {
-		t.Errorf("no cost settings: %v, %v; want nil (one token each)", c, err)
+	if c := libs(t, mustParse(t, providersBase+"sink: {stdout: {}}\n", nil)).Kafka.Cost; c != nil {
+		t.Error("no cost settings: a cost function, want nil (one token each)")
 	}
-	if c, _ := (Limit{CostHeader: "n"}).CostFunc(); c == nil {
-		t.Error("cost_header gives no cost function")
+	header := libs(t, mustParse(t, strings.Replace(providersBase, "rate: 10\n", "rate: 10\n  cost_header: n\n", 1)+"sink: {stdout: {}}\n", nil))
+	if n, err := header.Kafka.Cost(consumer.Message{Headers: map[string]string{"n": "3"}}); n != 3 || err != nil {
+		t.Errorf("cost_header: %d, %v; want 3", n, err)
 	}
 }

@@ -1,7 +1,7 @@
 package config
 
 import (
-	"crypto/tls"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -9,11 +9,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/limiter"
-	"github.com/throttlehq/throttle/sinks"
 )
 
 // Problem is one thing wrong with a configuration. It is a plain value and
@@ -71,27 +69,87 @@ func (ps *problems) add(key, format string, args ...any) {
 
 // Validate checks every setting of c and returns a *ValidationError listing
 // all problems, or nil. Zero fields mean the libraries' defaults and are
-// valid. Settings handed to a library are checked by that library's own
-// exported validation (httpsink.Config.Validate, postgres.Config.Validate,
-// redislimiter.Config.Validate, limiter.Options.Validate, ...), with each
-// problem named by its YAML key. It does not modify c, does not read any
-// file and makes no network call.
+// valid. It maps c onto the libraries' configurations as
+// [Config.Libraries] does and checks the result with each library's own
+// validation (redislimiter.Config.Validate, limiter.Options.Validate,
+// limiter.Layers.Validate, consumer.LimitOptions.Validate,
+// kafka.Config.Validate, rabbitmq.Config.Validate,
+// httpsink.Config.Validate, postgres.Config.Validate), naming each problem
+// by its YAML key; config adds no rule of its own to theirs. What is
+// config's own is checked here: the Redis connection (redis.*), metrics.*
+// and log.*, and that exactly one source and one sink are set. It does not
+// modify c, does not read any file and makes no network call.
 func (c *Config) Validate() error {
 	if c == nil {
 		return &ValidationError{Problems: []Problem{{Message: "config is nil"}}}
 	}
 	var ps problems
 	c.Redis.validate(&ps)
-	c.Limit.validate(&ps)
-	c.Source.validate(&ps)
-	c.Sink.validate(&ps)
-	c.Delivery.validate(&ps)
+	lib, opts := c.libraries(&ps, false)
+	lib.validate(&ps, c, opts)
 	c.Metrics.validate(&ps)
 	c.Log.validate(&ps)
 	if len(ps) > 0 {
 		return &ValidationError{Problems: ps}
 	}
 	return nil
+}
+
+// validate checks lib, mapped from c, with the libraries' validation. opts
+// are the consumer options of the delivery and limit sections alone,
+// checked even when no source is set.
+func (lib *Libraries) validate(ps *problems, c *Config, opts consumer.Options) {
+	ps.library(limitKeys, lib.Bucket.Validate())
+	ps.library(limiterKeys, lib.Limiter.Validate())
+	if a := lib.Limiter.Adaptive; a != nil {
+		// The rules that need the rate; Validate's own ones repeat above
+		// and are recorded once.
+		ps.library(limiterKeys, a.ValidateFor(lib.Bucket.Rate))
+	}
+	c.Limit.validateLayers(ps, lib.Layers)
+	ps.library(limitKeys, lib.Limit.Validate())
+
+	// The consumer's rules about its limiter hold for the one the binary
+	// adds.
+	opts.Limiter = standInLimiter{}
+	ps.library(deliveryKeys, opts.Validate())
+	if lib.Kafka != nil {
+		kc := *lib.Kafka
+		kc.Limiter = opts.Limiter
+		ps.library(kafkaKeys, kc.Validate())
+	}
+	if lib.RabbitMQ != nil {
+		rc := *lib.RabbitMQ
+		rc.Limiter = opts.Limiter
+		ps.library(rabbitMQKeys, rc.Validate())
+	}
+	checkOneOf(ps, "source", []string{"kafka", "rabbitmq"}, set(c.Source.Kafka != nil, "kafka", c.Source.RabbitMQ != nil, "rabbitmq"))
+
+	if lib.HTTP != nil {
+		ps.library(httpKeys, lib.HTTP.Validate())
+	}
+	if lib.Postgres != nil {
+		ps.library(postgresKeys, lib.Postgres.Validate())
+	}
+	checkOneOf(ps, "sink", []string{"http", "postgres", "stdout"}, set(c.Sink.HTTP != nil, "http", c.Sink.Postgres != nil, "postgres", c.Sink.Stdout != nil, "stdout"))
+}
+
+// standInLimiter stands for the limiter the binary gives the consumer, so
+// that the consumer's rules about a cost without a limiter pass.
+type standInLimiter struct{}
+
+func (standInLimiter) Wait(context.Context, int) error { return nil }
+
+// set returns the names whose condition holds, from pairs of a condition
+// and a name.
+func set(pairs ...any) []string {
+	var out []string
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if pairs[i].(bool) {
+			out = append(out, pairs[i+1].(string))
+		}
+	}
+	return out
 }
 
 func (r *Redis) validate(ps *problems) {
@@ -127,137 +185,21 @@ func (r *Redis) validate(ps *problems) {
 	r.TLS.validate(ps, "redis.tls")
 }
 
-func (t *TLS) validate(ps *problems, key string) {
+// validate checks the TLS section at key and reports whether a client
+// configuration can be made from it: TLS is on and cert_file and key_file
+// are set together.
+func (t *TLS) validate(ps *problems, key string) bool {
 	if !t.Enabled {
 		if t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" || t.InsecureSkipVerify {
 			ps.add(key, "settings have no effect unless %s.enabled is true", key)
 		}
-		return
+		return false
 	}
 	if (t.CertFile == "") != (t.KeyFile == "") {
 		ps.add(key, "cert_file and key_file must be set together")
+		return false
 	}
-}
-
-func (l *Limit) validate(ps *problems) {
-	defer l.validateExtra(ps)
-	ps.library("limit", reflect.TypeFor[Limit](), l.StoreConfig().Validate())
-	ps.library("limit", reflect.TypeFor[Limit](), l.LimiterOptions().Validate())
-	if a := l.Adaptive.Limiter(); a != nil {
-		// The rules that need the rate; Validate's own ones repeat above
-		// and are recorded once.
-		ps.library("limit", reflect.TypeFor[Limit](), a.ValidateFor(l.Rate))
-	}
-	_, err := limiter.ParsePriority(l.Priority)
-	ps.library("limit", reflect.TypeFor[Limit](), err)
-	_, errs := l.minShare()
-	for _, err := range errs {
-		ps.add("limit.min_share", "a key %s", paramMessage(err))
-	}
-	if l.MaxWait < 0 {
-		ps.add("limit.max_wait", "must be >= 0, got %v", l.MaxWait)
-	}
-	switch l.Lease {
-	case "", LeaseAuto, LeaseOff:
-	default:
-		ps.add("limit.lease", "must be one of auto, off, got %q", l.Lease)
-	}
-	if l.CostTemplate != "" {
-		if l.CostHeader != "" {
-			ps.add("limit.cost_template", "set either limit.cost_header or limit.cost_template, not both")
-		}
-		if _, err := l.CostFunc(); err != nil {
-			ps.add("limit.cost_template", "%s", err)
-		}
-	}
-}
-
-func (s *Source) validate(ps *problems) {
-	var set []string
-	if s.Kafka != nil {
-		set = append(set, "kafka")
-		s.Kafka.validate(ps)
-	}
-	if s.RabbitMQ != nil {
-		set = append(set, "rabbitmq")
-		s.RabbitMQ.validate(ps)
-	}
-	checkOneOf(ps, "source", []string{"kafka", "rabbitmq"}, set)
-}
-
-func (k *Kafka) validate(ps *problems) {
-	const key = "source.kafka"
-	var opts consumer.Options
-	if f, err := k.KeyFunc(); err != nil {
-		ps.add(key+".ordering_key", "%v", err)
-	} else {
-		opts.OrderingKey = f
-	}
-	ps.library(key, reflect.TypeFor[Kafka](), k.ConsumerConfig(opts, nil).Validate())
-	switch k.StartOffset {
-	case "", StartFirst, StartLast:
-	default:
-		ps.add(key+".start_offset", "must be one of first, last, got %q", k.StartOffset)
-	}
-	switch k.SASL.Mechanism {
-	case SASLNone:
-		if k.SASL.Username != "" || k.SASL.Password != "" {
-			ps.add(key+".sasl", "username and password have no effect unless %s.sasl.mechanism is set", key)
-		}
-	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
-		if k.SASL.Username == "" {
-			ps.add(key+".sasl.username", "required when mechanism is %s", k.SASL.Mechanism)
-		}
-	default:
-		ps.add(key+".sasl.mechanism", "must be one of plain, scram-sha-256, scram-sha-512 or empty, got %q", k.SASL.Mechanism)
-	}
-	k.TLS.validate(ps, key+".tls")
-}
-
-func (q *RabbitMQ) validate(ps *problems) {
-	const key = "source.rabbitmq"
-	var tlsConf *tls.Config
-	if q.TLS.Enabled {
-		// A stand-in: the files are read when the consumer is built.
-		tlsConf = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	var opts consumer.Options
-	if f, err := q.KeyFunc(); err != nil {
-		ps.add(key+".ordering_key", "%v", err)
-	} else {
-		opts.OrderingKey = f
-	}
-	ps.library(key, reflect.TypeFor[RabbitMQ](), q.ConsumerConfig(tlsConf, opts).Validate())
-	q.TLS.validate(ps, key+".tls")
-}
-
-func (s *Sink) validate(ps *problems) {
-	var set []string
-	if s.HTTP != nil {
-		set = append(set, "http")
-		s.HTTP.validate(ps)
-	}
-	if s.Postgres != nil {
-		set = append(set, "postgres")
-		s.Postgres.validate(ps)
-	}
-	if s.Stdout != nil {
-		set = append(set, "stdout")
-	}
-	checkOneOf(ps, "sink", []string{"http", "postgres", "stdout"}, set)
-}
-
-func (h *HTTP) validate(ps *problems) {
-	ps.library("sink.http", reflect.TypeFor[HTTP](), h.SinkConfig().Validate())
-}
-
-func (p *Postgres) validate(ps *problems) {
-	ps.library("sink.postgres", reflect.TypeFor[Postgres](), p.SinkConfig().Validate())
-}
-
-func (d *Delivery) validate(ps *problems) {
-	opts := consumer.Options{Retry: d.RetryPolicy(), DrainTimeout: time.Duration(d.DrainTimeout), MaxSetAside: time.Duration(d.MaxSetAside)}
-	ps.library("delivery", reflect.TypeFor[Delivery](), opts.Validate())
+	return true
 }
 
 func (m *Metrics) validate(ps *problems) {
@@ -314,30 +256,69 @@ func checkAddr(ps *problems, key, addr string, zeroPort bool) {
 	}
 }
 
-// library records the problems a library's validation returned, err, under
-// the YAML keys of the section at prefix, whose Go type is t. Libraries
-// name their Go fields (limiter.ParamError.Param, sinks.FieldError.Field);
-// the field is found in t by its Go name or by its YAML name, compared
-// without case and without "_" or ".", so "FallbackRate" and
-// "fallback_rate" both land on limit.fallback_rate. A field t does not
-// know (one the configuration never sets) is reported under prefix.
-func (ps *problems) library(prefix string, t reflect.Type, err error) {
+// libraryKeys names the YAML key of each field of one library's
+// configuration, whose validation names its Go fields
+// (limiter.ParamError.Param, consumer.FieldError.Field). Most lie in the
+// YAML section at section, whose type t names them the library's way
+// (found by Go name or YAML name, compared without case, "_" or "."): so
+// "FallbackRate" lands on limit.fallback_rate. alias gives the full YAML
+// key of the others. A field neither knows (one the configuration never
+// sets) is reported under section.
+type libraryKeys struct {
+	section string
+	t       reflect.Type
+	alias   map[string]string
+}
+
+// The YAML keys of the libraries' configurations in Libraries.
+var (
+	limitKeys   = libraryKeys{"limit", reflect.TypeFor[Limit](), map[string]string{"WaitTimeout": "limit.max_wait"}}
+	limiterKeys = libraryKeys{"limit", reflect.TypeFor[Limit](), map[string]string{"MaxPause": "sink.http.max_pause"}}
+	// deliveryAlias names the consumer options that come from delivery.*.
+	deliveryAlias = map[string]string{
+		"Retry.MaxAttempts": "delivery.max_attempts",
+		"Retry.Backoff":     "delivery.backoff",
+		"Retry.MaxBackoff":  "delivery.max_backoff",
+		"DrainTimeout":      "delivery.drain_timeout",
+		"MaxSetAside":       "delivery.max_set_aside",
+	}
+	deliveryKeys = libraryKeys{"delivery", reflect.TypeFor[Delivery](), deliveryAlias}
+	kafkaKeys    = libraryKeys{"source.kafka", reflect.TypeFor[Kafka](), deliveryAlias}
+	rabbitMQKeys = libraryKeys{"source.rabbitmq", reflect.TypeFor[RabbitMQ](), deliveryAlias}
+	httpKeys     = libraryKeys{"sink.http", reflect.TypeFor[HTTP](), map[string]string{"Rules": "sink.http.classify"}}
+	postgresKeys = libraryKeys{"sink.postgres", reflect.TypeFor[Postgres](), nil}
+)
+
+// key returns the YAML key of the library field named field.
+func (k libraryKeys) key(field string) string {
+	if key, ok := k.alias[field]; ok {
+		return key
+	}
+	if key := yamlKeyOf(k.t, field); key != "" {
+		return k.section + "." + key
+	}
+	return k.section
+}
+
+// library records the problems a library's validation returned, err, each
+// under the YAML key k gives its field.
+func (ps *problems) library(k libraryKeys, err error) {
 	for _, err := range leaves(err) {
 		var (
-			fe *sinks.FieldError
+			fe *consumer.FieldError
 			pe *limiter.ParamError
 		)
 		switch {
 		case errors.As(err, &fe):
-			key := join(prefix, yamlKeyOf(t, fe.Field))
+			key := k.key(fe.Field)
 			if fe.Key != "" {
 				key += "." + fe.Key
 			}
 			ps.add(key, "%s", fe.Err)
 		case errors.As(err, &pe):
-			ps.add(join(prefix, yamlKeyOf(t, pe.Param)), "%s", paramMessage(pe))
+			ps.add(k.key(pe.Param), "%s", paramMessage(pe))
 		default:
-			ps.add(prefix, "%s", err)
+			ps.add(k.section, "%s", err)
 		}
 	}
 }
@@ -370,15 +351,13 @@ func paramMessage(err error) string {
 }
 
 // yamlKeyOf returns the YAML name of the field of struct type t that a
-// library calls goName, as library describes, or "" when there is none.
+// library calls goName, as libraryKeys describes, or "" when there is
+// none.
 func yamlKeyOf(t reflect.Type, goName string) string {
 	norm := func(s string) string {
 		return strings.ToLower(strings.NewReplacer("_", "", ".", "").Replace(s))
 	}
 	want := norm(goName)
-	if alias, ok := libraryNames[t.Name()+"."+goName]; ok {
-		return alias
-	}
 	// An element of a list, such as kafka's "Brokers[0]", keeps its index
 	// under the list's key: brokers[0].
 	if i := strings.IndexByte(goName, '['); i > 0 {
@@ -417,14 +396,4 @@ func snakeCase(s string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
-}
-
-// libraryNames maps the library fields whose name differs from the
-// configuration's, as "ConfigType.LibraryField", to their YAML key.
-var libraryNames = map[string]string{
-	"Delivery.Retry.MaxAttempts": "max_attempts",
-	"Delivery.Retry.Backoff":     "backoff",
-	"Delivery.Retry.MaxBackoff":  "max_backoff",
-	"HTTP.MaxRetryAfter":         "max_pause",
-	"HTTP.Rules":                 "classify",
 }

@@ -81,7 +81,7 @@ var ErrAbandoned = errors.New("message abandoned for redelivery")
 // the binary exits 1. Once Run has consumed, such errors (a password
 // rotated under a running replica) are retried: the consumer reports
 // itself disconnected (Connectivity) and counts each attempt
-// (Observer.ReconnectAttempt).
+// (MessageObserver.ReconnectAttempt).
 var ErrAccessRefused = errors.New("access refused by the broker")
 
 // ErrNotConnected is wrapped by the errors of Connectivity.Connected, and

@@ -2,10 +2,12 @@ package consumer
 
 import "time"
 
-// Observer receives the events of message processing, for metrics and logs.
-// Every field is optional; a nil *Observer observes nothing. The functions
-// may be called from many goroutines at once and must be safe for that.
-type Observer struct {
+// MessageObserver receives the events of message processing, for metrics
+// and logs (Options.Observer; a limiter.Bucket's events go to a
+// limiter.Observer). Every field is optional; a nil *MessageObserver
+// observes nothing. The functions may be called from many goroutines at
+// once and must be safe for that.
+type MessageObserver struct {
 	// Received is called once for each message taken from the broker.
 	Received func(msg Message)
 	// Delivered is called when the handler succeeded.
@@ -36,31 +38,31 @@ type Observer struct {
 	Disconnected func(broker string, err error)
 }
 
-func (o *Observer) received(m Message) {
+func (o *MessageObserver) received(m Message) {
 	if o != nil && o.Received != nil {
 		o.Received(m)
 	}
 }
 
 // ObserveReceived reports a received message to o, which may be nil.
-func (o *Observer) ObserveReceived(m Message) { o.received(m) }
+func (o *MessageObserver) ObserveReceived(m Message) { o.received(m) }
 
 // ObserveDeadLettered reports a dead-lettered message to o, which may be nil.
-func (o *Observer) ObserveDeadLettered(m Message, err error) {
+func (o *MessageObserver) ObserveDeadLettered(m Message, err error) {
 	if o != nil && o.DeadLettered != nil {
 		o.DeadLettered(m, err)
 	}
 }
 
 // ObserveSetAside reports a message set aside to o, which may be nil.
-func (o *Observer) ObserveSetAside(m Message, d time.Duration) {
+func (o *MessageObserver) ObserveSetAside(m Message, d time.Duration) {
 	if o != nil && o.SetAside != nil {
 		o.SetAside(m, d)
 	}
 }
 
 // ObserveReconnected reports a reconnect to o, which may be nil.
-func (o *Observer) ObserveReconnected(broker string, err error) {
+func (o *MessageObserver) ObserveReconnected(broker string, err error) {
 	if o != nil && o.Reconnected != nil {
 		o.Reconnected(broker, err)
 	}
@@ -68,32 +70,32 @@ func (o *Observer) ObserveReconnected(broker string, err error) {
 
 // ObserveReconnectAttempt reports a reconnect attempt to o, which may be
 // nil.
-func (o *Observer) ObserveReconnectAttempt(broker string, err error) {
+func (o *MessageObserver) ObserveReconnectAttempt(broker string, err error) {
 	if o != nil && o.ReconnectAttempt != nil {
 		o.ReconnectAttempt(broker, err)
 	}
 }
 
 // ObserveDisconnected reports a lost session to o, which may be nil.
-func (o *Observer) ObserveDisconnected(broker string, err error) {
+func (o *MessageObserver) ObserveDisconnected(broker string, err error) {
 	if o != nil && o.Disconnected != nil {
 		o.Disconnected(broker, err)
 	}
 }
 
-func (o *Observer) delivered(m Message) {
+func (o *MessageObserver) delivered(m Message) {
 	if o != nil && o.Delivered != nil {
 		o.Delivered(m)
 	}
 }
 
-func (o *Observer) failed(m Message, err error) {
+func (o *MessageObserver) failed(m Message, err error) {
 	if o != nil && o.Failed != nil {
 		o.Failed(m, err)
 	}
 }
 
-func (o *Observer) retry(m Message, err error, d time.Duration) {
+func (o *MessageObserver) retry(m Message, err error, d time.Duration) {
 	if o != nil && o.Retried != nil {
 		o.Retried(m, err, d)
 	}

@@ -73,7 +73,7 @@ type Options struct {
 	Priority PriorityFunc
 	// Observer receives message and connection events, for metrics.
 	// Default: none.
-	Observer *Observer
+	Observer *MessageObserver
 	// Logger receives connection events, dead-letters, and the rate-bounded
 	// summary of handler failures (see Processor). Message bodies are never
 	// logged. Default slog.Default().

@@ -20,7 +20,7 @@ type Processor struct {
 	opts     Options
 	setAside bool // the backend sets messages aside itself (SetsAside)
 	handler  Handler
-	obs      *Observer // opts.Observer plus the failure log
+	obs      *MessageObserver // opts.Observer plus the failure log
 	trouble  *troubleLog
 }
 
@@ -48,7 +48,7 @@ func NewProcessor(o Options, h Handler, opts ...ProcessorOption) (*Processor, er
 		opt(p)
 	}
 	user := o.Observer
-	p.obs = &Observer{
+	p.obs = &MessageObserver{
 		Delivered: func(m Message) {
 			p.trouble.delivered()
 			user.delivered(m)
@@ -114,7 +114,7 @@ func (p *Processor) Classes() bool { return p.opts.Priority != nil }
 
 // DeadLettered reports a message that the backend handed to its
 // dead-letter destination: it sets msg.Attempt to the attempts made, calls
-// Observer.DeadLettered, and logs "message dead-lettered" at warn level
+// MessageObserver.DeadLettered, and logs "message dead-lettered" at warn level
 // with the attempts, the error (key "err") and attrs, the backend's
 // position of the message.
 func (p *Processor) DeadLettered(msg Message, o Outcome, attrs ...slog.Attr) {

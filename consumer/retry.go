@@ -92,11 +92,11 @@ func (o Outcome) Delivered() bool { return o.Err == nil && !o.Abandoned && o.Set
 // When ctx ends, during an attempt or a backoff, or the handler returns an
 // error that wraps ErrAbandoned, Process stops and returns an Abandoned
 // outcome. Process is safe for concurrent use.
-func (p RetryPolicy) Process(ctx context.Context, h Handler, msg Message, obs *Observer) Outcome {
+func (p RetryPolicy) Process(ctx context.Context, h Handler, msg Message, obs *MessageObserver) Outcome {
 	return p.process(ctx, h, msg, obs, false)
 }
 
-func (p RetryPolicy) process(ctx context.Context, h Handler, msg Message, obs *Observer, setAside bool) Outcome {
+func (p RetryPolicy) process(ctx context.Context, h Handler, msg Message, obs *MessageObserver, setAside bool) Outcome {
 	p = p.withDefaults()
 	var timer *time.Timer
 	wait := func(d time.Duration) bool {

@@ -191,7 +191,7 @@ func TestProcessorLogsSinkTrouble(t *testing.T) {
 	p, err := consumer.NewProcessor(consumer.Options{
 		Retry:    consumer.RetryPolicy{MaxAttempts: 3, Backoff: time.Millisecond, MaxBackoff: time.Millisecond},
 		Logger:   slog.New(slog.NewTextHandler(&buf, nil)),
-		Observer: &consumer.Observer{DeadLettered: func(m consumer.Message, _ error) { deadAttempt = m.Attempt }},
+		Observer: &consumer.MessageObserver{DeadLettered: func(m consumer.Message, _ error) { deadAttempt = m.Attempt }},
 	}, func(_ context.Context, m consumer.Message) error {
 		switch {
 		case string(m.Body) == "bad":
@@ -234,7 +234,7 @@ func TestSetAside(t *testing.T) {
 		return nil
 	}
 	var failed int
-	obs := &consumer.Observer{Failed: func(consumer.Message, error) { failed++ }}
+	obs := &consumer.MessageObserver{Failed: func(consumer.Message, error) { failed++ }}
 	start := time.Now()
 	out := fastRetry.Process(context.Background(), h, consumer.Message{}, obs)
 	if !out.Delivered() || out.Attempts != 1 || failed != 0 || !slices.Equal(attempts, []int{1, 1, 1}) {

@@ -84,8 +84,8 @@ func (f *faultTracker) Handler(sink consumer.Handler) consumer.Handler {
 }
 
 // Observer counts dead letters and reconnects.
-func (f *faultTracker) Observer() *consumer.Observer {
-	return &consumer.Observer{
+func (f *faultTracker) Observer() *consumer.MessageObserver {
+	return &consumer.MessageObserver{
 		DeadLettered: func(msg consumer.Message, _ error) {
 			f.mu.Lock()
 			f.deadLettered[string(msg.Body)]++

@@ -56,7 +56,7 @@ type suiteDLMessage struct {
 type suiteReplicaSpec struct {
 	limiter  *limiter.Bucket
 	retry    consumer.RetryPolicy
-	observer *consumer.Observer
+	observer *consumer.MessageObserver
 	handler  consumer.Handler
 	// drain is the drain timeout; default 5s.
 	drain time.Duration
@@ -202,7 +202,7 @@ func suiteDeadLetter(t *testing.T, env suiteEnv, b suiteBroker) {
 	}
 
 	rec := newSuiteRecorder(n, replicas)
-	obs := &consumer.Observer{
+	obs := &consumer.MessageObserver{
 		DeadLettered: func(m consumer.Message, _ error) { rec.deadLettered(string(m.Body)) },
 	}
 	var runners []suiteRunner

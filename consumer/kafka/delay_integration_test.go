@@ -186,7 +186,7 @@ func TestSetAsideKafka(t *testing.T) {
 				setAside  []setAsideEvent
 				all       = make(chan struct{})
 			)
-			obs := &consumer.Observer{SetAside: func(m consumer.Message, _ time.Duration) {
+			obs := &consumer.MessageObserver{SetAside: func(m consumer.Message, _ time.Duration) {
 				if m.Source.Topic != topic {
 					return // set aside again from the delay topic
 				}
@@ -303,7 +303,7 @@ func TestSetAsideCrashBeforeCommit(t *testing.T) {
 		return nil
 	}
 	lim := newKeySpacing(300 * time.Millisecond)
-	newReplica := func(obs *consumer.Observer) *Consumer {
+	newReplica := func(obs *consumer.MessageObserver) *Consumer {
 		c, err := New(Config{
 			Brokers: brokers, Topic: topic, Group: group, SetAside: true, CommitTimeout: time.Second,
 			Options:         consumer.Options{Limiter: lim, Observer: obs, Logger: testLogger(t)},
@@ -315,7 +315,7 @@ func TestSetAsideCrashBeforeCommit(t *testing.T) {
 		return c
 	}
 	// Called once the copy is written, before the original finishes.
-	crash := &consumer.Observer{SetAside: func(m consumer.Message, _ time.Duration) {
+	crash := &consumer.MessageObserver{SetAside: func(m consumer.Message, _ time.Duration) {
 		if commits.refuse.Swap(true) {
 			return
 		}

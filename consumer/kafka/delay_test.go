@@ -378,7 +378,7 @@ func TestSetAsideWritesBeforeCommit(t *testing.T) {
 				}
 				var observed []time.Duration
 				var mu sync.Mutex
-				obs := &consumer.Observer{SetAside: func(_ consumer.Message, d time.Duration) {
+				obs := &consumer.MessageObserver{SetAside: func(_ consumer.Message, d time.Duration) {
 					mu.Lock()
 					observed = append(observed, d)
 					mu.Unlock()

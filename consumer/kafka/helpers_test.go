@@ -186,8 +186,8 @@ func (r *recorder) handle(_ context.Context, m consumer.Message) error {
 }
 
 // observer returns an Observer that records the set-asides.
-func (r *recorder) observer() *consumer.Observer {
-	return &consumer.Observer{SetAside: func(_ consumer.Message, d time.Duration) {
+func (r *recorder) observer() *consumer.MessageObserver {
+	return &consumer.MessageObserver{SetAside: func(_ consumer.Message, d time.Duration) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.stays = append(r.stays, d)

@@ -449,7 +449,7 @@ func TestHandlerErrors(t *testing.T) {
 		return nil
 	}
 	cfg := Config{
-		Options: consumer.Options{Logger: testLogger(t), Retry: consumer.RetryPolicy{MaxAttempts: 3, Backoff: 5 * time.Millisecond, MaxBackoff: 10 * time.Millisecond}, Observer: &consumer.Observer{
+		Options: consumer.Options{Logger: testLogger(t), Retry: consumer.RetryPolicy{MaxAttempts: 3, Backoff: 5 * time.Millisecond, MaxBackoff: 10 * time.Millisecond}, Observer: &consumer.MessageObserver{
 			Retried:      func(consumer.Message, error, time.Duration) { retried.Add(1) },
 			DeadLettered: func(consumer.Message, error) { dead.Add(1) },
 		}},

@@ -80,7 +80,7 @@ func TestPriorityPassesLowBacklog(t *testing.T) {
 				order = append(order, string(m.Body))
 				return nil
 			}
-			obs := &consumer.Observer{Received: func(m consumer.Message) {
+			obs := &consumer.MessageObserver{Received: func(m consumer.Message) {
 				mu.Lock()
 				defer mu.Unlock()
 				if readAt < 0 && strings.HasPrefix(string(m.Body), "high") {

@@ -171,7 +171,7 @@ func TestAckPaths(t *testing.T) {
 			var mu sync.Mutex
 			cfg := Config{Options: consumer.Options{
 				Retry: fastRetry,
-				Observer: &consumer.Observer{DeadLettered: func(consumer.Message, error) {
+				Observer: &consumer.MessageObserver{DeadLettered: func(consumer.Message, error) {
 					mu.Lock()
 					deadN++
 					mu.Unlock()

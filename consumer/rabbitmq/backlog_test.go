@@ -99,7 +99,7 @@ func TestBacklog(t *testing.T) {
 		return nil
 	}
 	var reconnects atomic.Int64
-	obs := &consumer.Observer{Reconnected: func(string, error) { reconnects.Add(1) }}
+	obs := &consumer.MessageObserver{Reconnected: func(string, error) { reconnects.Add(1) }}
 	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Prefetch: prefetch, Options: consumer.Options{Observer: obs}}, h)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -177,7 +177,7 @@ func TestBacklogContext(t *testing.T) {
 		return ctx.Err()
 	}
 	var reconnects atomic.Int64
-	obs := &consumer.Observer{Reconnected: func(string, error) { reconnects.Add(1) }}
+	obs := &consumer.MessageObserver{Reconnected: func(string, error) { reconnects.Add(1) }}
 	c := newConsumer(t, rabbitmq.Config{
 		URL:      proxied,
 		Queue:    q,
@@ -281,7 +281,7 @@ func TestBacklogCountsSetAside(t *testing.T) {
 		return nil
 	}
 	var reconnects atomic.Int64
-	obs := &consumer.Observer{Reconnected: func(string, error) { reconnects.Add(1) }}
+	obs := &consumer.MessageObserver{Reconnected: func(string, error) { reconnects.Add(1) }}
 	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Options: consumer.Options{Observer: obs}}, h)
 	// The delay queue appears after the first call; a short recheck
 	// lets the calls after it see it.

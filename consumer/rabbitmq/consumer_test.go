@@ -223,7 +223,7 @@ func TestHandlerErrors(t *testing.T) {
 			}
 			ended := make(chan consumer.Message, 1)
 			var deadErr error
-			obs := &consumer.Observer{
+			obs := &consumer.MessageObserver{
 				Delivered: func(m consumer.Message) { ended <- m },
 				DeadLettered: func(m consumer.Message, err error) {
 					deadErr = err
@@ -333,7 +333,7 @@ func TestBrokenConnection(t *testing.T) {
 	}
 	var reconnects atomic.Int64
 	var cause error
-	obs := &consumer.Observer{Reconnected: func(broker string, err error) {
+	obs := &consumer.MessageObserver{Reconnected: func(broker string, err error) {
 		if broker == rabbitmq.Broker {
 			cause = err
 			reconnects.Add(1)
@@ -388,7 +388,7 @@ func TestQueueRecreated(t *testing.T) {
 		return nil
 	}
 	var reconnects atomic.Int64
-	obs := &consumer.Observer{Reconnected: func(string, error) { reconnects.Add(1) }}
+	obs := &consumer.MessageObserver{Reconnected: func(string, error) { reconnects.Add(1) }}
 	c := newConsumer(t, rabbitmq.Config{
 		URL:                 b.url,
 		Queue:               q,
@@ -504,7 +504,7 @@ func TestAccessRefusedAtStart(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			var attempts atomic.Int64
 			c := newConsumer(t, rabbitmq.Config{URL: raw, Queue: "q", ReconnectBackoff: 10 * time.Millisecond,
-				Options: consumer.Options{Observer: &consumer.Observer{ReconnectAttempt: func(string, error) { attempts.Add(1) }}}},
+				Options: consumer.Options{Observer: &consumer.MessageObserver{ReconnectAttempt: func(string, error) { attempts.Add(1) }}}},
 				func(context.Context, consumer.Message) error { return nil })
 			ctx := testenv.Context(t, 30*time.Second)
 			start := time.Now()
@@ -533,7 +533,7 @@ func TestDisconnectedState(t *testing.T) {
 	q := b.declareQueue(t)
 	var mu sync.Mutex
 	var failed, succeeded, lost, back int
-	obs := &consumer.Observer{
+	obs := &consumer.MessageObserver{
 		ReconnectAttempt: func(_ string, err error) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -706,7 +706,7 @@ func TestSetAside(t *testing.T) {
 	}
 	var setAside atomic.Int64
 	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Concurrency: 1,
-		Options: consumer.Options{Observer: &consumer.Observer{SetAside: func(consumer.Message, time.Duration) { setAside.Add(1) }}}}, h)
+		Options: consumer.Options{Observer: &consumer.MessageObserver{SetAside: func(consumer.Message, time.Duration) { setAside.Add(1) }}}}, h)
 	ctx, cancel := context.WithCancel(context.Background())
 	wait := runAll(t, ctx, c.Run)
 	eventually(t, "every message delivered after its delay", func() bool { mu.Lock(); defer mu.Unlock(); return len(second) == n })

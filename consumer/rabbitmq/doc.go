@@ -38,7 +38,7 @@
 //
 // amqp091 does not reconnect by itself; the Consumer does, and it reports
 // whether it is connected (Connected) and every reconnect attempt
-// (consumer.Observer). Deliveries not acked when a connection broke are
+// (consumer.MessageObserver). Deliveries not acked when a connection broke are
 // redelivered by the broker, to this or another replica, so no message is
 // lost, but one may be handled twice: handlers must be idempotent, as
 // always with at-least-once delivery.

@@ -90,7 +90,7 @@ func TestForgedPaidSlot(t *testing.T) {
 	}
 	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Concurrency: 1, Options: consumer.Options{
 		Limiter:  lim,
-		Observer: &consumer.Observer{SetAside: func(consumer.Message, time.Duration) { setAside.Add(1) }},
+		Observer: &consumer.MessageObserver{SetAside: func(consumer.Message, time.Duration) { setAside.Add(1) }},
 	}}, h)
 	runCtx, cancel := context.WithCancel(context.Background())
 	wait := runAll(t, runCtx, c.Run)

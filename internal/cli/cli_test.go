@@ -3,8 +3,6 @@ package cli
 import (
 	"strings"
 	"testing"
-
-	"github.com/throttlehq/throttle/config"
 )
 
 func TestUsageErrors(t *testing.T) {
@@ -108,18 +106,6 @@ func TestMissingConfigFile(t *testing.T) {
 	code, _, stderr := runCLI(t, "run", "--config", "/nonexistent/throttle.yaml")
 	if code != ExitUsage || !strings.Contains(stderr, "/nonexistent/throttle.yaml") {
 		t.Errorf("exit code %d, stderr %q; want %d and the path", code, stderr, ExitUsage)
-	}
-}
-
-func TestKafkaDialerSASL(t *testing.T) {
-	for _, mech := range []config.SASLMechanism{config.SASLPlain, config.SASLScramSHA256, config.SASLScramSHA512} {
-		d, err := kafkaDialer(&config.Kafka{SASL: config.SASL{Mechanism: mech, Username: "u", Password: "hunter2"}})
-		if err != nil || d == nil || d.SASLMechanism == nil {
-			t.Fatalf("%s: dialer %+v, %v", mech, d, err)
-		}
-		if got := d.SASLMechanism.Name(); !strings.EqualFold(got, string(mech)) {
-			t.Errorf("%s: mechanism name %q", mech, got)
-		}
 	}
 }
 

@@ -413,7 +413,7 @@ type demoReplicas struct {
 func startDemoReplicas(cfg demoConfig, bucketName, redisAddr string, brokers []string, sink *demoSink, log *slog.Logger) (*demoReplicas, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &demoReplicas{cancel: cancel, log: log}
-	obs := &consumer.Observer{DeadLettered: sink.deadLetter}
+	obs := &consumer.MessageObserver{DeadLettered: sink.deadLetter}
 	consumers := make([]*kafka.Consumer, 0, cfg.replicas)
 	for i := range cfg.replicas {
 		client, err := redisconn.New(config.Redis{Addr: redisAddr, Timeout: config.Duration(time.Second)})

@@ -11,7 +11,6 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/kafka"
 	"github.com/throttlehq/throttle/limiter"
@@ -233,7 +232,7 @@ func servedMetrics(t *testing.T) metricSet {
 	m.registerKafkaReader(func() kafka.ReaderStats { return kafka.ReaderStats{} })
 	// The layers' metrics exist with limit.extra, their series with the
 	// first event.
-	o := layerObserver(m, m.limiterObserver(), config.Limit{Extra: []config.LimitLayer{{Name: "per-recipient"}}})
+	o := layerObserver(m, m.limiterObserver(), []limiter.Layer{{Name: "per-recipient"}})
 	o.LimitExceeded("per-recipient", limiter.ActionDelay)
 	o.LayerWaited("", 0)
 	families, err := m.reg.Gather()

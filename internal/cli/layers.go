@@ -1,32 +1,12 @@
 package cli
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/limiter"
-	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
-
-// layeredStore adds the layers of limit.extra to store, or returns store
-// itself when there are none.
-func layeredStore(store *redislimiter.Store, cfg config.Limit) (limiter.Store, error) {
-	if len(cfg.Extra) == 0 {
-		return store, nil
-	}
-	layers, err := cfg.Layers()
-	if err != nil {
-		return nil, &configError{err: err}
-	}
-	ls, err := store.WithLayers(layers)
-	if err != nil {
-		return nil, &configError{err: fmt.Errorf("limit.extra: %w", err)}
-	}
-	return ls, nil
-}
 
 // layerObserver returns obs with the metrics of limit.extra added, or obs
 // itself without layers: throttle_limit_exceeded_total{layer,action}, the
@@ -36,8 +16,8 @@ func layeredStore(store *redislimiter.Store, cfg config.Limit) (limiter.Store, e
 // refused for a missing or wrong signature ("other" for a layer that is not
 // configured). Labels name layers, never keys, so their number is bounded
 // by the configuration.
-func layerObserver(m *metrics, obs *limiter.Observer, cfg config.Limit) *limiter.Observer {
-	if len(cfg.Extra) == 0 {
+func layerObserver(m *metrics, obs *limiter.Observer, layers []limiter.Layer) *limiter.Observer {
+	if len(layers) == 0 {
 		return obs
 	}
 	exceeded := prometheus.NewCounterVec(prometheus.CounterOpts{

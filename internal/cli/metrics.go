@@ -233,8 +233,8 @@ func (m *metrics) setPreset(preset string) {
 }
 
 // consumerObserver returns the observer for the consumer.
-func (m *metrics) consumerObserver() *consumer.Observer {
-	return &consumer.Observer{
+func (m *metrics) consumerObserver() *consumer.MessageObserver {
+	return &consumer.MessageObserver{
 		Received: func(msg consumer.Message) { m.counters(msg.Source.Broker).received.Inc() },
 		Delivered: func(msg consumer.Message) {
 			m.counters(msg.Source.Broker).delivered.Inc()

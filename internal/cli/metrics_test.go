@@ -111,7 +111,7 @@ func TestWaitLimiter(t *testing.T) {
 	}
 	t.Cleanup(func() { b.Close() })
 	m := newMetrics("")
-	w, err := consumerLimiter(config.Limit{MaxWait: config.Duration(50 * time.Millisecond)}, b, m)
+	w, err := consumerLimiter(consumer.LimitOptions{WaitTimeout: 50 * time.Millisecond}, b, m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestTokensTakenAndAverageCost(t *testing.T) {
 	if m.averageCost() != 1 {
 		t.Errorf("average cost before any message = %v, want 1", m.averageCost())
 	}
-	w, err := consumerLimiter(config.Limit{}, b, m)
+	w, err := consumerLimiter(consumer.LimitOptions{}, b, m)
 	if err != nil {
 		t.Fatal(err)
 	}

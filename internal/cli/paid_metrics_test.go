@@ -3,7 +3,7 @@ package cli
 import (
 	"testing"
 
-	"github.com/throttlehq/throttle/config"
+	"github.com/throttlehq/throttle/limiter"
 )
 
 // TestPaidRefusedMetric: a paid slot refused for its signature counts in
@@ -12,7 +12,7 @@ import (
 // made-up layer names add no series.
 func TestPaidRefusedMetric(t *testing.T) {
 	m := newMetrics("rabbitmq")
-	o := layerObserver(m, m.limiterObserver(), config.Limit{Extra: []config.LimitLayer{{Name: "per-recipient"}}})
+	o := layerObserver(m, m.limiterObserver(), []limiter.Layer{{Name: "per-recipient"}})
 	o.PaidRefused("per-recipient")
 	o.PaidRefused("per-recipient")
 	o.PaidRefused("")

@@ -20,7 +20,6 @@ import (
 	"github.com/throttlehq/throttle/consumer/kafka"
 	"github.com/throttlehq/throttle/internal/redisconn"
 	"github.com/throttlehq/throttle/limiter"
-	"github.com/throttlehq/throttle/limiter/redislimiter"
 	"github.com/throttlehq/throttle/sinks"
 	"github.com/throttlehq/throttle/sinks/httpsink"
 )
@@ -55,7 +54,7 @@ Flags:
 `
 
 // buildConsumer builds the configured source's consumer; tests replace it.
-var buildConsumer = newConsumer
+var buildConsumer = builder.consumer
 
 // monitorInterval is how often a replica refreshes its bucket gauges and,
 // on a terminal, prints its progress line.
@@ -94,8 +93,14 @@ type replicaIO struct {
 // runReplica runs one replica until ctx ends and it has drained.
 func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 	log := rio.log
+	// The one mapping of the YAML onto the libraries; from here on the
+	// pipeline is built from lib.
+	lib, err := cfg.Libraries()
+	if err != nil {
+		return err
+	}
 	broker := "kafka"
-	if cfg.Source.RabbitMQ != nil {
+	if lib.RabbitMQ != nil {
 		broker = "rabbitmq"
 	}
 	m := newMetrics(broker)
@@ -105,18 +110,10 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		return &configError{err: err}
 	}
 	defer client.Close()
-	store, err := redislimiter.New(client, redislimiter.Config{Bucket: cfg.Limit.Bucket, Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst, Warmup: time.Duration(cfg.Limit.Warmup)})
-	if err != nil {
-		return &configError{err: fmt.Errorf("limit: %w", err)}
-	}
-	lstore, err := layeredStore(store, cfg.Limit)
+	b := builder{lib: lib, m: m, log: log}
+	store, bucket, err := b.bucket(client)
 	if err != nil {
 		return err
-	}
-	pauses := newPauseReporter(log, pauseLogEvery)
-	bucket, err := limiter.New(lstore, limiterOptions(cfg, pauses.observe(layerObserver(m, m.limiterObserver(), cfg.Limit)), log))
-	if err != nil {
-		return &configError{err: fmt.Errorf("limit: %w", err)}
 	}
 	defer func() {
 		if err := bucket.Close(); err != nil {
@@ -131,7 +128,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		"bucket", cfg.Limit.Bucket,
 		"rate", cfg.Limit.Rate,
 		"burst", cfg.Limit.Burst,
-		"priority", cfg.Limit.LimiterOptions().Priority.String(),
+		"priority", lib.Limiter.Priority.String(),
 		"source", describeSource(cfg.Source),
 		"sink", describeSink(cfg.Sink))
 	log.Debug("configuration", "config", cfg.String())
@@ -139,20 +136,16 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		return err
 	}
 
-	sink, closeSink, err := newSink(ctx, cfg.Sink, rio.stdout)
+	sink, closeSink, err := b.sink(ctx, bucket, rio.stdout)
 	if err != nil {
 		return err
 	}
 	defer closeSink()
-	if cfg.Sink.HTTP != nil {
-		m.setPreset(cfg.Sink.HTTP.Preset)
+	if lib.HTTP != nil {
+		m.setPreset(lib.HTTP.Preset)
 	}
 
-	lim, err := consumerLimiter(cfg.Limit, bucket, m)
-	if err != nil {
-		return err
-	}
-	c, err := buildConsumer(cfg.Source, newDeps(cfg, lim, bucket, m.consumerObserver(), log), sinks.Handler(sink))
+	c, err := buildConsumer(b, bucket, sinks.Handler(sink))
 	if err != nil {
 		return err
 	}
@@ -194,7 +187,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 
 	runCtx, stopMonitor := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	if cfg.Limit.Adaptive != nil {
+	if lib.Limiter.Adaptive != nil {
 		g := adaptiveGauge(m.reg)
 		wg.Add(1)
 		go func() {

@@ -14,9 +14,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/internal/testenv"
+	"github.com/throttlehq/throttle/limiter"
 )
 
 // servingAddr waits for the "serving metrics" record of a replica's JSON
@@ -197,8 +197,8 @@ log: {format: json}
 `, redisAddr, bucket))
 	t.Cleanup(func() { runCLI(t, "bucket", "reset", "--config", path) })
 	var started chan struct{}
-	defer func(f func(config.Source, consumerDeps, consumer.Handler) (runner, error)) { buildConsumer = f }(buildConsumer)
-	buildConsumer = func(config.Source, consumerDeps, consumer.Handler) (runner, error) {
+	defer func(f func(builder, *limiter.Bucket, consumer.Handler) (runner, error)) { buildConsumer = f }(buildConsumer)
+	buildConsumer = func(builder, *limiter.Bucket, consumer.Handler) (runner, error) {
 		return idleRunner{started: started}, nil
 	}
 	for i := range 20 {

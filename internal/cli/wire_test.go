@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/sinks/postgres"
 )
 
 // TestREADMEPushWebhookStartsAndRenders is the regression test of issue 11
@@ -46,7 +48,7 @@ sink:
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, closeSink, err := newSink(ctx, cfg.Sink, io.Discard)
+	s, closeSink, err := testBuilder(t, cfg).sink(ctx, testBucket(t), io.Discard)
 	if err != nil {
 		t.Fatalf("starting the sink: %v", err)
 	}
@@ -65,12 +67,13 @@ func TestPostgresMissingTableNamesTheKey(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_, _, err := newSink(ctx, config.Sink{Postgres: &config.Postgres{DSN: dsn, Table: "surely_missing_table_wire_test"}}, io.Discard)
+	b := builder{lib: &config.Libraries{Postgres: &postgres.Config{DSN: dsn, Table: "surely_missing_table_wire_test"}}}
+	_, _, err := b.sink(ctx, testBucket(t), io.Discard)
 	if err != nil && strings.Contains(err.Error(), "connecting") {
 		testenv.Missing(t, "PostgreSQL", "check PGHOST/PGPORT or DATABASE_URL", err)
 	}
 	if err == nil || !strings.Contains(err.Error(), "sink.postgres.create_table: true creates it") {
-		t.Fatalf("newSink = %v, want the create_table hint", err)
+		t.Fatalf("sink = %v, want the create_table hint", err)
 	}
 }
 
@@ -112,10 +115,11 @@ sink: {stdout: {}}
 		if err != nil {
 			t.Fatal(err)
 		}
-		layers, err := cfg.Limit.Layers()
+		lib, err := cfg.Libraries()
 		if err != nil {
 			t.Fatal(err)
 		}
+		layers := lib.Layers
 		shared, err := backend.NewMemory(100, 10)
 		if err != nil {
 			t.Fatal(err)
@@ -125,14 +129,14 @@ sink: {stdout: {}}
 			t.Fatal(err)
 		}
 		rec := &takeRecorder{LayeredMemory: lm}
-		opts := cfg.Limit.LimiterOptions()
+		opts := lib.Limiter
 		opts.Lease.Disabled = true
 		b, err := limiter.New(rec, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { b.Close() })
-		lim, err := consumerLimiter(cfg.Limit, b, newMetrics("kafka"))
+		lim, err := consumerLimiter(lib.Limit, b, newMetrics("kafka"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,4 +196,25 @@ metrics: {listen: "off"}
 			t.Errorf("stderr lacks %q:\n%s", want, stderr)
 		}
 	}
+}
+
+// testBuilder returns the builder of cfg, as run makes it.
+func testBuilder(t *testing.T, cfg *config.Config) builder {
+	t.Helper()
+	lib, err := cfg.Libraries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return builder{lib: lib, m: newMetrics("kafka"), log: slog.New(slog.DiscardHandler)}
+}
+
+// testBucket returns an in-process bucket, closed with the test.
+func testBucket(t *testing.T) *limiter.Bucket {
+	t.Helper()
+	b, err := limiter.NewLocal(1000, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
 }
