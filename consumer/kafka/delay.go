@@ -12,19 +12,14 @@ import (
 	"github.com/throttlehq/throttle/consumer"
 )
 
-// Header names of a message set aside in the delay topic, beside
-// consumer.HeaderAttempts (the failed handler attempts before it was set
-// aside) and the position headers consumer.HeaderOriginalTopic,
-// consumer.HeaderOriginalPartition and consumer.HeaderOriginalOffset (where
-// it was first consumed from; a message set aside again keeps them).
+// HeaderGroup is the one header of a message set aside in the delay topic
+// that is Kafka's own, beside those of every backend
+// (consumer.HeaderDue, consumer.HeaderSetAsideReason,
+// consumer.HeaderAttempts, consumer.HeaderPaid) and the position headers
+// consumer.HeaderOriginalTopic, consumer.HeaderOriginalPartition and
+// consumer.HeaderOriginalOffset (where it was first consumed from; a
+// message set aside again keeps them).
 const (
-	// HeaderDue is when the message is due again, in RFC 3339 with
-	// nanoseconds, UTC, by the clock of the replica that set it aside.
-	HeaderDue = "x-throttle-due"
-	// HeaderSetAsideReason says why the message was set aside: the
-	// handler's error, such as a layer's refusal. It is the header the
-	// RabbitMQ consumer sets on its delay queue's messages.
-	HeaderSetAsideReason = "x-throttle-set-aside-reason"
 	// HeaderGroup names the consumer group that set the message aside.
 	// Groups that consume one topic share its default delay topic; each
 	// skips the copies another group wrote, and handles those without the
@@ -50,12 +45,12 @@ func (realClock) SleepUntil(ctx context.Context, t time.Time) error {
 	return consumer.Sleep(ctx, time.Until(t))
 }
 
-// dueOf returns the due time of a message of the delay topic (HeaderDue).
+// dueOf returns the due time of a message of the delay topic (consumer.HeaderDue).
 // Of several such headers the last one counts, as in ToMessage.
 func dueOf(m kafkago.Message) (time.Time, bool) {
 	var v []byte
 	for _, h := range m.Headers {
-		if h.Key == HeaderDue {
+		if h.Key == consumer.HeaderDue {
 			v = h.Value
 		}
 	}
@@ -113,7 +108,7 @@ func (r *genRun) waitDue(p *partState, m kafkago.Message) bool {
 	due, ok := dueOf(m)
 	if !ok {
 		c.log.Warn("message of the delay topic without a valid due time; handling it now",
-			"topic", p.topic, "partition", p.partition, "offset", m.Offset, "header", HeaderDue)
+			"topic", p.topic, "partition", p.partition, "offset", m.Offset, "header", consumer.HeaderDue)
 		return r.rctx.Err() == nil
 	}
 	if wait := due.Sub(c.clock.Now()); wait > 0 {
@@ -144,11 +139,11 @@ func (c *Consumer) setAside(ctx context.Context, w work, out consumer.Outcome, d
 	for k, v := range out.SetAsideHeaders() { // such as consumer.HeaderPaid
 		h[k] = v
 	}
-	h[HeaderDue] = due.Format(time.RFC3339Nano)
+	h[consumer.HeaderDue] = due.Format(time.RFC3339Nano)
 	h[HeaderGroup] = c.cfg.Group
 	h[consumer.HeaderAttempts] = strconv.Itoa(out.Attempts)
 	if out.Err != nil {
-		h[HeaderSetAsideReason] = out.Err.Error()
+		h[consumer.HeaderSetAsideReason] = out.Err.Error()
 	}
 	if err := delay.send(ctx, m, h); err != nil {
 		c.log.Warn("delay write abandoned at the drain deadline; message left uncommitted",
@@ -299,7 +294,7 @@ func delayTopicReady(md *kafkago.MetadataResponse, topic string) bool {
 const maxDueAhead = 1024
 
 // dueReader reads a partition of the delay topic ahead and hands its
-// copies on in the order they are due (HeaderDue), each when it is due,
+// copies on in the order they are due (consumer.HeaderDue), each when it is due,
 // rather than in the order they were written: copies set aside for
 // different delays interleave in a partition, and one due earlier behind
 // a later one would otherwise wait for it, late for the slot a delay layer

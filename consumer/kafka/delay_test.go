@@ -97,7 +97,7 @@ func (f *fakeClock) sleepCalls() int {
 func delayMsg(p int, off int64, due time.Time, headers ...kafkago.Header) kafkago.Message {
 	m := kafkago.Message{Topic: "t.delay", Partition: p, Offset: off, Key: []byte(fmt.Sprint(off)), Value: []byte("v"), Headers: headers}
 	if !due.IsZero() {
-		m.Headers = append(m.Headers, kafkago.Header{Key: HeaderDue, Value: []byte(due.Format(time.RFC3339Nano))})
+		m.Headers = append(m.Headers, kafkago.Header{Key: consumer.HeaderDue, Value: []byte(due.Format(time.RFC3339Nano))})
 	}
 	return m
 }
@@ -145,7 +145,7 @@ func handleDelayMessage(t *testing.T, t0 time.Time, msg kafkago.Message, h consu
 
 func TestDueOf(t *testing.T) {
 	at := time.Date(2026, 12, 1, 6, 0, 0, 123456789, time.UTC)
-	h := func(v string) kafkago.Header { return kafkago.Header{Key: HeaderDue, Value: []byte(v)} }
+	h := func(v string) kafkago.Header { return kafkago.Header{Key: consumer.HeaderDue, Value: []byte(v)} }
 	cases := []struct {
 		name    string
 		headers []kafkago.Header
@@ -417,12 +417,12 @@ func TestSetAsideWritesBeforeCommit(t *testing.T) {
 				got := headerMap(w.Headers)
 				want := map[string]string{
 					"x-from":                         "+1555",
-					HeaderDue:                        "2026-12-01T06:00:05Z",
+					consumer.HeaderDue:               "2026-12-01T06:00:05Z",
 					consumer.HeaderOriginalTopic:     "t",
 					consumer.HeaderOriginalPartition: "0",
 					consumer.HeaderOriginalOffset:    "1",
 					consumer.HeaderAttempts:          "0",
-					HeaderSetAsideReason:             reason.Error(),
+					consumer.HeaderSetAsideReason:    reason.Error(),
 					HeaderGroup:                      "g",
 				}
 				if !maps.Equal(got, want) || string(w.Key) != "\x01" || string(w.Value) != "v" {
@@ -452,7 +452,7 @@ func TestSetAsideAgainKeepsOrigin(t *testing.T) {
 	}
 	got := headerMap(delayed[0].Headers)
 	if got[consumer.HeaderOriginalTopic] != "t" || got[consumer.HeaderOriginalPartition] != "3" || got[consumer.HeaderOriginalOffset] != "42" ||
-		got[HeaderDue] != "2026-12-01T06:00:02Z" || got[HeaderSetAsideReason] != "still full" {
+		got[consumer.HeaderDue] != "2026-12-01T06:00:02Z" || got[consumer.HeaderSetAsideReason] != "still full" {
 		t.Fatalf("headers %v", got)
 	}
 }

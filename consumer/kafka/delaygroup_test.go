@@ -106,7 +106,7 @@ func TestSetAsideTwoGroups(t *testing.T) {
 		t.Fatalf("creating the delay topic: %v", err)
 	}
 	legacy := &kgo.Record{Topic: topic + ".delay", Key: []byte("legacy"), Value: []byte("legacy"), Headers: []kgo.RecordHeader{
-		{Key: HeaderDue, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+		{Key: consumer.HeaderDue, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
 		{Key: consumer.HeaderOriginalTopic, Value: []byte(topic)},
 		{Key: consumer.HeaderOriginalPartition, Value: []byte("0")},
 		{Key: consumer.HeaderOriginalOffset, Value: []byte("0")},

@@ -93,9 +93,9 @@
 // error (a layered limit with on_exceed delay, through consumer.Throttle)
 // is neither retried nor dead-lettered: the consumer writes it to
 // Config.DelayTopic ("<topic>.delay") with its key, value and headers plus
-// HeaderDue (now + the delay), the position it was first consumed from
+// consumer.HeaderDue (now + the delay), the position it was first consumed from
 // (consumer.HeaderOriginalTopic, ...Partition, ...Offset, kept when it is
-// set aside again), consumer.HeaderAttempts, HeaderSetAsideReason,
+// set aside again), consumer.HeaderAttempts, consumer.HeaderSetAsideReason,
 // consumer.HeaderPaid (the slots a delay layer booked for it, passed when
 // it comes back; honoured only on a message read from the delay topic) and
 // HeaderGroup (Config.Group, the group that set it aside). The

@@ -23,7 +23,7 @@ func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
 // waiting at the broker and not yet delivered to any consumer (deliveries
 // held unacked by consumers, including this one's prefetch, are not
 // counted). It returns the messages of the delay queues,
-// "<Queue>.delay.NN" (see HeaderDue), as SetAside: set aside by a delay
+// "<Queue>.delay.NN" (see consumer.HeaderDue), as SetAside: set aside by a delay
 // layer and not back in the queue yet. Every replica consuming the queue
 // sees the same numbers. Messages that an older version set aside in the
 // single queue "<Queue>.delay" still come back, within

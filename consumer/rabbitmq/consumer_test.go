@@ -700,7 +700,7 @@ func TestSetAside(t *testing.T) {
 			return consumer.SetAsideWith(errors.New("limit per-recipient: 5 per 1h"), delay, map[string]string{consumer.HeaderPaid: slot})
 		}
 		second[id] = time.Now()
-		reasons[id] = m.Headers[rabbitmq.HeaderSetAsideReason]
+		reasons[id] = m.Headers[consumer.HeaderSetAsideReason]
 		paid[id] = m.Headers[consumer.HeaderPaid]
 		return nil
 	}

@@ -192,7 +192,7 @@ func (c *Consumer) delayQueue() string { return c.cfg.Queue + ".delay" }
 // setAside publishes the delivery to the delay queues (see delayUnit),
 // to come back after out.SetAside (at most Options.MaxSetAside), with the
 // headers its handler asked for (consumer.Outcome.SetAsideHeaders, such as
-// consumer.HeaderPaid), HeaderDue and headerBack. It asks for it back a
+// consumer.HeaderPaid), consumer.HeaderDue and headerBack. It asks for it back a
 // lead ahead of its due time (returnLag), rounded down to delayUnit, and
 // the handler waits the rest when it comes back (run.back). The delay
 // queues are declared at the first message set aside on each connection.
@@ -238,10 +238,10 @@ func (r *run) setAside(ctx context.Context, it *item, out consumer.Outcome, pub 
 			msg.Headers[k] = v
 		}
 	}
-	msg.Headers[HeaderDue] = due.UTC().Format(time.RFC3339Nano)
+	msg.Headers[consumer.HeaderDue] = due.UTC().Format(time.RFC3339Nano)
 	msg.Headers[headerBack] = now.Add(after).UTC().Format(time.RFC3339Nano)
 	if out.Err != nil {
-		msg.Headers[HeaderSetAsideReason] = out.Err.Error()
+		msg.Headers[consumer.HeaderSetAsideReason] = out.Err.Error()
 	}
 	if r.publishThenAck(ctx, d, pub, exchange, key, msg, attrs) {
 		r.log.LogAttrs(ctx, slog.LevelDebug, "rabbitmq message set aside", attrs...)
@@ -249,10 +249,6 @@ func (r *run) setAside(ctx context.Context, it *item, out consumer.Outcome, pub 
 	}
 	return false
 }
-
-// HeaderSetAsideReason names the header of a message set aside in the delay
-// queue that says why (the handler's error, such as a layer's refusal).
-const HeaderSetAsideReason = "x-throttle-set-aside-reason"
 
 // publishThenAck publishes msg to exchange with key, retrying until the
 // broker confirms it, then acks d and reports true. If the session or ctx

@@ -43,16 +43,8 @@ const (
 	maxDelayLevels = 28
 )
 
-// HeaderDue names the header of a message set aside in the delay queues
-// that says when it is due again: RFC 3339 with nanoseconds, UTC, by the
-// clock of the replica that set it aside. Kafka's delay topic uses the
-// same header. A message back from the delay queues before it is due
-// waits in its handler until then, or, when that is further than the
-// delay queues may have brought it back early, is set aside again.
-const HeaderDue = "x-throttle-due"
-
 // headerBack names the header of a message set aside that says when the
-// delay queues should bring it back: HeaderDue less the lead (see
+// delay queues should bring it back: consumer.HeaderDue less the lead (see
 // returnLag), rounded down to delayUnit. The consumer that receives it
 // measures from it how late the broker brings messages back.
 const headerBack = "x-throttle-back"
@@ -260,7 +252,7 @@ func headerTime(d *amqp.Delivery, name string) (time.Time, bool) {
 // handler runs, and reports whether it settled the delivery. It gives
 // it.msg back consumer.HeaderPaid, which item drops from a delivery it
 // does not know came from the delay queue, records how late the delivery
-// came back (returnLag), and, when it is not due yet (HeaderDue), waits
+// came back (returnLag), and, when it is not due yet (consumer.HeaderDue), waits
 // until it is, or sets it aside again when that is further away than
 // maxHold. A wait that ctx ends requeues the delivery. Any other delivery
 // is left alone.
@@ -280,7 +272,7 @@ func (r *run) back(ctx context.Context, it *item, pub publisher, attrs []slog.At
 		r.lag.observe(now, now.Sub(b))
 		delete(d.Headers, headerBack) // once: handle may come here again
 	}
-	due, ok := headerTime(d, HeaderDue)
+	due, ok := headerTime(d, consumer.HeaderDue)
 	if !ok {
 		return false
 	}

@@ -149,9 +149,9 @@ func TestBackFromDelayQueues(t *testing.T) {
 			p.deliverForTest(amqp.Delivery{
 				Acknowledger: ack, DeliveryTag: 3, MessageId: "m-3", RoutingKey: "0.0.0.1",
 				Headers: amqp.Table{"x-death": death, consumer.HeaderPaid: paidSlot,
-					HeaderDue:            start.Add(tt.due).UTC().Format(time.RFC3339Nano),
-					headerBack:           start.Add(-30 * time.Millisecond).UTC().Format(time.RFC3339Nano),
-					HeaderSetAsideReason: "limit per-recipient: slot booked"},
+					consumer.HeaderDue:            start.Add(tt.due).UTC().Format(time.RFC3339Nano),
+					headerBack:                    start.Add(-30 * time.Millisecond).UTC().Format(time.RFC3339Nano),
+					consumer.HeaderSetAsideReason: "limit per-recipient: slot booked"},
 				Body: []byte("hello"),
 			})
 			p.wg.Wait()
@@ -184,13 +184,13 @@ func TestBackFromDelayQueues(t *testing.T) {
 				t.Fatalf("published %d copies, want 1", len(pub.published))
 			}
 			m := pub.published[0]
-			if m.Headers[consumer.HeaderPaid] != paidSlot || m.Headers[HeaderSetAsideReason] != "limit per-recipient: slot booked" ||
+			if m.Headers[consumer.HeaderPaid] != paidSlot || m.Headers[consumer.HeaderSetAsideReason] != "limit per-recipient: slot booked" ||
 				m.Headers["x-death"] != nil {
 				t.Errorf("set aside again with headers %v, want the paid slot and the reason it came with, without x-death", m.Headers)
 			}
-			due, err := time.Parse(time.RFC3339Nano, m.Headers[HeaderDue].(string))
+			due, err := time.Parse(time.RFC3339Nano, m.Headers[consumer.HeaderDue].(string))
 			if err != nil || due.Sub(start.Add(tt.due)).Abs() > 5*time.Millisecond {
-				t.Errorf("set aside again due %v, want its due time %v", m.Headers[HeaderDue], start.Add(tt.due))
+				t.Errorf("set aside again due %v, want its due time %v", m.Headers[consumer.HeaderDue], start.Add(tt.due))
 			}
 		})
 	}

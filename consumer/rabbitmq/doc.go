@@ -23,7 +23,7 @@
 //     layered limit with on_exceed delay does): published, under a
 //     publisher confirm, to the delay queues "<Queue>.delay.NN" (see
 //     DelayQueues), levels of fixed TTLs that RabbitMQ dead-letters from
-//     one to the next and back to the queue when it is due (HeaderDue),
+//     one to the next and back to the queue when it is due (consumer.HeaderDue),
 //     then Ack. The handler is free meanwhile. Each level's TTL is the
 //     same for all its messages, so none waits behind a longer delay;
 //     the message comes back a little early and its handler waits the
