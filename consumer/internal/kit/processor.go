@@ -1,0 +1,131 @@
+package kit
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// Processor is the per-message path that every backend shares: the
+// Throttle and PushBack middleware that the Options ask for, the retry
+// policy, the MessageObserver, and a rate-bounded info log of handler
+// failures ("sink failing: 503 ×120 in the last 10s, retrying", then "sink
+// recovered after 10s"). A backend builds one in its constructor and calls
+// Process for each message, then commits, acks or dead-letters by the
+// Outcome. It is safe for concurrent use.
+type Processor struct {
+	opts     consumer.Options
+	setAside bool // the backend sets messages aside itself (SetsAside)
+	handler  consumer.Handler
+	obs      *consumer.MessageObserver // opts.Observer plus the failure log
+	trouble  *troubleLog
+}
+
+// ProcessorOption is an option of NewProcessor, for the backend.
+type ProcessorOption func(*Processor)
+
+// SetsAside tells the Processor that its backend can set a message aside
+// (a RabbitMQ delay queue, a Kafka delay topic): Process then returns a
+// handler's consumer.SetAside error as Outcome.SetAside at once. Without
+// it, Process waits the delay in the handler and tries again.
+func SetsAside() ProcessorOption { return func(p *Processor) { p.setAside = true } }
+
+// NewProcessor validates o (WithDefaults) and returns a Processor that
+// calls h, wrapped in the middleware o asks for.
+func NewProcessor(o consumer.Options, h consumer.Handler, opts ...ProcessorOption) (*Processor, error) {
+	if h == nil {
+		return nil, fmt.Errorf("%w: handler must not be nil", consumer.ErrInvalidOptions)
+	}
+	o, err := WithDefaults(o)
+	if err != nil {
+		return nil, err
+	}
+	p := &Processor{opts: o, handler: consumer.Chain(h, middleware(o)...), trouble: newTroubleLog(o.Logger)}
+	for _, opt := range opts {
+		opt(p)
+	}
+	user := o.Observer
+	p.obs = &consumer.MessageObserver{
+		Delivered: func(m consumer.Message) {
+			p.trouble.delivered()
+			observeDelivered(user, m)
+		},
+		Failed: func(m consumer.Message, err error) {
+			if !consumer.IsPermanent(err) {
+				p.trouble.failed(err)
+			}
+			observeFailed(user, m, err)
+		},
+		Retried: func(m consumer.Message, err error, d time.Duration) { observeRetried(user, m, err, d) },
+	}
+	return p, nil
+}
+
+// Options returns the options with their defaults filled in.
+func (p *Processor) Options() consumer.Options { return p.opts }
+
+// Process handles msg under the retry policy (see the function Process):
+// it numbers the attempts from 1, waits on the limiter before each,
+// reports each event to the MessageObserver, and returns how the message
+// ended. The caller commits or acks a delivered message, sets aside one
+// with Outcome.SetAside (only with SetsAside), dead-letters a failed one
+// (then calls DeadLettered), and leaves an abandoned one for redelivery.
+func (p *Processor) Process(ctx context.Context, msg consumer.Message) Outcome {
+	return process(ctx, p.opts.Retry, p.handler, msg, p.obs, p.setAside)
+}
+
+// Key returns msg's ordering key (Options.OrderingKey). Its error is
+// permanent: dead-letter the message with DeadLettered.
+func (p *Processor) Key(msg consumer.Message) (string, error) {
+	if p.opts.OrderingKey == nil {
+		return keyOf(msg)
+	}
+	k, err := p.opts.OrderingKey(msg)
+	if err != nil {
+		return "", consumer.Permanent(err)
+	}
+	return k, nil
+}
+
+// KeyFailed returns the Outcome of a message whose ordering key could
+// not be computed (Key's error): it failed for good in its first attempt,
+// without a handler call, and is to be dead-lettered (Attempts 1, Err
+// err).
+func (p *Processor) KeyFailed(err error) Outcome { return Outcome{Attempts: 1, Err: err} }
+
+// Class returns msg's class (Options.Priority), by which the backend
+// orders the messages waiting for a handler; PriorityNormal without
+// Options.Priority.
+func (p *Processor) Class(msg consumer.Message) limiter.Priority {
+	if p.opts.Priority == nil {
+		return limiter.PriorityNormal
+	}
+	c, _ := p.opts.Priority(msg)
+	return c
+}
+
+// Classes reports whether messages have classes of their own
+// (Options.Priority), so that the backend reserves slots for the higher
+// ones.
+func (p *Processor) Classes() bool { return p.opts.Priority != nil }
+
+// DeadLettered reports a message that the backend handed to its
+// dead-letter destination: it sets msg.Attempt to the attempts made, calls
+// MessageObserver.DeadLettered, and logs "message dead-lettered" at warn
+// level with the attempts, the error (key "err") and attrs, the backend's
+// position of the message.
+func (p *Processor) DeadLettered(msg consumer.Message, o Outcome, attrs ...slog.Attr) {
+	if o.Attempts > 0 {
+		msg.Attempt = o.Attempts
+	}
+	ObserveDeadLettered(p.opts.Observer, msg, o.Err)
+	attrs = append(attrs, slog.Int("attempts", o.Attempts))
+	if o.Err != nil {
+		attrs = append(attrs, slog.String("err", o.Err.Error()))
+	}
+	p.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn, "message dead-lettered", attrs...)
+}
