@@ -7,49 +7,17 @@ import (
 	"maps"
 	"time"
 
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 	"github.com/throttlehq/throttle/limiter"
 )
 
-// HeaderPaid names the header of a message set aside by a layer of
-// limit.extra with on_exceed delay that booked the message's slot
-// (limiter.LimitError.Reserved). Its value is a JSON array of
-// limiter.PaidSlot objects, such as
-//
-//	[{"layer":"per-recipient","key":"+15550100","due":"2026-12-01T10:00:02.05Z","sig":"..."}]
-//
-// When the message comes back, its first limiter wait passes those layers
-// without taking from them again (limiter.Request.Paid; a slot back more
-// than a little late is forfeit, see limiter.PaidSlot); a later attempt, after a
-// failure, pays again. Throttle writes it, every backend
-// carries it with the message it sets aside, and an empty value names no
-// slot. A slot passes only with the signature (sig) that the limiter gave
-// it with the bucket's secret (see limiter.PaidSlot): a producer cannot
-// make one. The backends also drop the header from a message that they did
-// not read back from their delay topic or queue.
-const HeaderPaid = "x-throttle-paid"
+// HeaderPaid names the header in which a message set aside by a delay
+// layer carries the slot that layer booked for it.
+const HeaderPaid = setaside.HeaderPaid
 
 // PaidSlots returns the slots that msg's HeaderPaid names. A missing,
 // empty or malformed header names none.
-func PaidSlots(msg Message) []limiter.PaidSlot {
-	v := msg.Headers[HeaderPaid]
-	if v == "" {
-		return nil
-	}
-	var all []limiter.PaidSlot
-	if json.Unmarshal([]byte(v), &all) != nil {
-		return nil
-	}
-	out := all[:0]
-	for _, s := range all {
-		if s.Layer != "" {
-			out = append(out, s)
-		}
-	}
-	if len(out) == 0 {
-		return nil
-	}
-	return out
-}
+func PaidSlots(msg Message) []limiter.PaidSlot { return setaside.PaidSlots(msg.Headers) }
 
 // paidHeaders returns the headers of msg set aside after le: HeaderPaid
 // with msg's slots of other layers than le's, which this refusal did not

@@ -1,8 +1,9 @@
 package consumer
 
 import (
-	"errors"
 	"time"
+
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 )
 
 // SetAside marks err as "not now": the message should come back after d,
@@ -23,27 +24,14 @@ func SetAside(err error, d time.Duration) error {
 // sets aside; one that waits in the handler calls it again with them
 // (Outcome.Returned).
 func SetAsideWith(err error, d time.Duration, h map[string]string) error {
-	if err == nil {
-		return nil
-	}
-	return &setAsideError{err: err, after: max(d, time.Millisecond), headers: h}
+	return setaside.With(err, d, h)
 }
-
-type setAsideError struct {
-	err     error
-	after   time.Duration
-	headers map[string]string
-}
-
-func (e *setAsideError) Error() string { return e.err.Error() }
-func (e *setAsideError) Unwrap() error { return e.err }
 
 // SetAsideOf returns how long err, or an error it wraps, asked with
 // SetAside to set the message aside. A permanent error is never set aside.
 func SetAsideOf(err error) (time.Duration, bool) {
-	var sa *setAsideError
-	if errors.As(err, &sa) && !IsPermanent(err) {
-		return sa.after, true
+	if sa := setaside.Of(err); sa != nil && !IsPermanent(err) {
+		return sa.After, true
 	}
 	return 0, false
 }
@@ -53,9 +41,8 @@ func SetAsideOf(err error) (time.Duration, bool) {
 // sets them on the copy it sets aside, removing those whose value is
 // empty. It is nil when there are none.
 func (o Outcome) SetAsideHeaders() map[string]string {
-	var sa *setAsideError
-	if o.SetAside > 0 && errors.As(o.Err, &sa) {
-		return sa.headers
+	if sa := setaside.Of(o.Err); o.SetAside > 0 && sa != nil {
+		return sa.Headers
 	}
 	return nil
 }
