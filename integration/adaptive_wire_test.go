@@ -17,6 +17,7 @@ import (
 // shows, and the replica exports as throttle_bucket_adaptive_rate. (The
 // long measurement is TestAdaptiveHiddenLimitE2E.)
 func TestAdaptivePushBackThroughTheBinary(t *testing.T) {
+	t.Parallel()
 	var refuse atomic.Int64
 	refuse.Store(3) // the first three requests get a 429 without Retry-After
 	var accepted atomic.Int64

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -15,7 +16,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -40,8 +43,31 @@ var (
 	cliBuildErr  error
 )
 
-// TestMain removes the binary that cliBuild built, once every test ran.
+// minParallel is the least -test.parallel the package runs with when the
+// command line does not set it (go test's default is GOMAXPROCS). The
+// tests here spend their time waiting on servers, brokers and timers, not
+// on the CPU: run 2 at a time on 2 cores, the package and the processes it
+// started used a sixth of one core (70 s of CPU in 480 s).
+const minParallel = 8
+
+// TestMain runs the parallel tests up to minParallel at a time, unless
+// -test.parallel (go test -parallel) is given, and removes the binary that
+// cliBuild built once every test ran. A test that holds a rate or a
+// latency to a fixed bound (TestCLIEndToEnd, TestPriorityOTPMarketingE2E,
+// TestKafkaKeyOrderingThroughput) does not call t.Parallel, so it runs
+// before the parallel ones and without them; the fleet fault tests run in
+// parallel and widen their bounds by the stalls they measure
+// (testenv.MeasureStalls), and only by those.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if p := runtime.GOMAXPROCS(0); !given && p < minParallel {
+		if err := flag.Set("test.parallel", strconv.Itoa(minParallel)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+	}
 	code := m.Run()
 	if cliBuildDir != "" {
 		os.RemoveAll(cliBuildDir)
@@ -212,16 +238,10 @@ func cliGet(url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// cliWait polls cond every 10 ms until it holds, failing the test after d.
+// cliWait is testenv.Eventually, for the tests that call it by this name.
 func cliWait(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, d, what, cond)
 }
 
 // cliArrival is one request the sink received.

@@ -30,6 +30,7 @@ func faultLastLine(s string) string {
 // two replicas with a wrong password limited locally at the whole rate
 // each and answered /readyz with 200.
 func TestFaultRedisRefusesAtStart(t *testing.T) {
+	t.Parallel()
 	const secret = "s3cret-Pa55"
 	srv := faultStartRedis(t, "--requirepass", secret)
 	ctx := context.Background()
@@ -92,6 +93,7 @@ func TestFaultRedisRefusesAtStart(t *testing.T) {
 // connections: the replica must stop delivering (act as closed), log an
 // error, and answer /readyz with 503. Issue 11 item 3.
 func TestFaultRedisRefusesAtRunTime(t *testing.T) {
+	t.Parallel()
 	const (
 		rate  = 20.0
 		burst = 5
@@ -155,6 +157,7 @@ func TestFaultRedisRefusesAtRunTime(t *testing.T) {
 // answers they share the bucket: deliveries resume, and no 1 s window
 // holds more than rate + 2 × burst.
 func TestFaultFleetStartDuringOutage(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		extra string
@@ -162,7 +165,10 @@ func TestFaultFleetStartDuringOutage(t *testing.T) {
 		{"without fallback_rate", ""},
 		{"fallback_rate a third", "  fallback_rate: 6.67\n"},
 	} {
-		t.Run(tc.name, func(t *testing.T) { faultStartDuringOutage(t, tc.extra) })
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			faultStartDuringOutage(t, tc.extra)
+		})
 	}
 }
 
@@ -208,6 +214,7 @@ func faultStartDuringOutage(t *testing.T, limitExtra string) {
 // broker refused it, and never print the password. Issue 11 item 7: it
 // logged "Exception (403)" every 3 s forever.
 func TestFaultRabbitMQRefusesAtStart(t *testing.T) {
+	t.Parallel()
 	f := faultNewFleet(t)
 	u, err := url.Parse(f.amqpURL)
 	if err != nil {
@@ -238,6 +245,7 @@ func TestFaultRabbitMQRefusesAtStart(t *testing.T) {
 // throttle_reconnects_total, and /readyz must answer 200 again once the
 // replica is back. Issue 11 item 7.
 func TestFaultRabbitMQDisconnected(t *testing.T) {
+	t.Parallel()
 	f := faultNewFleet(t)
 	u, err := url.Parse(f.amqpURL)
 	if err != nil {

@@ -385,6 +385,7 @@ func faultCount(ts []time.Time, from, to time.Time) int {
 // and acking the message, and exit 0. Issue 11 item 10: SIGHUP killed it
 // with status 129, and the message went back to the queue.
 func TestFaultHangupDrains(t *testing.T) {
+	t.Parallel()
 	f := faultNewFleet(t)
 	entered := make(chan struct{}, 10)
 	var finished atomic.Int64

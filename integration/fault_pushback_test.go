@@ -22,6 +22,7 @@ import (
 // by which replica's push-back, no more often than the bound the binary
 // documents (one line per 5 s, so at most 3 during the 6 s here).
 func TestFaultPushBackIsLogged(t *testing.T) {
+	t.Parallel()
 	const (
 		storm    = 6 * time.Second
 		maxLines = 3

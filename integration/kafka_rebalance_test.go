@@ -195,9 +195,11 @@ func revocations(p *cliProcess) []string {
 // the messages finished after the committed offset travel in the commit
 // metadata.
 func TestKafkaRebalanceNoDuplicates(t *testing.T) {
+	t.Parallel()
 	bin := cliBuild(t)
 	for _, ordering := range []string{"partition", "key"} {
 		t.Run(ordering, func(t *testing.T) {
+			t.Parallel()
 			if ordering != "partition" && testing.Short() {
 				t.Skip("one ordering is enough in -short")
 			}
@@ -253,6 +255,7 @@ func kafkaRebalance(t *testing.T, bin, ordering string) {
 // messages handled twice are at most what the killed replica had fetched
 // and not committed, its in-flight bound (concurrency + queue size).
 func TestKafkaCrashDuplicatesBounded(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("waits for the group's 30s session timeout")
 	}

@@ -21,6 +21,7 @@ import (
 // layer, and a message without a recipient is dead-lettered with the
 // reason.
 func TestLayersDeadLetterEndToEnd(t *testing.T) {
+	t.Parallel()
 	redisAddr := testenv.RedisAddr(t)
 	amqpURL := testenv.AMQPURL(t)
 	bin := cliBuild(t)
@@ -158,6 +159,7 @@ metrics:
 // TestLayersBadConfigExits2 runs the binary on configurations with a bad
 // limit.extra: each exits 2 with the YAML key at fault.
 func TestLayersBadConfigExits2(t *testing.T) {
+	t.Parallel()
 	bin := cliBuild(t)
 	base := `
 redis: {addr: "127.0.0.1:6379"}

@@ -25,6 +25,7 @@ import (
 // on_exceed wait (which writes nothing to the delay topic). With two
 // replicas, one killed with SIGKILL mid-run, nothing is lost.
 func TestLayersKafkaDelayEndToEnd(t *testing.T) {
+	t.Parallel()
 	bin := cliBuild(t)
 	// One partition: 8 messages to a hot recipient, then one to each of 4
 	// cold ones. At 5/s the hot recipient's need 1.4 s.

@@ -20,6 +20,7 @@ import (
 // quota of the account: each recipient gets exactly 2 messages, the rest go
 // to the dead-letter topic with x-throttle-limit naming the layer.
 func TestLayersKafkaEndToEnd(t *testing.T) {
+	t.Parallel()
 	redisAddr := testenv.RedisAddr(t)
 	bin := cliBuild(t)
 	const (

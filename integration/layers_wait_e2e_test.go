@@ -19,11 +19,13 @@ import (
 // two messages closer than the layer allows (200 ms, less a margin for the
 // sink's clock), while different recipients are not held up by each other.
 func TestLayersWaitAndDelayEndToEnd(t *testing.T) {
+	t.Parallel()
 	redisAddr := testenv.RedisAddr(t)
 	amqpURL := testenv.AMQPURL(t)
 	bin := cliBuild(t)
 	for _, action := range []string{"wait", "delay"} {
 		t.Run(action, func(t *testing.T) {
+			t.Parallel()
 			const (
 				recipients = 4
 				perRecip   = 6

@@ -236,11 +236,13 @@ func provHeader(m amqp.Delivery, name string) string {
 // render dead-letters its message with the reason, and bad credentials are
 // a clear error at start-up or on the first send.
 func TestProvidersEndToEnd(t *testing.T) {
+	t.Parallel()
 	redisAddr := testenv.RedisAddr(t)
 	amqpURL := testenv.AMQPURL(t)
 	bin := cliBuild(t)
 	for _, c := range provCases() {
 		t.Run(c.preset, func(t *testing.T) {
+			t.Parallel()
 			t.Run("delivered, throttled, dead-lettered", func(t *testing.T) { provTestFlow(t, c, bin, redisAddr, amqpURL) })
 			t.Run("bad credentials", func(t *testing.T) { provTestBadAuth(t, c, bin, redisAddr, amqpURL) })
 		})

@@ -107,6 +107,7 @@ func sinkE2ECheck(t *testing.T, p *sinkE2EProvider) {
 // TestSinkRejectionIsDeadLetteredKafka: a message the provider answers with
 // 400 goes to the dead-letter topic after one attempt; the rest arrive.
 func TestSinkRejectionIsDeadLetteredKafka(t *testing.T) {
+	t.Parallel()
 	topic := fmt.Sprintf("sms-%d", time.Now().UnixNano())
 	brokers := testenv.KafkaBrokers()
 	if len(brokers) == 0 {
@@ -176,6 +177,7 @@ func TestSinkRejectionIsDeadLetteredKafka(t *testing.T) {
 // TestSinkRejectionIsDeadLetteredRabbitMQ: the same through RabbitMQ, whose
 // queue's dead-letter exchange takes the rejected message.
 func TestSinkRejectionIsDeadLetteredRabbitMQ(t *testing.T) {
+	t.Parallel()
 	url := testenv.AMQPURL(t)
 	queue := fmt.Sprintf("sms-%d", time.Now().UnixNano())
 	p, h, l := sinkE2ESetup(t)
