@@ -344,14 +344,7 @@ func orderingKey(ps *problems, key, text string) consumer.KeyFunc {
 // clientConfig maps the TLS section at key onto a *tls.Config, nil when
 // it is off. Without readFiles it reads no file and returns a stand-in.
 func (t *TLS) clientConfig(ps *problems, key string, readFiles bool) *tls.Config {
-	if !t.Enabled {
-		if t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" || t.InsecureSkipVerify {
-			ps.add(key, "settings have no effect unless %s.enabled is true", key)
-		}
-		return nil
-	}
-	if (t.CertFile == "") != (t.KeyFile == "") {
-		ps.add(key, "cert_file and key_file must be set together")
+	if !t.validate(ps, key) {
 		return nil
 	}
 	if !readFiles {
