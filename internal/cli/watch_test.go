@@ -61,7 +61,7 @@ func TestDownsample(t *testing.T) {
 func TestWatchHistorySteps(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
 	conf := &limitsJSON{Rate: 50, Burst: 50}
-	st := func(tokens, rate float64, paused time.Duration, o *redislimiter.Override) redislimiter.BucketStatus {
+	st := func(tokens, rate float64, paused time.Duration, o *redislimiter.OverrideStatus) redislimiter.BucketStatus {
 		return redislimiter.BucketStatus{Bucket: "sms", Rate: rate, Burst: 50, TokensKnown: true, Tokens: tokens, PausedFor: paused, Override: o}
 	}
 	reps := []redislimiter.Replica{{ID: "r1", Rate: 50, Burst: 50}, {ID: "r2"}}
@@ -83,10 +83,10 @@ func TestWatchHistorySteps(t *testing.T) {
 				"layers      1 (limit.extra of throttle.yaml)", "    per-recipient  1/s, burst 3, per key, on_exceed delay  12 keys in use  ?         ?"},
 			"2026-12-01T03:00:01Z sms tokens=30/50 rate=50/s(configured) paused=0s replicas=2 delivered=60/s(estimated) waiting=? exceeded=per-recipient:?"},
 		// An override to 80/s: the rate changed, so no estimate.
-		{3 * time.Second, st(50, 80, 0, &redislimiter.Override{Rate: 80, ExpiresIn: 90 * time.Second}), nil,
+		{3 * time.Second, st(50, 80, 0, &redislimiter.OverrideStatus{Rate: 80, ExpiresIn: 90 * time.Second}), nil,
 			[]string{"rate        80/s (override)", "override    80/s, each replica's burst, expires in 1m30s", "delivered   ?"},
 			"2026-12-01T03:00:03Z sms tokens=50/50 rate=80/s(override) paused=0s replicas=2 delivered=? waiting=?"},
-		{4 * time.Second, st(50, 80, 2*time.Second, &redislimiter.Override{Rate: 80}), nil,
+		{4 * time.Second, st(50, 80, 2*time.Second, &redislimiter.OverrideStatus{Rate: 80}), nil,
 			[]string{"rate        0/s while paused, then 80/s (override)", "paused      for 2s more", "override    80/s, each replica's burst, until cleared"},
 			"2026-12-01T03:00:04Z sms tokens=50/50 rate=80/s(override) paused=2s replicas=2 delivered=? waiting=?"},
 		{5 * time.Second, redislimiter.BucketStatus{}, errors.New("dial tcp: connection refused"),

@@ -78,8 +78,8 @@ func NewAdmin(client Client, cfg AdminConfig) (*Admin, error) {
 // configs.
 func (a *Admin) Keys() []string { return slices.Clone(a.keys.all) }
 
-// Override is a runtime override as Redis holds it.
-type Override struct {
+// OverrideStatus is a runtime override (SetOverride) as Redis holds it.
+type OverrideStatus struct {
 	// Rate is the override's rate, or 0 when Redis holds no number.
 	Rate float64
 	// Burst is the override's burst, or 0 when the override keeps each
@@ -118,7 +118,7 @@ type BucketStatus struct {
 	// pause, or "" when unknown.
 	PausedBy string
 	// Override is the runtime override, or nil when none is set.
-	Override *Override
+	Override *OverrideStatus
 	// Replicas is the number of live replicas, from their heartbeats.
 	Replicas int
 	// Reserved is the tokens each class holds reserved ahead, indexed by
@@ -174,7 +174,7 @@ func (a *Admin) status(ctx context.Context, nowUS int64) (BucketStatus, error) {
 	rawRate, hasRate := v[4].(string)
 	rawBurst, hasBurst := v[5].(string)
 	if hasRate || hasBurst {
-		o := &Override{RawRate: rawRate, RawBurst: rawBurst}
+		o := &OverrideStatus{RawRate: rawRate, RawBurst: rawBurst}
 		r, rerr := strconv.ParseFloat(rawRate, 64)
 		if rerr == nil {
 			o.Rate = r
