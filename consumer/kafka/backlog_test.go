@@ -68,16 +68,12 @@ func backlogParts(t *testing.T, c *Consumer) consumer.Backlog {
 // after the handler returned.
 func waitForBacklog[T comparable](t *testing.T, read func(context.Context) (T, error), want T) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got := readBacklog(t, read)
-		if got == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backlog = %+v, want %+v within 30s", got, want)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var got T
+	if !testenv.Within(30*time.Second, func() bool {
+		got = readBacklog(t, read)
+		return got == want
+	}) {
+		t.Fatalf("backlog = %+v, want %+v within 30s", got, want)
 	}
 }
 
@@ -231,6 +227,7 @@ func TestBacklog(t *testing.T) {
 // Backlog counts them and BacklogParts reports them apart; a consumer of
 // the group without SetAside counts the topic alone.
 func TestBacklogCountsSetAside(t *testing.T) {
+	t.Parallel()
 	const (
 		partitions = 2
 		n          = 12

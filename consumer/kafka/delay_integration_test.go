@@ -277,6 +277,7 @@ func TestSetAsideKafka(t *testing.T) {
 // replica had crashed): the next replica of the group handles the
 // original again and the copy too, a duplicate, and no message is lost.
 func TestSetAsideCrashBeforeCommit(t *testing.T) {
+	t.Parallel()
 	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 	cluster := newDelayCluster(t, 1, topic)
 	brokers := cluster.ListenAddrs()

@@ -14,6 +14,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/testenv"
 )
 
 // fakeReader serves queued messages of one partition.
@@ -206,26 +207,14 @@ func (rg *runningGeneration) finish(t *testing.T, shutdown bool) {
 	}
 }
 
-// waitFor polls cond every 5 ms until it holds, failing the test after 10s.
+// waitFor waits up to 10 s for what: testenv.Eventually.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	if !within(10*time.Second, cond) {
-		t.Fatalf("%s: not within 10s", what)
-	}
+	testenv.Eventually(t, 10*time.Second, what, cond)
 }
 
-// within polls cond every 5 ms until it holds, and reports whether it did
-// within d.
-func within(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
-}
+// within reports whether cond held within d: testenv.Within.
+func within(d time.Duration, cond func() bool) bool { return testenv.Within(d, cond) }
 
 func newTestConsumer(t *testing.T, cfg Config, h consumer.Handler) *Consumer {
 	t.Helper()
@@ -247,6 +236,7 @@ func newTestConsumer(t *testing.T, cfg Config, h consumer.Handler) *Consumer {
 // writer, so the commit rules are checked without a broker, for every
 // ordering and for both ways a generation ends.
 func TestGenerationCommits(t *testing.T) {
+	t.Parallel()
 	type result struct {
 		committed  map[int]int64
 		deadLetter int
@@ -307,6 +297,7 @@ func TestGenerationCommits(t *testing.T) {
 				want := tc.want
 				name := fmt.Sprintf("%s/shutdown=%v/%s", ordering, shutdown, tc.name)
 				t.Run(name, func(t *testing.T) {
+					t.Parallel()
 					var handled atomic.Int32
 					h := func(ctx context.Context, m consumer.Message) error {
 						err, block := tc.handler(m.Source.Partition, m.Source.Offset)

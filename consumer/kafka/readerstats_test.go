@@ -101,6 +101,7 @@ func TestReaderStatsWithoutRun(t *testing.T) {
 // returns while Run runs, with another goroutine calling it meanwhile, and
 // after Run returned.
 func TestReaderStats(t *testing.T) {
+	t.Parallel()
 	const (
 		n          = 40
 		partitions = 2
@@ -178,6 +179,7 @@ func (n *crashableNet) cut() {
 // fetching the messages produced after the cut needed a new connection to
 // the partition leader.
 func TestReaderStatsReconnect(t *testing.T) {
+	t.Parallel()
 	const n = 10
 	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 	brokers := newTopics(t, 1, topic)
