@@ -169,7 +169,7 @@ func TestSinkRejectionIsDeadLetteredKafka(t *testing.T) {
 	for _, h := range dead[0].Headers {
 		headers[h.Key] = string(h.Value)
 	}
-	if headers[consumer.HeaderAttempts] != "1" || headers[consumer.HeaderOriginalTopic] != topic {
+	if headers[consumer.HeaderAttempts] != "1" || headers[kafka.HeaderOriginalTopic] != topic {
 		t.Fatalf("dead-letter headers = %v", headers)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/kafka"
 	"github.com/throttlehq/throttle/internal/testenv"
 )
@@ -132,7 +131,7 @@ func (q *suiteTopic) deadLettered(t *testing.T, n int) []suiteDLMessage {
 }
 
 // origin names the dead-letter header that gives the topic.
-func (q *suiteTopic) origin() (header, value string) { return consumer.HeaderOriginalTopic, q.topic }
+func (q *suiteTopic) origin() (header, value string) { return kafka.HeaderOriginalTopic, q.topic }
 
 // pending returns the group's lag: the records after its committed offsets.
 func (q *suiteTopic) pending(t *testing.T) int {

@@ -8,7 +8,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
 	"github.com/throttlehq/throttle/internal/testenv"
 )
@@ -160,7 +159,7 @@ func (q *suiteAMQPQueue) deadLettered(t *testing.T, n int) []suiteDLMessage {
 }
 
 // origin names the dead-letter header that gives the queue.
-func (q *suiteAMQPQueue) origin() (header, value string) { return consumer.HeaderOriginalQueue, q.name }
+func (q *suiteAMQPQueue) origin() (header, value string) { return rabbitmq.HeaderOriginalQueue, q.name }
 
 // pending returns the messages still in the queue. The replicas stopped,
 // so deliveries they did not ack are back in it.

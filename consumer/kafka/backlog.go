@@ -9,6 +9,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
 )
 
 // Backlog returns the consumer group's lag: for every partition of the
@@ -18,7 +19,7 @@ import (
 // handling and those set aside until they are due. BacklogParts tells the
 // two apart; Backlog is their Total.
 func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
-	return consumer.BacklogTotal(c.BacklogParts(ctx))
+	return kit.BacklogTotal(c.BacklogParts(ctx))
 }
 
 // BacklogParts returns the consumer group's lag on the topic as Ready and,

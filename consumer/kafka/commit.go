@@ -11,8 +11,7 @@ import (
 	"sync"
 
 	kafkago "github.com/segmentio/kafka-go"
-
-	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
 )
 
 // partState is one assigned partition during one generation.
@@ -93,7 +92,7 @@ func (c *committer) run(ctx context.Context) {
 		delay := backoff.Delay(failures)
 		failures++
 		c.log.Warn("commit failed; retrying", "err", err, "retry_in", delay.String())
-		if consumer.Sleep(ctx, delay) != nil {
+		if kit.Sleep(ctx, delay) != nil {
 			return
 		}
 		c.wake()
@@ -109,7 +108,7 @@ func (c *committer) flush(ctx context.Context) (map[topicPartition]int64, error)
 		if err == nil || !retriableCommit(err) {
 			return c.committed(), err
 		}
-		if consumer.Sleep(ctx, backoff.Delay(failures)) != nil {
+		if kit.Sleep(ctx, backoff.Delay(failures)) != nil {
 			return c.committed(), err
 		}
 	}

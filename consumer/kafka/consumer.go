@@ -17,13 +17,14 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
 )
 
 // Defaults of Config.
 const (
 	// DefaultDrainTimeout is the default of Options.DrainTimeout, the
 	// same for every backend.
-	DefaultDrainTimeout  = consumer.DefaultDrainTimeout
+	DefaultDrainTimeout  = kit.DefaultDrainTimeout
 	DefaultCommitTimeout = 10 * time.Second
 )
 
@@ -167,10 +168,10 @@ type Config struct {
 // goroutine, but not from a handler, since it waits for Run to return.
 type Consumer struct {
 	cfg  Config
-	proc *consumer.Processor
+	proc *kit.Processor
 	rc   kafkago.ReaderConfig
 	log  *slog.Logger
-	life consumer.Lifecycle
+	life kit.Lifecycle
 	// closing turns kafka-go's error log down to debug level while the
 	// reader shuts down, when its errors are expected.
 	closing atomic.Bool
@@ -214,7 +215,7 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	opts, err := cfg.Options.WithDefaults()
+	opts, err := kit.WithDefaults(cfg.Options)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -227,11 +228,11 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	if popts.Limiter != nil {
 		popts.Limiter = revocableLimiter{popts.Limiter}
 	}
-	var procOpts []consumer.ProcessorOption
+	var procOpts []kit.ProcessorOption
 	if cfg.SetAside {
-		procOpts = append(procOpts, consumer.SetsAside())
+		procOpts = append(procOpts, kit.SetsAside())
 	}
-	proc, err := consumer.NewProcessor(popts, markStarted(h), procOpts...)
+	proc, err := kit.NewProcessor(popts, markStarted(h), procOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -785,4 +786,4 @@ func (c *Consumer) newWriter(t *kafkago.Transport, topic string) *kafkago.Writer
 
 // backoff is the delay between retries of a fetch, a commit or a
 // dead-letter write.
-var backoff = consumer.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second}
+var backoff = kit.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second}

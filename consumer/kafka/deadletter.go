@@ -7,8 +7,7 @@ import (
 	"slices"
 
 	kafkago "github.com/segmentio/kafka-go"
-
-	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
 )
 
 // messageWriter is what the dead-letterer needs from a kafka-go Writer.
@@ -52,7 +51,7 @@ func (d *deadLetterer) send(ctx context.Context, m kafkago.Message, dlh map[stri
 		d.log.Warn(what+" write failed; retrying",
 			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
 			attr, d.topic, "attempt", attempt, "err", err, "retry_in", delay.String())
-		if err := consumer.Sleep(ctx, delay); err != nil {
+		if err := kit.Sleep(ctx, delay); err != nil {
 			return fmt.Errorf("writing to %s topic %q: %w", what, d.topic, err)
 		}
 	}
@@ -60,7 +59,7 @@ func (d *deadLetterer) send(ctx context.Context, m kafkago.Message, dlh map[stri
 
 // deadLetterHeaders returns orig without the names in dlh, followed by dlh
 // sorted by name, less those whose value is empty: an empty value removes
-// the header (consumer.Outcome.SetAsideHeaders).
+// the header (kit.Outcome.SetAsideHeaders).
 func deadLetterHeaders(orig []kafkago.Header, dlh map[string]string) []kafkago.Header {
 	out := make([]kafkago.Header, 0, len(orig)+len(dlh))
 	for _, h := range orig {

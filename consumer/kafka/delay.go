@@ -10,14 +10,16 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 )
 
 // HeaderGroup is the one header of a message set aside in the delay topic
 // that is Kafka's own, beside those of every backend
 // (consumer.HeaderDue, consumer.HeaderSetAsideReason,
-// consumer.HeaderAttempts, consumer.HeaderPaid) and the position headers
-// consumer.HeaderOriginalTopic, consumer.HeaderOriginalPartition and
-// consumer.HeaderOriginalOffset (where it was first consumed from; a
+// consumer.HeaderAttempts, x-throttle-paid) and the position headers
+// HeaderOriginalTopic, HeaderOriginalPartition and
+// HeaderOriginalOffset (where it was first consumed from; a
 // message set aside again keeps them).
 const (
 	// HeaderGroup names the consumer group that set the message aside.
@@ -42,7 +44,7 @@ type realClock struct{}
 func (realClock) Now() time.Time { return time.Now() }
 
 func (realClock) SleepUntil(ctx context.Context, t time.Time) error {
-	return consumer.Sleep(ctx, time.Until(t))
+	return kit.Sleep(ctx, time.Until(t))
 }
 
 // dueOf returns the due time of a message of the delay topic (consumer.HeaderDue).
@@ -123,20 +125,20 @@ func (r *genRun) waitDue(p *partState, m kafkago.Message) bool {
 
 // setAside writes the message of w to the delay topic, due out.SetAside
 // (at most Options.MaxSetAside) from now, with the headers its handler asked for
-// (consumer.Outcome.SetAsideHeaders, such as consumer.HeaderPaid), and
+// (kit.Outcome.SetAsideHeaders, such as setaside.HeaderPaid), and
 // reports it finished once the write succeeded on every
 // in-sync replica, so that the commit may move past it. A failed write is
 // retried with backoff; at the drain deadline the message is abandoned,
 // uncommitted, and handled again by the partition's next owner.
-func (c *Consumer) setAside(ctx context.Context, w work, out consumer.Outcome, delay *deadLetterer) outcome {
+func (c *Consumer) setAside(ctx context.Context, w work, out kit.Outcome, delay *deadLetterer) outcome {
 	m := w.m
 	out.SetAside = min(out.SetAside, c.proc.Options().MaxSetAside) // back to set aside again if need be
 	due := c.clock.Now().Add(out.SetAside).UTC()
 	h := c.origin(m)
-	// The copy carries consumer.HeaderPaid as w.msg does, not as m does:
+	// The copy carries setaside.HeaderPaid as w.msg does, not as m does:
 	// fetch dropped a producer's; "" removes it (deadLetterHeaders).
-	h[consumer.HeaderPaid] = w.msg.Headers[consumer.HeaderPaid]
-	for k, v := range out.SetAsideHeaders() { // such as consumer.HeaderPaid
+	h[setaside.HeaderPaid] = w.msg.Headers[setaside.HeaderPaid]
+	for k, v := range out.SetAsideHeaders() { // such as setaside.HeaderPaid
 		h[k] = v
 	}
 	h[consumer.HeaderDue] = due.Format(time.RFC3339Nano)
@@ -150,7 +152,7 @@ func (c *Consumer) setAside(ctx context.Context, w work, out consumer.Outcome, d
 			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "err", err)
 		return abandoned
 	}
-	c.cfg.Observer.ObserveSetAside(w.msg, out.SetAside)
+	kit.ObserveSetAside(c.cfg.Observer, w.msg, out.SetAside)
 	c.log.Debug("message set aside",
 		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
 		"delay_topic", delay.topic, "delay", out.SetAside.String(), "due", due)
@@ -165,7 +167,7 @@ func (c *Consumer) origin(m kafkago.Message) map[string]string {
 		orig := make(map[string]string, 3)
 		for _, h := range m.Headers {
 			switch h.Key {
-			case consumer.HeaderOriginalTopic, consumer.HeaderOriginalPartition, consumer.HeaderOriginalOffset:
+			case HeaderOriginalTopic, HeaderOriginalPartition, HeaderOriginalOffset:
 				orig[h.Key] = string(h.Value)
 			}
 		}
@@ -174,9 +176,9 @@ func (c *Consumer) origin(m kafkago.Message) map[string]string {
 		}
 	}
 	return map[string]string{
-		consumer.HeaderOriginalTopic:     m.Topic,
-		consumer.HeaderOriginalPartition: strconv.Itoa(m.Partition),
-		consumer.HeaderOriginalOffset:    strconv.FormatInt(m.Offset, 10),
+		HeaderOriginalTopic:     m.Topic,
+		HeaderOriginalPartition: strconv.Itoa(m.Partition),
+		HeaderOriginalOffset:    strconv.FormatInt(m.Offset, 10),
 	}
 }
 
@@ -198,7 +200,7 @@ func (c *Consumer) ensureDelayTopic(ctx context.Context, client *kafkago.Client)
 		delay := backoff.Delay(failures)
 		c.log.Warn("looking up the delay topic failed; retrying",
 			"topic", c.cfg.Topic, "delay_topic", c.cfg.DelayTopic, "err", err, "retry_in", delay.String())
-		if consumer.Sleep(ctx, delay) != nil {
+		if kit.Sleep(ctx, delay) != nil {
 			return false
 		}
 	}
@@ -259,7 +261,7 @@ func (c *Consumer) awaitDelayTopic(ctx context.Context, client *kafkago.Client) 
 		if err == nil && delayTopicReady(md, c.cfg.DelayTopic) {
 			return
 		}
-		if consumer.Sleep(ctx, backoff.Delay(failures)) != nil {
+		if kit.Sleep(ctx, backoff.Delay(failures)) != nil {
 			c.log.Warn("the delay topic was created but its partitions have no leader yet; joining anyway",
 				"topic", c.cfg.Topic, "delay_topic", c.cfg.DelayTopic)
 			return
@@ -298,7 +300,7 @@ const maxDueAhead = 1024
 // rather than in the order they were written: copies set aside for
 // different delays interleave in a partition, and one due earlier behind
 // a later one would otherwise wait for it, late for the slot a delay layer
-// booked for it (consumer.HeaderPaid), which is then forfeit and booked
+// booked for it (setaside.HeaderPaid), which is then forfeit and booked
 // again. Copies due at the same instant go in offset order.
 //
 // It adds each copy to its partition's offset tracker as it reads it, in

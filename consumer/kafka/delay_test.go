@@ -13,6 +13,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 )
 
 // fakeClock is a clock that moves only when the test sets it. It counts
@@ -106,9 +107,9 @@ func delayMsg(p int, off int64, due time.Time, headers ...kafkago.Header) kafkag
 // of topic "t" at offset off.
 func originHeaders(p, off string) []kafkago.Header {
 	return []kafkago.Header{
-		{Key: consumer.HeaderOriginalTopic, Value: []byte("t")},
-		{Key: consumer.HeaderOriginalPartition, Value: []byte(p)},
-		{Key: consumer.HeaderOriginalOffset, Value: []byte(off)},
+		{Key: HeaderOriginalTopic, Value: []byte("t")},
+		{Key: HeaderOriginalPartition, Value: []byte(p)},
+		{Key: HeaderOriginalOffset, Value: []byte(off)},
 	}
 }
 
@@ -416,14 +417,14 @@ func TestSetAsideWritesBeforeCommit(t *testing.T) {
 				w := dw.writes[0]
 				got := headerMap(w.Headers)
 				want := map[string]string{
-					"x-from":                         "+1555",
-					consumer.HeaderDue:               "2026-12-01T06:00:05Z",
-					consumer.HeaderOriginalTopic:     "t",
-					consumer.HeaderOriginalPartition: "0",
-					consumer.HeaderOriginalOffset:    "1",
-					consumer.HeaderAttempts:          "0",
-					consumer.HeaderSetAsideReason:    reason.Error(),
-					HeaderGroup:                      "g",
+					"x-from":                      "+1555",
+					consumer.HeaderDue:            "2026-12-01T06:00:05Z",
+					HeaderOriginalTopic:           "t",
+					HeaderOriginalPartition:       "0",
+					HeaderOriginalOffset:          "1",
+					consumer.HeaderAttempts:       "0",
+					consumer.HeaderSetAsideReason: reason.Error(),
+					HeaderGroup:                   "g",
 				}
 				if !maps.Equal(got, want) || string(w.Key) != "\x01" || string(w.Value) != "v" {
 					t.Fatalf("delay write key %q value %q headers %v; want key \"\\x01\", value \"v\", headers %v", w.Key, w.Value, got, want)
@@ -451,7 +452,7 @@ func TestSetAsideAgainKeepsOrigin(t *testing.T) {
 		t.Fatalf("%d delay writes, want 1", len(delayed))
 	}
 	got := headerMap(delayed[0].Headers)
-	if got[consumer.HeaderOriginalTopic] != "t" || got[consumer.HeaderOriginalPartition] != "3" || got[consumer.HeaderOriginalOffset] != "42" ||
+	if got[HeaderOriginalTopic] != "t" || got[HeaderOriginalPartition] != "3" || got[HeaderOriginalOffset] != "42" ||
 		got[consumer.HeaderDue] != "2026-12-01T06:00:02Z" || got[consumer.HeaderSetAsideReason] != "still full" {
 		t.Fatalf("headers %v", got)
 	}
@@ -496,21 +497,21 @@ func TestDeadLetterFromDelayTopicKeepsOrigin(t *testing.T) {
 		t.Fatalf("%d dead letters, want 1", len(deadLetters))
 	}
 	got := headerMap(deadLetters[0].Headers)
-	if got[consumer.HeaderOriginalTopic] != "t" || got[consumer.HeaderOriginalPartition] != "2" || got[consumer.HeaderOriginalOffset] != "9" ||
+	if got[HeaderOriginalTopic] != "t" || got[HeaderOriginalPartition] != "2" || got[HeaderOriginalOffset] != "9" ||
 		got[consumer.HeaderError] != "recipient gone" {
 		t.Fatalf("dead-letter headers %v", got)
 	}
 }
 
 // TestSetAsidePaidHeaderOfTheCopy: a message set aside by a handler that
-// names no headers (a plain consumer.SetAside) carries consumer.HeaderPaid
+// names no headers (a plain consumer.SetAside) carries setaside.HeaderPaid
 // to the delay topic only when it came from there: the header a producer
 // wrote on a message of the topic, which fetch dropped, is not written to
 // the copy, where it would count when the copy comes back.
 func TestSetAsidePaidHeaderOfTheCopy(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
 	const slot = `[{"layer":"per-key","key":"k","due":"2026-12-01T06:00:01Z"}]`
-	paid := kafkago.Header{Key: consumer.HeaderPaid, Value: []byte(slot)}
+	paid := kafkago.Header{Key: setaside.HeaderPaid, Value: []byte(slot)}
 	h := func(context.Context, consumer.Message) error {
 		return consumer.SetAside(errors.New("downstream 429"), 5*time.Second)
 	}
@@ -531,8 +532,8 @@ func TestSetAsidePaidHeaderOfTheCopy(t *testing.T) {
 		if len(dw.writes) != 1 {
 			t.Fatalf("%d delay writes, want 1", len(dw.writes))
 		}
-		if v, ok := headerMap(dw.writes[0].Headers)[consumer.HeaderPaid]; ok {
-			t.Errorf("the copy carries the producer's %s %q, want none", consumer.HeaderPaid, v)
+		if v, ok := headerMap(dw.writes[0].Headers)[setaside.HeaderPaid]; ok {
+			t.Errorf("the copy carries the producer's %s %q, want none", setaside.HeaderPaid, v)
 		}
 	})
 
@@ -541,8 +542,8 @@ func TestSetAsidePaidHeaderOfTheCopy(t *testing.T) {
 		if len(delayed) != 1 {
 			t.Fatalf("%d delay writes, want 1", len(delayed))
 		}
-		if got := headerMap(delayed[0].Headers)[consumer.HeaderPaid]; got != slot {
-			t.Errorf("the copy carries %s %q, want %q", consumer.HeaderPaid, got, slot)
+		if got := headerMap(delayed[0].Headers)[setaside.HeaderPaid]; got != slot {
+			t.Errorf("the copy carries %s %q, want %q", setaside.HeaderPaid, got, slot)
 		}
 	})
 }

@@ -107,9 +107,9 @@ func TestSetAsideTwoGroups(t *testing.T) {
 	}
 	legacy := &kgo.Record{Topic: topic + ".delay", Key: []byte("legacy"), Value: []byte("legacy"), Headers: []kgo.RecordHeader{
 		{Key: consumer.HeaderDue, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))},
-		{Key: consumer.HeaderOriginalTopic, Value: []byte(topic)},
-		{Key: consumer.HeaderOriginalPartition, Value: []byte("0")},
-		{Key: consumer.HeaderOriginalOffset, Value: []byte("0")},
+		{Key: HeaderOriginalTopic, Value: []byte(topic)},
+		{Key: HeaderOriginalPartition, Value: []byte("0")},
+		{Key: HeaderOriginalOffset, Value: []byte("0")},
 	}}
 	recs := []*kgo.Record{legacy}
 	for i := range n {

@@ -94,9 +94,9 @@
 // is neither retried nor dead-lettered: the consumer writes it to
 // Config.DelayTopic ("<topic>.delay") with its key, value and headers plus
 // consumer.HeaderDue (now + the delay), the position it was first consumed from
-// (consumer.HeaderOriginalTopic, ...Partition, ...Offset, kept when it is
+// (HeaderOriginalTopic, ...Partition, ...Offset, kept when it is
 // set aside again), consumer.HeaderAttempts, consumer.HeaderSetAsideReason,
-// consumer.HeaderPaid (the slots a delay layer booked for it, passed when
+// x-throttle-paid (the slots a delay layer booked for it, passed when
 // it comes back; honoured only on a message read from the delay topic) and
 // HeaderGroup (Config.Group, the group that set it aside). The
 // write waits for every in-sync replica and is retried with backoff; only

@@ -12,6 +12,8 @@ import (
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/internal/dispatch"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 )
 
 // partitionReader is what a partition's fetcher needs from a kafka-go
@@ -247,7 +249,7 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 			failures++
 			c.log.Warn("fetching message failed; retrying",
 				"topic", p.topic, "partition", p.partition, "err", err, "retry_in", delay.String())
-			if consumer.Sleep(r.rctx, delay) != nil {
+			if kit.Sleep(r.rctx, delay) != nil {
 				return
 			}
 			continue
@@ -270,7 +272,7 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 		if !p.delay {
 			// Only a copy that the group set aside carries slots it paid
 			// for: a producer cannot pass a layer with the header.
-			delete(w.msg.Headers, consumer.HeaderPaid)
+			delete(w.msg.Headers, setaside.HeaderPaid)
 		}
 		w.class = dispatch.ClassOf(c.proc.Class(w.msg))
 		if r.slots.Acquire(r.rctx, w.class) != nil {
@@ -283,7 +285,7 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 		if c.cfg.Ordering == consumer.OrderKey {
 			w.key, w.keyErr = c.proc.Key(w.msg)
 		}
-		c.cfg.Observer.ObserveReceived(w.msg)
+		kit.ObserveReceived(c.cfg.Observer, w.msg)
 		if !r.sched.enqueue(w) {
 			r.slots.Release(w.class)
 			r.dropped.Add(1)
@@ -409,7 +411,7 @@ func (c *Consumer) handle(ctx context.Context, w work, dl, delay *deadLetterer, 
 			if !gate.started {
 				wctx = gate.revoke
 			}
-			if consumer.Sleep(wctx, out.SetAside) != nil {
+			if kit.Sleep(wctx, out.SetAside) != nil {
 				if ctx.Err() == nil && !gate.started {
 					return dropped
 				}

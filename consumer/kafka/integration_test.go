@@ -483,11 +483,11 @@ func TestHandlerErrors(t *testing.T) {
 	wantDLQ := map[string]map[string]string{
 		"failing": {
 			consumer.HeaderError: "provider down", consumer.HeaderAttempts: "3", "trace-id": "abc",
-			consumer.HeaderOriginalTopic: topic, consumer.HeaderOriginalPartition: "0", consumer.HeaderOriginalOffset: "2",
+			HeaderOriginalTopic: topic, HeaderOriginalPartition: "0", HeaderOriginalOffset: "2",
 		},
 		"invalid": {
 			consumer.HeaderError: "payload does not parse", consumer.HeaderAttempts: "1",
-			consumer.HeaderOriginalTopic: topic, consumer.HeaderOriginalPartition: "0", consumer.HeaderOriginalOffset: "3",
+			HeaderOriginalTopic: topic, HeaderOriginalPartition: "0", HeaderOriginalOffset: "3",
 		},
 	}
 	for _, r := range recs {

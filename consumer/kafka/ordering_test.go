@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -268,7 +269,7 @@ func TestKeyOrderingThroughput(t *testing.T) {
 				}
 				nextAt[k] = at.Add(time.Second)
 				mu.Unlock()
-				if err := consumer.Sleep(ctx, at.Sub(now)); err != nil {
+				if err := kit.Sleep(ctx, at.Sub(now)); err != nil {
 					return err
 				}
 				mu.Lock()

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -17,13 +18,13 @@ import (
 // bucketLimiter is a consumer.MessageLimiter on a limiter.Bucket whose
 // store has one layer, "per-key", keyed by the Kafka key. As the binary's
 // limiter does (internal/cli), it passes a returned message's paid slots
-// (consumer.PaidSlots) with the message's key.
+// (setaside.PaidSlots) with the message's key.
 type bucketLimiter struct{ b *limiter.Bucket }
 
 func (l bucketLimiter) Wait(ctx context.Context, n int) error { return l.b.Wait(ctx, n) }
 
 func (l bucketLimiter) WaitMessage(ctx context.Context, msg consumer.Message, n int) error {
-	return l.b.WaitN(ctx, limiter.Request{Cost: n, Keys: map[string]string{"per-key": string(msg.Key)}, Paid: consumer.PaidSlots(msg)})
+	return l.b.WaitN(ctx, limiter.Request{Cost: n, Keys: map[string]string{"per-key": string(msg.Key)}, Paid: setaside.PaidSlots(msg.Headers)})
 }
 
 // newDelayLayerBucket returns a Bucket on an in-process layered store: a
@@ -62,7 +63,7 @@ func runDelayLayer(t *testing.T, brokers []string, topic, group string, n int, o
 // TestSetAsideHotKeyOnce sends 10 messages of one key at once through a
 // delay layer of 20/s, burst 1: the layer books a slot for each message it
 // refuses, 50 ms apart, and the message comes back with the slot paid
-// (consumer.HeaderPaid), so each is set aside about once: 9 writes to the
+// (setaside.HeaderPaid), so each is set aside about once: 9 writes to the
 // delay topic, not one per message and round (up to 45). Every message is
 // delivered exactly once, in the order of its slot, and the header a
 // producer forged does not pass the layer. (A message back more
@@ -83,7 +84,7 @@ func TestSetAsideHotKeyOnce(t *testing.T) {
 	recs := make([]*kgo.Record, n)
 	for i := range recs {
 		recs[i] = &kgo.Record{Topic: topic, Key: []byte("hot"), Value: []byte(strconv.Itoa(i)),
-			Headers: []kgo.RecordHeader{{Key: consumer.HeaderPaid, Value: []byte(forged)}}}
+			Headers: []kgo.RecordHeader{{Key: setaside.HeaderPaid, Value: []byte(forged)}}}
 	}
 	produce(t, brokers, recs...)
 

@@ -13,7 +13,7 @@ import (
 // fetched and as the handler sees it, its partition's state, its sequence
 // number in the partition's tracker, and its ordering key (OrderKey), or
 // the error that computing the key returned, and its class
-// (dispatch.ClassOf of consumer.Processor.Class).
+// (dispatch.ClassOf of kit.Processor.Class).
 type work struct {
 	m      kafkago.Message
 	msg    consumer.Message

@@ -12,6 +12,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -206,8 +207,8 @@ func TestDeadLetterHeaders(t *testing.T) {
 	// An empty value removes the header, as an old x-throttle-paid on a
 	// copy set aside again without a slot (Outcome.SetAsideHeaders).
 	orig := []kafkago.Header{{Key: "trace", Value: []byte("abc")}, {Key: consumer.HeaderAttempts, Value: []byte("stale")},
-		{Key: consumer.HeaderPaid, Value: []byte(`[{"layer":"old"}]`)}}
-	got := deadLetterHeaders(orig, map[string]string{consumer.HeaderAttempts: "3", consumer.HeaderError: "boom", consumer.HeaderPaid: ""})
+		{Key: setaside.HeaderPaid, Value: []byte(`[{"layer":"old"}]`)}}
+	got := deadLetterHeaders(orig, map[string]string{consumer.HeaderAttempts: "3", consumer.HeaderError: "boom", setaside.HeaderPaid: ""})
 	want := []string{"trace=abc", consumer.HeaderAttempts + "=3", consumer.HeaderError + "=boom"}
 	if len(got) != len(want) {
 		t.Fatalf("headers = %v, want %v", got, want)

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 	"github.com/throttlehq/throttle/internal/testenv"
 )
 
@@ -220,7 +221,7 @@ func TestAckPaths(t *testing.T) {
 				// to 10 ms units, is 24 units: 0.0.0.1.1, from level 4.
 				if pub.exchanges[0] != "sms.delay.04" || pub.keys[0] != "0.0.0.1.1" || m.Expiration != "" ||
 					m.Headers[consumer.HeaderSetAsideReason] != "limit per-recipient: no room" || m.Headers["trace"] != "abc" ||
-					m.Headers[consumer.HeaderPaid] != paidSlot ||
+					m.Headers[setaside.HeaderPaid] != paidSlot ||
 					string(m.Body) != "hello" || m.DeliveryMode != amqp.Persistent {
 					t.Errorf("set aside as %+v to exchange %q key %q; want the message to sms.delay.04 with key 0.0.0.1.1, without expiration, with the reason and the paid slot",
 						m, pub.exchanges[0], pub.keys[0])
@@ -242,8 +243,8 @@ func TestAckPaths(t *testing.T) {
 			m := pub.published[len(pub.published)-1]
 			want := map[string]any{
 				consumer.HeaderError: tt.wantErr, consumer.HeaderAttempts: tt.attempts,
-				consumer.HeaderOriginalQueue: "sms", consumer.HeaderOriginalExchange: "in",
-				consumer.HeaderOriginalRoutingKey: "eu.sms", "trace": "abc",
+				HeaderOriginalQueue: "sms", HeaderOriginalExchange: "in",
+				HeaderOriginalRoutingKey: "eu.sms", "trace": "abc",
 			}
 			for k, v := range want {
 				if m.Headers[k] != v {
@@ -264,8 +265,8 @@ func TestAckPaths(t *testing.T) {
 func ok(context.Context, consumer.Message) error { return nil }
 
 func setAside(context.Context, consumer.Message) error {
-	return consumer.SetAsideWith(errors.New("limit per-recipient: no room"), 250*time.Millisecond,
-		map[string]string{consumer.HeaderPaid: paidSlot})
+	return setaside.With(errors.New("limit per-recipient: no room"), 250*time.Millisecond,
+		map[string]string{setaside.HeaderPaid: paidSlot})
 }
 
 const paidSlot = `[{"layer":"per-recipient","key":"a","due":"2026-01-01T00:00:00Z"}]`
@@ -276,10 +277,10 @@ func setAsideOnce() func(context.Context, consumer.Message) error {
 	var calls atomic.Int32
 	return func(_ context.Context, m consumer.Message) error {
 		if calls.Add(1) == 1 {
-			return consumer.SetAsideWith(errors.New("limit per-recipient: slot booked"), 10*time.Millisecond,
-				map[string]string{consumer.HeaderPaid: `[{"layer":"per-recipient","key":"a"}]`})
+			return setaside.With(errors.New("limit per-recipient: slot booked"), 10*time.Millisecond,
+				map[string]string{setaside.HeaderPaid: `[{"layer":"per-recipient","key":"a"}]`})
 		}
-		if m.Headers[consumer.HeaderPaid] == "" {
+		if m.Headers[setaside.HeaderPaid] == "" {
 			return consumer.Permanent(errors.New("came back without its paid marker"))
 		}
 		return nil
@@ -427,7 +428,7 @@ func waitFor(t *testing.T, cond func() bool) {
 }
 
 // TestSetAsidePaidHeaderOfTheCopy: a delivery set aside by a handler that
-// names no headers (a plain consumer.SetAside) carries consumer.HeaderPaid
+// names no headers (a plain consumer.SetAside) carries setaside.HeaderPaid
 // to the delay queue only when it came back from there: the header a
 // publisher wrote, which item dropped, is not published with the copy,
 // where it would count when the copy comes back.
@@ -437,8 +438,8 @@ func TestSetAsidePaidHeaderOfTheCopy(t *testing.T) {
 		headers amqp.Table
 		want    any
 	}{
-		{"published with the header: dropped", amqp.Table{consumer.HeaderPaid: paidSlot}, nil},
-		{"back from the delay queue: kept", amqp.Table{consumer.HeaderPaid: paidSlot,
+		{"published with the header: dropped", amqp.Table{setaside.HeaderPaid: paidSlot}, nil},
+		{"back from the delay queue: kept", amqp.Table{setaside.HeaderPaid: paidSlot,
 			"x-death": []any{amqp.Table{"queue": "sms.delay", "reason": "expired"}}}, paidSlot},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -453,8 +454,8 @@ func TestSetAsidePaidHeaderOfTheCopy(t *testing.T) {
 			if got := ack.of(7); len(got) != 1 || got[0] != "ack multiple=false" || len(pub.published) != 1 {
 				t.Fatalf("acknowledger calls %q, %d published; want acked after one copy", got, len(pub.published))
 			}
-			if got := pub.published[0].Headers[consumer.HeaderPaid]; got != tt.want {
-				t.Errorf("the copy carries %s %v, want %v", consumer.HeaderPaid, got, tt.want)
+			if got := pub.published[0].Headers[setaside.HeaderPaid]; got != tt.want {
+				t.Errorf("the copy carries %s %v, want %v", setaside.HeaderPaid, got, tt.want)
 			}
 		})
 	}

@@ -10,13 +10,14 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
 )
 
 // Backlog returns the number of messages waiting at the broker: those
 // ready in the queue and those set aside in the delay queues. BacklogParts
 // tells the two apart; Backlog is their Total.
 func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
-	return consumer.BacklogTotal(c.BacklogParts(ctx))
+	return kit.BacklogTotal(c.BacklogParts(ctx))
 }
 
 // BacklogParts returns the number of messages ready in the queue as Ready:

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
 	"github.com/throttlehq/throttle/internal/testenv"
 )
@@ -308,7 +309,7 @@ func TestBacklogCountsSetAside(t *testing.T) {
 	}
 	// A minute is 6000 units of 10 ms, whose highest bit is bit 12: each
 	// waits at level 12 first, for 4096 units.
-	levels := rabbitmq.DelayQueues(q, consumer.DefaultMaxSetAside)
+	levels := rabbitmq.DelayQueues(q, kit.DefaultMaxSetAside)
 	if ready := b.ready(t, levels[len(levels)-1]); ready != setAside {
 		t.Errorf("another connection sees %d messages in the delay queue of the highest level, want %d", ready, setAside)
 	}
@@ -326,7 +327,7 @@ func TestBacklogCountsSetAside(t *testing.T) {
 func TestBacklogDelayQueueRecheck(t *testing.T) {
 	b := newBroker(t)
 	q := b.declareQueue(t)
-	dq := rabbitmq.DelayQueues(q, consumer.DefaultMaxSetAside)[0]
+	dq := rabbitmq.DelayQueues(q, kit.DefaultMaxSetAside)[0]
 	told := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q}, nop)
 	rabbitmq.SetDelayRecheck(told, time.Hour)
 	fresh := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q}, nop)

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
 )
 
 // Defaults of the Config fields.
@@ -22,7 +23,7 @@ const (
 
 // DefaultDrainTimeout is the default of Options.DrainTimeout, the same for
 // every backend.
-const DefaultDrainTimeout = consumer.DefaultDrainTimeout
+const DefaultDrainTimeout = kit.DefaultDrainTimeout
 
 // defaultDialTimeout bounds the TCP dial and the TLS and AMQP handshakes when
 // the URL sets no connection_timeout, as amqp091 does.
@@ -84,7 +85,7 @@ type Config struct {
 	// DeadLetterExchange is where the Consumer publishes the messages that
 	// fail for good, with the headers consumer.HeaderError,
 	// consumer.HeaderAttempts and the original queue, exchange and routing
-	// key (consumer.HeaderOriginalQueue...), under a publisher confirm,
+	// key (HeaderOriginalQueue...), under a publisher confirm,
 	// and only then acks them. The dead letter keeps the body, the
 	// properties and the routing key, and is persistent; as with
 	// RabbitMQ's own dead-lettering, one that the exchange routes to no
@@ -100,7 +101,8 @@ type Config struct {
 	DeadLetterExchange string
 	// ReconnectBackoff is the delay before the first reconnect attempt. It
 	// doubles with each failed attempt up to MaxReconnectBackoff, with
-	// jitter (consumer.Backoff). Defaults 100ms and 10s.
+	// equal jitter (each delay between half and all of it). Defaults 100ms
+	// and 10s.
 	ReconnectBackoff    time.Duration
 	MaxReconnectBackoff time.Duration
 	// ConsumerTag names the consumer on the broker and the connection
@@ -187,7 +189,7 @@ func (c Config) withDefaults() (Config, amqp.URI, string, error) {
 	}
 	c.ReconnectBackoff = cmp.Or(c.ReconnectBackoff, DefaultReconnectBackoff)
 	c.MaxReconnectBackoff = cmp.Or(c.MaxReconnectBackoff, DefaultMaxReconnectBackoff)
-	opts, err := c.Options.WithDefaults()
+	opts, err := kit.WithDefaults(c.Options)
 	if err != nil {
 		return c, uri, "", fmt.Errorf("rabbitmq: %w", err) // unreachable: check validated them
 	}

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
 )
 
 // ErrNotConnected is wrapped in the errors of Backlog and Connected when
@@ -39,9 +40,9 @@ type Consumer struct {
 	uri  amqp.URI
 	url  string // redacted, for logs
 	tag  string
-	proc *consumer.Processor
+	proc *kit.Processor
 	log  *slog.Logger
-	life consumer.Lifecycle
+	life kit.Lifecycle
 
 	connMu  sync.Mutex
 	conn    *amqp.Connection // of Run's live session, nil between sessions; guarded by connMu
@@ -76,7 +77,7 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	log := cfg.Logger.With("broker", Broker, "queue", cfg.Queue)
 	opts := cfg.Options
 	opts.Logger = log
-	proc, err := consumer.NewProcessor(opts, h, consumer.SetsAside())
+	proc, err := kit.NewProcessor(opts, h, kit.SetsAside())
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: %w", err)
 	}
@@ -149,7 +150,7 @@ func (c *Consumer) loop(ctx context.Context, r *run) error {
 		lastErr   error // why the previous session or attempt ended
 		connected bool  // whether a session was ever established
 		guesses   int   // consecutive client-side "username or password not allowed"
-		backoff   = consumer.Backoff{Initial: c.cfg.ReconnectBackoff, Max: c.cfg.MaxReconnectBackoff}
+		backoff   = kit.Backoff{Initial: c.cfg.ReconnectBackoff, Max: c.cfg.MaxReconnectBackoff}
 		obs       = c.cfg.Observer
 	)
 	for {
@@ -161,7 +162,7 @@ func (c *Consumer) loop(ctx context.Context, r *run) error {
 			return nil
 		}
 		if failures > 0 {
-			obs.ObserveReconnectAttempt(Broker, err)
+			kit.ObserveReconnectAttempt(obs, Broker, err)
 		}
 		if err != nil {
 			lastErr = err
@@ -179,7 +180,7 @@ func (c *Consumer) loop(ctx context.Context, r *run) error {
 			failures++
 			c.log.Log(ctx, level, "rabbitmq connect failed", "url", c.url, "attempt", failures,
 				"retry_in", delay.String(), "err", err)
-			if consumer.Sleep(ctx, delay) != nil {
+			if kit.Sleep(ctx, delay) != nil {
 				return nil
 			}
 			continue
@@ -187,7 +188,7 @@ func (c *Consumer) loop(ctx context.Context, r *run) error {
 		guesses = 0
 		if connected {
 			c.log.Info("rabbitmq reconnected", "url", c.url, "attempts", failures, "cause", errString(lastErr))
-			obs.ObserveReconnected(Broker, lastErr)
+			kit.ObserveReconnected(obs, Broker, lastErr)
 		} else {
 			c.log.Info("rabbitmq connected", "url", c.url, "prefetch", c.cfg.Prefetch,
 				"concurrency", c.cfg.Concurrency, "ordering", string(c.cfg.Ordering),
@@ -202,11 +203,11 @@ func (c *Consumer) loop(ctx context.Context, r *run) error {
 			return nil
 		}
 		c.setDisconnected(lastErr)
-		obs.ObserveDisconnected(Broker, lastErr)
+		kit.ObserveDisconnected(obs, Broker, lastErr)
 		delay := backoff.Delay(failures)
 		failures++
 		c.log.Warn("rabbitmq connection lost", "url", c.url, "retry_in", delay.String(), "err", lastErr)
-		if consumer.Sleep(ctx, delay) != nil {
+		if kit.Sleep(ctx, delay) != nil {
 			return nil
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 	"github.com/throttlehq/throttle/internal/testenv"
 )
 
@@ -96,7 +97,7 @@ func TestBacklogMissingQueue(t *testing.T) {
 
 // TestFromDelayQueue: only a delivery that the broker dead-lettered from
 // the delay queue counts as set aside by the consumer, whose paid slots
-// (consumer.HeaderPaid) are then kept.
+// (setaside.HeaderPaid) are then kept.
 func TestFromDelayQueue(t *testing.T) {
 	death := func(q string) amqp.Table {
 		return amqp.Table{"x-death": []any{amqp.Table{"queue": "other", "reason": "rejected"}, amqp.Table{"queue": q, "reason": "expired"}}}
@@ -108,7 +109,7 @@ func TestFromDelayQueue(t *testing.T) {
 	}{
 		{"from the delay queue", death("sms.delay"), true},
 		{"dead-lettered from another queue", death("sms.retry"), false},
-		{"published with the header", amqp.Table{consumer.HeaderPaid: "[]"}, false},
+		{"published with the header", amqp.Table{setaside.HeaderPaid: "[]"}, false},
 		{"no headers", nil, false},
 	} {
 		if got := fromDelayQueue(amqp.Delivery{Headers: tt.headers}, "sms.delay"); got != tt.want {

@@ -18,6 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
@@ -286,9 +287,9 @@ func TestHandlerErrors(t *testing.T) {
 				want := amqp.Table{
 					consumer.HeaderError:              errSink.Error(),
 					consumer.HeaderAttempts:           strconv.Itoa(tt.wantAttempts),
-					consumer.HeaderOriginalQueue:      q,
-					consumer.HeaderOriginalExchange:   "", // published to the default exchange
-					consumer.HeaderOriginalRoutingKey: q,
+					rabbitmq.HeaderOriginalQueue:      q,
+					rabbitmq.HeaderOriginalExchange:   "", // published to the default exchange
+					rabbitmq.HeaderOriginalRoutingKey: q,
 				}
 				if !maps.Equal(d.Headers, want) {
 					t.Errorf("dead letter headers %v, want %v (and no x-death: the consumer published it)", d.Headers, want)
@@ -697,11 +698,11 @@ func TestSetAside(t *testing.T) {
 		id := m.Source.MessageID
 		if _, seen := first[id]; !seen {
 			first[id] = time.Now()
-			return consumer.SetAsideWith(errors.New("limit per-recipient: 5 per 1h"), delay, map[string]string{consumer.HeaderPaid: slot})
+			return setaside.With(errors.New("limit per-recipient: 5 per 1h"), delay, map[string]string{setaside.HeaderPaid: slot})
 		}
 		second[id] = time.Now()
 		reasons[id] = m.Headers[consumer.HeaderSetAsideReason]
-		paid[id] = m.Headers[consumer.HeaderPaid]
+		paid[id] = m.Headers[setaside.HeaderPaid]
 		return nil
 	}
 	var setAside atomic.Int64
@@ -723,7 +724,7 @@ func TestSetAside(t *testing.T) {
 			t.Errorf("%s came back with reason header %q", id, reasons[id])
 		}
 		if paid[id] != slot {
-			t.Errorf("%s came back with %s %q, want the slot it was set aside with", id, consumer.HeaderPaid, paid[id])
+			t.Errorf("%s came back with %s %q, want the slot it was set aside with", id, setaside.HeaderPaid, paid[id])
 		}
 		if first[id].After(firstRound) {
 			firstRound = first[id]

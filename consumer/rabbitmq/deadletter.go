@@ -11,6 +11,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 )
 
 // publisher publishes dead letters and messages set aside, and waits for
@@ -94,9 +96,9 @@ func (p *confirmPublisher) publish(ctx context.Context, exchange, key string, ms
 // position returns the dead-letter headers that say where d came from.
 func position(d *amqp.Delivery, queue string) map[string]string {
 	return map[string]string{
-		consumer.HeaderOriginalQueue:      queue,
-		consumer.HeaderOriginalExchange:   d.Exchange,
-		consumer.HeaderOriginalRoutingKey: d.RoutingKey,
+		HeaderOriginalQueue:      queue,
+		HeaderOriginalExchange:   d.Exchange,
+		HeaderOriginalRoutingKey: d.RoutingKey,
 	}
 }
 
@@ -144,12 +146,12 @@ func (r *run) handle(ctx context.Context, it item, pub publisher) {
 // out the delay, without a delay queue, for it.msg to be handled again.
 func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bool) {
 	d := &it.d
-	var out consumer.Outcome
+	var out kit.Outcome
 	switch {
 	case it.keyErr != nil:
 		out = r.proc.KeyFailed(it.keyErr)
 	case ctx.Err() != nil:
-		out = consumer.Outcome{Abandoned: true}
+		out = kit.Outcome{Abandoned: true}
 	case r.back(ctx, it, pub, requeueAttrs(d)):
 		return false
 	default:
@@ -191,8 +193,8 @@ func (c *Consumer) delayQueue() string { return c.cfg.Queue + ".delay" }
 
 // setAside publishes the delivery to the delay queues (see delayUnit),
 // to come back after out.SetAside (at most Options.MaxSetAside), with the
-// headers its handler asked for (consumer.Outcome.SetAsideHeaders, such as
-// consumer.HeaderPaid), consumer.HeaderDue and headerBack. It asks for it back a
+// headers its handler asked for (kit.Outcome.SetAsideHeaders, such as
+// setaside.HeaderPaid), consumer.HeaderDue and headerBack. It asks for it back a
 // lead ahead of its due time (returnLag), rounded down to delayUnit, and
 // the handler waits the rest when it comes back (run.back). The delay
 // queues are declared at the first message set aside on each connection.
@@ -200,7 +202,7 @@ func (c *Consumer) delayQueue() string { return c.cfg.Queue + ".delay" }
 // queues cannot be declared, the handler waits out the delay and setAside
 // reports true: the delivery is to be handled again, as it.msg, now with
 // those headers (or it goes back to the queue if ctx ends first).
-func (r *run) setAside(ctx context.Context, it *item, out consumer.Outcome, pub publisher, attrs []slog.Attr) (again bool) {
+func (r *run) setAside(ctx context.Context, it *item, out kit.Outcome, pub publisher, attrs []slog.Attr) (again bool) {
 	d := &it.d
 	maxSetAside := r.proc.Options().MaxSetAside
 	out.SetAside = min(out.SetAside, maxSetAside) // back to set aside again if need be
@@ -210,13 +212,13 @@ func (r *run) setAside(ctx context.Context, it *item, out consumer.Outcome, pub 
 	if err := pub.declareDelay(r.cfg.Queue, levels); err != nil {
 		r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq cannot declare the delay queues; waiting out the delay in the handler",
 			append(attrs, slog.String("err", err.Error()))...)
-		if consumer.Sleep(ctx, out.SetAside) != nil {
+		if kit.Sleep(ctx, out.SetAside) != nil {
 			r.requeue(d, attrs)
 			return false
 		}
 		// Handled again (by handle), with the headers it would have been
 		// set aside with: a requeued delivery would lose them, and with
-		// consumer.HeaderPaid the slot a delay layer booked for it.
+		// setaside.HeaderPaid the slot a delay layer booked for it.
 		it.msg = out.Returned(it.msg)
 		return true
 	}
@@ -227,10 +229,10 @@ func (r *run) setAside(ctx context.Context, it *item, out consumer.Outcome, pub 
 	attrs = append(attrs, slog.String("delay_exchange", exchange))
 	msg := deadLetter(d, nil)
 	dropDelayDeaths(msg.Headers, r.cfg.Queue)
-	// The copy carries consumer.HeaderPaid as it.msg does, not as d does:
+	// The copy carries setaside.HeaderPaid as it.msg does, not as d does:
 	// item dropped a publisher's.
-	h := map[string]string{consumer.HeaderPaid: it.msg.Headers[consumer.HeaderPaid]}
-	maps.Copy(h, out.SetAsideHeaders()) // such as consumer.HeaderPaid
+	h := map[string]string{setaside.HeaderPaid: it.msg.Headers[setaside.HeaderPaid]}
+	maps.Copy(h, out.SetAsideHeaders()) // such as setaside.HeaderPaid
 	for k, v := range h {
 		if v == "" {
 			delete(msg.Headers, k)
@@ -245,7 +247,7 @@ func (r *run) setAside(ctx context.Context, it *item, out consumer.Outcome, pub 
 	}
 	if r.publishThenAck(ctx, d, pub, exchange, key, msg, attrs) {
 		r.log.LogAttrs(ctx, slog.LevelDebug, "rabbitmq message set aside", attrs...)
-		r.cfg.Observer.ObserveSetAside(it.msg, out.SetAside)
+		kit.ObserveSetAside(r.cfg.Observer, it.msg, out.SetAside)
 	}
 	return false
 }
@@ -254,7 +256,7 @@ func (r *run) setAside(ctx context.Context, it *item, out consumer.Outcome, pub 
 // broker confirms it, then acks d and reports true. If the session or ctx
 // ends first, it requeues d and reports false.
 func (r *run) publishThenAck(ctx context.Context, d *amqp.Delivery, pub publisher, exchange, key string, msg amqp.Publishing, attrs []slog.Attr) bool {
-	backoff := consumer.Backoff{Initial: r.cfg.ReconnectBackoff, Max: r.cfg.MaxReconnectBackoff}
+	backoff := kit.Backoff{Initial: r.cfg.ReconnectBackoff, Max: r.cfg.MaxReconnectBackoff}
 	for failures := 0; ; failures++ {
 		err := pub.publish(ctx, exchange, key, msg)
 		if err == nil {
@@ -269,7 +271,7 @@ func (r *run) publishThenAck(ctx context.Context, d *amqp.Delivery, pub publishe
 		delay := backoff.Delay(failures)
 		r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq publish failed; retrying",
 			append(attrs, slog.Int("attempt", failures+1), slog.String("retry_in", delay.String()), slog.String("err", err.Error()))...)
-		if consumer.Sleep(ctx, delay) != nil {
+		if kit.Sleep(ctx, delay) != nil {
 			r.requeue(d, attrs)
 			return false
 		}

@@ -14,6 +14,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 )
 
 // The delay queues. A message set aside goes through a cascade of levels,
@@ -250,7 +252,7 @@ func headerTime(d *amqp.Delivery, name string) (time.Time, bool) {
 
 // back handles a delivery that came back from the delay queues before its
 // handler runs, and reports whether it settled the delivery. It gives
-// it.msg back consumer.HeaderPaid, which item drops from a delivery it
+// it.msg back setaside.HeaderPaid, which item drops from a delivery it
 // does not know came from the delay queue, records how late the delivery
 // came back (returnLag), and, when it is not due yet (consumer.HeaderDue), waits
 // until it is, or sets it aside again when that is further away than
@@ -261,11 +263,11 @@ func (r *run) back(ctx context.Context, it *item, pub publisher, attrs []slog.At
 	if !fromDelayLevels(*d, r.cfg.Queue) {
 		return false
 	}
-	if v, ok := d.Headers[consumer.HeaderPaid].(string); ok && v != "" && it.msg.Headers[consumer.HeaderPaid] == "" {
+	if v, ok := d.Headers[setaside.HeaderPaid].(string); ok && v != "" && it.msg.Headers[setaside.HeaderPaid] == "" {
 		if it.msg.Headers == nil {
 			it.msg.Headers = map[string]string{}
 		}
-		it.msg.Headers[consumer.HeaderPaid] = v
+		it.msg.Headers[setaside.HeaderPaid] = v
 	}
 	now := time.Now()
 	if b, ok := headerTime(d, headerBack); ok {
@@ -281,7 +283,7 @@ func (r *run) back(ctx context.Context, it *item, pub publisher, attrs []slog.At
 	case early <= 0:
 		return false
 	case early <= maxHold:
-		if consumer.Sleep(ctx, early) != nil {
+		if kit.Sleep(ctx, early) != nil {
 			r.requeue(d, attrs)
 			return true
 		}
@@ -290,5 +292,5 @@ func (r *run) back(ctx context.Context, it *item, pub publisher, attrs []slog.At
 	r.log.LogAttrs(ctx, slog.LevelDebug, "rabbitmq message back from the delay queues early; set aside again",
 		append(attrs, slog.String("early", early.String()))...)
 	// Without delay queues, setAside waited for it: it is handled now.
-	return !r.setAside(ctx, it, consumer.Outcome{SetAside: early}, pub, attrs)
+	return !r.setAside(ctx, it, kit.Outcome{SetAside: early}, pub, attrs)
 }

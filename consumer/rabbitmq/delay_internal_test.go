@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 )
 
 // TestDelayRoute checks the exchange and routing key a delay is published
@@ -112,7 +113,7 @@ func TestReturnLag(t *testing.T) {
 }
 
 // TestBackFromDelayQueues drives a delivery back from the delay queues
-// through handle: one due is handled, with consumer.HeaderPaid restored
+// through handle: one due is handled, with setaside.HeaderPaid restored
 // (item drops it, not knowing the levels); one due within maxHold waits
 // in its handler until due; one due later is set aside again, without a
 // handler call, keeping its headers.
@@ -148,7 +149,7 @@ func TestBackFromDelayQueues(t *testing.T) {
 			start := time.Now()
 			p.deliverForTest(amqp.Delivery{
 				Acknowledger: ack, DeliveryTag: 3, MessageId: "m-3", RoutingKey: "0.0.0.1",
-				Headers: amqp.Table{"x-death": death, consumer.HeaderPaid: paidSlot,
+				Headers: amqp.Table{"x-death": death, setaside.HeaderPaid: paidSlot,
 					consumer.HeaderDue:            start.Add(tt.due).UTC().Format(time.RFC3339Nano),
 					headerBack:                    start.Add(-30 * time.Millisecond).UTC().Format(time.RFC3339Nano),
 					consumer.HeaderSetAsideReason: "limit per-recipient: slot booked"},
@@ -161,7 +162,7 @@ func TestBackFromDelayQueues(t *testing.T) {
 				t.Fatalf("acknowledger calls %q, want one ack", calls)
 			}
 			if tt.handled {
-				if len(got) != 1 || got[0].Headers[consumer.HeaderPaid] != paidSlot {
+				if len(got) != 1 || got[0].Headers[setaside.HeaderPaid] != paidSlot {
 					t.Fatalf("handled %d times with %v, want once with the paid slot", len(got), got)
 				}
 				if waited := at.Sub(start); waited < tt.minWaited {
@@ -184,7 +185,7 @@ func TestBackFromDelayQueues(t *testing.T) {
 				t.Fatalf("published %d copies, want 1", len(pub.published))
 			}
 			m := pub.published[0]
-			if m.Headers[consumer.HeaderPaid] != paidSlot || m.Headers[consumer.HeaderSetAsideReason] != "limit per-recipient: slot booked" ||
+			if m.Headers[setaside.HeaderPaid] != paidSlot || m.Headers[consumer.HeaderSetAsideReason] != "limit per-recipient: slot booked" ||
 				m.Headers["x-death"] != nil {
 				t.Errorf("set aside again with headers %v, want the paid slot and the reason it came with, without x-death", m.Headers)
 			}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/internal/dispatch"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -111,7 +113,7 @@ func (r *run) item(d amqp.Delivery) item {
 		// for. This is the second line: a publisher can forge x-death too,
 		// and what keeps its slot from passing a layer is the limiter's
 		// signature (limiter.PaidSlot.Sig).
-		delete(it.msg.Headers, consumer.HeaderPaid)
+		delete(it.msg.Headers, setaside.HeaderPaid)
 	}
 	if r.classes {
 		it.class = dispatch.ClassOf(r.proc.Class(it.msg))
@@ -135,7 +137,7 @@ type dispatcher struct {
 // dispatch queues it for a worker.
 func (p *dispatcher) dispatch(it item) {
 	p.inflight.Add(1)
-	p.cfg.Observer.ObserveReceived(it.msg)
+	kit.ObserveReceived(p.cfg.Observer, it.msg)
 	p.wg.Add(1)
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -14,7 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/goleak"
 
-	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
 	"github.com/throttlehq/throttle/internal/testenv"
 )
@@ -157,7 +157,7 @@ func (b *broker) waitReady(t *testing.T, q string, want int) int {
 func (b *broker) waitDelayEmpty(t *testing.T, q string) int {
 	t.Helper()
 	left := 0
-	for _, dq := range rabbitmq.DelayQueues(q, consumer.DefaultMaxSetAside) {
+	for _, dq := range rabbitmq.DelayQueues(q, kit.DefaultMaxSetAside) {
 		left += b.waitReady(t, dq, 0)
 	}
 	return left

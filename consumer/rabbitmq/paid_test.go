@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
@@ -18,13 +19,13 @@ import (
 // recipientLimiter is a consumer.MessageLimiter on a limiter.Bucket whose
 // store has one layer, "per-recipient", keyed by the header "to". As the
 // binary's limiter does (internal/cli), it passes a returned message's
-// paid slots (consumer.PaidSlots) with the message's key.
+// paid slots (setaside.PaidSlots) with the message's key.
 type recipientLimiter struct{ b *limiter.Bucket }
 
 func (l recipientLimiter) Wait(ctx context.Context, n int) error { return l.b.Wait(ctx, n) }
 
 func (l recipientLimiter) WaitMessage(ctx context.Context, msg consumer.Message, n int) error {
-	return l.b.WaitN(ctx, limiter.Request{Cost: n, Keys: map[string]string{"per-recipient": msg.Headers["to"]}, Paid: consumer.PaidSlots(msg)})
+	return l.b.WaitN(ctx, limiter.Request{Cost: n, Keys: map[string]string{"per-recipient": msg.Headers["to"]}, Paid: setaside.PaidSlots(msg.Headers)})
 }
 
 // newRecipientLimiter returns a recipientLimiter on an in-process layered
@@ -46,7 +47,7 @@ func newRecipientLimiter(t *testing.T, rate float64) recipientLimiter {
 }
 
 // TestForgedPaidSlot publishes 4 messages to one recipient behind a delay
-// layer of 1/h, each with a paid slot (consumer.HeaderPaid) that the
+// layer of 1/h, each with a paid slot (setaside.HeaderPaid) that the
 // publisher made, for now, and an x-death header naming the delay queue,
 // as if the consumer had set it aside: the forged slot carries no
 // signature of the limiter's secret, so the layer decides as usual. One
@@ -66,7 +67,7 @@ func TestForgedPaidSlot(t *testing.T) {
 			MessageId: "m-" + string(rune('0'+i)),
 			Headers: amqp.Table{
 				"to":                "+15550100",
-				consumer.HeaderPaid: forged,
+				setaside.HeaderPaid: forged,
 				"x-death":           []any{amqp.Table{"queue": q + ".delay", "reason": "expired", "count": int64(1)}},
 			},
 			Body: []byte("hello"),

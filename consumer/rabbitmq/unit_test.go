@@ -47,7 +47,7 @@ func TestNewValidation(t *testing.T) {
 		{name: "negative prefetch", cfg: rabbitmq.Config{URL: url, Queue: "q", Prefetch: -1}, wantErr: "Prefetch"},
 		{name: "prefetch too large", cfg: rabbitmq.Config{URL: url, Queue: "q", Prefetch: 70000}, wantErr: "Prefetch"},
 		{name: "negative concurrency", cfg: rabbitmq.Config{URL: url, Queue: "q", Concurrency: -2}, wantErr: "Concurrency"},
-		{name: "cost without limiter", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{Cost: consumer.CostOne}}, wantErr: "Cost"},
+		{name: "cost without limiter", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{Cost: consumer.CostFromHeader("x-cost")}}, wantErr: "Cost"},
 		{name: "negative drain", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{DrainTimeout: -time.Second}}, wantErr: "DrainTimeout"},
 		{name: "max backoff below backoff", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{Retry: consumer.RetryPolicy{Backoff: 2 * time.Second, MaxBackoff: time.Second}}}, wantErr: "Retry.MaxBackoff"},
 		{name: "max backoff below backoff", cfg: rabbitmq.Config{URL: url, Queue: "q", ReconnectBackoff: time.Second, MaxReconnectBackoff: time.Millisecond}, wantErr: "MaxReconnectBackoff"},

@@ -47,7 +47,9 @@ func TestMetricsHandler(t *testing.T) {
 	// another one.
 	obs.ReconnectAttempt("rabbitmq", errors.New("refused"))
 	obs.ReconnectAttempt("rabbitmq", nil)
-	obs.ObserveReconnected("rabbitmq", errors.New("x"))
+	if obs.Reconnected != nil {
+		obs.Reconnected("rabbitmq", errors.New("x"))
+	}
 	lobs := m.limiterObserver()
 	lobs.PriorityWaited(limiter.PriorityHigh, 30*time.Millisecond)
 	lobs.Took(2.5, 30, 5)
