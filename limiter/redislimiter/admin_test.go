@@ -181,13 +181,7 @@ func privateRedis(t *testing.T, conf ...string) string {
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	c := redis.NewClient(&redis.Options{Network: "unix", Addr: sock, Password: passwordOf(conf), MaxRetries: -1})
 	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Ping(context.Background()).Err() != nil {
-		if time.Now().After(deadline) {
-			t.Fatal("private redis-server did not answer")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "the private redis-server answering", func() bool { return c.Ping(context.Background()).Err() == nil })
 	return sock
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttlehq/throttle/internal/backend"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -149,10 +150,8 @@ func (r *batchRig) queued() int {
 
 func (r *batchRig) waitQueued(n int) {
 	r.t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); r.queued() != n; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("%d Takes queued, want %d", r.queued(), n)
-		}
+	if !testenv.Within(5*time.Second, func() bool { return r.queued() == n }) {
+		r.t.Fatalf("%d Takes queued, want %d", r.queued(), n)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttlehq/throttle/internal/backend"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/internal/storetest"
 )
@@ -71,11 +72,7 @@ func watchStore(t *testing.T, c redis.UniversalClient, s *Store) *watchedStore {
 		})
 	}()
 	// Announce marks until the subscription hears one.
-	for deadline := time.Now().Add(5 * time.Second); !w.heard(w.mark(), 10*time.Millisecond); {
-		if time.Now().After(deadline) {
-			t.Fatal("the watch did not subscribe")
-		}
-	}
+	testenv.Eventually(t, 5*time.Second, "the watch subscribed", func() bool { return w.heard(w.mark(), 10*time.Millisecond) })
 	return w
 }
 

@@ -335,14 +335,10 @@ func TestCancelledWaitReturnsPromptlyAndHandsTokensBack(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds, failing the test after 10 s.
+// waitFor waits up to 10 s for what: testenv.Eventually.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(2 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 10 s for %s", what)
-		}
-	}
+	testenv.Eventually(t, 10*time.Second, what, cond)
 }
 
 func TestCostAboveBurstFailsAtOnce(t *testing.T) {
@@ -601,13 +597,9 @@ func TestOverrideReachesReservationsOnEveryReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	deadline := time.Now().Add(5 * time.Second)
-	for c.PubSubNumSub(ctx, admin.channel).Val()[admin.channel] < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("the replicas did not subscribe to the change channel")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, 5*time.Second, "the replicas subscribed to the change channel", func() bool {
+		return c.PubSubNumSub(ctx, admin.channel).Val()[admin.channel] >= 2
+	})
 	if err := a.Wait(ctx, 1); err != nil { // empty the bucket
 		t.Fatal(err)
 	}
