@@ -140,7 +140,7 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 	// next is the first push of r's class this reservation has not seen;
 	// a class that is never pushed (the highest) is not listened to.
 	var next uint64
-	listen := pushes != nil && r.class < NumPriorities && r.class.Rank() > 0
+	listen := pushes != nil && r.class < NumPriorities && backend.Rank(r.class) > 0
 	if listen {
 		next = heard[r.class]
 	}

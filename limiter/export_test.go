@@ -64,6 +64,9 @@ var (
 	ParseMode         = backend.ParseMode
 	ParsePeriod       = backend.ParsePeriod
 	PriorityOfRank    = backend.PriorityOfRank
+	QuotaWindow       = backend.QuotaWindow
+	QuotaWindows      = backend.QuotaWindows
+	Rank              = backend.Rank
 	ReservedError     = backend.ReservedError
 	ReservesOnRefusal = backend.ReservesOnRefusal
 	SystemClock       = backend.SystemClock

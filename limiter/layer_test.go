@@ -53,7 +53,7 @@ func TestWindowsAroundDaylightSaving(t *testing.T) {
 		t.Fatal(err)
 	}
 	at := time.Date(2026, 3, 8, 15, 0, 0, 0, time.UTC) // the 23-hour day
-	w := limiter.PerDay.Windows(at, ny)
+	w := limiter.QuotaWindows(limiter.PerDay, at, ny)
 	want := []string{"2026-03-07T05:00:00Z", "2026-03-08T05:00:00Z", "2026-03-09T04:00:00Z", "2026-03-10T04:00:00Z"}
 	for i, s := range want {
 		if got := w[i].UTC().Format(time.RFC3339); got != s {
@@ -61,8 +61,8 @@ func TestWindowsAroundDaylightSaving(t *testing.T) {
 		}
 	}
 	// The repeated 1 a.m. hour of 2026-11-01 is two windows.
-	h1s, h1e := limiter.PerHour.Window(time.Date(2026, 11, 1, 5, 30, 0, 0, time.UTC), ny)
-	h2s, h2e := limiter.PerHour.Window(time.Date(2026, 11, 1, 6, 30, 0, 0, time.UTC), ny)
+	h1s, h1e := limiter.QuotaWindow(limiter.PerHour, time.Date(2026, 11, 1, 5, 30, 0, 0, time.UTC), ny)
+	h2s, h2e := limiter.QuotaWindow(limiter.PerHour, time.Date(2026, 11, 1, 6, 30, 0, 0, time.UTC), ny)
 	if !h1e.Equal(h2s) || h1e.Sub(h1s) != time.Hour || h2e.Sub(h2s) != time.Hour || h1s.UTC().Hour() != 5 {
 		t.Errorf("fall-back hours: [%v, %v) and [%v, %v)", h1s.UTC(), h1e.UTC(), h2s.UTC(), h2e.UTC())
 	}

@@ -97,9 +97,9 @@ func (a Adaptive) ValidateFor(rate float64) error {
 	return err
 }
 
-// WithDefaults returns a with every zero field but MinRate set to its
+// AdaptiveDefaults returns a with every zero field but MinRate set to its
 // default, for a bucket configured at rate tokens per second.
-func (a Adaptive) WithDefaults(rate float64) Adaptive {
+func AdaptiveDefaults(a Adaptive, rate float64) Adaptive {
 	if a.Decrease == 0 {
 		a.Decrease = DefaultAdaptiveDecrease
 	}
@@ -115,9 +115,9 @@ func (a Adaptive) WithDefaults(rate float64) Adaptive {
 	return a
 }
 
-// Slope returns the climb in tokens per second per microsecond, the unit
+// AdaptiveSlope returns the climb in tokens per second per microsecond, the unit
 // the stores keep. a has its defaults.
-func (a Adaptive) Slope() float64 {
+func AdaptiveSlope(a Adaptive) float64 {
 	return a.Increase / float64(a.Interval.Microseconds())
 }
 
@@ -202,7 +202,7 @@ func (m *Memory) DecreaseAt(t time.Time, a Adaptive) (float64, bool) {
 	now := t.UnixMicro()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	a = a.WithDefaults(m.rate)
+	a = AdaptiveDefaults(a, m.rate)
 	cur := m.ad.rateAt(m.rate, now)
 	if m.ad.on && now-m.ad.last < a.MergeWindow.Microseconds() {
 		return cur, false
@@ -210,7 +210,7 @@ func (m *Memory) DecreaseAt(t time.Time, a Adaptive) (float64, bool) {
 	tokens, ts, pr := m.load(now)
 	m.store(tokens, ts, pr)
 	nr := math.Min(m.rate, math.Max(a.MinRate, cur*a.Decrease))
-	m.ad = adaptiveCurve{on: true, a: nr, at: max(now, ts), k: a.Slope(), last: now}
+	m.ad = adaptiveCurve{on: true, a: nr, at: max(now, ts), k: AdaptiveSlope(a), last: now}
 	return nr, true
 }
 

@@ -107,12 +107,12 @@ func ParsePeriod(s string) (Period, error) {
 	return "", &ParamError{Param: "Per", Msg: "must be hour, day or month", Value: s}
 }
 
-// Window returns the calendar window of p, in loc (nil: UTC), that holds t:
+// QuotaWindow returns the calendar window of p, in loc (nil: UTC), that holds t:
 // [start, end). Days and months follow the calendar through daylight-saving
 // changes, so a day may last 23 or 25 hours. An hour starts where loc's
 // clock shows minute 0; in the repeated hour of a fall-back change those are
 // two distinct windows.
-func (p Period) Window(t time.Time, loc *time.Location) (start, end time.Time) {
+func QuotaWindow(p Period, t time.Time, loc *time.Location) (start, end time.Time) {
 	if loc == nil {
 		loc = time.UTC
 	}
@@ -132,14 +132,14 @@ func (p Period) Window(t time.Time, loc *time.Location) (start, end time.Time) {
 	}
 }
 
-// Windows returns four boundaries b0 < b1 < b2 < b3 of p around t: the
+// QuotaWindows returns four boundaries b0 < b1 < b2 < b3 of p around t: the
 // windows [b0, b1), [b1, b2) ∋ t and [b2, b3). A store whose clock is not
 // the caller's picks the window that holds its own time, so a skew smaller
 // than a window never charges the wrong one.
-func (p Period) Windows(t time.Time, loc *time.Location) [4]time.Time {
-	start, end := p.Window(t, loc)
-	prev, _ := p.Window(start.Add(-time.Nanosecond), loc)
-	_, next := p.Window(end, loc)
+func QuotaWindows(p Period, t time.Time, loc *time.Location) [4]time.Time {
+	start, end := QuotaWindow(p, t, loc)
+	prev, _ := QuotaWindow(p, start.Add(-time.Nanosecond), loc)
+	_, next := QuotaWindow(p, end, loc)
 	return [4]time.Time{prev, start, end, next}
 }
 

@@ -162,7 +162,7 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		sTS    int64
 		wait0  int64
 		pr     prio // the shared bucket's classes (priority.go)
-		c      = req.Priority.Rank()
+		c      = Rank(req.Priority)
 		pushed float64
 		q1     float64
 		sh     = req.MinShare.byRank()
@@ -221,7 +221,7 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			if req.Cost > l.Quota {
 				return res, nil, CostError(l, req.Cost)
 			}
-			_, end := l.Per.Window(time.UnixMicro(send), l.Location)
+			_, end := QuotaWindow(l.Per, time.UnixMicro(send), l.Location)
 			s.end = end.UnixMicro()
 			if q := m.quotas[i][keys[i]]; q != nil && q.end == s.end {
 				s.used = q.used
@@ -348,7 +348,7 @@ func (m *LayeredMemory) RefundLayersAt(t time.Time, req LayerRequest, res LayerR
 	defer m.mu.Unlock()
 	if !req.SkipShared {
 		cur, ts, pr := m.refundLoad(now) // along a ramp in progress (warmup.go)
-		pr.refund(res.Class.Rank(), float64(req.Cost))
+		pr.refund(Rank(res.Class), float64(req.Cost))
 		m.store(math.Min(float64(m.burst), cur+float64(req.Cost)), ts, pr)
 	}
 	send := res.At.Add(res.Wait)                       // when the take charged the layers
@@ -358,7 +358,7 @@ func (m *LayeredMemory) RefundLayersAt(t time.Time, req LayerRequest, res LayerR
 			continue // not charged by the take
 		}
 		if l.IsQuota() {
-			_, end := l.Per.Window(send, l.Location)
+			_, end := QuotaWindow(l.Per, send, l.Location)
 			if q := m.quotas[i][keys[i]]; q != nil && q.end == end.UnixMicro() {
 				q.used = max(0, q.used-req.Cost)
 			}
@@ -451,7 +451,7 @@ func (m *LayeredMemory) LayerStatusAt(t time.Time, layer, key string) (LayerStat
 	defer m.mu.Unlock()
 	st := LayerState{Layer: layer, Key: key, At: time.UnixMicro(now)}
 	if l.IsQuota() {
-		_, end := l.Per.Window(t, l.Location)
+		_, end := QuotaWindow(l.Per, t, l.Location)
 		st.WindowEnd = end
 		if q := m.quotas[i][key]; q != nil && q.end == end.UnixMicro() {
 			st.Used = q.used

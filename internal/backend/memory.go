@@ -214,7 +214,7 @@ func (m *Memory) takeAt(now int64, req TakeRequest) (TakeResult, []Push, error) 
 	pr := m.loaded(tokens)
 	cost := float64(req.Cost)
 	sh := req.MinShare.byRank()
-	c := req.Priority.Rank()
+	c := Rank(req.Priority)
 	pushed, visible, q1, need := pr.class(tokens, c, cost, sh, m.burst)
 	res := TakeResult{Rate: rate, Burst: m.burst, Remaining: tokens, At: time.UnixMicro(now), Class: PriorityOfRank(c), Pushed: pr.p[c]}
 	if ts > now {
@@ -278,7 +278,7 @@ func (m *Memory) RefundClassAt(t time.Time, tokens int, class Priority) {
 	defer m.mu.Unlock()
 	cur, ts, pr := m.refundLoad(t.UnixMicro()) // along a ramp in progress (warmup.go)
 	cur = math.Min(float64(m.burst), cur+float64(tokens))
-	pr.refund(class.Rank(), float64(tokens))
+	pr.refund(Rank(class), float64(tokens))
 	m.store(cur, ts, pr)
 }
 

@@ -32,7 +32,7 @@ const NumPriorities = 3
 
 // Rank returns the class's place in the order of service: 0 for high, 1 for
 // normal, 2 for low. The stores order reservations by it.
-func (p Priority) Rank() int {
+func Rank(p Priority) int {
 	switch p {
 	case PriorityHigh:
 		return 0

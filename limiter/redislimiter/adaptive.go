@@ -24,10 +24,10 @@ func (s *Store) decrease(ctx context.Context, nowUS int64, a limiter.Adaptive) (
 	if err := a.Validate(); err != nil {
 		return 0, false, err
 	}
-	a = a.WithDefaults(s.cfg.Rate)
+	a = backend.AdaptiveDefaults(a, s.cfg.Rate)
 	v, err := decreaseScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg,
 		strconv.FormatFloat(a.Decrease, 'g', -1, 64), strconv.FormatFloat(a.MinRate, 'g', -1, 64),
-		strconv.FormatFloat(a.Slope(), 'g', -1, 64), a.MergeWindow.Microseconds(), nowUS, s.channel).Int64Slice()
+		strconv.FormatFloat(backend.AdaptiveSlope(a), 'g', -1, 64), a.MergeWindow.Microseconds(), nowUS, s.channel).Int64Slice()
 	if err != nil {
 		return 0, false, s.fail("decrease", err)
 	}

@@ -122,7 +122,7 @@ func (l *Layered) window(i int, now time.Time) [4]int64 {
 		return *w
 	}
 	ly := l.layers[i]
-	b := ly.Per.Windows(now, ly.Location)
+	b := backend.QuotaWindows(ly.Per, now, ly.Location)
 	w := [4]int64{b[0].UnixMicro(), b[1].UnixMicro(), b[2].UnixMicro(), b[3].UnixMicro()}
 	l.windows[i].Store(&w)
 	return w
@@ -257,7 +257,7 @@ func (l *Layered) takeArgs(at time.Time, req backend.LayerRequest, keys []string
 		horizon = max(base, 0)
 	}
 	args = append(args, nowUS, req.Cost, horizon.Microseconds(), shared, l.rateArg, l.burstArg, len(st.layers), extra,
-		rankArgs[req.Priority.Rank()], sh.boxed[1], sh.boxed[2], l.channelArg)
+		rankArgs[backend.Rank(req.Priority)], sh.boxed[1], sh.boxed[2], l.channelArg)
 	for _, i := range st.layers {
 		rkeys = append(rkeys, l.layerKey(i, keys[i]))
 		args = append(args, l.spec[i]...)
@@ -404,12 +404,12 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.Laye
 			return nil
 		}
 	}
-	args = append(args, nowUS, req.Cost, shared, l.rateArg, l.burstArg, len(layers), rankArgs[class.Rank()])
+	args = append(args, nowUS, req.Cost, shared, l.rateArg, l.burstArg, len(layers), rankArgs[backend.Rank(class)])
 	for _, i := range layers {
 		rkeys = append(rkeys, l.layerKey(i, keys[i]))
 		args = append(args, l.spec[i][1], l.spec[i][2], l.spec[i][3])
 		if ly := l.layers[i]; ly.IsQuota() {
-			_, end := ly.Per.Window(charged, ly.Location)
+			_, end := backend.QuotaWindow(ly.Per, charged, ly.Location)
 			args = append(args, end.UnixMicro())
 		} else {
 			args = append(args, 0)

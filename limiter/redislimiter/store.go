@@ -249,7 +249,7 @@ func (s *Store) appendTakeArgs(args []any, req backend.TakeRequest, nowUS int64)
 		return args
 	}
 	sh := s.sharesArg(req.MinShare)
-	return append(args, nowUS, s.warmArg, rankArgs[req.Priority.Rank()], sh.boxed[1], sh.boxed[2], s.channelArg)
+	return append(args, nowUS, s.warmArg, rankArgs[backend.Rank(req.Priority)], sh.boxed[1], sh.boxed[2], s.channelArg)
 }
 
 // shortTake reports whether a take of req at Redis's clock sends only the
@@ -397,7 +397,7 @@ func (s *Store) refund(ctx context.Context, nowUS int64, tokens int, class limit
 	if tokens <= 0 {
 		return nil
 	}
-	if err := refundScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, tokens, nowUS, rankArgs[class.Rank()], s.warmArg).Err(); err != nil {
+	if err := refundScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, tokens, nowUS, rankArgs[backend.Rank(class)], s.warmArg).Err(); err != nil {
 		return s.fail("refund", err)
 	}
 	return nil

@@ -16,7 +16,10 @@
 // order they were queued.
 package dispatch
 
-import "github.com/throttlehq/throttle/limiter"
+import (
+	"github.com/throttlehq/throttle/internal/backend"
+	"github.com/throttlehq/throttle/limiter"
+)
 
 // NumClasses is the number of classes; a message's class is its rank
 // (limiter.Priority.Rank): 0 high, 1 normal, 2 low.
@@ -72,4 +75,4 @@ func (r Rule) Pick(waiting [NumClasses]bool, held [NumClasses]int) (int, bool) {
 
 // ClassOf returns the class of p, a limiter.Priority, as Rule and Queue
 // count it.
-func ClassOf(p limiter.Priority) int { return p.Rank() }
+func ClassOf(p limiter.Priority) int { return backend.Rank(p) }
