@@ -32,15 +32,14 @@ func startProvider(t *testing.T, set func()) string {
 		}
 	})
 	re := regexp.MustCompile(`addr=(\S+)`)
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if m := re.FindStringSubmatch(logs.String()); m != nil {
-			return m[1]
-		}
-		time.Sleep(10 * time.Millisecond)
+	var m []string
+	if !testenv.Within(5*time.Second, func() bool {
+		m = re.FindStringSubmatch(logs.String())
+		return m != nil
+	}) {
+		t.Fatalf("no listening line in:\n%s", logs.String())
 	}
-	t.Fatalf("no listening line in:\n%s", logs.String())
-	return ""
+	return m[1]
 }
 
 // TestProviderModeAPNs: the apns mode serves HTTP/2 over TLS with the

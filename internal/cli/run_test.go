@@ -48,16 +48,10 @@ func metricValue(body, name string) (float64, bool) {
 	return 0, false
 }
 
-// waitFor polls cond until it holds or d passes.
+// waitFor waits up to d for what: testenv.Eventually.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, d, what, cond)
 }
 
 // TestRunKafkaToStdout runs one replica in process: kfake → shared bucket

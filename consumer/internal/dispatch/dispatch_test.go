@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/throttlehq/throttle/internal/testenv"
 )
 
 const (
@@ -220,17 +222,13 @@ func TestSlots(t *testing.T) {
 
 func waitWaiting(t *testing.T, s *Slots, high, low int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	var w [NumClasses]int
+	if !testenv.Within(5*time.Second, func() bool {
 		s.mu.Lock()
-		w := s.waiting
+		w = s.waiting
 		s.mu.Unlock()
-		if w[0] == high && w[2] == low {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting %v, want %d high and %d low", w, high, low)
-		}
-		time.Sleep(time.Millisecond)
+		return w[0] == high && w[2] == low
+	}) {
+		t.Fatalf("waiting %v, want %d high and %d low", w, high, low)
 	}
 }
