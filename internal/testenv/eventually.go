@@ -5,11 +5,14 @@ import (
 	"time"
 )
 
-// pollMax is the longest pause between two calls of a condition: Within
-// polls every millisecond at first and doubles the pause up to pollMax, so
-// a condition that holds soon is seen at once and a slow one (a broker
-// round trip, an HTTP probe) costs little while it does not.
-const pollMax = 20 * time.Millisecond
+// Within pauses pollMin after the first call of a condition and doubles
+// the pause up to pollMax: a condition on in-process state (a fake clock's
+// timers, a queue) is seen within microseconds, and a slow one (a broker
+// round trip, an HTTP probe) costs little while it does not hold.
+const (
+	pollMin = 50 * time.Microsecond
+	pollMax = 20 * time.Millisecond
+)
 
 // Eventually waits for the state that what names: it calls cond until it
 // returns true, and fails t with "<what>: not within <timeout>" when
@@ -24,12 +27,12 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 }
 
 // Within calls cond until it returns true and reports whether it did
-// within timeout: every millisecond at first, backing off to every 20 ms,
-// and once more at the deadline. It is Eventually for a test that reports
-// the failure itself.
+// within timeout: 50 µs after the first call, then twice as long after
+// each call up to every 20 ms, and once more at the deadline. It is
+// Eventually for a test that reports the failure itself.
 func Within(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
-	pause := time.Millisecond
+	pause := pollMin
 	for !cond() {
 		left := time.Until(deadline)
 		if left <= 0 {

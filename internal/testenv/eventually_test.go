@@ -34,8 +34,8 @@ func TestWithin(t *testing.T) {
 	if took < 50*time.Millisecond {
 		t.Errorf("Within gave up after %v, before its timeout of 50ms", took)
 	}
-	// 1, 2, 4, 8, 16 ms, then 20 ms pauses: about 8 calls in 50 ms, never
-	// one per millisecond.
+	// Pauses of 50 µs doubling to 20 ms: about 12 calls in 50 ms, not one
+	// every 50 µs.
 	if calls < 3 || calls > 30 {
 		t.Errorf("cond called %d times in 50ms, want a poll that backs off to every 20ms", calls)
 	}
