@@ -94,7 +94,7 @@ func TestBucketCommands(t *testing.T) {
 	t.Cleanup(func() { replica.Close() })
 	ctx := testenv.Context(t, 10*time.Second)
 	for {
-		reps, err := store.Replicas(ctx)
+		reps, err := store.Admin().Replicas(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -88,7 +88,7 @@ func TestBucketStatusIdleReplicas(t *testing.T) {
 	_, store := redisStore(t, addr, name, 10, 5)
 	ctx := testenv.Context(t, 10*time.Second)
 	for {
-		reps, err := store.Replicas(ctx)
+		reps, err := store.Admin().Replicas(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -42,7 +42,7 @@ func checkBucket(ctx context.Context, rc config.Redis, b *limiter.Bucket, store 
 			"override_burst", st.Override.Burst, "expires_in", st.Override.ExpiresIn)
 		return nil
 	}
-	reps, err := store.Replicas(ctx)
+	reps, err := store.Admin().Replicas(ctx)
 	if err != nil {
 		return nil
 	}

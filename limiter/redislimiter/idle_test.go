@@ -75,7 +75,7 @@ func TestHeartbeatCountsConsumers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reps, err := s.Replicas(ctx)
+	reps, err := s.Admin().Replicas(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

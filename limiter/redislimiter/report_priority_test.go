@@ -31,7 +31,7 @@ func TestReplicaReportsWaitingByPriority(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got, err := s.Replicas(ctx)
+	got, err := s.Admin().Replicas(ctx)
 	if err != nil || len(got) != 2 {
 		t.Fatalf("Replicas = %+v, %v", got, err)
 	}

@@ -546,11 +546,6 @@ func (s *Store) Leave(ctx context.Context, id string) error {
 	return nil
 }
 
-// Replicas returns the live replicas, from their heartbeats, sorted by id.
-func (s *Store) Replicas(ctx context.Context) ([]Replica, error) {
-	return s.admin.Replicas(ctx)
-}
-
 func (s *Store) fail(op string, err error) error {
 	return storeError(op, s.cfg.Bucket, err)
 }

@@ -223,7 +223,7 @@ func TestHeartbeatsCountLiveReplicas(t *testing.T) {
 	if err := s.Leave(ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
-	reps, err := s.Replicas(ctx)
+	reps, err := s.Admin().Replicas(ctx)
 	want := []Replica{{ID: "a", Rate: 10, Burst: 5}, {ID: "c", Rate: 10, Burst: 5}}
 	if err != nil || !reflect.DeepEqual(withoutBeats(t, reps), want) {
 		t.Fatalf("replicas = %+v, %v; want %+v", reps, err, want)
@@ -272,7 +272,7 @@ func TestReplicasReportTheirConfiguredLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.HSet(ctx, s.allKeys[3], "garbled", "fast 10")
-	got, err := s.Replicas(ctx)
+	got, err := s.Admin().Replicas(ctx)
 	reported := rep("new-2", 120.5, 12)
 	reported.Reported, reported.Mode, reported.Granted, reported.Waiting = true, limiter.ModeShared, 1234, 3
 	reported.Exceeded = map[string]int64{"per-key": 7, "daily": 1}
