@@ -495,8 +495,8 @@ func TestRejectedValueIsReportedOnce(t *testing.T) {
 }
 
 // TestDefaults checks that an absent key leaves its field zero, meaning
-// the default of the library it is handed to (issue 11: no default is
-// written twice), except the binary's own defaults and the burst.
+// the default of the library it is handed to (no default is written
+// twice), except the binary's own defaults and the burst.
 func TestDefaults(t *testing.T) {
 	cfg := mustParse(t, minimal, nil)
 	want := Default()
@@ -916,7 +916,7 @@ func writeCert(t *testing.T, dir string) (certFile, keyFile string) {
 	return certFile, keyFile
 }
 
-// TestExplicitZero is the regression test of issue 11 item 11: "burst: 0"
+// TestExplicitZero is a regression test: "burst: 0"
 // was taken silently as "the default". Omitting a key (or leaving it
 // empty) gives the default; writing 0 where 0 means nothing is an error
 // naming the key.
@@ -957,7 +957,7 @@ func TestExplicitZero(t *testing.T) {
 	}
 }
 
-// TestRateStrings checks issue 12 item 3 for limit.rate: a number per
+// TestRateStrings checks the rate syntax of limit.rate: a number per
 // second, or N/s, N/min, N/h, N/d (limiter.ParseRate), also from the
 // environment.
 func TestRateStrings(t *testing.T) {
@@ -990,9 +990,9 @@ func TestRateStrings(t *testing.T) {
 	}
 }
 
-// TestHTTPSinkValidatedByTheSink is the regression test of issue 11 item 1:
+// TestHTTPSinkValidatedByTheSink is a regression test:
 // config parsed body templates without the sink's functions, so the
-// README's push-webhook template made `throttle run` exit 2. The sink's own
+// documented push-webhook template made `throttle run` exit 2. The sink's own
 // Validate decides now, and its problems carry the YAML key.
 func TestHTTPSinkValidatedByTheSink(t *testing.T) {
 	for _, tmpl := range []string{

@@ -13,7 +13,7 @@ import (
 	"github.com/throttlehq/throttle/internal/testenv"
 )
 
-// The tests in this file are issue 11, items 3 and 7: Redis and RabbitMQ
+// The tests in this file: Redis and RabbitMQ
 // that refuse the replica (a wrong password, missing permissions, a wrong
 // database) are not outages, and a replica that is not connected is not
 // ready.
@@ -26,7 +26,7 @@ func faultLastLine(s string) string {
 
 // TestFaultRedisRefusesAtStart starts replicas against a test-owned Redis
 // that refuses them and checks that each exits 1 within 15 s with one
-// sentence that names the problem, and never the password. Issue 11 item 3:
+// sentence that names the problem, and never the password. Before:
 // two replicas with a wrong password limited locally at the whole rate
 // each and answered /readyz with 200.
 func TestFaultRedisRefusesAtStart(t *testing.T) {
@@ -91,7 +91,7 @@ func TestFaultRedisRefusesAtStart(t *testing.T) {
 // TestFaultRedisRefusesAtRunTime makes a test-owned Redis require a
 // password while a replica runs on it, and drops the replica's
 // connections: the replica must stop delivering (act as closed), log an
-// error, and answer /readyz with 503. Issue 11 item 3.
+// error, and answer /readyz with 503.
 func TestFaultRedisRefusesAtRunTime(t *testing.T) {
 	t.Parallel()
 	const (
@@ -150,8 +150,7 @@ func TestFaultRedisRefusesAtRunTime(t *testing.T) {
 // TestFaultFleetStartDuringOutage starts three replicas at a shared 20/s,
 // burst 5, with on_store_error local, while their Redis is down, and starts
 // Redis 10 s later. A replica that has never reached Redis does not know
-// how many replicas share the bucket; issue 11 item 3 asks that together
-// they deliver at most 1.1× the limit (each took the whole rate: 3×). The
+// how many replicas share the bucket; together they must deliver at most 1.1× the limit (each took the whole rate: 3×). The
 // limiter's rule: without limit.fallback_rate such a replica does not
 // grant until Redis answers; with it, it runs at fallback_rate. Once Redis
 // answers they share the bucket: deliveries resume, and no 1 s window
@@ -211,7 +210,7 @@ func faultStartDuringOutage(t *testing.T, limitExtra string) {
 
 // TestFaultRabbitMQRefusesAtStart starts a replica with a wrong AMQP
 // password: it must exit 1 within 15 s with one sentence that says the
-// broker refused it, and never print the password. Issue 11 item 7: it
+// broker refused it, and never print the password. It once
 // logged "Exception (403)" every 3 s forever.
 func TestFaultRabbitMQRefusesAtStart(t *testing.T) {
 	t.Parallel()
@@ -243,7 +242,7 @@ func TestFaultRabbitMQRefusesAtStart(t *testing.T) {
 // (every connection through a proxy is cut as soon as it opens): /readyz
 // must answer 503 meanwhile, every reconnect attempt must be counted in
 // throttle_reconnects_total, and /readyz must answer 200 again once the
-// replica is back. Issue 11 item 7.
+// replica is back.
 func TestFaultRabbitMQDisconnected(t *testing.T) {
 	t.Parallel()
 	f := faultNewFleet(t)

@@ -382,7 +382,7 @@ func faultCount(ts []time.Time, from, to time.Time) int {
 
 // TestFaultHangupDrains sends SIGHUP to a replica while it delivers a
 // message to a slow sink: the replica must drain as on SIGTERM, finishing
-// and acking the message, and exit 0. Issue 11 item 10: SIGHUP killed it
+// and acking the message, and exit 0. SIGHUP once killed it
 // with status 129, and the message went back to the queue.
 func TestFaultHangupDrains(t *testing.T) {
 	t.Parallel()

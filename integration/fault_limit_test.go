@@ -15,7 +15,7 @@ import (
 )
 
 // The tests in this file hold the limit of a fleet of throttle processes
-// (issue 11, items 4 and 5): through a Redis outage, a Redis restart, a
+// through a Redis outage, a Redis restart, a
 // Redis that stops answering, a Sentinel failover and a live rate cut, no
 // one-second window of deliveries at the sink may exceed rate + 2 × burst
 // (rate + burst after a cut). They run in parallel with the other tests:
@@ -69,7 +69,7 @@ func faultWaitFlowing(t *testing.T, f *faultFleet, n int) time.Time {
 
 // TestFaultFleetRedisKilled runs two replicas at 20/s, burst 5, with
 // on_store_error local, kills their Redis for 5 s and starts it again
-// (empty, as without persistence). Issue 11 item 4 measured 35 deliveries
+// (empty, as without persistence). Earlier versions gave 35 deliveries
 // in the first second of the outage and 44 in one second after the
 // restart, against a bound of 30.
 func TestFaultFleetRedisKilled(t *testing.T) {
@@ -105,8 +105,8 @@ func TestFaultFleetRedisKilled(t *testing.T) {
 
 // TestFaultFleetRedisStalled runs two replicas at 20/s, burst 5, with
 // on_store_error local, and makes their Redis stop answering for 3 s with
-// DEBUG SLEEP, twice. Issue 11 item 4: "DEBUG SLEEP gave the same picture"
-// as a killed Redis.
+// DEBUG SLEEP, twice, which once gave the same picture as a killed
+// Redis.
 func TestFaultFleetRedisStalled(t *testing.T) {
 	t.Parallel()
 	const (
@@ -145,7 +145,7 @@ func TestFaultFleetRedisStalled(t *testing.T) {
 
 // TestFaultFleetSentinelFailover runs three replicas at 30/s, burst 5,
 // with on_store_error local, that reach Redis through three Sentinels, and
-// kills the master. Issue 11 item 4 measured, per second from 2 s before
+// kills the master. Earlier versions gave, per second from 2 s before
 // the kill, 30 30 51 60 41 60 57 32 30: five seconds at twice the limit.
 func TestFaultFleetSentinelFailover(t *testing.T) {
 	t.Parallel()
@@ -248,7 +248,7 @@ func faultRateCut(t *testing.T, rates []float64, burst int, cut float64, reps in
 	}
 }
 
-// TestFaultFleetRateCut is issue 11 item 5: two replicas at 20/s, then
+// TestFaultFleetRateCut: two replicas at 20/s, then
 // 'bucket set --rate 5'. In 2 of 5 runs deliveries stalled 1.5-3 s, then
 // came 14 within one second, where 5/s with burst 5 allows 10. Ten
 // repetitions.
@@ -257,7 +257,7 @@ func TestFaultFleetRateCut(t *testing.T) {
 	faultRateCut(t, []float64{20, 20}, 5, 5, 10)
 }
 
-// TestFaultFleetRateCutMixed is issue 11 item 5 with replicas configured
+// TestFaultFleetRateCutMixed is TestFaultFleetRateCut with replicas configured
 // at 20 and 30/s: one run stalled 3 s, then sent 20 in one second. Four
 // repetitions, to stay within a minute.
 func TestFaultFleetRateCutMixed(t *testing.T) {
@@ -265,7 +265,7 @@ func TestFaultFleetRateCutMixed(t *testing.T) {
 	faultRateCut(t, []float64{20, 30}, 5, 5, 4)
 }
 
-// TestFaultOverrideOutOfRange is issue 11 item 2 through the binary: with
+// TestFaultOverrideOutOfRange is a regression test through the binary: with
 // one replica at 20/s, 'bucket set --rate 1e20' turned the limit off (300
 // deliveries in one second), and status and the metrics showed
 // -9223372036854776/s. Now the command is a usage error that changes

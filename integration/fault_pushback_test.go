@@ -16,8 +16,8 @@ import (
 )
 
 // TestFaultPushBackIsLogged makes the sink answer 429 with Retry-After: 2
-// to every request for 6 s while two replicas deliver to it. Issue 11
-// item 9: a push-back pause produced no log line at info level. Every
+// to every request for 6 s while two replicas deliver to it. A
+// push-back pause once produced no log line at info level. Every
 // replica must log, at info, that the bucket is paused, for how long and
 // by which replica's push-back, no more often than the bound the binary
 // documents (one line per 5 s, so at most 3 during the 6 s here).

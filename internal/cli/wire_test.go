@@ -19,13 +19,13 @@ import (
 	"github.com/throttlehq/throttle/sinks/postgres"
 )
 
-// TestREADMEPushWebhookStartsAndRenders is the regression test of issue 11
-// item 1 on the binary's path: the README's push-webhook template made
+// TestDocsPushWebhookStartsAndRenders is a regression test on the
+// binary's path: the documented push-webhook template (docs/configuration.md) made
 // `throttle run` exit 2 with `function "json" not defined`, because config
 // parsed templates without the sink's functions. Loading the file (what
 // run does first) and building the sink from it (what run does next) must
 // both succeed, and the sink must render the template.
-func TestREADMEPushWebhookStartsAndRenders(t *testing.T) {
+func TestDocsPushWebhookStartsAndRenders(t *testing.T) {
 	got := make(chan string, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -44,7 +44,7 @@ sink:
 `)
 	cfg, err := loadConfig(path)
 	if err != nil {
-		t.Fatalf("loading the README's push-webhook configuration: %v", err)
+		t.Fatalf("loading the documented push-webhook configuration: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
