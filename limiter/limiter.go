@@ -12,10 +12,24 @@ import (
 // Bucket's, and the stores of this module are its only implementations.
 type Store interface{ backend.Store }
 
-// State is a snapshot of a bucket: its tokens (negative while reserved
-// ahead), effective and configured rate and burst, an operator's override,
-// a pause, the live replicas, the tokens each class holds reserved, and the
-// Bucket's Mode. Bucket.State returns it.
+// State is a snapshot of a bucket, which Bucket.State returns. Its fields:
+//
+//   - Tokens: the tokens in the bucket now, negative while callers hold
+//     reservations not yet due.
+//   - Rate, Burst: the effective refill rate (tokens per second; 0 while
+//     paused) and capacity: an operator's override if one is set, else
+//     the configured values. BaseRate: the rate apart from a pause, the
+//     adaptive rate when one is in force.
+//   - ConfiguredRate, ConfiguredBurst: what this replica was started with.
+//   - Override: the operator's override (Rate, Burst, ExpiresIn), or nil.
+//   - PausedFor, PausedBy: how long the bucket stays paused, and the
+//     replica whose push-back set the pause ("" when not recorded).
+//   - Replicas: the live replicas known from heartbeats (0 when the store
+//     does not track them).
+//   - Reserved, Pushed: per class, the tokens reserved ahead and the push
+//     counter (how far higher classes moved its reservations back).
+//   - Mode: how the Bucket is limiting. At: the store's clock when it
+//     answered.
 type State = backend.State
 
 // Mode says how a Bucket is limiting right now: ModeShared, or the policy
@@ -80,7 +94,30 @@ type Shares = backend.Shares
 // delayed (LimitError). The store decides the shared bucket and every layer
 // in one atomic step: all of them grant, or none is charged. Give layers to
 // NewLocal or NewLocalStore, or to the Redis store (redislimiter's
-// Store.WithLayers).
+// Store.WithLayers). Its fields:
+//
+//   - Name: unique among the bucket's layers, not empty, without braces,
+//     colons or white space; it names the layer in errors, metrics and
+//     dead-letter headers.
+//   - Keyed: one state per key, which each request names in Request.Keys;
+//     a layer that is not keyed is one more limit shared by every message.
+//   - Rate, Burst: a token bucket refilling at Rate tokens per second up
+//     to Burst (0: one second of tokens, at least 1).
+//   - Quota, Per, Location: a calendar quota instead, at most Quota tokens
+//     per hour, day or month (PerHour, PerDay, PerMonth) in Location
+//     (default UTC), counted from the window's start; Rate and Burst 0.
+//   - OnExceed, MaxWait: what a request that the layer cannot grant within
+//     MaxWait gets: ActionWait (the default) waits as long as needed;
+//     ActionDeadLetter refuses at once with a *LimitError; ActionDelay
+//     refuses with a *LimitError that says when the layer has room, and a
+//     token-bucket delay layer books that room for the message
+//     (LimitError.Reserved), which it claims back with Request.Paid.
+//     MaxWait (default 0: no wait) only goes with dead_letter or delay.
+//
+// A refusal charges no layer, but for that booking. IsQuota reports
+// whether the layer is a quota. A store keeps state only for the keys in
+// use: a keyed bucket's expires once it is full again, a quota's at the end
+// of its window.
 type Layer = backend.Layer
 
 // Layers are a bucket's layers, in order; a []Layer converts to it. Its
@@ -123,7 +160,18 @@ const (
 // ErrCostExceedsBurst. Its Layer, Action, Reason and Wait say which layer
 // refused, what to do with the message and when the layer has room; for a
 // delay layer that booked the message's slot (Reserved), Slot returns the
-// PaidSlot the message carries back in Request.Paid.
+// PaidSlot the message carries back in Request.Paid. Its fields:
+//
+//   - Layer, Action, Reason: the layer that refused, ActionDeadLetter or
+//     ActionDelay (a cost that can never pass is ActionDeadLetter), and
+//     why, in a few words for logs and dead-letter headers.
+//   - Wait, RetryAt: how long after the store's answer the layer will have
+//     room, and that instant on the store's clock (ActionDelay only); 0
+//     for a cost that can never pass.
+//   - Reserved, Key, Sig: set when a token-bucket delay layer booked the
+//     message's tokens for RetryAt: the message's key in the layer and the
+//     Bucket's signature of the slot. The slot stays spent if the message
+//     never comes back, or comes back late.
 type LimitError = backend.LimitError
 
 // PaidSlot is a slot that a delay layer booked for a message
@@ -141,7 +189,21 @@ type PaidSlot = backend.PaidSlot
 // is unknown or changes (Options.Adaptive): each push-back (Bucket.Pause)
 // multiplies the rate by Decrease, down to MinRate; while none comes, the
 // rate climbs back by Increase every Interval, up to the configured rate.
-// Validate and ValidateFor check it.
+// The adaptive rate is state of the shared bucket, so every replica follows
+// it, and replicas that report one push-back within MergeWindow of each
+// other lower it once. An operator's override, and a reset, start again
+// from the configured rate. Its fields, all but MinRate optional:
+//
+//   - MinRate: the floor, required: > 0 and at most the bucket's rate.
+//   - Decrease: the factor of each push-back, > 0 and < 1; default 0.7.
+//   - Increase, Interval: the climb, Increase tokens per second every
+//     Interval (a continuous slope); defaults 1% of the configured rate
+//     and 1s.
+//   - MergeWindow: how long after a decrease further push-backs change
+//     nothing; default 500ms.
+//
+// Validate checks the fields; ValidateFor also checks MinRate against the
+// bucket's rate. Each returns a *ParamError per problem, joined.
 type Adaptive = backend.Adaptive
 
 // ParamError is a bad parameter given to a constructor or a call. Param is
