@@ -8,20 +8,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/internal/clocktest"
+	"github.com/throttlehq/throttle/limiter/internal/storetest"
 )
 
 // flakyStore wraps a Store and fails every call while down is set.
 type flakyStore struct {
 	limiter.Store
-	down  atomic.Bool
-	takes atomic.Int64
+	down atomic.Bool
 }
 
 var errDown = &limiter.StoreError{Op: "take", Bucket: "t", Err: errors.New("connection refused")}
 
 func (f *flakyStore) Take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
-	f.takes.Add(1)
 	if f.down.Load() {
 		return limiter.TakeResult{}, errDown
 	}
@@ -66,12 +67,8 @@ func (l *modeLog) get() []string {
 
 func waitForMode(t *testing.T, b *limiter.Bucket, want limiter.Mode) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for b.Mode() != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("mode = %s, want %s", b.Mode(), want)
-		}
-		time.Sleep(time.Millisecond)
+	if !testenv.Within(2*time.Second, func() bool { return b.Mode() == want }) {
+		t.Fatalf("mode = %s, want %s", b.Mode(), want)
 	}
 }
 
@@ -131,134 +128,144 @@ func TestAllowAndState(t *testing.T) {
 	}
 }
 
+// TestWaitSleepsExactlyTheReservation: at 20/s, burst 1, three callers
+// return at +0 (the burst), +50 and +100 ms, each when its reservation is
+// due, on the Bucket's clock.
 func TestWaitSleepsExactlyTheReservation(t *testing.T) {
-	b, err := limiter.NewLocal(20, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ctx := context.Background()
-	start := time.Now()
+	r := newRig(t, 20, 1, 1, limiter.Options{})
 	for range 3 { // 1 from the burst, then 2 at 50 ms each
-		if err := b.Wait(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		r.wait(1)
 	}
-	if d := time.Since(start); d < 100*time.Millisecond {
-		t.Fatalf("3 tokens at 20/s burst 1 took %v, want >= 100ms", d)
+	r.advance(ms(100))
+	if got, want := r.grants(), []time.Duration{0, ms(50), ms(100)}; !equalDurations(got, want) {
+		t.Fatalf("3 tokens at 20/s burst 1 granted at %v, want %v", got, want)
 	}
 }
 
+// TestPauseDelaysEveryWaiter: a caller that comes during a 150 ms pause
+// returns when the pause ends, not before.
 func TestPauseDelaysEveryWaiter(t *testing.T) {
-	b, err := limiter.NewLocal(1000, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	r := newRig(t, 1000, 10, 1, limiter.Options{})
 	ctx := context.Background()
-	if err := b.Pause(ctx, 150*time.Millisecond); err != nil {
+	if err := r.b.Pause(ctx, ms(150)); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := b.State(ctx); st.Rate != 0 || st.PausedFor <= 0 {
+	if st, _ := r.b.State(ctx); st.Rate != 0 || st.PausedFor <= 0 {
 		t.Fatalf("State while paused = %+v", st)
 	}
-	start := time.Now()
-	if err := b.Wait(ctx, 1); err != nil {
-		t.Fatal(err)
+	r.wait(1)
+	r.advance(ms(149))
+	if g := r.grants(); len(g) != 0 {
+		t.Fatalf("Wait during a 150ms pause returned at %v", g)
 	}
-	if d := time.Since(start); d < 140*time.Millisecond {
-		t.Fatalf("Wait during a 150ms pause returned after %v", d)
+	r.advance(ms(10))
+	if got, want := r.grants(), []time.Duration{ms(150)}; !equalDurations(got, want) {
+		t.Fatalf("Wait during a 150ms pause returned at %v, want %v", got, want)
 	}
 }
 
 func TestStoreFailureFallsBackLocallyAndRecovers(t *testing.T) {
-	f := newFlaky(t, 100, 10)
 	var modes modeLog
-	b, err := limiter.New(f, limiter.Options{ProbeInterval: 10 * time.Millisecond, Observer: modes.observer()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	r := newRig(t, 100, 10, 1, limiter.Options{ProbeInterval: ms(10), Observer: modes.observer()})
 	ctx := context.Background()
-	f.down.Store(true)
-	if err := b.Wait(ctx, 1); err != nil {
-		t.Fatalf("Wait with the store down = %v; want served by the local fallback", err)
-	}
-	if b.Mode() != limiter.ModeLocal {
-		t.Fatalf("mode = %s, want local", b.Mode())
+	r.store.down.Store(true)
+	r.wait(1) // served by the local fallback, which starts empty: +10 ms
+	if r.b.Mode() != limiter.ModeLocal {
+		t.Fatalf("mode = %s, want local", r.b.Mode())
 	}
 	// In fallback, the per-message path does not touch the store.
-	before := f.takes.Load()
+	before := r.store.takes.Load()
 	for range 5 {
-		if err := b.Wait(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		r.wait(1)
 	}
-	if n := f.takes.Load() - before; n != 0 {
+	r.advance(ms(9)) // just before the first grant and the first probe, at +10 ms
+	if n := r.store.takes.Load() - before; n != 0 {
 		t.Fatalf("%d store calls while in fallback, want 0", n)
 	}
-	if st, _ := b.State(ctx); st.Mode != limiter.ModeLocal || st.Rate != 100 {
+	if st, _ := r.b.State(ctx); st.Mode != limiter.ModeLocal || st.Rate != 100 {
 		t.Fatalf("state in fallback = %+v; want local at the whole rate for one replica", st)
 	}
-	f.down.Store(false)
-	waitForMode(t, b, limiter.ModeShared)
-	if err := b.Wait(ctx, 1); err != nil {
-		t.Fatal(err)
+	r.advance(ms(51))
+	if got, want := r.grants(), []time.Duration{ms(10), ms(20), ms(30), ms(40), ms(50), ms(60)}; !equalDurations(got, want) {
+		t.Fatalf("grants in fallback at %v, want %v (100/s from empty)", got, want)
+	}
+	r.store.down.Store(false)
+	r.advance(ms(10)) // the next probe finds the store back
+	waitForMode(t, r.b, limiter.ModeShared)
+	r.wait(1) // from the shared bucket, drained on the way back: +80 ms
+	r.advance(ms(20))
+	if got, want := r.grants(), []time.Duration{ms(80)}; !equalDurations(got, want) {
+		t.Fatalf("grants after the recovery at %v, want %v", got, want)
 	}
 	// ModeChanged runs after the switch, so the recovery may be reported a
 	// moment after Mode shows it.
-	deadline := time.Now().Add(2 * time.Second)
-	for len(modes.get()) < 2 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Within(2*time.Second, func() bool { return len(modes.get()) >= 2 })
 	if got := modes.get(); len(got) != 2 || got[0] != "shared>local" || got[1] != "local>shared" {
 		t.Fatalf("transitions = %v, want one each way", got)
 	}
 }
 
+// TestFallbackUsesTheConfiguredShare: with FallbackRate 20 the local
+// bucket, which starts empty, grants 20/s, and a cost above its burst is
+// still served, only later.
 func TestFallbackUsesTheConfiguredShare(t *testing.T) {
-	f := newFlaky(t, 100, 10)
-	b, err := limiter.New(f, limiter.Options{FallbackRate: 20, ProbeInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	f.down.Store(true)
-	ctx := context.Background()
-	start := time.Now()
+	r := newRig(t, 100, 10, 1, limiter.Options{FallbackRate: 20})
+	r.store.down.Store(true)
 	for range 5 { // the local bucket starts empty: 5 tokens at 20/s
-		if err := b.Wait(ctx, 1); err != nil {
-			t.Fatal(err)
-		}
+		r.wait(1)
 	}
-	if d := time.Since(start); d < 240*time.Millisecond {
-		t.Fatalf("5 tokens at a 20/s fallback took %v, want >= 250ms", d)
+	if r.b.Mode() != limiter.ModeLocal {
+		t.Fatalf("mode = %s, want local", r.b.Mode())
+	}
+	r.advance(ms(250))
+	if got, want := r.grants(), []time.Duration{ms(50), ms(100), ms(150), ms(200), ms(250)}; !equalDurations(got, want) {
+		t.Fatalf("5 tokens at a 20/s fallback granted at %v, want %v", got, want)
 	}
 	// A cost above the local burst is still served, just slower.
-	if err := b.Wait(ctx, 10); err != nil {
-		t.Fatalf("Wait(10) in fallback = %v", err)
+	r.wait(10)
+	r.advance(ms(500))
+	if got, want := r.grants(), []time.Duration{ms(750)}; !equalDurations(got, want) {
+		t.Fatalf("Wait(10) in fallback returned at %v, want %v (10 tokens at 20/s)", got, want)
 	}
 }
 
+// TestClosedPolicyBlocksUntilTheStoreIsBack: under ModeClosed a caller
+// waits while the store is down, however long, and is served by the first
+// probe that finds it back.
 func TestClosedPolicyBlocksUntilTheStoreIsBack(t *testing.T) {
-	f := newFlaky(t, 100, 10)
-	b, err := limiter.New(f, limiter.Options{OnStoreError: limiter.ModeClosed, ProbeInterval: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
+	r := newRig(t, 100, 10, 1, limiter.Options{OnStoreError: limiter.ModeClosed, ProbeInterval: ms(10)})
+	ctx := context.Background()
+	r.store.down.Store(true)
+	if ok, _ := r.b.Allow(ctx, 1); ok {
+		t.Fatal("Allow granted while closed")
 	}
-	defer b.Close()
-	f.down.Store(true)
+	r.open.Add(1) // a closed caller waits on the recovery, not on a timer
 	done := make(chan error, 1)
-	go func() { done <- b.Wait(context.Background(), 1) }()
+	go func() {
+		defer r.open.Add(-1)
+		err := r.b.Wait(ctx, 1)
+		if err == nil {
+			r.mu.Lock()
+			r.results = append(r.results, r.at())
+			r.mu.Unlock()
+		}
+		done <- err
+	}()
+	for range 10 { // 100 ms of probes that fail
+		armed := r.clk.Armed()
+		r.clk.Advance(ms(10))
+		r.clk.WaitArmed(t, armed+1)
+	}
 	select {
 	case err := <-done:
 		t.Fatalf("Wait returned %v while closed", err)
-	case <-time.After(100 * time.Millisecond):
+	default:
 	}
-	if ok, _ := b.Allow(context.Background(), 1); ok {
+	if ok, _ := r.b.Allow(ctx, 1); ok {
 		t.Fatal("Allow granted while closed")
 	}
-	f.down.Store(false)
+	r.store.down.Store(false)
+	r.clk.Advance(ms(10))
 	select {
 	case err := <-done:
 		if err != nil {
@@ -266,6 +273,9 @@ func TestClosedPolicyBlocksUntilTheStoreIsBack(t *testing.T) {
 		}
 	case <-time.After(2 * time.Second):
 		t.Fatal("Wait still blocked after the store came back")
+	}
+	if got, want := r.grants(), []time.Duration{ms(110)}; !equalDurations(got, want) {
+		t.Fatalf("Wait returned at %v, want %v: at the first probe that found the store back", got, want)
 	}
 }
 
@@ -363,26 +373,31 @@ func TestLeasingSwitchesOffAtLowRates(t *testing.T) {
 	}
 }
 
+// TestLeasedTokensGoBackWhenIdle: the tokens a Bucket leased go back to
+// the store once they sat unused for a whole Lease.Idle (on the Bucket's
+// clock: at +40 ms with Idle 20 ms, the lease taken at +0), not before
+// Idle.
 func TestLeasedTokensGoBackWhenIdle(t *testing.T) {
-	m, _ := limiter.NewMemory(1e5, 1e5)
-	c := &countingStore{Store: m}
-	b, err := limiter.New(c, limiter.Options{Lease: limiter.LeaseOptions{Idle: 20 * time.Millisecond}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	clk := clocktest.New(storetest.Base)
+	s := newClockedStore(t, clk, 1e5, 1e5, 1)
+	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: ms(20)}}, s.watched)
 	for range 3 {
 		if err := b.Wait(context.Background(), 1); err != nil {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for c.refunded.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("leased tokens were not given back after the idle time")
-		}
-		time.Sleep(5 * time.Millisecond)
+	clk.WaitTimers(t, 1) // the idle timer
+	clk.Advance(ms(19))
+	if n := s.refunded.Load(); n != 0 {
+		t.Fatalf("%d leased tokens given back before the idle time", n)
 	}
+	// The timer runs every Idle while the pool holds tokens; the first run
+	// finds them used since the last one, the second gives them back.
+	armed := clk.Armed()
+	clk.Advance(ms(1))
+	clk.WaitArmed(t, armed+1)
+	clk.Advance(ms(20))
+	testenv.Eventually(t, 2*time.Second, "the leased tokens given back after the idle time", func() bool { return s.refunded.Load() > 0 })
 }
 
 // TestCloseStopsWaiters: a caller asleep on a reservation returns

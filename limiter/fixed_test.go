@@ -28,6 +28,8 @@ type clockedStore struct {
 	replicas int
 	drained  []int
 	watchers []func()
+	// takes counts the calls of Take, refunded the tokens given back.
+	takes, refunded atomic.Int64
 }
 
 var errRefused = &limiter.StoreError{Op: "take", Bucket: "t", Err: errors.New("WRONGPASS"), Misconfigured: true}
@@ -58,6 +60,7 @@ func (s *clockedStore) fail() error {
 }
 
 func (s *clockedStore) Take(_ context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+	s.takes.Add(1)
 	if err := s.fail(); err != nil {
 		return limiter.TakeResult{}, err
 	}
@@ -69,6 +72,7 @@ func (s *clockedStore) Refund(_ context.Context, n int) error {
 		return err
 	}
 	s.mem().RefundAt(s.clk.Now(), n)
+	s.refunded.Add(int64(n))
 	return nil
 }
 
