@@ -181,8 +181,18 @@ func Run(ctx context.Context, cfg Config) (*Outcome, error) {
 	work := Workload(cfg.Seed, cfg.Duration)
 	out.Published = len(work)
 	r.start = time.Now()
-	pubErr := make(chan error, 1)
-	go func() { pubErr <- r.publish(ctx, work) }()
+	// The publisher is Run's: stopped and waited for on every return.
+	pubCtx, stopPub := context.WithCancel(ctx)
+	pubDone := make(chan struct{})
+	var pubErr error
+	go func() {
+		defer close(pubDone)
+		pubErr = r.publish(pubCtx, work)
+	}()
+	defer func() {
+		stopPub()
+		<-pubDone
+	}()
 	for _, s := range out.Schedule {
 		if err := sleepUntil(ctx, r.start.Add(s.At)); err != nil {
 			return nil, err
@@ -191,8 +201,9 @@ func Run(ctx context.Context, cfg Config) (*Outcome, error) {
 			return nil, fmt.Errorf("step %v: %w", s, err)
 		}
 	}
-	if err := <-pubErr; err != nil {
-		return nil, err
+	<-pubDone
+	if pubErr != nil {
+		return nil, pubErr
 	}
 	if err := r.heal(ctx); err != nil {
 		return nil, err
@@ -677,6 +688,7 @@ func (r *run) spec(dead map[int]int) Spec {
 			{Name: "per-account", Key: func(a Arrival) string { return a.Acct }, Quota: Quota, Per: time.Hour},
 		},
 		Stall:         r.stalls.Max(),
+		StallIn:       r.stalls.MaxIn,
 		Published:     r.published,
 		DeadLettered:  dead,
 		MayDeadLetter: func(a Arrival) bool { return a.Acct == CappedAccount },

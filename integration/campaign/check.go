@@ -82,10 +82,11 @@ func StallBound(bound int, rate float64, stall time.Duration) int {
 // Gap is the closest approach of a key's arrivals: arrival I and arrival
 // I+Lag of the key, D apart.
 type Gap struct {
-	Key string
-	D   time.Duration
-	At  time.Time // the earlier arrival
-	N   int       // the key's arrivals
+	Key  string
+	D    time.Duration
+	Want time.Duration // the least D allowed for this pair; 0 when not asked
+	At   time.Time     // the earlier arrival
+	N    int           // the key's arrivals
 }
 
 func (g Gap) String() string {
@@ -110,12 +111,13 @@ func PerKey(as []Arrival, key func(Arrival) string) map[string][]time.Time {
 	return out
 }
 
-// ClosestGap returns, over every key, the closest pair of arrivals lag
-// apart in the key's order (lag is the layer's burst: a full bucket grants
-// burst at once, so only arrivals burst apart must be a refill apart),
-// leaving out pairs that skip(earlier, later) says to. Its D is an hour
-// when no key has a pair.
-func ClosestGap(perKey map[string][]time.Time, lag int, skip func(a, b time.Time) bool) Gap {
+// ClosestGap returns, over every key, the pair of arrivals lag apart in
+// the key's order (lag is the layer's burst: a full bucket grants burst at
+// once, so only arrivals burst apart must be a refill apart) that comes
+// closest to its least gap want(earlier, later), or simply the closest
+// pair when want is nil, leaving out pairs that skip says to. Its D is an
+// hour when no key has a pair.
+func ClosestGap(perKey map[string][]time.Time, lag int, skip func(a, b time.Time) bool, want func(a, b time.Time) time.Duration) Gap {
 	g := Gap{D: time.Hour}
 	keys := make([]string, 0, len(perKey))
 	for k := range perKey {
@@ -125,11 +127,16 @@ func ClosestGap(perKey map[string][]time.Time, lag int, skip func(a, b time.Time
 	for _, k := range keys {
 		ts := perKey[k]
 		for i := 0; i+lag < len(ts); i++ {
-			if skip != nil && skip(ts[i], ts[i+lag]) {
+			a, b := ts[i], ts[i+lag]
+			if skip != nil && skip(a, b) {
 				continue
 			}
-			if d := ts[i+lag].Sub(ts[i]); d < g.D {
-				g = Gap{Key: k, D: d, At: ts[i], N: len(ts)}
+			var w time.Duration
+			if want != nil {
+				w = want(a, b)
+			}
+			if d := b.Sub(a); d-w < g.D-g.Want {
+				g = Gap{Key: k, D: d, Want: w, At: a, N: len(ts)}
 			}
 		}
 	}
@@ -210,6 +217,11 @@ type Spec struct {
 	// Stall is the longest the checking process stood still; timing
 	// bounds are widened by it, and only by it.
 	Stall time.Duration
+	// StallIn, when set, returns the longest stall from one instant to
+	// another, and each bound is widened only by the stalls around the
+	// window or pair it judges (Stall is then the longest of the run,
+	// for the report).
+	StallIn func(from, to time.Time) time.Duration
 	// Published is every message published, by id.
 	Published map[int]Arrival
 	// DeadLettered counts the dead letters by id.
@@ -316,7 +328,16 @@ func (s *Spec) Bound(start time.Time, width time.Duration, allowance int) int {
 	extra, _ := s.disturbed(start, start.Add(width))
 	bursts := 1 + extra
 	b := int(math.Floor(float64(bursts*s.Burst)+rate*width.Seconds()+1e-9)) + allowance
-	return StallBound(b, rate, s.Stall)
+	return StallBound(b, rate, s.stallIn(start.Add(-time.Second), start.Add(width+time.Second)))
+}
+
+// stallIn returns the longest stall from from to to: StallIn's, or the
+// run's when there is none.
+func (s *Spec) stallIn(from, to time.Time) time.Duration {
+	if s.StallIn != nil {
+		return s.StallIn(from, to)
+	}
+	return s.Stall
 }
 
 // Check verifies arrivals against spec:
@@ -326,7 +347,8 @@ func (s *Spec) Bound(start time.Time, width time.Duration, allowance int) int {
 //   - for each keyed layer, first arrivals of a key Burst apart in its
 //     order (a duplicate counts against DupBound instead) are
 //     at least GapFraction of the layer's spacing (1/rate) apart, less the
-//     stall (a late timestamp shortens the gap after it by at most that);
+//     stall around them (a late timestamp shortens the gap after it by at
+//     most that);
 //     pairs touching a disturbance are left out, and instead the key's
 //     arrivals during it are at most (1+ExtraKeyBursts) bursts plus the
 //     rate × its length, plus one;
@@ -383,19 +405,21 @@ func Check(arrivals []Arrival, spec Spec) *Report {
 	for _, l := range spec.Keyed {
 		perKey := PerKey(firsts, l.Key)
 		spacing := time.Duration(float64(time.Second) / l.Rate)
-		want := time.Duration(frac*float64(spacing)) - spec.Stall
-		g := ClosestGap(perKey, max(l.Burst, 1), func(a, b time.Time) bool { return inDisturbance(a) || inDisturbance(b) })
+		want := func(a, b time.Time) time.Duration {
+			return time.Duration(frac*float64(spacing)) - spec.stallIn(a.Add(-time.Second), b.Add(time.Second))
+		}
+		g := ClosestGap(perKey, max(l.Burst, 1), func(a, b time.Time) bool { return inDisturbance(a) || inDisturbance(b) }, want)
 		r.Closest[l.Name] = g
 		if g.N >= 2 {
-			r.logf("%s (%v/s burst %d, %d keys): closest pair %d apart %v, want >= %v; shortest gaps of that key %v",
-				l.Name, l.Rate, l.Burst, len(perKey), max(l.Burst, 1), g, want.Round(time.Millisecond), Gaps(perKey[g.Key]))
+			r.logf("%s (%v/s burst %d, %d keys): the pair %d apart closest to its bound %v, want >= %v; shortest gaps of that key %v",
+				l.Name, l.Rate, l.Burst, len(perKey), max(l.Burst, 1), g, g.Want.Round(time.Millisecond), Gaps(perKey[g.Key]))
 		} else {
 			r.logf("%s (%d keys): %v", l.Name, len(perKey), g)
 		}
-		if g.N >= 2 && g.D < want {
-			r.failf("%s: arrivals of key %s %d apart only %v apart from %s, want >= %v (%.0f%% of %v, less the %v stall)%s; its shortest gaps %v",
-				l.Name, g.Key, max(l.Burst, 1), g.D.Round(time.Millisecond), g.At.Format("15:04:05.000"), want.Round(time.Millisecond),
-				100*frac, spacing, spec.Stall.Round(time.Millisecond), spec.near(g.At), Gaps(perKey[g.Key]))
+		if g.N >= 2 && g.D < g.Want {
+			r.failf("%s: arrivals of key %s %d apart only %v apart from %s, want >= %v (%.0f%% of %v, less the %v stall around them)%s; its shortest gaps %v",
+				l.Name, g.Key, max(l.Burst, 1), g.D.Round(time.Millisecond), g.At.Format("15:04:05.000"), g.Want.Round(time.Millisecond),
+				100*frac, spacing, (time.Duration(frac*float64(spacing)) - g.Want).Round(time.Millisecond), spec.near(g.At), Gaps(perKey[g.Key]))
 		}
 		for _, d := range spec.Disturbances {
 			allowed := (1+d.ExtraKeyBursts)*l.Burst + int(l.Rate*d.To.Sub(d.From).Seconds()) + 1

@@ -83,15 +83,26 @@ func TestClosestGap(t *testing.T) {
 		"a": at(0, 2000, 3900, 6000),
 		"b": at(100, 101, 3000),
 	}
-	if g := ClosestGap(perKey, 1, nil); g.Key != "b" || g.D != time.Millisecond {
+	if g := ClosestGap(perKey, 1, nil, nil); g.Key != "b" || g.D != time.Millisecond {
 		t.Errorf("lag 1: %v, want b 1ms", g)
 	}
-	if g := ClosestGap(perKey, 2, nil); g.Key != "b" || g.D != 2900*time.Millisecond {
+	if g := ClosestGap(perKey, 2, nil, nil); g.Key != "b" || g.D != 2900*time.Millisecond {
 		t.Errorf("lag 2: %v, want b 2.9s", g)
 	}
 	skip := func(a, b time.Time) bool { return a.Before(t0.Add(time.Second)) }
-	if g := ClosestGap(perKey, 1, skip); g.Key != "a" || g.D != 1900*time.Millisecond {
+	if g := ClosestGap(perKey, 1, skip, nil); g.Key != "a" || g.D != 1900*time.Millisecond {
 		t.Errorf("skipping the first second: %v, want a 1.9s", g)
+	}
+	// With a bound per pair: b's pair at 100 ms may be 1 ms apart (its
+	// bound is below that), a's 1.9 s must be 2 s: a comes closest.
+	want := func(x, y time.Time) time.Duration {
+		if x.Before(t0.Add(time.Second)) {
+			return 0
+		}
+		return 2 * time.Second
+	}
+	if g := ClosestGap(perKey, 1, nil, want); g.Key != "a" || g.D != 1900*time.Millisecond || g.Want != 2*time.Second {
+		t.Errorf("with a bound per pair: %v (want %v), want a 1.9s against 2s", g, g.Want)
 	}
 }
 
@@ -191,5 +202,29 @@ func TestMerged(t *testing.T) {
 	}
 	if got := merged([][2]time.Time{s(5, 8), s(0, 2), s(1, 3), s(7, 10)}); got != 8*time.Second {
 		t.Errorf("merged = %v, want 8s ([0,3] and [5,10])", got)
+	}
+}
+
+func TestStallsMaxIn(t *testing.T) {
+	s := &Stalls{events: []stall{
+		{Wake: t0.Add(time.Second), Over: 50 * time.Millisecond},
+		{Wake: t0.Add(3 * time.Second), Over: 200 * time.Millisecond},
+		{Wake: t0.Add(10 * time.Second), Over: 20 * time.Millisecond},
+	}}
+	steps := []struct {
+		from, to int // ms
+		want     time.Duration
+	}{
+		{0, 900, 5 * time.Millisecond},       // nothing overlaps: the least recorded
+		{0, 960, 50 * time.Millisecond},      // the first began at 950 ms
+		{1001, 2700, 5 * time.Millisecond},   // the first woke at 1000, the second began at 2800
+		{2900, 2950, 200 * time.Millisecond}, // within the second
+		{0, 20000, 200 * time.Millisecond},   // all
+		{3001, 20000, 20 * time.Millisecond}, // the last only
+	}
+	for _, st := range steps {
+		if got := s.MaxIn(t0.Add(time.Duration(st.from)*time.Millisecond), t0.Add(time.Duration(st.to)*time.Millisecond)); got != st.want {
+			t.Errorf("MaxIn(%d ms, %d ms) = %v, want %v", st.from, st.to, got, st.want)
+		}
 	}
 }

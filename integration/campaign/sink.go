@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,13 +106,23 @@ func (s *Sink) Close() error {
 	return err
 }
 
-// Stalls measures how late this process's goroutines wake up: the longest
-// overshoot of a 5 ms sleep, which on a loaded machine is the longest time
-// everything stood still, the sink's clock included. Stop ends it.
+// Stalls measures how late this process's goroutines wake up: the
+// overshoot of a 5 ms sleep, which on a loaded machine is how long
+// everything stood still, the sink's clock included. It keeps the longest
+// and every overshoot of 5 ms or more with its time, so that a bound can
+// be widened by the stalls around what it judges only. Stop ends it.
 type Stalls struct {
 	max     atomic.Int64 // time.Duration
+	mu      sync.Mutex
+	events  []stall
 	stop    chan struct{}
 	stopped chan struct{}
+}
+
+// stall is one overshoot, ending at Wake.
+type stall struct {
+	Wake time.Time
+	Over time.Duration
 }
 
 // MeasureStalls starts measuring until Stop.
@@ -129,8 +140,15 @@ func MeasureStalls() *Stalls {
 				return
 			case <-timer.C:
 			}
-			if late := time.Since(start) - 5*time.Millisecond; late > time.Duration(s.max.Load()) {
+			now := time.Now()
+			late := now.Sub(start) - 5*time.Millisecond
+			if late > time.Duration(s.max.Load()) {
 				s.max.Store(int64(late))
+			}
+			if late >= 5*time.Millisecond {
+				s.mu.Lock()
+				s.events = append(s.events, stall{Wake: now, Over: late})
+				s.mu.Unlock()
 			}
 		}
 	}()
@@ -139,6 +157,23 @@ func MeasureStalls() *Stalls {
 
 // Max returns the longest stall measured so far.
 func (s *Stalls) Max() time.Duration { return time.Duration(s.max.Load()) }
+
+// MaxIn returns the longest stall that overlapped [from, to], or 5 ms
+// (the least it records) when none did.
+func (s *Stalls) MaxIn(from, to time.Time) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	longest := 5 * time.Millisecond
+	i := sort.Search(len(s.events), func(i int) bool { return !s.events[i].Wake.Before(from) })
+	for ; i < len(s.events); i++ {
+		e := s.events[i]
+		if e.Wake.Add(-e.Over).After(to) {
+			break
+		}
+		longest = max(longest, e.Over)
+	}
+	return longest
+}
 
 // Stop stops measuring and waits for the goroutine. It may be called more
 // than once from one goroutine.
