@@ -3,16 +3,12 @@
 //
 // The broker backends live in subpackages (consumer/kafka and
 // consumer/rabbitmq) so that an importer pulls in only the client it uses.
-// This package holds what they share, so that they behave alike: the
-// Message type, the Handler and Middleware types, the limiter adapter
-// (NewLimiter), the error classification that decides between retry and
-// dead-letter, the retry policy, the Throttle and PushBack middleware, and
-// the pieces of every backend: Options (embedded in each backend's Config),
-// Processor (the per-message path, with a rate-bounded log of sink
-// failures), Lifecycle (Run runs once, Close stops it), Backoff and Sleep,
-// Ordering with KeyQueue, and the dead-letter headers
-// (Outcome.DeadLetterHeaders). The guide in the repository is
-// docs/library.md.
+// This package holds what a program needs with either, and what makes them
+// behave alike: the Message, Handler and Middleware types, the limiter
+// adapter (NewLimiter), the Throttle and PushBack middleware, the error
+// classification that decides between retry and dead-letter, the retry
+// policy, Ordering, and Options, embedded in each backend's Config. The
+// guide in the repository is docs/library.md.
 //
 // # Flow
 //
@@ -30,7 +26,7 @@
 // turns a message into a limiter.Request: its keys in the bucket's keyed
 // layers (LimitOptions.Keys), its class (LimitOptions.Priority, see
 // PriorityFromHeader) and the slots a delay layer already booked for it
-// (HeaderPaid). A layer's refusal becomes what the consumer does with the
+// (see Throttle). A layer's refusal becomes what the consumer does with the
 // message: dead_letter fails it permanently with HeaderLimit and
 // HeaderLimitReason, delay sets it aside (SetAside). Options.Priority
 // orders the messages a backend holds by the same classes (see Ordering).
@@ -45,12 +41,12 @@
 // replica (Options.Pauser). SetAside asks for the message to come back
 // later without counting an attempt: a backend that can set messages aside
 // stores it in its delay topic or queue and acks or commits it. A handler
-// that panics is recovered and its message dead-lettered (ErrHandlerPanic).
+// that panics is recovered and its message dead-lettered.
 //
 // # Concurrency
 //
-// Handlers are called from many goroutines at once, at most as many as the
-// backend's Concurrency or MaxInFlight, in the order Options.Ordering
-// allows. Options is a plain value; NewLimiter's limiter and the
+// Handlers are called from many goroutines at once: Options.Concurrency
+// bounds the messages handled at once, the same on every backend, in the
+// order Options.Ordering allows. Options is a plain value; NewLimiter's limiter and the
 // middleware are safe for concurrent use.
 package consumer

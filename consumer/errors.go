@@ -68,11 +68,17 @@ func RetryAfterOf(err error) (time.Duration, bool) {
 }
 
 // ErrAbandoned marks a message that was not handled and must be neither
-// committed nor dead-lettered, so that the broker delivers it again. Process
-// returns an Abandoned outcome for it. The Throttle middleware uses it when
-// the limiter was closed under a running consumer, which happens during
-// shutdown.
+// committed nor dead-lettered, so that the broker delivers it again: a
+// handler may return it (wrapped or not), and the Throttle middleware
+// returns it when the limiter was closed under a running consumer, which
+// happens during shutdown. The backends leave such a message for
+// redelivery without counting an attempt as failed.
 var ErrAbandoned = errors.New("message abandoned for redelivery")
+
+// ErrStopped is returned by a backend's Run when Run was called before, or
+// after Close: a consumer runs once. (A limiter.Bucket after Close returns
+// limiter.ErrClosed.)
+var ErrStopped = errors.New("consumer stopped")
 
 // ErrAccessRefused is wrapped by the error a backend's Run returns when the
 // broker refuses the consumer's credentials or permissions when it starts:

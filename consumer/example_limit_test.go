@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/throttlehq/throttle/consumer"
@@ -33,20 +34,21 @@ func ExampleNewLimiter() {
 		fmt.Println("sent to", m.Headers["to"], "as", m.Headers["x-prio"])
 		return nil
 	})
-	policy := consumer.RetryPolicy{MaxAttempts: 3}
 	for _, m := range []consumer.Message{
 		{Headers: map[string]string{"to": "+14155550100", "x-prio": "high"}},
 		{Headers: map[string]string{"to": "+14155550101", "x-prio": "low"}},
 		{Headers: map[string]string{"to": "+14155550100", "x-prio": "low"}},
 	} {
-		o := policy.Process(context.Background(), send, m, nil)
-		if !o.Delivered() {
-			h := o.DeadLetterHeaders(nil)
-			fmt.Println("dead-lettered after", h[consumer.HeaderAttempts], "attempt by", h[consumer.HeaderLimit])
+		err := send(context.Background(), m)
+		var refused *limiter.LimitError
+		if consumer.IsPermanent(err) && errors.As(err, &refused) {
+			// A consumer dead-letters it at once, naming the layer in
+			// the header consumer.HeaderLimit.
+			fmt.Println("dead-lettered by", refused.Layer)
 		}
 	}
 	// Output:
 	// sent to +14155550100 as high
 	// sent to +14155550101 as low
-	// dead-lettered after 1 attempt by per-recipient
+	// dead-lettered by per-recipient
 }

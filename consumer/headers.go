@@ -1,8 +1,9 @@
 package consumer
 
 // Header names of a message set aside (SetAside), the same for every
-// backend. The copy carries them beside HeaderAttempts, HeaderPaid and
-// the backend's position headers (HeaderOriginalTopic...,
+// backend. The copy carries them beside HeaderAttempts, the slot a delay
+// layer booked for it (x-throttle-paid) and the backend's position headers
+// (consumer/kafka's HeaderOriginalTopic..., consumer/rabbitmq's
 // HeaderOriginalQueue...).
 const (
 	// HeaderDue is when the message is due again: RFC 3339 with

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -56,7 +57,8 @@ type LimitOptions struct {
 // NewLimiter returns the limiter a consumer waits on (Options.Limiter)
 // for bucket: each message's request names its keys (LimitOptions.Keys),
 // its class (LimitOptions.Priority) and the slots it already paid for
-// (PaidSlots), and waits at most LimitOptions.WaitTimeout. What the layers
+// (the header x-throttle-paid of a message set aside, see Throttle), and
+// waits at most LimitOptions.WaitTimeout. What the layers
 // decide becomes what the consumer does with the message:
 //
 //   - a layer with on_exceed dead_letter that refuses makes the message
@@ -64,7 +66,7 @@ type LimitOptions struct {
 //     HeaderLimitReason naming the layer and the reason;
 //   - a layer with on_exceed delay that refuses sets the message aside
 //     until the layer has room (Throttle turns the refusal into a
-//     SetAside), carrying the slot the layer booked in HeaderPaid;
+//     SetAside), carrying the slot the layer booked;
 //   - a cost a layer can never grant is a permanent failure too.
 //
 // It is the one adapter from a message to a limiter request: the binary
@@ -110,6 +112,11 @@ type messageLimiter struct {
 	opts LimitOptions
 }
 
+// MessagePriority returns LimitOptions.Priority: a consumer whose
+// Options.Priority is unset orders its messages by the classes this
+// limiter waits in (the backends' kit reads it).
+func (l *messageLimiter) MessagePriority() PriorityFunc { return l.opts.Priority }
+
 // Wait implements Limiter: a request without a message, in the Bucket's
 // class. It fails with limiter.ErrMissingKey on a bucket with a keyed
 // layer.
@@ -119,7 +126,7 @@ func (l *messageLimiter) Wait(ctx context.Context, cost int) error {
 
 // WaitMessage implements MessageLimiter.
 func (l *messageLimiter) WaitMessage(ctx context.Context, msg Message, cost int) error {
-	req := limiter.Request{Cost: cost, Paid: PaidSlots(msg)}
+	req := limiter.Request{Cost: cost, Paid: setaside.PaidSlots(msg.Headers)}
 	var err error
 	if l.opts.Priority != nil {
 		if req.Priority, err = l.opts.Priority(msg); err != nil {
@@ -165,8 +172,8 @@ type limitRefusal struct{ *limiter.LimitError }
 
 func (e limitRefusal) Unwrap() error { return e.LimitError }
 
-// DeadLetterHeaders implements the dead-letter header hook (see
-// RetryPolicy).
+// DeadLetterHeaders names the headers the backends add to the dead letter
+// (see HeaderError).
 func (e limitRefusal) DeadLetterHeaders() map[string]string {
 	return map[string]string{HeaderLimit: e.Layer, HeaderLimitReason: e.Reason}
 }

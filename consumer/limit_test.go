@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -52,7 +53,7 @@ func TestThrottleDeadLettersALayersRefusal(t *testing.T) {
 			h := consumer.Throttle(c.l, nil)(func(context.Context, consumer.Message) error { sent++; return nil })
 			attempts := 0
 			for range 3 {
-				o := fastRetry.Process(context.Background(), h, consumer.Message{Headers: map[string]string{"to": "+15550100"}}, nil)
+				o := kit.Process(context.Background(), fastRetry, h, consumer.Message{Headers: map[string]string{"to": "+15550100"}}, nil)
 				attempts += o.Attempts
 				if o.Delivered() {
 					continue
@@ -83,7 +84,7 @@ func TestNewLimiterSetsAsideForADelayLayer(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = h(context.Background(), msg)
-	d, ok := consumer.SetAsideOf(err)
+	d, ok := kit.SetAsideOf(err)
 	if !ok || d <= 900*time.Millisecond || d > time.Second {
 		t.Fatalf("second message: %v (set aside %v, %v), want set aside for about 1s", err, d, ok)
 	}
@@ -96,7 +97,7 @@ func TestNewLimiterSetsAsideForADelayLayer(t *testing.T) {
 // at 1/s went out 0–1 ms apart. NewLimiter without Keys fails too.
 func TestConsumerRefusesAKeyedBucket(t *testing.T) {
 	b := layeredBucket(t, limiter.Layer{Name: "per-recipient", Keyed: true, Rate: 1, Burst: 1})
-	_, err := consumer.Options{Limiter: b}.WithDefaults()
+	_, err := kit.WithDefaults(consumer.Options{Limiter: b})
 	var fe *consumer.FieldError
 	if !errors.Is(err, consumer.ErrInvalidOptions) || !errors.As(err, &fe) || fe.Field != "Limiter" || !contains(err.Error(), "consumer.NewLimiter") {
 		t.Errorf("Options with a keyed bucket: %v, want an ErrInvalidOptions naming Limiter and consumer.NewLimiter", err)
@@ -108,7 +109,7 @@ func TestConsumerRefusesAKeyedBucket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (consumer.Options{Limiter: l}).WithDefaults(); err != nil {
+	if _, err := kit.WithDefaults(consumer.Options{Limiter: l}); err != nil {
 		t.Errorf("Options with NewLimiter's limiter: %v", err)
 	}
 }
@@ -148,7 +149,7 @@ func TestOptionsPriorityFromNewLimiter(t *testing.T) {
 		t.Fatal(err)
 	}
 	high := consumer.Message{Headers: map[string]string{"x-priority": "high"}}
-	o, err := consumer.Options{Limiter: l}.WithDefaults()
+	o, err := kit.WithDefaults(consumer.Options{Limiter: l})
 	if err != nil || o.Priority == nil {
 		t.Fatalf("WithDefaults = %v, Priority set %v; want the limiter's", err, o.Priority != nil)
 	}
@@ -156,7 +157,7 @@ func TestOptionsPriorityFromNewLimiter(t *testing.T) {
 		t.Errorf("class of a high message = %v, %v", p, err)
 	}
 	mine := func(consumer.Message) (limiter.Priority, error) { return limiter.PriorityNormal, nil }
-	if o, _ := (consumer.Options{Limiter: l, Priority: mine}).WithDefaults(); o.Priority == nil {
+	if o, _ := kit.WithDefaults(consumer.Options{Limiter: l, Priority: mine}); o.Priority == nil {
 		t.Error("Options.Priority was dropped")
 	} else if p, _ := o.Priority(high); p != limiter.PriorityNormal {
 		t.Errorf("Options.Priority lost to the limiter's: class %v", p)
@@ -165,7 +166,7 @@ func TestOptionsPriorityFromNewLimiter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o, _ := (consumer.Options{Limiter: plain}).WithDefaults(); o.Priority != nil {
+	if o, _ := kit.WithDefaults(consumer.Options{Limiter: plain}); o.Priority != nil {
 		t.Error("a limiter without Priority gave the consumer classes")
 	}
 	if _, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys, WaitTimeout: -time.Second}); !errors.Is(err, consumer.ErrInvalidOptions) || !contains(err.Error(), "WaitTimeout") {

@@ -7,12 +7,6 @@ import (
 	"time"
 )
 
-// DefaultDrainTimeout is the default of Options.DrainTimeout.
-const DefaultDrainTimeout = 30 * time.Second
-
-// DefaultMaxSetAside is the default of Options.MaxSetAside.
-const DefaultMaxSetAside = time.Minute
-
 // Options are the settings that every backend shares. Each backend's Config
 // embeds them and adds only what is its own (brokers, queue, prefetch...),
 // so that the same field means the same thing for Kafka and RabbitMQ. The
@@ -25,8 +19,8 @@ type Options struct {
 	// returned: a wait on a closed limiter abandons the message for
 	// redelivery.
 	Limiter Limiter
-	// Cost gives a message's cost in tokens. Default CostOne. It requires
-	// Limiter.
+	// Cost gives a message's cost in tokens. Default: one token for every
+	// message. It requires Limiter.
 	Cost CostFunc
 	// Pauser, when set, is paused for every replica when a handler returns
 	// an error made with RetryAfter (PushBack), for the delay the error
@@ -39,10 +33,9 @@ type Options struct {
 	// after the ones set aside before it in the same partition or queue,
 	// so this is also the longest that one message set aside far ahead
 	// (a delay layer's slot booked behind a hot key's backlog) holds up
-	// the others. A message whose slot (HeaderPaid) is further ahead is
+	// the others. A message whose booked slot is further ahead is
 	// set aside again when it comes back, as often as needed: a slot d
-	// ahead costs about d/MaxSetAside + 1 writes. Default
-	// DefaultMaxSetAside.
+	// ahead costs about d/MaxSetAside + 1 writes. Default 1m.
 	MaxSetAside time.Duration
 	// Retry is the retry policy for failed handlers. The zero value uses
 	// RetryPolicy's defaults.
@@ -75,12 +68,16 @@ type Options struct {
 	// Default: none.
 	Observer *MessageObserver
 	// Logger receives connection events, dead-letters, and the rate-bounded
-	// summary of handler failures (see Processor). Message bodies are never
-	// logged. Default slog.Default().
+	// summary of handler failures: while a sink fails, at most one "sink
+	// failing: 503 ×120 in the last 10s, retrying" line per 10s, then one
+	// "sink recovered after 40s" line. Message bodies are never logged.
+	// Default slog.Default().
 	Logger *slog.Logger
 }
 
-// ErrInvalidOptions is wrapped by the errors of Options.WithDefaults.
+// ErrInvalidOptions is wrapped by every error that rejects Options: a
+// backend's New (with a *FieldError naming each field at fault, read them
+// with FieldErrors) and NewLimiter.
 var ErrInvalidOptions = errors.New("invalid consumer options")
 
 // Validate returns nil or every problem of o, each a *FieldError naming
@@ -114,55 +111,10 @@ func (o Options) Validate() error {
 	} else if o.Retry.MaxBackoff > 0 && o.Retry.MaxBackoff < o.Retry.Backoff {
 		bad("Retry.MaxBackoff", "%v must not be below the backoff, %v", o.Retry.MaxBackoff, o.Retry.Backoff)
 	}
-	if err := o.Ordering.Validate(); err != nil {
+	if err := o.Ordering.validate(); err != nil {
 		bad("Ordering", "%w", err)
 	} else if o.OrderingKey != nil && o.Ordering != OrderKey {
 		bad("OrderingKey", "requires ordering %q, got %q", OrderKey, o.Ordering)
 	}
 	return errors.Join(errs...)
-}
-
-// WithDefaults validates o (Validate) and returns it with every default
-// filled in (OrderingKey only under OrderKey; Priority from a Limiter made
-// by NewLimiter). Its errors wrap
-// ErrInvalidOptions and the *FieldError of each problem. It is idempotent.
-// Backends call it from their constructors, so a caller rarely needs to.
-func (o Options) WithDefaults() (Options, error) {
-	if err := o.Validate(); err != nil {
-		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
-	}
-	if o.Ordering == "" {
-		o.Ordering = OrderPartition
-	}
-	if o.OrderingKey == nil && o.Ordering == OrderKey {
-		o.OrderingKey = KeyOf
-	}
-	if o.Priority == nil {
-		if ml, ok := o.Limiter.(*messageLimiter); ok {
-			o.Priority = ml.opts.Priority
-		}
-	}
-	if o.DrainTimeout == 0 {
-		o.DrainTimeout = DefaultDrainTimeout
-	}
-	if o.MaxSetAside == 0 {
-		o.MaxSetAside = DefaultMaxSetAside
-	}
-	o.Retry = o.Retry.withDefaults()
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	return o, nil
-}
-
-// middleware returns the Throttle and PushBack middleware that o asks for.
-func (o Options) middleware() []Middleware {
-	var mw []Middleware
-	if o.Limiter != nil {
-		mw = append(mw, Throttle(o.Limiter, o.Cost))
-	}
-	if o.Pauser != nil {
-		mw = append(mw, PushBack(o.Pauser))
-	}
-	return mw
 }

@@ -1,9 +1,6 @@
 package consumer
 
-import (
-	"fmt"
-	"sync"
-)
+import "fmt"
 
 // Ordering says which messages a consumer handles in order. It is a plain
 // string, safe for concurrent use.
@@ -20,8 +17,8 @@ import (
 //     handler, never ahead of an earlier message of its own key.
 //   - OrderNone: ahead of every message that waits for a handler.
 //
-// Each class also leaves a reserve of the handler slots (MaxInFlight or
-// Concurrency) free per class above it, about a twentieth of them, so
+// Each class also leaves a reserve of the handler slots
+// (Options.Concurrency) free per class above it, about a twentieth of them, so
 // that a higher-class message finds one at once while lower-class
 // messages wait for tokens in the others; and a class with messages
 // waiting and no slot gets the next free one (higher classes first among
@@ -52,9 +49,9 @@ const (
 	OrderNone Ordering = "none"
 )
 
-// Validate returns an error unless o is one of the orderings or empty (the
+// validate returns an error unless o is one of the orderings or empty (the
 // default).
-func (o Ordering) Validate() error {
+func (o Ordering) validate() error {
 	switch o {
 	case "", OrderPartition, OrderKey, OrderNone:
 		return nil
@@ -62,85 +59,14 @@ func (o Ordering) Validate() error {
 	return fmt.Errorf("%q is not %q, %q or %q", string(o), OrderPartition, OrderKey, OrderNone)
 }
 
-// KeyFunc returns the ordering key of a message. An error is permanent for
-// the message: it is dead-lettered with that error. The empty string is a
-// key like any other.
+// KeyFunc returns the ordering key of a message (Options.OrderingKey). An
+// error is permanent for the message: it is dead-lettered with that error.
+// The empty string is a key like any other.
 type KeyFunc func(Message) (string, error)
-
-// KeyOf is the default KeyFunc: the message's Key.
-func KeyOf(m Message) (string, error) { return string(m.Key), nil }
 
 // KeyFromHeader returns a KeyFunc that reads the key from the named header.
 // A message without the header has the empty key, so such messages are
 // handled in order among themselves.
 func KeyFromHeader(name string) KeyFunc {
 	return func(m Message) (string, error) { return m.Headers[name], nil }
-}
-
-// KeyQueue serializes work by key: at most one worker handles a key at a
-// time, in the order the key's items were pushed, while other keys proceed.
-// The zero value is ready to use; a KeyQueue must not be copied after
-// first use. It is safe for concurrent use.
-//
-// The protocol: Push an item; when Push returns true, the caller owns the
-// key and handles the item, then calls Next for the key until it returns
-// false, handling each item it returns. When Push returns false the item
-// was queued behind the key's owner, which will get it from Next.
-type KeyQueue[T any] struct {
-	mu   sync.Mutex
-	keys map[string]*keyItems[T]
-	n    int // queued items, owners' current items excluded
-}
-
-type keyItems[T any] struct {
-	items []T
-	head  int
-}
-
-// Push queues v for key and reports whether the caller became the key's
-// owner, in which case v is not queued: the caller handles it.
-func (q *KeyQueue[T]) Push(key string, v T) (owner bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.keys == nil {
-		q.keys = make(map[string]*keyItems[T])
-	}
-	k, busy := q.keys[key]
-	if !busy {
-		q.keys[key] = &keyItems[T]{}
-		return true
-	}
-	k.items = append(k.items, v)
-	q.n++
-	return false
-}
-
-// Next returns the next item queued for key, for its owner. When none is
-// left it releases the key and returns false: the next Push of the key
-// makes a new owner.
-func (q *KeyQueue[T]) Next(key string) (T, bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	var zero T
-	k := q.keys[key]
-	if k == nil || k.head == len(k.items) {
-		delete(q.keys, key)
-		return zero, false
-	}
-	v := k.items[k.head]
-	k.items[k.head] = zero
-	k.head++
-	q.n--
-	if k.head == len(k.items) {
-		k.items, k.head = k.items[:0], 0
-	}
-	return v, true
-}
-
-// Len returns the number of keys that have an owner and the number of
-// items queued behind the owners.
-func (q *KeyQueue[T]) Len() (keys, queued int) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.keys), q.n
 }

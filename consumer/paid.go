@@ -4,28 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"time"
 
 	"github.com/throttlehq/throttle/consumer/internal/setaside"
 	"github.com/throttlehq/throttle/limiter"
 )
 
-// HeaderPaid names the header in which a message set aside by a delay
-// layer carries the slot that layer booked for it.
-const HeaderPaid = setaside.HeaderPaid
-
-// PaidSlots returns the slots that msg's HeaderPaid names. A missing,
-// empty or malformed header names none.
-func PaidSlots(msg Message) []limiter.PaidSlot { return setaside.PaidSlots(msg.Headers) }
-
-// paidHeaders returns the headers of msg set aside after le: HeaderPaid
-// with msg's slots of other layers than le's, which this refusal did not
-// use, and le's own slot when it booked one; an empty value when none is
-// left.
+// paidHeaders returns the headers of msg set aside after le:
+// setaside.HeaderPaid with msg's slots of other layers than le's, which
+// this refusal did not use, and le's own slot when it booked one; an empty
+// value when none is left.
 func paidHeaders(msg Message, le *limiter.LimitError) map[string]string {
 	var slots []limiter.PaidSlot
-	for _, s := range PaidSlots(msg) {
+	for _, s := range setaside.PaidSlots(msg.Headers) {
 		if s.Layer != le.Layer {
 			slots = append(slots, s)
 		}
@@ -39,28 +30,7 @@ func paidHeaders(msg Message, le *limiter.LimitError) map[string]string {
 			v = string(b)
 		}
 	}
-	return map[string]string{HeaderPaid: v}
-}
-
-// withHeaders returns msg with h set in a copy of its headers: an empty
-// value removes the header.
-func withHeaders(msg Message, h map[string]string) Message {
-	if len(h) == 0 {
-		return msg
-	}
-	headers := maps.Clone(msg.Headers)
-	if headers == nil {
-		headers = make(map[string]string, len(h))
-	}
-	for k, v := range h {
-		if v == "" {
-			delete(headers, k)
-		} else {
-			headers[k] = v
-		}
-	}
-	msg.Headers = headers
-	return msg
+	return map[string]string{setaside.HeaderPaid: v}
 }
 
 // paidEarly is how long before its latest slot a returned message waits
@@ -68,13 +38,13 @@ func withHeaders(msg Message, h map[string]string) Message {
 // (Options.MaxSetAside) and the slot's time is on the store's clock.
 const paidEarly = 100 * time.Millisecond
 
-// awaitPaidSlots returns nil once msg's paid slots (HeaderPaid) are all
-// due at now. A message more than paidEarly early is set aside again
-// until its latest slot, its headers unchanged; one less early waits for
-// it, until ctx ends.
+// awaitPaidSlots returns nil once msg's paid slots (setaside.HeaderPaid)
+// are all due at now. A message more than paidEarly early is set aside
+// again until its latest slot, its headers unchanged; one less early waits
+// for it, until ctx ends.
 func awaitPaidSlots(ctx context.Context, msg Message, now time.Time) error {
 	var due time.Time
-	for _, s := range PaidSlots(msg) {
+	for _, s := range setaside.PaidSlots(msg.Headers) {
 		if s.Due.After(due) {
 			due = s.Due
 		}
@@ -84,7 +54,14 @@ func awaitPaidSlots(ctx context.Context, msg Message, now time.Time) error {
 	case early <= 0:
 		return nil
 	case early <= paidEarly:
-		return Sleep(ctx, early)
+		t := time.NewTimer(early)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return nil
+		}
 	}
 	return SetAside(fmt.Errorf("paid slot due in %v", early.Round(time.Millisecond)), early)
 }

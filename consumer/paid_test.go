@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -36,7 +38,7 @@ func newSlotLimiter(t *testing.T, rate float64) *slotLimiter {
 func (l *slotLimiter) Wait(ctx context.Context, n int) error { return l.b.Wait(ctx, n) }
 
 func (l *slotLimiter) WaitMessage(ctx context.Context, msg consumer.Message, n int) error {
-	paid := consumer.PaidSlots(msg)
+	paid := setaside.PaidSlots(msg.Headers)
 	l.mu.Lock()
 	l.paid = append(l.paid, paid)
 	l.mu.Unlock()
@@ -55,29 +57,29 @@ func TestThrottleSetsAsideWithTheBookedSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := `[{"layer":"other","key":"x","due":"2026-01-01T00:00:00Z"}]`
-	msg := consumer.Message{Key: []byte("a"), Headers: map[string]string{consumer.HeaderPaid: old}}
+	msg := consumer.Message{Key: []byte("a"), Headers: map[string]string{setaside.HeaderPaid: old}}
 	err := h(ctx, msg)
-	d, ok := consumer.SetAsideOf(err)
+	d, ok := kit.SetAsideOf(err)
 	if !ok || d <= 0 || d > 250*time.Millisecond {
 		t.Fatalf("second message: %v (set aside %v, %v), want set aside for at most 250ms", err, d, ok)
 	}
-	out := consumer.Outcome{Err: err, SetAside: d}
+	out := kit.Outcome{Err: err, SetAside: d}
 	var slots []limiter.PaidSlot
-	if err := json.Unmarshal([]byte(out.SetAsideHeaders()[consumer.HeaderPaid]), &slots); err != nil {
-		t.Fatalf("%s: %v", consumer.HeaderPaid, err)
+	if err := json.Unmarshal([]byte(out.SetAsideHeaders()[setaside.HeaderPaid]), &slots); err != nil {
+		t.Fatalf("%s: %v", setaside.HeaderPaid, err)
 	}
 	var le *limiter.LimitError
 	if !errors.As(err, &le) || len(slots) != 2 || slots[0].Layer != "other" || slots[1].Layer != "per-key" ||
 		slots[1].Key != "a" || !slots[1].Due.Equal(le.RetryAt) {
-		t.Fatalf("%s = %+v, want the other layer's slot and per-key's for key a at %v", consumer.HeaderPaid, slots, le)
+		t.Fatalf("%s = %+v, want the other layer's slot and per-key's for key a at %v", setaside.HeaderPaid, slots, le)
 	}
 	back := out.Returned(msg)
-	if msg.Headers[consumer.HeaderPaid] != old {
+	if msg.Headers[setaside.HeaderPaid] != old {
 		t.Fatal("Returned changed the original message's headers")
 	}
 	// Early by more than a moment: set aside again, the limiter not asked.
 	asked := len(l.paid)
-	if d, ok := consumer.SetAsideOf(h(ctx, back)); !ok || d <= 0 || len(l.paid) != asked {
+	if d, ok := kit.SetAsideOf(h(ctx, back)); !ok || d <= 0 || len(l.paid) != asked {
 		t.Fatalf("back early: set aside %v %v, limiter asked %d times, want set aside again without asking", d, ok, len(l.paid)-asked)
 	}
 	time.Sleep(time.Until(le.RetryAt))
@@ -112,12 +114,12 @@ func TestProcessPaysOnceWaitingInTheHandler(t *testing.T) {
 	})
 	p := consumer.RetryPolicy{MaxAttempts: 3, Backoff: time.Millisecond, MaxBackoff: time.Millisecond}
 	var wg sync.WaitGroup
-	outs := make([]consumer.Outcome, n)
+	outs := make([]kit.Outcome, n)
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			outs[i] = p.Process(context.Background(), h, consumer.Message{Key: []byte("a"), Body: []byte{byte('0' + i)}}, nil)
+			outs[i] = kit.Process(context.Background(), p, h, consumer.Message{Key: []byte("a"), Body: []byte{byte('0' + i)}}, nil)
 		}()
 	}
 	wg.Wait()

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/throttlehq/throttle/consumer/internal/setaside"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -35,8 +36,8 @@ type Pauser interface {
 // error for a message whose cost cannot be known.
 type CostFunc func(Message) (int, error)
 
-// CostOne is the default CostFunc: every message costs one token.
-func CostOne(Message) (int, error) { return 1, nil }
+// costOne is the default CostFunc: every message costs one token.
+func costOne(Message) (int, error) { return 1, nil }
 
 // CostFromHeader returns a CostFunc that reads a message's cost from the
 // named header, for example the number of SMS segments. A message without
@@ -44,7 +45,7 @@ func CostOne(Message) (int, error) { return 1, nil }
 // error naming the header, so the message is dead-lettered, not dropped.
 func CostFromHeader(name string) CostFunc {
 	if name == "" {
-		return CostOne
+		return costOne
 	}
 	return func(m Message) (int, error) {
 		v, ok := m.Headers[name]
@@ -93,23 +94,25 @@ func PriorityFromHeader(name string, def limiter.Priority) PriorityFunc {
 
 // Throttle returns middleware that waits on l for the message's cost before
 // each handler attempt, so retries are throttled like first attempts. A nil
-// cost means CostOne. A cost the limiter can never grant (above its burst)
+// cost costs every message one token. A cost the limiter can never grant
+// (above its burst)
 // becomes a Permanent error, so the message is dead-lettered instead of
 // blocking the consumer. A layer that refuses with on_exceed dead_letter
 // (a *limiter.LimitError with ActionDeadLetter) becomes a Permanent error
 // whose dead letter carries HeaderLimit and HeaderLimitReason, so it is
 // never retried. A layer that refuses with on_exceed delay (a
 // *limiter.LimitError with ActionDelay) becomes a SetAside error for the
-// layer's wait, with HeaderPaid naming the slot the layer booked, if it
-// did (LimitError.Reserved), and the slots the message still holds from an
-// earlier set-aside (SetAsideWith). A MessageLimiter passes a returned
-// message's slots on to its store (PaidSlots, limiter.Request.Paid). A
-// message back before its latest slot is due (a backend caps each
-// set-aside at Options.MaxSetAside) is set aside again until then, or,
-// when that is at most a few milliseconds away, waits for it here.
+// layer's wait; the copy a backend sets aside carries the slot the layer
+// booked, if it did (LimitError.Reserved), in the header x-throttle-paid,
+// with the slots the message still holds from an earlier set-aside, and
+// NewLimiter's limiter passes them on to the bucket when the message comes
+// back (limiter.Request.Paid), so that it does not pay twice. A message
+// back before its latest slot is due (a backend caps each set-aside at
+// Options.MaxSetAside) is set aside again until then, or, when that is at
+// most a few milliseconds away, waits for it here.
 func Throttle(l Limiter, cost CostFunc) Middleware {
 	if cost == nil {
-		cost = CostOne
+		cost = costOne
 	}
 	return func(next Handler) Handler {
 		return func(ctx context.Context, msg Message) error {
@@ -131,9 +134,9 @@ func Throttle(l Limiter, cost CostFunc) Middleware {
 				case errors.As(err, &le) && le.Action == limiter.ActionDelay && !errors.Is(err, limiter.ErrCostExceedsBurst):
 					// A layer asks to set the message aside until it has
 					// room. When it booked that room, the message carries
-					// the slot (HeaderPaid) so that it passes the layer
+					// the slot (setaside.HeaderPaid) so that it passes the layer
 					// when it comes back.
-					return SetAsideWith(fmt.Errorf("waiting for %d tokens: %w", n, err), le.Wait, paidHeaders(msg, le))
+					return setaside.With(fmt.Errorf("waiting for %d tokens: %w", n, err), le.Wait, paidHeaders(msg, le))
 				case errors.As(err, &le) && le.Action == limiter.ActionDeadLetter:
 					// A layer refuses the message, or its cost can never
 					// pass a layer: dead-lettered, naming the layer.

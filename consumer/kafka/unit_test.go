@@ -51,7 +51,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"max backoff below backoff", func(c *Config) { c.Retry = consumer.RetryPolicy{Backoff: 2 * time.Second, MaxBackoff: time.Second} }, ok, "Retry.MaxBackoff"},
 		{"negative commit timeout", func(c *Config) { c.CommitTimeout = -time.Second }, ok, "CommitTimeout"},
 		{"negative drain timeout", func(c *Config) { c.DrainTimeout = -time.Second }, ok, "DrainTimeout"},
-		{"cost without limiter", func(c *Config) { c.Cost = consumer.CostOne }, ok, "Limiter"},
+		{"cost without limiter", func(c *Config) { c.Cost = consumer.CostFromHeader("x-cost") }, ok, "Limiter"},
 		{"reader hook breaks backoff", func(c *Config) {
 			c.ConfigureReader = func(rc *kafkago.ReaderConfig) { rc.ReadBackoffMax = time.Millisecond }
 		}, ok, "ReadBackoffMax"},

@@ -59,7 +59,7 @@ func ToMessage(d amqp.Delivery, queue string) consumer.Message {
 }
 
 // Wait is the one call that throttles an existing delivery loop: it blocks
-// until l grants the delivery's cost (consumer.CostOne when cost is nil), or
+// until l grants the delivery's cost (one token when cost is nil), or
 // ctx ends.
 //
 // On nil, handle the delivery and ack it. When the error is permanent

@@ -210,7 +210,7 @@ func (m *metrics) registerKafkaReader(stats func() kafka.ReaderStats) {
 // setBacklog records the messages waiting at the broker, and those of them
 // set aside.
 func (m *metrics) setBacklog(b consumer.Backlog) {
-	m.backlog.WithLabelValues(m.broker).Set(float64(b.Total()))
+	m.backlog.WithLabelValues(m.broker).Set(float64(b.Ready + b.SetAside))
 	m.backlogSetAside.WithLabelValues(m.broker).Set(float64(b.SetAside))
 }
 

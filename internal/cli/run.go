@@ -290,15 +290,15 @@ func monitor(ctx context.Context, b *limiter.Bucket, src backlogger, m *metrics,
 }
 
 // progressLine summarizes a replica's progress. backlog is nil when
-// unknown; draining it, the messages set aside included, takes its Total ×
-// avgCost tokens.
+// unknown; draining it, the messages set aside included, takes its Ready +
+// SetAside messages × avgCost tokens.
 func progressLine(achieved, limit float64, mode limiter.Mode, delivered, waiting int64, backlog *consumer.Backlog, avgCost float64) string {
 	line := fmt.Sprintf("throttle: %.1f msg/s (limit %s, %s) | delivered %d | waiting %d",
 		achieved, formatRate(limit), mode, delivered, waiting)
 	if backlog == nil {
 		return line
 	}
-	n := backlog.Total()
+	n := backlog.Ready + backlog.SetAside
 	line += fmt.Sprintf(" | backlog %d", n)
 	var notes []string
 	if backlog.SetAside > 0 {

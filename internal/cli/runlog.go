@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/throttlehq/throttle/config"
-	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/kafka"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -22,12 +22,12 @@ func logReplaceAttr(_ []string, a slog.Attr) slog.Attr {
 }
 
 // drainTimeout is how long the consumer drains: delivery.drain_timeout, or
-// the consumer's default when it is not set.
+// the consumer's default when it is not set (the same for both backends).
 func drainTimeout(cfg *config.Config) time.Duration {
 	if d := time.Duration(cfg.Delivery.DrainTimeout); d > 0 {
 		return d
 	}
-	return consumer.DefaultDrainTimeout
+	return kafka.DefaultDrainTimeout
 }
 
 // pauseLogEvery is the most often a replica logs a push-back pause.

@@ -82,6 +82,17 @@ func (o Outcome) Returned(msg consumer.Message) consumer.Message {
 	return withHeaders(msg, o.SetAsideHeaders())
 }
 
+// SetAsideOf returns how long err, or an error it wraps, asked with
+// consumer.SetAside to set the message aside, as consumer.Throttle's error
+// does for a layer with on_exceed delay. A permanent error is never set
+// aside: it is dead-lettered.
+func SetAsideOf(err error) (time.Duration, bool) {
+	if sa := setaside.Of(err); sa != nil && !consumer.IsPermanent(err) {
+		return sa.After, true
+	}
+	return 0, false
+}
+
 // RetryDelay returns how long p waits after the given failed attempt
 // (1-based) before the next one: p.Backoff·2^(attempt-1), capped at
 // p.MaxBackoff, with equal jitter (Backoff) so that replicas that failed
@@ -148,7 +159,7 @@ func process(ctx context.Context, p consumer.RetryPolicy, h consumer.Handler, ms
 		if ctx.Err() != nil || errors.Is(err, consumer.ErrAbandoned) {
 			return Outcome{Attempts: attempt, Err: err, Abandoned: true}
 		}
-		if d, ok := consumer.SetAsideOf(err); ok {
+		if d, ok := SetAsideOf(err); ok {
 			out := Outcome{Attempts: attempt - 1, Err: err, SetAside: d}
 			if setAside {
 				return out

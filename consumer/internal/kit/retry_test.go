@@ -215,7 +215,7 @@ func TestSetAside(t *testing.T) {
 	if out.SetAside != 5*time.Millisecond || out.Delivered() || out.Abandoned || out.Attempts != 0 || len(attempts) != 1 {
 		t.Fatalf("SetsAside: outcome %+v after %d calls; want SetAside 5ms after one call", out, len(attempts))
 	}
-	if _, ok := consumer.SetAsideOf(consumer.Permanent(consumer.SetAside(errors.New("x"), time.Second))); ok {
+	if _, ok := kit.SetAsideOf(consumer.Permanent(consumer.SetAside(errors.New("x"), time.Second))); ok {
 		t.Fatal("a permanent error counts as set aside")
 	}
 }

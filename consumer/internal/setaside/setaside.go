@@ -76,7 +76,7 @@ func With(err error, d time.Duration, h map[string]string) error {
 }
 
 // Of returns the set-aside error in err's tree, or nil. It does not check
-// whether err is also permanent (see consumer.SetAsideOf).
+// whether err is also permanent (see kit.SetAsideOf).
 func Of(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
