@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/internal/clocktest"
 	"github.com/throttlehq/throttle/limiter/internal/storetest"
@@ -34,19 +35,7 @@ func newWarmRig(t *testing.T, rate float64, burst, replicas int, warm time.Durat
 	}
 	t.Cleanup(func() { b.Close() })
 	r.b = b
-	deadline := time.Now().Add(10 * time.Second)
-	for { // the Bucket's Watch has subscribed
-		r.store.mu.Lock()
-		n := len(r.store.watchers)
-		r.store.mu.Unlock()
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the Bucket did not watch the store")
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "the Bucket watching the store", r.store.watched)
 	return r
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/internal/clocktest"
 	"github.com/throttlehq/throttle/limiter/internal/storetest"
@@ -232,13 +233,7 @@ func newClockedBucket(t *testing.T, clk *clocktest.Clock, s limiter.Store, opts 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	deadline := time.Now().Add(10 * time.Second)
-	for !watching() {
-		if time.Now().After(deadline) {
-			t.Fatal("the Bucket did not watch the store")
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "the Bucket watching the store", watching)
 	return b
 }
 
@@ -269,13 +264,11 @@ func (s stepper) background() int {
 // line behind its class's head while a floor holds the class back.
 func (s stepper) settle() {
 	s.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for s.clk.Timers() != int(s.open.Load())-limiter.FloorQueued(s.b)+s.background() {
-		if time.Now().After(deadline) {
-			s.t.Fatalf("at +%v: %d timers, want %d callers asleep (%d more in line) and %d background",
-				s.at(), s.clk.Timers(), int(s.open.Load())-limiter.FloorQueued(s.b), limiter.FloorQueued(s.b), s.background())
-		}
-		time.Sleep(50 * time.Microsecond)
+	if !testenv.Within(10*time.Second, func() bool {
+		return s.clk.Timers() == int(s.open.Load())-limiter.FloorQueued(s.b)+s.background()
+	}) {
+		s.t.Fatalf("at +%v: %d timers, want %d callers asleep (%d more in line) and %d background",
+			s.at(), s.clk.Timers(), int(s.open.Load())-limiter.FloorQueued(s.b), limiter.FloorQueued(s.b), s.background())
 	}
 }
 

@@ -20,16 +20,15 @@ import (
 // returns the last result.
 func backlogWithin(t *testing.T, c *rabbitmq.Consumer, d time.Duration, ok func(int64, error) bool) (int64, error) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
+	var n int64
+	var err error
+	testenv.Within(d, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		n, err := c.Backlog(ctx)
+		n, err = c.Backlog(ctx)
 		cancel()
-		if ok(n, err) || time.Now().After(deadline) {
-			return n, err
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return ok(n, err)
+	})
+	return n, err
 }
 
 // TestBacklogNotConnected checks that Backlog reports ErrNotConnected

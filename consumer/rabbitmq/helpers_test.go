@@ -141,14 +141,12 @@ func (b *broker) ready(t *testing.T, q string) int {
 // the last count seen.
 func (b *broker) waitReady(t *testing.T, q string, want int) int {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		got := b.ready(t, q)
-		if got == want || time.Now().After(deadline) {
-			return got
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var got int
+	testenv.Within(5*time.Second, func() bool {
+		got = b.ready(t, q)
+		return got == want
+	})
+	return got
 }
 
 // waitDelayEmpty waits up to 5 s until no message is ready in the delay
