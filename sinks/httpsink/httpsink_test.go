@@ -239,6 +239,7 @@ func TestRetryPolicyWithSink(t *testing.T) {
 }
 
 func TestRetryAfterIsHonoured(t *testing.T) {
+	t.Parallel()
 	script := &scripted{statuses: []int{429}, header: http.Header{"Retry-After": {"2"}}}
 	srv := httptest.NewServer(script)
 	defer srv.Close()

@@ -56,6 +56,7 @@ func newReplica(t *testing.T, addr, bucket, url string) replica {
 // The shared bucket pauses, so replica B, which never saw the 429, waits
 // too; then both go on at the shared rate.
 func TestPushBackSlowsEveryReplica(t *testing.T) {
+	t.Parallel()
 	addr := testenv.RedisAddr(t)
 	ctx := testenv.Context(t, 60*time.Second)
 	suffix := make([]byte, 6)
