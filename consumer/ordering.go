@@ -63,10 +63,3 @@ func (o Ordering) validate() error {
 // error is permanent for the message: it is dead-lettered with that error.
 // The empty string is a key like any other.
 type KeyFunc func(Message) (string, error)
-
-// KeyFromHeader returns a KeyFunc that reads the key from the named header.
-// A message without the header has the empty key, so such messages are
-// handled in order among themselves.
-func KeyFromHeader(name string) KeyFunc {
-	return func(m Message) (string, error) { return m.Headers[name], nil }
-}

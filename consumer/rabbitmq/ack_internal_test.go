@@ -321,7 +321,7 @@ func TestKeyOrdering(t *testing.T) {
 	}
 	p := newTestRun(t, context.Background(), Config{
 		Concurrency: 4,
-		Options:     consumer.Options{Ordering: consumer.OrderKey, OrderingKey: consumer.KeyFromHeader("from")},
+		Options:     consumer.Options{Ordering: consumer.OrderKey, OrderingKey: func(m consumer.Message) (string, error) { return m.Headers["from"], nil }},
 	}, h, &fakePublisher{})
 	ack := &fakeAck{}
 	ids := []string{"a1", "a2", "b1", "b2", "a3", "b3", "c1", "c2"}
@@ -390,7 +390,7 @@ func TestKeyOrderingInOrder(t *testing.T) {
 	}
 	p := newTestRun(t, context.Background(), Config{
 		Concurrency: 3,
-		Options:     consumer.Options{Ordering: consumer.OrderKey, OrderingKey: consumer.KeyFromHeader("from")},
+		Options:     consumer.Options{Ordering: consumer.OrderKey, OrderingKey: func(m consumer.Message) (string, error) { return m.Headers["from"], nil }},
 	}, h, &fakePublisher{})
 	ack := &fakeAck{}
 	keys := []string{"k0", "k1", "k2", "k3", "k4"}

@@ -40,8 +40,8 @@ type Config struct {
 	// start deliveries in the order the broker sends them, up to
 	// Concurrency at once, so only Concurrency 1 keeps the queue's order.
 	// OrderKey handles the deliveries of one key (OrderingKey; default
-	// the routing key, or consumer.KeyFromHeader, or a template in the
-	// binary) strictly one after the other, in delivery order, while
+	// the routing key, or a header, or a template in the binary)
+	// strictly one after the other, in delivery order, while
 	// other keys proceed, up to Concurrency keys at once. Prefetch bounds
 	// the deliveries in flight, those waiting behind their key included.
 	//

@@ -641,7 +641,7 @@ func TestOrderingKey(t *testing.T) {
 		return nil
 	}
 	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Prefetch: 3 * perKey, Concurrency: 3,
-		Options: consumer.Options{Ordering: consumer.OrderKey, OrderingKey: consumer.KeyFromHeader("x-from")}}, h)
+		Options: consumer.Options{Ordering: consumer.OrderKey, OrderingKey: func(m consumer.Message) (string, error) { return m.Headers["x-from"], nil }}}, h)
 	runCtx, cancel := context.WithCancel(context.Background())
 	wait := runAll(t, runCtx, c.Run)
 	eventually(t, "all handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 3*perKey })

@@ -59,7 +59,7 @@ func TestPriorityPassesLowBacklog(t *testing.T) {
 			}
 			opts := consumer.Options{Ordering: ordering, Limiter: classLimiter{b, class}, Priority: class}
 			if ordering == consumer.OrderKey {
-				opts.OrderingKey = consumer.KeyFromHeader("to")
+				opts.OrderingKey = func(m consumer.Message) (string, error) { return m.Headers["to"], nil }
 			}
 			p := newTestRun(t, context.Background(), Config{Prefetch: 50, Concurrency: 5, Options: opts}, h, &fakePublisher{})
 			ack := &fakeAck{}

@@ -241,7 +241,7 @@ func TestOptionsWithDefaults(t *testing.T) {
 		{consumer.Options{Retry: consumer.RetryPolicy{Backoff: 2 * time.Second, MaxBackoff: time.Second}}, "Retry.MaxBackoff"},
 		{consumer.Options{DrainTimeout: -1}, "DrainTimeout"},
 		{consumer.Options{Ordering: "random"}, "Ordering"},
-		{consumer.Options{OrderingKey: consumer.KeyFromHeader("x-key")}, "OrderingKey"},
+		{consumer.Options{OrderingKey: func(m consumer.Message) (string, error) { return m.Headers["x-key"], nil }}, "OrderingKey"},
 		{consumer.Options{Retry: consumer.RetryPolicy{MaxAttempts: -1}}, "Retry.MaxAttempts"},
 	}
 	for _, tc := range bad {
