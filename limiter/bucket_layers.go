@@ -48,8 +48,14 @@ type Request struct {
 // charged for that instant; when a layer has no room by then, nothing is
 // charged and WaitN asks again the moment that layer has room. So the
 // sends keep the shared bucket's rate and burst and every layer's spacing
-// as the sink sees them, not only as the store decided them. If ctx ends
-// while a reservation is pending every layer gets its tokens back.
+// as the sink sees them, not only as the store decided them. A pending
+// reservation moves with the shared bucket's queue (a push of a higher
+// class, a rate change, a pause), never before every layer had room; moved
+// back, it charges its layers for the move, and a slot it paid for on a
+// delay layer is forfeit past that slot's lateness (PaidSlot). If ctx ends
+// while it is pending, the shared bucket gets its tokens back; the layers
+// keep theirs, since a token refunded on a key charged again after this
+// one would go out next to that later message.
 //
 // A layer whose OnExceed is dead_letter or delay and that cannot grant
 // within its MaxWait makes WaitN return a *LimitError (matching

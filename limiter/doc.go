@@ -25,7 +25,8 @@
 // reads the bucket. Waiting is exact: the store either reserves the
 // caller's tokens and says when they are due, or says how long to wait
 // before asking again (Options.MaxReserve). No call polls on a fixed
-// interval. A cancelled wait gives its tokens back. A rate change or a
+// interval. A cancelled wait gives its tokens back to the shared bucket
+// (not to the layers, see Bucket.WaitN). A rate change or a
 // push-back pause (Pause) that the store announces moves every sleeping
 // reservation to where it now falls, keeping the order.
 //
