@@ -18,6 +18,7 @@ import (
 // group on a topic of one partition: the member given no partition is idle,
 // and 'bucket status' and 'bucket watch' say which.
 func TestCLIIdleKafkaMember(t *testing.T) {
+	t.Parallel()
 	redisAddr := testenv.RedisAddr(t)
 	bin := cliBuild(t)
 	name := cliName(t)

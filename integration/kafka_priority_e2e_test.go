@@ -17,6 +17,7 @@ import (
 // fetched before them. Before, the lows filled max_in_flight and the
 // window, and the highs went out 37th to 41st of 45.
 func TestKafkaPriorityBehindLowBacklog(t *testing.T) {
+	t.Parallel()
 	const lows, highs, highBase = 40, 5, 1000
 	bin := cliBuild(t)
 	e := newKafkaE2EWith(t, bin, 20, 1)
