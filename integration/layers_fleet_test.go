@@ -27,14 +27,15 @@ import (
 //     from up to 150 ms (rate × 50 ms = 1 more at 20/s);
 //   - the closest pair of one key's arrivals at least 85% of the layer's
 //     spacing (1/rate; 1.7 s for 30/min), less the longest stall of the
-//     test process (a late timestamp shortens the gap after it by as
-//     much);
+//     test process around the pair (a late timestamp shortens the gap
+//     after it by as much);
 //   - every message delivered once: none lost, none dead-lettered, no
 //     duplicate but after a SIGKILL (its unacked messages, at most the
 //     prefetch, go to the other replicas, README "Failure modes").
 //
-// Both bounds are widened by the deliveries due in the test process's
-// longest stall (testenv.WindowBound), and only by that.
+// The window bounds are widened by the deliveries due in the longest
+// stall of the test process around the window (campaign.StallBound, the
+// rule of testenv.WindowBound), and only by that.
 
 // layersFleetCase is one fleet of layersFleetTest.
 type layersFleetCase struct {
@@ -244,6 +245,8 @@ func layersFleetTest(t *testing.T, c layersFleetCase) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sink.Close() })
+	stalls := campaign.MeasureStalls()
+	t.Cleanup(stalls.Stop)
 	f := faultNewFleet(t)
 	t.Cleanup(func() { campaign.DeleteQueues(f.conn, f.Name()) })
 	extra := c.extra
@@ -317,7 +320,7 @@ func layersFleetTest(t *testing.T, c layersFleetCase) {
 	}
 	r := campaign.Check(sink.Arrivals(), campaign.Spec{
 		Rate: rate, Burst: burst, Allowance100ms: campaign.Allowance100ms, Overrides: overrides,
-		Keyed: c.layers, Stall: f.Stalls.Max(), Published: published, DeadLettered: dead, Queued: queued, DupBound: dupBound,
+		Keyed: c.layers, Stall: stalls.Max(), StallIn: stalls.MaxIn, Published: published, DeadLettered: dead, Queued: queued, DupBound: dupBound,
 	})
 	t.Logf("%d messages delivered in %v:\n  %s", len(c.msgs), took.Round(time.Millisecond), strings.Join(r.Lines, "\n  "))
 	ts := campaign.Times(sink.Arrivals())
