@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"time"
 
 	"github.com/throttlehq/throttle/consumer"
-	"github.com/throttlehq/throttle/sinks"
 	"github.com/throttlehq/throttle/sinks/postgres"
 )
 
@@ -26,12 +24,20 @@ func ExampleNew() {
 	}
 	defer sink.Close()
 
-	policy := consumer.RetryPolicy{MaxAttempts: 5, Backoff: 200 * time.Millisecond}
-	out := policy.Process(ctx, sinks.Handler(sink), consumer.Message{
+	err = sink.Send(ctx, consumer.Message{
 		Body:    []byte(`{"order":42,"status":"shipped"}`),
 		Headers: map[string]string{"x-event-id": "evt-42"},
-	}, nil)
-	fmt.Println(out.Delivered())
+	})
+	switch {
+	case err == nil:
+		fmt.Println("stored")
+	case consumer.IsPermanent(err):
+		fmt.Println("dead-letter it:", err) // retrying cannot help
+	default:
+		// As a consumer's handler (sinks.Handler), it is retried under
+		// Options.Retry.
+		fmt.Println("retry it later:", err)
+	}
 }
 
 func ExampleDDL() {
