@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,6 +42,8 @@ import (
 type layersFleetCase struct {
 	// extra is limit.extra, each line indented by two spaces.
 	extra string
+	// onStoreError is limit.on_store_error; empty for the default.
+	onStoreError string
 	// classes publishes one message in 10 with x-priority high and 3 in
 	// 10 low, under limit.priority_header and min_share {low: 0.1}.
 	classes bool
@@ -51,10 +54,11 @@ type layersFleetCase struct {
 	// within bounds the time from the first publish to the last
 	// arrival: what the binding limit needs, plus a slack; 0 for none.
 	within time.Duration
-	// during runs while the fleet delivers, once delivered(n) can wait
-	// for n deliveries; it returns the overrides it made and the
-	// duplicates it allows.
-	during func(t *testing.T, f *faultFleet, spec faultFleetSpec, delivered func(n int)) ([]campaign.RateChange, int)
+	// during runs while the fleet delivers (delivered(n) waits for n
+	// deliveries), with the fleet's Redis; it records in check the
+	// overrides it made, the disturbances it caused and the duplicates
+	// it allows.
+	during func(t *testing.T, r layersRun, check *campaign.Spec)
 }
 
 // layersRecipients returns n messages to recipients r0..r(recipients-1) in
@@ -136,14 +140,14 @@ func TestLayersFleet(t *testing.T) {
 				recipientLayer,
 			},
 			msgs: layersRecipients(150, 50, 3),
-			during: func(t *testing.T, f *faultFleet, spec faultFleetSpec, delivered func(int)) ([]campaign.RateChange, int) {
-				var changes []campaign.RateChange
-				set := func(rate float64, args ...string) { changes = append(changes, layersSetRate(t, f, rate, args...)) }
-				delivered(30)
+			during: func(t *testing.T, r layersRun, check *campaign.Spec) {
+				set := func(rate float64, args ...string) {
+					check.Overrides = append(check.Overrides, layersSetRate(t, r.f, rate, args...))
+				}
+				r.delivered(30)
 				set(10, "--rate", "10")
 				faultSleepUntil(t.Context(), time.Now().Add(3*time.Second))
 				set(0, "--clear")
-				return changes, 0
 			},
 		},
 		// The per-sender layer binds throughout (one sender, 5/s, wait)
@@ -161,16 +165,16 @@ func TestLayersFleet(t *testing.T) {
 			msgs:   layersRecipients(40, 40, 1),
 			// 39 intervals of 200 ms, plus the slack.
 			within: 7800*time.Millisecond + layersSlack,
-			during: func(t *testing.T, f *faultFleet, spec faultFleetSpec, delivered func(int)) ([]campaign.RateChange, int) {
-				var changes []campaign.RateChange
-				set := func(rate float64, args ...string) { changes = append(changes, layersSetRate(t, f, rate, args...)) }
-				delivered(8)
+			during: func(t *testing.T, r layersRun, check *campaign.Spec) {
+				set := func(rate float64, args ...string) {
+					check.Overrides = append(check.Overrides, layersSetRate(t, r.f, rate, args...))
+				}
+				r.delivered(8)
 				set(14, "--rate", "14")
-				delivered(16)
+				r.delivered(16)
 				set(40, "--rate", "40")
-				delivered(24)
+				r.delivered(24)
 				set(0, "--clear")
-				return changes, 0
 			},
 		},
 		// Priority classes (one message in 10 high, 3 in 10 low,
@@ -197,27 +201,50 @@ func TestLayersFleet(t *testing.T) {
 				recipientLayer,
 			},
 			msgs: layersRecipients(150, 50, 5),
-			during: func(t *testing.T, f *faultFleet, spec faultFleetSpec, delivered func(int)) ([]campaign.RateChange, int) {
-				var changes []campaign.RateChange
-				set := func(rate float64, args ...string) { changes = append(changes, layersSetRate(t, f, rate, args...)) }
-				delivered(20)
+			during: func(t *testing.T, r layersRun, check *campaign.Spec) {
+				set := func(rate float64, args ...string) {
+					check.Overrides = append(check.Overrides, layersSetRate(t, r.f, rate, args...))
+				}
+				r.delivered(20)
 				set(6, "--rate", "6")
-				delivered(40)
+				r.delivered(40)
 				set(0, "--clear")
-				return changes, 0
+			},
+		},
+		// The fleet's Redis stops answering (SIGSTOP) for 2 s while the
+		// per-recipient delay layer binds: the replicas fall back to their
+		// shares, where a key may get its burst once more ("Redis down",
+		// docs/layers.md), from the pause to 5 s after it (probe_interval
+		// and the heartbeats); after that every key's spacing holds again,
+		// the slots booked meanwhile included.
+		"RedisPausedDelay": {
+			extra: perRecipientLayer("delay"), layers: []campaign.KeyedLayer{recipientLayer}, msgs: layersRecipients(150, 30, 1),
+			onStoreError: "local",
+			during: func(t *testing.T, r layersRun, check *campaign.Spec) {
+				r.delivered(40)
+				from := time.Now()
+				if err := r.redis.proc.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+					t.Fatal(err)
+				}
+				faultSleepUntil(t.Context(), from.Add(2*time.Second))
+				if err := r.redis.proc.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+					t.Fatal(err)
+				}
+				check.Disturbances = append(check.Disturbances, campaign.Disturbance{Kind: campaign.RedisPause,
+					From: from, To: time.Now().Add(campaign.Settle), ExtraBursts: 1, ExtraKeyBursts: 1})
 			},
 		},
 		// A replica SIGKILLed mid-run and started again, the per-recipient
 		// layer binding.
 		"ReplicaKilled": {
 			extra: perRecipientLayer("wait"), layers: []campaign.KeyedLayer{recipientLayer}, msgs: layersRecipients(150, 30, 1),
-			during: func(t *testing.T, f *faultFleet, spec faultFleetSpec, delivered func(int)) ([]campaign.RateChange, int) {
-				delivered(40)
-				f.Procs[1].Kill()
-				layersWaitConsumers(t, f, 2)
-				f.Start(spec, 20)
-				layersWaitConsumers(t, f, 3)
-				return nil, spec.Prefetch
+			during: func(t *testing.T, r layersRun, check *campaign.Spec) {
+				r.delivered(40)
+				r.f.Procs[1].Kill()
+				layersWaitConsumers(t, r.f, 2)
+				r.f.Start(r.spec, 20)
+				layersWaitConsumers(t, r.f, 3)
+				check.DupBound = r.spec.Prefetch
 			},
 		},
 	}
@@ -253,7 +280,7 @@ func layersFleetTest(t *testing.T, c layersFleetCase) {
 	if c.classes {
 		extra = "  priority_header: x-priority\n  min_share: {low: 0.1}\n" + extra
 	}
-	spec := faultFleetSpec{Redis: "  addr: " + srv.Addr() + "\n", Burst: burst, Prefetch: prefetch, LimitExtra: extra, SinkURL: sink.URL()}
+	spec := faultFleetSpec{Redis: "  addr: " + srv.Addr() + "\n", Burst: burst, Prefetch: prefetch, LimitExtra: extra, SinkURL: sink.URL(), OnStoreError: c.onStoreError}
 	for range 3 {
 		f.Start(spec, rate)
 	}
@@ -291,10 +318,9 @@ func layersFleetTest(t *testing.T, c layersFleetCase) {
 			return unique >= n
 		})
 	}
-	var overrides []campaign.RateChange
-	dupBound := 0
+	var check campaign.Spec
 	if c.during != nil {
-		overrides, dupBound = c.during(t, f, spec, delivered)
+		c.during(t, layersRun{f: f, spec: spec, redis: srv, delivered: delivered}, &check)
 	}
 	// Wait for every message, but a run that misses some is checked
 	// too, so that its windows and gaps are reported.
@@ -319,8 +345,8 @@ func layersFleetTest(t *testing.T, c layersFleetCase) {
 		t.Fatal(err)
 	}
 	r := campaign.Check(sink.Arrivals(), campaign.Spec{
-		Rate: rate, Burst: burst, Allowance100ms: campaign.Allowance100ms, Overrides: overrides,
-		Keyed: c.layers, Stall: stalls.Max(), StallIn: stalls.MaxIn, Published: published, DeadLettered: dead, Queued: queued, DupBound: dupBound,
+		Rate: rate, Burst: burst, Allowance100ms: campaign.Allowance100ms, Overrides: check.Overrides, Disturbances: check.Disturbances,
+		Keyed: c.layers, Stall: stalls.Max(), StallIn: stalls.MaxIn, Published: published, DeadLettered: dead, Queued: queued, DupBound: check.DupBound,
 	})
 	t.Logf("%d messages delivered in %v:\n  %s", len(c.msgs), took.Round(time.Millisecond), strings.Join(r.Lines, "\n  "))
 	ts := campaign.Times(sink.Arrivals())
@@ -334,6 +360,14 @@ func layersFleetTest(t *testing.T, c layersFleetCase) {
 // take to deliver everything: the first sends spread over a few hundred
 // ms, publishing takes about as long, and a slot comes due a few ms late.
 const layersSlack = 3 * time.Second
+
+// layersRun is a running case, for its during.
+type layersRun struct {
+	f         *faultFleet
+	spec      faultFleetSpec
+	redis     *faultRedis
+	delivered func(n int) // waits for n distinct messages at the sink
+}
 
 // layersSetRate runs `throttle bucket set ARGS` on the fleet's bucket and
 // returns the change, rate being the override set (0 for --clear).
