@@ -77,9 +77,10 @@ type Libraries struct {
 	// Kafka or RabbitMQ configures the consumer of source.kafka or
 	// source.rabbitmq; exactly one is set in a valid Config. Their
 	// Options hold delivery.* (Retry, DrainTimeout, MaxSetAside),
-	// limit.cost_template or limit.cost_header (Cost), and the source's
-	// ordering and ordering_key; Kafka's SetAside is set when a layer of
-	// limit.extra has on_exceed delay. The caller adds the Limiter, the
+	// limit.cost_template or limit.cost_header (Cost), the source's
+	// ordering and ordering_key, and its concurrency (Kafka's
+	// max_in_flight under ordering key and none); SetAside is set when a
+	// layer of limit.extra has on_exceed delay. The caller adds the Limiter, the
 	// Pauser, the Observer and the Logger, and Kafka's Assigned.
 	Kafka    *kafka.Config
 	RabbitMQ *rabbitmq.Config
@@ -137,10 +138,12 @@ func (c *Config) libraries(ps *problems, readFiles bool) (*Libraries, consumer.O
 		Retry:        consumer.RetryPolicy{MaxAttempts: d.MaxAttempts, Backoff: time.Duration(d.Backoff), MaxBackoff: time.Duration(d.MaxBackoff)},
 		DrainTimeout: time.Duration(d.DrainTimeout),
 		MaxSetAside:  time.Duration(d.MaxSetAside),
+		// A layer of limit.extra with on_exceed delay sets messages
+		// aside, in the delay topic or queues.
+		SetAside: slices.ContainsFunc(lib.Layers, func(x limiter.Layer) bool { return x.OnExceed == limiter.ActionDelay }),
 	}
 	if k := c.Source.Kafka; k != nil {
 		kc := k.consumerConfig(ps, opts, readFiles)
-		kc.SetAside = slices.ContainsFunc(lib.Layers, func(x limiter.Layer) bool { return x.OnExceed == limiter.ActionDelay })
 		lib.Kafka = &kc
 	}
 	if q := c.Source.RabbitMQ; q != nil {
@@ -241,13 +244,23 @@ func (k *Kafka) consumerConfig(ps *problems, opts consumer.Options, readFiles bo
 	const key = "source.kafka"
 	opts.Ordering = k.Ordering
 	opts.OrderingKey = orderingKey(ps, key+".ordering_key", k.OrderingKey)
+	// The consumer's one bound, the messages handled at once: concurrency
+	// under ordering partition, max_in_flight under key and none.
+	opts.Concurrency = k.Concurrency
+	switch k.Ordering {
+	case consumer.OrderKey, consumer.OrderNone:
+		opts.Concurrency = k.MaxInFlight
+	default:
+		if k.MaxInFlight != 0 {
+			ps.add(key+".max_in_flight", "has no effect with ordering %q; it bounds ordering %q and %q (partition is bounded by the concurrency)",
+				consumer.OrderPartition, consumer.OrderKey, consumer.OrderNone)
+		}
+	}
 	kc := kafka.Config{
 		Options:         opts,
 		Brokers:         k.Brokers,
 		Topic:           k.Topic,
 		Group:           k.Group,
-		Concurrency:     k.Concurrency,
-		MaxInFlight:     k.MaxInFlight,
 		DeadLetterTopic: k.DeadLetterTopic,
 		DelayTopic:      k.DelayTopic,
 		Dialer:          k.dialer(ps, readFiles),
@@ -310,12 +323,12 @@ func (r *RabbitMQ) consumerConfig(ps *problems, opts consumer.Options, readFiles
 	const key = "source.rabbitmq"
 	opts.Ordering = r.Ordering
 	opts.OrderingKey = orderingKey(ps, key+".ordering_key", r.OrderingKey)
+	opts.Concurrency = r.Concurrency
 	return rabbitmq.Config{
 		URL:                r.URL,
 		TLS:                r.TLS.clientConfig(ps, key+".tls", readFiles),
 		Queue:              r.Queue,
 		Prefetch:           r.Prefetch,
-		Concurrency:        r.Concurrency,
 		Declare:            r.Declare,
 		DeadLetterExchange: r.DeadLetterExchange,
 		Options:            opts,

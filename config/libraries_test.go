@@ -61,7 +61,7 @@ delivery: {max_attempts: 3, backoff: 1s, drain_timeout: 5s, max_set_aside: 2m}
 	if k == nil || lib.RabbitMQ != nil {
 		t.Fatalf("Kafka %v, RabbitMQ %v", k, lib.RabbitMQ)
 	}
-	if k.Topic != "sms" || k.Group != "g" || k.MaxInFlight != 50 || k.Concurrency != 0 || k.StartOffset != kafkago.LastOffset ||
+	if k.Topic != "sms" || k.Group != "g" || k.Concurrency != 50 || k.StartOffset != kafkago.LastOffset ||
 		!k.SetAside || k.Dialer != nil || k.DeadLetterTopic != "" || k.Ordering != consumer.OrderKey || k.OrderingKey != nil {
 		t.Errorf("Kafka = %+v", *k)
 	}

@@ -28,6 +28,26 @@ type Options struct {
 	// limiter.Options.MaxPause). It is usually the same bucket as
 	// Limiter.
 	Pauser Pauser
+	// Concurrency is the most messages handled at once: the handler, with
+	// the limiter wait before each attempt, runs in up to Concurrency
+	// goroutines. Ordering may keep fewer busy: OrderPartition handles the
+	// messages of a Kafka partition one at a time, so at most one per
+	// partition owned; OrderKey those of a key. A backend also bounds what
+	// it holds beyond that (consumer/kafka's QueueSize,
+	// consumer/rabbitmq's Prefetch). Default: the backend's
+	// (consumer/kafka: 1 under OrderPartition, else 1000;
+	// consumer/rabbitmq: its Prefetch).
+	Concurrency int
+	// SetAside, when true, makes the backend set aside the messages whose
+	// handler asks for it (SetAside, as a layer with on_exceed delay does
+	// through Throttle) in its delay topic or queues, then commit or ack
+	// them: the handler is free meanwhile, and the copy comes back when it
+	// is due (HeaderDue), to be throttled and handled again. It costs a
+	// destination of its own: consumer/kafka's delay topic, which Run
+	// creates and the group consumes; consumer/rabbitmq's delay queues,
+	// declared at the first message set aside. Default false: the handler
+	// waits out the delay itself, holding its slot, and is called again.
+	SetAside bool
 	// MaxSetAside caps how long a message stays in a backend's delay
 	// topic or queue at a time (see SetAside). Both deliver a message only
 	// after the ones set aside before it in the same partition or queue,
@@ -75,10 +95,16 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// ErrInvalidOptions is wrapped by every error that rejects Options: a
-// backend's New (with a *FieldError naming each field at fault, read them
-// with FieldErrors) and NewLimiter.
-var ErrInvalidOptions = errors.New("invalid consumer options")
+// ErrInvalidConfig is wrapped by every error that rejects a
+// configuration: those of a backend's New (with a *FieldError naming each
+// field at fault, read them with FieldErrors) and of NewLimiter.
+// Retrying cannot help.
+var ErrInvalidConfig = errors.New("invalid consumer config")
+
+// ErrInvalidOptions is ErrInvalidConfig.
+//
+// Deprecated: use ErrInvalidConfig, the one sentinel of every backend.
+var ErrInvalidOptions = ErrInvalidConfig
 
 // Validate returns nil or every problem of o, each a *FieldError naming
 // the Go field at fault ("DrainTimeout", "Retry.MaxAttempts"), joined with
@@ -93,6 +119,9 @@ func (o Options) Validate() error {
 	}
 	if err := keyedLayerError(o.Limiter); err != nil {
 		bad("Limiter", "%w", err)
+	}
+	if o.Concurrency < 0 {
+		bad("Concurrency", "%d must not be negative", o.Concurrency)
 	}
 	if o.DrainTimeout < 0 {
 		bad("DrainTimeout", "%v must not be negative", o.DrainTimeout)

@@ -461,8 +461,8 @@ func TestFaultKafkaConnectionCut(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	done := faultKafkaRun(t, ctx, kafka.Config{
-		Options: consumer.Options{Limiter: bucket, Observer: tr.Observer(), Logger: faultLogger(t), Retry: consumer.RetryPolicy{MaxAttempts: 3, Backoff: 10 * time.Millisecond}, DrainTimeout: 5 * time.Second},
-		Brokers: brokers, Topic: topic, Group: group, Concurrency: 4,
+		Options: consumer.Options{Concurrency: 4, Limiter: bucket, Observer: tr.Observer(), Logger: faultLogger(t), Retry: consumer.RetryPolicy{MaxAttempts: 3, Backoff: 10 * time.Millisecond}, DrainTimeout: 5 * time.Second},
+		Brokers: brokers, Topic: topic, Group: group,
 		ConfigureReader: faultKafkaFastGroup,
 	}, tr.Handler(nil))
 

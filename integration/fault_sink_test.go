@@ -134,8 +134,8 @@ func TestFaultSinkDown(t *testing.T) {
 	defer stop()
 	// The retry budget (30 attempts, backoff up to 1s) outlasts the outage.
 	done := faultKafkaRun(t, ctx, kafka.Config{
-		Options: consumer.Options{Limiter: bucket, Observer: tr.Observer(), Logger: faultLogger(t), Retry: consumer.RetryPolicy{MaxAttempts: 30, Backoff: 100 * time.Millisecond, MaxBackoff: time.Second}, DrainTimeout: 5 * time.Second},
-		Brokers: brokers, Topic: topic, Group: group, Concurrency: 4,
+		Options: consumer.Options{Concurrency: 4, Limiter: bucket, Observer: tr.Observer(), Logger: faultLogger(t), Retry: consumer.RetryPolicy{MaxAttempts: 30, Backoff: 100 * time.Millisecond, MaxBackoff: time.Second}, DrainTimeout: 5 * time.Second},
+		Brokers: brokers, Topic: topic, Group: group,
 		ConfigureReader: faultKafkaFastGroup,
 	}, tr.Handler(sink.Send))
 

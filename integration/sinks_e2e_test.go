@@ -132,8 +132,8 @@ func TestSinkRejectionIsDeadLetteredKafka(t *testing.T) {
 
 	p, h, l := sinkE2ESetup(t)
 	c, err := kafka.New(kafka.Config{
-		Options: consumer.Options{Limiter: l, Retry: consumer.RetryPolicy{MaxAttempts: 5, Backoff: 10 * time.Millisecond}, Logger: slog.New(slog.DiscardHandler)},
-		Brokers: brokers, Topic: topic, Group: topic + "-g", Concurrency: 3,
+		Options: consumer.Options{Concurrency: 3, Limiter: l, Retry: consumer.RetryPolicy{MaxAttempts: 5, Backoff: 10 * time.Millisecond}, Logger: slog.New(slog.DiscardHandler)},
+		Brokers: brokers, Topic: topic, Group: topic + "-g",
 	}, h)
 	if err != nil {
 		t.Fatal(err)

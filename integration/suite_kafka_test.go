@@ -62,12 +62,13 @@ type suiteTopic struct {
 
 func (q *suiteTopic) replica(t *testing.T, spec suiteReplicaSpec) suiteRunner {
 	t.Helper()
+	opts := spec.options(t)
+	opts.Concurrency = 2
 	c, err := kafka.New(kafka.Config{
-		Options:       spec.options(t),
+		Options:       opts,
 		Brokers:       q.kafka.brokers,
 		Topic:         q.topic,
 		Group:         q.group,
-		Concurrency:   2,
 		CommitTimeout: 5 * time.Second,
 		ConfigureReader: func(rc *kafkago.ReaderConfig) {
 			rc.HeartbeatInterval = 100 * time.Millisecond

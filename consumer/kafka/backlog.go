@@ -13,7 +13,7 @@ import (
 )
 
 // Backlog returns the consumer group's lag: for every partition of the
-// topic, and of the delay topic with Config.SetAside, the last offset minus
+// topic, and of the delay topic with Options.SetAside, the last offset minus
 // the group's committed offset, summed. That is the number of messages the
 // group has not committed yet, including those that a replica fetched or is
 // handling and those set aside until they are due. BacklogParts tells the
@@ -23,7 +23,7 @@ func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
 }
 
 // BacklogParts returns the consumer group's lag on the topic as Ready and,
-// with Config.SetAside, its lag on the delay topic as SetAside: the
+// with Options.SetAside, its lag on the delay topic as SetAside: the
 // messages set aside and not handled again yet, due or not. A delay topic
 // that does not exist yet (Run creates it) counts 0.
 //
@@ -84,7 +84,7 @@ func (c *Consumer) BacklogParts(ctx context.Context) (consumer.Backlog, error) {
 }
 
 // backlogTopics returns the topics whose lag BacklogParts reads: the topic,
-// and the delay topic with Config.SetAside.
+// and the delay topic with Options.SetAside.
 func (c *Consumer) backlogTopics() []string {
 	if c.cfg.SetAside {
 		return []string{c.cfg.Topic, c.cfg.DelayTopic}

@@ -113,8 +113,8 @@ func TestBacklog(t *testing.T) {
 	var openGate sync.Once
 	t.Cleanup(func() { openGate.Do(func() { close(gate) }) })
 	cfg := Config{
-		Options: consumer.Options{Logger: testLogger(t), DrainTimeout: 5 * time.Second},
-		Brokers: brokers, Topic: topic, Group: group, Concurrency: partitions, ConfigureReader: fastGroup,
+		Options: consumer.Options{Concurrency: partitions, Logger: testLogger(t), DrainTimeout: 5 * time.Second},
+		Brokers: brokers, Topic: topic, Group: group, ConfigureReader: fastGroup,
 	}
 	c, err := New(cfg, func(ctx context.Context, m consumer.Message) error {
 		p := pos{m.Source.Partition, m.Source.Offset}
@@ -241,9 +241,8 @@ func TestBacklogCountsSetAside(t *testing.T) {
 	clk := newFakeClock(t0)
 	var handled atomic.Int64
 	cfg := Config{
-		Options: consumer.Options{Logger: testLogger(t), DrainTimeout: 5 * time.Second},
-		Brokers: brokers, Topic: topic, Group: group, Concurrency: partitions, ConfigureReader: fastGroup,
-		SetAside: true,
+		Options: consumer.Options{Concurrency: partitions, SetAside: true, Logger: testLogger(t), DrainTimeout: 5 * time.Second},
+		Brokers: brokers, Topic: topic, Group: group, ConfigureReader: fastGroup,
 	}
 	c, err := New(cfg, func(_ context.Context, m consumer.Message) error {
 		// A key divisible by 3 is set aside for an hour (a stay capped
@@ -260,7 +259,7 @@ func TestBacklogCountsSetAside(t *testing.T) {
 	}
 	c.clock = clk
 	t.Cleanup(func() { _ = c.Close() })
-	other := newIdleConsumer(t, Config{Brokers: brokers, Topic: topic, Group: group, SetAside: true})
+	other := newIdleConsumer(t, Config{Brokers: brokers, Topic: topic, Group: group, Options: consumer.Options{SetAside: true}})
 	topicOnly := newIdleConsumer(t, Config{Brokers: brokers, Topic: topic, Group: group})
 
 	// The delay topic does not exist yet: Run creates it.
@@ -505,7 +504,7 @@ func TestBacklogErrors(t *testing.T) {
 				topics = append(topics, delay)
 			}
 			cluster := newFakeCluster(t, topics...)
-			c := newIdleConsumer(t, Config{Brokers: cluster.ListenAddrs(), Topic: topic, Group: group, SetAside: tc.setAside})
+			c := newIdleConsumer(t, Config{Brokers: cluster.ListenAddrs(), Topic: topic, Group: group, Options: consumer.Options{SetAside: tc.setAside}})
 			backlog(t, c) // connected, so that the control sees only Backlog's requests
 			refuseListOffsets(cluster, tc.topic, tc.partition)
 			err := call(t, c, testenv.Context(t, 30*time.Second), 20*time.Second)

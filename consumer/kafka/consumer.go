@@ -17,6 +17,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/connstate"
 	"github.com/throttlehq/throttle/consumer/internal/kit"
 )
 
@@ -31,8 +32,10 @@ const (
 // DefaultQueueSize is the default of Config.QueueSize.
 const DefaultQueueSize = 32
 
-// DefaultMaxInFlight is the default of Config.MaxInFlight.
-const DefaultMaxInFlight = 1000
+// DefaultConcurrency is the default of Options.Concurrency with
+// consumer.OrderKey and consumer.OrderNone. With consumer.OrderPartition,
+// which handles the messages of a partition one at a time, it is 1.
+const DefaultConcurrency = 1000
 
 // DefaultMaxWait is the fetch long-poll time the consumer gives kafka-go's
 // reader unless ConfigureReader sets MaxWait. kafka-go's own default is
@@ -42,25 +45,30 @@ const DefaultMaxInFlight = 1000
 // fetch request per partition per 500ms when the topic is idle.
 const DefaultMaxWait = 500 * time.Millisecond
 
-// Sentinel errors.
-var (
-	// ErrInvalidConfig is wrapped by every error New returns for bad
-	// input; the message names the field at fault.
-	ErrInvalidConfig = errors.New("invalid kafka consumer config")
-)
+// invalid returns an error of New for a configuration it rejects, with
+// the message format makes of args: it wraps consumer.ErrInvalidConfig,
+// as every backend's does.
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("kafka: %w: "+format, append([]any{consumer.ErrInvalidConfig}, args...)...)
+}
 
 // Config configures a Consumer. Brokers, Topic and Group are required; every
 // other field documents its default. The embedded consumer.Options are the
-// settings every backend shares (limiter, cost, push-back, retry policy,
-// drain timeout, ordering, observer, logger).
+// settings every backend shares (limiter, cost, push-back, concurrency,
+// set aside, retry policy, drain timeout, ordering, observer, logger).
 //
 // Ordering, for Kafka: consumer.OrderPartition (the default) handles the
-// messages of a partition one at a time, in order, up to Concurrency
-// partitions in parallel. consumer.OrderKey handles the messages of one key
-// (Options.OrderingKey, by default the Kafka message key) within a
-// partition one at a time, in order, and different keys concurrently, up
-// to MaxInFlight at once. consumer.OrderNone handles any messages
-// concurrently, up to MaxInFlight. With classes (Options.Priority), a
+// messages of a partition one at a time, in order, so up to
+// Options.Concurrency partitions in parallel. consumer.OrderKey handles the
+// messages of one key (Options.OrderingKey, by default the Kafka message
+// key) within a partition one at a time, in order, and different keys
+// concurrently, up to Options.Concurrency messages at once.
+// consumer.OrderNone handles any messages concurrently, up to
+// Options.Concurrency. Options.Concurrency defaults to 1 under
+// consumer.OrderPartition and to DefaultConcurrency under the others.
+// With Options.SetAside, the messages set aside go to DelayTopic, which
+// the group consumes too (see Setting aside in the package
+// documentation). With classes (Options.Priority), a
 // fetched message of a higher class starts ahead of lower-class ones as
 // far as the ordering allows, and the lower classes leave a reserve of the
 // workers and of the fetch window free (see consumer.Ordering).
@@ -74,19 +82,9 @@ type Config struct {
 	// Group is the consumer group. Replicas with the same Group share the
 	// topic's partitions.
 	Group string
-	// Concurrency is the number of partitions handled in parallel with
-	// consumer.OrderPartition. A partition is never handled concurrently
-	// with itself. The other orderings use MaxInFlight instead. Default 1.
-	Concurrency int
-	// MaxInFlight bounds the messages handled at once with
-	// consumer.OrderKey and consumer.OrderNone (the handler is called from
-	// up to MaxInFlight goroutines). consumer.OrderPartition uses
-	// Concurrency instead, and Validate rejects a MaxInFlight set with it.
-	// Default DefaultMaxInFlight.
-	MaxInFlight int
 	// QueueSize bounds the fetched messages that wait for a worker, across
-	// all partitions, on top of the messages being handled (Concurrency or
-	// MaxInFlight); when it is reached, fetching blocks. A larger queue
+	// all partitions, on top of the messages being handled
+	// (Options.Concurrency); when it is reached, fetching blocks. A larger queue
 	// keeps more workers busy when one partition or key has a backlog.
 	// Queued messages are dropped, not handled, when their partition is
 	// revoked. Each partition reader also reads ahead up to QueueSize
@@ -99,15 +97,7 @@ type Config struct {
 	// (AllowAutoTopicCreation), but production clusters usually disable
 	// auto-creation, so create it with the topic.
 	DeadLetterTopic string
-	// SetAside, when true, makes the consumer set aside the messages whose
-	// handler asks for it (consumer.SetAside, as a layered limit with
-	// on_exceed delay does) in DelayTopic instead of waiting in the
-	// handler, and consume DelayTopic in the same group, each copy handed
-	// on when it is due (see Setting aside in the package
-	// documentation). Default false: the handler waits out the delay and
-	// the message holds its worker meanwhile.
-	SetAside bool
-	// DelayTopic receives the messages set aside (SetAside). Default
+	// DelayTopic receives the messages set aside (Options.SetAside). Default
 	// Topic + ".delay". Run creates it, with as many partitions as Topic,
 	// when it does not exist; when it can neither find nor create it, it
 	// logs a warning and the handlers wait out the delays instead.
@@ -172,6 +162,9 @@ type Consumer struct {
 	rc   kafkago.ReaderConfig
 	log  *slog.Logger
 	life kit.Lifecycle
+	// state is the group session as Connected reports it, with the
+	// connection events it observes and logs.
+	state *connstate.State
 	// closing turns kafka-go's error log down to debug level while the
 	// reader shuts down, when its errors are expected.
 	closing atomic.Bool
@@ -210,21 +203,23 @@ type Consumer struct {
 // brokers: Run does.
 func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	if h == nil {
-		return nil, fmt.Errorf("%w: handler must not be nil", ErrInvalidConfig)
+		return nil, invalid("handler must not be nil")
 	}
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, invalid("%w", err)
 	}
 	opts, err := kit.WithDefaults(cfg.Options)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("kafka: %w", err) // unreachable: Validate checked them; wraps consumer.ErrInvalidConfig
 	}
 	cfg.Options = opts
 	cfg.setDefaults()
 	// The processor waits on the limiter through revocableLimiter and
 	// calls h through markStarted, so that a revocation drops a message
 	// whose first wait has not ended (see firstWait).
+	log := cfg.Logger.With("broker", Broker)
 	popts := opts
+	popts.Logger = log
 	if popts.Limiter != nil {
 		popts.Limiter = revocableLimiter{popts.Limiter}
 	}
@@ -234,9 +229,10 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	}
 	proc, err := kit.NewProcessor(popts, markStarted(h), procOpts...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, fmt.Errorf("kafka: %w", err) // wraps consumer.ErrInvalidConfig
 	}
-	c := &Consumer{cfg: cfg, proc: proc, log: cfg.Logger, clock: realClock{}}
+	c := &Consumer{cfg: cfg, proc: proc, log: log, clock: realClock{},
+		state: connstate.New(Broker, cfg.Observer, log.With("topic", cfg.Topic, "group", cfg.Group))}
 	c.stats.assigned = cfg.Assigned
 	if err := c.readerConfig(); err != nil {
 		return nil, err
@@ -276,16 +272,6 @@ func (cfg Config) Validate() error {
 	}
 	if cfg.Group == "" {
 		bad("Group", "required")
-	}
-	if cfg.Concurrency < 0 {
-		bad("Concurrency", "%d must not be negative", cfg.Concurrency)
-	}
-	if cfg.MaxInFlight < 0 {
-		bad("MaxInFlight", "%d must not be negative", cfg.MaxInFlight)
-	} else if cfg.MaxInFlight > 0 && (cfg.Ordering == "" || cfg.Ordering == consumer.OrderPartition) {
-		// A bound the consumer would ignore is a mistake.
-		bad("MaxInFlight", "has no effect with ordering %q; it bounds ordering %q and %q (partition is bounded by the concurrency)",
-			consumer.OrderPartition, consumer.OrderKey, consumer.OrderNone)
 	}
 	if cfg.QueueSize < 0 {
 		bad("QueueSize", "%d must not be negative", cfg.QueueSize)
@@ -351,10 +337,10 @@ func checkTopicName(name string) error {
 // them.
 func (cfg *Config) setDefaults() {
 	if cfg.Concurrency == 0 {
-		cfg.Concurrency = 1
-	}
-	if cfg.MaxInFlight == 0 {
-		cfg.MaxInFlight = DefaultMaxInFlight
+		cfg.Concurrency = DefaultConcurrency
+		if cfg.Ordering == consumer.OrderPartition {
+			cfg.Concurrency = 1
+		}
 	}
 	if cfg.QueueSize == 0 {
 		cfg.QueueSize = DefaultQueueSize
@@ -404,7 +390,7 @@ func (c *Consumer) readerConfig() error {
 	rc.Partition = 0
 
 	if err := rc.Validate(); err != nil {
-		return fmt.Errorf("%w: reader: %w", ErrInvalidConfig, err)
+		return invalid("reader: %w", err)
 	}
 	gc := kafkago.ConsumerGroupConfig{
 		ID:                     rc.GroupID,
@@ -425,7 +411,7 @@ func (c *Consumer) readerConfig() error {
 		ErrorLogger:            rc.ErrorLogger,
 	}
 	if err := gc.Validate(); err != nil {
-		return fmt.Errorf("%w: reader group: %w", ErrInvalidConfig, err)
+		return invalid("reader group: %w", err)
 	}
 	lo, hi := rc.ReadBackoffMin, rc.ReadBackoffMax
 	if lo == 0 {
@@ -435,13 +421,13 @@ func (c *Consumer) readerConfig() error {
 		hi = time.Second
 	}
 	if hi < lo {
-		return fmt.Errorf("%w: reader: ReadBackoffMax %v is below ReadBackoffMin %v", ErrInvalidConfig, hi, lo)
+		return invalid("reader: ReadBackoffMax %v is below ReadBackoffMin %v", hi, lo)
 	}
 	prc := rc
 	prc.GroupID = ""
 	prc.CommitInterval = 0
 	if err := prc.Validate(); err != nil {
-		return fmt.Errorf("%w: partition reader: %w", ErrInvalidConfig, err)
+		return invalid("partition reader: %w", err)
 	}
 	c.rc, c.gc, c.prc = rc, gc, prc
 	return nil
@@ -488,10 +474,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	cg, err := kafkago.NewConsumerGroup(gc)
 	if err != nil {
-		return fmt.Errorf("%w: reader group: %w", ErrInvalidConfig, err) // checked by New
+		return invalid("reader group: %w", err) // checked by New
 	}
 
 	var cur *generation
+	defer c.state.Stopped()
 	for {
 		gen, err := cg.Next(ctx)
 		if err != nil {
@@ -509,10 +496,21 @@ func (c *Consumer) Run(ctx context.Context) error {
 				c.fail(fatalError(fmt.Sprintf("joining group %q", c.cfg.Group), err))
 				break
 			}
-			c.log.Warn("joining the consumer group failed; retrying",
-				"topic", c.cfg.Topic, "group", c.cfg.Group, "err", err)
+			// kafka-go retries after JoinGroupBackoff. A failed join is
+			// where a lost connection shows: the generation before it
+			// ended as at a rebalance.
+			err = fmt.Errorf("joining group %q: %w", c.cfg.Group, err)
+			if c.state.Connected() == nil {
+				c.state.Lost(err, c.gc.JoinGroupBackoff)
+			} else {
+				c.state.Attempted(err)
+				c.state.Retry(ctx, err, c.gc.JoinGroupBackoff, false)
+			}
 			continue
 		}
+		c.state.Attempted(nil)
+		c.state.Up(slog.Int("concurrency", c.cfg.Concurrency), slog.String("ordering", string(c.cfg.Ordering)),
+			slog.String("dead_letter_topic", c.cfg.DeadLetterTopic), slog.Bool("set_aside", delay != nil))
 		c.stats.joined()
 		g := c.newGeneration(ctx, client, gen, ctx.Done())
 		cur = g
@@ -533,6 +531,20 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer c.mu.Unlock()
 	return c.fatal
 }
+
+// Connected returns nil while the consumer is a member of its group: from
+// the first generation it joined until a join of the group fails, as it
+// does when the connection to the group coordinator is lost (the
+// generation then ends as at a rebalance, and the next join fails; a
+// rebalance alone does not disconnect). Otherwise it returns an error
+// wrapping consumer.ErrNotConnected with the reason: Run has not joined
+// yet, the last join error, or Run returned. kafka-go reconnects by
+// itself; each join attempt after a failure is reported to
+// MessageObserver.ReconnectAttempt, the failed join of a member to
+// Disconnected and the next successful one to Reconnected. It implements
+// consumer.Connectivity, for a readiness probe. It is safe for concurrent
+// use and does not block on the network.
+func (c *Consumer) Connected() error { return c.state.Connected() }
 
 // fail records err as the error Run returns and stops Run. The first error
 // wins.

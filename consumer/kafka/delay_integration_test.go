@@ -209,8 +209,8 @@ func TestSetAsideKafka(t *testing.T) {
 			}
 			lim := newKeySpacing(interval)
 			c, err := New(Config{
-				Brokers: brokers, Topic: topic, Group: group, SetAside: true, Concurrency: partitions,
-				Options:         consumer.Options{Limiter: lim, Ordering: ordering, Observer: obs, Logger: testLogger(t)},
+				Brokers: brokers, Topic: topic, Group: group,
+				Options:         consumer.Options{SetAside: true, Concurrency: partitions, Limiter: lim, Ordering: ordering, Observer: obs, Logger: testLogger(t)},
 				ConfigureReader: fastGroup,
 			}, h)
 			if err != nil {
@@ -306,8 +306,8 @@ func TestSetAsideCrashBeforeCommit(t *testing.T) {
 	lim := newKeySpacing(300 * time.Millisecond)
 	newReplica := func(obs *consumer.MessageObserver) *Consumer {
 		c, err := New(Config{
-			Brokers: brokers, Topic: topic, Group: group, SetAside: true, CommitTimeout: time.Second,
-			Options:         consumer.Options{Limiter: lim, Observer: obs, Logger: testLogger(t)},
+			Brokers: brokers, Topic: topic, Group: group, CommitTimeout: time.Second,
+			Options:         consumer.Options{SetAside: true, Limiter: lim, Observer: obs, Logger: testLogger(t)},
 			ConfigureReader: fastGroup,
 		}, h)
 		if err != nil {

@@ -128,7 +128,7 @@ func headerMap(headers []kafkago.Header) map[string]string {
 // topic and to the dead-letter topic meanwhile.
 func handleDelayMessage(t *testing.T, t0 time.Time, msg kafkago.Message, h consumer.Handler) (delayed, deadLetters []kafkago.Message) {
 	t.Helper()
-	c := newTestConsumer(t, Config{SetAside: true}, h)
+	c := newTestConsumer(t, Config{Options: consumer.Options{SetAside: true}}, h)
 	c.clock = newFakeClock(t0)
 	f := newFakeGroup(map[int]partitionReader{})
 	f.delayReaders = map[int]partitionReader{0: newFakeReader(msg)}
@@ -215,7 +215,7 @@ func TestDelayDueTiming(t *testing.T) {
 				handled = append(handled, hpos{m.Source.Partition, m.Source.Offset})
 				return nil
 			}
-			c := newTestConsumer(t, Config{SetAside: true, Concurrency: 2, Options: consumer.Options{Ordering: ordering}}, h)
+			c := newTestConsumer(t, Config{Options: consumer.Options{SetAside: true, Concurrency: 2, Ordering: ordering}}, h)
 			clk := newFakeClock(t0)
 			c.clock = clk
 			f := newFakeGroup(map[int]partitionReader{})
@@ -279,7 +279,7 @@ func TestDelayDueTiming(t *testing.T) {
 // nor committed, so the next owner reads it again.
 func TestDelayWaitEndsAtRevocation(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
-	c := newTestConsumer(t, Config{SetAside: true}, func(context.Context, consumer.Message) error {
+	c := newTestConsumer(t, Config{Options: consumer.Options{SetAside: true}}, func(context.Context, consumer.Message) error {
 		t.Error("handled a message that was not due")
 		return nil
 	})
@@ -308,7 +308,7 @@ func TestDelayRevocationSkipsFinished(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	var handled []int64
-	c := newTestConsumer(t, Config{SetAside: true}, func(_ context.Context, m consumer.Message) error {
+	c := newTestConsumer(t, Config{Options: consumer.Options{SetAside: true}}, func(_ context.Context, m consumer.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		handled = append(handled, m.Source.Offset)
@@ -384,7 +384,8 @@ func TestSetAsideWritesBeforeCommit(t *testing.T) {
 					observed = append(observed, d)
 					mu.Unlock()
 				}}
-				c := newTestConsumer(t, Config{SetAside: true, Options: consumer.Options{
+				c := newTestConsumer(t, Config{Options: consumer.Options{
+					SetAside: true,
 					Ordering: ordering, Observer: obs, DrainTimeout: 200 * time.Millisecond,
 				}}, h)
 				c.clock = newFakeClock(t0)
@@ -464,7 +465,7 @@ func TestSetAsideAgainKeepsOrigin(t *testing.T) {
 func TestSetAsideWithoutDelayTopic(t *testing.T) {
 	var mu sync.Mutex
 	calls := 0
-	c := newTestConsumer(t, Config{SetAside: true}, func(context.Context, consumer.Message) error {
+	c := newTestConsumer(t, Config{Options: consumer.Options{SetAside: true}}, func(context.Context, consumer.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		calls++
@@ -517,7 +518,7 @@ func TestSetAsidePaidHeaderOfTheCopy(t *testing.T) {
 	}
 
 	t.Run("from the topic: the producer's header is dropped", func(t *testing.T) {
-		c := newTestConsumer(t, Config{SetAside: true}, h)
+		c := newTestConsumer(t, Config{Options: consumer.Options{SetAside: true}}, h)
 		c.clock = newFakeClock(t0)
 		p0 := msgs(0, 0)
 		p0[0].Headers = []kafkago.Header{paid}

@@ -45,8 +45,8 @@ func TestSetAsideLastOffsetRestart(t *testing.T) {
 	rec := newRecorder()
 	newReplica := func(lim consumer.Limiter) *Consumer {
 		c, err := New(Config{
-			Brokers: brokers, Topic: topic, Group: group, SetAside: true, StartOffset: kafkago.LastOffset,
-			Options:         consumer.Options{Limiter: lim, Observer: rec.observer(), Logger: testLogger(t)},
+			Brokers: brokers, Topic: topic, Group: group, StartOffset: kafkago.LastOffset,
+			Options:         consumer.Options{SetAside: true, Limiter: lim, Observer: rec.observer(), Logger: testLogger(t)},
 			ConfigureReader: fastGroup,
 		}, rec.handle)
 		if err != nil {
@@ -133,8 +133,8 @@ func TestSetAsideTwoGroups(t *testing.T) {
 			}
 		}
 		c, err := New(Config{
-			Brokers: brokers, Topic: topic, Group: g.name, SetAside: true,
-			Options:         consumer.Options{Limiter: newKeySpacing(150 * time.Millisecond), Observer: g.rec.observer(), Logger: testLogger(t)},
+			Brokers: brokers, Topic: topic, Group: g.name,
+			Options:         consumer.Options{SetAside: true, Limiter: newKeySpacing(150 * time.Millisecond), Observer: g.rec.observer(), Logger: testLogger(t)},
 			ConfigureReader: fastGroup,
 		}, g.rec.handle)
 		if err != nil {
@@ -206,7 +206,8 @@ func TestDelaySkipsOtherGroup(t *testing.T) {
 		return nil
 	}
 	logs := &testenv.Buffer{}
-	c := newTestConsumer(t, Config{SetAside: true, Concurrency: 2, Options: consumer.Options{
+	c := newTestConsumer(t, Config{Options: consumer.Options{
+		SetAside: true, Concurrency: 2,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}}, h)
 	c.clock = newFakeClock(t0)

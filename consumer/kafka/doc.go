@@ -11,15 +11,16 @@
 // it one generation at a time: the partitions this replica owns until the
 // next rebalance. For each owned partition a kafka-go partition reader
 // fetches messages from the committed offset. Each fetched message takes a
-// slot (at most workers + Config.QueueSize messages are fetched and not
-// finished; then fetching blocks) and goes to a scheduler that keeps the
-// order Config.Ordering asks for:
+// slot (at most Options.Concurrency + Config.QueueSize messages are
+// fetched and not finished; then fetching blocks) and goes to a scheduler
+// that keeps the order Options.Ordering asks for, with at most
+// Options.Concurrency messages handled at once:
 //
 //   - consumer.OrderPartition (the default): the messages of a partition one at
-//     a time, in order; up to Config.Concurrency partitions in parallel.
+//     a time, in order; so up to Concurrency partitions in parallel.
 //   - consumer.OrderKey: the messages of one key of a partition one at a time,
-//     in order; different keys concurrently, up to Config.MaxInFlight.
-//   - consumer.OrderNone: any messages concurrently, up to Config.MaxInFlight.
+//     in order; different keys concurrently.
+//   - consumer.OrderNone: any messages concurrently.
 //
 // Ordered lanes (partitions or keys) take turns one message each, so a
 // busy lane does not starve the others, and a message waiting for its
@@ -89,7 +90,7 @@
 //
 // # Setting aside
 //
-// With Config.SetAside, a message whose handler returns a consumer.SetAside
+// With Options.SetAside, a message whose handler returns a consumer.SetAside
 // error (a layered limit with on_exceed delay, through consumer.Throttle)
 // is neither retried nor dead-lettered: the consumer writes it to
 // Config.DelayTopic ("<topic>.delay") with its key, value and headers plus
@@ -130,7 +131,7 @@
 // Run creates the delay topic, with the topic's partition count and the
 // brokers' default settings, when it is missing; its retention must exceed
 // the longest delay (a daily quota sets aside for up to a day). When the brokers refuse, it logs a warning and handlers wait out
-// the delays instead, as without SetAside. Backlog counts the messages in
+// the delays instead, as without Options.SetAside. Backlog counts the messages in
 // the delay topic too, and BacklogParts reports them apart (SetAside).
 //
 // # Authentication and TLS

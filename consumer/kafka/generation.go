@@ -27,7 +27,7 @@ type partitionReader interface {
 type generation struct {
 	id int32
 	// partitions are this member's partitions of the topic and of the
-	// delay topic (Config.SetAside), by topic and partition, and the
+	// delay topic (Options.SetAside), by topic and partition, and the
 	// offsets to start from (kafka-go's FirstOffset or LastOffset when the
 	// group has no committed offset).
 	partitions []assignment
@@ -135,9 +135,6 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 	c.stats.setAssigned(len(parts))
 
 	workers, queue := c.cfg.Concurrency, c.cfg.QueueSize
-	if c.cfg.Ordering != consumer.OrderPartition {
-		workers = c.cfg.MaxInFlight
-	}
 	classes := c.proc.Classes()
 	r := &genRun{c: c, hctx: hctx, rctx: rctx, slots: dispatch.NewSlots(dispatch.NewRule(workers+queue, classes)), dl: dl, delay: delay}
 	r.com = newCommitter(g.commit, parts, c.cfg.Ordering != consumer.OrderPartition, log)

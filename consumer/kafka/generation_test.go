@@ -309,7 +309,7 @@ func TestGenerationCommits(t *testing.T) {
 						return err
 					}
 					c := newTestConsumer(t, Config{
-						Options: consumer.Options{Ordering: ordering, Retry: consumer.RetryPolicy{MaxAttempts: 1}, DrainTimeout: 300 * time.Millisecond}, Concurrency: 2,
+						Options: consumer.Options{Concurrency: 2, Ordering: ordering, Retry: consumer.RetryPolicy{MaxAttempts: 1}, DrainTimeout: 300 * time.Millisecond},
 					}, h)
 					// Distinct keys, so OrderingKey runs them concurrently.
 					p0, p1 := msgs(0, 0, 1, 2), msgs(1, 0, 1, 2)
@@ -425,11 +425,11 @@ func TestRevocation(t *testing.T) {
 				maxInFlight = 0
 			}
 			c := newTestConsumer(t, Config{
-				Options: consumer.Options{Ordering: ordering, Limiter: lim,
+				Options: consumer.Options{Concurrency: maxInFlight, Ordering: ordering, Limiter: lim,
 					Retry: consumer.RetryPolicy{MaxAttempts: 1}, DrainTimeout: 10 * time.Second},
 				// Room for all ten messages, so the fetcher waits in
 				// FetchMessage when the revocation comes.
-				MaxInFlight: maxInFlight, QueueSize: 20,
+				QueueSize: 20,
 			}, func(ctx context.Context, m consumer.Message) error {
 				mu.Lock()
 				started = append(started, m.Source.Offset)

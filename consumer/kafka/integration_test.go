@@ -132,8 +132,8 @@ func TestSharedRate(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = l.Close() })
 		c, err := New(Config{
-			Options: consumer.Options{Limiter: l, Logger: testLogger(t)},
-			Brokers: brokers, Topic: topic, Group: group, Concurrency: partitions / replicas, ConfigureReader: fastGroup,
+			Options: consumer.Options{Concurrency: partitions / replicas, Limiter: l, Logger: testLogger(t)},
+			Brokers: brokers, Topic: topic, Group: group, ConfigureReader: fastGroup,
 		}, func(ctx context.Context, m consumer.Message) error {
 			if string(m.Body) == "warm-up" {
 				warm.add(i, m)
@@ -316,8 +316,8 @@ func TestReplicaCrash(t *testing.T) {
 	)
 	for i := range replicas {
 		cfg := Config{
-			Options: consumer.Options{Limiter: l, Logger: testLogger(t), DrainTimeout: 200 * time.Millisecond},
-			Brokers: brokers, Topic: topic, Group: group, Concurrency: 2, ConfigureReader: fastGroup, CommitTimeout: 300 * time.Millisecond,
+			Options: consumer.Options{Concurrency: 2, Limiter: l, Logger: testLogger(t), DrainTimeout: 200 * time.Millisecond},
+			Brokers: brokers, Topic: topic, Group: group, ConfigureReader: fastGroup, CommitTimeout: 300 * time.Millisecond,
 		}
 		if i == crashed {
 			cfg.Dialer = &kafkago.Dialer{DialFunc: network.dial, Timeout: time.Second}

@@ -9,7 +9,9 @@ import (
 	"github.com/throttlehq/throttle/consumer"
 )
 
-// Broker is the value of consumer.Source.Broker for Kafka messages.
+// Broker is the value of consumer.Source.Broker for Kafka messages, and
+// the name of Kafka in the consumer.MessageObserver's connection events
+// and in the logs (key "broker").
 const Broker = "kafka"
 
 // ToMessage converts a kafka-go message to the consumer.Message a Handler

@@ -104,8 +104,8 @@ func TestKeyOrdering(t *testing.T) {
 	}
 	for range 2 {
 		c, err := New(Config{
-			Options: consumer.Options{Logger: testLogger(t), Ordering: consumer.OrderKey},
-			Brokers: brokers, Topic: topic, Group: group, MaxInFlight: maxInFlight, ConfigureReader: fastGroup,
+			Options: consumer.Options{Concurrency: maxInFlight, Logger: testLogger(t), Ordering: consumer.OrderKey},
+			Brokers: brokers, Topic: topic, Group: group, ConfigureReader: fastGroup,
 		}, h)
 		if err != nil {
 			t.Fatal(err)

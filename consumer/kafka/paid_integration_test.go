@@ -47,8 +47,8 @@ func newDelayLayerBucket(t *testing.T, rate float64, burst int) *limiter.Bucket 
 func runDelayLayer(t *testing.T, brokers []string, topic, group string, n int, opts consumer.Options) *recorder {
 	t.Helper()
 	rec := newRecorder()
-	opts.Observer, opts.Logger = rec.observer(), testLogger(t)
-	c, err := New(Config{Brokers: brokers, Topic: topic, Group: group, SetAside: true, Options: opts, ConfigureReader: fastGroup}, rec.handle)
+	opts.Observer, opts.Logger, opts.SetAside = rec.observer(), testLogger(t), true
+	c, err := New(Config{Brokers: brokers, Topic: topic, Group: group, Options: opts, ConfigureReader: fastGroup}, rec.handle)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,10 +89,11 @@ func TestPriorityPassesLowBacklog(t *testing.T) {
 			}}
 			c, err := New(Config{
 				Options: consumer.Options{
-					Logger: testLogger(t), Ordering: ordering, Observer: obs,
+					Concurrency: 5,
+					Logger:      testLogger(t), Ordering: ordering, Observer: obs,
 					Limiter: classLimiter{b, class}, Priority: class,
 				},
-				Brokers: brokers, Topic: topic, Group: group, MaxInFlight: 5, ConfigureReader: fastGroup,
+				Brokers: brokers, Topic: topic, Group: group, ConfigureReader: fastGroup,
 			}, h)
 			if err != nil {
 				t.Fatal(err)

@@ -112,8 +112,8 @@ func TestReaderStats(t *testing.T) {
 
 	log := newHandledLog(n)
 	c, err := New(Config{
-		Options: consumer.Options{Logger: testLogger(t)},
-		Brokers: brokers, Topic: topic, Group: group, Concurrency: partitions, ConfigureReader: fastGroup,
+		Options: consumer.Options{Concurrency: partitions, Logger: testLogger(t)},
+		Brokers: brokers, Topic: topic, Group: group, ConfigureReader: fastGroup,
 	}, func(ctx context.Context, m consumer.Message) error {
 		log.add(0, m)
 		return nil

@@ -36,9 +36,6 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"no topic", func(c *Config) { c.Topic = "" }, ok, "Topic"},
 		{"illegal topic name", func(c *Config) { c.Topic = "a b" }, ok, "Topic"},
 		{"illegal dead-letter topic name", func(c *Config) { c.DeadLetterTopic = ".." }, ok, "DeadLetterTopic"},
-		{"negative max in flight", func(c *Config) { c.MaxInFlight = -1 }, ok, "MaxInFlight"},
-		{"max in flight with ordering partition", func(c *Config) { c.MaxInFlight = 50 }, ok, "MaxInFlight"},
-		{"max in flight with ordering partition named", func(c *Config) { c.MaxInFlight = 50; c.Ordering = consumer.OrderPartition }, ok, "MaxInFlight"},
 		{"unknown ordering", func(c *Config) { c.Ordering = "random" }, ok, "Ordering"},
 		{"no group", func(c *Config) { c.Group = "" }, ok, "Group"},
 		{"negative concurrency", func(c *Config) { c.Concurrency = -1 }, ok, "Concurrency"},
@@ -64,8 +61,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			cfg := base()
 			tc.mutate(&cfg)
 			_, err := New(cfg, tc.h)
-			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("New() = %v, want ErrInvalidConfig naming %q", err, tc.want)
+			if !errors.Is(err, consumer.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New() = %v, want consumer.ErrInvalidConfig naming %q", err, tc.want)
 			}
 		})
 	}
@@ -84,6 +81,19 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		}
 		if c.rc.GroupID != "g" || c.rc.Topic != "t" || c.rc.CommitInterval != 0 {
 			t.Fatalf("reader config: %+v", c.rc)
+		}
+		// The one bound, messages at once: 1 under OrderPartition (a
+		// partition at a time), DefaultConcurrency under the others.
+		for _, o := range []consumer.Ordering{consumer.OrderKey, consumer.OrderNone} {
+			cfg := base()
+			cfg.Ordering = o
+			c, err := New(cfg, ok)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.cfg.Concurrency != DefaultConcurrency {
+				t.Errorf("ordering %s: Concurrency %d, want %d", o, c.cfg.Concurrency, DefaultConcurrency)
+			}
 		}
 	})
 }

@@ -171,7 +171,8 @@ func TestAckPaths(t *testing.T) {
 			var deadN int
 			var mu sync.Mutex
 			cfg := Config{Options: consumer.Options{
-				Retry: fastRetry,
+				Retry:    fastRetry,
+				SetAside: true,
 				Observer: &consumer.MessageObserver{DeadLettered: func(consumer.Message, error) {
 					mu.Lock()
 					deadN++
@@ -320,8 +321,7 @@ func TestKeyOrdering(t *testing.T) {
 		return nil
 	}
 	p := newTestRun(t, context.Background(), Config{
-		Concurrency: 4,
-		Options:     consumer.Options{Ordering: consumer.OrderKey, OrderingKey: func(m consumer.Message) (string, error) { return m.Headers["from"], nil }},
+		Options: consumer.Options{Concurrency: 4, Ordering: consumer.OrderKey, OrderingKey: func(m consumer.Message) (string, error) { return m.Headers["from"], nil }},
 	}, h, &fakePublisher{})
 	ack := &fakeAck{}
 	ids := []string{"a1", "a2", "b1", "b2", "a3", "b3", "c1", "c2"}
@@ -389,8 +389,7 @@ func TestKeyOrderingInOrder(t *testing.T) {
 		return nil
 	}
 	p := newTestRun(t, context.Background(), Config{
-		Concurrency: 3,
-		Options:     consumer.Options{Ordering: consumer.OrderKey, OrderingKey: func(m consumer.Message) (string, error) { return m.Headers["from"], nil }},
+		Options: consumer.Options{Concurrency: 3, Ordering: consumer.OrderKey, OrderingKey: func(m consumer.Message) (string, error) { return m.Headers["from"], nil }},
 	}, h, &fakePublisher{})
 	ack := &fakeAck{}
 	keys := []string{"k0", "k1", "k2", "k3", "k4"}
@@ -447,7 +446,7 @@ func TestSetAsidePaidHeaderOfTheCopy(t *testing.T) {
 			h := func(context.Context, consumer.Message) error {
 				return consumer.SetAside(errors.New("downstream 429"), 250*time.Millisecond)
 			}
-			p := newTestRun(t, context.Background(), Config{Options: consumer.Options{Retry: fastRetry}}, h, pub)
+			p := newTestRun(t, context.Background(), Config{Options: consumer.Options{Retry: fastRetry, SetAside: true}}, h, pub)
 			ack := &fakeAck{}
 			p.deliverForTest(amqp.Delivery{Acknowledger: ack, DeliveryTag: 7, MessageId: "m-7", Headers: tt.headers, Body: []byte("hello")})
 			p.wg.Wait()

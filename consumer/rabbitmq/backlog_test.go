@@ -282,7 +282,7 @@ func TestBacklogCountsSetAside(t *testing.T) {
 	}
 	var reconnects atomic.Int64
 	obs := &consumer.MessageObserver{Reconnected: func(string, error) { reconnects.Add(1) }}
-	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Options: consumer.Options{Observer: obs}}, h)
+	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Options: consumer.Options{SetAside: true, Observer: obs}}, h)
 	// The delay queue appears after the first call; a short recheck
 	// lets the calls after it see it.
 	rabbitmq.SetDelayRecheck(c, 100*time.Millisecond)

@@ -33,8 +33,12 @@ const defaultDialTimeout = 30 * time.Second
 // the documented default.
 type Config struct {
 	// Options are the settings every backend shares: limiter, cost,
-	// push-back, retry policy, drain timeout, ordering, observer and
-	// logger (see consumer.Options).
+	// push-back, concurrency, set aside, retry policy, drain timeout,
+	// ordering, observer and logger (see consumer.Options).
+	// Options.Concurrency defaults to Prefetch; more is pointless, since
+	// the broker never has more deliveries out than that. With
+	// Options.SetAside, the messages set aside go to the delay queues
+	// (DelayQueues).
 	//
 	// Ordering for a queue: OrderPartition (the default) and OrderNone
 	// start deliveries in the order the broker sends them, up to
@@ -42,8 +46,9 @@ type Config struct {
 	// OrderKey handles the deliveries of one key (OrderingKey; default
 	// the routing key, or a header, or a template in the binary)
 	// strictly one after the other, in delivery order, while
-	// other keys proceed, up to Concurrency keys at once. Prefetch bounds
-	// the deliveries in flight, those waiting behind their key included.
+	// other keys proceed, up to Concurrency messages at once. Prefetch
+	// bounds the deliveries in flight, those waiting behind their key
+	// included.
 	//
 	// With classes (Options.Priority), OrderKey and OrderNone start a
 	// delivery of a higher class ahead of the lower-class ones that wait
@@ -71,10 +76,6 @@ type Config struct {
 	// deliveries the broker sends ahead. It bounds the messages in flight
 	// and the redeliveries after a crash. Default 50, at most 65535.
 	Prefetch int
-	// Concurrency is the number of handlers that run at once. Default
-	// Prefetch; more than Prefetch is pointless because the broker never
-	// has more deliveries out than that.
-	Concurrency int
 	// Declare makes the Consumer declare its topology on every connect: the
 	// queue, durable, with x-dead-letter-exchange set to
 	// DeadLetterExchange; that exchange, fanout and durable; and the queue
@@ -151,9 +152,6 @@ func (c Config) check() (amqp.URI, []error) {
 	if c.Prefetch < 0 || c.Prefetch > 65535 {
 		bad("Prefetch", "%d must be between 1 and 65535 (0: default %d)", c.Prefetch, DefaultPrefetch)
 	}
-	if c.Concurrency < 0 {
-		bad("Concurrency", "%d must not be negative", c.Concurrency)
-	}
 	if c.ReconnectBackoff < 0 {
 		bad("ReconnectBackoff", "%v must not be negative", c.ReconnectBackoff)
 	}
@@ -175,7 +173,7 @@ func (c Config) check() (amqp.URI, []error) {
 func (c Config) withDefaults() (Config, amqp.URI, string, error) {
 	uri, errs := c.check()
 	if len(errs) > 0 {
-		return c, uri, "", fmt.Errorf("rabbitmq: %w", errors.Join(errs...))
+		return c, uri, "", fmt.Errorf("rabbitmq: %w: %w", consumer.ErrInvalidConfig, errors.Join(errs...))
 	}
 	u, _ := url.Parse(c.URL) // check parsed it
 	if c.Prefetch == 0 {
@@ -191,7 +189,7 @@ func (c Config) withDefaults() (Config, amqp.URI, string, error) {
 	c.MaxReconnectBackoff = cmp.Or(c.MaxReconnectBackoff, DefaultMaxReconnectBackoff)
 	opts, err := kit.WithDefaults(c.Options)
 	if err != nil {
-		return c, uri, "", fmt.Errorf("rabbitmq: %w", err) // unreachable: check validated them
+		return c, uri, "", fmt.Errorf("rabbitmq: %w", err) // unreachable: check validated them; wraps consumer.ErrInvalidConfig
 	}
 	c.Options = opts
 	return c, uri, u.Redacted(), nil

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/connstate"
 	"github.com/throttlehq/throttle/consumer/internal/kit"
 )
 
@@ -29,7 +30,7 @@ const closeTimeout = 5 * time.Second
 var tagSeq atomic.Int64
 
 // Consumer consumes one queue and calls a handler for each message, at most
-// Config.Concurrency at a time. Create it with New, run it with Run, stop it
+// Options.Concurrency at a time. Create it with New, run it with Run, stop it
 // by cancelling Run's context or with Close.
 //
 // A Consumer is safe for concurrent use. To consume with several replicas,
@@ -44,9 +45,11 @@ type Consumer struct {
 	log  *slog.Logger
 	life kit.Lifecycle
 
-	connMu  sync.Mutex
-	conn    *amqp.Connection // of Run's live session, nil between sessions; guarded by connMu
-	connErr error            // why conn is nil; guarded by connMu
+	// state is the broker session as Connected reports it, with the
+	// connection events it observes and logs.
+	state  *connstate.State
+	connMu sync.Mutex
+	conn   *amqp.Connection // of Run's live session, nil between sessions; guarded by connMu
 	// probes counts the goroutines of Backlog calls, which Run waits for
 	// before it returns. Add is called only under connMu with conn set.
 	probes sync.WaitGroup
@@ -63,7 +66,7 @@ type Consumer struct {
 // It returns an error naming the field at fault.
 func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	if h == nil {
-		return nil, errors.New("rabbitmq: handler is nil")
+		return nil, fmt.Errorf("rabbitmq: %w: handler must not be nil", consumer.ErrInvalidConfig)
 	}
 	cfg, uri, redacted, err := cfg.withDefaults()
 	if err != nil {
@@ -77,18 +80,22 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	log := cfg.Logger.With("broker", Broker, "queue", cfg.Queue)
 	opts := cfg.Options
 	opts.Logger = log
-	proc, err := kit.NewProcessor(opts, h, kit.SetsAside())
+	var popts []kit.ProcessorOption
+	if cfg.SetAside {
+		popts = append(popts, kit.SetsAside())
+	}
+	proc, err := kit.NewProcessor(opts, h, popts...)
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: %w", err)
 	}
 	return &Consumer{
-		cfg:     cfg,
-		uri:     uri,
-		url:     redacted,
-		tag:     tag,
-		proc:    proc,
-		log:     log,
-		connErr: errors.New("Run has not connected yet"),
+		cfg:   cfg,
+		uri:   uri,
+		url:   redacted,
+		tag:   tag,
+		proc:  proc,
+		log:   log,
+		state: connstate.New(Broker, cfg.Observer, log.With("url", redacted)),
 	}, nil
 }
 
@@ -146,13 +153,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 // loop connects and serves sessions until ctx ends.
 func (c *Consumer) loop(ctx context.Context, r *run) error {
 	var (
-		failures  int   // failed attempts and lost sessions since the last session began
-		lastErr   error // why the previous session or attempt ended
-		connected bool  // whether a session was ever established
-		guesses   int   // consecutive client-side "username or password not allowed"
-		backoff   = kit.Backoff{Initial: c.cfg.ReconnectBackoff, Max: c.cfg.MaxReconnectBackoff}
-		obs       = c.cfg.Observer
+		guesses int // consecutive client-side "username or password not allowed"
+		backoff = kit.Backoff{Initial: c.cfg.ReconnectBackoff, Max: c.cfg.MaxReconnectBackoff}
+		st      = c.state
 	)
+	defer st.Stopped()
 	for {
 		s, err := c.connect(ctx)
 		if ctx.Err() != nil {
@@ -161,52 +166,31 @@ func (c *Consumer) loop(ctx context.Context, r *run) error {
 			}
 			return nil
 		}
-		if failures > 0 {
-			kit.ObserveReconnectAttempt(obs, Broker, err)
-		}
+		st.Attempted(err)
 		if err != nil {
-			lastErr = err
-			c.setDisconnected(err)
-			if !connected {
+			if !st.EverUp() {
 				if fatal := c.fatal(err, &guesses); fatal != nil {
 					return fatal
 				}
 			}
-			level := slog.LevelWarn
-			if errors.Is(classify(err), consumer.ErrAccessRefused) {
-				level = slog.LevelError // it needs an operator
-			}
-			delay := backoff.Delay(failures)
-			failures++
-			c.log.Log(ctx, level, "rabbitmq connect failed", "url", c.url, "attempt", failures,
-				"retry_in", delay.String(), "err", err)
+			delay := backoff.Delay(st.Failures())
+			st.Retry(ctx, err, delay, errors.Is(classify(err), consumer.ErrAccessRefused))
 			if kit.Sleep(ctx, delay) != nil {
 				return nil
 			}
 			continue
 		}
 		guesses = 0
-		if connected {
-			c.log.Info("rabbitmq reconnected", "url", c.url, "attempts", failures, "cause", errString(lastErr))
-			kit.ObserveReconnected(obs, Broker, lastErr)
-		} else {
-			c.log.Info("rabbitmq connected", "url", c.url, "prefetch", c.cfg.Prefetch,
-				"concurrency", c.cfg.Concurrency, "ordering", string(c.cfg.Ordering),
-				"dead_letter_exchange", c.cfg.DeadLetterExchange)
-		}
-		connected, failures = true, 0
-
 		c.setConn(s.conn)
-		lastErr = r.serve(ctx, s)
-		if lastErr == nil {
-			c.setDisconnected(errors.New("Run returned"))
+		st.Up(slog.Int("prefetch", c.cfg.Prefetch), slog.Int("concurrency", c.cfg.Concurrency),
+			slog.String("ordering", string(c.cfg.Ordering)), slog.String("dead_letter_exchange", c.cfg.DeadLetterExchange))
+		lost := r.serve(ctx, s)
+		c.setConn(nil)
+		if lost == nil {
 			return nil
 		}
-		c.setDisconnected(lastErr)
-		kit.ObserveDisconnected(obs, Broker, lastErr)
-		delay := backoff.Delay(failures)
-		failures++
-		c.log.Warn("rabbitmq connection lost", "url", c.url, "retry_in", delay.String(), "err", lastErr)
+		delay := backoff.Delay(st.Failures())
+		st.Lost(lost, delay)
 		if kit.Sleep(ctx, delay) != nil {
 			return nil
 		}
@@ -224,34 +208,14 @@ func (c *Consumer) Close() error { return c.life.Close() }
 // connected yet, the last connection error, or Run returned. It implements
 // consumer.Connectivity, for a readiness probe. It is safe for concurrent
 // use and does not block on the network.
-func (c *Consumer) Connected() error {
-	c.connMu.Lock()
-	defer c.connMu.Unlock()
-	if c.conn != nil {
-		return nil
-	}
-	return fmt.Errorf("rabbitmq: %w: %w", ErrNotConnected, c.connErr)
-}
+func (c *Consumer) Connected() error { return c.state.Connected() }
 
-// setConn makes conn the connection that Backlog uses.
+// setConn makes conn, nil between sessions, the connection that Backlog
+// uses.
 func (c *Consumer) setConn(conn *amqp.Connection) {
 	c.connMu.Lock()
 	defer c.connMu.Unlock()
-	c.conn, c.connErr = conn, nil
-}
-
-// setDisconnected records that there is no connection, because of err.
-func (c *Consumer) setDisconnected(err error) {
-	c.connMu.Lock()
-	defer c.connMu.Unlock()
-	c.conn, c.connErr = nil, err
-}
-
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
+	c.conn = conn
 }
 
 // fatal returns the error Run returns for err, a failed first connect, or

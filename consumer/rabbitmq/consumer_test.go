@@ -640,8 +640,8 @@ func TestOrderingKey(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}
-	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Prefetch: 3 * perKey, Concurrency: 3,
-		Options: consumer.Options{Ordering: consumer.OrderKey, OrderingKey: func(m consumer.Message) (string, error) { return m.Headers["x-from"], nil }}}, h)
+	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Prefetch: 3 * perKey,
+		Options: consumer.Options{Concurrency: 3, Ordering: consumer.OrderKey, OrderingKey: func(m consumer.Message) (string, error) { return m.Headers["x-from"], nil }}}, h)
 	runCtx, cancel := context.WithCancel(context.Background())
 	wait := runAll(t, runCtx, c.Run)
 	eventually(t, "all handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 3*perKey })
@@ -706,8 +706,8 @@ func TestSetAside(t *testing.T) {
 		return nil
 	}
 	var setAside atomic.Int64
-	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Concurrency: 1,
-		Options: consumer.Options{Observer: &consumer.MessageObserver{SetAside: func(consumer.Message, time.Duration) { setAside.Add(1) }}}}, h)
+	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q,
+		Options: consumer.Options{Concurrency: 1, SetAside: true, Observer: &consumer.MessageObserver{SetAside: func(consumer.Message, time.Duration) { setAside.Add(1) }}}}, h)
 	ctx, cancel := context.WithCancel(context.Background())
 	wait := runAll(t, ctx, c.Run)
 	eventually(t, "every message delivered after its delay", func() bool { mu.Lock(); defer mu.Unlock(); return len(second) == n })
@@ -777,7 +777,7 @@ func TestSetAsideOutOfOrder(t *testing.T) {
 		late[id] = time.Since(first[id]) - delay[id]
 		return nil
 	}
-	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Concurrency: 1}, h)
+	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Options: consumer.Options{Concurrency: 1, SetAside: true}}, h)
 	ctx, cancel := context.WithCancel(context.Background())
 	wait := runAll(t, ctx, c.Run)
 	eventually(t, "every message back", func() bool { mu.Lock(); defer mu.Unlock(); return len(late) == n })
@@ -821,7 +821,7 @@ func TestSetAsideTwice(t *testing.T) {
 		}
 		return nil
 	}
-	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q}, h)
+	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Options: consumer.Options{SetAside: true}}, h)
 	ctx, cancel := context.WithCancel(context.Background())
 	wait := runAll(t, ctx, c.Run)
 	eventually(t, "every message back twice", func() bool {

@@ -144,7 +144,7 @@ func TestBackFromDelayQueues(t *testing.T) {
 				return nil
 			}
 			pub := &fakePublisher{}
-			p := newTestRun(t, ctx, Config{Options: consumer.Options{Retry: fastRetry}}, h, pub)
+			p := newTestRun(t, ctx, Config{Options: consumer.Options{Retry: fastRetry, SetAside: true}}, h, pub)
 			ack := &fakeAck{}
 			start := time.Now()
 			p.deliverForTest(amqp.Delivery{

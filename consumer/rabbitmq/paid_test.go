@@ -89,9 +89,11 @@ func TestForgedPaidSlot(t *testing.T) {
 		delivered = append(delivered, time.Now())
 		return nil
 	}
-	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Concurrency: 1, Options: consumer.Options{
-		Limiter:  lim,
-		Observer: &consumer.MessageObserver{SetAside: func(consumer.Message, time.Duration) { setAside.Add(1) }},
+	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Options: consumer.Options{
+		Concurrency: 1,
+		SetAside:    true,
+		Limiter:     lim,
+		Observer:    &consumer.MessageObserver{SetAside: func(consumer.Message, time.Duration) { setAside.Add(1) }},
 	}}, h)
 	runCtx, cancel := context.WithCancel(context.Background())
 	wait := runAll(t, runCtx, c.Run)

@@ -57,11 +57,11 @@ func TestPriorityPassesLowBacklog(t *testing.T) {
 				order = append(order, m.Source.MessageID)
 				return nil
 			}
-			opts := consumer.Options{Ordering: ordering, Limiter: classLimiter{b, class}, Priority: class}
+			opts := consumer.Options{Concurrency: 5, Ordering: ordering, Limiter: classLimiter{b, class}, Priority: class}
 			if ordering == consumer.OrderKey {
 				opts.OrderingKey = func(m consumer.Message) (string, error) { return m.Headers["to"], nil }
 			}
-			p := newTestRun(t, context.Background(), Config{Prefetch: 50, Concurrency: 5, Options: opts}, h, &fakePublisher{})
+			p := newTestRun(t, context.Background(), Config{Prefetch: 50, Options: opts}, h, &fakePublisher{})
 			ack := &fakeAck{}
 			deliver := func(tag int, class string) {
 				id := fmt.Sprintf("%s-%d", class, tag)

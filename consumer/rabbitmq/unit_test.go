@@ -46,7 +46,7 @@ func TestNewValidation(t *testing.T) {
 		{name: "no queue", cfg: rabbitmq.Config{URL: url}, wantErr: "Queue"},
 		{name: "negative prefetch", cfg: rabbitmq.Config{URL: url, Queue: "q", Prefetch: -1}, wantErr: "Prefetch"},
 		{name: "prefetch too large", cfg: rabbitmq.Config{URL: url, Queue: "q", Prefetch: 70000}, wantErr: "Prefetch"},
-		{name: "negative concurrency", cfg: rabbitmq.Config{URL: url, Queue: "q", Concurrency: -2}, wantErr: "Concurrency"},
+		{name: "negative concurrency", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{Concurrency: -2}}, wantErr: "Concurrency"},
 		{name: "cost without limiter", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{Cost: consumer.CostFromHeader("x-cost")}}, wantErr: "Cost"},
 		{name: "negative drain", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{DrainTimeout: -time.Second}}, wantErr: "DrainTimeout"},
 		{name: "max backoff below backoff", cfg: rabbitmq.Config{URL: url, Queue: "q", Options: consumer.Options{Retry: consumer.RetryPolicy{Backoff: 2 * time.Second, MaxBackoff: time.Second}}}, wantErr: "Retry.MaxBackoff"},
@@ -65,8 +65,11 @@ func TestNewValidation(t *testing.T) {
 				}
 				return
 			}
+			if !errors.Is(err, consumer.ErrInvalidConfig) {
+				t.Errorf("New error %v does not wrap consumer.ErrInvalidConfig", err)
+			}
 			if tt.nilH {
-				if err == nil || !strings.Contains(err.Error(), "handler is nil") {
+				if err == nil || !strings.Contains(err.Error(), "handler") {
 					t.Fatalf("New error %v, want one about the nil handler", err)
 				}
 				return
@@ -78,7 +81,7 @@ func TestNewValidation(t *testing.T) {
 			if len(fields) != 1 || fields[0] != tt.wantErr || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("New error %v names fields %v, want [%s]", err, fields, tt.wantErr)
 			}
-			if verr := tt.cfg.Validate(); verr == nil || verr.Error() != strings.TrimPrefix(err.Error(), "rabbitmq: ") {
+			if verr := tt.cfg.Validate(); verr == nil || verr.Error() != strings.TrimPrefix(err.Error(), "rabbitmq: invalid consumer config: ") {
 				t.Errorf("Validate = %v, want New's error %v", verr, err)
 			}
 		})
@@ -307,14 +310,14 @@ func TestLogsDurationsAsStrings(t *testing.T) {
 // field at once, each by its Go name, the shared options' too.
 func TestValidateNamesEveryField(t *testing.T) {
 	err := rabbitmq.Config{
-		Prefetch: -1, Concurrency: -1, ReconnectBackoff: -time.Second,
-		Options: consumer.Options{DrainTimeout: -time.Second, Ordering: "random", Retry: consumer.RetryPolicy{MaxAttempts: -1}},
+		Prefetch: -1, ReconnectBackoff: -time.Second,
+		Options: consumer.Options{Concurrency: -1, DrainTimeout: -time.Second, Ordering: "random", Retry: consumer.RetryPolicy{MaxAttempts: -1}},
 	}.Validate()
 	var fields []string
 	for _, fe := range consumer.FieldErrors(err) {
 		fields = append(fields, fe.Field)
 	}
-	want := []string{"URL", "Queue", "Prefetch", "Concurrency", "ReconnectBackoff", "DrainTimeout", "Retry.MaxAttempts", "Ordering"}
+	want := []string{"URL", "Queue", "Prefetch", "ReconnectBackoff", "Concurrency", "DrainTimeout", "Retry.MaxAttempts", "Ordering"}
 	if strings.Join(fields, " ") != strings.Join(want, " ") {
 		t.Fatalf("Validate named %v, want %v (error: %v)", fields, want, err)
 	}

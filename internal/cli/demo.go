@@ -436,11 +436,10 @@ func startDemoReplicas(cfg demoConfig, bucketName, redisAddr string, brokers []s
 		}
 		r.buckets = append(r.buckets, b)
 		c, err := kafka.New(kafka.Config{
-			Options:         consumer.Options{Limiter: b, Retry: consumer.RetryPolicy{MaxAttempts: 3, Backoff: 100 * time.Millisecond, MaxBackoff: time.Second}, DrainTimeout: 5 * time.Second, Observer: obs, Logger: log.With("replica", id)},
+			Options:         consumer.Options{Concurrency: cfg.replicas, Limiter: b, Retry: consumer.RetryPolicy{MaxAttempts: 3, Backoff: 100 * time.Millisecond, MaxBackoff: time.Second}, DrainTimeout: 5 * time.Second, Observer: obs, Logger: log.With("replica", id)},
 			Brokers:         brokers,
 			Topic:           demoTopic,
 			Group:           demoGroup,
-			Concurrency:     cfg.replicas,
 			ConfigureReader: demoReader,
 		}, sink.handler(i))
 		if err != nil {
