@@ -31,7 +31,7 @@ type Request struct {
 	// LimitError.Slot). A layer with such a slot, for this request's key
 	// in it, lets the request pass without waiting or taking from it
 	// again; the shared bucket and the other layers decide as usual. A
-	// slot back more than a little late (15% of the time the layer takes
+	// slot back more than a little late (10% of the time the layer takes
 	// to refill one token, between 25 ms and 1 s) is forfeit and the layer
 	// decides as usual, since the message could otherwise go out right
 	// next to the one booked after it. Only the slots that carry this
@@ -216,12 +216,15 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			if !lr.SkipShared {
 				pushes, changes = &b.pushes, gen
 			}
-			late := &lateness{after: b.layered.lateness, pay: func(by time.Duration) {
+			late := &lateness{after: b.layered.lateness, pay: func(from time.Time, by time.Duration) bool {
 				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
 				defer cancel()
-				if err := ls.DelayLayers(dctx, lr, res, by); err != nil {
+				moved, err := ls.DelayLayers(dctx, lr, res, from, by)
+				if err != nil {
 					b.log.Debug("charging the layers for a reservation moved back failed", "by", by, "error", err)
+					return true // the store is failing: go out at the new instant
 				}
+				return moved
 			}}
 			// A slot paid for on a delay layer cannot move: the next
 			// one is booked behind it. Moved back further than the
@@ -234,12 +237,16 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 				late = nil
 			}
 			if err := b.sleepReserved(ctx, changes, pushes, seen, res.TakeResult, math.Float64frombits(b.lastRate.Load()), res.LayersDue, late); err != nil {
-				if !lr.SkipShared {
-					b.refundClass(ctx, req.Cost, res.Class)
-				}
 				if errors.Is(err, errMovedLate) {
+					// Decided again, after the message its key was
+					// charged for meanwhile. Nothing is refunded: a
+					// token refunded before a later reservation would go
+					// out next to it. A paid slot is forfeit.
 					req.Paid = nil
 					continue
+				}
+				if !lr.SkipShared {
+					b.refundClass(ctx, req.Cost, res.Class)
 				}
 				return err
 			}
@@ -251,7 +258,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 
 // layersLateness returns how much later than first due a layered
 // reservation may go out: the least of the token-bucket layers' slot
-// lateness (15% of its spacing, between 25 ms and 1 s; see
+// lateness (10% of its spacing, between 25 ms and 1 s; see
 // backend.PaidLateness), or 0 (no bound) without such a layer.
 func layersLateness(layers []Layer) time.Duration {
 	var d time.Duration
@@ -510,10 +517,16 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 		// (see WaitN).
 		var late *lateness
 		if after := layersLateness(lm.Layers()); after > 0 {
-			late = &lateness{after: after, pay: func(by time.Duration) { _ = lm.DelayLayersAt(b.clock.Now(), lr, res, by) }}
+			late = &lateness{after: after, pay: func(from time.Time, by time.Duration) bool {
+				moved, err := lm.DelayLayersAt(b.clock.Now(), lr, res, from, by)
+				return moved || err != nil
+			}}
 		}
 		if err := b.sleepReserved(ctx, nil, pushes, heard, res.TakeResult, localRate, 0, late); err != nil {
-			_ = lm.RefundLayersAt(b.clock.Now(), lr, res)
+			if errors.Is(err, errMovedLate) {
+				continue // decided again, nothing refunded (see WaitN)
+			}
+			local.RefundClassAt(b.clock.Now(), lr.Cost, res.Class) // the layers keep theirs (see WaitN)
 			return err
 		}
 		return nil

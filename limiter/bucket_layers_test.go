@@ -96,11 +96,11 @@ func (s *layeredClocked) RefundLayers(_ context.Context, req limiter.LayerReques
 	return s.m.RefundLayersAt(s.clk.Now(), req, res)
 }
 
-func (s *layeredClocked) DelayLayers(_ context.Context, req limiter.LayerRequest, res limiter.LayerResult, by time.Duration) error {
+func (s *layeredClocked) DelayLayers(_ context.Context, req limiter.LayerRequest, res limiter.LayerResult, from time.Time, by time.Duration) (bool, error) {
 	if err := s.fail(); err != nil {
-		return err
+		return false, err
 	}
-	return s.m.DelayLayersAt(s.clk.Now(), req, res, by)
+	return s.m.DelayLayersAt(s.clk.Now(), req, res, from, by)
 }
 
 func (s *layeredClocked) layer(t *testing.T, layer, key string) limiter.LayerState {

@@ -495,8 +495,8 @@ func (s layeredClassStore) RefundLayers(_ context.Context, req limiter.LayerRequ
 	return s.lm.RefundLayersAt(s.clk.Now(), req, res)
 }
 
-func (s layeredClassStore) DelayLayers(_ context.Context, req limiter.LayerRequest, res limiter.LayerResult, by time.Duration) error {
-	return s.lm.DelayLayersAt(s.clk.Now(), req, res, by)
+func (s layeredClassStore) DelayLayers(_ context.Context, req limiter.LayerRequest, res limiter.LayerResult, from time.Time, by time.Duration) (bool, error) {
+	return s.lm.DelayLayersAt(s.clk.Now(), req, res, from, by)
 }
 
 // TestHighArrivalMovesLayeredLowSleepers: the same as on the Memory store,
@@ -575,8 +575,8 @@ func (s openLayers) RefundLayers(ctx context.Context, req limiter.LayerRequest, 
 	return s.Refund(ctx, res.Tokens)
 }
 
-func (openLayers) DelayLayers(context.Context, limiter.LayerRequest, limiter.LayerResult, time.Duration) error {
-	return nil
+func (openLayers) DelayLayers(context.Context, limiter.LayerRequest, limiter.LayerResult, time.Time, time.Duration) (bool, error) {
+	return true, nil
 }
 
 // TestFloorRefusalsQueueTheClass: a floor lets one high take through per

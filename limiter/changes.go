@@ -158,7 +158,9 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 			return errMovedLate
 		}
 		if late != nil && late.after > 0 && r.due.Sub(charged) > late.after {
-			late.pay(r.due.Sub(charged))
+			if !late.pay(charged, r.due.Sub(charged)) {
+				return errMovedLate
+			}
 			charged = r.due
 		}
 		var changed <-chan struct{}
@@ -192,11 +194,13 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 }
 
 // lateness is how a layered reservation that moves back pays its layers
-// (see sleepReserved): pay is called with how much later it goes out than
-// it was charged for, once that is more than after.
+// (see sleepReserved): pay is called with the instant it was charged for
+// and how much later it goes out now, once that is more than after; it
+// reports false when the layers cannot keep the reservation apart from a
+// message charged after it, and the sleep ends with errMovedLate.
 type lateness struct {
 	after time.Duration
-	pay   func(by time.Duration)
+	pay   func(from time.Time, by time.Duration) bool
 	// forfeit, when not 0, ends the sleep with errMovedLate once the
 	// reservation moved back more than that from its first instant: a
 	// slot paid for on a delay layer, which cannot move.
@@ -204,7 +208,7 @@ type lateness struct {
 }
 
 // errMovedLate is sleepReserved's answer for a reservation moved back past
-// late.forfeit.
+// late.forfeit, or that its layers could not pay for moving back.
 var errMovedLate = errors.New("reservation moved back past its paid slot")
 
 // retime returns r moved to where the bucket st puts it.

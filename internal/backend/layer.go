@@ -330,15 +330,16 @@ type PaidSlot struct {
 }
 
 // PaidLateness returns how late after its Due a slot of layer l still
-// counts as paid (see LayerRequest.Paid): 15% of the time the layer takes
+// counts as paid (see LayerRequest.Paid): 10% of the time the layer takes
 // to refill one token, between 25 ms and 1 s. It is the jitter allowed to
 // the delay topic or queue that brings the message back: a message back
 // that late may be sent that much closer to the one after it than the
-// layer's spacing. One back later forfeits its slot and takes the layer
+// layer's spacing, so that a key's messages keep at least 90% of it
+// (less for a layer faster than 4/s, whose floor is 25 ms). One back later forfeits its slot and takes the layer
 // again, which keeps to the layer's rate but sets the message aside again,
 // behind the slots booked meanwhile.
 func PaidLateness(l Layer) time.Duration {
-	d := time.Duration(min(0.15/l.Rate, 1) * float64(time.Second))
+	d := time.Duration(min(0.10/l.Rate, 1) * float64(time.Second))
 	return min(max(d, 25*time.Millisecond), time.Second)
 }
 
@@ -450,11 +451,16 @@ type LayeredStore interface {
 	// bucket. A quota is refunded only while its window is the one
 	// charged.
 	RefundLayers(ctx context.Context, req LayerRequest, res LayerResult) error
-	// DelayLayers takes from each token-bucket layer of a granted request
-	// (but one passed on a paid slot) what its send, moved by later than
-	// the instant the take charged it for, costs the key's next message:
-	// min(by·rate, cost) tokens (DelayCharge). A quota is left as charged.
-	DelayLayers(ctx context.Context, req LayerRequest, res LayerResult, by time.Duration) error
+	// DelayLayers moves a granted request's send from the instant from,
+	// which its token-bucket layers (but one passed on a paid slot) were
+	// charged for, to from+by: it takes from each what the move costs the
+	// key's next message, min(by·rate, cost) tokens (DelayCharge), and
+	// reports true. When a key was charged meanwhile for a message that
+	// goes out after from, and the layer would not hold the debit at that
+	// message's instant, the two cannot be kept apart: it takes nothing
+	// and reports false, and the request must be decided again. A quota
+	// is left as charged.
+	DelayLayers(ctx context.Context, req LayerRequest, res LayerResult, from time.Time, by time.Duration) (bool, error)
 }
 
 // DelayCharge returns the tokens a layer l charged cost for one instant

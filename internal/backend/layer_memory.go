@@ -33,6 +33,18 @@ type LayeredMemory struct {
 type memLayerBucket struct {
 	tokens float64
 	ts     int64 // µs
+	// last is the latest instant (µs) a message was charged to go out at
+	// on this key, 0 for none: DelayLayersAt refuses to move one back
+	// past it.
+	last int64
+}
+
+// lastOf returns b's last send instant, 0 for a missing state.
+func lastOf(b *memLayerBucket) int64 {
+	if b == nil {
+		return 0
+	}
+	return b.last
 }
 
 type memLayerQuota struct {
@@ -269,7 +281,8 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		}
 		// A delay layer books the message's slot on itself alone.
 		s := &st[refused]
-		m.buckets[refused][keys[refused]] = &memLayerBucket{tokens: s.tokens - cost, ts: s.ts}
+		b := m.buckets[refused][keys[refused]]
+		m.buckets[refused][keys[refused]] = &memLayerBucket{tokens: s.tokens - cost, ts: s.ts, last: max(lastOf(b), now+st[refused].wait)}
 		res.Exceeded = ReservedError(l, keys[refused], res.At, w)
 		return res, nil, nil
 	}
@@ -322,9 +335,8 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			m.quotas[i][keys[i]] = &memLayerQuota{end: st[i].end, used: st[i].used + req.Cost}
 			continue
 		}
-		if after := sendCharge(st[i].tokens, st[i].ts, send, cost, st[i].paid, l); after != st[i].tokens {
-			m.buckets[i][keys[i]] = &memLayerBucket{tokens: after, ts: st[i].ts}
-		}
+		b := m.buckets[i][keys[i]]
+		m.buckets[i][keys[i]] = &memLayerBucket{tokens: sendCharge(st[i].tokens, st[i].ts, send, cost, st[i].paid, l), ts: st[i].ts, last: max(lastOf(b), send)}
 	}
 	res.Granted, res.Tokens = true, got
 	res.Wait = time.Duration(wait) * time.Microsecond
@@ -364,38 +376,57 @@ func (m *LayeredMemory) RefundLayersAt(t time.Time, req LayerRequest, res LayerR
 			}
 			continue
 		}
-		tokens, ts := advanceLayer(m.buckets[i][keys[i]], now, l)
-		m.buckets[i][keys[i]] = &memLayerBucket{tokens: math.Min(float64(l.Burst), tokens+float64(req.Cost)), ts: ts}
+		b := m.buckets[i][keys[i]]
+		tokens, ts := advanceLayer(b, now, l)
+		m.buckets[i][keys[i]] = &memLayerBucket{tokens: math.Min(float64(l.Burst), tokens+float64(req.Cost)), ts: ts, last: lastOf(b)}
 	}
 	return nil
 }
 
 // DelayLayers implements LayeredStore.
-func (m *LayeredMemory) DelayLayers(_ context.Context, req LayerRequest, res LayerResult, by time.Duration) error {
-	return m.DelayLayersAt(m.now(), req, res, by)
+func (m *LayeredMemory) DelayLayers(_ context.Context, req LayerRequest, res LayerResult, from time.Time, by time.Duration) (bool, error) {
+	return m.DelayLayersAt(m.now(), req, res, from, by)
 }
 
 // DelayLayersAt is DelayLayers at an explicit instant.
-func (m *LayeredMemory) DelayLayersAt(t time.Time, req LayerRequest, res LayerResult, by time.Duration) error {
+func (m *LayeredMemory) DelayLayersAt(t time.Time, req LayerRequest, res LayerResult, from time.Time, by time.Duration) (bool, error) {
 	if !res.Granted || by <= 0 || req.Cost < 1 {
-		return nil
+		return true, nil
 	}
 	keys, err := LayerKeys(m.layers, req)
 	if err != nil {
-		return err
+		return false, err
 	}
-	now := t.UnixMicro()
+	now, fromUS, toUS := t.UnixMicro(), from.UnixMicro(), from.Add(by).UnixMicro()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	paid := PaidLayers(m.layers, keys, req.Paid, res.At.Add(res.Wait)) // as the take decided
+	delayed := func(i int, l Layer) bool { return !l.IsQuota() && (paid == nil || !paid[i]) }
 	for i, l := range m.layers {
-		if l.IsQuota() || (paid != nil && paid[i]) {
+		if !delayed(i, l) {
 			continue
 		}
-		tokens, ts := advanceLayer(m.buckets[i][keys[i]], now, l)
-		m.buckets[i][keys[i]] = &memLayerBucket{tokens: tokens - DelayCharge(l, req.Cost, by), ts: ts}
+		b := m.buckets[i][keys[i]]
+		if last := lastOf(b); last > fromUS {
+			// A message of the key charged for after this one's first
+			// instant: the move is possible only if the layer still
+			// holds the debit at that message's instant.
+			tokens, ts := advanceLayer(b, now, l)
+			at := math.Min(float64(l.Burst), tokens+float64(max(last-ts, 0))*l.Rate/1e6)
+			if at-DelayCharge(l, req.Cost, by) < 0 {
+				return false, nil // decide again
+			}
+		}
 	}
-	return nil
+	for i, l := range m.layers {
+		if !delayed(i, l) {
+			continue
+		}
+		b := m.buckets[i][keys[i]]
+		tokens, ts := advanceLayer(b, now, l)
+		m.buckets[i][keys[i]] = &memLayerBucket{tokens: tokens - DelayCharge(l, req.Cost, by), ts: ts, last: max(lastOf(b), toUS)}
+	}
+	return true, nil
 }
 
 // sweep drops the states that a missing key means anyway: full buckets and

@@ -427,18 +427,20 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.Laye
 var layersDelayScript = redis.NewScript(mathLua + luaSource("layer_prelude.lua") + luaSource("layers_delay.lua"))
 
 // DelayLayers implements backend.LayeredStore: one script call per slot
-// group of the request's token-bucket layers (one on a single node).
-func (l *Layered) DelayLayers(ctx context.Context, req backend.LayerRequest, res backend.LayerResult, by time.Duration) error {
-	return l.delayLayers(ctx, time.Time{}, req, res, by)
+// group of the request's token-bucket layers (one on a single node). On a
+// Cluster, a group that refuses (a later message on its key) leaves the
+// groups before it debited: they only over-charge, which is safe.
+func (l *Layered) DelayLayers(ctx context.Context, req backend.LayerRequest, res backend.LayerResult, from time.Time, by time.Duration) (bool, error) {
+	return l.delayLayers(ctx, time.Time{}, req, res, from, by)
 }
 
-func (l *Layered) delayLayers(ctx context.Context, at time.Time, req backend.LayerRequest, res backend.LayerResult, by time.Duration) error {
+func (l *Layered) delayLayers(ctx context.Context, at time.Time, req backend.LayerRequest, res backend.LayerResult, from time.Time, by time.Duration) (bool, error) {
 	if !res.Granted || by <= 0 || req.Cost < 1 {
-		return nil
+		return true, nil
 	}
 	keys, err := backend.LayerKeys(l.layers, req)
 	if err != nil {
-		return err
+		return false, err
 	}
 	nowUS := int64(0)
 	if !at.IsZero() {
@@ -447,7 +449,7 @@ func (l *Layered) delayLayers(ctx context.Context, at time.Time, req backend.Lay
 	paid := backend.PaidLayers(l.layers, keys, req.Paid, res.At.Add(res.Wait)) // as the take decided
 	for _, st := range l.steps(true) {
 		var rkeys []string
-		args := []any{nowUS}
+		args := []any{nowUS, from.UnixMicro(), from.Add(by).UnixMicro()}
 		for _, i := range st.layers {
 			ly := l.layers[i]
 			if ly.IsQuota() || (paid != nil && paid[i]) {
@@ -459,11 +461,15 @@ func (l *Layered) delayLayers(ctx context.Context, at time.Time, req backend.Lay
 		if len(rkeys) == 0 {
 			continue
 		}
-		if err := layersDelayScript.Run(ctx, l.client, rkeys, args...).Err(); err != nil {
-			return l.fail("delay layers", err)
+		moved, err := layersDelayScript.Run(ctx, l.client, rkeys, args...).Int()
+		if err != nil {
+			return false, l.fail("delay layers", err)
+		}
+		if moved != 1 {
+			return false, nil
 		}
 	}
-	return nil
+	return true, nil
 }
 
 func (l *Layered) layerIndex(name string) (int, error) {

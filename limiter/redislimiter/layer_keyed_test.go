@@ -53,7 +53,7 @@ func TestKeyedScriptMatchesLayersScript(t *testing.T) {
 		if i%50 == 7 {
 			req.Cost = 5 // above per-key's burst
 		}
-		late := time.Duration(rng.IntN(60_000)) * time.Microsecond // PaidLateness is 50 ms at 3/s
+		late := time.Duration(rng.IntN(60_000)) * time.Microsecond // PaidLateness is 33 ms at 3/s
 		switch rng.IntN(6) {
 		case 0, 1:
 			req.Paid = []limiter.PaidSlot{{Layer: "per-sender", Key: req.Keys["per-sender"], Due: now.Add(-late)}}

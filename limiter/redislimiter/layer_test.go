@@ -26,8 +26,8 @@ func (c clockedLayers) RefundLayersAt(now time.Time, req backend.LayerRequest, r
 	return c.l.refundLayers(context.Background(), now, req, res)
 }
 
-func (c clockedLayers) DelayLayersAt(now time.Time, req backend.LayerRequest, res backend.LayerResult, by time.Duration) error {
-	return c.l.delayLayers(context.Background(), now, req, res, by)
+func (c clockedLayers) DelayLayersAt(now time.Time, req backend.LayerRequest, res backend.LayerResult, from time.Time, by time.Duration) (bool, error) {
+	return c.l.delayLayers(context.Background(), now, req, res, from, by)
 }
 
 func (c clockedLayers) LayerStatusAt(now time.Time, layer, key string) (backend.LayerState, error) {

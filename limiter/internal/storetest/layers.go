@@ -13,7 +13,7 @@ import (
 type LayeredClockedStore interface {
 	TakeLayersAt(now time.Time, req backend.LayerRequest) (backend.LayerResult, error)
 	RefundLayersAt(now time.Time, req backend.LayerRequest, res backend.LayerResult) error
-	DelayLayersAt(now time.Time, req backend.LayerRequest, res backend.LayerResult, by time.Duration) error
+	DelayLayersAt(now time.Time, req backend.LayerRequest, res backend.LayerResult, from time.Time, by time.Duration) (bool, error)
 	LayerStatusAt(now time.Time, layer, key string) (backend.LayerState, error)
 	StatusAt(now time.Time) (limiter.State, error)
 }
@@ -185,10 +185,17 @@ var layerCases = []struct {
 			// Moved back by 100 ms: 0.5 more taken from per-key, one (its
 			// cost, not 100) from wide (-1 after the charge for +100 ms,
 			// 9 at +10 ms); the quota is left as charged.
-			{at: 10 * time.Millisecond, op: ldelay, refundOf: 1, delay: 100 * time.Millisecond},
+			{at: 10 * time.Millisecond, op: ldelay, refundOf: 1, delay: 100 * time.Millisecond, granted: true},
 			{at: 10 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: -0.95},
 			{at: 10 * time.Millisecond, op: lstatus, layer: "wide", key: "w", tokens: 8},
 			{at: 10 * time.Millisecond, op: lstatus, layer: "daily", used: 2, windowEnd: utc("2026-01-03T00:00:00Z")},
+			// a's next message comes back when a has room, +400 ms, and
+			// goes out then: the first cannot be moved back past it, so
+			// nothing is taken and it must be decided again.
+			{at: 20 * time.Millisecond, op: ltake, cost: 1, keys: map[string]string{"per-key": "a", "wide": "w"}, maxWait: time.Second, wait: 380 * time.Millisecond, limiting: "per-key", remaining: -0.8},
+			{at: 400 * time.Millisecond, op: ltake, cost: 1, keys: map[string]string{"per-key": "a", "wide": "w"}, maxWait: time.Second, granted: true, remaining: 0},
+			{at: 410 * time.Millisecond, op: ldelay, refundOf: 1, delay: 400 * time.Millisecond, granted: false},
+			{at: 410 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: 0.05},
 		}},
 	{"a cost above a layer's burst is refused at once, nothing charged", 10, 5,
 		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 2}},
@@ -261,7 +268,7 @@ var layerCases = []struct {
 			{at: time.Second, op: lrefund, refundOf: 11},
 			{at: time.Second, op: lstatus, layer: "per-key", key: "a", tokens: -2},
 			{at: time.Second, op: lshared, remaining: 10},
-			// The last slot back a little late (within PaidLateness, 75 ms
+			// The last slot back a little late (within PaidLateness, 50 ms
 			// at 2/s), after the layer refilled: charged the excess over
 			// its burst, never made to wait.
 			{at: 2025 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: 0.05},
@@ -411,8 +418,13 @@ func RunLayers(t *testing.T, newStore LayeredFactory) {
 						t.Fatalf("step %d: refund: %v", i, err)
 					}
 				case ldelay:
-					if err := s.DelayLayersAt(now, reqs[st.refundOf], results[st.refundOf], st.delay); err != nil {
+					res := results[st.refundOf]
+					moved, err := s.DelayLayersAt(now, reqs[st.refundOf], res, res.At.Add(res.Wait), st.delay)
+					if err != nil {
 						t.Fatalf("step %d: delay: %v", i, err)
+					}
+					if moved != st.granted {
+						t.Fatalf("step %d: delay by %v: moved %v, want %v", i, st.delay, moved, st.granted)
 					}
 				case lshared:
 					got, err := s.StatusAt(now)

@@ -1,6 +1,7 @@
 -- layer_prelude.lua: the functions of the layer scripts. A layer's state is
--- one string key: "tokens ts" for a keyed bucket (ts in µs), "window_end
--- used" for a quota. Numbers go through %.17g so that a token count survives
+-- one string key: "tokens ts last" for a keyed bucket (ts in µs; last, the
+-- latest instant in µs a message was charged to go out at, or absent),
+-- "window_end used" for a quota. Numbers go through %.17g so that a token count survives
 -- a round trip exactly, as it does in the in-process store.
 --
 -- layerPrelude is prelude.lua followed by this file; layers_keyed.lua
@@ -12,10 +13,21 @@ local function num2(v)
   return tonumber(a), tonumber(b)
 end
 
+-- LAST holds, by key, the last send instant of each layer bucket that
+-- bucket_load read (0 when none): bucket_save keeps it unless told a
+-- later one.
+local LAST = {}
+
 -- bucket_load returns a layer bucket's tokens and timestamp at now. A
 -- missing key is a full bucket.
 local function bucket_load(key, now, rate, burst)
-  local tokens, ts = num2(redis.call('GET', key))
+  local v = redis.call('GET', key)
+  local tokens, ts, last = nil, nil, 0
+  if v then
+    local a, b, c = string.match(v, '^(%S+) (%S+) ?(%S*)$')
+    tokens, ts, last = tonumber(a), tonumber(b), tonumber(c) or 0
+  end
+  LAST[key] = last
   if not tokens or not ts then return burst, now end
   if now > ts then
     tokens = tokens + (now - ts) * rate / 1e6
@@ -25,10 +37,19 @@ local function bucket_load(key, now, rate, burst)
   return tokens, ts
 end
 
--- bucket_save stores a layer bucket that expires when it is full again.
-local function bucket_save(key, tokens, ts, now, rate, burst)
+-- bucket_save stores a layer bucket that expires when it is full again,
+-- with its last send instant: send when later than the one it had.
+local function bucket_save(key, tokens, ts, now, rate, burst, send)
   local full_us = (ts - now) + (burst - tokens) * 1e6 / rate
-  redis.call('SET', key, string.format('%.17g %.17g', tokens, ts), 'PX', math.ceil(full_us / 1000) + 1000)
+  local last = LAST[key] or 0
+  if send and send > last then last = send end
+  local v
+  if last > 0 then
+    v = string.format('%.17g %.17g %.17g', tokens, ts, last)
+  else
+    v = string.format('%.17g %.17g', tokens, ts)
+  end
+  redis.call('SET', key, v, 'PX', math.ceil(full_us / 1000) + 1000)
 end
 
 -- bucket_wait returns a layer bucket's tokens and timestamp at now, and
@@ -82,7 +103,7 @@ end
 -- layer with action delay does (limiter.ReservesOnRefusal), else 2.
 local function refused_status(i, key, kind, action, w, tok, lts, cost, now, rate, burst)
   if action == 'y' and kind ~= 'q' and w < 1e15 then
-    bucket_save(key, tok - cost, lts, now, rate, burst)
+    bucket_save(key, tok - cost, lts, now, rate, burst, now + w)
     return 4
   end
   return 2

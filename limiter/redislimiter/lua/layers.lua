@@ -133,7 +133,7 @@ for i = 1, n do
     quota_save(key, wend[i], used[i] + cost, now)
   else
     local after = send_charge(tok[i], lts[i], send, cost, paid[i], rate[i], burst[i])
-    if after ~= tok[i] then bucket_save(key, after, lts[i], now, rate[i], burst[i]) end
+    bucket_save(key, after, lts[i], now, rate[i], burst[i], send)
   end
 end
 return reply(1, wait, limiting, safter, got, due)

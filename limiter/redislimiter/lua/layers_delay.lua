@@ -7,19 +7,38 @@
 -- the shared bucket), so the refill between the two instants is not there
 -- to be spent by the key's next message (limiter's LayeredMemory.DelayLayersAt).
 --
--- KEYS: one key per layer bucket. ARGV: now_us (0: TIME); then 3 values
--- per key: rate, burst, and the tokens to take (min(delay * rate, cost)).
--- Reply: 1.
+-- KEYS: one key per layer bucket. ARGV: now_us (0: TIME), from_us (the
+-- instant the request was charged to go out at), to_us (the instant it
+-- goes out now); then 3 values per key: rate, burst, and the tokens to take
+-- (min(delay * rate, cost)). A key charged since for a message that goes
+-- out after from_us (its last send instant) keeps the two apart only if it
+-- still holds the debit at that instant; when a key does not, nothing is
+-- taken and the reply is 0: the request must be decided again. Else every
+-- key is debited, its last send instant becomes to_us if later, and the
+-- reply is 1 (limiter's LayeredMemory.DelayLayersAt).
 
 local now = tonumber(ARGV[1])
 if not (now and now > 0) then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+local from, to = tonumber(ARGV[2]), tonumber(ARGV[3])
+local tok, lts = {}, {}
 for i = 1, #KEYS do
-  local a = 1 + (i - 1) * 3
-  local rate, burst, debit = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local tokens, ts = bucket_load(KEYS[i], now, rate, burst)
-  bucket_save(KEYS[i], tokens - debit, ts, now, rate, burst)
+  local a = 3 + (i - 1) * 3
+  local rate, burst = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  tok[i], lts[i] = bucket_load(KEYS[i], now, rate, burst)
+  local last = LAST[KEYS[i]]
+  if last > from then
+    local ahead = last - lts[i]
+    if ahead < 0 then ahead = 0 end
+    local at = tok[i] + ahead * rate / 1e6
+    if at > burst then at = burst end
+    if at - tonumber(ARGV[a + 3]) < 0 then return 0 end
+  end
+end
+for i = 1, #KEYS do
+  local a = 3 + (i - 1) * 3
+  bucket_save(KEYS[i], tok[i] - tonumber(ARGV[a + 3]), lts[i], now, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), to)
 end
 return 1

@@ -85,7 +85,7 @@ for a = 3 + 5 * n, #ARGV, 3 do
         end
         for i = 1, n do
           local after = send_charge(tok[i], lts[i], send, cost, paid[i], rate[i], burst[i])
-          if after ~= tok[i] then bucket_save(KEYS[k0 + i], after, lts[i], now, rate[i], burst[i]) end
+          bucket_save(KEYS[k0 + i], after, lts[i], now, rate[i], burst[i], send)
         end
       end
     end
