@@ -14,13 +14,13 @@ import "context"
 // rejects a configuration with an error wrapping ErrInvalidConfig; and
 // the headers of a message dead-lettered or set aside are those this
 // package names (HeaderError, HeaderAttempts, HeaderDue,
-// HeaderSetAsideReason, HeaderPaid).
+// HeaderSetAsideReason) and the paid-slot header x-throttle-paid.
 type Consumer interface {
 	// Run consumes until ctx ends or Close is called, then drains:
 	// in-flight handlers finish within Options.DrainTimeout, what
 	// finished is committed or acked, and Run returns nil. It runs once:
 	// a second call, or a call after Close, returns ErrStopped. Broker
-	// failures are retried (Connectivity says meanwhile that the consumer
+	// failures are retried (Connected says meanwhile that the consumer
 	// is not connected); Run returns an error only for one that retrying
 	// cannot fix before it ever consumed, such as ErrAccessRefused.
 	Run(ctx context.Context) error
@@ -28,8 +28,10 @@ type Consumer interface {
 	// for it to return. It is idempotent and returns nil.
 	Close() error
 	// Connected returns nil while the consumer has a live broker
-	// session, and otherwise an error wrapping ErrNotConnected.
-	Connectivity
+	// session, and otherwise an error wrapping ErrNotConnected that says
+	// why (the last connection error), for a readiness probe. It is safe
+	// for concurrent use and does not block on the network.
+	Connected() error
 	// Backlog returns what waits at the broker for the consumer, ready
 	// or set aside: the sum of BacklogParts.
 	Backlog(ctx context.Context) (int64, error)

@@ -86,22 +86,11 @@ var ErrStopped = errors.New("consumer stopped")
 // it may not read. Retrying cannot fix that, so Run gives up at once and
 // the binary exits 1. Once Run has consumed, such errors (a password
 // rotated under a running replica) are retried: the consumer reports
-// itself disconnected (Connectivity) and counts each attempt
+// itself disconnected (Consumer.Connected) and counts each attempt
 // (MessageObserver.ReconnectAttempt).
 var ErrAccessRefused = errors.New("access refused by the broker")
 
-// ErrNotConnected is wrapped by the errors of Connectivity.Connected, and
+// ErrNotConnected is wrapped by the errors of Consumer.Connected, and
 // of calls that need a live broker connection, while a backend has none:
 // before Run connected, while it reconnects, and after it returned.
 var ErrNotConnected = errors.New("not connected to the broker")
-
-// Connectivity is implemented by a backend that holds its own broker
-// connection and can say whether it is live (consumer/rabbitmq; kafka-go
-// reconnects inside its reader). A readiness probe uses it.
-type Connectivity interface {
-	// Connected returns nil while the consumer has a live broker session,
-	// and otherwise an error wrapping ErrNotConnected that says why (the
-	// last connection error). It is safe for concurrent use and does not
-	// block on the network.
-	Connected() error
-}

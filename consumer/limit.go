@@ -71,7 +71,7 @@ type LimitOptions struct {
 //
 // It is the one adapter from a message to a limiter request: the binary
 // uses it as a library user does. It returns an error wrapping
-// ErrInvalidOptions for a nil bucket, options that Validate rejects, or a
+// ErrInvalidConfig for a nil bucket, options that Validate rejects, or a
 // bucket with a keyed layer and no Keys. The limiter is safe for
 // concurrent use.
 func NewLimiter(bucket *limiter.Bucket, opts LimitOptions) (MessageLimiter, error) {
@@ -90,7 +90,7 @@ func NewLimiter(bucket *limiter.Bucket, opts LimitOptions) (MessageLimiter, erro
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return &messageLimiter{b: bucket, opts: opts}, nil
 }

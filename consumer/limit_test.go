@@ -99,11 +99,11 @@ func TestConsumerRefusesAKeyedBucket(t *testing.T) {
 	b := layeredBucket(t, limiter.Layer{Name: "per-recipient", Keyed: true, Rate: 1, Burst: 1})
 	_, err := kit.WithDefaults(consumer.Options{Limiter: b})
 	var fe *consumer.FieldError
-	if !errors.Is(err, consumer.ErrInvalidOptions) || !errors.As(err, &fe) || fe.Field != "Limiter" || !contains(err.Error(), "consumer.NewLimiter") {
-		t.Errorf("Options with a keyed bucket: %v, want an ErrInvalidOptions naming Limiter and consumer.NewLimiter", err)
+	if !errors.Is(err, consumer.ErrInvalidConfig) || !errors.As(err, &fe) || fe.Field != "Limiter" || !contains(err.Error(), "consumer.NewLimiter") {
+		t.Errorf("Options with a keyed bucket: %v, want an ErrInvalidConfig naming Limiter and consumer.NewLimiter", err)
 	}
-	if _, err := consumer.NewLimiter(b, consumer.LimitOptions{}); !errors.Is(err, consumer.ErrInvalidOptions) {
-		t.Errorf("NewLimiter without Keys on a keyed layer: %v, want ErrInvalidOptions", err)
+	if _, err := consumer.NewLimiter(b, consumer.LimitOptions{}); !errors.Is(err, consumer.ErrInvalidConfig) {
+		t.Errorf("NewLimiter without Keys on a keyed layer: %v, want ErrInvalidConfig", err)
 	}
 	l, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys})
 	if err != nil {
@@ -169,7 +169,7 @@ func TestOptionsPriorityFromNewLimiter(t *testing.T) {
 	if o, _ := kit.WithDefaults(consumer.Options{Limiter: plain}); o.Priority != nil {
 		t.Error("a limiter without Priority gave the consumer classes")
 	}
-	if _, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys, WaitTimeout: -time.Second}); !errors.Is(err, consumer.ErrInvalidOptions) || !contains(err.Error(), "WaitTimeout") {
+	if _, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys, WaitTimeout: -time.Second}); !errors.Is(err, consumer.ErrInvalidConfig) || !contains(err.Error(), "WaitTimeout") {
 		t.Errorf("a negative WaitTimeout: %v", err)
 	}
 }

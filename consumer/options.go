@@ -101,11 +101,6 @@ type Options struct {
 // Retrying cannot help.
 var ErrInvalidConfig = errors.New("invalid consumer config")
 
-// ErrInvalidOptions is ErrInvalidConfig.
-//
-// Deprecated: use ErrInvalidConfig, the one sentinel of every backend.
-var ErrInvalidOptions = ErrInvalidConfig
-
 // Validate returns nil or every problem of o, each a *FieldError naming
 // the Go field at fault ("DrainTimeout", "Retry.MaxAttempts"), joined with
 // errors.Join (read them with FieldErrors).

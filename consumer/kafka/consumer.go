@@ -541,9 +541,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 // yet, the last join error, or Run returned. kafka-go reconnects by
 // itself; each join attempt after a failure is reported to
 // MessageObserver.ReconnectAttempt, the failed join of a member to
-// Disconnected and the next successful one to Reconnected. It implements
-// consumer.Connectivity, for a readiness probe. It is safe for concurrent
-// use and does not block on the network.
+// Disconnected and the next successful one to Reconnected. It is
+// consumer.Consumer's Connected, for a readiness probe. It is safe for
+// concurrent use and does not block on the network.
 func (c *Consumer) Connected() error { return c.state.Connected() }
 
 // fail records err as the error Run returns and stops Run. The first error

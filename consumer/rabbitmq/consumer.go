@@ -205,9 +205,9 @@ func (c *Consumer) Close() error { return c.life.Close() }
 
 // Connected returns nil while Run has a live session with the broker, and
 // otherwise an error wrapping ErrNotConnected with the reason: Run has not
-// connected yet, the last connection error, or Run returned. It implements
-// consumer.Connectivity, for a readiness probe. It is safe for concurrent
-// use and does not block on the network.
+// connected yet, the last connection error, or Run returned. It is
+// consumer.Consumer's Connected, for a readiness probe. It is safe for
+// concurrent use and does not block on the network.
 func (c *Consumer) Connected() error { return c.state.Connected() }
 
 // setConn makes conn, nil between sessions, the connection that Backlog

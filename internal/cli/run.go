@@ -157,7 +157,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 	}
 
 	var running atomic.Bool
-	conn, _ := c.(consumer.Connectivity)
+	conn, _ := c.(interface{ Connected() error }) // consumer.Consumer
 	ready := func() error {
 		if !running.Load() {
 			return errors.New("consumer is not running")

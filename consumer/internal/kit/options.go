@@ -19,12 +19,12 @@ const (
 // WithDefaults validates o (consumer.Options.Validate) and returns it with
 // every default its field docs name filled in: OrderingKey only under
 // consumer.OrderKey, Priority from a Limiter made by consumer.NewLimiter.
-// Its errors wrap consumer.ErrInvalidOptions and the *consumer.FieldError of
+// Its errors wrap consumer.ErrInvalidConfig and the *consumer.FieldError of
 // each problem. It is idempotent. Backends call it from their
 // constructors (NewProcessor does).
 func WithDefaults(o consumer.Options) (consumer.Options, error) {
 	if err := o.Validate(); err != nil {
-		return o, fmt.Errorf("%w: %w", consumer.ErrInvalidOptions, err)
+		return o, fmt.Errorf("%w: %w", consumer.ErrInvalidConfig, err)
 	}
 	if o.Ordering == "" {
 		o.Ordering = consumer.OrderPartition

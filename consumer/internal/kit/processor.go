@@ -38,7 +38,7 @@ func SetsAside() ProcessorOption { return func(p *Processor) { p.setAside = true
 // calls h, wrapped in the middleware o asks for.
 func NewProcessor(o consumer.Options, h consumer.Handler, opts ...ProcessorOption) (*Processor, error) {
 	if h == nil {
-		return nil, fmt.Errorf("%w: handler must not be nil", consumer.ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: handler must not be nil", consumer.ErrInvalidConfig)
 	}
 	o, err := WithDefaults(o)
 	if err != nil {

@@ -246,8 +246,8 @@ func TestOptionsWithDefaults(t *testing.T) {
 	}
 	for _, tc := range bad {
 		_, err := kit.WithDefaults(tc.o)
-		if !errors.Is(err, consumer.ErrInvalidOptions) || !strings.Contains(err.Error(), tc.field) {
-			t.Errorf("WithDefaults(%s) = %v, want ErrInvalidOptions naming the field", tc.field, err)
+		if !errors.Is(err, consumer.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("WithDefaults(%s) = %v, want ErrInvalidConfig naming the field", tc.field, err)
 		}
 	}
 }
