@@ -302,6 +302,13 @@ func TestFaultRedisPartition(t *testing.T) {
 		Redis:  config.Redis{Addr: p.Addr(), Timeout: faultRedisTimeout},
 		Bucket: faultName(t), Rate: rate, Burst: 3, Replicas: 1,
 	})
+	// The local share comes from a heartbeat seen before the partition: a
+	// replica whose first calls timed out (a loaded machine, with the
+	// 100 ms timeout) knows no share and would close instead.
+	testenv.Eventually(t, 10*time.Second, "the replica shared and counted by its heartbeat", func() bool {
+		st, err := replicas[0].Bucket.State(ctx)
+		return err == nil && st.Mode == limiter.ModeShared && st.Replicas == 1
+	})
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	start := time.Now()
