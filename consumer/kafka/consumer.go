@@ -527,6 +527,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.log.Warn("closing dead-letter writer", "topic", c.cfg.DeadLetterTopic, "err", cerr)
 	}
 	transport.CloseIdleConnections()
+	c.log.Info(kit.LogStopped, "topic", c.cfg.Topic, "group", c.cfg.Group)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.fatal

@@ -35,9 +35,9 @@ type deadLetterer struct {
 // delivered nor written elsewhere must not be committed.
 func (d *deadLetterer) send(ctx context.Context, m kafkago.Message, dlh map[string]string) error {
 	dm := kafkago.Message{Key: m.Key, Value: m.Value, Headers: deadLetterHeaders(m.Headers, dlh)}
-	what, attr := "dead-letter", "dead_letter_topic"
+	what := "dead-letter"
 	if d.delay {
-		what, attr = "delay", "delay_topic"
+		what = "delay"
 	}
 	for attempt := 1; ; attempt++ {
 		err := d.w.WriteMessages(ctx, dm)
@@ -48,13 +48,19 @@ func (d *deadLetterer) send(ctx context.Context, m kafkago.Message, dlh map[stri
 			return fmt.Errorf("writing to %s topic %q: %w", what, d.topic, err)
 		}
 		delay := backoff.Delay(attempt - 1)
-		d.log.Warn(what+" write failed; retrying",
-			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
-			attr, d.topic, "attempt", attempt, "err", err, "retry_in", delay.String())
+		d.log.Warn(kit.LogWriteRetry, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+			kit.KeyDestination, d.topic, "attempt", attempt, "retry_in", delay.String(), "err", err)
 		if err := kit.Sleep(ctx, delay); err != nil {
 			return fmt.Errorf("writing to %s topic %q: %w", what, d.topic, err)
 		}
 	}
+}
+
+// positionAttrs are the log attributes of m's position, and of dest, the
+// topic it was written to.
+func positionAttrs(m kafkago.Message, dest string) []slog.Attr {
+	return []slog.Attr{slog.String("topic", m.Topic), slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset),
+		slog.String(kit.KeyDestination, dest)}
 }
 
 // deadLetterHeaders returns orig without the names in dlh, followed by dlh

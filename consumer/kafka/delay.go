@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -148,14 +149,11 @@ func (c *Consumer) setAside(ctx context.Context, w work, out kit.Outcome, delay 
 		h[consumer.HeaderSetAsideReason] = out.Err.Error()
 	}
 	if err := delay.send(ctx, m, h); err != nil {
-		c.log.Warn("delay write abandoned at the drain deadline; message left uncommitted",
-			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "err", err)
+		c.log.Warn(kit.LogWriteAbandoned, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+			kit.KeyDestination, delay.topic, "err", err)
 		return abandoned
 	}
-	kit.ObserveSetAside(c.cfg.Observer, w.msg, out.SetAside)
-	c.log.Debug("message set aside",
-		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
-		"delay_topic", delay.topic, "delay", out.SetAside.String(), "due", due)
+	c.proc.ReportSetAside(w.msg, out.SetAside, due, positionAttrs(m, delay.topic)...)
 	return finished
 }
 
@@ -245,8 +243,8 @@ func (c *Consumer) findOrCreateDelayTopic(ctx context.Context, client *kafkago.C
 	case errors.As(cerr, &kerr) && kerr.Temporary():
 		return false, cerr
 	}
-	c.log.Warn("the delay topic does not exist and cannot be created; messages set aside wait in their handlers",
-		"topic", c.cfg.Topic, "delay_topic", c.cfg.DelayTopic, "err", cerr)
+	c.log.Warn(kit.LogNoDelayDestination, "topic", c.cfg.Topic, kit.KeyDestination, c.cfg.DelayTopic,
+		"err", fmt.Errorf("the delay topic does not exist and cannot be created: %w", cerr))
 	return false, nil
 }
 

@@ -3,7 +3,6 @@ package kafka
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -197,8 +196,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 	select {
 	case <-drained:
 	case <-timer.C:
-		log.Warn("drain timeout reached; cancelling in-flight handlers, their messages stay uncommitted",
-			"drain_timeout", drain.String())
+		log.Warn(kit.LogDrainTimeout, "drain_timeout", drain.String())
 		cancelHandlers()
 		<-drained
 	}
@@ -423,8 +421,8 @@ func (c *Consumer) handle(ctx context.Context, w work, dl, delay *deadLetterer, 
 		if gate.dropped {
 			return dropped
 		}
-		c.log.Warn("handler abandoned; message left uncommitted for redelivery",
-			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempts", out.Attempts, "err", out.Err)
+		c.log.Warn(kit.LogAbandoned, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+			"attempts", out.Attempts, "err", out.Err)
 		return abandoned
 	}
 	if out.SetAside > 0 {
@@ -434,12 +432,10 @@ func (c *Consumer) handle(ctx context.Context, w work, dl, delay *deadLetterer, 
 		return finished
 	}
 	if err := dl.send(ctx, m, out.DeadLetterHeaders(c.origin(m))); err != nil {
-		c.log.Warn("dead-letter write abandoned at the drain deadline; message left uncommitted",
-			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "err", err)
+		c.log.Warn(kit.LogWriteAbandoned, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+			kit.KeyDestination, dl.topic, "err", err)
 		return abandoned
 	}
-	c.proc.DeadLettered(w.msg, out,
-		slog.String("topic", m.Topic), slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset),
-		slog.String("dead_letter_topic", dl.topic))
+	c.proc.DeadLettered(w.msg, out, positionAttrs(m, dl.topic)...)
 	return finished
 }

@@ -136,7 +136,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// Backlog calls still using one end promptly.
 	defer c.probes.Wait()
 	if c.cfg.DeadLetterExchange == "" {
-		c.log.Warn("rabbitmq: no dead-letter exchange known (Declare is off and DeadLetterExchange is empty): " +
+		c.log.Warn("no dead-letter exchange known (Declare is off and DeadLetterExchange is empty): " +
 			"messages that fail for good are nacked to the queue's own dead-letter exchange, without the reason headers; " +
 			"if the queue has none, by argument or policy, RabbitMQ drops them")
 	}

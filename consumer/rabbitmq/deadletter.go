@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"sync"
@@ -151,11 +152,18 @@ func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bo
 	case it.keyErr != nil:
 		out = r.proc.KeyFailed(it.keyErr)
 	case ctx.Err() != nil:
-		out = kit.Outcome{Abandoned: true}
+		out = kit.Outcome{Abandoned: true} // not started: requeued quietly
 	case r.back(ctx, it, pub, requeueAttrs(d)):
 		return false
 	default:
 		out = r.proc.Process(ctx, it.msg)
+		if out.Abandoned {
+			attrs := append(requeueAttrs(d), slog.Int("attempts", out.Attempts))
+			if out.Err != nil {
+				attrs = append(attrs, slog.String("err", out.Err.Error()))
+			}
+			r.log.LogAttrs(ctx, slog.LevelWarn, kit.LogAbandoned, attrs...)
+		}
 	}
 	attrs := requeueAttrs(d)
 	switch {
@@ -165,21 +173,22 @@ func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bo
 		return r.setAside(ctx, it, out, pub, attrs)
 	case out.Err == nil:
 		if err := d.Ack(false); err != nil {
-			r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq ack failed; the broker will redeliver the message",
+			r.log.LogAttrs(ctx, slog.LevelWarn, "ack failed; the broker will redeliver the message",
 				append(attrs, slog.String("err", err.Error()))...)
 		}
 	case r.cfg.DeadLetterExchange == "":
 		if err := d.Nack(false, false); err != nil {
-			r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq nack failed; the broker will redeliver the message",
+			r.log.LogAttrs(ctx, slog.LevelWarn, "nack failed; the broker will redeliver the message",
 				append(attrs, slog.String("err", err.Error()))...)
 			return
 		}
-		r.proc.DeadLettered(it.msg, out, append(attrs, slog.String("nacked_to", "the queue's dead-letter exchange"))...)
+		r.proc.DeadLettered(it.msg, out, append(attrs, slog.String(kit.KeyDestination, "the queue's own dead-letter exchange (nack)"))...)
 	default:
 		dlx := r.cfg.DeadLetterExchange
 		msg := deadLetter(d, out.DeadLetterHeaders(position(d, r.cfg.Queue)))
-		if r.publishThenAck(ctx, d, pub, dlx, d.RoutingKey, msg, append(attrs, slog.String("dead_letter_exchange", dlx))) {
-			r.proc.DeadLettered(it.msg, out, append(attrs, slog.String("dead_letter_exchange", dlx))...)
+		attrs = append(attrs, slog.String(kit.KeyDestination, dlx))
+		if r.publishThenAck(ctx, d, pub, dlx, d.RoutingKey, msg, attrs) {
+			r.proc.DeadLettered(it.msg, out, attrs...)
 		}
 	}
 	return false
@@ -208,10 +217,10 @@ func (r *run) setAside(ctx context.Context, it *item, out kit.Outcome, pub publi
 	out.SetAside = min(out.SetAside, maxSetAside) // back to set aside again if need be
 	levels := delayLevels(maxSetAside)
 	due := time.Now().Add(out.SetAside)
-	attrs = append(attrs, slog.String("delay", out.SetAside.String()))
 	if err := pub.declareDelay(r.cfg.Queue, levels); err != nil {
-		r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq cannot declare the delay queues; waiting out the delay in the handler",
-			append(attrs, slog.String("err", err.Error()))...)
+		r.log.LogAttrs(ctx, slog.LevelWarn, kit.LogNoDelayDestination, append(attrs,
+			slog.String(kit.KeyDestination, delayLevelName(r.cfg.Queue, 0)), slog.String("delay", out.SetAside.String()),
+			slog.String("err", fmt.Sprintf("declaring the delay queues: %v", err)))...)
 		if kit.Sleep(ctx, out.SetAside) != nil {
 			r.requeue(d, attrs)
 			return false
@@ -226,7 +235,7 @@ func (r *run) setAside(ctx context.Context, it *item, out kit.Outcome, pub publi
 	// first time on a connection), less the lead.
 	now := time.Now()
 	exchange, key, after := delayRoute(r.cfg.Queue, due.Sub(now)-r.lag.lead(now), levels)
-	attrs = append(attrs, slog.String("delay_exchange", exchange))
+	attrs = append(attrs, slog.String(kit.KeyDestination, exchange))
 	msg := deadLetter(d, nil)
 	dropDelayDeaths(msg.Headers, r.cfg.Queue)
 	// The copy carries setaside.HeaderPaid as it.msg does, not as d does:
@@ -246,8 +255,7 @@ func (r *run) setAside(ctx context.Context, it *item, out kit.Outcome, pub publi
 		msg.Headers[consumer.HeaderSetAsideReason] = out.Err.Error()
 	}
 	if r.publishThenAck(ctx, d, pub, exchange, key, msg, attrs) {
-		r.log.LogAttrs(ctx, slog.LevelDebug, "rabbitmq message set aside", attrs...)
-		kit.ObserveSetAside(r.cfg.Observer, it.msg, out.SetAside)
+		r.proc.ReportSetAside(it.msg, out.SetAside, due, attrs...)
 	}
 	return false
 }
@@ -263,13 +271,13 @@ func (r *run) publishThenAck(ctx context.Context, d *amqp.Delivery, pub publishe
 			break
 		}
 		if ctx.Err() != nil || errors.Is(err, errPublisherClosed) {
-			r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq publish abandoned; the message goes back to the queue",
+			r.log.LogAttrs(ctx, slog.LevelWarn, kit.LogWriteAbandoned,
 				append(attrs, slog.String("err", err.Error()))...)
 			r.requeue(d, attrs)
 			return false
 		}
 		delay := backoff.Delay(failures)
-		r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq publish failed; retrying",
+		r.log.LogAttrs(ctx, slog.LevelWarn, kit.LogWriteRetry,
 			append(attrs, slog.Int("attempt", failures+1), slog.String("retry_in", delay.String()), slog.String("err", err.Error()))...)
 		if kit.Sleep(ctx, delay) != nil {
 			r.requeue(d, attrs)
@@ -279,7 +287,7 @@ func (r *run) publishThenAck(ctx context.Context, d *amqp.Delivery, pub publishe
 	if err := d.Ack(false); err != nil {
 		// The copy is out; the broker redelivers the original, which may
 		// then be published twice.
-		r.log.LogAttrs(ctx, slog.LevelWarn, "rabbitmq ack after publishing failed; the broker will redeliver the message",
+		r.log.LogAttrs(ctx, slog.LevelWarn, "ack after writing failed; the broker will redeliver the message",
 			append(attrs, slog.String("err", err.Error()))...)
 	}
 	return true
@@ -291,9 +299,9 @@ func (r *run) requeue(d *amqp.Delivery, attrs []slog.Attr) {
 		attrs = requeueAttrs(d)
 	}
 	if err := d.Nack(false, true); err != nil {
-		r.log.LogAttrs(context.Background(), slog.LevelDebug, "rabbitmq requeue failed; the channel closed, so the broker requeues the message itself",
+		r.log.LogAttrs(context.Background(), slog.LevelDebug, "requeue failed; the channel closed, so the broker requeues the message itself",
 			append(attrs, slog.String("err", err.Error()))...)
 		return
 	}
-	r.log.LogAttrs(context.Background(), slog.LevelDebug, "rabbitmq message requeued unfinished", attrs...)
+	r.log.LogAttrs(context.Background(), slog.LevelDebug, "message requeued unfinished", attrs...)
 }

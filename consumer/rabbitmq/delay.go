@@ -289,7 +289,7 @@ func (r *run) back(ctx context.Context, it *item, pub publisher, attrs []slog.At
 		}
 		return false
 	}
-	r.log.LogAttrs(ctx, slog.LevelDebug, "rabbitmq message back from the delay queues early; set aside again",
+	r.log.LogAttrs(ctx, slog.LevelDebug, "message back from the delay queues early; set aside again",
 		append(attrs, slog.String("early", early.String()))...)
 	// Without delay queues, setAside waited for it: it is handled now.
 	return !r.setAside(ctx, it, kit.Outcome{SetAside: early}, pub, attrs)

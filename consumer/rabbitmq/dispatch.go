@@ -233,7 +233,7 @@ func (r *run) shutdown(s *session, p *dispatcher, cancelSession context.CancelFu
 		defer close(cancelled)
 		// ErrClosed only means that s closed first.
 		if err := s.ch.Cancel(r.tag, false); err != nil && !errors.Is(err, amqp.ErrClosed) {
-			r.log.Debug("rabbitmq consumer cancel failed", "err", err)
+			r.log.Debug("consumer cancel failed", "err", err)
 		}
 	}()
 	r.drain()
@@ -241,7 +241,7 @@ func (r *run) shutdown(s *session, p *dispatcher, cancelSession context.CancelFu
 	<-watchDone
 	s.close()
 	<-cancelled
-	r.log.Info("rabbitmq consumer stopped", "url", r.url)
+	r.log.Info(kit.LogStopped, "url", r.url)
 	return nil
 }
 
@@ -258,8 +258,7 @@ func (r *run) drain() {
 	select {
 	case <-done:
 	case <-timer.C:
-		r.log.Warn("rabbitmq drain timeout; cancelling in-flight handlers, their messages go back to the queue",
-			"in_flight", r.inflight.Load(), "drain_timeout", r.cfg.DrainTimeout.String())
+		r.log.Warn(kit.LogDrainTimeout, "in_flight", r.inflight.Load(), "drain_timeout", r.cfg.DrainTimeout.String())
 		r.cancelHandlers()
 		<-done
 	}
