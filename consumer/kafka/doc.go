@@ -88,6 +88,19 @@
 // members take over at once, and Run returns nil. A message that was not
 // handled is never committed, so the group's next owner receives it.
 //
+// # Connection
+//
+// kafka-go reconnects by itself: the partition readers redial their
+// leaders, and the group rejoins after JoinGroupBackoff. A lost
+// connection to the group coordinator ends the generation as a rebalance
+// does (the partitions are revoked and drained), and the next join fails:
+// from then until a join succeeds, Connected returns an error wrapping
+// consumer.ErrNotConnected, and the consumer.MessageObserver sees
+// Disconnected, a ReconnectAttempt per join, and Reconnected, with the
+// same log lines as every backend's (connection lost; reconnecting,
+// connect failed; retrying, reconnected). A rebalance alone does not
+// disconnect.
+//
 // # Setting aside
 //
 // With Options.SetAside, a message whose handler returns a consumer.SetAside
