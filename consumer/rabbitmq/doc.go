@@ -19,15 +19,16 @@
 //     DeadLetterExchange), Nack without requeue instead, so that the
 //     queue's own dead-letter exchange takes it with RabbitMQ's x-death
 //     header only;
-//   - set aside (the handler returned a consumer.SetAside error, as a
-//     layered limit with on_exceed delay does): published, under a
-//     publisher confirm, to the delay queues "<Queue>.delay.NN" (see
-//     DelayQueues), levels of fixed TTLs that RabbitMQ dead-letters from
-//     one to the next and back to the queue when it is due (consumer.HeaderDue),
-//     then Ack. The handler is free meanwhile. Each level's TTL is the
-//     same for all its messages, so none waits behind a longer delay;
-//     the message comes back a little early and its handler waits the
-//     rest;
+//   - set aside, with Options.SetAside (the handler returned a
+//     consumer.SetAside error, as a layered limit with on_exceed delay
+//     does): published, under a publisher confirm, to the delay queues
+//     "<Queue>.delay.NN" (see DelayQueues), levels of fixed TTLs that
+//     RabbitMQ dead-letters from one to the next and back to the queue
+//     when it is due (consumer.HeaderDue), then Ack. The handler is free
+//     meanwhile. Each level's TTL is the same for all its messages, so
+//     none waits behind a longer delay; the message comes back a little
+//     early and its handler waits the rest. Without Options.SetAside the
+//     handler waits out the delay itself and is called again;
 //   - not finished (shutdown past the drain deadline, or the limiter
 //     closed): Nack with requeue, so that the broker delivers it again.
 //
