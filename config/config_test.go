@@ -1083,6 +1083,10 @@ func TestOrdering(t *testing.T) {
 		{kafka("max_in_flight: 0"), "source.kafka.max_in_flight", "must not be 0"},
 		{kafka("max_in_flight: 50"), "source.kafka.max_in_flight", `has no effect with ordering "partition"`},
 		{kafka("ordering: partition\n    max_in_flight: 50"), "source.kafka.max_in_flight", `has no effect with ordering "partition"`},
+		// The consumer's one bound comes from max_in_flight under key and
+		// none, from concurrency under partition.
+		{kafka("ordering: key\n    max_in_flight: -5"), "source.kafka.max_in_flight", "-5 must not be negative"},
+		{kafka("concurrency: -2"), "source.kafka.concurrency", "-2 must not be negative"},
 		{"limit: {bucket: b, rate: 1}\nsink: {stdout: {}}\nsource: {rabbitmq: {url: 'amqp://h/', queue: q, ordering: none, ordering_key: x}}\n",
 			"source.rabbitmq.ordering_key", `requires ordering "key", got "none"`},
 	} {

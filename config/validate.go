@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"reflect"
 	"slices"
@@ -116,7 +117,7 @@ func (lib *Libraries) validate(ps *problems, c *Config, opts consumer.Options) {
 	if lib.Kafka != nil {
 		kc := *lib.Kafka
 		kc.Limiter = opts.Limiter
-		ps.library(kafkaKeys, kc.Validate())
+		ps.library(c.Source.Kafka.keys(), kc.Validate())
 	}
 	if lib.RabbitMQ != nil {
 		rc := *lib.RabbitMQ
@@ -288,6 +289,18 @@ var (
 	httpKeys     = libraryKeys{"sink.http", reflect.TypeFor[HTTP](), map[string]string{"Rules": "sink.http.classify"}}
 	postgresKeys = libraryKeys{"sink.postgres", reflect.TypeFor[Postgres](), nil}
 )
+
+// keys returns the YAML keys of the Kafka consumer's configuration: its
+// one bound, Options.Concurrency, comes from max_in_flight under ordering
+// key and none, and from concurrency under partition.
+func (k *Kafka) keys() libraryKeys {
+	if k.Ordering != consumer.OrderKey && k.Ordering != consumer.OrderNone {
+		return kafkaKeys
+	}
+	alias := maps.Clone(kafkaKeys.alias)
+	alias["Concurrency"] = kafkaKeys.section + ".max_in_flight"
+	return libraryKeys{kafkaKeys.section, kafkaKeys.t, alias}
+}
 
 // key returns the YAML key of the library field named field.
 func (k libraryKeys) key(field string) string {
