@@ -618,12 +618,24 @@ func (r *run) drain(ctx context.Context) error {
 	limit += 20 * time.Second
 	r.logf("+%.1fs published %d, %d delivered; waiting up to %v for the rest", time.Since(r.start).Seconds(), len(r.published), unique, limit.Round(time.Second))
 	deadline := time.Now().Add(limit)
+	// A hot recipient's slots may lie further out than the estimate when
+	// faults made its layer forfeit some (a Redis kill loses the booked
+	// slots): while messages are set aside and the sink still receives,
+	// the wait goes on, 5 s past the last delivery, up to a minute more.
+	hardStop, lastUnique, lastProgress := deadline.Add(time.Minute), -1, time.Now()
 	for {
 		_, unique := r.sink.Counts()
 		dead := r.queueState(r.name + ".dlq").Messages
-		if unique+dead >= len(r.published) && r.queueState(r.name).Messages == 0 && SetAside(r.conn, r.name) == 0 {
+		setAside := SetAside(r.conn, r.name)
+		if unique+dead >= len(r.published) && r.queueState(r.name).Messages == 0 && setAside == 0 {
 			r.logf("+%.1fs drained: %d delivered, %d dead-lettered", time.Since(r.start).Seconds(), unique, dead)
 			return nil
+		}
+		if unique != lastUnique {
+			lastUnique, lastProgress = unique, time.Now()
+		}
+		if time.Now().After(deadline) && setAside > 0 && time.Since(lastProgress) < 5*time.Second && time.Now().Before(hardStop) {
+			deadline = time.Now().Add(time.Second)
 		}
 		if time.Now().After(deadline) {
 			r.logf("+%.1fs not drained after %v: %d delivered, %d dead-lettered of %d; %d ready, %d set aside",
