@@ -227,16 +227,23 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 				return moved
 			}}
 			// A slot paid for on a delay layer cannot move: the next
-			// one is booked behind it. Moved back further than the
-			// slot's lateness, the message forfeits it and takes again
-			// as if it had come back that late (see Request.Paid).
+			// one is booked a spacing behind it. Moved back past the
+			// slot's Due plus its lateness, the message forfeits it and
+			// takes again as if it had come back that late (see
+			// Request.Paid).
 			if len(lr.Paid) > 0 {
-				late.forfeit = paidLateness(b.layered.layers, lr.Keys, lr.Paid)
+				late.forfeitAt = paidUntil(b.layered.layers, lr.Keys, lr.Paid)
 			}
-			if late.after <= 0 && late.forfeit <= 0 {
+			if late.after <= 0 && late.forfeitAt.IsZero() {
 				late = nil
 			}
-			if err := b.sleepReserved(ctx, changes, pushes, seen, res.TakeResult, math.Float64frombits(b.lastRate.Load()), res.LayersDue, late); err != nil {
+			// Nor before a slot it paid for: the key's message before it
+			// went out a spacing ahead of that slot.
+			notBefore := res.LayersDue
+			for _, s := range lr.Paid {
+				notBefore = max(notBefore, s.Due.Sub(res.At))
+			}
+			if err := b.sleepReserved(ctx, changes, pushes, seen, res.TakeResult, math.Float64frombits(b.lastRate.Load()), notBefore, late); err != nil {
 				if errors.Is(err, errMovedLate) {
 					// Decided again, after the message its key was
 					// charged for meanwhile. Nothing is refunded: a
@@ -273,21 +280,22 @@ func layersLateness(layers []Layer) time.Duration {
 	return d
 }
 
-// paidLateness returns the least slot lateness (backend.PaidLateness) of
-// the delay layers that paid names for keys, or 0 when it names none.
-func paidLateness(layers []Layer, keys map[string]string, paid []backend.PaidSlot) time.Duration {
-	var d time.Duration
+// paidUntil returns the earliest instant, on the store's clock, past which
+// a slot that paid names for keys on a delay layer is forfeit (its Due
+// plus backend.PaidLateness), or the zero time when it names none.
+func paidUntil(layers []Layer, keys map[string]string, paid []backend.PaidSlot) time.Time {
+	var until time.Time
 	for _, s := range paid {
 		for _, l := range layers {
 			if l.Name != s.Layer || l.OnExceed != ActionDelay || l.IsQuota() || (l.Keyed && keys[l.Name] != s.Key) {
 				continue
 			}
-			if p := backend.PaidLateness(l); d == 0 || p < d {
-				d = p
+			if u := s.Due.Add(backend.PaidLateness(l)); until.IsZero() || u.Before(until) {
+				until = u
 			}
 		}
 	}
-	return d
+	return until
 }
 
 // allowLayers is Allow on a layered store: the shared bucket and every

@@ -785,3 +785,52 @@ func TestPushedPaidSlotIsForfeit(t *testing.T) {
 	}
 	t.Fatal("the pushed paid message went out 200 ms past its slot, want it refused again")
 }
+
+// TestPaidSlotLatenessCountsFromItsDue: a message back 60 ms after its
+// slot's Due, granted on it (its send, 40 ms later, is within the slot's
+// 100 ms lateness), and then pushed 40 ms further by a high request, is
+// past Due+100 ms: it forfeits the slot although the push alone was
+// small. Counting the lateness from the grant instead let such a message
+// go out up to twice the lateness after its slot, 1.6 s after the key's
+// previous message against 2 s.
+func TestPaidSlotLatenessCountsFromItsDue(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	lm := newLayeredMemory(t, 25, 1, []limiter.Layer{{Name: "per-recipient", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDelay}})
+	s := layeredClassStore{memClassStore{lm.Memory, clk, new(atomic.Bool)}, lm}
+	b := newClockedBucket(t, clk, s, sleeperOpts, s.watched)
+	ctx := context.Background()
+	to := func(k string) map[string]string { return map[string]string{"per-recipient": k} }
+	if err := b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("r")}); err != nil {
+		t.Fatal(err)
+	}
+	var le *limiter.LimitError
+	if err := b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("r")}); !errors.As(err, &le) || !le.Reserved {
+		t.Fatalf("second message to r: %v, want refused with a booked slot", err)
+	}
+	clk.Advance(le.Wait + 60*time.Millisecond) // back 60 ms late, behind a message to x
+	if err := b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("x")}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("r"), Paid: []limiter.PaidSlot{le.Slot()}})
+	}()
+	clk.WaitTimers(t, 1) // granted on its slot, due 40 ms on
+	highs := make(chan error, 1)
+	go func() { highs <- b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityHigh, Keys: to("h")}) }()
+	clk.WaitTimers(t, 1)
+	for range 200 {
+		time.Sleep(time.Millisecond) // let the sleeper hear the push
+		clk.Advance(time.Millisecond)
+		select {
+		case err := <-done:
+			var again *limiter.LimitError
+			if !errors.As(err, &again) || !again.Reserved {
+				t.Fatalf("the pushed paid message: %v, want refused with a new slot", err)
+			}
+			return
+		default:
+		}
+	}
+	t.Fatal("the paid message went out 140 ms after its slot, past its 100 ms lateness, want it refused again")
+}

@@ -144,7 +144,7 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 	if listen {
 		next = heard[r.class]
 	}
-	charged, first := r.due, r.due // the instant the layers were charged for
+	charged := r.due // the instant the layers were charged for
 	for {
 		var pushed <-chan struct{}
 		if listen {
@@ -154,7 +154,7 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 				r = r.push(p)
 			}
 		}
-		if late != nil && late.forfeit > 0 && r.due.Sub(first) > late.forfeit {
+		if late != nil && !late.forfeitAt.IsZero() && r.due.After(late.forfeitAt) {
 			return errMovedLate
 		}
 		if late != nil && late.after > 0 && r.due.Sub(charged) > late.after {
@@ -201,14 +201,14 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 type lateness struct {
 	after time.Duration
 	pay   func(from time.Time, by time.Duration) bool
-	// forfeit, when not 0, ends the sleep with errMovedLate once the
-	// reservation moved back more than that from its first instant: a
-	// slot paid for on a delay layer, which cannot move.
-	forfeit time.Duration
+	// forfeitAt, when not zero, ends the sleep with errMovedLate once the
+	// reservation moved back past it (the store's clock): the lateness of
+	// a slot paid for on a delay layer, which cannot move.
+	forfeitAt time.Time
 }
 
 // errMovedLate is sleepReserved's answer for a reservation moved back past
-// late.forfeit, or that its layers could not pay for moving back.
+// late.forfeitAt, or that its layers could not pay for moving back.
 var errMovedLate = errors.New("reservation moved back past its paid slot")
 
 // retime returns r moved to where the bucket st puts it.
