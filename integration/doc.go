@@ -1,7 +1,11 @@
 // Package integration holds the end-to-end and fault tests of throttle.
-// It has no API: everything lives in _test.go files, run with
+// It has no API: its tests live in _test.go files, run with
 //
 //	go test ./integration/
+//
+// The seeded fault campaign's one implementation, shared by TestCampaign
+// and the benchmark program's -campaign mode, is the package
+// integration/campaign (docs/campaign.md).
 //
 // The end-to-end tests (suite_*_test.go, cli_*_test.go) run the consumers,
 // sinks and the throttle binary against real brokers: the services that
