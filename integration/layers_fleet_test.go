@@ -347,7 +347,7 @@ func layersFleetTest(t *testing.T, c layersFleetCase) {
 		t.Fatal(err)
 	}
 	r := campaign.Check(sink.Arrivals(), campaign.Spec{
-		Rate: rate, Burst: burst, Allowance100ms: campaign.Allowance100ms, Overrides: check.Overrides, Disturbances: check.Disturbances,
+		Rate: rate, Burst: burst, ArrivalAllowance: campaign.ArrivalAllowance, Overrides: check.Overrides, Disturbances: check.Disturbances,
 		Keyed: c.layers, Stall: stalls.Max(), StallIn: stalls.MaxIn, Published: published, DeadLettered: dead, Queued: queued, DupBound: check.DupBound,
 	})
 	t.Logf("%d messages delivered in %v:\n  %s", len(c.msgs), took.Round(time.Millisecond), strings.Join(r.Lines, "\n  "))

@@ -204,9 +204,9 @@ type QuotaLayer struct {
 type Spec struct {
 	Rate  float64 // the configured shared rate
 	Burst int
-	// Allowance100ms is added to the 100 ms windows' bound for the
-	// sink's arrival jitter; see Check.
-	Allowance100ms int
+	// ArrivalAllowance is added to the 1 s and 100 ms windows' bounds for
+	// the sink's arrival jitter; see Check.
+	ArrivalAllowance int
 	Overrides      []RateChange
 	Disturbances   []Disturbance
 	Keyed          []KeyedLayer
@@ -343,7 +343,8 @@ func (s *Spec) stallIn(from, to time.Time) time.Duration {
 // Check verifies arrivals against spec:
 //
 //   - every 1 s window holds at most rate + burst (Bound), every 100 ms
-//     window burst + rate/10 + Allowance100ms;
+//     window burst + rate/10, each + ArrivalAllowance: a window of
+//     arrivals holds grants from a little longer;
 //   - for each keyed layer, first arrivals of a key Burst apart in its
 //     order (a duplicate counts against DupBound instead) are
 //     at least GapFraction of the layer's spacing (1/rate) apart, less the
@@ -377,7 +378,7 @@ func Check(arrivals []Arrival, spec Spec) *Report {
 		width     time.Duration
 		allowance int
 		out       *Window
-	}{{time.Second, 0, &r.Busiest1s}, {100 * time.Millisecond, spec.Allowance100ms, &r.Busiest100}} {
+	}{{time.Second, spec.ArrivalAllowance, &r.Busiest1s}, {100 * time.Millisecond, spec.ArrivalAllowance, &r.Busiest100}} {
 		busiest, over := Windows(ts, w.width, func(from time.Time) int { return spec.Bound(from, w.width, w.allowance) })
 		*w.out = busiest
 		r.logf("busiest %v window: %v; %d windows over their bound", w.width, busiest, len(over))

@@ -155,7 +155,7 @@ func TestCheckWindowsAndQuota(t *testing.T) {
 	for i := range 12 { // 12 in 11 ms: over 5 + 2 + 1 in 100 ms
 		as = append(as, Arrival{ID: i, Acct: "q", At: t0.Add(time.Duration(i) * time.Millisecond)})
 	}
-	spec := Spec{Rate: 20, Burst: 5, Allowance100ms: 1,
+	spec := Spec{Rate: 20, Burst: 5, ArrivalAllowance: 1,
 		Quotas: []QuotaLayer{{Name: "per-account", Key: func(a Arrival) string { return a.Acct }, Quota: 10, Per: time.Hour}}}
 	r := Check(as, spec)
 	if r.Busiest100.N != 12 || r.Busiest100.Bound != 8 {
