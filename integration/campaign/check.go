@@ -207,10 +207,10 @@ type Spec struct {
 	// ArrivalAllowance is added to the 1 s and 100 ms windows' bounds for
 	// the sink's arrival jitter; see Check.
 	ArrivalAllowance int
-	Overrides      []RateChange
-	Disturbances   []Disturbance
-	Keyed          []KeyedLayer
-	Quotas         []QuotaLayer
+	Overrides        []RateChange
+	Disturbances     []Disturbance
+	Keyed            []KeyedLayer
+	Quotas           []QuotaLayer
 	// GapFraction is the share of a layer's spacing that the closest
 	// pair of a key must keep, 0.85 when 0.
 	GapFraction float64
