@@ -734,56 +734,83 @@ func TestPushKeepsLayeredSpacing(t *testing.T) {
 	}
 }
 
+// paidSlotRig is a Bucket on a shared bucket of sharedRate (burst 1) with
+// a per-recipient delay layer (1/s, burst 1, lateness 100 ms) whose key r
+// holds a booked slot: the clock is late past the slot's Due, and a low
+// message to x took the shared token, so that the paid message to r, sent
+// by paid, waits on the shared bucket.
+type paidSlotRig struct {
+	t   *testing.T
+	clk *clocktest.Clock
+	b   *limiter.Bucket
+}
+
+func newPaidSlotRig(t *testing.T, sharedRate float64, late time.Duration) (*paidSlotRig, <-chan error) {
+	clk := clocktest.New(storetest.Base)
+	lm := newLayeredMemory(t, sharedRate, 1, []limiter.Layer{{Name: "per-recipient", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDelay}})
+	s := layeredClassStore{memClassStore{lm.Memory, clk, new(atomic.Bool)}, lm}
+	r := &paidSlotRig{t: t, clk: clk, b: newClockedBucket(t, clk, s, sleeperOpts, s.watched)}
+	if err := r.wait(limiter.PriorityLow, "r", nil); err != nil {
+		t.Fatal(err)
+	}
+	var le *limiter.LimitError
+	if err := r.wait(limiter.PriorityLow, "r", nil); !errors.As(err, &le) || !le.Reserved {
+		t.Fatalf("second message to r: %v, want refused with a booked slot", err)
+	}
+	clk.Advance(le.Wait + late)
+	if err := r.wait(limiter.PriorityLow, "x", nil); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.wait(limiter.PriorityLow, "r", []limiter.PaidSlot{le.Slot()}) }()
+	clk.WaitTimers(t, 1) // granted on its slot, waiting on the shared bucket
+	return r, done
+}
+
+func (r *paidSlotRig) wait(p limiter.Priority, key string, paid []limiter.PaidSlot) error {
+	return r.b.WaitN(context.Background(), limiter.Request{Cost: 1, Priority: p, Keys: map[string]string{"per-recipient": key}, Paid: paid})
+}
+
+// highs starts n high requests to keys of their own, which push the paid
+// message back.
+func (r *paidSlotRig) highs(n int) {
+	for i := range n {
+		go func() { _ = r.wait(limiter.PriorityHigh, fmt.Sprint("h", i), nil) }()
+	}
+	r.clk.WaitTimers(r.t, n)
+}
+
+// refusedAgain advances the clock a millisecond at a time until the paid
+// message returns, and checks it was refused with a new slot.
+func (r *paidSlotRig) refusedAgain(done <-chan error, within time.Duration, what string) {
+	for range within / time.Millisecond {
+		time.Sleep(time.Millisecond) // let the sleeper hear the pushes
+		r.clk.Advance(time.Millisecond)
+		select {
+		case err := <-done:
+			var again *limiter.LimitError
+			if !errors.As(err, &again) || !again.Reserved {
+				r.t.Fatalf("the pushed paid message: %v, want refused with a new slot", err)
+			}
+			return
+		default:
+		}
+	}
+	r.t.Fatal(what)
+}
+
 // TestPushedPaidSlotIsForfeit: a message back on the slot a delay layer
 // booked for it (Request.Paid) waits on the shared bucket, and two high
-// requests push it back 200 ms, past the slot's lateness (150 ms at 1/s):
+// requests push it back 200 ms, past the slot's lateness (100 ms at 1/s):
 // the next slot of its key is booked 1 s after its own, so going out that
 // late would put the two 800 ms apart. It forfeits the slot and is refused
 // again with a new one. Without that, a fleet with classes sent
 // per-recipient messages 772–834 ms apart against 2 s when a rate cut
 // moved them back.
 func TestPushedPaidSlotIsForfeit(t *testing.T) {
-	clk := clocktest.New(storetest.Base)
-	lm := newLayeredMemory(t, 10, 1, []limiter.Layer{{Name: "per-recipient", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDelay}})
-	s := layeredClassStore{memClassStore{lm.Memory, clk, new(atomic.Bool)}, lm}
-	b := newClockedBucket(t, clk, s, sleeperOpts, s.watched)
-	ctx := context.Background()
-	to := func(k string) map[string]string { return map[string]string{"per-recipient": k} }
-	if err := b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("r")}); err != nil {
-		t.Fatal(err)
-	}
-	var le *limiter.LimitError
-	if err := b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("r")}); !errors.As(err, &le) || !le.Reserved {
-		t.Fatalf("second message to r: %v, want refused with a booked slot", err)
-	}
-	clk.Advance(le.Wait) // back on its slot, behind a low message to x
-	if err := b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("x")}); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		done <- b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("r"), Paid: []limiter.PaidSlot{le.Slot()}})
-	}()
-	clk.WaitTimers(t, 1) // reserved at +100 ms on the shared bucket
-	highs := make(chan error, 2)
-	for _, k := range []string{"h1", "h2"} {
-		go func() { highs <- b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityHigh, Keys: to(k)}) }()
-	}
-	clk.WaitTimers(t, 2) // the highs, reserved at +100 and +200 ms
-	for range 300 {
-		time.Sleep(time.Millisecond) // let the sleepers hear the pushes
-		clk.Advance(time.Millisecond)
-		select {
-		case err := <-done:
-			var again *limiter.LimitError
-			if !errors.As(err, &again) || !again.Reserved || again.Wait < 800*time.Millisecond {
-				t.Fatalf("the pushed paid message: %v, want refused with a new slot about 1 s on", err)
-			}
-			return
-		default:
-		}
-	}
-	t.Fatal("the pushed paid message went out 200 ms past its slot, want it refused again")
+	r, done := newPaidSlotRig(t, 10, 0) // due 100 ms after its slot
+	r.highs(2)
+	r.refusedAgain(done, 300*time.Millisecond, "the pushed paid message went out 200 ms past its slot, want it refused again")
 }
 
 // TestPaidSlotLatenessCountsFromItsDue: a message back 60 ms after its
@@ -794,43 +821,7 @@ func TestPushedPaidSlotIsForfeit(t *testing.T) {
 // go out up to twice the lateness after its slot, 1.6 s after the key's
 // previous message against 2 s.
 func TestPaidSlotLatenessCountsFromItsDue(t *testing.T) {
-	clk := clocktest.New(storetest.Base)
-	lm := newLayeredMemory(t, 25, 1, []limiter.Layer{{Name: "per-recipient", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDelay}})
-	s := layeredClassStore{memClassStore{lm.Memory, clk, new(atomic.Bool)}, lm}
-	b := newClockedBucket(t, clk, s, sleeperOpts, s.watched)
-	ctx := context.Background()
-	to := func(k string) map[string]string { return map[string]string{"per-recipient": k} }
-	if err := b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("r")}); err != nil {
-		t.Fatal(err)
-	}
-	var le *limiter.LimitError
-	if err := b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("r")}); !errors.As(err, &le) || !le.Reserved {
-		t.Fatalf("second message to r: %v, want refused with a booked slot", err)
-	}
-	clk.Advance(le.Wait + 60*time.Millisecond) // back 60 ms late, behind a message to x
-	if err := b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("x")}); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		done <- b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityLow, Keys: to("r"), Paid: []limiter.PaidSlot{le.Slot()}})
-	}()
-	clk.WaitTimers(t, 1) // granted on its slot, due 40 ms on
-	highs := make(chan error, 1)
-	go func() { highs <- b.WaitN(ctx, limiter.Request{Cost: 1, Priority: limiter.PriorityHigh, Keys: to("h")}) }()
-	clk.WaitTimers(t, 1)
-	for range 200 {
-		time.Sleep(time.Millisecond) // let the sleeper hear the push
-		clk.Advance(time.Millisecond)
-		select {
-		case err := <-done:
-			var again *limiter.LimitError
-			if !errors.As(err, &again) || !again.Reserved {
-				t.Fatalf("the pushed paid message: %v, want refused with a new slot", err)
-			}
-			return
-		default:
-		}
-	}
-	t.Fatal("the paid message went out 140 ms after its slot, past its 100 ms lateness, want it refused again")
+	r, done := newPaidSlotRig(t, 25, 60*time.Millisecond) // due 40 ms on
+	r.highs(1)
+	r.refusedAgain(done, 200*time.Millisecond, "the paid message went out 140 ms after its slot, past its 100 ms lateness, want it refused again")
 }
