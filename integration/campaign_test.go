@@ -19,13 +19,29 @@ import (
 // under a nemesis that kills and pauses Redis, cuts connections, kills and
 // restarts replicas, and sets and clears the rate, then checks every
 // shared window, per-key gap and quota, loss and duplicates against the
-// documented bounds. The seed is random and logged; THROTTLE_CAMPAIGN_SEED
-// reruns one schedule, THROTTLE_CAMPAIGN_DURATION (a Go duration) changes
-// the length, THROTTLE_CAMPAIGN_LOGS (a directory) keeps the replicas'
-// logs, at THROTTLE_CAMPAIGN_LOG_LEVEL (default info).
+// documented bounds. The seed is random and logged, except in CI
+// (CI=true), which runs the schedule of ciCampaignSeed so that a red CI
+// means a regression on a known schedule, not a new finding: the
+// exploring is done by developers' runs and by the benchmark program's
+// -campaign mode, which runs for any length (docs/campaign.md keeps what
+// they found). THROTTLE_CAMPAIGN_SEED reruns one schedule ("random" for a
+// random one in CI too), THROTTLE_CAMPAIGN_DURATION (a Go duration)
+// changes the length, THROTTLE_CAMPAIGN_LOGS (a directory) keeps the
+// replicas' logs, at THROTTLE_CAMPAIGN_LOG_LEVEL (default info).
+// ciCampaignSeed is CI's schedule: Redis cut, killed and restarted empty,
+// replicas SIGKILLed and SIGTERMed, the rate cut, raised and cleared, a
+// few replicas added; it ran clean twice on the tree that fixed what the
+// campaign found.
+const ciCampaignSeed = 929377301407
+
 func TestCampaign(t *testing.T) {
 	seed := rand.Int64N(1 << 40)
-	if s := os.Getenv("THROTTLE_CAMPAIGN_SEED"); s != "" {
+	if testenv.InCI() {
+		seed = ciCampaignSeed
+	}
+	if s := os.Getenv("THROTTLE_CAMPAIGN_SEED"); s == "random" {
+		seed = rand.Int64N(1 << 40)
+	} else if s != "" {
 		var err error
 		if seed, err = strconv.ParseInt(s, 10, 64); err != nil {
 			t.Fatalf("THROTTLE_CAMPAIGN_SEED: %v", err)
