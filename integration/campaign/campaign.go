@@ -696,7 +696,7 @@ func (r *run) spec(dead map[int]int) Spec {
 		Keyed: []KeyedLayer{
 			{Name: "per-sender", Key: func(a Arrival) string { return a.From }, Rate: SenderRate, Burst: 1},
 			{Name: "per-recipient", Key: func(a Arrival) string { return a.To }, Rate: RecipRate, Burst: 1,
-				Open: "a delay layer's pair too close near a replica restart or a rate change, docs/campaign.md"},
+				Open: "a delay layer's pair too close under the campaign's mix, cause not found yet, docs/campaign.md"},
 		},
 		Quotas: []QuotaLayer{
 			{Name: "per-account", Key: func(a Arrival) string { return a.Acct }, Quota: Quota, Per: time.Hour},
