@@ -38,6 +38,15 @@ type Request struct {
 	// Bucket's signature (PaidSlot.Sig) reach the store; the others are
 	// dropped (Stats.PaidRefused). Ignored by a store without layers.
 	Paid []PaidSlot
+	// Tenant names the message's tenant on a store with fair shares (see
+	// Fair): "" leaves the request out of them. Ignored by a store without
+	// them.
+	Tenant string
+	// FairRefuse makes a wait for the tenant's fair share return at once
+	// a *LimitError of Layer FairLayer, with ActionDelay and the wait,
+	// instead of waiting: a consumer sets the message aside rather than
+	// hold a handler (see consumer.LimitOptions.TenantWaiting).
+	FairRefuse bool
 }
 
 // WaitN blocks until req.Cost tokens are granted on the shared bucket and on
@@ -127,9 +136,10 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			b.observeLayered(start, req, limiting, err)
 			return err
 		}
-		lr := backend.LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid}
+		lr := backend.LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant}
 		leading := false
-		if b.lease.take(req.Priority, req.Cost) {
+		fair := req.Tenant != "" && b.layered.fair != nil // fair shares are decided in the store: no lease
+		if !fair && b.lease.take(req.Priority, req.Cost) {
 			lr.SkipShared = true
 		} else {
 			if !head { // behind the class's head, if a floor holds it back
@@ -138,7 +148,7 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 					return err
 				}
 			}
-			if extra := b.lease.extra(req.Cost); extra > 0 && b.lease.serves(req.Priority) && b.layered.refilling.CompareAndSwap(false, true) {
+			if extra := b.lease.extra(req.Cost); !fair && extra > 0 && b.lease.serves(req.Priority) && b.layered.refilling.CompareAndSwap(false, true) {
 				// One caller at a time asks for a lease of the shared
 				// bucket with its message.
 				lr.Extra, leading = extra, true
@@ -173,6 +183,14 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 			b.signPaid(ctx, res.Exceeded) // paidsig.go
 			b.observeLayered(start, req, limiting, res.Exceeded)
 			return res.Exceeded
+		}
+		if fair {
+			b.layered.fairActive.Store(int64(res.FairActive))
+		}
+		if !res.Granted && res.Limiting == FairLayer && req.FairRefuse {
+			le := backend.FairError(res.At, res.Wait)
+			b.observeLayered(start, req, FairLayer, le)
+			return le
 		}
 		if res.Wait >= longest && res.Wait > 0 {
 			longest, limiting = res.Wait, res.Limiting
@@ -403,6 +421,10 @@ type layeredFallback struct {
 	store    backend.LayeredStore
 	layers   []Layer
 	lateness time.Duration
+	// fair is the store's fair shares, nil for none; fairActive the
+	// tenants its last answer counted in a request's class.
+	fair       *Fair
+	fairActive atomic.Int64
 }
 
 // layeredStore returns the Bucket's store if it is a LayeredStore with at
@@ -418,15 +440,30 @@ func (b *Bucket) Layers() []Layer {
 
 func (b *Bucket) layeredStore() backend.LayeredStore {
 	b.layered.once.Do(func() {
-		if ls, ok := b.store.(backend.LayeredStore); ok && len(ls.Layers()) > 0 {
+		if ls, ok := b.store.(backend.LayeredStore); ok && (len(ls.Layers()) > 0 || backend.FairOf(ls) != nil) {
 			b.layered.store, b.layered.layers = ls, ls.Layers()
 			b.layered.lateness = layersLateness(b.layered.layers)
+			b.layered.fair = backend.FairOf(ls)
 		}
 	})
 	return b.layered.store
 }
 
 func (b *Bucket) layeredState() *layeredFallback { return &b.layered }
+
+// Fair returns the fair shares of the Bucket's store (see Fair), or nil
+// for a store without them.
+func (b *Bucket) Fair() *Fair {
+	b.layeredStore()
+	return b.layered.fair
+}
+
+// FairActive returns the number of tenants that the store's last answer to
+// a request with a tenant counted in that request's class: those holding
+// reservations not yet due (0 before any, and without fair shares).
+func (b *Bucket) FairActive() int {
+	return int(b.layered.fairActive.Load())
+}
 
 // localLayers returns the in-process layers that go with the fallback
 // bucket local, at this replica's share of each layer.
@@ -444,6 +481,11 @@ func (b *Bucket) localLayers(local *backend.Memory, layers []Layer) (*backend.La
 	lm, err := backend.NewLayeredMemory(local, shareLayers(layers, replicas))
 	if err != nil {
 		return nil, err
+	}
+	if lf.fair != nil {
+		if err := lm.SetFair(*lf.fair); err != nil {
+			return nil, err
+		}
 	}
 	lf.shared, lf.local = local, lm
 	return lm, nil
@@ -493,7 +535,7 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 			cost = min(cost, l.Burst)
 		}
 	}
-	lr := backend.LayerRequest{Cost: cost, Keys: req.Keys, MaxWait: b.opts.MaxReserve, Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid}
+	lr := backend.LayerRequest{Cost: cost, Keys: req.Keys, MaxWait: b.opts.MaxReserve, Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant}
 	pushes := b.fallbackPushes(local)
 	for {
 		gen := b.gen.Load()
@@ -508,6 +550,9 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 		if res.Exceeded != nil {
 			b.signPaid(ctx, res.Exceeded) // paidsig.go
 			return res.Exceeded
+		}
+		if !res.Granted && res.Limiting == FairLayer && req.FairRefuse {
+			return backend.FairError(res.At, res.Wait)
 		}
 		if !res.Granted {
 			if err := b.sleep(ctx, gen.changed, res.Wait); err != nil && !errors.Is(err, errChanged) {

@@ -33,3 +33,13 @@ func (m clockedLayered) StatusAt(now time.Time) (limiter.State, error) {
 func TestLayeredMemorySteps(t *testing.T) {
 	storetest.RunLayers(t, newClockedLayered)
 }
+
+func TestFairMemorySteps(t *testing.T) {
+	storetest.RunFair(t, func(t *testing.T, rate float64, burst int, fair limiter.Fair) storetest.LayeredClockedStore {
+		m := newLayeredMemory(t, rate, burst, nil)
+		if err := m.SetFair(fair); err != nil {
+			t.Fatal(err)
+		}
+		return clockedLayered{m}
+	})
+}

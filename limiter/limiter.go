@@ -239,3 +239,51 @@ var (
 	// layer. No layer was charged.
 	ErrLimitExceeded = backend.ErrLimitExceeded
 )
+
+// Fair shares a saturated shared bucket among tenants by weight (weighted
+// max-min): while the bucket has tokens every request is granted as
+// before; once requests queue, each tenant with requests waiting may hold
+// at most its weighted share of Horizon in the queue (Rate · Horizon ·
+// weight / the weights of the tenants holding reservations in the
+// request's class), and a request over that share books nothing and asks
+// again exactly when its tenant's reservations have come due far enough.
+// Since the queue drains in order, each tenant's throughput follows what
+// it holds: the shares follow the weights, what a tenant does not use goes
+// to the others, an idle tenant holds nothing, and a newcomer waits at
+// most behind the others' shares of the horizon. Each class shares within
+// itself. Give it to NewLocalFairStore or redislimiter's
+// Layered.WithFair; requests name their tenant in Request.Tenant. Its
+// fields:
+//
+//   - Weights: the weight of named tenants, each > 0.
+//   - DefaultWeight: the weight of any other tenant; default 1.
+//   - Horizon: how far ahead, in time of the shared rate, the tenants
+//     together hold reservations before their shares apply; default
+//     500ms, between 1ms and 1m.
+//
+// Validate fills in the defaults and returns a *ParamError per problem,
+// joined. The store keeps three numbers per tenant that holds
+// reservations, which expire a second after its last one.
+type Fair = backend.Fair
+
+// FairLayer names a fair-share wait: in Observer.LayerWaited's layer, and
+// the Layer of the *LimitError that Request.FairRefuse asks for.
+const FairLayer = backend.FairLayer
+
+// NewLocalFairStore is NewLocalStore with fair shares among tenants (see
+// Fair): an in-process store that decides them with the shared bucket, in
+// the same arithmetic as the Redis store's script.
+func NewLocalFairStore(rate float64, burst int, fair Fair, layers ...Layer) (Store, error) {
+	m, err := backend.NewMemory(rate, burst)
+	if err != nil {
+		return nil, err
+	}
+	lm, err := backend.NewLayeredMemory(m, layers)
+	if err != nil {
+		return nil, err
+	}
+	if err := lm.SetFair(fair); err != nil {
+		return nil, err
+	}
+	return lm, nil
+}

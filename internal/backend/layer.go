@@ -310,6 +310,10 @@ type LayerRequest struct {
 	// given back at its time and taken again now. A refund gives nothing
 	// back on such a layer.
 	Paid []PaidSlot
+	// Tenant names the request's tenant on a store with fair shares
+	// (Fair): "" leaves the request out of them. Ignored with SkipShared
+	// and by a store without fair shares.
+	Tenant string
 }
 
 // PaidSlot is a slot that a delay layer booked for a message
@@ -424,6 +428,10 @@ type LayerResult struct {
 	// Limiting names the layer whose wait is Wait, or "" for the shared
 	// bucket (also when nobody waits).
 	Limiting string
+	// FairActive is, on a store with fair shares and for a request with a
+	// Tenant, the number of tenants of its class that hold reservations not
+	// yet due after the call; 0 otherwise.
+	FairActive int
 	// LayersDue is, for a granted request, how long after At every layer
 	// had room: at most Wait, which is the shared bucket's. The layers
 	// were charged for the instant At+Wait; the request may go out as

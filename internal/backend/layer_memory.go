@@ -28,6 +28,10 @@ type LayeredMemory struct {
 	buckets []map[string]*memLayerBucket
 	quotas  []map[string]*memLayerQuota
 	ops     int
+	// fair is nil without fair shares (fair.go); fc holds each class's
+	// tenants, guarded by Memory.mu.
+	fair *Fair
+	fc   [NumPriorities]memFairClass
 }
 
 type memLayerBucket struct {
@@ -302,6 +306,22 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		res.Wait = time.Duration(wait) * time.Microsecond
 		return res, nil, nil
 	}
+	// Fair shares (fair.go): a request that would queue books only while
+	// its tenant holds less than its share of the horizon.
+	var ft *memFairTurn
+	if m.fair != nil && req.Tenant != "" && !req.SkipShared {
+		ft = m.fairTurn(now, c, req.Tenant)
+		res.FairActive = m.fc[c].n
+		if wait0 > 0 {
+			if fw := ft.wait(m.fair, sRate, cost, now); fw > 0 {
+				res.Limiting = FairLayer
+				res.Wait = time.Duration(fw) * time.Microsecond
+				return res, nil, nil
+			}
+		} else {
+			ft = nil // granted at once: it holds nothing in the queue
+		}
+	}
 	var horizon int64
 	if req.MaxWait > 0 {
 		horizon = req.MaxWait.Microseconds()
@@ -337,6 +357,10 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		}
 		b := m.buckets[i][keys[i]]
 		m.buckets[i][keys[i]] = &memLayerBucket{tokens: sendCharge(st[i].tokens, st[i].ts, send, cost, st[i].paid, l), ts: st[i].ts, last: max(lastOf(b), send)}
+	}
+	if ft != nil {
+		m.fairGrant(c, ft, cost, now, send)
+		res.FairActive = m.fc[c].n
 	}
 	res.Granted, res.Tokens = true, got
 	res.Wait = time.Duration(wait) * time.Microsecond
@@ -438,10 +462,16 @@ func (m *LayeredMemory) sweep(now int64) {
 	for i := range m.layers {
 		n += len(m.buckets[i]) + len(m.quotas[i])
 	}
+	for r := range m.fc {
+		n += len(m.fc[r].tenants)
+	}
 	if m.ops < max(n, 64) {
 		return
 	}
 	m.ops = 0
+	if m.fair != nil {
+		m.fairSweep(now)
+	}
 	for i, l := range m.layers {
 		for k, b := range m.buckets[i] {
 			if tokens, ts := advanceLayer(b, now, l); ts <= now && tokens >= float64(l.Burst) {

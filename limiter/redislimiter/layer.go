@@ -65,7 +65,49 @@ type Layered struct {
 	// batch pipelines concurrent takes on a single node; nil on a Cluster
 	// or with Config.NoBatching.
 	batch *layerBatcher
+	// fair is nil without fair shares (WithFair); fairPrefix + RANK + ":"
+	// + TENANT names a tenant's state, fairKeys the class totals and the
+	// bins.
+	fair       *limiter.Fair
+	fairPrefix string
+	fairKeys   [2]string
+	fairArg    int64
 }
+
+// WithFair returns a copy of l that also shares the shared bucket among
+// tenants by weight while it is saturated (see limiter.Fair): a request
+// names its tenant in LayerRequest.Tenant, and the same script call decides
+// its share. f is validated and copied. The tenants' state lives in the
+// bucket's slot:
+//
+//	PREFIX{NAME}:fair:RANK:TENANT  string "held ts last", per active tenant
+//	PREFIX{NAME}:fair              hash: each class's active tenants and weights
+//	PREFIX{NAME}:fairbins          sorted set: when those tenants stop counting
+//
+// each expiring a second after the last reservation it tracks.
+func (l *Layered) WithFair(f limiter.Fair) (*Layered, error) {
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	ws := make(map[string]float64, len(f.Weights))
+	for k, v := range f.Weights {
+		ws[k] = v
+	}
+	f.Weights = ws
+	c := *l
+	if l.batch != nil {
+		c.batch = &layerBatcher{l: &c}
+	}
+	c.fair = &f
+	base := l.cfg.Prefix + "{" + l.cfg.Bucket + "}:fair"
+	c.fairPrefix = base + ":"
+	c.fairKeys = [2]string{base, base + "bins"}
+	c.fairArg = f.Horizon.Microseconds()
+	return &c, nil
+}
+
+// Fair implements backend.FairStore.
+func (l *Layered) Fair() *limiter.Fair { return l.fair }
 
 // WithLayers returns a layered store on s's bucket. The layers are
 // validated (see backend.ValidateLayers) and copied. It makes no Redis
@@ -190,6 +232,7 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req backend.Laye
 				wait := out.Wait
 				out.TakeResult = res.TakeResult
 				out.Wait = wait
+				out.FairActive = res.FairActive
 			}
 			if res.Wait > out.Wait || (len(done) == 0 && res.Limiting != "") {
 				out.Wait, out.Limiting = res.Wait, res.Limiting
@@ -270,6 +313,10 @@ func (l *Layered) takeArgs(at time.Time, req backend.LayerRequest, keys []string
 	}
 	args = append(args, l.warmArg) // the shared bucket's warm-up (lua/warmup.lua)
 	args = append(args, l.paidArg(st.layers, keys, req.Paid))
+	if st.shared && l.fair != nil && req.Tenant != "" {
+		rkeys = append(rkeys, l.fairPrefix+strconv.Itoa(backend.Rank(req.Priority))+":"+req.Tenant, l.fairKeys[0], l.fairKeys[1])
+		args = append(args, l.fair.Weight(req.Tenant), l.fairArg)
+	}
 	return rkeys, args, clock
 }
 
@@ -313,7 +360,7 @@ func (l *Layered) takeReply(req backend.LayerRequest, v []int64, err error, cloc
 	if err != nil {
 		return backend.LayerResult{}, l.fail("take layers", err)
 	}
-	if len(v) != 11 || v[8] < 0 || v[8] > 2 {
+	if len(v) != 12 || v[8] < 0 || v[8] > 2 {
 		return backend.LayerResult{}, l.malformed("take layers", v)
 	}
 	res := backend.LayerResult{TakeResult: backend.TakeResult{
@@ -324,9 +371,11 @@ func (l *Layered) takeReply(req backend.LayerRequest, v []int64, err error, cloc
 		At:        time.UnixMicro(v[6]),
 		Class:     backend.PriorityOfRank(int(v[8])),
 		Pushed:    float64(v[9]) / 1000,
-	}}
+	}, FairActive: int(v[11])}
 	var layer limiter.Layer
-	if v[2] > 0 {
+	if v[2] == -1 && v[0] == 0 {
+		res.Limiting = backend.FairLayer
+	} else if v[2] > 0 {
 		if int(v[2]) > len(l.layers) {
 			return backend.LayerResult{}, l.malformed("take layers", v)
 		}

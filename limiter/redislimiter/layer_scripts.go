@@ -10,8 +10,8 @@ var layerPrelude = prelude + luaSource("layer_prelude.lua")
 // layersScript decides the shared bucket (optionally) and layers in one
 // atomic step: all grant and are charged, or none is. It mirrors
 // backend.LayeredMemory.TakeLayersAt line by line. layerPrelude, then
-// lua/layers.lua (KEYS, ARGV and reply in its header).
-var layersScript = redis.NewScript(layerPrelude + luaSource("layers.lua"))
+// lua/fair.lua (fair shares among tenants), then lua/layers.lua (KEYS, ARGV and reply in its header).
+var layersScript = redis.NewScript(layerPrelude + luaSource("fair.lua") + luaSource("layers.lua"))
 
 // layersRefundScript gives back what layersScript charged: layerPrelude,
 // then lua/layers_refund.lua.

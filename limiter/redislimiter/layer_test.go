@@ -204,3 +204,15 @@ func TestPaidSlotOnRedisClock(t *testing.T) {
 		}
 	}
 }
+
+func TestRedisFairSteps(t *testing.T) {
+	c := newClient(t)
+	storetest.RunFair(t, func(t *testing.T, rate float64, burst int, fair limiter.Fair) storetest.LayeredClockedStore {
+		l, err := newLayered(t, c, rate, burst, nil).WithFair(fair)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Del(context.Background(), l.fairKeys[0], l.fairKeys[1]) })
+		return clockedLayers{l}
+	})
+}

@@ -24,6 +24,7 @@ var luaValues = map[string]string{
 	"MAXRATE":    strconv.FormatFloat(backend.MaxRate, 'g', -1, 64),
 	"MAXBURST":   strconv.Itoa(backend.MaxBurst),
 	"MIN_QUEUED": minQueuedLua,
+	"FAIRGRAIN":  strconv.Itoa(backend.FairGrain),
 }
 
 // luaUsed records the .lua files that luaSource has read, for the test that

@@ -19,12 +19,17 @@
 -- which the request passes it on a slot it already paid for
 -- (limiter.PaidUntil), or 0; "" for none. Such a layer, at or before its
 -- instant, waits 0 and is charged only the excess of a late slot
--- (limiter.PaidCharge).
+-- (limiter.PaidCharge). Then, for fair shares (fair.lua; absent or "":
+-- none), the tenant's weight and the fair horizon in µs, with three more
+-- KEYS after the layers': the tenant's state, the fair hash and the bins
+-- set (the shared bucket only).
 --
 -- Reply: {status, wait_us, layer, remaining_milli, effective_rate_milli,
 -- burst, now_us, tokens (cost plus the extra granted), rank, pushed_milli
 -- (its push counter on the shared bucket), layers_due_us (granted: when
--- every layer had room, limiter.LayerResult.LayersDue)}. status: 1 granted, 0
+-- every layer had room, limiter.LayerResult.LayersDue), fair_active (with
+-- fair shares: the tenants of the class counted)}. layer -1 is the fair
+-- share (status 0: the tenant holds its share; come back after wait_us). status: 1 granted, 0
 -- not
 -- granted (come back after wait_us), 2 refused by layer's action, 4
 -- refused by layer, a token bucket with action delay, which booked the
@@ -44,10 +49,12 @@ local rank, s1, s2 = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local kb = 0
 local srate, sburst, stokens, sts, safter, wait0, eff = 0, 0, 0, 0, 0, 0, 0
 local pushed, visible, q1, need = 0, 0, 0, 0
+local FAIR_N = 0
+local fweight = tonumber(ARGV[15 + 10 * n])
 local function reply(status, wait, layer, remaining, got, due)
   local p = 0
   if rank == 1 then p = P1 elseif rank == 2 then p = P2 end
-  return {status, wait, layer, milli(remaining), milli(eff), sburst, now, got, rank, milli(p), due or 0}
+  return {status, wait, layer, milli(remaining), milli(eff), sburst, now, got, rank, milli(p), due or 0, FAIR_N}
 end
 if shared then
   kb = 2
@@ -115,6 +122,21 @@ for i = 1, n do
   if w[i] > due then due = w[i] end
 end
 if limiting > 0 then return reply(0, wait, limiting, stokens, 0) end
+-- Fair shares (fair.lua): a request that would queue books only while its
+-- tenant holds less than its share of the horizon.
+local ft, fk
+if shared and fweight and fweight > 0 then
+  fk = kb + n
+  ft = fair_turn(KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3], now, rank, fweight)
+  FAIR_N = ft.n
+  if wait0 > 0 then
+    local fcap = srate * tonumber(ARGV[16 + 10 * n]) / 1e6 * fweight / ft.w
+    local fw = fair_wait(ft.h, fcap, cost, ft.last, now)
+    if fw > 0 then return reply(0, fw, -1, stokens, 0) end
+  else
+    ft = nil -- granted at once: it holds nothing in the queue
+  end
+end
 if shared and wait > horizon then return reply(0, wait - horizon, 0, stokens, 0) end
 
 local got = cost
@@ -126,6 +148,7 @@ if shared then
   end
   prio_grant(rank, pushed, q1, s1, s2, sburst, ARGV[12], now)
   save(KEYS[1], safter, sts, now, srate, sburst)
+  if ft then FAIR_N = fair_grant(ft, KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3], rank, cost, now, send) end
 end
 for i = 1, n do
   local key = KEYS[kb + i]
