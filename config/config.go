@@ -46,6 +46,8 @@ type Config struct {
 	Metrics Metrics `yaml:"metrics"`
 	// Log configures logging.
 	Log Log `yaml:"log"`
+	// Tracing configures OpenTelemetry tracing of each message.
+	Tracing Tracing `yaml:"tracing"`
 }
 
 // RedisMode says how the Redis client connects, as decided by [Redis.Mode].
@@ -548,6 +550,19 @@ type Metrics struct {
 // Enabled reports whether the metrics server should run.
 func (m Metrics) Enabled() bool {
 	return m.Listen != "" && m.Listen != "off"
+}
+
+// Tracing configures OpenTelemetry tracing (YAML key "tracing",
+// docs/tracing.md): a span per message, continuing the W3C traceparent
+// of its headers, exported over OTLP/HTTP to where the standard
+// OTEL_EXPORTER_OTLP_* variables say. It is a plain value: safe to read
+// concurrently, not to mutate concurrently.
+type Tracing struct {
+	// Enabled turns tracing on. Default false: no spans, no exporter.
+	Enabled bool `yaml:"enabled"`
+	// SampleRatio is the share of the traces starting at a replica that
+	// are sampled (telemetry.Options.SampleRatio); default 1.
+	SampleRatio *float64 `yaml:"sample_ratio"`
 }
 
 // Log configures logging (YAML key "log"). It is a plain value: safe to read

@@ -343,6 +343,8 @@ func TestParseBadInputs(t *testing.T) {
 		{"zero max set aside", minimal + "delivery: {max_set_aside: 0s}\n", nil, "delivery.max_set_aside", "must not be 0; omit the key for the default"},
 		{"bad metrics listen", minimal + "metrics: {listen: 'localhost'}\n", nil, "metrics.listen", "must be host:port"},
 		{"bad metrics port", minimal + "metrics: {listen: 'localhost:http'}\n", nil, "metrics.listen", "port must be a number"},
+		{"sample ratio above 1", minimal + "tracing: {enabled: true, sample_ratio: 1.5}\n", nil, "tracing.sample_ratio", "must be within [0, 1]"},
+		{"sample ratio without tracing", minimal + "tracing: {sample_ratio: 0.5}\n", nil, "tracing.sample_ratio", "no effect unless tracing.enabled"},
 		{"addr and addrs", minimal + "redis: {addr: 'a:1', addrs: ['b:2']}\n", nil, "redis", "set either addr or addrs, not both"},
 		{"negative db", minimal + "redis: {db: -1}\n", nil, "redis.db", "must be >= 0, got -1"},
 		{"sentinel password without master", minimal + "redis: {sentinel_password: x}\n", nil, "redis.sentinel_password", "has no effect without redis.master_name"},

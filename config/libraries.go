@@ -15,6 +15,7 @@ import (
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/kafka"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
+	"github.com/throttlehq/throttle/internal/telemetry"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
 	"github.com/throttlehq/throttle/sinks/httpsink"
@@ -92,6 +93,10 @@ type Libraries struct {
 	HTTP     *httpsink.Config
 	Postgres *postgres.Config
 	Stdout   bool
+	// Tracing is tracing.*, nil when tracing is off: the caller builds a
+	// TracerProvider from it and sets the consumer's
+	// Options.TracerProvider.
+	Tracing *telemetry.Options
 }
 
 // Libraries maps c onto the libraries' configurations; it is the one
@@ -131,6 +136,13 @@ func (c *Config) libraries(ps *problems, readFiles bool) (*Libraries, consumer.O
 		lib.Postgres = &postgres.Config{DSN: p.DSN, Table: p.Table, CreateTable: p.CreateTable, IDHeader: p.IDHeader}
 	}
 	lib.Stdout = c.Sink.Stdout != nil
+	if t := c.Tracing; t.Enabled {
+		o := telemetry.Options{SampleRatio: telemetry.DefaultSampleRatio}
+		if t.SampleRatio != nil {
+			o.SampleRatio = *t.SampleRatio
+		}
+		lib.Tracing = &o
+	}
 
 	d := &c.Delivery
 	opts := consumer.Options{

@@ -108,6 +108,34 @@ sink: {postgres: {dsn: "postgres://h/db", table: sent, create_table: true, id_he
 	}
 }
 
+// TestLibrariesTracing: tracing is off by default (nil), on with the
+// default ratio, or with the ratio the file gives, 0 included.
+func TestLibrariesTracing(t *testing.T) {
+	base := `
+limit: {bucket: b, rate: 5}
+source: {rabbitmq: {url: "amqp://h/", queue: q}}
+sink: {stdout: {}}
+`
+	for _, c := range []struct {
+		yaml string
+		want float64 // -1: off
+	}{
+		{"", -1},
+		{"tracing: {enabled: false}\n", -1},
+		{"tracing: {enabled: true}\n", 1},
+		{"tracing: {enabled: true, sample_ratio: 0.01}\n", 0.01},
+		{"tracing: {enabled: true, sample_ratio: 0}\n", 0},
+	} {
+		lib := libs(t, mustParse(t, base+c.yaml, nil))
+		switch {
+		case c.want < 0 && lib.Tracing != nil:
+			t.Errorf("%q: tracing on", c.yaml)
+		case c.want >= 0 && (lib.Tracing == nil || lib.Tracing.SampleRatio != c.want):
+			t.Errorf("%q: tracing %+v, want ratio %v", c.yaml, lib.Tracing, c.want)
+		}
+	}
+}
+
 // TestLibrariesReadsTheTLSFiles: Validate reads no file, so a missing one
 // passes Parse; Libraries reads it and names the key.
 func TestLibrariesReadsTheTLSFiles(t *testing.T) {

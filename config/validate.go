@@ -133,6 +133,14 @@ func (lib *Libraries) validate(ps *problems, c *Config, opts consumer.Options) {
 		ps.library(postgresKeys, lib.Postgres.Validate())
 	}
 	checkOneOf(ps, "sink", []string{"http", "postgres", "stdout"}, set(c.Sink.HTTP != nil, "http", c.Sink.Postgres != nil, "postgres", c.Sink.Stdout != nil, "stdout"))
+
+	if lib.Tracing != nil {
+		if err := lib.Tracing.Validate(); err != nil {
+			ps.add("tracing.sample_ratio", "%s", err)
+		}
+	} else if c.Tracing.SampleRatio != nil {
+		ps.add("tracing.sample_ratio", "has no effect unless tracing.enabled is true")
+	}
 }
 
 // standInLimiter stands for the limiter the binary gives the consumer, so

@@ -126,6 +126,20 @@ func (l *messageLimiter) Wait(ctx context.Context, cost int) error {
 
 // WaitMessage implements MessageLimiter.
 func (l *messageLimiter) WaitMessage(ctx context.Context, msg Message, cost int) error {
+	return l.waitMessage(ctx, msg, cost, nil)
+}
+
+// waitGrant is WaitMessage that also says how the wait was granted, for
+// the throttle wait span.
+func (l *messageLimiter) waitGrant(ctx context.Context, msg Message, cost int) (limiter.Grant, error) {
+	var g limiter.Grant
+	err := l.waitMessage(ctx, msg, cost, &g)
+	return g, err
+}
+
+// waitMessage is WaitMessage, filling g (when not nil) from
+// limiter.Bucket.WaitGrant.
+func (l *messageLimiter) waitMessage(ctx context.Context, msg Message, cost int, g *limiter.Grant) error {
 	req := limiter.Request{Cost: cost, Paid: setaside.PaidSlots(msg.Headers)}
 	var err error
 	if l.opts.Priority != nil {
@@ -140,7 +154,14 @@ func (l *messageLimiter) WaitMessage(ctx context.Context, msg Message, cost int)
 			return err
 		}
 	}
-	return l.wait(ctx, cost, func(ctx context.Context) error { return l.b.WaitN(ctx, req) })
+	return l.wait(ctx, cost, func(ctx context.Context) error {
+		if g == nil {
+			return l.b.WaitN(ctx, req)
+		}
+		var err error
+		*g, err = l.b.WaitGrant(ctx, req)
+		return err
+	})
 }
 
 // wait runs do, bounded by WaitTimeout and reported to Waiting and Granted.

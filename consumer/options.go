@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Options are the settings that every backend shares. Each backend's Config
@@ -87,6 +89,19 @@ type Options struct {
 	// Observer receives message and connection events, for metrics.
 	// Default: none.
 	Observer *MessageObserver
+	// TracerProvider, when set, traces each message (docs/tracing.md): a
+	// consumer span "process <topic or queue>" per message, with the
+	// messaging semantic conventions' attributes, that continues the W3C
+	// traceparent (and tracestate) of the message's headers, or starts a
+	// trace without one; under it a "throttle wait" span for each limiter
+	// wait (Throttle), with the layer that set the wait; the handler's
+	// context carries the span, so that a sink's client span and the
+	// traceparent it sends on belong to the message's trace; retries,
+	// dead letters, set-asides and abandonments are events of the consumer
+	// span. The span ends when the message is settled. Sampling is the
+	// provider's. Default nil: no spans, and nothing is read from the
+	// headers.
+	TracerProvider trace.TracerProvider
 	// Logger receives connection events, dead-letters, and the rate-bounded
 	// summary of handler failures: while a sink fails, at most one "sink
 	// failing: 503 ×120 in the last 10s, retrying" line per 10s, then one

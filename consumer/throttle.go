@@ -110,6 +110,12 @@ func PriorityFromHeader(name string, def limiter.Priority) PriorityFunc {
 // back before its latest slot is due (a backend caps each set-aside at
 // Options.MaxSetAside) is set aside again until then, or, when that is at
 // most a few milliseconds away, waits for it here.
+//
+// When ctx carries a span that records (a consumer's, see
+// Options.TracerProvider), each wait is a child span, WaitSpanName, from
+// the same provider, with the cost, the wait, and the layer that set it
+// ("bucket" for the shared bucket; known for NewLimiter's limiter and a
+// *limiter.Bucket) or the layer that refused the message.
 func Throttle(l Limiter, cost CostFunc) Middleware {
 	if cost == nil {
 		cost = costOne
@@ -123,7 +129,9 @@ func Throttle(l Limiter, cost CostFunc) Middleware {
 			if err := awaitPaidSlots(ctx, msg, time.Now()); err != nil {
 				return err
 			}
-			if ml, ok := l.(MessageLimiter); ok {
+			if ws := startWait(ctx, n); ws != nil {
+				err = ws.wait(ctx, l, msg, n)
+			} else if ml, ok := l.(MessageLimiter); ok {
 				err = ml.WaitMessage(ctx, msg, n)
 			} else {
 				err = l.Wait(ctx, n)

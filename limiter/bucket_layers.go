@@ -92,6 +92,37 @@ type Request struct {
 // not known locally. A key whose messages all go to one replica gets only
 // that replica's share of its rate (under-granting).
 func (b *Bucket) WaitN(ctx context.Context, req Request) error {
+	return b.waitN(ctx, req, nil)
+}
+
+// Grant says how a granted WaitGrant waited.
+type Grant struct {
+	// Waited is how long the call blocked, by the Bucket's clock.
+	Waited time.Duration
+	// Layer names the layer (Layer.Name) whose wait was the longest of
+	// the call's, or "" when the shared bucket's was, when nothing
+	// waited, and under the store-failure fallback.
+	Layer string
+}
+
+// WaitGrant is WaitN that also says, for a granted request, how long it
+// waited and which layer set the wait, for a trace or a log of that one
+// message (Observer.LayerWaited reports the same for metrics). Its errors
+// are WaitN's, with a zero Grant.
+func (b *Bucket) WaitGrant(ctx context.Context, req Request) (Grant, error) {
+	var g Grant
+	start := b.clock.Now()
+	err := b.waitN(ctx, req, &g)
+	if err != nil {
+		return Grant{}, err
+	}
+	g.Waited = b.clock.Now().Sub(start)
+	return g, nil
+}
+
+// waitN is WaitN, naming the layer that set the wait in g when g is not
+// nil.
+func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant) error {
 	if b.closed() {
 		return ErrClosed
 	}
@@ -275,6 +306,9 @@ func (b *Bucket) WaitN(ctx context.Context, req Request) error {
 				}
 				return err
 			}
+		}
+		if g != nil {
+			g.Layer = limiting
 		}
 		b.observeLayered(start, req, limiting, nil)
 		return nil

@@ -223,7 +223,7 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	if popts.Limiter != nil {
 		popts.Limiter = revocableLimiter{popts.Limiter}
 	}
-	var procOpts []kit.ProcessorOption
+	procOpts := []kit.ProcessorOption{kit.ConsumerGroup(cfg.Group)}
 	if cfg.SetAside {
 		procOpts = append(procOpts, kit.SetsAside())
 	}

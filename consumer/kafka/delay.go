@@ -151,9 +151,10 @@ func (c *Consumer) setAside(ctx context.Context, w work, out kit.Outcome, delay 
 	if err := delay.send(ctx, m, h); err != nil {
 		c.log.Warn(kit.LogWriteAbandoned, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
 			kit.KeyDestination, delay.topic, "err", err)
+		kit.SpanAbandoned(ctx, out.Attempts)
 		return abandoned
 	}
-	c.proc.ReportSetAside(w.msg, out.SetAside, due, positionAttrs(m, delay.topic)...)
+	c.proc.ReportSetAside(ctx, w.msg, out.SetAside, due, positionAttrs(m, delay.topic)...)
 	return finished
 }
 

@@ -395,6 +395,8 @@ func (r *genRun) finishUnhandled(p *partState, offset int64) {
 // is handled again.
 func (c *Consumer) handle(ctx context.Context, w work, dl, delay *deadLetterer, gate *firstWait) outcome {
 	m := w.m
+	ctx, span := c.proc.StartSpan(ctx, w.msg)
+	defer span.End()
 	out := c.proc.KeyFailed(w.keyErr)
 	if w.keyErr == nil {
 		msg := w.msg
@@ -434,8 +436,9 @@ func (c *Consumer) handle(ctx context.Context, w work, dl, delay *deadLetterer, 
 	if err := dl.send(ctx, m, out.DeadLetterHeaders(c.origin(m))); err != nil {
 		c.log.Warn(kit.LogWriteAbandoned, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
 			kit.KeyDestination, dl.topic, "err", err)
+		kit.SpanAbandoned(ctx, out.Attempts)
 		return abandoned
 	}
-	c.proc.DeadLettered(w.msg, out, positionAttrs(m, dl.topic)...)
+	c.proc.DeadLettered(ctx, w.msg, out, positionAttrs(m, dl.topic)...)
 	return finished
 }

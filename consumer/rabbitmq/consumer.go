@@ -80,7 +80,9 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	log := cfg.Logger.With("broker", Broker, "queue", cfg.Queue)
 	opts := cfg.Options
 	opts.Logger = log
-	var popts []kit.ProcessorOption
+	// The consumers that share a queue compete for its messages: the
+	// queue is their group.
+	popts := []kit.ProcessorOption{kit.ConsumerGroup(cfg.Queue)}
 	if cfg.SetAside {
 		popts = append(popts, kit.SetsAside())
 	}

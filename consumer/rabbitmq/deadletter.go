@@ -139,6 +139,8 @@ func deadLetter(d *amqp.Delivery, dlh map[string]string) amqp.Publishing {
 // not finished (ctx ended). A call that fails because the channel closed is
 // logged: the broker redelivers the message.
 func (r *run) handle(ctx context.Context, it item, pub publisher) {
+	ctx, span := r.proc.StartSpan(ctx, it.msg)
+	defer span.End()
 	for r.handleOnce(ctx, &it, pub) {
 	}
 }
@@ -182,13 +184,13 @@ func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bo
 				append(attrs, slog.String("err", err.Error()))...)
 			return
 		}
-		r.proc.DeadLettered(it.msg, out, append(attrs, slog.String(kit.KeyDestination, "the queue's own dead-letter exchange (nack)"))...)
+		r.proc.DeadLettered(ctx, it.msg, out, append(attrs, slog.String(kit.KeyDestination, "the queue's own dead-letter exchange (nack)"))...)
 	default:
 		dlx := r.cfg.DeadLetterExchange
 		msg := deadLetter(d, out.DeadLetterHeaders(position(d, r.cfg.Queue)))
 		attrs = append(attrs, slog.String(kit.KeyDestination, dlx))
 		if r.publishThenAck(ctx, d, pub, dlx, d.RoutingKey, msg, attrs) {
-			r.proc.DeadLettered(it.msg, out, attrs...)
+			r.proc.DeadLettered(ctx, it.msg, out, attrs...)
 		}
 	}
 	return false
@@ -255,7 +257,7 @@ func (r *run) setAside(ctx context.Context, it *item, out kit.Outcome, pub publi
 		msg.Headers[consumer.HeaderSetAsideReason] = out.Err.Error()
 	}
 	if r.publishThenAck(ctx, d, pub, exchange, key, msg, attrs) {
-		r.proc.ReportSetAside(it.msg, out.SetAside, due, attrs...)
+		r.proc.ReportSetAside(ctx, it.msg, out.SetAside, due, attrs...)
 	}
 	return false
 }
@@ -273,6 +275,7 @@ func (r *run) publishThenAck(ctx context.Context, d *amqp.Delivery, pub publishe
 		if ctx.Err() != nil || errors.Is(err, errPublisherClosed) {
 			r.log.LogAttrs(ctx, slog.LevelWarn, kit.LogWriteAbandoned,
 				append(attrs, slog.String("err", err.Error()))...)
+			kit.SpanAbandoned(ctx, 0)
 			r.requeue(d, attrs)
 			return false
 		}

@@ -145,6 +145,13 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		m.setPreset(lib.HTTP.Preset)
 	}
 
+	tp, stopTracing, err := startTracing(ctx, lib.Tracing, bucket.ReplicaID(), log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing() // after the consumer drained: its last spans go out
+	b.tp = tp
+
 	c, err := buildConsumer(b, bucket, sinks.Handler(sink))
 	if err != nil {
 		return err

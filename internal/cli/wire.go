@@ -8,6 +8,7 @@ import (
 	"log/slog"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/consumer"
@@ -50,6 +51,8 @@ type builder struct {
 	lib *config.Libraries
 	m   *metrics
 	log *slog.Logger
+	// tp traces the consumer's messages (tracing.*); nil when off.
+	tp trace.TracerProvider
 }
 
 // bucket builds the shared bucket in Redis (Libraries.Bucket), with the
@@ -129,6 +132,7 @@ func (b builder) consumer(bucket *limiter.Bucket, h consumer.Handler) (runner, e
 		}
 		o.Observer = b.m.consumerObserver()
 		o.Logger = b.log
+		o.TracerProvider = b.tp
 	}
 	switch lib := b.lib; {
 	case lib.Kafka != nil:

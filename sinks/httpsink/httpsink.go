@@ -18,9 +18,15 @@ import (
 	"time"
 	"unicode"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/internal/redact"
 	"github.com/throttlehq/throttle/sinks"
+	"github.com/throttlehq/throttle/sinks/internal/sinktrace"
 	"github.com/throttlehq/throttle/sinks/msgtmpl"
 )
 
@@ -153,6 +159,8 @@ type Sink struct {
 	url               string             // the URL, unless urlTmpl is set
 	urlTmpl           *template.Template // the URL when it holds template actions
 	endpoint          string             // method and URL without userinfo and query, for errors
+	serverAddr        string             // the URL's host, for spans, when it is not a template
+	serverPort        int                // the URL's port, or its scheme's default
 	header            http.Header        // never modified after New
 	timeout           time.Duration
 	tmpl              *template.Template
@@ -352,6 +360,12 @@ func New(cfg Config) (*Sink, error) {
 		return nil, errors.New("httpsink: the URL is not valid")
 	}
 	s.endpoint = s.method + " " + endpoint
+	if u, err := url.Parse(staticPath); err == nil && !strings.Contains(u.Host, "{{") {
+		s.serverAddr = u.Hostname()
+		if s.serverPort, err = strconv.Atoi(u.Port()); err != nil {
+			s.serverPort = map[string]int{"http": 80, "https": 443}[u.Scheme]
+		}
+	}
 	if inPath {
 		s.endpoint += "{{" + rest
 	}
@@ -423,37 +437,82 @@ func (s *Sink) Send(ctx context.Context, msg consumer.Message) error {
 	if err != nil {
 		return err
 	}
+	ctx, span := sinktrace.Start(ctx, s.method, s.spanAttrs)
+	status, err := s.send(ctx, target, body)
+	if span != nil {
+		var attrs []attribute.KeyValue
+		if status > 0 {
+			attrs = append(attrs, semconv.HTTPResponseStatusCode(status))
+			if err != nil {
+				attrs = append(attrs, semconv.ErrorTypeKey.String(strconv.Itoa(status)))
+			}
+		}
+		sinktrace.End(span, err, attrs...)
+	}
+	return err
+}
+
+// send is Send for the rendered request; it returns the response's status
+// code too, or 0 without a response.
+func (s *Sink) send(ctx context.Context, target string, body []byte) (int, error) {
 	reqCtx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(reqCtx, s.method, target, bytes.NewReader(body))
 	if err != nil {
 		// New validated the method and URL; a URL template may still
 		// render something unusable for this message.
-		return consumer.Permanent(fmt.Errorf("%s: building request: %w", s.endpoint, err))
+		return 0, consumer.Permanent(fmt.Errorf("%s: building request: %w", s.endpoint, err))
 	}
-	if s.auth == nil {
+	sc := trace.SpanContextFromContext(ctx)
+	if s.auth == nil && !sc.IsValid() {
 		// net/http never writes to a request's headers, so the shared,
 		// never-modified header map is safe to hand over as is.
 		req.Header = s.header
 	} else {
 		req.Header = s.header.Clone()
+	}
+	if sc.IsValid() {
+		// The message's trace goes on to the provider: traceparent (and
+		// tracestate) of this request's span, or of the message's span
+		// when that one is not sampled.
+		traceContext.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	}
+	if s.auth != nil {
 		if err := s.auth.Authorize(reqCtx, req); err != nil {
 			if ctx.Err() != nil {
-				return fmt.Errorf("%s: %w", s.endpoint, ctx.Err())
+				return 0, fmt.Errorf("%s: %w", s.endpoint, ctx.Err())
 			}
-			return fmt.Errorf("%s: authorizing: %w", s.endpoint, err)
+			return 0, fmt.Errorf("%s: authorizing: %w", s.endpoint, err)
 		}
 	}
 
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return s.transportError(ctx, err)
+		return 0, s.transportError(ctx, err)
 	}
 	defer func() {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
 		_ = resp.Body.Close()
 	}()
-	return s.classify(resp)
+	return resp.StatusCode, s.classify(resp)
+}
+
+// traceContext is the W3C Trace Context propagator: traceparent and
+// tracestate.
+var traceContext propagation.TraceContext
+
+// spanAttrs returns the attributes of a request's client span: the method
+// and the server of the URL (not its path or query, which may hold a
+// recipient or a credential).
+func (s *Sink) spanAttrs() []attribute.KeyValue {
+	attrs := []attribute.KeyValue{semconv.HTTPRequestMethodKey.String(s.method)}
+	if s.serverAddr != "" {
+		attrs = append(attrs, semconv.ServerAddress(s.serverAddr))
+	}
+	if s.serverPort > 0 {
+		attrs = append(attrs, semconv.ServerPort(s.serverPort))
+	}
+	return attrs
 }
 
 // render returns the URL and body of msg's request.

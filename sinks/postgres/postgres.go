@@ -17,11 +17,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/internal/redact"
 	"github.com/throttlehq/throttle/sinks"
 	"github.com/throttlehq/throttle/sinks/internal/msgjson"
+	"github.com/throttlehq/throttle/sinks/internal/sinktrace"
 )
 
 // ErrNoTable is wrapped by the error of New when the table does not exist
@@ -56,6 +59,7 @@ const DefaultMaxConns = 8
 type Sink struct {
 	pool     *pgxpool.Pool
 	table    string // quoted
+	spanName string // of an insert's client span
 	insert   string
 	idHeader string
 	secrets  []string
@@ -159,6 +163,7 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 	s := &Sink{
 		pool:     pool,
 		table:    ident.Sanitize(),
+		spanName: "INSERT " + ident.Sanitize(),
 		idHeader: cfg.IDHeader,
 		secrets:  secrets,
 	}
@@ -262,7 +267,14 @@ func (s *Sink) exists(ctx context.Context, conn *pgx.Conn) (bool, error) {
 }
 
 // Send inserts msg, or does nothing when a row with its id exists already.
-func (s *Sink) Send(ctx context.Context, msg consumer.Message) error {
+// When ctx carries a span that records (a consumer's), the insert is a
+// client span, "INSERT <table>", with the database semantic conventions'
+// attributes.
+func (s *Sink) Send(ctx context.Context, msg consumer.Message) (err error) {
+	ctx, span := sinktrace.Start(ctx, s.spanName, s.spanAttrs)
+	if span != nil {
+		defer func() { sinktrace.End(span, err) }()
+	}
 	id := MessageID(msg, s.idHeader)
 	var payload, payloadRaw any
 	if jsonbAccepts(msg.Body) {
@@ -527,4 +539,10 @@ func parseErrorText(err error, secrets []string) string {
 		text += " (" + inner.Error() + ")"
 	}
 	return redact.Text(text, secrets...)
+}
+
+// spanAttrs returns the attributes of an insert's client span.
+func (s *Sink) spanAttrs() []attribute.KeyValue {
+	return []attribute.KeyValue{semconv.DBSystemNamePostgreSQL,
+		semconv.DBOperationName("INSERT"), semconv.DBCollectionName(s.table)}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/sinks/internal/msgjson"
+	"github.com/throttlehq/throttle/sinks/internal/sinktrace"
 )
 
 // Sink writes messages as JSON lines. It is safe for concurrent use: each
@@ -39,9 +40,15 @@ type line struct {
 // Send writes msg as one line. A failed write is retryable; a message that
 // cannot be encoded is permanent. Send does not block on ctx other than
 // checking it first, since a write cannot be interrupted.
-func (s *Sink) Send(ctx context.Context, msg consumer.Message) error {
+//
+// When ctx carries a span that records (a consumer's), the write is a
+// client span, "write stdout".
+func (s *Sink) Send(ctx context.Context, msg consumer.Message) (err error) {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if _, span := sinktrace.Start(ctx, "write stdout", nil); span != nil {
+		defer func() { sinktrace.End(span, err) }()
 	}
 	l := line{
 		Key:     string(msg.Key),

@@ -48,11 +48,13 @@ const (
 )
 
 // ReportSetAside reports a message that the backend set aside for d, due
-// at due: it calls MessageObserver.SetAside and logs "message set aside"
-// at debug level with delay, due and attrs, the backend's position of the
-// message and its KeyDestination.
-func (p *Processor) ReportSetAside(msg consumer.Message, d time.Duration, due time.Time, attrs ...slog.Attr) {
+// at due: it calls MessageObserver.SetAside, records the event on ctx's
+// span (StartSpan's), and logs "message set aside" at debug level with
+// delay, due and attrs, the backend's position of the message and its
+// KeyDestination.
+func (p *Processor) ReportSetAside(ctx context.Context, msg consumer.Message, d time.Duration, due time.Time, attrs ...slog.Attr) {
 	ObserveSetAside(p.opts.Observer, msg, d)
+	spanSetAside(ctx, d, due, destination(attrs))
 	attrs = append(attrs, slog.String("delay", d.String()), slog.Time("due", due))
 	p.opts.Logger.LogAttrs(context.Background(), slog.LevelDebug, "message set aside", attrs...)
 }

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -23,6 +25,8 @@ type Processor struct {
 	handler  consumer.Handler
 	obs      *consumer.MessageObserver // opts.Observer plus the failure log
 	trouble  *troubleLog
+	tracer   trace.Tracer // nil without Options.TracerProvider
+	group    string       // ConsumerGroup, for the spans
 }
 
 // ProcessorOption is an option of NewProcessor, for the backend.
@@ -47,6 +51,9 @@ func NewProcessor(o consumer.Options, h consumer.Handler, opts ...ProcessorOptio
 	p := &Processor{opts: o, handler: consumer.Chain(h, middleware(o)...), trouble: newTroubleLog(o.Logger)}
 	for _, opt := range opts {
 		opt(p)
+	}
+	if o.TracerProvider != nil {
+		p.tracer = o.TracerProvider.Tracer(consumer.TracerName)
 	}
 	user := o.Observer
 	p.obs = &consumer.MessageObserver{
@@ -74,8 +81,16 @@ func (p *Processor) Options() consumer.Options { return p.opts }
 // ended. The caller commits or acks a delivered message, sets aside one
 // with Outcome.SetAside (only with SetsAside), dead-letters a failed one
 // (then calls DeadLettered), and leaves an abandoned one for redelivery.
+//
+// Called with StartSpan's ctx, it records each retry and an abandoned
+// outcome as events of the message's span, and each limiter wait as a
+// child span (consumer.Throttle).
 func (p *Processor) Process(ctx context.Context, msg consumer.Message) Outcome {
-	return process(ctx, p.opts.Retry, p.handler, msg, p.obs, p.setAside)
+	out := process(ctx, p.opts.Retry, p.handler, msg, p.obs, p.setAside)
+	if out.Abandoned {
+		SpanAbandoned(ctx, out.Attempts)
+	}
+	return out
 }
 
 // Key returns msg's ordering key (Options.OrderingKey). Its error is
@@ -115,17 +130,29 @@ func (p *Processor) Classes() bool { return p.opts.Priority != nil }
 
 // DeadLettered reports a message that the backend handed to its
 // dead-letter destination: it sets msg.Attempt to the attempts made, calls
-// MessageObserver.DeadLettered, and logs "message dead-lettered" at warn
-// level with the attempts, the error (key "err") and attrs, the backend's
-// position of the message.
-func (p *Processor) DeadLettered(msg consumer.Message, o Outcome, attrs ...slog.Attr) {
+// MessageObserver.DeadLettered, records the event on ctx's span
+// (StartSpan's) with the error as its status, and logs "message
+// dead-lettered" at warn level with the attempts, the error (key "err")
+// and attrs, the backend's position of the message and its KeyDestination.
+func (p *Processor) DeadLettered(ctx context.Context, msg consumer.Message, o Outcome, attrs ...slog.Attr) {
 	if o.Attempts > 0 {
 		msg.Attempt = o.Attempts
 	}
+	spanDeadLettered(ctx, o, destination(attrs))
 	ObserveDeadLettered(p.opts.Observer, msg, o.Err)
 	attrs = append(attrs, slog.Int("attempts", o.Attempts))
 	if o.Err != nil {
 		attrs = append(attrs, slog.String("err", o.Err.Error()))
 	}
 	p.opts.Logger.LogAttrs(context.Background(), slog.LevelWarn, "message dead-lettered", attrs...)
+}
+
+// destination returns the value of attrs' KeyDestination, or "".
+func destination(attrs []slog.Attr) string {
+	for _, a := range attrs {
+		if a.Key == KeyDestination {
+			return a.Value.String()
+		}
+	}
+	return ""
 }

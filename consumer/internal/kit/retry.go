@@ -180,6 +180,7 @@ func process(ctx context.Context, p consumer.RetryPolicy, h consumer.Handler, ms
 		}
 		delay := RetryDelay(p, attempt, err)
 		observeRetried(obs, msg, err, delay)
+		spanRetried(ctx, attempt, err, delay)
 		if !wait(delay) {
 			return Outcome{Attempts: attempt, Err: err, Abandoned: true}
 		}

@@ -175,7 +175,7 @@ func TestProcessorLogsSinkTrouble(t *testing.T) {
 		t.Fatalf("logs:\n%s\nwant one failing and one recovered line", logs)
 	}
 	out := p.Process(context.Background(), consumer.Message{Body: []byte("bad")})
-	p.DeadLettered(consumer.Message{}, out, slog.String("queue", "sms"))
+	p.DeadLettered(context.Background(), consumer.Message{}, out, slog.String("queue", "sms"))
 	logs = strings.TrimPrefix(buf.String(), logs)
 	if deadAttempt != 1 || !strings.Contains(logs, `level=WARN msg="message dead-lettered" queue=sms attempts=1 err="400 bad number"`) || strings.Count(logs, "\n") != 1 {
 		t.Fatalf("dead-letter: attempt %d, logs:\n%s", deadAttempt, logs)

@@ -1,0 +1,108 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/throttlehq/throttle/limiter"
+)
+
+// TracerName is the instrumentation scope of the spans of this module's
+// consumers (Options.TracerProvider): the consumer span of each message
+// and its throttle wait spans.
+const TracerName = "github.com/throttlehq/throttle/consumer"
+
+// WaitSpanName is the name of the span of a limiter wait (see Throttle).
+const WaitSpanName = "throttle wait"
+
+// The attributes of the throttle wait span (docs/tracing.md).
+const (
+	attrCost        = attribute.Key("throttle.cost")
+	attrWaitLayer   = attribute.Key("throttle.wait.layer")
+	attrWaitSeconds = attribute.Key("throttle.wait.duration")
+	attrLimitLayer  = attribute.Key("throttle.limit.layer")
+	attrLimitAction = attribute.Key("throttle.limit.action")
+)
+
+// sharedLayer names the shared bucket where a layer's name goes, as the
+// binary's metrics do: limiter.Grant.Layer is "" for it.
+const sharedLayer = "bucket"
+
+// waitSpan is the span of one limiter wait, or nil when the message's span
+// does not record (no TracerProvider, or not sampled): then nothing is
+// measured and Throttle waits exactly as without tracing.
+type waitSpan struct {
+	span  trace.Span
+	start time.Time
+}
+
+// startWait starts the wait span under ctx's span, from the same provider,
+// when that span records.
+func startWait(ctx context.Context, cost int) *waitSpan {
+	parent := trace.SpanFromContext(ctx)
+	if !parent.IsRecording() {
+		return nil
+	}
+	_, span := parent.TracerProvider().Tracer(TracerName).Start(ctx, WaitSpanName,
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrCost.Int(cost)))
+	return &waitSpan{span: span, start: time.Now()}
+}
+
+// wait waits on l for cost tokens as Throttle does, asking the limiter
+// which layer set the wait when it can say (NewLimiter's limiter, a
+// *limiter.Bucket).
+func (w *waitSpan) wait(ctx context.Context, l Limiter, msg Message, cost int) error {
+	var g limiter.Grant
+	var err error
+	known := true
+	switch lim := l.(type) {
+	case *messageLimiter:
+		g, err = lim.waitGrant(ctx, msg, cost)
+	case *limiter.Bucket:
+		g, err = lim.WaitGrant(ctx, limiter.Request{Cost: cost, Priority: lim.Priority()})
+	case MessageLimiter:
+		known = false
+		err = lim.WaitMessage(ctx, msg, cost)
+	default:
+		known = false
+		err = l.Wait(ctx, cost)
+	}
+	w.end(g, known, err)
+	return err
+}
+
+// end records how the wait ended and ends the span: the wait and the layer
+// that set it, or the layer that refused the message, or the error.
+func (w *waitSpan) end(g limiter.Grant, known bool, err error) {
+	span := w.span
+	var le *limiter.LimitError
+	switch {
+	case err == nil:
+		waited := time.Since(w.start)
+		if known {
+			waited = g.Waited
+			layer := g.Layer
+			if layer == "" {
+				layer = sharedLayer
+			}
+			span.SetAttributes(attrWaitLayer.String(layer))
+		}
+		span.SetAttributes(attrWaitSeconds.Float64(waited.Seconds()))
+	case errors.As(err, &le):
+		span.SetAttributes(attrLimitLayer.String(le.Layer), attrLimitAction.String(string(le.Action)))
+		if le.Action == limiter.ActionDelay && !errors.Is(err, limiter.ErrCostExceedsBurst) {
+			// Set aside, not failed: the consumer span says for how long.
+			break
+		}
+		span.SetStatus(codes.Error, err.Error())
+	default:
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
