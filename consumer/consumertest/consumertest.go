@@ -33,6 +33,10 @@
 //     time in order, OrderKey the messages of a key one at a time in order
 //     and keys concurrently, OrderNone up to Concurrency at once.
 //   - Backlog: what waits at the broker is counted until it is handled.
+//   - Tracing: with Options.TracerProvider, a message published with a
+//     traceparent gets one consumer span in that trace, with its limiter
+//     wait under it, the span in the handler's context, and its dead
+//     letter as an event.
 //
 // Messages are told apart by the header "x-id"; keys travel in the
 // message key and in the header "x-key".
@@ -105,6 +109,7 @@ func Run(t *testing.T, b Backend) {
 		{"OrderKey", testOrderKey},
 		{"OrderNone", testOrderNone},
 		{"Backlog", testBacklog},
+		{"Tracing", testTracing},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

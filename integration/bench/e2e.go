@@ -30,6 +30,7 @@ type e2eConfig struct {
 	messages   int     // messages per run with the limit out of reach
 	rounds     int     // runs of each consumer, alternating
 	layer      bool    // also run consLayer in each round
+	tracing    bool    // also run consTrace1 and consTrace001 in each round
 	inReach    float64 // the limit of the in-reach runs
 	inReachFor time.Duration
 	scenarios  []string
@@ -65,7 +66,24 @@ const (
 	// limit far above reach, as layerYAML says.
 	consLayer = "throttle + per-recipient layer"
 	consBare  = "bare"
+	// consTrace1 and consTrace001 are throttle with tracing on
+	// (tracing.enabled), at sample_ratio 1 and 0.01, exporting over
+	// OTLP/HTTP to the child process, which decodes and counts the spans.
+	consTrace1   = "throttle + tracing 1.0"
+	consTrace001 = "throttle + tracing 0.01"
 )
+
+// sampleRatio returns the tracing.sample_ratio of consumer, or -1 for a
+// consumer without tracing.
+func sampleRatio(consumer string) float64 {
+	switch consumer {
+	case consTrace1:
+		return 1
+	case consTrace001:
+		return 0.01
+	}
+	return -1
+}
 
 // layerYAML is limit.extra of consLayer.
 const layerYAML = `  extra:
@@ -88,6 +106,7 @@ type e2eRun struct {
 	cpu      time.Duration   // this process, over the run
 	mallocs  uint64
 	left     int64
+	spans    int64 // spans the OTLP receiver counted (tracing runs)
 }
 
 // elapsed is the time from the first to the last message at the sink.
@@ -160,6 +179,16 @@ func runE2E(ctx context.Context, cfg e2eConfig) error {
 	if err != nil {
 		return err
 	}
+	if cfg.tracing {
+		// The tracing runs export to the child process; the batch
+		// processor keeps its defaults (OTEL_BSP_*).
+		for k, v := range map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": svc.Sink, "OTEL_TRACES_SAMPLER": "",
+			"OTEL_EXPORTER_OTLP_PROTOCOL": "", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "", "OTEL_SDK_DISABLED": ""} {
+			if err := os.Setenv(k, v); err != nil {
+				return err
+			}
+		}
+	}
 	b := &e2eBench{cfg: cfg, svc: svc, redis: rds, admin: admin, runID: randomID()}
 	load0 := loadAverage()
 	var runs []e2eRun
@@ -177,6 +206,9 @@ func runE2E(ctx context.Context, cfg e2eConfig) error {
 			order := []string{consThrottle, consBare}
 			if cfg.layer {
 				order = append(order, consLayer)
+			}
+			if cfg.tracing {
+				order = append(order, consTrace1, consTrace001)
 			}
 			if round%2 == 0 {
 				slices.Reverse(order)
@@ -239,8 +271,8 @@ func (b *e2eBench) run(ctx context.Context, src source, consumer string, round i
 	var logs bytes.Buffer
 	done := make(chan error, 1)
 	switch consumer {
-	case consThrottle, consLayer:
-		path, err := b.writeConfig(p, rate, burst, consumer == consLayer)
+	case consThrottle, consLayer, consTrace1, consTrace001:
+		path, err := b.writeConfig(p, rate, burst, consumer == consLayer, sampleRatio(consumer))
 		if err != nil {
 			return r, err
 		}
@@ -286,6 +318,13 @@ func (b *e2eBench) run(ctx context.Context, src source, consumer string, round i
 	if r.left, err = p.left(ctx); err != nil {
 		return r, err
 	}
+	if sampleRatio(consumer) >= 0 {
+		// Run returned after its tracer provider flushed: every span
+		// exported is counted.
+		if r.spans, err = b.svc.sinkSpans(ctx); err != nil {
+			return r, err
+		}
+	}
 	return r, nil
 }
 
@@ -322,7 +361,7 @@ func (b *e2eBench) waitSink(ctx context.Context, n int, timeout time.Duration, d
 }
 
 // writeConfig writes throttle's config for p and returns its path.
-func (b *e2eBench) writeConfig(p prepared, rate float64, burst int, layer bool) (string, error) {
+func (b *e2eBench) writeConfig(p prepared, rate float64, burst int, layer bool, sampleRatio float64) (string, error) {
 	b.seq++
 	port, err := freePort()
 	if err != nil {
@@ -350,6 +389,9 @@ metrics:
 log:
   level: warn
 `, b.redis.addr, b.runID, b.seq, strconv.FormatFloat(rate, 'f', -1, 64), burst, extra, p.throttleConfig(), b.svc.Sink, port)
+	if sampleRatio >= 0 {
+		yaml += fmt.Sprintf("tracing:\n  enabled: true\n  sample_ratio: %s\n", strconv.FormatFloat(sampleRatio, 'f', -1, 64))
+	}
 	f, err := os.CreateTemp("", "throttle-e2e-*.yaml")
 	if err != nil {
 		return "", err

@@ -95,6 +95,10 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 		p("`%s`: limit.extra holds a keyed layer, one bucket per recipient (`key: '{{.JSON.to}}'`, rate 1000, burst 1000), and every message has its own recipient, so each run creates as many layer keys in Redis as it has messages.\n\n", consLayer)
 	}
 
+	if cfg.tracing {
+		tracingMarkdown(p, cfg, runs)
+	}
+
 	p("Limit in reach (%s/s, burst %d), throttle only, about %v of messages:\n\n", fmtThousands(cfg.inReach), int(cfg.inReach/10), cfg.inReachFor)
 	p("| source | messages | rate after the first second | accuracy | max 1 s window (bound rate + burst) | Redis calls/msg | left in broker |\n")
 	p("|---|--:|--:|--:|--:|--:|--:|\n")
@@ -135,4 +139,67 @@ func fmtThousands(f float64) string {
 		out = append(out, s[i])
 	}
 	return string(out)
+}
+
+// tracingMarkdown is the section of the tracing runs: each against
+// throttle with tracing off, the runs of the same rounds.
+func tracingMarkdown(p func(string, ...any), cfg e2eConfig, runs []e2eRun) {
+	p("Tracing (`tracing.enabled: true`, OTLP/HTTP to an exporter endpoint in the child process that decodes and counts the spans; the batch processor's defaults), against `throttle` with tracing off, same rounds; the messages carry no `traceparent`, so every trace starts at the replica and the ratio decides:\n\n")
+	p("| source | consumer | msg/s (median) | runs, msg/s | ÷ tracing off | consumer CPU µs/msg | allocs/msg | spans exported/msg |\n")
+	p("|---|---|--:|---|--:|--:|--:|--:|\n")
+	for _, src := range cfg.scenarios {
+		var offMed float64
+		for _, c := range []string{consThrottle, consTrace1, consTrace001} {
+			var each []string
+			var vals []float64
+			var cpu, allocs, spans, n float64
+			for _, r := range runs {
+				if r.source != src || r.consumer != c || r.round == 0 {
+					continue
+				}
+				vals = append(vals, r.perSecond())
+				each = append(each, fmt.Sprintf("%.0f", r.perSecond()))
+				cpu += float64(r.cpu.Microseconds())
+				allocs += float64(r.mallocs)
+				spans += float64(r.spans)
+				n += float64(r.n)
+			}
+			if len(vals) == 0 {
+				continue
+			}
+			med := median(vals)
+			ratio, sp := "—", "—"
+			if c == consThrottle {
+				offMed = med
+			} else {
+				ratio = fmt.Sprintf("**%.2f×**", med/offMed)
+				sp = fmt.Sprintf("%.3f", spans/n)
+			}
+			p("| %s | %s | %.0f | %s | %s | %.1f | %.0f | %s |\n", src, c, med, strings.Join(each, ", "), ratio, cpu/n, allocs/n, sp)
+		}
+	}
+	p("\nPer round, ÷ throttle with tracing off in the same round:")
+	for _, c := range []string{consTrace1, consTrace001} {
+		for _, src := range cfg.scenarios {
+			var ratios []string
+			for round := 1; round <= cfg.rounds; round++ {
+				var t, off float64
+				for _, r := range runs {
+					if r.source == src && r.round == round {
+						switch r.consumer {
+						case c:
+							t = r.perSecond()
+						case consThrottle:
+							off = r.perSecond()
+						}
+					}
+				}
+				if off > 0 {
+					ratios = append(ratios, fmt.Sprintf("%.2f", t/off))
+				}
+			}
+			p(" %s, %s: %s;", c, src, strings.Join(ratios, ", "))
+		}
+	}
+	p("\n\nspans exported/msg: spans the receiver decoded over the run, per message (a traced message makes 3: its consumer span, its wait, its POST; fewer at ratio 1 means the batch processor's queue was full and dropped some).\n\n")
 }

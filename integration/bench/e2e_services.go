@@ -16,6 +16,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // The end-to-end scenarios need an HTTP sink and a Kafka broker (kfake).
@@ -42,6 +44,7 @@ type sinkServer struct {
 	start atomic.Pointer[time.Time]
 	n     atomic.Int64
 	at    []int64 // ns since start, of each arrival, up to maxArrivals
+	spans atomic.Int64 // spans received on /v1/traces (OTLP/HTTP) since the reset
 }
 
 func (s *sinkServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -50,9 +53,31 @@ func (s *sinkServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()
 		s.start.Store(&now)
 		s.n.Store(0)
+		s.spans.Store(0)
 		return
 	case "/count":
 		fmt.Fprint(w, s.n.Load())
+		return
+	case "/spans":
+		fmt.Fprint(w, s.spans.Load())
+		return
+	case "/v1/traces":
+		// The OTLP/HTTP receiver of the tracing runs: it decodes each
+		// export and counts its spans, in this child process.
+		body, _ := io.ReadAll(r.Body)
+		var export coltracepb.ExportTraceServiceRequest
+		if err := proto.Unmarshal(body, &export); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		for _, rs := range export.ResourceSpans {
+			for _, ss := range rs.ScopeSpans {
+				s.spans.Add(int64(len(ss.Spans)))
+			}
+		}
+		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		_, _ = w.Write(out)
 		return
 	case "/stats":
 		n := min(s.n.Load(), maxArrivals)
@@ -164,6 +189,22 @@ func (s *services) sinkCount(ctx context.Context) (int64, error) {
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return 0, fmt.Errorf("reading the sink's count: %w", err)
+	}
+	return strconv.ParseInt(string(b), 10, 64)
+}
+
+// sinkSpans is the number of spans the OTLP receiver counted since the
+// sink's reset.
+func (s *services) sinkSpans(ctx context.Context) (int64, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.Sink+"/spans", nil)
+	resp, err := s.http.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("reading the span count: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("reading the span count: %w", err)
 	}
 	return strconv.ParseInt(string(b), 10, 64)
 }
