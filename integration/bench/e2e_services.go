@@ -43,7 +43,7 @@ const maxArrivals = 1 << 21
 type sinkServer struct {
 	start atomic.Pointer[time.Time]
 	n     atomic.Int64
-	at    []int64 // ns since start, of each arrival, up to maxArrivals
+	at    []int64      // ns since start, of each arrival, up to maxArrivals
 	spans atomic.Int64 // spans received on /v1/traces (OTLP/HTTP) since the reset
 }
 
