@@ -38,6 +38,14 @@ type LimitLayer struct {
 	Quota    int    `yaml:"quota,omitempty" check:"nonzero"`
 	Per      string `yaml:"per,omitempty"`
 	Timezone string `yaml:"timezone,omitempty"`
+	// Concurrency makes an in-flight cap instead: at most Concurrency
+	// messages of a key (or of the layer, without a key) in the sink at
+	// once, across every replica (limiter.Layer.Concurrency).
+	Concurrency int `yaml:"concurrency,omitempty" check:"nonzero"`
+	// Lease is how long a concurrency slot is held at most, for a replica
+	// that dies holding it. Default: the sink's timeout (sink.http.timeout)
+	// times delivery.max_attempts, else limiter.DefaultLease (1m).
+	Lease Duration `yaml:"lease,omitempty" check:"nonzero"`
 	// OnExceed is wait (the default), dead_letter or delay.
 	OnExceed string `yaml:"on_exceed,omitempty"`
 	// MaxWait is the longest wait for this layer that a message is
@@ -73,6 +81,7 @@ func (l *Limit) layers(ps *problems) []limiter.Layer {
 			Name: x.Name, Keyed: x.Key != "",
 			Rate: x.Rate, Burst: x.Burst,
 			Quota: x.Quota, Per: limiter.Period(x.Per),
+			Concurrency: x.Concurrency, Lease: time.Duration(x.Lease),
 			OnExceed: limiter.Action(x.OnExceed), MaxWait: time.Duration(x.MaxWait),
 		}
 		if x.Timezone != "" {

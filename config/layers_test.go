@@ -7,6 +7,7 @@ import (
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/sinks/httpsink"
 )
 
 // layersDoc is the layered example: a per-recipient bucket, a
@@ -119,6 +120,9 @@ func TestLimitExtraBadInputs(t *testing.T) {
 		{"unknown time zone", layer("      quota: 5\n      per: day\n      timezone: Mars/Olympus\n"), "limit.extra[0].timezone", "Mars/Olympus"},
 		{"unknown period", layer("      quota: 5\n      per: week\n"), "limit.extra[0].per", "hour, day or month"},
 		{"neither rate nor quota", layer("      key: '{{.Key}}'\n"), "limit.extra[0].rate", "needs a rate (Rate, a token bucket) or a quota"},
+		{"concurrency with rate", layer("      rate: 1\n      concurrency: 3\n"), "limit.extra[0].concurrency", "no Rate, Burst, Quota or Per"},
+		{"negative concurrency", layer("      concurrency: -1\n"), "limit.extra[0].concurrency", ">= 1"},
+		{"lease without concurrency", layer("      lease: 10s\n"), "limit.extra[0].concurrency", ">= 1"},
 		{"max_wait with wait", layer("      rate: 1\n      max_wait: 1s\n"), "limit.extra[0].max_wait", "dead_letter or delay"},
 		{"duplicate names", strings.Replace(layer("      rate: 1\n"), "    - name: l\n      rate: 1\n", "    - name: l\n      rate: 1\n    - name: l\n      rate: 2\n", 1), "limit.extra[1].name", "another layer"},
 	}
@@ -134,6 +138,43 @@ func TestLimitExtraBadInputs(t *testing.T) {
 				}
 			}
 			t.Errorf("problems %v; want one under %s containing %q", problemsOf(t, err), tc.key, tc.want)
+		})
+	}
+}
+
+// TestConcurrencyLeaseDefault: a concurrency layer's lease is what the YAML
+// says, else the HTTP sink's timeout times the attempts, else the
+// library's default.
+func TestConcurrencyLeaseDefault(t *testing.T) {
+	t.Parallel()
+	layer := "  extra:\n    - name: per-endpoint\n      key: '{{.JSON.endpoint}}'\n      concurrency: 3\n"
+	cases := []struct {
+		name, extra, sink string
+		want              time.Duration
+	}{
+		{"given", "      lease: 30s\n", "sink: {http: {url: 'http://127.0.0.1/', timeout: 2s}}\ndelivery: {max_attempts: 3}\n", 30 * time.Second},
+		{"timeout × attempts", "", "sink: {http: {url: 'http://127.0.0.1/', timeout: 2s}}\ndelivery: {max_attempts: 3}\n", 6 * time.Second},
+		{"default timeout × default attempts", "", "sink: {http: {url: 'http://127.0.0.1/'}}\n", httpsink.DefaultTimeout * consumer.DefaultMaxAttempts},
+		{"no HTTP sink: the library's default", "", "sink: {stdout: {}}\n", limiter.DefaultLease},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			doc := strings.Replace(minimal, "rate: 10\n", "rate: 10\n"+layer+tc.extra, 1)
+			doc = strings.Replace(doc, "sink:\n  stdout: {}\n", tc.sink, 1)
+			cfg, err := Parse([]byte(doc), env(nil))
+			if err != nil {
+				t.Fatalf("%v\n%s", err, doc)
+			}
+			lib, err := cfg.Libraries()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := limiter.Layers(lib.Layers).Validate(); err != nil {
+				t.Fatal(err)
+			}
+			if got := lib.Layers[0].Lease; got != tc.want || lib.Layers[0].Concurrency != 3 {
+				t.Errorf("lease %v concurrency %d, want %v and 3", got, lib.Layers[0].Concurrency, tc.want)
+			}
 		})
 	}
 }

@@ -145,6 +145,23 @@ func (c *Config) libraries(ps *problems, readFiles bool) (*Libraries, consumer.O
 	}
 
 	d := &c.Delivery
+	// A concurrency layer's lease defaults to the longest a message may
+	// hold its slot: the sink's timeout times the attempts.
+	if h := c.Sink.HTTP; h != nil {
+		timeout := time.Duration(h.Timeout)
+		if timeout <= 0 {
+			timeout = httpsink.DefaultTimeout
+		}
+		attempts := d.MaxAttempts
+		if attempts <= 0 {
+			attempts = consumer.DefaultMaxAttempts
+		}
+		for i := range lib.Layers {
+			if ly := &lib.Layers[i]; ly.Concurrency > 0 && ly.Lease == 0 {
+				ly.Lease = timeout * time.Duration(attempts)
+			}
+		}
+	}
 	opts := consumer.Options{
 		Cost:         l.costFunc(ps),
 		Retry:        consumer.RetryPolicy{MaxAttempts: d.MaxAttempts, Backoff: time.Duration(d.Backoff), MaxBackoff: time.Duration(d.MaxBackoff)},

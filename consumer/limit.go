@@ -124,7 +124,9 @@ func (l *messageLimiter) Wait(ctx context.Context, cost int) error {
 	return l.wait(ctx, cost, func(ctx context.Context) error { return l.b.Wait(ctx, cost) })
 }
 
-// WaitMessage implements MessageLimiter.
+// WaitMessage implements MessageLimiter. On a bucket with a concurrency
+// layer it fails with limiter.ErrNeedsAcquire: AcquireMessage returns the
+// release.
 func (l *messageLimiter) WaitMessage(ctx context.Context, msg Message, cost int) error {
 	return l.waitMessage(ctx, msg, cost, nil)
 }
@@ -140,19 +142,9 @@ func (l *messageLimiter) waitGrant(ctx context.Context, msg Message, cost int) (
 // waitMessage is WaitMessage, filling g (when not nil) from
 // limiter.Bucket.WaitGrant.
 func (l *messageLimiter) waitMessage(ctx context.Context, msg Message, cost int, g *limiter.Grant) error {
-	req := limiter.Request{Cost: cost, Paid: setaside.PaidSlots(msg.Headers)}
-	var err error
-	if l.opts.Priority != nil {
-		if req.Priority, err = l.opts.Priority(msg); err != nil {
-			return err
-		}
-	} else {
-		req.Priority = l.b.Priority()
-	}
-	if l.opts.Keys != nil {
-		if req.Keys, err = l.opts.Keys(msg); err != nil {
-			return err
-		}
+	req, err := l.request(msg, cost)
+	if err != nil {
+		return err
 	}
 	return l.wait(ctx, cost, func(ctx context.Context) error {
 		if g == nil {
@@ -162,6 +154,51 @@ func (l *messageLimiter) waitMessage(ctx context.Context, msg Message, cost int,
 		*g, err = l.b.WaitGrant(ctx, req)
 		return err
 	})
+}
+
+// AcquireMessage implements SlotLimiter: WaitMessage that holds a slot of
+// each concurrency layer of the bucket (limiter.Layer.Concurrency) for
+// the message's key until release is called. release is never nil, and
+// does nothing after a failure, on a bucket without concurrency layers,
+// and when called again.
+func (l *messageLimiter) AcquireMessage(ctx context.Context, msg Message, cost int) (release func(), err error) {
+	held, err := l.acquire(ctx, msg, cost)
+	return held.Release, err
+}
+
+// acquire is AcquireMessage, returning the limiter's Held (nil after a
+// failure), which also says how the wait was granted.
+func (l *messageLimiter) acquire(ctx context.Context, msg Message, cost int) (*limiter.Held, error) {
+	req, err := l.request(msg, cost)
+	if err != nil {
+		return nil, err
+	}
+	var held *limiter.Held
+	err = l.wait(ctx, cost, func(ctx context.Context) error {
+		var err error
+		held, err = l.b.Acquire(ctx, req)
+		return err
+	})
+	return held, err
+}
+
+// request returns the bucket request for msg.
+func (l *messageLimiter) request(msg Message, cost int) (limiter.Request, error) {
+	req := limiter.Request{Cost: cost, Paid: setaside.PaidSlots(msg.Headers)}
+	var err error
+	if l.opts.Priority != nil {
+		if req.Priority, err = l.opts.Priority(msg); err != nil {
+			return req, err
+		}
+	} else {
+		req.Priority = l.b.Priority()
+	}
+	if l.opts.Keys != nil {
+		if req.Keys, err = l.opts.Keys(msg); err != nil {
+			return req, err
+		}
+	}
+	return req, nil
 }
 
 // wait runs do, bounded by WaitTimeout and reported to Waiting and Granted.
@@ -211,8 +248,11 @@ func keyedLayerError(l Limiter) error {
 		if ly.Keyed {
 			return fmt.Errorf("is a *limiter.Bucket with the keyed layer %q, which needs each message's key: wrap it with consumer.NewLimiter", ly.Name)
 		}
+		if ly.IsConcurrency() {
+			return fmt.Errorf("is a *limiter.Bucket with the concurrency layer %q, whose slots need a release: wrap it with consumer.NewLimiter", ly.Name)
+		}
 	}
 	return nil
 }
 
-var _ MessageLimiter = (*messageLimiter)(nil)
+var _ SlotLimiter = (*messageLimiter)(nil)

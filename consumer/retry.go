@@ -10,7 +10,8 @@ import "time"
 // RetryPolicy is a plain value and safe for concurrent use.
 type RetryPolicy struct {
 	// MaxAttempts is the number of handler calls before a message is
-	// dead-lettered, counting the first. Default 5; 1 disables retries.
+	// dead-lettered, counting the first. Default DefaultMaxAttempts (5);
+	// 1 disables retries.
 	MaxAttempts int
 	// Backoff is the delay before the second attempt. It doubles with each
 	// further attempt. Default 200ms.
@@ -19,6 +20,9 @@ type RetryPolicy struct {
 	// it (Options.Validate). Default 30s, or Backoff when that is longer.
 	MaxBackoff time.Duration
 }
+
+// DefaultMaxAttempts is RetryPolicy.MaxAttempts when none is given.
+const DefaultMaxAttempts = 5
 
 // Header names that the consumers add to a dead-lettered message, the same
 // for every backend: why it was dead-lettered. Each backend adds the

@@ -17,6 +17,19 @@ type Limiter interface {
 	Wait(ctx context.Context, cost int) error
 }
 
+// SlotLimiter is a MessageLimiter whose grant may hold slots of a
+// concurrency layer (limiter.Layer.Concurrency: at most N messages of a
+// key at once) until release is called. Throttle calls AcquireMessage
+// instead of WaitMessage when its Limiter implements it, and release when
+// the handler attempt returns, whatever its outcome (delivered, failed,
+// abandoned at shutdown), so that a slot is held exactly while the sink
+// works on the message; a retry acquires again. release must never be nil
+// and may be called more than once. NewLimiter's limiter implements it.
+type SlotLimiter interface {
+	MessageLimiter
+	AcquireMessage(ctx context.Context, msg Message, cost int) (release func(), err error)
+}
+
 // MessageLimiter is a Limiter that decides with the message in hand, such
 // as a bucket with further limits keyed by the message's recipient. Throttle
 // calls WaitMessage instead of Wait when its Limiter implements it.
@@ -93,7 +106,9 @@ func PriorityFromHeader(name string, def limiter.Priority) PriorityFunc {
 }
 
 // Throttle returns middleware that waits on l for the message's cost before
-// each handler attempt, so retries are throttled like first attempts. A nil
+// each handler attempt, so retries are throttled like first attempts. A
+// SlotLimiter's slots are held for the attempt and released when it
+// returns. A nil
 // cost costs every message one token. A cost the limiter can never grant
 // (above its burst)
 // becomes a Permanent error, so the message is dead-lettered instead of
@@ -129,12 +144,21 @@ func Throttle(l Limiter, cost CostFunc) Middleware {
 			if err := awaitPaidSlots(ctx, msg, time.Now()); err != nil {
 				return err
 			}
+			var release func()
 			if ws := startWait(ctx, n); ws != nil {
-				err = ws.wait(ctx, l, msg, n)
-			} else if ml, ok := l.(MessageLimiter); ok {
-				err = ml.WaitMessage(ctx, msg, n)
+				release, err = ws.wait(ctx, l, msg, n)
 			} else {
-				err = l.Wait(ctx, n)
+				switch ml := l.(type) {
+				case SlotLimiter:
+					release, err = ml.AcquireMessage(ctx, msg, n)
+				case MessageLimiter:
+					err = ml.WaitMessage(ctx, msg, n)
+				default:
+					err = l.Wait(ctx, n)
+				}
+			}
+			if release != nil {
+				defer release() // when the attempt returns, whatever its outcome
 			}
 			if err != nil {
 				var le *limiter.LimitError

@@ -56,13 +56,17 @@ func startWait(ctx context.Context, cost int) *waitSpan {
 // wait waits on l for cost tokens as Throttle does, asking the limiter
 // which layer set the wait when it can say (NewLimiter's limiter, a
 // *limiter.Bucket).
-func (w *waitSpan) wait(ctx context.Context, l Limiter, msg Message, cost int) error {
+func (w *waitSpan) wait(ctx context.Context, l Limiter, msg Message, cost int) (release func(), err error) {
 	var g limiter.Grant
-	var err error
 	known := true
 	switch lim := l.(type) {
 	case *messageLimiter:
-		g, err = lim.waitGrant(ctx, msg, cost)
+		var held *limiter.Held
+		held, err = lim.acquire(ctx, msg, cost)
+		g, release = held.Grant(), held.Release
+	case SlotLimiter:
+		known = false
+		release, err = lim.AcquireMessage(ctx, msg, cost)
 	case *limiter.Bucket:
 		g, err = lim.WaitGrant(ctx, limiter.Request{Cost: cost, Priority: lim.Priority()})
 	case MessageLimiter:
@@ -73,7 +77,7 @@ func (w *waitSpan) wait(ctx context.Context, l Limiter, msg Message, cost int) e
 		err = l.Wait(ctx, cost)
 	}
 	w.end(g, known, err)
-	return err
+	return release, err
 }
 
 // end records how the wait ended and ends the span: the wait and the layer

@@ -64,6 +64,9 @@ type Bucket struct {
 	// pushes fans the store's pushes out to the callers sleeping on
 	// reservations of each class (changes.go).
 	pushes pushHub
+	// slotQueues are the lines of the requests that wait for a
+	// concurrency slot (slots.go).
+	slotQueues slotQueues
 	// floor queues the callers of each class that a lower class's
 	// MinShare holds back (floor.go).
 	floor floorGate
@@ -101,6 +104,19 @@ func New(store Store, opts Options) (*Bucket, error) {
 		go func() {
 			defer b.wg.Done()
 			n.Watch(ctx, b.changed, b.pushed)
+		}()
+		go func() {
+			defer b.wg.Done()
+			<-b.done
+			cancel()
+		}()
+	}
+	if n, ok := store.(backend.SlotNotifier); ok && b.hasSlots() {
+		ctx, cancel := context.WithCancel(context.Background())
+		b.wg.Add(2)
+		go func() {
+			defer b.wg.Done()
+			n.WatchSlots(ctx, b.slotQueues.wake, b.slotQueues.wakeAll)
 		}()
 		go func() {
 			defer b.wg.Done()

@@ -91,8 +91,14 @@ type Request struct {
 // window the outage starts in, since the tokens used in Redis before it are
 // not known locally. A key whose messages all go to one replica gets only
 // that replica's share of its rate (under-granting).
+//
+// On a store with a concurrency layer WaitN fails with ErrNeedsAcquire:
+// use Acquire, whose Held gives the slots back.
 func (b *Bucket) WaitN(ctx context.Context, req Request) error {
-	return b.waitN(ctx, req, nil)
+	if b.hasSlots() {
+		return ErrNeedsAcquire
+	}
+	return b.waitN(ctx, req, nil, "", nil)
 }
 
 // Grant says how a granted WaitGrant waited.
@@ -110,9 +116,12 @@ type Grant struct {
 // message (Observer.LayerWaited reports the same for metrics). Its errors
 // are WaitN's, with a zero Grant.
 func (b *Bucket) WaitGrant(ctx context.Context, req Request) (Grant, error) {
+	if b.hasSlots() {
+		return Grant{}, ErrNeedsAcquire
+	}
 	var g Grant
 	start := b.clock.Now()
-	err := b.waitN(ctx, req, &g)
+	err := b.waitN(ctx, req, &g, "", nil)
 	if err != nil {
 		return Grant{}, err
 	}
@@ -121,8 +130,11 @@ func (b *Bucket) WaitGrant(ctx context.Context, req Request) (Grant, error) {
 }
 
 // waitN is WaitN, naming the layer that set the wait in g when g is not
-// nil.
-func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant) error {
+// nil. With a holder, the request holds the slots of the concurrency
+// layers under that name once granted, and granted is set to the store
+// that granted them (the shared one or the local fallback's); a wait that
+// fails after its grant gives them back.
+func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string, granted *backend.SlotStore) error {
 	if b.closed() {
 		return ErrClosed
 	}
@@ -137,6 +149,45 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant) error {
 		return fmt.Errorf("cost %d: %w", req.Cost, ErrInvalidCost)
 	}
 	req.Paid = b.verifyPaid(ctx, req.Paid) // paidsig.go
+	var (
+		sw     *slotWaiter
+		sks    []slotKey
+		layers = b.layered.layers
+	)
+	if holder != "" {
+		// In line behind the requests of its key that came before
+		// (slots.go), from before its first ask, so that no release
+		// goes unheard.
+		sw, sks = &slotWaiter{wake: make(chan struct{}, 1)}, slotKeys(layers, req.Keys)
+		head := b.slotQueues.join(sw, sks)
+		defer b.slotQueues.leave(sw, sks)
+		if !head {
+			if err := b.awaitTurn(ctx, sw); err != nil {
+				return err
+			}
+		}
+	}
+	// release gives back the slots of a request granted by store whose
+	// wait then failed.
+	release := func(store backend.SlotStore, lr backend.LayerRequest) {
+		if holder == "" || store == nil {
+			return
+		}
+		keys, err := backend.LayerKeys(layers, lr)
+		if err != nil {
+			return
+		}
+		h := &Held{b: b, store: store, slots: backend.Slots(layers, keys, holder)}
+		h.Release()
+	}
+	slotLayer := func(name string) bool {
+		for _, l := range layers {
+			if l.Name == name {
+				return l.IsConcurrency()
+			}
+		}
+		return false
+	}
 	start := b.clock.Now()
 	b.addWaiting(req.Priority, 1)
 	defer b.addWaiting(req.Priority, -1)
@@ -160,14 +211,14 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant) error {
 		}
 		if b.Mode() != ModeShared {
 			passFloor()
-			err := b.waitLayersFallback(ctx, ls, req)
+			err := b.waitLayersFallback(ctx, ls, req, holder, granted)
 			if errors.Is(err, errRetryShared) {
 				continue
 			}
 			b.observeLayered(start, req, limiting, err)
 			return err
 		}
-		lr := backend.LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant}
+		lr := backend.LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant, Holder: holder}
 		leading := false
 		fair := req.Tenant != "" && b.layered.fair != nil // fair shares are decided in the store: no lease
 		if !fair && b.lease.take(req.Priority, req.Cost) {
@@ -235,12 +286,24 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant) error {
 			} else if !res.Floor {
 				passFloor() // the floor lets the class through: the others ask too
 			}
+			if sw != nil && slotLayer(res.Limiting) {
+				// Every slot held: until one is released, or the
+				// earliest lease ends.
+				if err := b.sleepSlot(ctx, sw, gen.changed, res.Wait); err != nil && !errors.Is(err, errChanged) {
+					return err
+				}
+				continue
+			}
 			if err := b.sleep(ctx, gen.changed, res.Wait); err != nil && !errors.Is(err, errChanged) {
 				return err
 			}
 			continue
 		}
 		passFloor()
+		var slots backend.SlotStore
+		if holder != "" {
+			slots, _ = ls.(backend.SlotStore)
+		}
 		if res.Wait > 0 {
 			// A granted wait is the shared bucket's reservation: every
 			// layer was charged for the instant it is due. It moves with
@@ -304,11 +367,15 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant) error {
 				if !lr.SkipShared {
 					b.refundClass(ctx, req.Cost, res.Class)
 				}
+				release(slots, lr)
 				return err
 			}
 		}
 		if g != nil {
 			g.Layer = limiting
+		}
+		if granted != nil {
+			*granted = slots
 		}
 		b.observeLayered(start, req, limiting, nil)
 		return nil
@@ -322,7 +389,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant) error {
 func layersLateness(layers []Layer) time.Duration {
 	var d time.Duration
 	for _, l := range layers {
-		if l.IsQuota() {
+		if !l.IsBucket() {
 			continue
 		}
 		if p := backend.PaidLateness(l); d == 0 || p < d {
@@ -339,7 +406,7 @@ func paidUntil(layers []Layer, keys map[string]string, paid []backend.PaidSlot) 
 	var until time.Time
 	for _, s := range paid {
 		for _, l := range layers {
-			if l.Name != s.Layer || l.OnExceed != ActionDelay || l.IsQuota() || (l.Keyed && keys[l.Name] != s.Key) {
+			if l.Name != s.Layer || l.OnExceed != ActionDelay || !l.IsBucket() || (l.Keyed && keys[l.Name] != s.Key) {
 				continue
 			}
 			if u := s.Due.Add(backend.PaidLateness(l)); until.IsZero() || u.Before(until) {
@@ -356,6 +423,9 @@ func (b *Bucket) allowLayers(ctx context.Context, ls backend.LayeredStore, cost 
 	layers := ls.Layers()
 	if _, err := backend.LayerKeys(layers, backend.LayerRequest{}); err != nil {
 		return false, err
+	}
+	if b.hasSlots() {
+		return false, ErrNeedsAcquire
 	}
 	lr := backend.LayerRequest{Cost: cost, Priority: b.opts.Priority, MinShare: b.opts.MinShare}
 	for {
@@ -534,6 +604,10 @@ func shareLayers(layers []Layer, n float64) []Layer {
 	}
 	for i := range out {
 		l := &out[i]
+		if l.IsConcurrency() {
+			l.Concurrency = max(1, int(math.Ceil(float64(l.Concurrency)/n)))
+			continue
+		}
 		if l.IsQuota() {
 			l.Quota = max(1, int(math.Ceil(float64(l.Quota)/n)))
 			continue
@@ -548,7 +622,7 @@ func shareLayers(layers []Layer, n float64) []Layer {
 
 // waitLayersFallback is WaitN under the store-failure policy. It returns
 // errRetryShared when the store came back before tokens were granted.
-func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore, req Request) error {
+func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore, req Request, holder string, granted *backend.SlotStore) error {
 	local, recovered, settled, err := b.fallbackGate(ctx)
 	if settled {
 		return err
@@ -563,13 +637,15 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 	localRate, localBurst := local.Limits()
 	cost := min(req.Cost, localBurst)
 	for _, l := range lm.Layers() {
-		if l.IsQuota() {
+		if l.IsConcurrency() {
+			continue
+		} else if l.IsQuota() {
 			cost = min(cost, l.Quota)
 		} else {
 			cost = min(cost, l.Burst)
 		}
 	}
-	lr := backend.LayerRequest{Cost: cost, Keys: req.Keys, MaxWait: b.opts.MaxReserve, Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant}
+	lr := backend.LayerRequest{Cost: cost, Keys: req.Keys, MaxWait: b.opts.MaxReserve, Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant, Holder: holder}
 	pushes := b.fallbackPushes(local)
 	for {
 		gen := b.gen.Load()
@@ -614,7 +690,19 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 				continue // decided again, nothing refunded (see WaitN)
 			}
 			local.RefundClassAt(b.clock.Now(), lr.Cost, res.Class) // the layers keep theirs (see WaitN)
+			if holder != "" {
+				if keys, kerr := backend.LayerKeys(lm.Layers(), lr); kerr == nil {
+					slots := backend.Slots(lm.Layers(), keys, holder)
+					_ = lm.ReleaseSlots(ctx, slots)
+					for _, s := range slots {
+						b.slotQueues.wake(s.Layer, s.Key)
+					}
+				}
+			}
 			return err
+		}
+		if granted != nil {
+			*granted = lm
 		}
 		return nil
 	}

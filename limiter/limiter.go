@@ -113,12 +113,20 @@ type Shares = backend.Shares
 //     token-bucket delay layer books that room for the message
 //     (LimitError.Reserved), which it claims back with Request.Paid.
 //     MaxWait (default 0: no wait) only goes with dead_letter or delay.
+//   - Concurrency, Lease: an in-flight cap instead, at most Concurrency
+//     requests of a key holding a slot at once, from their grant
+//     (Bucket.Acquire) to their release (Held.Release) or the end of
+//     their Lease (default DefaultLease); Rate, Burst and Quota 0.
 //
 // A refusal charges no layer, but for that booking. IsQuota reports
 // whether the layer is a quota. A store keeps state only for the keys in
 // use: a keyed bucket's expires once it is full again, a quota's at the end
 // of its window.
 type Layer = backend.Layer
+
+// DefaultLease is a concurrency layer's Layer.Lease when none is given:
+// one minute.
+const DefaultLease = backend.DefaultLease
 
 // Layers are a bucket's layers, in order; a []Layer converts to it. Its
 // Validate checks them and fills in their defaults in place (Burst,
@@ -234,6 +242,10 @@ var (
 	// ErrMissingKey is returned by WaitN when a keyed layer has no key in
 	// Request.Keys, and by Wait and Allow on a store with a keyed layer.
 	ErrMissingKey = backend.ErrMissingKey
+	// ErrMissingHolder is returned by a layered store for a request
+	// without a holder on a store with a concurrency layer; a Bucket
+	// names one for each Acquire.
+	ErrMissingHolder = backend.ErrMissingHolder
 	// ErrLimitExceeded is matched by every *LimitError: a layer refused a
 	// request under its OnExceed action, or a cost can never pass a
 	// layer. No layer was charged.

@@ -252,6 +252,7 @@ func (r *run) setAside(ctx context.Context, it *item, out kit.Outcome, pub publi
 		}
 	}
 	msg.Headers[consumer.HeaderDue] = due.UTC().Format(time.RFC3339Nano)
+	msg.Headers[headerRoutingKey] = d.RoutingKey // the delay queues route by their own
 	msg.Headers[headerBack] = now.Add(after).UTC().Format(time.RFC3339Nano)
 	if out.Err != nil {
 		msg.Headers[consumer.HeaderSetAsideReason] = out.Err.Error()

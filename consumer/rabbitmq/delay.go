@@ -51,6 +51,13 @@ const (
 // measures from it how late the broker brings messages back.
 const headerBack = "x-throttle-back"
 
+// headerRoutingKey names the header of a message set aside that holds its
+// routing key: the delay queues route it by a key of their own (the
+// cascade's binary spelling of the delay, then the queue's name), and the
+// consumer gives the copy that comes back its original key again
+// (run.item), for the layers' key templates and OrderKey.
+const headerRoutingKey = "x-throttle-routing-key"
+
 // delayLevels returns the levels that delays up to maxSetAside need.
 func delayLevels(maxSetAside time.Duration) int {
 	n := bits.Len64(uint64(max(maxSetAside/delayUnit, 1)))

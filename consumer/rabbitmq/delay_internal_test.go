@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -194,5 +195,61 @@ func TestBackFromDelayQueues(t *testing.T) {
 				t.Errorf("set aside again due %v, want its due time %v", m.Headers[consumer.HeaderDue], start.Add(tt.due))
 			}
 		})
+	}
+}
+
+// TestBackFromDelayKeepsRoutingKey: a copy back from the delay queues
+// presents the routing key it was published with, not the cascade's, to
+// the handler (the layers' key templates) and to OrderKey; one set aside
+// carries it. Before, the handler saw the delay queues' key.
+func TestBackFromDelayKeepsRoutingKey(t *testing.T) {
+	t.Parallel()
+	death := []any{amqp.Table{"queue": "sms.delay.00", "reason": "expired", "count": int64(1)}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var keys []string
+	h := func(_ context.Context, m consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		keys = append(keys, string(m.Key))
+		if len(keys) == 1 {
+			return consumer.SetAside(errors.New("later"), 2*time.Second)
+		}
+		return nil
+	}
+	var ordered []string
+	orderingKey := func(m consumer.Message) (string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		ordered = append(ordered, string(m.Key))
+		return string(m.Key), nil
+	}
+	pub := &fakePublisher{}
+	p := newTestRun(t, ctx, Config{Options: consumer.Options{Retry: fastRetry, SetAside: true,
+		Ordering: consumer.OrderKey, OrderingKey: orderingKey}}, h, pub)
+	// The original: its handler sets it aside.
+	ack := &fakeAck{}
+	p.deliverForTest(amqp.Delivery{Acknowledger: ack, DeliveryTag: 1, RoutingKey: "eu.sms", Body: []byte("a")})
+	p.wg.Wait()
+	if len(pub.published) != 1 {
+		t.Fatalf("published %d copies, want 1", len(pub.published))
+	}
+	if k := pub.published[0].Headers[headerRoutingKey]; k != "eu.sms" {
+		t.Fatalf("the copy set aside carries %s = %v, want eu.sms", headerRoutingKey, k)
+	}
+	// The copy back: the delay queues' level 0 routes it by the queue's name.
+	back := pub.published[0].Headers
+	back["x-death"] = death
+	back[consumer.HeaderDue] = time.Now().Add(-time.Millisecond).UTC().Format(time.RFC3339Nano)
+	p.deliverForTest(amqp.Delivery{Acknowledger: ack, DeliveryTag: 2, RoutingKey: "sms", Headers: back, Body: []byte("a")})
+	p.wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(keys) != 2 || keys[1] != "eu.sms" {
+		t.Fatalf("handler saw keys %q, want the copy back with eu.sms", keys)
+	}
+	if len(ordered) != 2 || ordered[1] != "eu.sms" {
+		t.Fatalf("ordering keys %q, want the copy back ordered by eu.sms", ordered)
 	}
 }

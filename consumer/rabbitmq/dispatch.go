@@ -107,6 +107,15 @@ type item struct {
 }
 
 func (r *run) item(d amqp.Delivery) item {
+	back := fromDelayLevels(d, r.cfg.Queue) || fromDelayQueue(d, r.delayQueue())
+	if k, ok := d.Headers[headerRoutingKey].(string); ok && back {
+		// A copy back from the delay queues has their routing key (the
+		// cascade's, or the queue's name): it presents the one it was
+		// published with, to the key templates, the ordering and its
+		// dead letter.
+		d.RoutingKey = k
+		delete(d.Headers, headerRoutingKey)
+	}
 	it := item{d: d, msg: ToMessage(d, r.cfg.Queue), class: dispatch.ClassOf(limiter.PriorityNormal)}
 	if !fromDelayQueue(d, r.delayQueue()) {
 		// Only a copy that this consumer set aside carries slots it paid

@@ -41,6 +41,19 @@ type Layer struct {
 	Per Period
 	// Location is the quota's time zone. Default UTC.
 	Location *time.Location
+	// Concurrency makes the layer an in-flight cap instead: at most
+	// Concurrency requests of a key (or of the layer, without keys) hold
+	// a slot at once, from their grant until their holder releases it
+	// (SlotStore.ReleaseSlots) or its Lease ends. Rate, Burst and Quota
+	// must then be 0. A request that finds every slot held waits (or is
+	// refused, under OnExceed) until one is released or the earliest lease
+	// ends.
+	Concurrency int
+	// Lease is how long a concurrency slot is held at most: a holder that
+	// dies without releasing it (a replica killed) gives it back then.
+	// It counts from the instant the request goes out. Default
+	// DefaultLease. Only with Concurrency.
+	Lease time.Duration
 	// OnExceed is what happens when the layer cannot grant within MaxWait:
 	// ActionWait (the default) waits as long as needed, ActionDeadLetter
 	// refuses at once with a *LimitError, ActionDelay refuses with a
@@ -65,6 +78,23 @@ type Layer struct {
 
 // IsQuota reports whether the layer is a calendar quota.
 func (l Layer) IsQuota() bool { return l.Quota > 0 }
+
+// IsConcurrency reports whether the layer is an in-flight cap
+// (Layer.Concurrency).
+func (l Layer) IsConcurrency() bool { return l.Concurrency > 0 }
+
+// IsBucket reports whether the layer is a keyed token bucket: neither a
+// quota nor a concurrency cap.
+func (l Layer) IsBucket() bool { return !l.IsQuota() && !l.IsConcurrency() }
+
+// DefaultLease is a concurrency layer's Lease when none is given.
+const DefaultLease = time.Minute
+
+// ConcurrencyRetry is the longest a concurrency layer with ActionDelay
+// asks a refused request to stay away (LimitError.Wait): a slot frees when
+// its holder releases it, which no store can foresee, so the request comes
+// back after this, or at the earliest lease end when sooner.
+const ConcurrencyRetry = time.Second
 
 // Period is the window of a quota.
 type Period string
@@ -181,6 +211,22 @@ func ValidateLayers(layers []Layer) error {
 		} else if l.MaxWait > 0 && l.OnExceed == ActionWait {
 			bad("MaxWait", "applies only with OnExceed dead_letter or delay", l.MaxWait)
 		}
+		if l.Concurrency != 0 || l.Lease != 0 {
+			if l.Rate != 0 || l.Burst != 0 || l.Quota != 0 || l.Per != "" {
+				bad("Concurrency", "a concurrency layer takes no Rate, Burst, Quota or Per", l.Concurrency)
+			}
+			if l.Concurrency < 1 || l.Concurrency > MaxBurst {
+				bad("Concurrency", "must be >= 1 and <= "+strconv.Itoa(MaxBurst), l.Concurrency)
+			}
+			if l.Lease < 0 {
+				bad("Lease", "must be >= 0", l.Lease)
+			} else if l.Lease == 0 {
+				l.Lease = DefaultLease
+			} else if l.Lease < time.Millisecond {
+				bad("Lease", "must be at least 1ms", l.Lease)
+			}
+			continue
+		}
 		if l.Quota != 0 || l.Per != "" {
 			if l.Rate != 0 || l.Burst != 0 {
 				bad("Quota", "a quota takes no Rate or Burst", l.Quota)
@@ -197,7 +243,7 @@ func ValidateLayers(layers []Layer) error {
 			continue
 		}
 		if l.Rate == 0 && l.Burst == 0 {
-			bad("Rate", "needs a rate (Rate, a token bucket) or a quota (Quota and Per)", nil)
+			bad("Rate", "needs a rate (Rate, a token bucket) or a quota (Quota and Per), or a Concurrency", nil)
 			continue
 		}
 		if err := ValidateRate(l.Rate); err != nil {
@@ -314,6 +360,64 @@ type LayerRequest struct {
 	// (Fair): "" leaves the request out of them. Ignored with SkipShared
 	// and by a store without fair shares.
 	Tenant string
+	// Holder names the request in the concurrency layers' slots: it must
+	// be set, and unique to the request, when the store has a concurrency
+	// layer (else ErrMissingHolder). A request whose holder already holds
+	// a key's slot keeps it (its lease counted again from this send), so
+	// that a request decided again does not take a second one. Release
+	// the slots with SlotStore.ReleaseSlots.
+	Holder string
+}
+
+// ErrMissingHolder is returned for a request without a Holder on a store
+// with a concurrency layer.
+var ErrMissingHolder = errors.New("missing slot holder")
+
+// SlotRelease names one concurrency slot to give back: the layer, the
+// request's key in it ("" for a layer without keys) and its holder
+// (LayerRequest.Holder).
+type SlotRelease struct {
+	Layer, Key, Holder string
+}
+
+// SlotStore is a LayeredStore with concurrency layers: ReleaseSlots gives
+// back the slots that granted requests hold, all in one call where the
+// store can, and wakes the requests that wait for them on every replica.
+// Releasing a slot that is not held (released before, or its lease ended)
+// does nothing.
+type SlotStore interface {
+	ReleaseSlots(ctx context.Context, slots []SlotRelease) error
+}
+
+// SlotNotifier is a SlotStore that announces releases to every replica:
+// WatchSlots calls released with the layer and key of each release that
+// freed a slot of a key whose slots were all held, until ctx ends, and all
+// when announcements may have been missed (a resubscription), so that
+// every waiter asks again. The callbacks must not block.
+type SlotNotifier interface {
+	WatchSlots(ctx context.Context, released func(layer, key string), all func())
+}
+
+// Slots returns the slots a request with keys (LayerKeys) and holder
+// holds after its grant: one per concurrency layer.
+func Slots(layers []Layer, keys []string, holder string) []SlotRelease {
+	var out []SlotRelease
+	for i, l := range layers {
+		if l.IsConcurrency() {
+			out = append(out, SlotRelease{Layer: l.Name, Key: keys[i], Holder: holder})
+		}
+	}
+	return out
+}
+
+// HasConcurrency reports whether any of layers is a concurrency layer.
+func HasConcurrency(layers []Layer) bool {
+	for _, l := range layers {
+		if l.IsConcurrency() {
+			return true
+		}
+	}
+	return false
 }
 
 // PaidSlot is a slot that a delay layer booked for a message
@@ -360,7 +464,7 @@ func PaidUntil(layers []Layer, keys []string, paid []PaidSlot) []time.Time {
 	}
 	var out []time.Time
 	for i, l := range layers {
-		if l.OnExceed != ActionDelay || l.IsQuota() {
+		if l.OnExceed != ActionDelay || !l.IsBucket() {
 			continue
 		}
 		for _, s := range paid {
@@ -411,7 +515,7 @@ func PaidCharge(tokens, cost, burst float64) float64 {
 // A quota books nothing ahead: its refusal names the start of its next
 // window, as a quota with ActionWait does.
 func ReservesOnRefusal(l Layer, waitUS int64) bool {
-	return l.OnExceed == ActionDelay && !l.IsQuota() && waitUS < maxWaitUS
+	return l.OnExceed == ActionDelay && l.IsBucket() && waitUS < maxWaitUS
 }
 
 // ErrMissingKey is returned for a request that does not name the key of a
@@ -487,7 +591,8 @@ type LayerState struct {
 	// Tokens is, for a keyed bucket, the tokens available now (negative
 	// while reserved ahead).
 	Tokens float64
-	// Used is, for a quota, the tokens used in the current window, and
+	// Used is, for a quota, the tokens used in the current window (for
+	// a concurrency layer, the slots held now), and
 	// WindowEnd when it resets.
 	Used      int
 	WindowEnd time.Time
@@ -543,6 +648,9 @@ func ReservedError(l Layer, key string, at time.Time, wait time.Duration) *Limit
 
 // exceededError is ExceededError, saying what comes after wait as when.
 func exceededError(l Layer, at time.Time, wait time.Duration, when string) *LimitError {
+	if l.IsConcurrency() {
+		return concurrencyError(l, at, wait)
+	}
 	shown := wait.Round(time.Millisecond) // the reason is for people
 	if wait >= time.Minute {
 		shown = wait.Round(time.Second)
@@ -556,6 +664,19 @@ func exceededError(l Layer, at time.Time, wait time.Duration, when string) *Limi
 	e := &LimitError{Layer: l.Name, Action: l.OnExceed, Reason: reason, Wait: wait}
 	if l.OnExceed == ActionDelay {
 		e.RetryAt = at.Add(wait)
+	}
+	return e
+}
+
+// concurrencyError is ExceededError for a concurrency layer: every slot is
+// held, the earliest lease ends after wait. A delay refusal asks to come
+// back after at most ConcurrencyRetry.
+func concurrencyError(l Layer, at time.Time, wait time.Duration) *LimitError {
+	reason := fmt.Sprintf("concurrency %d in use; the earliest lease ends in %v", l.Concurrency, wait.Round(time.Millisecond))
+	e := &LimitError{Layer: l.Name, Action: l.OnExceed, Reason: reason, Wait: wait}
+	if l.OnExceed == ActionDelay {
+		e.Wait = min(wait, ConcurrencyRetry)
+		e.RetryAt = at.Add(e.Wait)
 	}
 	return e
 }

@@ -32,6 +32,9 @@ type LayeredMemory struct {
 	// tenants, guarded by Memory.mu.
 	fair *Fair
 	fc   [NumPriorities]memFairClass
+	// slots holds each concurrency layer's slots: key → holder → the
+	// end of its lease (µs).
+	slots []map[string]map[string]int64
 }
 
 type memLayerBucket struct {
@@ -71,9 +74,12 @@ func NewLayeredMemory(shared *Memory, layers []Layer) (*LayeredMemory, error) {
 	m := &LayeredMemory{Memory: shared, layers: layers, index: map[string]int{}}
 	m.buckets = make([]map[string]*memLayerBucket, len(layers))
 	m.quotas = make([]map[string]*memLayerQuota, len(layers))
+	m.slots = make([]map[string]map[string]int64, len(layers))
 	for i, l := range layers {
 		m.index[l.Name] = i
-		if l.IsQuota() {
+		if l.IsConcurrency() {
+			m.slots[i] = map[string]map[string]int64{}
+		} else if l.IsQuota() {
 			m.quotas[i] = map[string]*memLayerQuota{}
 		} else {
 			m.buckets[i] = map[string]*memLayerBucket{}
@@ -154,6 +160,9 @@ func (m *LayeredMemory) TakeLayersAt(t time.Time, req LayerRequest) (LayerResult
 	if err != nil {
 		return LayerResult{}, err
 	}
+	if req.Holder == "" && HasConcurrency(m.layers) {
+		return LayerResult{}, ErrMissingHolder
+	}
 	res, pushes, err := m.takeLayersAt(t, req, keys)
 	if pushes != nil {
 		m.announce(pushes)
@@ -231,6 +240,10 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			// Paid for: no wait, and only the excess of a late slot.
 			s.tokens, s.ts = advanceLayer(m.buckets[i][keys[i]], now, l)
 			s.paid = true
+			continue
+		}
+		if l.IsConcurrency() {
+			s.wait = slotWait(m.slots[i][keys[i]], req.Holder, now, l)
 			continue
 		}
 		if l.IsQuota() {
@@ -351,6 +364,15 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		}
 	}
 	for i, l := range m.layers {
+		if l.IsConcurrency() {
+			held := m.slots[i][keys[i]]
+			if held == nil {
+				held = map[string]int64{}
+				m.slots[i][keys[i]] = held
+			}
+			held[req.Holder] = send + l.Lease.Microseconds()
+			continue
+		}
 		if l.IsQuota() {
 			m.quotas[i][keys[i]] = &memLayerQuota{end: st[i].end, used: st[i].used + req.Cost}
 			continue
@@ -393,6 +415,10 @@ func (m *LayeredMemory) RefundLayersAt(t time.Time, req LayerRequest, res LayerR
 		if paid != nil && paid[i] {
 			continue // not charged by the take
 		}
+		if l.IsConcurrency() {
+			m.releaseLocked(i, keys[i], req.Holder)
+			continue
+		}
 		if l.IsQuota() {
 			_, end := QuotaWindow(l.Per, send, l.Location)
 			if q := m.quotas[i][keys[i]]; q != nil && q.end == end.UnixMicro() {
@@ -425,7 +451,7 @@ func (m *LayeredMemory) DelayLayersAt(t time.Time, req LayerRequest, res LayerRe
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	paid := PaidLayers(m.layers, keys, req.Paid, res.At.Add(res.Wait)) // as the take decided
-	delayed := func(i int, l Layer) bool { return !l.IsQuota() && (paid == nil || !paid[i]) }
+	delayed := func(i int, l Layer) bool { return l.IsBucket() && (paid == nil || !paid[i]) }
 	for i, l := range m.layers {
 		if !delayed(i, l) {
 			continue
@@ -460,7 +486,7 @@ func (m *LayeredMemory) sweep(now int64) {
 	m.ops++
 	n := 0
 	for i := range m.layers {
-		n += len(m.buckets[i]) + len(m.quotas[i])
+		n += len(m.buckets[i]) + len(m.quotas[i]) + len(m.slots[i])
 	}
 	for r := range m.fc {
 		n += len(m.fc[r].tenants)
@@ -483,6 +509,59 @@ func (m *LayeredMemory) sweep(now int64) {
 				delete(m.quotas[i], k)
 			}
 		}
+		for k, held := range m.slots[i] {
+			pruneSlots(held, now)
+			if len(held) == 0 {
+				delete(m.slots[i], k)
+			}
+		}
+	}
+}
+
+// pruneSlots drops the slots whose lease ended at or before now.
+func pruneSlots(held map[string]int64, now int64) {
+	for h, end := range held {
+		if end <= now {
+			delete(held, h)
+		}
+	}
+}
+
+// slotWait returns how long a request of holder waits at now for a slot of
+// concurrency layer l whose key holds held (µs): 0 when holder holds one
+// already or a slot is free, else until the earliest lease ends. It drops
+// the ended leases.
+func slotWait(held map[string]int64, holder string, now int64, l Layer) int64 {
+	pruneSlots(held, now)
+	if _, ok := held[holder]; ok || len(held) < l.Concurrency {
+		return 0
+	}
+	earliest := int64(math.MaxInt64)
+	for _, end := range held {
+		earliest = min(earliest, end)
+	}
+	return max(earliest-now, 0)
+}
+
+// ReleaseSlots implements SlotStore: it gives back each slot held.
+func (m *LayeredMemory) ReleaseSlots(_ context.Context, slots []SlotRelease) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, s := range slots {
+		if i, ok := m.index[s.Layer]; ok && m.layers[i].IsConcurrency() {
+			m.releaseLocked(i, s.Key, s.Holder)
+		}
+	}
+	return nil
+}
+
+// releaseLocked gives back holder's slot of key on concurrency layer i.
+// m.mu must be held.
+func (m *LayeredMemory) releaseLocked(i int, key, holder string) {
+	held := m.slots[i][key]
+	delete(held, holder)
+	if len(held) == 0 {
+		delete(m.slots[i], key)
 	}
 }
 
@@ -511,6 +590,13 @@ func (m *LayeredMemory) LayerStatusAt(t time.Time, layer, key string) (LayerStat
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	st := LayerState{Layer: layer, Key: key, At: time.UnixMicro(now)}
+	if l.IsConcurrency() {
+		held := m.slots[i][key]
+		pruneSlots(held, now)
+		st.Used = len(held)
+		st.Full = st.Used == 0
+		return st, nil
+	}
 	if l.IsQuota() {
 		_, end := QuotaWindow(l.Per, t, l.Location)
 		st.WindowEnd = end
@@ -537,6 +623,7 @@ func (m *LayeredMemory) ResetLayer(_ context.Context, layer, key string) error {
 	defer m.mu.Unlock()
 	delete(m.buckets[i], key)
 	delete(m.quotas[i], key)
+	delete(m.slots[i], key)
 	return nil
 }
 
@@ -549,7 +636,10 @@ func (m *LayeredMemory) LayerKeyCount(_ context.Context, layer string) (int, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return len(m.buckets[i]) + len(m.quotas[i]), nil
+	return len(m.buckets[i]) + len(m.quotas[i]) + len(m.slots[i]), nil
 }
 
-var _ LayeredStore = (*LayeredMemory)(nil)
+var (
+	_ LayeredStore = (*LayeredMemory)(nil)
+	_ SlotStore    = (*LayeredMemory)(nil)
+)

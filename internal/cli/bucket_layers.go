@@ -34,19 +34,22 @@ func layersOf(client redis.UniversalClient, cfg *config.Config) (*redislimiter.L
 
 // layerStatusJSON is the state of one key of a layer, for --json.
 type layerStatusJSON struct {
-	Bucket    string     `json:"bucket"`
-	Layer     string     `json:"layer"`
-	Key       string     `json:"key,omitempty"`
-	Kind      string     `json:"kind"` // "bucket" or "quota"
-	Rate      float64    `json:"rate,omitempty"`
-	Burst     int        `json:"burst,omitempty"`
-	Tokens    *float64   `json:"tokens,omitempty"`
-	Quota     int        `json:"quota,omitempty"`
-	Per       string     `json:"per,omitempty"`
-	Timezone  string     `json:"timezone,omitempty"`
-	Used      *int       `json:"used,omitempty"`
-	WindowEnd *time.Time `json:"window_end,omitempty"`
-	Full      bool       `json:"full"`
+	Bucket string  `json:"bucket"`
+	Layer  string  `json:"layer"`
+	Key    string  `json:"key,omitempty"`
+	Kind   string  `json:"kind"` // "bucket", "quota" or "concurrency"
+	Rate   float64 `json:"rate,omitempty"`
+	// Concurrency is set for a concurrency layer, whose Used is the
+	// slots held now.
+	Concurrency int        `json:"concurrency,omitempty"`
+	Burst       int        `json:"burst,omitempty"`
+	Tokens      *float64   `json:"tokens,omitempty"`
+	Quota       int        `json:"quota,omitempty"`
+	Per         string     `json:"per,omitempty"`
+	Timezone    string     `json:"timezone,omitempty"`
+	Used        *int       `json:"used,omitempty"`
+	WindowEnd   *time.Time `json:"window_end,omitempty"`
+	Full        bool       `json:"full"`
 }
 
 // cmdBucketLayer runs `bucket status|reset [NAME] --config FILE --layer L
@@ -102,7 +105,9 @@ func cmdBucketLayer(ctx context.Context, sub, name, cfgPath, addr, layer, key st
 			return fmt.Errorf("reset %s: %w", what, err)
 		}
 		if !asJSON {
-			if l.IsQuota() {
+			if l.IsConcurrency() {
+				fmt.Fprintf(stdout, "Reset %s: its slots are free (their holders' releases do nothing).\n", what)
+			} else if l.IsQuota() {
 				fmt.Fprintf(stdout, "Reset %s: its quota is unused for the rest of the window.\n", what)
 			} else {
 				fmt.Fprintf(stdout, "Reset %s: its bucket is full.\n", what)
@@ -115,7 +120,9 @@ func cmdBucketLayer(ctx context.Context, sub, name, cfgPath, addr, layer, key st
 		return fmt.Errorf("reading %s: %w", what, err)
 	}
 	out := layerStatusJSON{Bucket: t.name, Layer: layer, Key: key, Full: st.Full}
-	if l.IsQuota() {
+	if l.IsConcurrency() {
+		out.Kind, out.Concurrency, out.Used = "concurrency", l.Concurrency, &st.Used
+	} else if l.IsQuota() {
 		end := st.WindowEnd.In(l.Location)
 		out.Kind, out.Quota, out.Per, out.Timezone, out.Used, out.WindowEnd = "quota", l.Quota, string(l.Per), l.Location.String(), &st.Used, &end
 	} else {
@@ -131,7 +138,9 @@ func cmdBucketLayer(ctx context.Context, sub, name, cfgPath, addr, layer, key st
 		fmt.Fprintf(stdout, ", key %q", key)
 	}
 	fmt.Fprintln(stdout, ":")
-	if l.IsQuota() {
+	if l.IsConcurrency() {
+		fmt.Fprintf(stdout, "  in use:  %d of %d slots\n", st.Used, l.Concurrency)
+	} else if l.IsQuota() {
 		fmt.Fprintf(stdout, "  used:    %d of %d this %s; resets %s (in %v)\n", st.Used, l.Quota, l.Per,
 			out.WindowEnd.Format(time.RFC3339), st.WindowEnd.Sub(st.At).Round(time.Second))
 	} else {
@@ -147,7 +156,9 @@ func cmdBucketLayer(ctx context.Context, sub, name, cfgPath, addr, layer, key st
 // describeLayer says what a layer limits, in a few words.
 func describeLayer(l limiter.Layer) string {
 	var s string
-	if l.IsQuota() {
+	if l.IsConcurrency() {
+		s = fmt.Sprintf("concurrency %d, lease %v", l.Concurrency, l.Lease)
+	} else if l.IsQuota() {
 		s = fmt.Sprintf("quota %d per %s, %s", l.Quota, l.Per, l.Location)
 	} else {
 		s = fmt.Sprintf("%s, burst %d", formatRate(l.Rate), l.Burst)
@@ -166,17 +177,19 @@ func describeLayer(l limiter.Layer) string {
 // and JSON (readLayers computes it, writeLayers and --json render it).
 type layerJSON struct {
 	Layer string `json:"layer"`
-	// Kind is "bucket" (a token bucket) or "quota" (a count per window).
+	// Kind is "bucket" (a token bucket), "quota" (a count per window) or
+	// "concurrency" (slots in flight).
 	Kind  string `json:"kind"`
 	Keyed bool   `json:"keyed"`
 	// Rate and Burst are set for a bucket; Quota, Per and Timezone for a
 	// quota.
-	Rate     float64 `json:"rate,omitempty"`
-	Burst    int     `json:"burst,omitempty"`
-	Quota    int     `json:"quota,omitempty"`
-	Per      string  `json:"per,omitempty"`
-	Timezone string  `json:"timezone,omitempty"`
-	OnExceed string  `json:"on_exceed"`
+	Rate        float64 `json:"rate,omitempty"`
+	Burst       int     `json:"burst,omitempty"`
+	Concurrency int     `json:"concurrency,omitempty"`
+	Quota       int     `json:"quota,omitempty"`
+	Per         string  `json:"per,omitempty"`
+	Timezone    string  `json:"timezone,omitempty"`
+	OnExceed    string  `json:"on_exceed"`
 	// KeysInUse is, for a keyed layer, how many keys hold state in Redis,
 	// counted with SCAN; KeysEstimated is set when it is an estimate (past
 	// 100000 keys per master). Nil for a layer without keys.
@@ -230,7 +243,9 @@ func layerStates(ctx context.Context, client redis.UniversalClient, ls *redislim
 	out := []layerJSON{}
 	for _, l := range ls.Layers() {
 		lj := layerJSON{Layer: l.Name, Kind: "bucket", Keyed: l.Keyed, OnExceed: string(l.OnExceed), layer: l}
-		if l.IsQuota() {
+		if l.IsConcurrency() {
+			lj.Kind, lj.Concurrency = "concurrency", l.Concurrency
+		} else if l.IsQuota() {
 			lj.Kind, lj.Quota, lj.Per, lj.Timezone = "quota", l.Quota, string(l.Per), l.Location.String()
 		} else {
 			lj.Rate, lj.Burst = l.Rate, l.Burst
@@ -247,7 +262,7 @@ func layerStates(ctx context.Context, client redis.UniversalClient, ls *redislim
 			if err != nil {
 				return nil, fmt.Errorf("reading layer %s: %w", l.Name, err)
 			}
-			if l.IsQuota() {
+			if !l.IsBucket() {
 				lj.Used = &st.Used
 			} else {
 				lj.Tokens = &st.Tokens

@@ -72,6 +72,10 @@ type Layered struct {
 	fairPrefix string
 	fairKeys   [2]string
 	fairArg    int64
+	// slots is set when a layer is a concurrency layer (layer_slots.go);
+	// releases batches their releases.
+	slots    bool
+	releases *releaseBatcher
 }
 
 // WithFair returns a copy of l that also shares the shared bucket among
@@ -131,13 +135,17 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 	if !cluster && !s.cfg.NoBatching {
 		l.batch = &layerBatcher{l: l}
 	}
+	l.slots = backend.HasConcurrency(layers)
+	l.releases = &releaseBatcher{l: l}
 	for i, ly := range layers {
 		l.allLayers = append(l.allLayers, i)
 		l.keyPrefix[i] = s.cfg.Prefix + s.cfg.Bucket + ":" + ly.Name + ":{"
 		l.unkeyed[i] = s.cfg.Prefix + "{" + s.cfg.Bucket + "}:layer:" + ly.Name
-		kind, a, b := "b", strconv.FormatFloat(ly.Rate, 'g', -1, 64), ly.Burst
+		kind, a, b := "b", strconv.FormatFloat(ly.Rate, 'g', -1, 64), int64(ly.Burst)
 		if ly.IsQuota() {
 			kind, a, b = "q", strconv.Itoa(ly.Quota), 0
+		} else if ly.IsConcurrency() {
+			kind, a, b = "c", strconv.Itoa(ly.Concurrency), ly.Lease.Microseconds()
 		}
 		action := map[limiter.Action]string{limiter.ActionWait: "w", limiter.ActionDeadLetter: "d", limiter.ActionDelay: "y"}[ly.OnExceed]
 		l.spec[i] = []any{i + 1, kind, a, b, action, ly.MaxWait.Microseconds()}
@@ -214,6 +222,9 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req backend.Laye
 	keys, err := backend.LayerKeys(l.layers, req)
 	if err != nil {
 		return backend.LayerResult{}, err
+	}
+	if req.Holder == "" && l.slots {
+		return backend.LayerResult{}, limiter.ErrMissingHolder
 	}
 	if at.IsZero() && l.batch != nil {
 		return l.batch.take(ctx, req, keys)
@@ -307,6 +318,8 @@ func (l *Layered) takeArgs(at time.Time, req backend.LayerRequest, keys []string
 		if l.layers[i].IsQuota() {
 			w := l.window(i, clock)
 			args = append(args, w[0], w[1], w[2], w[3])
+		} else if l.layers[i].IsConcurrency() {
+			args = append(args, req.Holder, 0, 0, 0)
 		} else {
 			args = append(args, 0, 0, 0, 0)
 		}
@@ -447,8 +460,22 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.Laye
 	}
 	paid := backend.PaidLayers(l.layers, keys, req.Paid, charged) // as the take decided
 	layers := st.layers
-	if paid != nil { // a paid layer was not charged: nothing to give back
-		layers = slices.DeleteFunc(slices.Clone(layers), func(i int) bool { return paid[i] })
+	var slots []backend.SlotRelease
+	if paid != nil || l.slots {
+		// A paid layer was not charged: nothing to give back. A
+		// concurrency slot is released, which wakes its waiters.
+		layers = slices.DeleteFunc(slices.Clone(layers), func(i int) bool {
+			if l.layers[i].IsConcurrency() {
+				slots = append(slots, backend.SlotRelease{Layer: l.layers[i].Name, Key: keys[i], Holder: req.Holder})
+				return true
+			}
+			return paid != nil && paid[i]
+		})
+		if len(slots) > 0 {
+			if err := l.releaseSlots(ctx, at, slots); err != nil {
+				return err
+			}
+		}
 		if !st.shared && len(layers) == 0 {
 			return nil
 		}
@@ -501,7 +528,7 @@ func (l *Layered) delayLayers(ctx context.Context, at time.Time, req backend.Lay
 		args := []any{nowUS, from.UnixMicro(), from.Add(by).UnixMicro()}
 		for _, i := range st.layers {
 			ly := l.layers[i]
-			if ly.IsQuota() || (paid != nil && paid[i]) {
+			if !ly.IsBucket() || (paid != nil && paid[i]) {
 				continue
 			}
 			rkeys = append(rkeys, l.layerKey(i, keys[i]))
@@ -561,6 +588,11 @@ func (l *Layered) layerStatus(ctx context.Context, at time.Time, layer, key stri
 		return backend.LayerState{}, l.malformed("layer status", v)
 	}
 	st := backend.LayerState{Layer: layer, Key: key, At: time.UnixMicro(v[2])}
+	if ly.IsConcurrency() {
+		st.Used = int(v[0])
+		st.Full = st.Used == 0
+		return st, nil
+	}
 	if ly.IsQuota() {
 		st.Used, st.WindowEnd = int(v[0]), time.UnixMicro(v[1])
 		st.Full = st.Used == 0

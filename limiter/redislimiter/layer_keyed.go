@@ -33,7 +33,7 @@ func (l *Layered) keyedOnly(st step) bool {
 		return false
 	}
 	for _, i := range st.layers {
-		if l.layers[i].IsQuota() {
+		if !l.layers[i].IsBucket() {
 			return false
 		}
 	}

@@ -41,6 +41,9 @@ func (s *Store) Watch(ctx context.Context, changed func(), pushed func(backend.P
 type watcher struct {
 	changed func()
 	pushed  func(backend.Push)
+	// message, when set, receives every message of the channel instead
+	// (WatchSlots).
+	message func(payload string)
 }
 
 // hubs holds the Pub/Sub hub of each Redis client in use.
@@ -162,6 +165,14 @@ func (h *pubsubHub) read() {
 			}
 		case *redis.Message:
 			ws := h.of(m.Channel)
+			if len(ws) > 0 && ws[0].message != nil {
+				for _, w := range ws {
+					if w.message != nil {
+						w.message(m.Payload)
+					}
+				}
+				continue
+			}
 			if strings.HasPrefix(m.Payload, "push ") {
 				ps := parsePush(m.Payload)
 				for _, w := range ws {

@@ -56,7 +56,7 @@ func WithDefaults(o consumer.Options) (consumer.Options, error) {
 // field docs name.
 func retryDefaults(p consumer.RetryPolicy) consumer.RetryPolicy {
 	if p.MaxAttempts <= 0 {
-		p.MaxAttempts = 5
+		p.MaxAttempts = consumer.DefaultMaxAttempts
 	}
 	if p.Backoff <= 0 {
 		p.Backoff = 200 * time.Millisecond

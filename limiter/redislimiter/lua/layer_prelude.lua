@@ -102,7 +102,7 @@ end
 -- layersScript): 4 after booking the request's slot on i, as a token-bucket
 -- layer with action delay does (limiter.ReservesOnRefusal), else 2.
 local function refused_status(i, key, kind, action, w, tok, lts, cost, now, rate, burst)
-  if action == 'y' and kind ~= 'q' and w < 1e15 then
+  if action == 'y' and kind == 'b' and w < 1e15 then
     bucket_save(key, tok - cost, lts, now, rate, burst, now + w)
     return 4
   end
@@ -146,4 +146,29 @@ local function window_end(a, now)
     if now >= s and now < e then return e end
   end
   return nil
+end
+
+-- A concurrency layer's key (kind c) is a sorted set: one member per
+-- holder of a slot, scored by the end of its lease in µs. The key expires
+-- with its last lease.
+
+-- slot_wait returns the µs a request of holder waits at now for a slot of
+-- key, of which limit may be held: 0 when holder holds one already or one
+-- is free, else until the earliest lease ends. It drops the ended leases
+-- (backend.LayeredMemory's slotWait).
+local function slot_wait(key, holder, limit, now)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  if redis.call('ZSCORE', key, holder) then return 0 end
+  if redis.call('ZCARD', key) < limit then return 0 end
+  local e = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  local w = tonumber(e[2]) - now
+  if w < 0 then w = 0 end
+  return w
+end
+
+-- slot_take gives holder a slot of key whose lease ends at ends (µs).
+local function slot_take(key, holder, ends, now)
+  redis.call('ZADD', key, ends, holder)
+  local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIRE', key, math.ceil((tonumber(top[2]) - now) / 1000) + 1000)
 end

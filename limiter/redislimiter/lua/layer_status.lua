@@ -4,12 +4,15 @@
 -- layerStatusScript reads one key of a layer.
 --
 -- KEYS: the layer's key. ARGV: kind, rate or quota, burst, b0..b3, now_us.
--- Reply: {tokens_milli (bucket) or used (quota), window_end_us (quota, 0
+-- Reply: {tokens_milli (bucket) or used (quota; slots held, concurrency), window_end_us (quota, 0
 -- for a bucket; -1 when no window holds now), now_us, kept (1 when the key
 -- exists)}.
 
 local now = now_us(ARGV[8])
 local kept = redis.call('EXISTS', KEYS[1])
+if ARGV[1] == 'c' then -- a concurrency layer: the slots held now
+  return {redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf'), 0, now, kept}
+end
 if ARGV[1] == 'q' then
   local e = window_end(4, now)
   if not e then return {0, -1, now, kept} end

@@ -24,6 +24,12 @@
 -- KEYS after the layers': the tenant's state, the fair hash and the bins
 -- set (the shared bucket only).
 --
+-- A concurrency layer (kind c) has its limit in place of the rate, its
+-- lease in µs in place of the burst, and the request's holder in place of
+-- b0 (slot_wait, slot_take): it waits until the earliest lease ends when
+-- every slot is held; granted, the holder's lease ends at send plus the
+-- lease. It never books a slot on refusal.
+--
 -- Reply: {status, wait_us, layer, remaining_milli, effective_rate_milli,
 -- burst, now_us, tokens (cost plus the extra granted), rank, pushed_milli
 -- (its push counter on the shared bucket), layers_due_us (granted: when
@@ -89,7 +95,9 @@ for i = 1, n do
   idx[i], kind[i] = tonumber(ARGV[a + 1]), ARGV[a + 2]
   rate[i], burst[i] = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   action[i], maxw[i] = ARGV[a + 5], tonumber(ARGV[a + 6])
-  if paid[i] then
+  if kind[i] == 'c' then
+    w[i] = slot_wait(key, ARGV[a + 7], rate[i], now)
+  elseif paid[i] then
     tok[i], lts[i] = bucket_load(key, now, rate[i], burst[i])
     w[i] = 0
   elseif kind[i] == 'q' then
@@ -152,7 +160,9 @@ if shared then
 end
 for i = 1, n do
   local key = KEYS[kb + i]
-  if kind[i] == 'q' then
+  if kind[i] == 'c' then
+    slot_take(key, ARGV[12 + (i - 1) * 10 + 7], send + burst[i], now)
+  elseif kind[i] == 'q' then
     quota_save(key, wend[i], used[i] + cost, now)
   else
     local after = send_charge(tok[i], lts[i], send, cost, paid[i], rate[i], burst[i])
