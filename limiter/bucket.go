@@ -55,6 +55,8 @@ type Bucket struct {
 	heardPauseEnd atomic.Int64
 
 	lease leasePool
+	// skew measures the store's clock against the Bucket's (skew.go).
+	skew skewMeter
 	// layered is the local fallback's layer state (bucket_layers.go).
 	layered layeredFallback
 
@@ -311,7 +313,7 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		return nil
 	}
 	start := b.clock.Now()
-	served, leading, err := b.lease.beginRefill(ctx, p, cost)
+	served, lead, err := b.lease.acquire(ctx, b.done, p, cost)
 	if err != nil {
 		return err
 	}
@@ -319,10 +321,13 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		b.observeWaited(p, b.clock.Now().Sub(start))
 		return nil
 	}
+	// lead, while set, is this caller's place at the head of the lease's
+	// queue: it asks for a whole batch, hands it to the queue with fill,
+	// or hands the lead on with abandon.
 	endRefill := func() {
-		if leading {
-			leading = false
-			b.lease.endRefill()
+		if lead != nil {
+			b.lease.abandon(lead)
+			lead = nil
 		}
 	}
 	defer endRefill()
@@ -360,7 +365,7 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		// the bucket has it, else reserved like any other request, so that
 		// a saturated bucket still costs one store call per lease.
 		extra := 0
-		if leading {
+		if lead != nil {
 			extra = b.lease.extra(cost)
 		}
 		if !head { // behind the class's head, if a floor holds it back
@@ -407,7 +412,12 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 				return err
 			}
 		}
-		b.lease.put(res.Tokens - cost)
+		if lead != nil {
+			b.lease.fill(lead, res.Tokens)
+			lead = nil
+		} else {
+			b.lease.put(res.Tokens - cost)
+		}
 		b.observeWaited(p, b.clock.Now().Sub(start))
 		return nil
 	}
@@ -600,6 +610,7 @@ func (b *Bucket) refundClass(ctx context.Context, tokens int, class Priority) {
 }
 
 func (b *Bucket) observeTake(res backend.TakeResult) {
+	b.skew.observe(b.clock.Now(), res.At)
 	debt := max(0, -res.Remaining)
 	b.lastDebt.Store(math.Float64bits(debt))
 	if res.Rate > 0 { // a paused bucket reports 0: keep the rate to fall back to

@@ -135,8 +135,15 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 	}
 	r := reservation{due: res.At.Add(res.Wait), pos: pos, rate: res.Rate, base: base,
 		class: res.Class, pushed: res.Pushed}
-	// storeAt on the store's clock was localAt on the Bucket's.
+	// storeAt on the store's clock was localAt on the Bucket's: the answer
+	// arrived at localAt. For the shared bucket's answers (gen set), the
+	// skew between the clocks is known better, from the quickest answers
+	// (skewMeter): a reservation then wakes at its slot, not as late as
+	// this answer was slow to arrive.
 	storeAt, localAt := res.At, b.clock.Now()
+	if skew, ok := b.skew.get(); ok && gen != nil && !storeAt.IsZero() && storeAt.Add(skew).Before(localAt) {
+		localAt = storeAt.Add(skew)
+	}
 	// next is the first push of r's class this reservation has not seen;
 	// a class that is never pushed (the highest) is not listened to.
 	var next uint64

@@ -68,10 +68,12 @@
 // # Leasing
 //
 // At high rates a Bucket takes a batch of tokens in one store call and
-// spends them locally (LeaseOptions): the batch is 1% of the rate divided by
-// the live replicas, so all leases together never hold more than 1% of a
-// second's tokens, and leasing switches itself off below a batch of 8. A
-// lease serves only the Bucket's own class. See docs/design.md.
+// spends them locally (LeaseOptions): the batch follows this replica's
+// measured demand over a period of max(1% of a second, replicas ÷ 4000
+// seconds), so that the fleet's refills stay near 4000 a second however
+// many replicas there are, and leasing is off below a batch of 2. The
+// callers of a replica are served first come, first served, from the lease
+// or not. A lease serves only the Bucket's own class. See docs/design.md.
 //
 // # When the store fails
 //

@@ -84,3 +84,15 @@ func (b *Bucket) Exceeded() map[string]int64            { return b.Stats().Excee
 func (b *Bucket) PaidRefused() int64                    { return b.Stats().PaidRefused }
 func (b *Bucket) Replicas() int                         { return b.Stats().Replicas }
 func (b *Bucket) Idle() bool                            { return b.Stats().Idle }
+
+// LeaseWaiting returns how many callers of b wait in the lease's queue
+// on no timer: those queued behind the caller that leads the refill.
+func LeaseWaiting(b *Bucket) int {
+	b.lease.mu.Lock()
+	defer b.lease.mu.Unlock()
+	n := len(b.lease.queue)
+	if b.lease.refilling {
+		n--
+	}
+	return n
+}

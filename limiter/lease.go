@@ -11,20 +11,30 @@ import (
 
 // LeaseOptions configure token leasing. At high rates a Bucket takes a batch
 // of tokens in one store call and spends them locally, so that one bucket
-// can grant far more tokens per second than the store can answer calls. One
-// caller per replica at a time refills the lease, asking for the whole batch:
-// taken at once when the bucket has it, else reserved and waited for like
-// any request, so a saturated bucket costs one store call per batch; the
-// other callers of the replica wait for that refill instead of asking too.
+// can grant far more tokens per second than the store can answer calls.
 //
-// The batch is Fraction·rate/replicas, capped at MaxBatch and the burst, so
-// that all replicas together never hold more than Fraction of one second's
-// tokens: with the default 1% the over-grant in any one-second window stays
-// within 1% of the rate. Below MinBatch leasing switches itself off, which
-// keeps low rates exact and fair; it also waits for the first heartbeat, so
-// that a batch is never sized for one replica when there are many. Unused
-// tokens go back to the bucket after Idle without use, and on Close; a
-// Pause drops them.
+// A batch follows this replica's demand, as measured here (the tokens its
+// callers of the lease's class asked for in the last second): it covers
+// the demand of Fraction of a second, or of replicas ÷ Calls seconds when
+// that is longer, so that the whole fleet's refills stay near Calls per
+// second however many replicas share the bucket. It is capped at MaxBatch
+// and the burst. Before the first second of demand is measured a replica
+// assumes its fair share, rate ÷ replicas. All replicas together thus hold
+// at most the tokens the fleet spends in max(Fraction s, replicas ÷ Calls
+// s). Leasing is off while the batch would be below MinBatch (a demand
+// the store answers call by call without strain, where calls keep the
+// bucket exact and fair across replicas); it also waits for the first
+// heartbeat, so that a batch is never sized for one replica when there
+// are many. Unused tokens go back to the bucket after Idle without use,
+// and on Close; a Pause drops them.
+//
+// The callers of one replica are served first come, first served: a
+// caller that finds the lease short queues, and the tokens of each refill
+// go to the queue in order before any later caller may spend them. One
+// caller at a time, the head of the queue, refills the lease, asking for
+// its cost plus the batch: taken at once when the bucket has it, else
+// reserved and waited for like any request, so a saturated bucket costs
+// one store call per batch.
 //
 // A lease is taken for the Bucket's class (Options.Priority) and serves
 // only requests of that class: a request of another class asks the store,
@@ -32,9 +42,13 @@ import (
 type LeaseOptions struct {
 	// Disabled turns leasing off.
 	Disabled bool
-	// Fraction of the rate that all replicas together may hold. Default 0.01.
+	// Fraction of a second of this replica's demand that a batch covers
+	// at least. Default 0.01.
 	Fraction float64
-	// MinBatch is the smallest batch worth leasing. Default 8.
+	// Calls is the refills per second the whole fleet aims at: a batch
+	// covers at least replicas ÷ Calls seconds of demand. Default 4000.
+	Calls float64
+	// MinBatch is the smallest batch worth leasing. Default 2.
 	MinBatch int
 	// MaxBatch caps a batch. Default 10000.
 	MaxBatch int
@@ -47,6 +61,9 @@ func (o *LeaseOptions) validate() error {
 	if o.Fraction < 0 || o.Fraction > 1 || math.IsNaN(o.Fraction) {
 		return &ParamError{Param: "Lease.Fraction", Msg: "must be between 0 and 1", Value: o.Fraction}
 	}
+	if o.Calls < 0 || math.IsNaN(o.Calls) || math.IsInf(o.Calls, 0) {
+		return &ParamError{Param: "Lease.Calls", Msg: "must be >= 0 (0 for the default)", Value: o.Calls}
+	}
 	if o.MinBatch < 0 {
 		return &ParamError{Param: "Lease.MinBatch", Msg: "must be >= 0 (0 for the default)", Value: o.MinBatch}
 	}
@@ -56,8 +73,11 @@ func (o *LeaseOptions) validate() error {
 	if o.Fraction == 0 {
 		o.Fraction = 0.01
 	}
+	if o.Calls == 0 {
+		o.Calls = 4000
+	}
 	if o.MinBatch <= 0 {
-		o.MinBatch = 8
+		o.MinBatch = 2
 	}
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 10000
@@ -71,7 +91,8 @@ func (o *LeaseOptions) validate() error {
 	return nil
 }
 
-// leasePool holds the tokens this replica leased and has not spent yet.
+// leasePool holds the tokens this replica leased and has not spent yet,
+// and the callers queued for them.
 type leasePool struct {
 	b      *Bucket
 	opts   LeaseOptions
@@ -79,9 +100,33 @@ type leasePool struct {
 	tokens int
 	used   bool          // spent from or refilled since the idle timer last fired
 	idle   backend.Timer // gives unused tokens back; nil until the first lease
-	// refilling is closed when the caller refilling the pool has its answer.
-	refilling chan struct{}
+	// queue holds the callers waiting for tokens, in arrival order. While
+	// it is not empty its head leads a refill (refilling).
+	queue     []*leaseWaiter
+	refilling bool
+	// demand measures the tokens asked for by the lease's class.
+	demand demandMeter
+	// lastFill is when the last refill came, with lastBatch tokens.
+	lastFill  time.Time
+	lastBatch int
 }
+
+// leaseWaiter is a caller queued in the pool.
+type leaseWaiter struct {
+	cost int
+	// state is set under leasePool.mu; signal has room for one send.
+	state  leaseState
+	signal chan struct{}
+}
+
+type leaseState uint8
+
+const (
+	waiterQueued   leaseState = iota
+	waiterServed              // its tokens were handed over
+	waiterLeading             // it is the head and must refill
+	waiterReleased            // leasing went off: it asks the store itself
+)
 
 func (p *leasePool) init(b *Bucket) {
 	p.b, p.opts = b, b.opts.Lease
@@ -93,13 +138,15 @@ func (p *leasePool) serves(c Priority) bool {
 	return !p.opts.Disabled && c == p.b.opts.Priority
 }
 
-// take spends cost leased tokens if the pool has them and serves class c.
+// take spends cost leased tokens if the pool has them, serves class c and
+// no caller queued before this one.
 func (p *leasePool) take(c Priority, cost int) bool {
 	if !p.serves(c) {
 		return false
 	}
+	p.demand.add(p.b.clock.Now(), cost)
 	p.mu.Lock()
-	ok := p.spendLocked(cost)
+	ok := len(p.queue) == 0 && p.spendLocked(cost)
 	p.mu.Unlock()
 	return ok
 }
@@ -114,62 +161,227 @@ func (p *leasePool) spendLocked(cost int) bool {
 	return true
 }
 
-// beginRefill is called when the pool lacks cost tokens for a request of
-// class c. While leasing is on for c, one caller at a time asks the store
-// for a batch; the others wait for its answer and try the pool again,
-// instead of all asking the store at once. It reports whether the caller
-// was served from the pool, or must ask the store itself, leading a refill
-// that it ends with endRefill.
-func (p *leasePool) beginRefill(ctx context.Context, c Priority, cost int) (served, leading bool, err error) {
+// acquire is called when take failed for a request of class c. While
+// leasing is on for c, the caller queues; the head of the queue asks the
+// store for a batch, the others wait for it and are served in order. It
+// reports whether the caller was served from the pool, or must ask the
+// store itself: leading a refill (w not nil: end it with fill or abandon),
+// or on its own.
+func (p *leasePool) acquire(ctx context.Context, done <-chan struct{}, c Priority, cost int) (served bool, w *leaseWaiter, err error) {
 	if !p.serves(c) || p.extra(cost) == 0 {
-		return false, false, nil
+		return false, nil, nil
 	}
-	for {
-		p.mu.Lock()
-		if p.spendLocked(cost) {
-			p.mu.Unlock()
-			return true, false, nil
-		}
-		if p.refilling == nil {
-			p.refilling = make(chan struct{})
-			p.mu.Unlock()
-			return false, true, nil
-		}
-		ch := p.refilling
+	p.mu.Lock()
+	if len(p.queue) == 0 && p.spendLocked(cost) {
 		p.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return false, false, ctx.Err()
-		}
+		return true, nil, nil
 	}
+	w = &leaseWaiter{cost: cost, signal: make(chan struct{}, 1)}
+	p.queue = append(p.queue, w)
+	if !p.refilling {
+		p.refilling = true
+		w.state = waiterLeading
+		p.mu.Unlock()
+		return false, w, nil
+	}
+	p.mu.Unlock()
+	var cerr error
+	select {
+	case <-w.signal:
+	case <-ctx.Done():
+		cerr = ctx.Err()
+	case <-done:
+		cerr = ErrClosed
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch w.state {
+	case waiterServed:
+		if cerr != nil { // served as it gave up: the tokens stay leased
+			p.tokens += cost
+			p.serveLocked()
+			return false, nil, cerr
+		}
+		return true, nil, nil
+	case waiterLeading:
+		if cerr != nil {
+			p.abandonLocked(w)
+			return false, nil, cerr
+		}
+		return false, w, nil
+	case waiterReleased:
+		return false, nil, cerr
+	}
+	p.removeLocked(w) // still queued: it gave up
+	return false, nil, cerr
 }
 
-// endRefill lets the callers waiting in beginRefill try the pool again.
-func (p *leasePool) endRefill() {
+// fill ends the refill that w led: the tokens the store granted, w's cost
+// among them, go to the queue in order, w first, and the rest stay leased.
+func (p *leasePool) fill(w *leaseWaiter, tokens int) {
 	p.mu.Lock()
-	close(p.refilling)
-	p.refilling = nil
+	defer p.mu.Unlock()
+	p.removeLocked(w)
+	p.refilling = false
+	p.tokens += tokens - w.cost
+	p.used = true
+	p.lastFill, p.lastBatch = p.b.clock.Now(), tokens
+	p.armIdleLocked()
+	p.serveLocked()
+}
+
+// abandon ends the refill that w led without tokens: its caller gave up
+// or asks elsewhere. The next in line leads the next refill.
+func (p *leasePool) abandon(w *leaseWaiter) {
+	p.mu.Lock()
+	p.abandonLocked(w)
 	p.mu.Unlock()
 }
 
-// extra returns how many tokens beyond cost to ask the store for: the batch
-// for the current rate and replica count, or 0 when leasing is off at this
-// rate.
+func (p *leasePool) abandonLocked(w *leaseWaiter) {
+	p.removeLocked(w)
+	p.refilling = false
+	p.serveLocked()
+}
+
+// serveLocked hands the leased tokens to the queue in order, as far as
+// they go, and makes the new head lead the next refill. When leasing went
+// off meanwhile, it releases the whole queue to ask the store itself.
+func (p *leasePool) serveLocked() {
+	for len(p.queue) > 0 && p.spendLocked(p.queue[0].cost) {
+		p.wake(p.queue[0], waiterServed)
+		p.queue[0] = nil
+		p.queue = p.queue[1:]
+	}
+	if len(p.queue) == 0 || p.refilling {
+		if len(p.queue) == 0 {
+			p.queue = p.queue[:0:0]
+		}
+		return
+	}
+	if p.extraLocked(p.queue[0].cost) == 0 {
+		for _, w := range p.queue {
+			p.wake(w, waiterReleased)
+		}
+		p.queue = p.queue[:0:0]
+		return
+	}
+	p.refilling = true
+	p.wake(p.queue[0], waiterLeading)
+}
+
+func (p *leasePool) wake(w *leaseWaiter, s leaseState) {
+	w.state = s
+	select {
+	case w.signal <- struct{}{}:
+	default:
+	}
+}
+
+// removeLocked takes w out of the queue if it is there.
+func (p *leasePool) removeLocked(w *leaseWaiter) {
+	for i, q := range p.queue {
+		if q == w {
+			p.queue = append(p.queue[:i], p.queue[i+1:]...)
+			return
+		}
+	}
+}
+
+// queued returns how many callers wait in the queue, the refill's leader
+// included.
+func (p *leasePool) queued() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.queue)
+}
+
+// extra returns how many tokens beyond cost to ask the store for: the
+// batch for this replica's demand, or 0 when leasing is off at it.
 func (p *leasePool) extra(cost int) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.extraLocked(cost)
+}
+
+// extraLocked is extra with p.mu held. The batch covers the replica's
+// demand over the lease period, max(Fraction s, replicas ÷ Calls s). A
+// replica whose lease ran dry less than half a period after the last
+// refill is short of tokens, not of demand (its demand is measured by
+// what it could spend): its batch doubles, up to the cap, rate × period,
+// MaxBatch and the burst.
+func (p *leasePool) extraLocked(cost int) int {
 	if p.opts.Disabled || !p.b.countKnown.Load() {
 		return 0
 	}
+	now := p.b.clock.Now()
 	rate := math.Float64frombits(p.b.lastRate.Load())
-	batch := p.opts.Fraction * rate / float64(max(1, p.b.replicas.Load()))
+	replicas := float64(max(1, p.b.replicas.Load()))
+	period := max(p.opts.Fraction, replicas/p.opts.Calls)
+	demand, ok := p.demand.rate(now)
+	if !ok {
+		demand = rate / replicas // not measured yet: the fair share
+	}
+	batch := min(demand, rate) * period
+	if p.lastBatch > 0 && len(p.queue) > 0 && now.Sub(p.lastFill).Seconds() < period/2 {
+		batch = max(batch, 2*float64(p.lastBatch))
+	}
 	if batch < float64(p.opts.MinBatch) {
 		return 0
 	}
-	return max(0, min(int(batch), p.opts.MaxBatch, int(p.b.lastBurst.Load()))-cost)
+	batch = min(batch, rate*period, float64(p.opts.MaxBatch), float64(p.b.lastBurst.Load()))
+	return max(0, int(batch)-cost)
 }
 
-// put adds n leased tokens and arms the idle timer that gives them back if
-// they sit unused.
+// demandMeter counts the tokens asked for in the current and the last
+// window of demandWindow.
+type demandMeter struct {
+	mu    sync.Mutex
+	start time.Time // of the current window; zero before the first count
+	cur   float64   // tokens asked in the current window
+	last  float64   // tokens/s in the last whole window; <0 before one ended
+}
+
+const demandWindow = time.Second
+
+func (m *demandMeter) add(now time.Time, n int) {
+	m.mu.Lock()
+	m.rollLocked(now)
+	m.cur += float64(n)
+	m.mu.Unlock()
+}
+
+func (m *demandMeter) rollLocked(now time.Time) {
+	if m.start.IsZero() {
+		m.start, m.last = now, -1
+		return
+	}
+	if el := now.Sub(m.start); el >= demandWindow {
+		m.last = m.cur / el.Seconds()
+		if el >= 2*demandWindow { // a whole window without demand
+			m.last = 0
+		}
+		m.start, m.cur = now, 0
+	}
+}
+
+// rate returns the demand in tokens/s: the greater of the last whole
+// window's and the current one's so far (once a tenth of a window has
+// passed), so that a rise shows at once and a fall after a window. It
+// reports false while nothing has been measured.
+func (m *demandMeter) rate(now time.Time) (float64, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.rollLocked(now)
+	r, ok := m.last, m.last >= 0
+	if el := now.Sub(m.start); el >= demandWindow/10 {
+		r, ok = max(r, m.cur/el.Seconds()), true
+	}
+	return r, ok
+}
+
+// put adds n leased tokens, serving the queue first, and arms the idle
+// timer that gives them back if they sit unused.
 func (p *leasePool) put(n int) {
 	if n <= 0 {
 		return
@@ -178,7 +390,12 @@ func (p *leasePool) put(n int) {
 	defer p.mu.Unlock()
 	p.tokens += n
 	p.used = true
-	if p.idle == nil {
+	p.armIdleLocked()
+	p.serveLocked()
+}
+
+func (p *leasePool) armIdleLocked() {
+	if p.idle == nil && p.tokens > 0 {
 		p.idle = p.b.clock.AfterFunc(p.opts.Idle, p.expire)
 	}
 }

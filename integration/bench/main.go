@@ -34,6 +34,14 @@
 // builds the binary from -campaign-root, needs RabbitMQ and redis-server
 // like -e2e, prints the schedule and the checker's report, and exits 1
 // when a promise was broken; -seed N reruns a schedule.
+//
+// With -scale it runs the scale mode instead (scale.go): for each rate of
+// -scale-rates and each N of -scale-n, N replicas in this process, each
+// with its own Redis client and Bucket, on a private redis-server; it
+// measures the grants as callers receive them (the busiest 1 s window
+// against rate + burst, shares, the worst single wait), the utilisation
+// under unequal demand, the recovery after half the replicas vanish
+// without Close, and Redis scripts and CPU per grant, into SCALE.md.
 package main
 
 import (
@@ -103,6 +111,8 @@ type config struct {
 	e2e *e2eConfig
 	// campaign, when set, selects the seeded fault campaign instead.
 	campaign *campaignConfig
+	// scale, when set, selects the scale mode instead (scale.go).
+	scale *scaleConfig
 }
 
 func main() {
@@ -125,6 +135,8 @@ func main() {
 		err = runCampaign(ctx, *cfg.campaign)
 	case cfg.e2e != nil:
 		err = runE2E(ctx, *cfg.e2e)
+	case cfg.scale != nil:
+		err = runScale(ctx, *cfg.scale)
 	default:
 		err = run(ctx, cfg)
 	}
@@ -172,6 +184,18 @@ func parseFlags(args []string) (config, error) {
 	fs.Int64Var(&camp.seed, "seed", 0, "(campaign) the schedule's seed; 0 for a random one, printed")
 	fs.StringVar(&camp.root, "campaign-root", "../..", "(campaign) the throttle module to build the binary from")
 	fs.StringVar(&camp.amqpURL, "amqp", "amqp://guest:guest@127.0.0.1:5672/", "(campaign) RabbitMQ")
+	var sc scaleConfig
+	var scaleOn bool
+	var scaleNs, scaleRates, scalePh string
+	fs.BoolVar(&scaleOn, "scale", false, "run the scale mode (N replicas, each its own client, on a private redis-server) instead")
+	fs.StringVar(&scaleNs, "scale-n", "10,100,1000", "(scale) comma-separated replica counts")
+	fs.StringVar(&scaleRates, "scale-rates", "1000,1000000", "(scale) comma-separated rates (tokens/s); the burst is a tenth of the rate")
+	fs.StringVar(&scalePh, "scale-phases", strings.Join(scalePhases, ","), "(scale) comma-separated phases: saturated, unequal, recovery")
+	fs.DurationVar(&sc.duration, "scale-duration", 6*time.Second, "(scale) length of the saturated and unequal phases, and of the recovery phase before the vanish")
+	fs.DurationVar(&sc.recovery, "scale-recovery", 12*time.Second, "(scale) how long the recovery phase runs after half the replicas vanish")
+	fs.IntVar(&sc.callers, "scale-callers", 3, "(scale) callers of each saturated replica")
+	fs.StringVar(&sc.lease, "scale-lease", "auto", "(scale) leasing: auto (off below 100k/s, default options from it), on, off")
+	fs.StringVar(&sc.out, "scale-out", "SCALE.md", "(scale) markdown report to write")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -183,6 +207,31 @@ func parseFlags(args []string) (config, error) {
 			return config{}, fmt.Errorf("-campaign must be at least 10s")
 		}
 		cfg.campaign = &camp
+		return cfg, nil
+	}
+	if scaleOn {
+		var err error
+		if sc.ns, err = parseInts(scaleNs); err != nil {
+			return config{}, fmt.Errorf("-scale-n: %w", err)
+		}
+		if sc.rates, err = parseRates(scaleRates); err != nil {
+			return config{}, fmt.Errorf("-scale-rates: %w", err)
+		}
+		for ph := range strings.SplitSeq(scalePh, ",") {
+			if indexOf(scalePhases, func(p string) bool { return p == ph }) < 0 {
+				return config{}, fmt.Errorf("-scale-phases: unknown phase %q", ph)
+			}
+			sc.phases = append(sc.phases, ph)
+		}
+		if sc.duration < 3*time.Second || sc.recovery < 2*time.Second || sc.callers < 1 {
+			return config{}, fmt.Errorf("-scale-duration must be at least 3s, -scale-recovery at least 2s and -scale-callers at least 1")
+		}
+		if sc.lease != "auto" && sc.lease != "on" && sc.lease != "off" {
+			return config{}, fmt.Errorf("-scale-lease must be auto, on or off")
+		}
+		sc.flags = cfg.flags
+		sc.cpuProfile = cfg.cpuProfile
+		cfg.scale = &sc
 		return cfg, nil
 	}
 	if e2eOn {

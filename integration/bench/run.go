@@ -218,7 +218,7 @@ type usage struct {
 
 func (u usage) sub(v usage) usage {
 	return usage{
-		redis:       redisStats{calls: u.redis.calls - v.redis.calls, cmds: u.redis.cmds - v.redis.cmds, cpu: u.redis.cpu - v.redis.cpu},
+		redis:       redisStats{calls: u.redis.calls - v.redis.calls, cmds: u.redis.cmds - v.redis.cmds, scripts: u.redis.scripts - v.redis.scripts, cpu: u.redis.cpu - v.redis.cpu},
 		clientCalls: u.clientCalls - v.clientCalls,
 		cpu:         u.cpu - v.cpu,
 		mallocs:     u.mallocs - v.mallocs,
@@ -268,6 +268,8 @@ type redisStats struct {
 	calls int64
 	// cmds are every command but INFO, including those run by scripts.
 	cmds int64
+	// scripts are the EVAL and EVALSHA commands.
+	scripts int64
 	// cpu is used_cpu_sys + used_cpu_user.
 	cpu time.Duration
 }
@@ -292,6 +294,9 @@ func readRedisStats(ctx context.Context, c *redis.Client) (redisStats, error) {
 				return redisStats{}, fmt.Errorf("parsing INFO line %q: %w", line, err)
 			}
 			s.cmds += n
+			if cmd == "evalsha" || cmd == "eval" {
+				s.scripts += n
+			}
 			if !scriptCommands[cmd] {
 				s.calls += n
 			}
