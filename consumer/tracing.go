@@ -48,10 +48,13 @@ func startWait(ctx context.Context, cost int) *waitSpan {
 	if !parent.IsRecording() {
 		return nil
 	}
-	_, span := parent.TracerProvider().Tracer(TracerName).Start(ctx, WaitSpanName,
-		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrCost.Int(cost)))
+	_, span := parent.TracerProvider().Tracer(TracerName).Start(ctx, WaitSpanName, waitKind)
+	span.SetAttributes(attrCost.Int(cost))
 	return &waitSpan{span: span, start: time.Now()}
 }
+
+// waitKind is the start option of a wait span, made once.
+var waitKind trace.SpanStartOption = trace.WithSpanKind(trace.SpanKindInternal)
 
 // wait waits on l for cost tokens as Throttle does, asking the limiter
 // which layer set the wait when it can say (NewLimiter's limiter, a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -27,6 +28,9 @@ type Processor struct {
 	trouble  *troubleLog
 	tracer   trace.Tracer // nil without Options.TracerProvider
 	group    string       // ConsumerGroup, for the spans
+	// spanNames holds each destination's consumer span name: a
+	// consumer has one or two (a topic and its delay topic).
+	spanNames sync.Map
 }
 
 // ProcessorOption is an option of NewProcessor, for the backend.

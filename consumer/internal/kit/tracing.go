@@ -65,20 +65,24 @@ func (p *Processor) StartSpan(ctx context.Context, msg consumer.Message) (contex
 	if p.tracer == nil {
 		return ctx, noSpan
 	}
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
-	if len(msg.Headers) > 0 {
+	opts := newRoot
+	if _, ok := msg.Headers[traceparentHeader]; ok {
 		remote := trace.SpanContextFromContext(traceContext.Extract(context.Background(), propagation.MapCarrier(msg.Headers)))
 		if remote.IsValid() {
 			ctx = trace.ContextWithRemoteSpanContext(ctx, remote)
-		} else {
-			opts = append(opts, trace.WithNewRoot())
+			opts = childOf
 		}
-	} else {
-		opts = append(opts, trace.WithNewRoot())
 	}
 	dest := msg.Source.Topic
 	if msg.Source.Broker != "kafka" {
 		dest = msg.Source.Queue
+	}
+	// The attributes are set once the sampler decided, and only on a span
+	// that records: an unsampled message costs none. (The SDK's samplers
+	// do not read them.)
+	ctx, span := p.tracer.Start(ctx, p.spanName(dest), opts...)
+	if !span.IsRecording() {
+		return ctx, span
 	}
 	attrs := make([]attribute.KeyValue, 0, 10)
 	attrs = append(attrs,
@@ -109,8 +113,27 @@ func (p *Processor) StartSpan(ctx context.Context, msg consumer.Message) (contex
 	if msg.Source.MessageID != "" {
 		attrs = append(attrs, semconv.MessagingMessageID(msg.Source.MessageID))
 	}
-	opts = append(opts, trace.WithAttributes(attrs...))
-	return p.tracer.Start(ctx, "process "+dest, opts...)
+	span.SetAttributes(attrs...)
+	return ctx, span
+}
+
+// The start options of a consumer span, made once.
+var (
+	newRoot = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithNewRoot()}
+	childOf = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+)
+
+// traceparentHeader is the W3C header a message's trace comes in.
+const traceparentHeader = "traceparent"
+
+// spanName returns "process "+dest, made once per destination.
+func (p *Processor) spanName(dest string) string {
+	if name, ok := p.spanNames.Load(dest); ok {
+		return name.(string)
+	}
+	name := "process " + dest
+	p.spanNames.Store(dest, name)
+	return name
 }
 
 // noSpan is the span of a message without tracing.

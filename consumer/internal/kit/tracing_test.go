@@ -183,3 +183,45 @@ func TestNoTracerProvider(t *testing.T) {
 		t.Fatalf("StartSpan without tracing allocates %v times", n)
 	}
 }
+
+// BenchmarkProcessTracing is the per-message cost of tracing in the
+// consumer's path: StartSpan, a limiter wait (a bucket out of reach) and
+// the handler's call, off and at two sample ratios, with the SDK's batch
+// processor in front of an exporter that discards. The messages carry no
+// traceparent, as in the end-to-end benchmark.
+//
+//	go test -run '^$' -bench BenchmarkProcessTracing -benchmem ./consumer/internal/kit/
+func BenchmarkProcessTracing(b *testing.B) {
+	for _, c := range []struct {
+		name  string
+		ratio float64 // -1: off
+	}{{"off", -1}, {"ratio=1", 1}, {"ratio=0.01", 0.01}} {
+		b.Run(c.name, func(b *testing.B) {
+			bucket, err := limiter.NewLocal(1e9, 1_000_000_000)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer bucket.Close()
+			o := consumer.Options{Limiter: bucket, Logger: slog.New(slog.DiscardHandler)}
+			if c.ratio >= 0 {
+				tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()),
+					sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(c.ratio))))
+				defer func() { _ = tp.Shutdown(context.Background()) }()
+				o.TracerProvider = tp
+			}
+			p, err := kit.NewProcessor(o, func(context.Context, consumer.Message) error { return nil }, kit.ConsumerGroup("g"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			msg := consumer.Message{Body: []byte(`{"to":"+15550100"}`), Headers: map[string]string{"x-id": "1"},
+				Source: consumer.Source{Broker: "kafka", Topic: "sms", Partition: 1, Offset: 42}}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				sctx, span := p.StartSpan(ctx, msg)
+				p.Process(sctx, msg)
+				span.End()
+			}
+		})
+	}
+}

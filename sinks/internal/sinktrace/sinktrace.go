@@ -28,12 +28,15 @@ func Start(ctx context.Context, name string, attrs func() []attribute.KeyValue) 
 	if !parent.IsRecording() {
 		return ctx, nil
 	}
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+	ctx, span := parent.TracerProvider().Tracer(TracerName).Start(ctx, name, clientKind)
 	if attrs != nil {
-		opts = append(opts, trace.WithAttributes(attrs()...))
+		span.SetAttributes(attrs()...)
 	}
-	return parent.TracerProvider().Tracer(TracerName).Start(ctx, name, opts...)
+	return ctx, span
 }
+
+// clientKind is the start option of a sink's span, made once.
+var clientKind trace.SpanStartOption = trace.WithSpanKind(trace.SpanKindClient)
 
 // End ends span, which may be nil, with Send's error: a failed Send sets
 // the span's status to an error, with error.type "permanent" or
