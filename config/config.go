@@ -48,6 +48,9 @@ type Config struct {
 	Log Log `yaml:"log"`
 	// Tracing configures OpenTelemetry tracing of each message.
 	Tracing Tracing `yaml:"tracing"`
+	// Console configures the web console ('throttle console', and in a
+	// replica when Console.Listen is set).
+	Console Console `yaml:"console"`
 }
 
 // RedisMode says how the Redis client connects, as decided by [Redis.Mode].
@@ -550,6 +553,42 @@ type Metrics struct {
 // Enabled reports whether the metrics server should run.
 func (m Metrics) Enabled() bool {
 	return m.Listen != "" && m.Listen != "off"
+}
+
+// Console configures the web console (YAML key "console"): one page
+// showing the buckets, replicas, classes and layers, with the operator's
+// actions behind a token. It is a plain value: safe to read concurrently,
+// not to mutate concurrently.
+type Console struct {
+	// Listen is the host:port the console serves on. 'throttle console'
+	// defaults to DefaultConsoleListen; a replica ('throttle run') serves
+	// none unless it is set. "off" disables it in both. Port 0 lets the
+	// system pick one (the "serving the console" log line says which). The
+	// host must be a loopback address (127.0.0.1, ::1, localhost) unless
+	// AllowRemote is set.
+	Listen string `yaml:"listen"`
+	// Token allows the actions (set rate, clear override, fill, pause,
+	// resume), sent as "Authorization: Bearer TOKEN". Empty means the
+	// console is read-only. At least 16 characters; it is a secret, best
+	// given as "${THROTTLE_CONSOLE_TOKEN}".
+	Token string `yaml:"token"`
+	// AllowRemote lets Listen name an address other than loopback, such as
+	// 0.0.0.0:8090. The console has no TLS: put it behind a proxy that
+	// terminates TLS before allowing remote access with a token.
+	AllowRemote bool `yaml:"allow_remote"`
+}
+
+// DefaultConsoleListen is where 'throttle console' listens when
+// console.listen is not set.
+const DefaultConsoleListen = "127.0.0.1:8090"
+
+// MinConsoleToken is the shortest console.token accepted.
+const MinConsoleToken = 16
+
+// Enabled reports whether a replica serves the console: Listen is set and
+// not "off".
+func (c Console) Enabled() bool {
+	return c.Listen != "" && c.Listen != "off"
 }
 
 // Tracing configures OpenTelemetry tracing (YAML key "tracing",

@@ -20,13 +20,14 @@ const configurationDoc = "../docs/configuration.md"
 // docsEnv holds a value for every variable the documentation's examples
 // name without a default.
 var docsEnv = map[string]string{
-	"SMS_TOKEN":          "t0ken",
-	"PUSH_TOKEN":         "push-t0ken",
-	"AMQP_PASSWORD":      "guest",
-	"PGPASSWORD":         "pg",
-	"API_TOKEN":          "t0ken",
-	"TWILIO_ACCOUNT_SID": "AC0000",
-	"TWILIO_AUTH_TOKEN":  "tw-t0ken",
+	"SMS_TOKEN":              "t0ken",
+	"PUSH_TOKEN":             "push-t0ken",
+	"AMQP_PASSWORD":          "guest",
+	"PGPASSWORD":             "pg",
+	"API_TOKEN":              "t0ken",
+	"TWILIO_ACCOUNT_SID":     "AC0000",
+	"TWILIO_AUTH_TOKEN":      "tw-t0ken",
+	"THROTTLE_CONSOLE_TOKEN": "console-t0ken-0123456789",
 }
 
 func docsLookup(k string) (string, bool) { v, ok := docsEnv[k]; return v, ok }

@@ -9,7 +9,7 @@ import (
 
 // Redacted returns a deep copy of c in which every secret is replaced by
 // "xxxxx" (internal/redact's Mask, as net/url's URL.Redacted writes): the
-// Redis and Sentinel passwords, the Kafka SASL password, passwords in the
+// Redis and Sentinel passwords, the console token, the Kafka SASL password, passwords in the
 // RabbitMQ URL, the HTTP sink URL and the Postgres DSN, and the values of
 // HTTP sink headers whose name looks secret. Empty secrets stay empty, so
 // the copy still shows which ones are set. The copy shares no memory with
@@ -22,6 +22,7 @@ func (c *Config) Redacted() *Config {
 	r.Redis.Addrs = slices.Clone(c.Redis.Addrs)
 	r.Redis.Password = redact.Value(r.Redis.Password)
 	r.Redis.SentinelPassword = redact.Value(r.Redis.SentinelPassword)
+	r.Console.Token = redact.Value(r.Console.Token)
 	if k := c.Source.Kafka; k != nil {
 		k2 := *k
 		k2.Brokers = slices.Clone(k.Brokers)

@@ -77,8 +77,8 @@ func (ps *problems) add(key, format string, args ...any) {
 // kafka.Config.Validate, rabbitmq.Config.Validate,
 // httpsink.Config.Validate, postgres.Config.Validate), naming each problem
 // by its YAML key; config adds no rule of its own to theirs. What is
-// config's own is checked here: the Redis connection (redis.*), metrics.*
-// and log.*, and that exactly one source and one sink are set. It does not
+// config's own is checked here: the Redis connection (redis.*), metrics.*,
+// console.* and log.*, and that exactly one source and one sink are set. It does not
 // modify c, does not read any file and makes no network call.
 func (c *Config) Validate() error {
 	if c == nil {
@@ -89,6 +89,7 @@ func (c *Config) Validate() error {
 	lib, opts := c.libraries(&ps, false)
 	lib.validate(&ps, c, opts)
 	c.Metrics.validate(&ps)
+	c.Console.validate(&ps)
 	c.Log.validate(&ps)
 	if len(ps) > 0 {
 		return &ValidationError{Problems: ps}
@@ -215,6 +216,29 @@ func (m *Metrics) validate(ps *problems) {
 	if m.Enabled() {
 		checkAddr(ps, "metrics.listen", m.Listen, true)
 	}
+}
+
+func (c *Console) validate(ps *problems) {
+	if c.Enabled() {
+		checkAddr(ps, "console.listen", c.Listen, true)
+		if host, _, err := net.SplitHostPort(c.Listen); err == nil && !c.AllowRemote && !IsLoopbackHost(host) {
+			ps.add("console.listen", "must be a loopback address (127.0.0.1, ::1 or localhost) unless console.allow_remote is true, got %q", c.Listen)
+		}
+	}
+	if c.Token != "" && len(c.Token) < MinConsoleToken {
+		ps.add("console.token", "must be at least %d characters, got %d", MinConsoleToken, len(c.Token))
+	}
+}
+
+// IsLoopbackHost reports whether host (of a host:port) names only the
+// loopback interface: localhost, or a loopback IP. An empty host, which
+// means every interface, is not.
+func IsLoopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func (l *Log) validate(ps *problems) {

@@ -28,6 +28,8 @@ const bucketHelp = `Usage:
   throttle bucket set    [NAME] (--config FILE | --redis ADDR) --rate R [--burst B] [--for D] [--json]
   throttle bucket set    [NAME] (--config FILE | --redis ADDR) --clear [--json]
   throttle bucket fill   [NAME] (--config FILE | --redis ADDR) [--json]
+  throttle bucket pause  [NAME] (--config FILE | --redis ADDR) --for D [--json]
+  throttle bucket resume [NAME] (--config FILE | --redis ADDR) [--json]
   throttle bucket reset  [NAME] (--config FILE | --redis ADDR) [--json]
   throttle bucket status [NAME] --config FILE --layer L [--key K] [--json]
   throttle bucket reset  [NAME] --config FILE --layer L [--key K] [--json]
@@ -58,6 +60,13 @@ replica reports the same ones in its heartbeats.
           replicas started while it holds, with a warning on stderr.
   fill    fills the bucket to its burst now, before a known peak. A push-back
           pause stays in force.
+  pause   stops the bucket for --for D (> 0, at most 24h): no replica is
+          granted a token until it ends, as when a sink pushes back
+          (status then says an operator paused it). A longer pause
+          already in force is kept. Needs the rate and burst: --config,
+          or an override with a burst.
+  resume  ends a pause now, an operator's or a sink's push-back: every
+          replica grants again at once, from the tokens the bucket had.
   reset   deletes the bucket's state and its override: the bucket is full,
           not paused, and each replica's configured rate applies again.
           With --config it also deletes the keys of every layer of
@@ -77,6 +86,7 @@ With --json, every subcommand prints the bucket's status as one JSON object
 (list prints an array of them):
   {"bucket", "tokens", "rate", "burst", "configured": {"rate", "burst"},
    "override": {"rate", "burst", "expires_in_seconds"}, "paused_seconds",
+   "paused_by" (while paused: a replica's id, or "operator"),
    "replicas": [{"id", "configured": {"rate", "burst"}, "idle"}], "warnings": [...],
    "adaptive": {"rate", "ceiling", "since_decrease_seconds"},
    "warmup": {"ramping", "rate_factor", "seconds_left", "cold"},
@@ -130,6 +140,7 @@ Flags:
   --burst B       (set) the override burst, >= 1
   --for D         (set) how long the override holds, such as 30m
   --clear         (set) remove the override
+  --for D         (pause) how long to pause, such as 30s
   --layer L       (status, reset) a layer of limit.extra, by name
   --key K         (status, reset) the key in that layer, e.g. a recipient
 `
@@ -152,11 +163,11 @@ type bucketTarget struct {
 
 func cmdBucket(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usagef("bucket", "bucket needs a subcommand: status, set, fill, reset or list")
+		return usagef("bucket", "bucket needs a subcommand: status, set, fill, pause, resume, reset or list")
 	}
 	sub, args := args[0], args[1:]
 	switch sub {
-	case "status", "set", "fill", "reset", "list":
+	case "status", "set", "fill", "reset", "list", "pause", "resume":
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, bucketHelp)
 		return nil
@@ -175,6 +186,10 @@ func cmdBucket(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if sub == "status" || sub == "reset" {
 		fs.StringVar(&layerArg, "layer", "", "")
 		fs.StringVar(&keyArg, "key", "", "")
+	}
+	var pauseArg string
+	if sub == "pause" {
+		fs.StringVar(&pauseArg, "for", "", "")
 	}
 	if sub == "set" {
 		fs.StringVar(&rateArg, "rate", "", "")
@@ -202,10 +217,25 @@ func cmdBucket(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if layerArg != "" || keyArg != "" {
 		return cmdBucketLayer(ctx, sub, name, *cfgPath, *addr, layerArg, keyArg, *asJSON, stdout, fs.Name())
 	}
-	var rate float64
-	if sub == "set" {
-		if rate, err = checkSetFlags(fs, rateArg, burst, ttl, clear); err != nil {
+	var action bucketAction
+	switch sub {
+	case "set":
+		action = bucketAction{op: "set", burst: burst, ttl: ttl}
+		if clear {
+			action.op = "clear"
+		}
+		if action.rate, err = checkSetFlags(fs, rateArg, burst, ttl, clear); err != nil {
 			return err
+		}
+	case "fill", "resume":
+		action.op = sub
+	case "pause":
+		action.op = sub
+		if pauseArg == "" {
+			return usagef(fs.Name(), "bucket pause needs --for D, such as --for 30s")
+		}
+		if action.pause, err = parsePause("--for", pauseArg); err != nil {
+			return usagef(fs.Name(), "%v", err)
 		}
 	}
 	t, err := openBucket(name, *cfgPath, *addr, fs.Name())
@@ -221,16 +251,8 @@ func cmdBucket(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	var done string
 	switch sub {
-	case "set":
-		if clear {
-			err = t.admin.ClearOverride(ctx)
-			done = fmt.Sprintf("Cleared the override of bucket %s: each replica's configured rate applies again.", t.name)
-		} else if err = t.admin.SetOverride(ctx, rate, burst, ttl); err == nil {
-			done, err = t.setDone(ctx, rate, burst, ttl, stderr)
-		}
-	case "fill":
-		err = t.admin.Fill(ctx)
-		done = fmt.Sprintf("Filled bucket %s to its burst.", t.name)
+	case "set", "fill", "pause", "resume":
+		done, err = t.apply(ctx, action, stderr)
 	case "reset":
 		err = t.admin.Reset(ctx)
 		done = fmt.Sprintf("Reset bucket %s: it is full, and its override and pause are gone.", t.name)
@@ -260,6 +282,83 @@ func cmdBucket(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	writeStatus(stdout, st, t.from)
 	writeLayers(stdout, st.Layers)
 	return nil
+}
+
+// bucketAction is one change of a bucket: what 'bucket set', 'fill',
+// 'pause' and 'resume' do, and the console's actions, both through
+// bucketTarget.apply.
+type bucketAction struct {
+	op    string        // "set", "clear", "fill", "pause" or "resume"
+	rate  float64       // set: tokens per second
+	burst int           // set: 0 keeps each replica's configured burst
+	ttl   time.Duration // set: how long the override holds; 0 until cleared
+	pause time.Duration // pause: how long
+}
+
+// String describes the change for a log line.
+func (a bucketAction) String() string {
+	switch a.op {
+	case "set":
+		return fmt.Sprintf("set rate %s, %s, %s", formatRate(a.rate), describeBurst(a.burst), describeTTL(a.ttl))
+	case "clear":
+		return "clear the override"
+	case "pause":
+		return "pause for " + a.pause.String()
+	}
+	return a.op
+}
+
+// apply makes the change a on the bucket and says what it did, in a
+// sentence for a person. A warning for the operator goes to stderr.
+func (t *bucketTarget) apply(ctx context.Context, a bucketAction, stderr io.Writer) (string, error) {
+	var err error
+	switch a.op {
+	case "set":
+		if err = t.admin.SetOverride(ctx, a.rate, a.burst, a.ttl); err != nil {
+			return "", err
+		}
+		return t.setDone(ctx, a.rate, a.burst, a.ttl, stderr)
+	case "clear":
+		err = t.admin.ClearOverride(ctx)
+		return fmt.Sprintf("Cleared the override of bucket %s: each replica's configured rate applies again.", t.name), err
+	case "fill":
+		err = t.admin.Fill(ctx)
+		return fmt.Sprintf("Filled bucket %s to its burst.", t.name), err
+	case "pause":
+		err = t.admin.Pause(ctx, a.pause)
+		return fmt.Sprintf("Paused bucket %s for %v: no replica is granted a token until it ends ('bucket resume' ends it now).", t.name, a.pause), err
+	case "resume":
+		ended, err := t.admin.Resume(ctx)
+		if !ended {
+			return fmt.Sprintf("Bucket %s was not paused: nothing changed.", t.name), err
+		}
+		return fmt.Sprintf("Resumed bucket %s: every replica is granted tokens again.", t.name), err
+	}
+	return "", fmt.Errorf("unknown bucket action %q", a.op)
+}
+
+// parseRate parses a rate as 'bucket set --rate' and the console take it
+// (limiter.ParseRate); what names the value in the error ("--rate").
+func parseRate(what, arg string) (float64, error) {
+	rate, err := limiter.ParseRate(arg)
+	if err != nil {
+		return 0, fmt.Errorf("%s%s", what, paramProblem(err, arg))
+	}
+	return rate, nil
+}
+
+// parsePause parses the length of a pause as 'bucket pause --for' and the
+// console take it (redislimiter.ValidatePause); what names the value in
+// the error ("--for").
+func parsePause(what, arg string) (time.Duration, error) {
+	d, err := time.ParseDuration(arg)
+	if err != nil {
+		return 0, fmt.Errorf("%s must be a duration such as 30s or 5m, got %q", what, arg)
+	}
+	if err := redislimiter.ValidatePause(d); err != nil {
+		return 0, fmt.Errorf("%s%s", what, paramProblem(err, arg))
+	}
+	return d, nil
 }
 
 // setDone says what 'bucket set --rate' did. Without a live replica the
@@ -295,9 +394,9 @@ func checkSetFlags(fs *flag.FlagSet, rateArg string, burst int, ttl time.Duratio
 	if !set["rate"] {
 		return 0, usagef(help, "bucket set needs --rate R, or --clear to remove the override")
 	}
-	rate, err := limiter.ParseRate(rateArg)
+	rate, err := parseRate("--rate", rateArg)
 	if err != nil {
-		return 0, usagef(help, "--rate%s", paramProblem(err, rateArg))
+		return 0, usagef(help, "%v", err)
 	}
 	switch {
 	case set["burst"] && backend.ValidateBurst(burst) != nil:
@@ -525,7 +624,11 @@ type bucketStatus struct {
 	Configured    *limitsJSON   `json:"configured"`
 	Override      *overrideJSON `json:"override"`
 	PausedSeconds float64       `json:"paused_seconds"`
-	Replicas      []replicaJSON `json:"replicas"`
+	// PausedBy is who set the pause in force: a replica's id (a sink's
+	// push-back) or "operator" ('bucket pause'); empty when not paused or
+	// not recorded.
+	PausedBy string        `json:"paused_by,omitempty"`
+	Replicas []replicaJSON `json:"replicas"`
 	// Warnings are configuration problems an operator should fix, such
 	// as replicas whose configured rates differ.
 	Warnings []string `json:"warnings"`
@@ -543,6 +646,9 @@ type bucketStatus struct {
 
 	// baseRate is the rate once a pause ends, when known.
 	baseRate *float64
+	// raw and reps are what Redis answered, for the console's live view.
+	raw  redislimiter.BucketStatus
+	reps []redislimiter.Replica
 }
 
 // classJSON is one priority class (limit.priority) of a bucket.
@@ -655,8 +761,11 @@ func (t *bucketTarget) status(ctx context.Context) (*bucketStatus, error) {
 		Bucket:        t.name,
 		Configured:    t.configured,
 		PausedSeconds: st.PausedFor.Seconds(),
+		PausedBy:      st.PausedBy,
 		Replicas:      make([]replicaJSON, 0, len(reps)),
 		Warnings:      []string{},
+		raw:           st,
+		reps:          reps,
 	}
 	for _, r := range reps {
 		rj := replicaJSON{ID: r.ID, Idle: r.Idle}
@@ -808,7 +917,7 @@ func writeStatus(w io.Writer, st *bucketStatus, from string) {
 		line("configured", "unknown; %s", noConfig)
 	}
 	if st.PausedSeconds > 0 {
-		line("paused", "for %v more: a sink asked to slow down", roundDuration(st.PausedSeconds))
+		line("paused", "for %v more: %s", roundDuration(st.PausedSeconds), pauseCause(st.PausedBy))
 	} else {
 		line("paused", "no")
 	}
@@ -858,6 +967,14 @@ func formatRate(r float64) string {
 		}
 	}
 	return strconv.FormatFloat(r, 'g', 4, 64) + "/s"
+}
+
+// pauseCause says who paused a bucket, from its PausedBy.
+func pauseCause(by string) string {
+	if by == redislimiter.PausedByOperator {
+		return "an operator paused it ('bucket resume' ends it)"
+	}
+	return "a sink asked to slow down"
 }
 
 func describeBurst(b int) string {

@@ -211,8 +211,16 @@ func bucketLayers(t *bucketTarget, cfgPath string) (ls *redislimiter.Layered, kn
 		return nil, false, nil
 	}
 	cfg, err := loadConfig(cfgPath)
-	if err != nil || cfg.Limit.Bucket != t.name {
+	if err != nil {
 		return nil, false, err
+	}
+	return configLayers(t, cfg)
+}
+
+// configLayers is bucketLayers for a config already loaded.
+func configLayers(t *bucketTarget, cfg *config.Config) (ls *redislimiter.Layered, known bool, err error) {
+	if cfg == nil || cfg.Limit.Bucket != t.name {
+		return nil, false, nil
 	}
 	if ls, err = layersOf(t.client, cfg); err != nil {
 		return nil, false, &configError{err: err}
@@ -227,6 +235,12 @@ func bucketLayers(t *bucketTarget, cfgPath string) (ls *redislimiter.Layered, kn
 // another bucket) and an empty slice when the config has none.
 func readLayers(ctx context.Context, t *bucketTarget, cfgPath string) ([]layerJSON, error) {
 	ls, known, err := bucketLayers(t, cfgPath)
+	return readLayersOf(ctx, t, ls, known, err)
+}
+
+// readLayersOf is readLayers with the layers bucketLayers or configLayers
+// returned.
+func readLayersOf(ctx context.Context, t *bucketTarget, ls *redislimiter.Layered, known bool, err error) ([]layerJSON, error) {
 	if err != nil || !known {
 		return nil, err
 	}

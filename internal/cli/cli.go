@@ -71,7 +71,10 @@ Usage:
   throttle bucket fill [NAME] [flags]      fill the bucket before a known peak
   throttle bucket reset [NAME] [flags]     forget the bucket's state and override
   throttle bucket list [flags]             every bucket in Redis, with its status
+  throttle bucket pause [NAME] --for D     stop every replica for D
+  throttle bucket resume [NAME] [flags]    end a pause now
   throttle bucket watch [NAME] [flags]     a live view of a bucket, redrawn every second
+  throttle console --config FILE           a web console: the buckets live, and the actions
   throttle healthcheck [--url URL]         exit 0 if a replica's /healthz answers (for containers)
   throttle version                         print the version
   throttle help [COMMAND]                  show help for a command
@@ -137,6 +140,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return cmdBucket(ctx, rest, stdout, stderr)
 	case "demo":
 		return cmdDemo(ctx, rest, stdout, stderr)
+	case "console":
+		return cmdConsole(ctx, rest, stdout, stderr)
 	case "healthcheck":
 		return cmdHealthcheck(ctx, rest, stdout)
 	case "version", "--version", "-version":
@@ -165,6 +170,7 @@ func cmdHelp(args []string, stdout io.Writer) error {
 		"bucket":       bucketHelp,
 		"bucket watch": watchHelp,
 		"demo":         demoHelp,
+		"console":      consoleHelp,
 		"healthcheck":  healthcheckHelp,
 		"version":      versionHelp,
 	}[topic]

@@ -37,6 +37,9 @@ wait for tokens longer than limit.max_wait (when set) fails the attempt like
 any retryable error. An HTTP sink answering 429 or 503 with Retry-After
 pauses the shared bucket for every replica (sink.http.push_back).
 
+With console.listen set (off by default), the replica also serves the web
+console of its bucket ('throttle help console').
+
 Observability, on metrics.listen (default 127.0.0.1:9464; "off" disables):
   /metrics   Prometheus metrics, all named throttle_*
   /healthz   200 while the process is alive
@@ -190,6 +193,14 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 			}
 		}()
 		log.Info("serving metrics", "addr", srv.addr.String(), "paths", "/metrics /healthz /readyz")
+	}
+
+	if cfg.Console.Enabled() {
+		stopConsole, err := startReplicaConsole(cfg, log)
+		if err != nil {
+			return err
+		}
+		defer stopConsole()
 	}
 
 	runCtx, stopMonitor := context.WithCancel(context.WithoutCancel(ctx))

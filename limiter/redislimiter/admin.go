@@ -2,6 +2,7 @@ package redislimiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -243,6 +244,81 @@ func (a *Admin) ClearOverride(ctx context.Context) error {
 func (a *Admin) Fill(ctx context.Context) error {
 	if err := fillScript.Run(ctx, a.client, a.keys.all[:2], a.rateArg, a.burstArg, 0, a.keys.channel).Err(); err != nil {
 		return storeError("fill", a.name, err)
+	}
+	return nil
+}
+
+// PausedByOperator is the BucketStatus.PausedBy of a pause that an
+// operator set with Admin.Pause, where a push-back pause records the
+// replica's id.
+const PausedByOperator = "operator"
+
+// MaxAdminPause is the longest pause Admin.Pause sets: a pause meant to
+// outlast it is a rate override ('bucket set') or a stopped fleet.
+const MaxAdminPause = 24 * time.Hour
+
+// ErrLimitsUnknown is returned by Admin.Pause and Admin.Resume when the
+// bucket's rate or burst is unknown: the Admin was given no configured
+// limits, and no override in Redis sets both.
+var ErrLimitsUnknown = errors.New("the bucket's configured rate and burst are unknown: give the configured limits (AdminConfig.Rate and Burst) or set an override with a burst")
+
+// Pause stops the bucket refilling and granting for d, for every replica,
+// as a sink's push-back does, and announces it; PausedBy reads
+// PausedByOperator. A longer pause already in force is kept. Reservations
+// made before stay valid and fall due after the pause. It needs the rate
+// and burst (see ErrLimitsUnknown). Errors in d are *limiter.ParamError
+// naming "D": it must be > 0 and at most MaxAdminPause.
+func (a *Admin) Pause(ctx context.Context, d time.Duration) error {
+	if err := ValidatePause(d); err != nil {
+		return err
+	}
+	if err := a.needLimits(ctx); err != nil {
+		return err
+	}
+	err := pauseScript.Run(ctx, a.client, a.keys.all[:2], a.rateArg, a.burstArg, max(1, d.Microseconds()), 0, a.keys.channel, PausedByOperator).Err()
+	if err != nil {
+		return storeError("pause", a.name, err)
+	}
+	return nil
+}
+
+// Resume ends a pause now, whoever set it (Pause, or a sink's push-back),
+// and announces it, so that every replica grants again at once; ended
+// reports whether the bucket was paused. The tokens are those the bucket
+// had when paused. It needs the rate and burst (see ErrLimitsUnknown).
+func (a *Admin) Resume(ctx context.Context) (ended bool, err error) {
+	if err := a.needLimits(ctx); err != nil {
+		return false, err
+	}
+	n, err := resumeScript.Run(ctx, a.client, a.keys.all[:2], a.rateArg, a.burstArg, 0, a.keys.channel).Int()
+	if err != nil {
+		return false, storeError("resume", a.name, err)
+	}
+	return n == 1, nil
+}
+
+// ValidatePause checks the length of an operator's pause (Admin.Pause): it
+// must be > 0 and at most MaxAdminPause. The error is a *limiter.ParamError
+// naming "D".
+func ValidatePause(d time.Duration) error {
+	if d <= 0 || d > MaxAdminPause {
+		return &limiter.ParamError{Param: "D", Msg: "must be > 0 and at most " + MaxAdminPause.String(), Value: d}
+	}
+	return nil
+}
+
+// needLimits returns ErrLimitsUnknown unless the rate and burst are known,
+// from the configured limits or an override.
+func (a *Admin) needLimits(ctx context.Context) error {
+	if a.rate > 0 && a.burst > 0 {
+		return nil
+	}
+	st, err := a.Status(ctx)
+	if err != nil {
+		return err
+	}
+	if st.Rate <= 0 || st.Burst <= 0 {
+		return fmt.Errorf("bucket %s: %w", a.name, ErrLimitsUnknown)
 	}
 	return nil
 }

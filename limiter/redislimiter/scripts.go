@@ -28,6 +28,10 @@ var refundScript = redis.NewScript(prelude + luaSource("refund.lua"))
 // the prelude, then lua/pause.lua.
 var pauseScript = redis.NewScript(prelude + luaSource("pause.lua"))
 
+// resumeScript ends a pause now and announces it: the prelude, then
+// lua/resume.lua.
+var resumeScript = redis.NewScript(prelude + luaSource("resume.lua"))
+
 // statusScript reads the bucket without changing it: the prelude, then
 // lua/status.lua.
 var statusScript = redis.NewScript(prelude + luaSource("status.lua"))
