@@ -539,6 +539,35 @@ type Delivery struct {
 	// (consumer.Options.MaxSetAside). Zero means the consumer's default
 	// (1m); not 0 in YAML.
 	MaxSetAside Duration `yaml:"max_set_aside,omitempty" check:"nonzero"`
+	// Dedupe, when set, sends a message whose key was already sent
+	// never again (consumer.Dedupe, with the claims and marks in Redis:
+	// consumer/redisdedupe, in the namespace limit.bucket). Default: off.
+	Dedupe *Dedupe `yaml:"dedupe"`
+}
+
+// Dedupe configures dedupe (YAML key "delivery.dedupe"): the fields of
+// consumer.Dedupe, whose defaults apply to the zero ones. It is a plain
+// value: safe to read concurrently, not to mutate concurrently.
+type Dedupe struct {
+	// Key is the template of a message's dedupe key, such as
+	// '{{index .Headers "message-id"}}'. Required. A missing or null
+	// value renders the empty key: no key (see RequireKey).
+	Key string `yaml:"key"`
+	// Window is how long a key stays marked sent. Zero means the
+	// consumer's default (24h); not 0 in YAML.
+	Window Duration `yaml:"window,omitempty" check:"nonzero"`
+	// ClaimTTL is how long a claim outlives a replica that died holding
+	// it. Zero means the consumer's derivation: the sink's timeout
+	// (sink.http.timeout, else 10s) × delivery.max_attempts; not 0 in
+	// YAML.
+	ClaimTTL Duration `yaml:"claim_ttl,omitempty" check:"nonzero"`
+	// OnStoreError is what happens while Redis fails: local, closed or
+	// open, as limit.on_store_error. Empty means the consumer's default,
+	// local.
+	OnStoreError StoreErrorPolicy `yaml:"on_store_error"`
+	// RequireKey dead-letters a message without a key instead of sending
+	// it without dedupe.
+	RequireKey bool `yaml:"require_key"`
 }
 
 // Metrics configures the Prometheus endpoint (YAML key "metrics"). It is a

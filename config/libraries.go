@@ -15,6 +15,7 @@ import (
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/kafka"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
+	"github.com/throttlehq/throttle/consumer/redisdedupe"
 	"github.com/throttlehq/throttle/internal/telemetry"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
@@ -97,6 +98,11 @@ type Libraries struct {
 	// TracerProvider from it and sets the consumer's
 	// Options.TracerProvider.
 	Tracing *telemetry.Options
+	// DedupeStore configures the Redis store of delivery.dedupe
+	// (redisdedupe.New), in the namespace of limit.bucket; nil without
+	// dedupe. The consumer's Options.Dedupe holds the rest of
+	// delivery.dedupe; the caller sets its Store.
+	DedupeStore *redisdedupe.Config
 }
 
 // Libraries maps c onto the libraries' configurations; it is the one
@@ -171,6 +177,10 @@ func (c *Config) libraries(ps *problems, readFiles bool) (*Libraries, consumer.O
 		// aside, in the delay topic or queues.
 		SetAside: slices.ContainsFunc(lib.Layers, func(x limiter.Layer) bool { return x.OnExceed == limiter.ActionDelay }),
 	}
+	if dd := d.Dedupe; dd != nil {
+		opts.Dedupe = dd.consumerDedupe(ps, c.Sink)
+		lib.DedupeStore = &redisdedupe.Config{Namespace: l.Bucket}
+	}
 	if k := c.Source.Kafka; k != nil {
 		kc := k.consumerConfig(ps, opts, readFiles)
 		lib.Kafka = &kc
@@ -180,6 +190,31 @@ func (c *Config) libraries(ps *problems, readFiles bool) (*Libraries, consumer.O
 		lib.RabbitMQ = &rc
 	}
 	return lib, opts
+}
+
+// consumerDedupe maps delivery.dedupe onto the consumer's Dedupe, the
+// Store left to the caller: the send timeout is sink.http.timeout's
+// (zero: the consumer's default).
+func (d *Dedupe) consumerDedupe(ps *problems, sink Sink) *consumer.Dedupe {
+	const key = "delivery.dedupe.key"
+	out := &consumer.Dedupe{
+		Window:       time.Duration(d.Window),
+		ClaimTTL:     time.Duration(d.ClaimTTL),
+		OnStoreError: limiter.Mode(d.OnStoreError),
+		RequireKey:   d.RequireKey,
+	}
+	if h := sink.HTTP; h != nil {
+		out.SendTimeout = time.Duration(h.Timeout)
+	}
+	if d.Key == "" {
+		return out // the consumer says that Key is required
+	}
+	f, err := msgtmpl.DedupeKeyFunc(key, d.Key)
+	if err != nil {
+		ps.add(key, "%s", err)
+	}
+	out.Key = f
+	return out
 }
 
 // bucketConfig maps limit onto the Redis store's configuration.

@@ -309,11 +309,16 @@ var (
 	limiterKeys = libraryKeys{"limit", reflect.TypeFor[Limit](), map[string]string{"MaxPause": "sink.http.max_pause"}}
 	// deliveryAlias names the consumer options that come from delivery.*.
 	deliveryAlias = map[string]string{
-		"Retry.MaxAttempts": "delivery.max_attempts",
-		"Retry.Backoff":     "delivery.backoff",
-		"Retry.MaxBackoff":  "delivery.max_backoff",
-		"DrainTimeout":      "delivery.drain_timeout",
-		"MaxSetAside":       "delivery.max_set_aside",
+		"Retry.MaxAttempts":   "delivery.max_attempts",
+		"Retry.Backoff":       "delivery.backoff",
+		"Retry.MaxBackoff":    "delivery.max_backoff",
+		"DrainTimeout":        "delivery.drain_timeout",
+		"MaxSetAside":         "delivery.max_set_aside",
+		"Dedupe.Key":          "delivery.dedupe.key",
+		"Dedupe.Window":       "delivery.dedupe.window",
+		"Dedupe.ClaimTTL":     "delivery.dedupe.claim_ttl",
+		"Dedupe.OnStoreError": "delivery.dedupe.on_store_error",
+		"Dedupe.SendTimeout":  "sink.http.timeout",
 	}
 	deliveryKeys = libraryKeys{"delivery", reflect.TypeFor[Delivery](), deliveryAlias}
 	kafkaKeys    = libraryKeys{"source.kafka", reflect.TypeFor[Kafka](), deliveryAlias}

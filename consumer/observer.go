@@ -19,6 +19,17 @@ type MessageObserver struct {
 	// DeadLettered is called after a message was handed to the dead-letter
 	// destination.
 	DeadLettered func(msg Message, err error)
+	// Deduplicated is called for a message acked or committed without a
+	// handler call because its dedupe key was already marked sent
+	// (Options.Dedupe).
+	Deduplicated func(msg Message)
+	// DedupeSkipped is called for a message handled without dedupe under
+	// Options.Dedupe, with the reason: DedupeSkipNoKey or
+	// DedupeSkipStoreError.
+	DedupeSkipped func(msg Message, reason string)
+	// DedupeStoreError is called for every failed call of the dedupe
+	// store (Options.Dedupe); Dedupe.OnStoreError says what follows.
+	DedupeStoreError func(err error)
 	// SetAside is called when a backend set a message aside for d, as
 	// its handler asked with SetAside (a RabbitMQ delay queue, a Kafka
 	// delay topic).

@@ -86,6 +86,11 @@ type Options struct {
 	// made by NewLimiter, so that the class is set once; else nil: one
 	// class, the broker's order.
 	Priority PriorityFunc
+	// Dedupe, when set, keeps a message whose key was already sent from
+	// being sent again: a copy published twice, or one redelivered after
+	// a replica died between the send and the commit (see Dedupe).
+	// Default: none, every delivery is handled.
+	Dedupe *Dedupe
 	// Observer receives message and connection events, for metrics.
 	// Default: none.
 	Observer *MessageObserver
@@ -154,6 +159,9 @@ func (o Options) Validate() error {
 		bad("Ordering", "%w", err)
 	} else if o.OrderingKey != nil && o.Ordering != OrderKey {
 		bad("OrderingKey", "requires ordering %q, got %q", OrderKey, o.Ordering)
+	}
+	if o.Dedupe != nil {
+		errs = append(errs, o.Dedupe.validate()...)
 	}
 	return errors.Join(errs...)
 }

@@ -56,6 +56,12 @@ type metrics struct {
 	// recipient is gone (httpsink.IsRecipientGone), by preset.
 	recipientGone *prometheus.CounterVec
 	preset        string // the label of recipientGone
+	// deduplicated counts the messages acked without a send, their
+	// dedupe key already sent; dedupeSkipped those sent without dedupe,
+	// by reason; dedupeErrors the dedupe store's failed calls.
+	deduplicated  *prometheus.CounterVec
+	dedupeSkipped *prometheus.CounterVec
+	dedupeErrors  prometheus.Counter
 	broker        string
 	// own holds the counters' series for broker, looked up once: the
 	// observers run for every message.
@@ -140,6 +146,15 @@ func newMetrics(broker string) *metrics {
 			Name: "throttle_sink_recipient_gone_total",
 			Help: "Messages dead-lettered because the provider said the recipient (number, device token) is gone; the sender should remove it from its lists.",
 		}, []string{"preset"}),
+		deduplicated: counter("throttle_deduplicated_total", "Messages acked or committed without a send because their dedupe key (delivery.dedupe.key) was already sent."),
+		dedupeSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "throttle_dedupe_skipped_total",
+			Help: "Messages sent without dedupe, by reason: no_key (the key rendered empty) or store_error (Redis failed under delivery.dedupe.on_store_error: open).",
+		}, []string{"reason"}),
+		dedupeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "throttle_dedupe_store_errors_total",
+			Help: "Failed calls to the dedupe store in Redis; delivery.dedupe.on_store_error says what follows.",
+		}),
 		broker: broker,
 	}
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -158,9 +173,11 @@ func newMetrics(broker string) *metrics {
 	}
 	reg.MustRegister(m.received, m.delivered, m.retried, m.deadLettered, m.failed, m.reconnects,
 		waitSeconds, m.tokens, m.rate, m.redisErrors, m.mode, m.backlog, m.backlogSetAside, m.tokensTaken, m.recipientGone, buildInfo,
+		m.deduplicated, m.dedupeSkipped, m.dedupeErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if broker != "" {
 		m.reconnects.WithLabelValues(broker)
+		m.deduplicated.WithLabelValues(broker)
 		m.own = m.counters(broker)
 	}
 	m.setMode(limiter.ModeShared)
@@ -251,6 +268,9 @@ func (m *metrics) consumerObserver() *consumer.MessageObserver {
 			}
 		},
 		ReconnectAttempt: func(broker string, _ error) { m.reconnects.WithLabelValues(broker).Inc() },
+		Deduplicated:     func(msg consumer.Message) { m.deduplicated.WithLabelValues(msg.Source.Broker).Inc() },
+		DedupeSkipped:    func(_ consumer.Message, reason string) { m.dedupeSkipped.WithLabelValues(reason).Inc() },
+		DedupeStoreError: func(error) { m.dedupeErrors.Inc() },
 	}
 }
 

@@ -155,6 +155,12 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 	defer stopTracing() // after the consumer drained: its last spans go out
 	b.tp = tp
 
+	if b.dedupe, err = b.dedupeStore(client); err != nil {
+		return err
+	}
+	if b.dedupe != nil {
+		defer b.dedupe.Close()
+	}
 	c, err := buildConsumer(b, bucket, sinks.Handler(sink))
 	if err != nil {
 		return err

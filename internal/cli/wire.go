@@ -14,6 +14,7 @@ import (
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/kafka"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
+	"github.com/throttlehq/throttle/consumer/redisdedupe"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
 	"github.com/throttlehq/throttle/sinks"
@@ -53,6 +54,25 @@ type builder struct {
 	log *slog.Logger
 	// tp traces the consumer's messages (tracing.*); nil when off.
 	tp trace.TracerProvider
+	// dedupe is the store of delivery.dedupe, nil without.
+	dedupe *redisdedupe.Store
+}
+
+// dedupeStore builds the Redis store of delivery.dedupe
+// (Libraries.DedupeStore) with the bucket's key prefix, or nil without
+// dedupe. The caller closes it after the consumer stopped.
+func (b builder) dedupeStore(client redis.UniversalClient) (*redisdedupe.Store, error) {
+	sc := b.lib.DedupeStore
+	if sc == nil {
+		return nil, nil
+	}
+	cfg := *sc
+	cfg.Prefix = b.lib.Bucket.Prefix
+	s, err := redisdedupe.New(client, cfg)
+	if err != nil {
+		return nil, &configError{err: fmt.Errorf("delivery.dedupe: %w", err)}
+	}
+	return s, nil
 }
 
 // bucket builds the shared bucket in Redis (Libraries.Bucket), with the
@@ -120,12 +140,18 @@ func (b builder) sink(ctx context.Context, bucket *limiter.Bucket, out io.Writer
 // the consumer its messages' classes; with push-back on, a delay a sink
 // reports pauses bucket; a Kafka member without partitions marks the
 // replica idle (limiter.Bucket.SetIdle).
+// With delivery.dedupe, its claims and marks are kept in b.dedupe.
 func (b builder) consumer(bucket *limiter.Bucket, h consumer.Handler) (runner, error) {
 	lim, err := consumerLimiter(b.lib.Limit, bucket, b.m)
 	if err != nil {
 		return nil, err
 	}
 	add := func(o *consumer.Options) {
+		if o.Dedupe != nil && b.dedupe != nil {
+			d := *o.Dedupe
+			d.Store = b.dedupe
+			o.Dedupe = &d
+		}
 		o.Limiter = lim
 		if b.lib.PushBack {
 			o.Pauser = bucket

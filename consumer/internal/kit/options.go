@@ -73,11 +73,16 @@ func retryDefaults(p consumer.RetryPolicy) consumer.RetryPolicy {
 // keyOf is the default ordering key: the message's Key.
 func keyOf(m consumer.Message) (string, error) { return string(m.Key), nil }
 
-// middleware returns the Throttle and PushBack middleware that o asks for.
-func middleware(o consumer.Options) []consumer.Middleware {
+// middleware returns the Throttle, dedupe and PushBack middleware that o
+// asks for, in that order: a message is claimed once the limiter granted
+// it, right before its send.
+func middleware(o consumer.Options, d *deduper) []consumer.Middleware {
 	var mw []consumer.Middleware
 	if o.Limiter != nil {
 		mw = append(mw, consumer.Throttle(o.Limiter, o.Cost))
+	}
+	if d != nil {
+		mw = append(mw, d.middleware)
 	}
 	if o.Pauser != nil {
 		mw = append(mw, consumer.PushBack(o.Pauser))

@@ -31,6 +31,7 @@ type Processor struct {
 	// spanNames holds each destination's consumer span name: a
 	// consumer has one or two (a topic and its delay topic).
 	spanNames sync.Map
+	dedupe    *deduper // nil without Options.Dedupe
 }
 
 // ProcessorOption is an option of NewProcessor, for the backend.
@@ -52,7 +53,11 @@ func NewProcessor(o consumer.Options, h consumer.Handler, opts ...ProcessorOptio
 	if err != nil {
 		return nil, err
 	}
-	p := &Processor{opts: o, handler: consumer.Chain(h, middleware(o)...), trouble: newTroubleLog(o.Logger)}
+	p := &Processor{opts: o, trouble: newTroubleLog(o.Logger)}
+	if o.Dedupe != nil {
+		p.dedupe = newDeduper(o)
+	}
+	p.handler = consumer.Chain(h, middleware(o, p.dedupe)...)
 	for _, opt := range opts {
 		opt(p)
 	}
@@ -89,8 +94,24 @@ func (p *Processor) Options() consumer.Options { return p.opts }
 // Called with StartSpan's ctx, it records each retry and an abandoned
 // outcome as events of the message's span, and each limiter wait as a
 // child span (consumer.Throttle).
+//
+// With Options.Dedupe, the attempts of one Process call share one claim
+// token: the message's key is claimed before each handler call (after
+// the limiter's wait), marked sent after the call that succeeded, and
+// released when the message ends otherwise (Outcome.Delivered false). A
+// message already sent ends with Outcome.Deduplicated, to be committed or
+// acked like a delivered one.
 func (p *Processor) Process(ctx context.Context, msg consumer.Message) Outcome {
-	out := process(ctx, p.opts.Retry, p.handler, msg, p.obs, p.setAside)
+	var dl *delivery
+	pctx := ctx
+	if p.dedupe != nil {
+		dl = p.dedupe.newDelivery()
+		pctx = context.WithValue(ctx, dedupeKey{}, dl)
+	}
+	out := process(pctx, p.opts.Retry, p.handler, msg, p.obs, p.setAside)
+	if dl != nil && !out.Delivered() {
+		p.dedupe.release(ctx, dl)
+	}
 	if out.Abandoned {
 		SpanAbandoned(ctx, out.Attempts)
 	}

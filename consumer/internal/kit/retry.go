@@ -33,9 +33,14 @@ type Outcome struct {
 	// it: the backend sets the message aside, then commits or acks it, and
 	// does not dead-letter it.
 	SetAside time.Duration
+	// Deduplicated is set when the message was not sent because its
+	// dedupe key was already marked sent (consumer.Options.Dedupe): Err
+	// is nil and the backend commits or acks it as delivered.
+	Deduplicated bool
 }
 
-// Delivered reports whether the handler succeeded.
+// Delivered reports whether the handler succeeded, or the message was
+// already sent (Deduplicated): the backend commits or acks it.
 func (o Outcome) Delivered() bool { return o.Err == nil && !o.Abandoned && o.SetAside == 0 }
 
 // DeadLetterHeaders returns the headers that say why and from where a
@@ -155,6 +160,9 @@ func process(ctx context.Context, p consumer.RetryPolicy, h consumer.Handler, ms
 		if err == nil {
 			observeDelivered(obs, msg)
 			return Outcome{Attempts: attempt}
+		}
+		if err == errDeduplicated {
+			return Outcome{Attempts: attempt - 1, Deduplicated: true}
 		}
 		if ctx.Err() != nil || errors.Is(err, consumer.ErrAbandoned) {
 			return Outcome{Attempts: attempt, Err: err, Abandoned: true}
