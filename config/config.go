@@ -542,7 +542,7 @@ type Delivery struct {
 	// Dedupe, when set, sends a message whose key was already sent
 	// never again (consumer.Dedupe, with the claims and marks in Redis:
 	// consumer/redisdedupe, in the namespace limit.bucket). Default: off.
-	Dedupe *Dedupe `yaml:"dedupe"`
+	Dedupe *Dedupe `yaml:"dedupe,omitempty"`
 }
 
 // Dedupe configures dedupe (YAML key "delivery.dedupe"): the fields of
