@@ -646,6 +646,7 @@ func (b *Bucket) booked(t time.Time) {
 }
 
 func (b *Bucket) observeState(st State) {
+	b.skew.observe(b.clock.Now(), st.At)
 	if st.Replicas > 0 {
 		b.setReplicas(st.Replicas)
 	}

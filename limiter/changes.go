@@ -194,6 +194,9 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 				r.due = floor
 			}
 			storeAt, localAt = st.At, local
+			if skew, ok := b.skew.get(); ok && storeAt.Add(skew).Before(localAt) {
+				localAt = storeAt.Add(skew)
+			}
 		}
 		// Else the store cannot say what changed: the reservation keeps
 		// its slot, which still stands in the store's queue.

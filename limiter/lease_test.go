@@ -125,3 +125,27 @@ func TestLeaseFollowsDemand(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseStaysOnWhereItHelps: at 10,000/s with 100 replicas, leasing
+// used to switch itself off (1% of the rate ÷ 100 is 1 token, below its
+// minimum batch of 8), leaving the fleet at one Redis call per token. Now
+// the batch is the replica's fair share over 100 ÷ 4000 s: 2 tokens; and
+// since ten Waits at one instant run each lease dry at once, the next
+// doubles: leases of 2, 4 and 8, three calls for ten tokens.
+func TestLeaseStaysOnWhereItHelps(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := newClockedStore(t, clk, 1e4, 1e3, 100)
+	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, s.watched)
+	ctx := context.Background()
+	if _, err := b.State(ctx); err != nil { // learns the 100 replicas
+		t.Fatal(err)
+	}
+	for range 10 {
+		if err := b.Wait(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.takes.Load(); n != 3 {
+		t.Fatalf("%d store calls for 10 Waits, want 3 (leases of 2, 4 and 8)", n)
+	}
+}
