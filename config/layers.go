@@ -54,6 +54,10 @@ type LimitLayer struct {
 	// any wait for this layer is refused. It is not a timeout, unlike
 	// limit.max_wait.
 	MaxWait Duration `yaml:"max_wait,omitempty"`
+	// Shadow makes the layer a shadow (limiter.Layer.Shadow): decided
+	// and counted (throttle_limit_exceeded_total{shadow="true"}), never
+	// enforced, with a state of its own. Default false.
+	Shadow bool `yaml:"shadow,omitempty"`
 }
 
 // Layers maps limit.extra onto the limiter's layers: Libraries.Layers,
@@ -83,6 +87,7 @@ func (l *Limit) layers(ps *problems) []limiter.Layer {
 			Quota: x.Quota, Per: limiter.Period(x.Per),
 			Concurrency: x.Concurrency, Lease: time.Duration(x.Lease),
 			OnExceed: limiter.Action(x.OnExceed), MaxWait: time.Duration(x.MaxWait),
+			Shadow: x.Shadow,
 		}
 		if x.Timezone != "" {
 			loc, err := time.LoadLocation(x.Timezone)

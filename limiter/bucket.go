@@ -190,8 +190,10 @@ type Stats struct {
 	Waiting           int
 	WaitingByPriority [NumPriorities]int
 	// Exceeded counts, by layer name, the WaitN calls each layer refused
-	// (Observer.LimitExceeded) since New, leaving out the layers that
-	// refused none; nil when none refused.
+	// (Observer.LimitExceeded) since New, and for a shadow layer
+	// (Layer.Shadow) the granted ones it would have refused or made wait
+	// (ShadowDecision.Exceeded), leaving out the layers that counted
+	// none; nil when none did.
 	Exceeded map[string]int64
 	// PaidRefused is the number of paid slots (Request.Paid) that WaitN
 	// refused since New for a missing or wrong signature: forged by a

@@ -277,6 +277,9 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		if res.Wait >= longest && res.Wait > 0 {
 			longest, limiting = res.Wait, res.Limiting
 		}
+		if res.Granted {
+			b.observeShadow(res.Shadow)
+		}
 		if !res.Granted {
 			if res.Floor && !head {
 				if !b.floor.hold(req.Priority) {
@@ -483,6 +486,23 @@ func (b *Bucket) observeLayered(start time.Time, req Request, limiting string, e
 	}
 }
 
+// observeShadow reports the decisions of the shadow layers on a granted
+// request, and counts those that would not have granted in Stats.Exceeded.
+func (b *Bucket) observeShadow(ds []ShadowDecision) {
+	if len(ds) == 0 {
+		return
+	}
+	o := b.opts.Observer
+	for _, d := range ds {
+		if d.Exceeded() {
+			b.layered.countExceeded(d.Layer)
+		}
+		if o != nil && o.ShadowDecided != nil {
+			o.ShadowDecided(d)
+		}
+	}
+}
+
 // exceeded returns, by layer name, how many WaitN calls each layer refused
 // since the Bucket started (Stats.Exceeded).
 func (b *Bucket) exceeded() map[string]int64 {
@@ -675,6 +695,7 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 			}
 			continue
 		}
+		b.observeShadow(res.Shadow)
 		// As in the shared bucket, a push of its class moves the
 		// reservation back, and a move back charges the layers for it
 		// (see WaitN).

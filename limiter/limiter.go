@@ -182,6 +182,13 @@ const (
 //     never comes back, or comes back late.
 type LimitError = backend.LimitError
 
+// ShadowDecision is what a shadow layer (Layer.Shadow) would have done with
+// a request that WaitN granted: Layer, Action ("" granted and charged on
+// the layer's own state; ActionWait, ActionDeadLetter or ActionDelay had
+// it been enforced) and Wait, how long after the decision the layer would
+// have had room. A Bucket hands each to Observer.ShadowDecided.
+type ShadowDecision = backend.ShadowDecision
+
 // PaidSlot is a slot that a delay layer booked for a message
 // (LimitError.Slot), which the message names when it comes back
 // (Request.Paid) so that it passes the layer without taking from it again.

@@ -191,6 +191,12 @@ type Observer struct {
 	// OnExceed action (ActionDeadLetter or ActionDelay), or for a cost it
 	// can never grant (ActionDeadLetter).
 	LimitExceeded func(layer string, action Action)
+	// ShadowDecided is called, for each shadow layer (Layer.Shadow), with
+	// its decision on a request that WaitN was granted: once per message
+	// and shadow layer, when the store grants it (before the Bucket
+	// sleeps on a reservation). A shadow layer is never enforced, so it
+	// reaches LimitExceeded never.
+	ShadowDecided func(d ShadowDecision)
 	// PaidRefused is called for each paid slot (Request.Paid) that WaitN
 	// refused for a missing or wrong signature (see PaidSlot), with
 	// the layer it names if the store has that layer, else ""; the layer

@@ -74,6 +74,19 @@ type Layer struct {
 	// the caller's context (consumer.LimitOptions.WaitTimeout), and the
 	// bucket's reservation horizon is Options.MaxReserve.
 	MaxWait time.Duration
+	// Shadow makes the layer decide and report but never enforce: it
+	// never makes a request wait, refuses it or books a slot, and a
+	// request's result (Granted, Wait, Exceeded, LayersDue) is what it
+	// would be without the layer. It keeps a state of its own (in Redis
+	// under keys of its own, see redislimiter.Layered), charged at the
+	// request's send instant, as an enforced layer would be, only when it
+	// would have granted the request then; when it would not have, it is
+	// charged nothing and the request's LayerResult.Shadow says what it
+	// would have done. Its decision is made in the same atomic step as
+	// the other layers'. Refunds and moved reservations leave it as
+	// charged. A token bucket or a quota may be a shadow, not a
+	// concurrency layer. Default false: enforced.
+	Shadow bool
 }
 
 // IsQuota reports whether the layer is a calendar quota.
@@ -217,6 +230,9 @@ func ValidateLayers(layers []Layer) error {
 			}
 			if l.Concurrency < 1 || l.Concurrency > MaxBurst {
 				bad("Concurrency", "must be >= 1 and <= "+strconv.Itoa(MaxBurst), l.Concurrency)
+			}
+			if l.Shadow {
+				bad("Shadow", "a concurrency layer cannot be a shadow: its slots are held until released", true)
 			}
 			if l.Lease < 0 {
 				bad("Lease", "must be >= 0", l.Lease)
@@ -464,7 +480,7 @@ func PaidUntil(layers []Layer, keys []string, paid []PaidSlot) []time.Time {
 	}
 	var out []time.Time
 	for i, l := range layers {
-		if l.OnExceed != ActionDelay || !l.IsBucket() {
+		if l.OnExceed != ActionDelay || !l.IsBucket() || l.Shadow {
 			continue
 		}
 		for _, s := range paid {
@@ -545,7 +561,33 @@ type LayerResult struct {
 	// Exceeded is set when a layer refused under its OnExceed action;
 	// Granted is then false and nothing was charged.
 	Exceeded *LimitError
+	// Shadow holds, for a granted request, the decision of each shadow
+	// layer (Layer.Shadow) in the order of the layers; nil without shadow
+	// layers, and for a request not granted (the shadow layers decide
+	// when it is).
+	Shadow []ShadowDecision
 }
+
+// ShadowDecision is what a shadow layer (Layer.Shadow) would have done with
+// a granted request had it been enforced.
+type ShadowDecision struct {
+	// Layer names the layer.
+	Layer string
+	// Action is "" when the layer would have granted the request at its
+	// send instant (and was charged); ActionWait when the request would
+	// have waited for it beyond that instant; ActionDeadLetter or
+	// ActionDelay when the layer would have refused it under its
+	// OnExceed (a cost above its burst or quota: ActionDeadLetter).
+	Action Action
+	// Wait is how long after the decision (LayerResult.At) the layer
+	// would have had room for the request: 0 when it had room at once,
+	// and 0 for a cost it can never grant.
+	Wait time.Duration
+}
+
+// Exceeded reports whether the layer would not have granted the request
+// at its send instant.
+func (d ShadowDecision) Exceeded() bool { return d.Action != "" }
 
 // LayeredStore is a Store that also decides further layers with its shared
 // bucket in one atomic step.

@@ -226,6 +226,9 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		used   int
 		wait   int64
 		paid   bool // bucket: passed on a paid slot
+		// never is set for a shadow layer that can never grant the
+		// cost (an enforced one fails the request).
+		never bool
 	}
 	// The message goes out when the shared bucket's reservation is due, at
 	// send = now + wait0, and every layer is decided and charged at that
@@ -240,6 +243,10 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			// Paid for: no wait, and only the excess of a late slot.
 			s.tokens, s.ts = advanceLayer(m.buckets[i][keys[i]], now, l)
 			s.paid = true
+			continue
+		}
+		if l.Shadow && req.Cost > max(l.Quota, l.Burst) {
+			s.never = true
 			continue
 		}
 		if l.IsConcurrency() {
@@ -275,7 +282,7 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 	// wins over a delay one, and among delay layers the longest wait.
 	refused := -1
 	for i, l := range m.layers {
-		if l.OnExceed == ActionWait || st[i].wait <= l.MaxWait.Microseconds() {
+		if l.Shadow || l.OnExceed == ActionWait || st[i].wait <= l.MaxWait.Microseconds() {
 			continue
 		}
 		if l.OnExceed == ActionDeadLetter {
@@ -309,8 +316,8 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 	// window: neither is reserved ahead. Else a shared wait beyond the
 	// horizon comes back when it fits.
 	wait, limiting := wait0, -1
-	for i := range m.layers {
-		if st[i].wait > wait {
+	for i, l := range m.layers {
+		if !l.Shadow && st[i].wait > wait {
 			wait, limiting = st[i].wait, i
 		}
 	}
@@ -364,6 +371,16 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		}
 	}
 	for i, l := range m.layers {
+		if l.Shadow {
+			d := ShadowDecision{Layer: l.Name, Action: shadowAction(l, st[i].never, st[i].wait, wait)}
+			if !st[i].never {
+				d.Wait = time.Duration(st[i].wait) * time.Microsecond
+			}
+			res.Shadow = append(res.Shadow, d)
+			if d.Exceeded() {
+				continue // charged only when it would have granted
+			}
+		}
 		if l.IsConcurrency() {
 			held := m.slots[i][keys[i]]
 			if held == nil {
@@ -386,10 +403,29 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 	}
 	res.Granted, res.Tokens = true, got
 	res.Wait = time.Duration(wait) * time.Microsecond
-	for i := range st {
-		res.LayersDue = max(res.LayersDue, time.Duration(st[i].wait)*time.Microsecond)
+	for i, l := range m.layers {
+		if !l.Shadow {
+			res.LayersDue = max(res.LayersDue, time.Duration(st[i].wait)*time.Microsecond)
+		}
 	}
 	return res, pushes, nil
+}
+
+// shadowAction returns what shadow layer l would have done with a request
+// granted to go out wait µs after the decision, the layer having room
+// lw µs after it: "" (granted), ActionWait, or its OnExceed when lw is
+// above its MaxWait; ActionDeadLetter for a cost it can never grant
+// (never). The Redis layers script decides alike (shadow_action).
+func shadowAction(l Layer, never bool, lw, wait int64) Action {
+	switch {
+	case never:
+		return ActionDeadLetter
+	case l.OnExceed != ActionWait && lw > l.MaxWait.Microseconds():
+		return l.OnExceed
+	case lw > wait:
+		return ActionWait
+	}
+	return ""
 }
 
 // RefundLayersAt is RefundLayers at an explicit instant.
@@ -412,8 +448,8 @@ func (m *LayeredMemory) RefundLayersAt(t time.Time, req LayerRequest, res LayerR
 	send := res.At.Add(res.Wait)                       // when the take charged the layers
 	paid := PaidLayers(m.layers, keys, req.Paid, send) // as the take decided
 	for i, l := range m.layers {
-		if paid != nil && paid[i] {
-			continue // not charged by the take
+		if (paid != nil && paid[i]) || l.Shadow {
+			continue // not charged by the take, or a shadow layer
 		}
 		if l.IsConcurrency() {
 			m.releaseLocked(i, keys[i], req.Holder)
@@ -451,7 +487,7 @@ func (m *LayeredMemory) DelayLayersAt(t time.Time, req LayerRequest, res LayerRe
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	paid := PaidLayers(m.layers, keys, req.Paid, res.At.Add(res.Wait)) // as the take decided
-	delayed := func(i int, l Layer) bool { return l.IsBucket() && (paid == nil || !paid[i]) }
+	delayed := func(i int, l Layer) bool { return l.IsBucket() && !l.Shadow && (paid == nil || !paid[i]) }
 	for i, l := range m.layers {
 		if !delayed(i, l) {
 			continue

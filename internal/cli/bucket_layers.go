@@ -170,6 +170,9 @@ func describeLayer(l limiter.Layer) string {
 	if l.MaxWait > 0 {
 		s += fmt.Sprintf(" after %v", l.MaxWait)
 	}
+	if l.Shadow {
+		s += ", SHADOW (not enforced; exceeded = would have)"
+	}
 	return s
 }
 
@@ -190,6 +193,9 @@ type layerJSON struct {
 	Per         string  `json:"per,omitempty"`
 	Timezone    string  `json:"timezone,omitempty"`
 	OnExceed    string  `json:"on_exceed"`
+	// Shadow is set for a shadow layer (limit.extra[].shadow): decided
+	// and counted, never enforced; its state is its own.
+	Shadow bool `json:"shadow,omitempty"`
 	// KeysInUse is, for a keyed layer, how many keys hold state in Redis,
 	// counted with SCAN; KeysEstimated is set when it is an estimate (past
 	// 100000 keys per master). Nil for a layer without keys.
@@ -256,7 +262,7 @@ func readLayersOf(ctx context.Context, t *bucketTarget, ls *redislimiter.Layered
 func layerStates(ctx context.Context, client redis.UniversalClient, ls *redislimiter.Layered, countKeys bool) ([]layerJSON, error) {
 	out := []layerJSON{}
 	for _, l := range ls.Layers() {
-		lj := layerJSON{Layer: l.Name, Kind: "bucket", Keyed: l.Keyed, OnExceed: string(l.OnExceed), layer: l}
+		lj := layerJSON{Layer: l.Name, Kind: "bucket", Keyed: l.Keyed, OnExceed: string(l.OnExceed), Shadow: l.Shadow, layer: l}
 		if l.IsConcurrency() {
 			lj.Kind, lj.Concurrency = "concurrency", l.Concurrency
 		} else if l.IsQuota() {

@@ -10,7 +10,9 @@ import (
 
 // layerObserver returns obs with the metrics of limit.extra added, or obs
 // itself without layers: throttle_limit_exceeded_total{layer,action}, the
-// refusals, throttle_limit_wait_seconds{layer}, the waits by the layer
+// refusals (shadow="true": what a shadow layer would have refused or made
+// wait), throttle_limit_shadow_wait_seconds{layer}, each shadow layer's
+// would-be wait, throttle_limit_wait_seconds{layer}, the waits by the layer
 // that set them ("bucket" for the shared bucket), and
 // throttle_paid_slots_refused_total{layer}, the paid slots (x-throttle-paid)
 // refused for a missing or wrong signature ("other" for a layer that is not
@@ -22,8 +24,13 @@ func layerObserver(m *metrics, obs *limiter.Observer, layers []limiter.Layer) *l
 	}
 	exceeded := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "throttle_limit_exceeded_total",
-		Help: "Messages a layer of limit.extra refused, by layer and action (dead_letter, delay).",
-	}, []string{"layer", "action"})
+		Help: "Messages a layer of limit.extra refused, by layer and action (dead_letter, delay); shadow=\"true\": messages a shadow layer would have refused or made wait (action wait) had it been enforced.",
+	}, []string{"layer", "action", "shadow"})
+	shadowWaits := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "throttle_limit_shadow_wait_seconds",
+		Help:    "For each message and shadow layer of limit.extra: how long after the decision the layer would have had room (0: at once), had it been enforced.",
+		Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600},
+	}, []string{"layer"})
 	waits := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "throttle_limit_wait_seconds",
 		Help:    "Time a message waited for tokens, by the layer whose wait was the longest (bucket: the shared bucket).",
@@ -35,7 +42,21 @@ func layerObserver(m *metrics, obs *limiter.Observer, layers []limiter.Layer) *l
 	}, []string{"layer"})
 	m.reg.MustRegister(exceeded, waits, refused)
 	o := *obs
-	o.LimitExceeded = func(layer string, action limiter.Action) { exceeded.WithLabelValues(layer, string(action)).Inc() }
+	o.LimitExceeded = func(layer string, action limiter.Action) {
+		exceeded.WithLabelValues(layer, string(action), "false").Inc()
+	}
+	for _, l := range layers {
+		if l.Shadow {
+			m.reg.MustRegister(shadowWaits)
+			o.ShadowDecided = func(d limiter.ShadowDecision) {
+				if d.Exceeded() {
+					exceeded.WithLabelValues(d.Layer, string(d.Action), "true").Inc()
+				}
+				shadowWaits.WithLabelValues(d.Layer).Observe(d.Wait.Seconds())
+			}
+			break
+		}
+	}
 	o.PaidRefused = func(layer string) {
 		if layer == "" {
 			layer = "other"

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -42,7 +43,11 @@ import (
 //	PREFIX NAME:L:{KEY}   string "tokens ts" (keyed bucket) or "window_end used" (quota), per key
 //	PREFIX{NAME}:layer:L  the same, for a layer without keys (in the bucket's slot)
 //
-// (PREFIX and NAME as in the Store; no space between them). A keyed
+// (PREFIX and NAME as in the Store; no space between them). A shadow layer
+// (limiter.Layer.Shadow) keeps its state under keys of its own,
+// PREFIX NAME:shadow:L:{KEY} and PREFIX{NAME}:shadow:L, so that it charges
+// nothing an enforced layer of the same name reads, and enforcing it later
+// starts from a full bucket. A keyed
 // bucket's key expires when the bucket is full again, a quota's one second
 // after its window ends, so only keys in use hold memory.
 //
@@ -76,6 +81,8 @@ type Layered struct {
 	// releases batches their releases.
 	slots    bool
 	releases *releaseBatcher
+	// shadow is set when a layer is a shadow layer.
+	shadow bool
 }
 
 // WithFair returns a copy of l that also shares the shared bucket among
@@ -139,8 +146,13 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 	l.releases = &releaseBatcher{l: l}
 	for i, ly := range layers {
 		l.allLayers = append(l.allLayers, i)
+		l.shadow = l.shadow || ly.Shadow
 		l.keyPrefix[i] = s.cfg.Prefix + s.cfg.Bucket + ":" + ly.Name + ":{"
 		l.unkeyed[i] = s.cfg.Prefix + "{" + s.cfg.Bucket + "}:layer:" + ly.Name
+		if ly.Shadow {
+			l.keyPrefix[i] = s.cfg.Prefix + s.cfg.Bucket + ":shadow:" + ly.Name + ":{"
+			l.unkeyed[i] = s.cfg.Prefix + "{" + s.cfg.Bucket + "}:shadow:" + ly.Name
+		}
 		kind, a, b := "b", strconv.FormatFloat(ly.Rate, 'g', -1, 64), int64(ly.Burst)
 		if ly.IsQuota() {
 			kind, a, b = "q", strconv.Itoa(ly.Quota), 0
@@ -148,6 +160,9 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 			kind, a, b = "c", strconv.Itoa(ly.Concurrency), ly.Lease.Microseconds()
 		}
 		action := map[limiter.Action]string{limiter.ActionWait: "w", limiter.ActionDeadLetter: "d", limiter.ActionDelay: "y"}[ly.OnExceed]
+		if ly.Shadow {
+			action = strings.ToUpper(action) // lua/layers.lua
+		}
 		l.spec[i] = []any{i + 1, kind, a, b, action, ly.MaxWait.Microseconds()}
 	}
 	return l, nil
@@ -249,6 +264,7 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req backend.Laye
 				out.Wait, out.Limiting = res.Wait, res.Limiting
 			}
 			out.LayersDue = max(out.LayersDue, res.LayersDue)
+			out.Shadow = append(out.Shadow, res.Shadow...)
 			done = append(done, st)
 			continue
 		}
@@ -373,7 +389,7 @@ func (l *Layered) takeReply(req backend.LayerRequest, v []int64, err error, cloc
 	if err != nil {
 		return backend.LayerResult{}, l.fail("take layers", err)
 	}
-	if len(v) != 12 || v[8] < 0 || v[8] > 2 {
+	if len(v) < 12 || (len(v)-12)%3 != 0 || v[8] < 0 || v[8] > 2 {
 		return backend.LayerResult{}, l.malformed("take layers", v)
 	}
 	res := backend.LayerResult{TakeResult: backend.TakeResult{
@@ -399,6 +415,12 @@ func (l *Layered) takeReply(req backend.LayerRequest, v []int64, err error, cloc
 	case 1:
 		res.Granted, res.Tokens = true, int(v[7])
 		res.LayersDue = time.Duration(v[10]) * time.Microsecond
+		for j := 12; j+2 < len(v); j += 3 { // the shadow layers
+			if v[j] < 1 || int(v[j]) > len(l.layers) || v[j+1] < 0 || v[j+2] >= int64(len(shadowActions)) {
+				return backend.LayerResult{}, l.malformed("take layers", v)
+			}
+			res.Shadow = append(res.Shadow, backend.ShadowDecision{Layer: l.layers[v[j]-1].Name, Wait: time.Duration(v[j+1]) * time.Microsecond, Action: shadowActions[v[j+2]]})
+		}
 	case 0:
 	case 3:
 		res.Floor = true
@@ -420,6 +442,10 @@ func (l *Layered) takeReply(req backend.LayerRequest, v []int64, err error, cloc
 	}
 	return res, nil
 }
+
+// shadowActions are the actions of a shadow layer's decision in
+// layersScript's reply, by their number there.
+var shadowActions = [...]limiter.Action{"", limiter.ActionWait, limiter.ActionDeadLetter, limiter.ActionDelay}
 
 // RefundLayers implements backend.LayeredStore.
 func (l *Layered) RefundLayers(ctx context.Context, req backend.LayerRequest, res backend.LayerResult) error {
@@ -461,7 +487,7 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.Laye
 	paid := backend.PaidLayers(l.layers, keys, req.Paid, charged) // as the take decided
 	layers := st.layers
 	var slots []backend.SlotRelease
-	if paid != nil || l.slots {
+	if paid != nil || l.slots || l.shadow {
 		// A paid layer was not charged: nothing to give back. A
 		// concurrency slot is released, which wakes its waiters.
 		layers = slices.DeleteFunc(slices.Clone(layers), func(i int) bool {
@@ -469,7 +495,7 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.Laye
 				slots = append(slots, backend.SlotRelease{Layer: l.layers[i].Name, Key: keys[i], Holder: req.Holder})
 				return true
 			}
-			return paid != nil && paid[i]
+			return (paid != nil && paid[i]) || l.layers[i].Shadow // a shadow layer keeps its charge
 		})
 		if len(slots) > 0 {
 			if err := l.releaseSlots(ctx, at, slots); err != nil {
@@ -528,7 +554,7 @@ func (l *Layered) delayLayers(ctx context.Context, at time.Time, req backend.Lay
 		args := []any{nowUS, from.UnixMicro(), from.Add(by).UnixMicro()}
 		for _, i := range st.layers {
 			ly := l.layers[i]
-			if !ly.IsBucket() || (paid != nil && paid[i]) {
+			if !ly.IsBucket() || ly.Shadow || (paid != nil && paid[i]) {
 				continue
 			}
 			rkeys = append(rkeys, l.layerKey(i, keys[i]))

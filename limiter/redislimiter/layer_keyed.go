@@ -27,13 +27,13 @@ var layersKeyedScript = redis.NewScript(layersKeyedSrc)
 var layersKeyedSrc = mathLua + luaSource("layer_prelude.lua") + luaSource("layers_keyed.lua")
 
 // keyedOnly reports whether a step can go to layersKeyedScript: it leaves
-// the shared bucket out and all its layers are token buckets.
+// the shared bucket out and all its layers are enforced token buckets.
 func (l *Layered) keyedOnly(st step) bool {
 	if st.shared {
 		return false
 	}
 	for _, i := range st.layers {
-		if !l.layers[i].IsBucket() {
+		if !l.layers[i].IsBucket() || l.layers[i].Shadow {
 			return false
 		}
 	}

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -56,6 +57,8 @@ type lstep struct {
 	// keys.
 	reserved bool
 	err      error
+	// shadow is what the shadow layers decided (ltake).
+	shadow []backend.ShadowDecision
 	// remaining is the shared bucket's tokens (ltake, lshared).
 	remaining float64
 
@@ -363,9 +366,62 @@ var layerCases = []struct {
 		}},
 }
 
+// shadow is one shadow decision of layer.
+func shadow(layer string, a limiter.Action, wait time.Duration) []backend.ShadowDecision {
+	return []backend.ShadowDecision{{Layer: layer, Action: a, Wait: wait}}
+}
+
+var shadowCases = []struct {
+	name   string
+	rate   float64
+	burst  int
+	layers []limiter.Layer
+	steps  []lstep
+}{
+	{"shadow: never waits, charged only when it would grant, reports the rest", 10, 5,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 1, Shadow: true}},
+		[]lstep{
+			{op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 4, shadow: shadow("per-key", "", 0)},
+			{op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 3, shadow: shadow("per-key", limiter.ActionWait, time.Second)},
+			{op: lstatus, layer: "per-key", key: "a", tokens: 0},
+			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 4, shadow: shadow("per-key", limiter.ActionWait, 500*time.Millisecond)},
+			{at: time.Second, op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 4, shadow: shadow("per-key", "", 0)},
+			{at: time.Second, op: lstatus, layer: "per-key", key: "a", tokens: 0},
+		}},
+	{"shadow: decided for the send instant, refusals by its action", 10, 1,
+		[]limiter.Layer{
+			{Name: "per-key", Keyed: true, Rate: 5, Burst: 1, OnExceed: limiter.ActionDeadLetter, Shadow: true},
+			{Name: "per-key-wait", Keyed: true, Rate: 5, Burst: 1, Shadow: true},
+		},
+		[]lstep{
+			{op: ltake, cost: 1, keys: map[string]string{"per-key": "a", "per-key-wait": "a"}, maxWait: time.Second, granted: true, remaining: 0,
+				shadow: []backend.ShadowDecision{{Layer: "per-key"}, {Layer: "per-key-wait"}}},
+			// The shared bucket's reservation is due in 100 ms: the
+			// shadow layers are decided for then.
+			{op: ltake, cost: 1, keys: map[string]string{"per-key": "a", "per-key-wait": "a"}, maxWait: time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -1,
+				shadow: []backend.ShadowDecision{{Layer: "per-key", Action: limiter.ActionDeadLetter, Wait: 200 * time.Millisecond}, {Layer: "per-key-wait", Action: limiter.ActionWait, Wait: 200 * time.Millisecond}}},
+			{op: ltake, cost: 1, keys: map[string]string{"per-key": "b", "per-key-wait": "a"}, maxWait: time.Second, granted: true, wait: 200 * time.Millisecond, remaining: -2,
+				shadow: []backend.ShadowDecision{{Layer: "per-key"}, {Layer: "per-key-wait", Wait: 200 * time.Millisecond}}},
+			{op: lstatus, layer: "per-key-wait", key: "a", tokens: -1},
+			{op: lstatus, layer: "per-key", key: "a", tokens: 0},
+		}},
+	{"shadow: a cost it can never grant passes; enforced layers still decide", 100, 100,
+		[]limiter.Layer{
+			{Name: "daily", Quota: 2, Per: limiter.PerDay, Shadow: true},
+			{Name: "per-key", Keyed: true, Rate: 1, Burst: 3, OnExceed: limiter.ActionDeadLetter},
+		},
+		[]lstep{
+			{op: ltake, cost: 3, keys: k("a"), granted: true, remaining: 97, shadow: shadow("daily", limiter.ActionDeadLetter, 0)},
+			{op: ltake, cost: 1, keys: k("a"), wait: time.Second, limiting: "per-key", exceeded: limiter.ActionDeadLetter, remaining: 97},
+			{op: ltake, cost: 2, keys: k("b"), granted: true, remaining: 95, shadow: shadow("daily", "", 0)},
+			{op: ltake, cost: 1, keys: k("c"), granted: true, remaining: 94, shadow: shadow("daily", limiter.ActionWait, utc("2026-01-03T00:00:00Z").Sub(Base))},
+			{op: lstatus, layer: "daily", used: 2, windowEnd: utc("2026-01-03T00:00:00Z")},
+		}},
+}
+
 // RunLayers runs every layered step table against stores made by newStore.
 func RunLayers(t *testing.T, newStore LayeredFactory) {
-	for _, c := range layerCases {
+	for _, c := range append(layerCases[:len(layerCases):len(layerCases)], shadowCases...) {
 		t.Run(c.name, func(t *testing.T) {
 			s := newStore(t, c.rate, c.burst, c.layers)
 			reqs := make([]backend.LayerRequest, len(c.steps))
@@ -409,6 +465,9 @@ func RunLayers(t *testing.T, newStore LayeredFactory) {
 						t.Fatalf("step %d: take(cost %d, keys %v, maxWait %v) at %v = granted %v wait %v limiting %q exceeded %q remaining %v at %v\nwant granted %v wait %v limiting %q exceeded %q remaining %v",
 							i, st.cost, st.keys, st.maxWait, now, res.Granted, res.Wait, res.Limiting, action, res.Remaining, res.At,
 							st.granted, st.wait, st.limiting, st.exceeded, wantRemaining)
+					}
+					if !slices.Equal(res.Shadow, st.shadow) {
+						t.Fatalf("step %d: Shadow = %+v, want %+v", i, res.Shadow, st.shadow)
 					}
 					if want := max(st.got, st.cost); res.Granted && res.Tokens != want {
 						t.Fatalf("step %d: Tokens = %d, want %d", i, res.Tokens, want)

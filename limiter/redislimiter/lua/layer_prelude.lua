@@ -127,6 +127,25 @@ local function refusal(n, action, w, maxw)
   return refused
 end
 
+-- SHADOW maps the action of a shadow layer (upper case, see layersScript)
+-- to its own.
+local SHADOW = {W = 'w', D = 'd', Y = 'y'}
+
+-- shadow_action returns what a shadow layer whose action is act would have
+-- done with a request granted to go out wait µs from now, the layer having
+-- room in w µs (limiter's shadowAction): 0 granted, 1 wait, 2 dead_letter,
+-- 3 delay (its action, w being above its max wait maxw); 2 for a cost it
+-- can never grant (never).
+local function shadow_action(act, never, w, maxw, wait)
+  if never then return 2 end
+  if act ~= 'w' and w > maxw then
+    if act == 'd' then return 2 end
+    return 3
+  end
+  if w > wait then return 1 end
+  return 0
+end
+
 -- quota_used returns the tokens used in the window ending at e.
 local function quota_used(key, e)
   local se, su = num2(redis.call('GET', key))

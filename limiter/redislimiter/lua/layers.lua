@@ -11,7 +11,8 @@
 -- granted at once), rank, share1, share2, channel (the class on the shared
 -- bucket, as in takeScript); then 10 values per layer: index (1-based,
 -- named in the reply), kind (b: bucket, q: quota), rate or quota, burst,
--- action (w: wait, d: dead_letter, y: delay), max_wait_us, and for a quota
+-- action (w: wait, d: dead_letter, y: delay; upper case W, D, Y for a
+-- shadow layer, limiter.Layer.Shadow), max_wait_us, and for a quota
 -- four window boundaries b0..b3 around the caller's clock (0 for a bucket);
 -- then the shared bucket's warm-up in µs (0 or absent: none), which ramps
 -- the shared part as it ramps takeScript (warmup.lua); last, the paid
@@ -44,7 +45,11 @@
 -- it would not), -1 cost above the shared burst, -2 cost above layer's burst or
 -- quota, -3 no window holds now (a clock skew above a window). layer is
 -- the 1-based index of the layer that set wait_us or refused, or 0 for the
--- shared bucket.
+-- shared bucket. A granted reply (status 1) goes on with three values per
+-- shadow layer: its index, the µs until it had room (0 for a cost it can
+-- never grant), and what it would have done (shadow_action: 0 granted and
+-- charged, 1 wait, 2 dead_letter, 3 delay). A shadow layer never waits,
+-- refuses or books; it is charged at send only when it would have granted.
 
 local now = now_us(ARGV[1])
 local cost, horizon = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -88,6 +93,7 @@ local send = now + wait0
 
 local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
 local tok, lts, wend, used, w = {}, {}, {}, {}, {}
+local sact, never = {}, {} -- a shadow layer's action; a cost it can never grant
 local paid = paid_flags(ARGV[14 + 10 * n], send)
 for i = 1, n do
   local a = 12 + (i - 1) * 10
@@ -95,7 +101,13 @@ for i = 1, n do
   idx[i], kind[i] = tonumber(ARGV[a + 1]), ARGV[a + 2]
   rate[i], burst[i] = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   action[i], maxw[i] = ARGV[a + 5], tonumber(ARGV[a + 6])
-  if kind[i] == 'c' then
+  sact[i] = SHADOW[action[i]]
+  if sact[i] then action[i] = 'w' end -- never refuses
+  local cap = burst[i]
+  if kind[i] == 'q' then cap = rate[i] end
+  if sact[i] and cost > cap then
+    never[i], w[i] = true, 0
+  elseif kind[i] == 'c' then
     w[i] = slot_wait(key, ARGV[a + 7], rate[i], now)
   elseif paid[i] then
     tok[i], lts[i] = bucket_load(key, now, rate[i], burst[i])
@@ -126,8 +138,10 @@ end
 -- the horizon comes back when it fits.
 local wait, limiting, due = wait0, 0, 0
 for i = 1, n do
-  if w[i] > wait then wait, limiting = w[i], idx[i] end
-  if w[i] > due then due = w[i] end
+  if not sact[i] then
+    if w[i] > wait then wait, limiting = w[i], idx[i] end
+    if w[i] > due then due = w[i] end
+  end
 end
 if limiting > 0 then return reply(0, wait, limiting, stokens, 0) end
 -- Fair shares (fair.lua): a request that would queue books only while its
@@ -158,9 +172,17 @@ if shared then
   save(KEYS[1], safter, sts, now, srate, sburst)
   if ft then FAIR_N = fair_grant(ft, KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3], rank, cost, now, send) end
 end
+local out = reply(1, wait, limiting, safter, got, due)
 for i = 1, n do
   local key = KEYS[kb + i]
-  if kind[i] == 'c' then
+  local skip = false
+  if sact[i] then
+    local sa = shadow_action(sact[i], never[i], w[i], maxw[i], wait)
+    out[#out + 1], out[#out + 2], out[#out + 3] = idx[i], w[i], sa
+    skip = sa ~= 0 -- charged only when it would have granted
+  end
+  if skip then
+  elseif kind[i] == 'c' then
     slot_take(key, ARGV[12 + (i - 1) * 10 + 7], send + burst[i], now)
   elseif kind[i] == 'q' then
     quota_save(key, wend[i], used[i] + cost, now)
@@ -169,4 +191,4 @@ for i = 1, n do
     bucket_save(key, after, lts[i], now, rate[i], burst[i], send)
   end
 end
-return reply(1, wait, limiting, safter, got, due)
+return out

@@ -1,0 +1,119 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/throttlehq/throttle/internal/testenv"
+)
+
+// TestShadowLayerEndToEnd runs the binary with a per-recipient shadow
+// layer of 1/h (on_exceed dead_letter) under a shared bucket of 50/s, and
+// 100 messages to one recipient: all 100 are delivered at the shared rate,
+// none is dead-lettered, and the layer counts the 99 it would have refused
+// (throttle_limit_exceeded_total{shadow="true"}), observes 100 would-be
+// waits, and keeps its state apart from an enforced layer's.
+func TestShadowLayerEndToEnd(t *testing.T) {
+	t.Parallel()
+	redisAddr := testenv.RedisAddr(t)
+	amqpURL := testenv.AMQPURL(t)
+	bin := cliBuild(t)
+	const (
+		n    = 100
+		rate = 50.0
+	)
+	name := cliName(t)
+	sink := cliNewSink(t)
+	conn, ch := cliQueue(t, amqpURL, name)
+	cfgPath := filepath.Join(t.TempDir(), "throttle.yaml")
+	cfg := fmt.Sprintf(`
+redis:
+  addr: %q
+  timeout: 2s
+limit:
+  bucket: %s
+  rate: %v
+  burst: 1
+  extra:
+    - name: per-recipient
+      key: '{{.JSON.to}}'
+      rate: 1/h
+      on_exceed: dead_letter
+      shadow: true
+source:
+  rabbitmq:
+    url: %q
+    queue: %s
+    prefetch: 20
+    declare: true
+sink:
+  http:
+    url: %q
+    timeout: 5s
+delivery:
+  drain_timeout: 10s
+metrics:
+  listen: %q
+`, redisAddr, name, rate, amqpURL, name, sink.srv.URL+"/send", cliMetricsListen)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := cliStart(t, bin, "run", "--config", cfgPath)
+	t.Cleanup(func() { p.stop(t, 15*time.Second) })
+	metricsAddr := cliServingAddr(t, p)
+	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", "--config", cfgPath) })
+	cliWait(t, 20*time.Second, "a consumer on the queue", func() bool { return cliQueueState(conn, name).Consumers == 1 })
+
+	ctx := testenv.Context(t, 60*time.Second)
+	to := name + "-r0"
+	for id := range n {
+		err := ch.PublishWithContext(ctx, "", name, true, false, amqp.Publishing{
+			ContentType: "application/json", DeliveryMode: amqp.Persistent,
+			MessageId: strconv.Itoa(id), Body: fmt.Appendf(nil, `{"id":%d,"to":%q}`, id, to),
+		})
+		if err != nil {
+			t.Fatalf("publishing: %v", err)
+		}
+	}
+	cliWait(t, 30*time.Second, "every message delivered", func() bool {
+		_, unique := sink.counts()
+		return unique == n
+	})
+	if dl := cliQueueState(conn, name+".dlq").Messages; dl != 0 {
+		t.Errorf("%d messages dead-lettered, want 0: a shadow layer refuses nothing", dl)
+	}
+	// At the shared rate: burst 1, so the 100 sends span 99/rate.
+	ts := sink.times()
+	span := ts[len(ts)-1].Sub(ts[0])
+	t.Logf("%d messages of one recipient delivered over %v (shared rate %v/s: %v)", n, span, rate, time.Duration(float64(n-1)/rate*float64(time.Second)))
+	if want := time.Duration(float64(n-1) / rate * 0.9 * float64(time.Second)); span < want {
+		t.Errorf("delivered over %v, want at least %v: the shared bucket must still hold the rate", span, want)
+	}
+	_, body := cliGet("http://" + metricsAddr + "/metrics")
+	if got := cliMetric(body, `throttle_limit_exceeded_total{action="dead_letter",layer="per-recipient",shadow="true"}`); got != n-1 {
+		t.Errorf("throttle_limit_exceeded_total{per-recipient,dead_letter,shadow} = %v, want %d", got, n-1)
+	}
+	if got := cliMetric(body, `throttle_limit_exceeded_total{action="dead_letter",layer="per-recipient",shadow="false"}`); got != 0 {
+		t.Errorf("throttle_limit_exceeded_total{per-recipient,dead_letter,enforced} = %v, want 0", got)
+	}
+	if got := cliMetric(body, `throttle_limit_shadow_wait_seconds_count{layer="per-recipient"}`); got != n {
+		t.Errorf("throttle_limit_shadow_wait_seconds_count = %v, want %d", got, n)
+	}
+	// The operator's view marks the layer, and its state is its own: one
+	// token spent by the first message.
+	out := cliRun(t, bin, "bucket", "status", "--config", cfgPath)
+	if !strings.Contains(out, "SHADOW") {
+		t.Errorf("bucket status --config: want the layer marked SHADOW, got\n%s", out)
+	}
+	out = cliRun(t, bin, "bucket", "status", "--config", cfgPath, "--layer", "per-recipient", "--key", to)
+	if !strings.Contains(out, "tokens:  0.00") || !strings.Contains(out, "of 1 (full in 59m") {
+		t.Errorf("bucket status --layer --key: want about 0 of 1 tokens, full in 59m, got\n%s", out)
+	}
+}
