@@ -71,7 +71,9 @@
 // spends them locally (LeaseOptions): the batch follows this replica's
 // measured demand over a period of max(1% of a second, replicas ÷ 4000
 // seconds), so that the fleet's refills stay near 4000 a second however
-// many replicas there are, and leasing is off below a batch of 2. The
+// many replicas there are; leasing is off below a batch of 8, or of 2
+// where the fleet would otherwise call Redis more than 4000 times a
+// second. The
 // callers of a replica are served first come, first served, from the lease
 // or not. A lease serves only the Bucket's own class. See docs/design.md.
 //

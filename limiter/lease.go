@@ -21,9 +21,11 @@ import (
 // and the burst. Before the first second of demand is measured a replica
 // assumes its fair share, rate ÷ replicas. All replicas together thus hold
 // at most the tokens the fleet spends in max(Fraction s, replicas ÷ Calls
-// s). Leasing is off while the batch would be below MinBatch (a demand
-// the store answers call by call without strain, where calls keep the
-// bucket exact and fair across replicas); it also waits for the first
+// s). Leasing is off while the batch would be below MinBatch, unless the
+// fleet's demand (this replica's times the replicas) exceeds Calls, where
+// even a batch of 2 halves the calls (below, Redis answers call by call
+// without strain, and calls keep the bucket exact and fair across
+// replicas); it also waits for the first
 // heartbeat, so that a batch is never sized for one replica when there
 // are many. Unused tokens go back to the bucket after Idle without use,
 // and on Close; a Pause drops them.
@@ -48,7 +50,9 @@ type LeaseOptions struct {
 	// Calls is the refills per second the whole fleet aims at: a batch
 	// covers at least replicas ÷ Calls seconds of demand. Default 4000.
 	Calls float64
-	// MinBatch is the smallest batch worth leasing. Default 2.
+	// MinBatch is the smallest batch worth leasing. Default 8. Where the
+	// fleet would call the store more than Calls times a second without
+	// leasing, a batch of 2 is leased too.
 	MinBatch int
 	// MaxBatch caps a batch. Default 10000.
 	MaxBatch int
@@ -77,7 +81,7 @@ func (o *LeaseOptions) validate() error {
 		o.Calls = 4000
 	}
 	if o.MinBatch <= 0 {
-		o.MinBatch = 2
+		o.MinBatch = 8
 	}
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 10000
@@ -326,7 +330,11 @@ func (p *leasePool) extraLocked(cost int) int {
 	if p.lastBatch > 0 && len(p.queue) > 0 && now.Sub(p.lastFill).Seconds() < period/2 {
 		batch = max(batch, 2*float64(p.lastBatch))
 	}
-	if batch < float64(p.opts.MinBatch) {
+	floor := float64(p.opts.MinBatch)
+	if min(demand, rate)*replicas >= p.opts.Calls {
+		floor = min(floor, 2) // unleased, the fleet would call more than Calls/s
+	}
+	if batch < floor {
 		return 0
 	}
 	batch = min(batch, rate*period, float64(p.opts.MaxBatch), float64(p.b.lastBurst.Load()))
