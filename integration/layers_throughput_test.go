@@ -24,17 +24,40 @@ func TestLayersThroughput(t *testing.T) {
 	if os.Getenv("THROTTLE_LAYERS_BENCH") != "1" {
 		t.Skip("a measurement: set THROTTLE_LAYERS_BENCH=1")
 	}
+	layersThroughput(t, 20000, 5, "  extra:\n    - {name: per-recipient, key: '{{.JSON.to}}', rate: 1000, burst: 1000}\n", "per-recipient layer", 10000000)
+}
+
+// TestConcurrencyThroughput measures `throttle run` (RabbitMQ → HTTP) with
+// the shared bucket alone and with a concurrency layer of 3 per key over
+// 10,000 keys, in alternation, and logs messages/s. A measurement, not a
+// check: it runs only with THROTTLE_CONC_BENCH=1.
+//
+//	THROTTLE_CONC_BENCH=1 go test ./integration/ -run TestConcurrencyThroughput -v
+func TestConcurrencyThroughput(t *testing.T) {
+	if os.Getenv("THROTTLE_CONC_BENCH") != "1" {
+		t.Skip("a measurement: set THROTTLE_CONC_BENCH=1")
+	}
+	rounds := 5
+	if r, err := strconv.Atoi(os.Getenv("THROTTLE_CONC_ROUNDS")); err == nil && r > 0 {
+		rounds = r
+	}
+	layersThroughput(t, 20000, rounds, "  extra:\n    - {name: per-endpoint, key: '{{.JSON.to}}', concurrency: 3}\n", "concurrency layer", 10000)
+}
+
+// layersThroughput runs n messages to keys distinct keys (the JSON field
+// to) through one replica, with and without extra (limit.extra's YAML),
+// rounds times in alternation, and logs messages/s and their ratio.
+func layersThroughput(t *testing.T, n, rounds int, extraYAML, what string, keys int) {
 	redisAddr := testenv.RedisAddr(t)
 	amqpURL := testenv.AMQPURL(t)
 	bin := cliBuild(t)
-	const n = 20000
 	run := func(layered bool) float64 {
 		name := cliName(t) + strconv.FormatBool(layered)
 		sink := cliNewSink(t)
 		_, ch := cliQueue(t, amqpURL, name)
 		extra := ""
 		if layered {
-			extra = "  extra:\n    - {name: per-recipient, key: '{{.JSON.to}}', rate: 1000, burst: 1000}\n"
+			extra = extraYAML
 		}
 		cfgPath := filepath.Join(t.TempDir(), "throttle.yaml")
 		cfg := fmt.Sprintf(`
@@ -61,7 +84,7 @@ metrics: {listen: %q}
 		for i := range n {
 			err := ch.PublishWithContext(ctx, "", name, false, false, amqp.Publishing{
 				ContentType: "application/json",
-				Body:        []byte(fmt.Sprintf(`{"id":%d,"to":"+1555%07d"}`, i, i)),
+				Body:        []byte(fmt.Sprintf(`{"id":%d,"to":"+1555%07d"}`, i, i%keys)),
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -76,11 +99,11 @@ metrics: {listen: %q}
 		return float64(n-n/10) / ts[n-1].Sub(from).Seconds()
 	}
 	var shared, layered, ratios []float64
-	for range 5 {
+	for range rounds {
 		a, z := run(false), run(true)
 		shared, layered, ratios = append(shared, a), append(layered, z), append(ratios, z/a)
-		t.Logf("shared %.0f msgs/s, shared + per-recipient layer %.0f msgs/s (%.2f×)", a, z, z/a)
+		t.Logf("shared %.0f msgs/s, shared + %s %.0f msgs/s (%.2f×)", a, what, z, z/a)
 	}
 	median := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return v[len(v)/2] }
-	t.Logf("medians over 5 alternations of %d messages: shared %.0f msgs/s, layered %.0f msgs/s, ratio %.2f×", n, median(shared), median(layered), median(ratios))
+	t.Logf("medians over %d alternations of %d messages to %d keys: shared %.0f msgs/s, with the %s %.0f msgs/s, ratio %.2f×", rounds, n, min(n, keys), median(shared), what, median(layered), median(ratios))
 }

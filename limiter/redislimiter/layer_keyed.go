@@ -27,13 +27,14 @@ var layersKeyedScript = redis.NewScript(layersKeyedSrc)
 var layersKeyedSrc = mathLua + luaSource("layer_prelude.lua") + luaSource("layers_keyed.lua")
 
 // keyedOnly reports whether a step can go to layersKeyedScript: it leaves
-// the shared bucket out and all its layers are enforced token buckets.
+// the shared bucket out, none of its layers is a quota (token buckets
+// and concurrency layers only) and none is a shadow.
 func (l *Layered) keyedOnly(st step) bool {
 	if st.shared {
 		return false
 	}
 	for _, i := range st.layers {
-		if !l.layers[i].IsBucket() || l.layers[i].Shadow {
+		if l.layers[i].IsQuota() || l.layers[i].Shadow {
 			return false
 		}
 	}
@@ -48,17 +49,16 @@ func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []backend.LayerRequ
 		nowUS = at.UnixMicro()
 	}
 	rkeys := make([]string, 0, len(reqs)*len(layers))
-	args := make([]any, 0, 2+5*len(layers)+3*len(reqs))
+	args := make([]any, 0, 2+6*len(layers)+4*len(reqs))
 	args = append(args, nowUS, len(layers))
 	for _, i := range layers {
-		sp := l.spec[i] // index, kind, rate, burst, action, max_wait_us
-		args = append(args, sp[0], sp[2], sp[3], sp[4], sp[5])
+		args = append(args, l.spec[i]...) // index, kind, rate, burst, action, max_wait_us
 	}
 	for j, req := range reqs {
 		for _, i := range layers {
 			rkeys = append(rkeys, l.layerKey(i, keys[j][i]))
 		}
-		args = append(args, req.Cost, max(base, 0).Microseconds(), l.paidArg(layers, keys[j], req.Paid))
+		args = append(args, req.Holder, req.Cost, max(base, 0).Microseconds(), l.paidArg(layers, keys[j], req.Paid))
 	}
 	return rkeys, args
 }

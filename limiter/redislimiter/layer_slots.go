@@ -25,8 +25,10 @@ func (l *Layered) slotsChannel() string {
 // ReleaseSlots implements backend.SlotStore: it gives back the slots in
 // one script call on a single node (one per slot on a Cluster, pipelined),
 // batched with the releases of concurrent callers: a call that finds none
-// in flight is sent at once; those that arrive meanwhile go together when
-// it returns. A release that frees a slot of a key whose slots were all
+// in flight is sent at once, and its caller waits for it; those that
+// arrive meanwhile are queued, their callers return at once, and they go
+// together when the call in flight returns (a failure then leaves them to
+// their leases). A release that frees a slot of a key whose slots were all
 // held is announced on PREFIX{NAME}:slots, which wakes the requests that
 // wait for that key on every replica (WatchSlots).
 func (l *Layered) ReleaseSlots(ctx context.Context, slots []backend.SlotRelease) error {
@@ -83,8 +85,9 @@ func (l *Layered) releaseSlots(ctx context.Context, at time.Time, slots []backen
 // releaseBatcher sends the concurrent ReleaseSlots of one store together:
 // a caller that finds no call in flight sends its slots, and then, until
 // the queue is empty, those queued meanwhile, each batch one call (up to
-// maxReleaseBatch slots). Each caller returns when its slots were sent,
-// with that call's error. It is safe for concurrent use.
+// maxReleaseBatch slots), and returns that first call's error; a caller
+// that finds one in flight queues its slots and returns at once. It is
+// safe for concurrent use.
 type releaseBatcher struct {
 	l *Layered
 
@@ -107,13 +110,11 @@ func (b *releaseBatcher) release(ctx context.Context, slots []backend.SlotReleas
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
 	if b.flushing {
+		// The caller that flushes sends it with the next batch: this
+		// one need not wait for it (a failure leaves the slot to its
+		// lease), so that its handler is free at once.
 		b.mu.Unlock()
-		select {
-		case <-p.done:
-			return p.err
-		case <-ctx.Done():
-			return ctx.Err() // the release still goes out with its batch
-		}
+		return nil
 	}
 	b.flushing = true
 	for len(b.queue) > 0 {

@@ -112,14 +112,30 @@ var concurrencyCases = []struct {
 // RunConcurrency runs the concurrency layers' step tables against stores
 // made by newStore.
 func RunConcurrency(t *testing.T, newStore SlotFactory) {
-	for _, c := range concurrencyCases {
-		t.Run(c.name, func(t *testing.T) {
+	for _, skip := range []bool{false, true} {
+		for _, c := range concurrencyCases {
+			name := c.name
+			if skip {
+				name += " (leased: without the shared bucket)"
+			}
+			t.Run(name, func(t *testing.T) { runConcurrency(t, newStore, c.layers, c.steps, skip) })
+		}
+	}
+}
+
+func runConcurrency(t *testing.T, newStore SlotFactory, layers []limiter.Layer, steps []cstep, skipShared bool) {
+	c := struct {
+		layers []limiter.Layer
+		steps  []cstep
+	}{layers, steps}
+	{
+		{
 			s := newStore(t, 1000, 1000, c.layers)
 			reqs := make([]backend.LayerRequest, len(c.steps))
 			results := make([]backend.LayerResult, len(c.steps))
 			for i, st := range c.steps {
 				now := Base.Add(st.at)
-				req := backend.LayerRequest{Cost: 1, Keys: st.keys, Holder: st.holder}
+				req := backend.LayerRequest{Cost: 1, Keys: st.keys, Holder: st.holder, SkipShared: skipShared}
 				switch st.op {
 				case ctake:
 					res, err := s.TakeLayersAt(now, req)
@@ -163,6 +179,6 @@ func RunConcurrency(t *testing.T, newStore SlotFactory) {
 					}
 				}
 			}
-		})
+		}
 	}
 }

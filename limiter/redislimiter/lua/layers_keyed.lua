@@ -2,7 +2,7 @@
 -- layer_prelude.lua (layersKeyedSrc).
 --
 -- layersKeyedScript decides, for one or more requests in turn, layers that
--- are all token buckets, without the shared bucket: what a Bucket sends
+-- are all token buckets or concurrency layers, without the shared bucket: what a Bucket sends
 -- while its lease pays the shared bucket, and a Cluster's keyed steps. Each
 -- request is decided as layersScript decides it with shared 0 and no
 -- quota, and is atomic on its own (the whole call is, too).
@@ -17,9 +17,11 @@
 -- one call (see layerBatcher).
 --
 -- KEYS: each request's key of every layer, request by request. ARGV: now_us
--- (0: TIME), n (layers per request); then 5 values per layer: index
--- (1-based, named in the reply), rate, burst, action (w: wait, d:
--- dead_letter, y: delay), max_wait_us; then 3 values per request: cost,
+-- (0: TIME), n (layers per request); then 6 values per layer: index
+-- (1-based, named in the reply), kind (b: bucket, c: concurrency, as in
+-- layersScript), rate (a concurrency layer's limit), burst (its lease in
+-- µs), action (w: wait, d: dead_letter, y: delay), max_wait_us; then 4
+-- values per request: the holder of its concurrency slots, cost,
 -- base_us (when the request goes out, after now: the shared bucket's wait
 -- on a Cluster, 0 under a lease), and the paid layers as in layersScript
 -- (for each layer, the last instant in µs at which it passes on a paid
@@ -39,23 +41,25 @@ if not (now and now > 0) then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local n = tonumber(ARGV[2])
-local idx, rate, burst, action, maxw = {}, {}, {}, {}, {}
+local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
 for i = 1, n do
-  local a = 2 + (i - 1) * 5
-  idx[i], rate[i], burst[i] = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  action[i], maxw[i] = ARGV[a + 4], tonumber(ARGV[a + 5])
+  local a = 2 + (i - 1) * 6
+  idx[i], kind[i], rate[i], burst[i] = tonumber(ARGV[a + 1]), ARGV[a + 2], tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  action[i], maxw[i] = ARGV[a + 5], tonumber(ARGV[a + 6])
 end
 
 local tok, lts, w = {}, {}, {}
 local out = {string.format('%d', now)}
 local k0 = 0
-for a = 3 + 5 * n, #ARGV, 3 do
-  local cost, base = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+for a = 3 + 6 * n, #ARGV, 4 do
+  local holder, cost, base = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local send = now + base
-  local paid = paid_flags(ARGV[a + 2], send)
+  local paid = paid_flags(ARGV[a + 3], send)
   local status, wait, limiting = nil, 0, 0
   for i = 1, n do
-    if paid[i] then
+    if kind[i] == 'c' then
+      w[i] = slot_wait(KEYS[k0 + i], holder, rate[i], now)
+    elseif paid[i] then
       tok[i], lts[i] = bucket_load(KEYS[k0 + i], now, rate[i], burst[i])
       w[i] = 0
     elseif cost > burst[i] then
@@ -68,7 +72,7 @@ for a = 3 + 5 * n, #ARGV, 3 do
   if not status then
     local r = refusal(n, action, w, maxw)
     if r > 0 then
-      status = refused_status(r, KEYS[k0 + r], 'b', action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r])
+      status = refused_status(r, KEYS[k0 + r], kind[r], action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r])
       wait, limiting = w[r], idx[r]
     else
       wait = base
@@ -84,8 +88,12 @@ for a = 3 + 5 * n, #ARGV, 3 do
           if w[i] > wait then wait = w[i] end
         end
         for i = 1, n do
-          local after = send_charge(tok[i], lts[i], send, cost, paid[i], rate[i], burst[i])
-          bucket_save(KEYS[k0 + i], after, lts[i], now, rate[i], burst[i], send)
+          if kind[i] == 'c' then
+            slot_take(KEYS[k0 + i], holder, send + burst[i], now)
+          else
+            local after = send_charge(tok[i], lts[i], send, cost, paid[i], rate[i], burst[i])
+            bucket_save(KEYS[k0 + i], after, lts[i], now, rate[i], burst[i], send)
+          end
         end
       end
     end
