@@ -33,8 +33,11 @@ type kafkaE2E struct {
 	// extraLimit and extraSource are YAML lines added to the limit and
 	// source.kafka sections, indented.
 	extraLimit, extraSource string
-	admin                   *kadm.Client
-	replicas                []*cliProcess
+	// extraDelivery is YAML lines added to the delivery section,
+	// indented.
+	extraDelivery string
+	admin         *kadm.Client
+	replicas      []*cliProcess
 }
 
 const kafkaE2EPartitions = 6
@@ -122,12 +125,12 @@ limit:
     timeout: 5s
 delivery:
   drain_timeout: 10s
-metrics:
+%smetrics:
   listen: %q
 log:
   level: info
 `, e.redis, e.name, e.rate, e.burst, e.extraLimit, kafkaE2EList(e.brokers), e.topic, e.group, extra.String(), e.sink.srv.URL+"/send",
-		cliMetricsListen)
+		e.extraDelivery, cliMetricsListen)
 	path := filepath.Join(e.dir, fmt.Sprintf("replica-%d.yaml", i))
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		e.t.Fatal(err)

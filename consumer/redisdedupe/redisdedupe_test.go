@@ -150,3 +150,38 @@ func TestStoreBytesPerKey(t *testing.T) {
 		t.Fatalf("%d B per key", total/n)
 	}
 }
+
+// TestStoreBatchesConcurrentCalls: 200 callers claiming and marking at
+// once, their calls sent together in pipelines, each get their own
+// answer: every key claimed once and then found sent.
+func TestStoreBatchesConcurrentCalls(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := testenv.Context(t, 20*time.Second)
+	const n = 200
+	errs := make(chan error, 2*n)
+	for i := range n {
+		go func() {
+			key := fmt.Sprintf("b-%d", i%(n/2)) // two callers a key
+			st, err := s.Claim(ctx, key, fmt.Sprintf("t%d", i), time.Minute)
+			switch {
+			case err != nil:
+				errs <- err
+			case st == consumer.DedupeClaimed:
+				errs <- s.MarkSent(ctx, key, "", time.Minute)
+			default:
+				errs <- nil
+			}
+			if st, err := s.Claim(ctx, key, "late", time.Minute); err != nil || st != consumer.DedupeSent {
+				errs <- fmt.Errorf("key %s after its send: %v %v", key, st, err)
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for range 2 * n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -30,6 +30,7 @@ type e2eConfig struct {
 	messages   int     // messages per run with the limit out of reach
 	rounds     int     // runs of each consumer, alternating
 	layer      bool    // also run consLayer in each round
+	dedupe     bool    // also run consDedupe in each round
 	tracing    bool    // also run consTrace1 and consTrace001 in each round
 	inReach    float64 // the limit of the in-reach runs
 	inReachFor time.Duration
@@ -66,6 +67,10 @@ const (
 	// limit far above reach, as layerYAML says.
 	consLayer = "throttle + per-recipient layer"
 	consBare  = "bare"
+	// consDedupe is throttle with delivery.dedupe: a claim before each
+	// send and a mark after it, in the private Redis, keyed by the
+	// message's recipient (every message has its own), as dedupeYAML says.
+	consDedupe = "throttle + dedupe"
 	// consTrace1 and consTrace001 are throttle with tracing on
 	// (tracing.enabled), at sample_ratio 1 and 0.01, exporting over
 	// OTLP/HTTP to the child process, which decodes and counts the spans.
@@ -91,6 +96,12 @@ const layerYAML = `  extra:
       key: '{{.JSON.to}}'
       rate: 1000
       burst: 1000
+`
+
+// dedupeYAML is delivery.dedupe of consDedupe, under delivery.
+const dedupeYAML = `  dedupe:
+    key: '{{.JSON.to}}'
+    window: 1h
 `
 
 // e2eRun is one consumer's run over one prepared queue or topic.
@@ -207,6 +218,9 @@ func runE2E(ctx context.Context, cfg e2eConfig) error {
 			if cfg.layer {
 				order = append(order, consLayer)
 			}
+			if cfg.dedupe {
+				order = append(order, consDedupe)
+			}
 			if cfg.tracing {
 				order = append(order, consTrace1, consTrace001)
 			}
@@ -271,8 +285,8 @@ func (b *e2eBench) run(ctx context.Context, src source, consumer string, round i
 	var logs bytes.Buffer
 	done := make(chan error, 1)
 	switch consumer {
-	case consThrottle, consLayer, consTrace1, consTrace001:
-		path, err := b.writeConfig(p, rate, burst, consumer == consLayer, sampleRatio(consumer))
+	case consThrottle, consLayer, consDedupe, consTrace1, consTrace001:
+		path, err := b.writeConfig(p, rate, burst, consumer, sampleRatio(consumer))
 		if err != nil {
 			return r, err
 		}
@@ -361,15 +375,18 @@ func (b *e2eBench) waitSink(ctx context.Context, n int, timeout time.Duration, d
 }
 
 // writeConfig writes throttle's config for p and returns its path.
-func (b *e2eBench) writeConfig(p prepared, rate float64, burst int, layer bool, sampleRatio float64) (string, error) {
+func (b *e2eBench) writeConfig(p prepared, rate float64, burst int, consumer string, sampleRatio float64) (string, error) {
 	b.seq++
 	port, err := freePort()
 	if err != nil {
 		return "", err
 	}
-	extra := ""
-	if layer {
+	extra, delivery := "", ""
+	switch consumer {
+	case consLayer:
 		extra = layerYAML
+	case consDedupe:
+		delivery = dedupeYAML
 	}
 	yaml := fmt.Sprintf(`redis:
   addr: %s
@@ -384,11 +401,11 @@ sink:
     url: %s/throttle
 delivery:
   drain_timeout: 10s
-metrics:
+%smetrics:
   listen: 127.0.0.1:%d
 log:
   level: warn
-`, b.redis.addr, b.runID, b.seq, strconv.FormatFloat(rate, 'f', -1, 64), burst, extra, p.throttleConfig(), b.svc.Sink, port)
+`, b.redis.addr, b.runID, b.seq, strconv.FormatFloat(rate, 'f', -1, 64), burst, extra, p.throttleConfig(), b.svc.Sink, delivery, port)
 	if sampleRatio >= 0 {
 		yaml += fmt.Sprintf("tracing:\n  enabled: true\n  sample_ratio: %s\n", strconv.FormatFloat(sampleRatio, 'f', -1, 64))
 	}

@@ -30,7 +30,7 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 	p("|---|---|--:|---|--:|--:|--:|--:|--:|\n")
 	for _, src := range cfg.scenarios {
 		var bareMed float64
-		for _, c := range []string{consBare, consThrottle, consLayer} {
+		for _, c := range []string{consBare, consThrottle, consLayer, consDedupe} {
 			var rates []float64
 			var sel []e2eRun
 			for _, r := range runs {
@@ -90,7 +90,33 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 			p(" %s %s;", src, strings.Join(ratios, ", "))
 		}
 	}
+	if cfg.dedupe {
+		p("\nPer round, %s ÷ %s of the same round (the cost of dedupe):", consDedupe, consThrottle)
+		for _, src := range cfg.scenarios {
+			var ratios []string
+			for round := 1; round <= cfg.rounds; round++ {
+				var d, t float64
+				for _, r := range runs {
+					if r.source == src && r.round == round {
+						switch r.consumer {
+						case consDedupe:
+							d = r.perSecond()
+						case consThrottle:
+							t = r.perSecond()
+						}
+					}
+				}
+				if t > 0 {
+					ratios = append(ratios, fmt.Sprintf("%.2f", d/t))
+				}
+			}
+			p(" %s %s;", src, strings.Join(ratios, ", "))
+		}
+	}
 	p("\n\n")
+	if cfg.dedupe {
+		p("`%s`: delivery.dedupe keyed by the recipient (`key: '{{.JSON.to}}'`, window 1h); every message has its own, so each is claimed and marked once: two Redis scripts a message.\n\n", consDedupe)
+	}
 	if cfg.layer {
 		p("`%s`: limit.extra holds a keyed layer, one bucket per recipient (`key: '{{.JSON.to}}'`, rate 1000, burst 1000), and every message has its own recipient, so each run creates as many layer keys in Redis as it has messages.\n\n", consLayer)
 	}

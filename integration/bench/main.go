@@ -173,6 +173,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&e2e.messages, "e2e-messages", 30_000, "(e2e) messages per run with the limit out of reach")
 	fs.IntVar(&e2e.rounds, "e2e-rounds", 3, "(e2e) runs of each consumer, alternating which goes first")
 	fs.BoolVar(&e2e.layer, "e2e-layer", false, "(e2e) also run throttle with a keyed per-recipient layer (limit.extra) in each round")
+	fs.BoolVar(&e2e.dedupe, "e2e-dedupe", false, "(e2e) also run throttle with delivery.dedupe (a claim and a mark in Redis per message) in each round")
 	fs.BoolVar(&e2e.tracing, "e2e-tracing", false, "(e2e) also run throttle with tracing on, at sample_ratio 1 and 0.01, exporting over OTLP/HTTP to the child process, in each round")
 	fs.Float64Var(&e2e.inReach, "e2e-rate", 5000, "(e2e) the limit of the run with the limit in reach")
 	fs.DurationVar(&e2e.inReachFor, "e2e-reach-for", 5*time.Second, "(e2e) how long the run with the limit in reach lasts")
