@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/throttlehq/throttle/consumer/internal/grant"
 	"github.com/throttlehq/throttle/consumer/internal/setaside"
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -128,15 +129,16 @@ func (l *messageLimiter) Wait(ctx context.Context, cost int) error {
 // layer it fails with limiter.ErrNeedsAcquire: AcquireMessage returns the
 // release.
 func (l *messageLimiter) WaitMessage(ctx context.Context, msg Message, cost int) error {
-	return l.waitMessage(ctx, msg, cost, nil)
-}
-
-// waitGrant is WaitMessage that also says how the wait was granted, for
-// the throttle wait span.
-func (l *messageLimiter) waitGrant(ctx context.Context, msg Message, cost int) (limiter.Grant, error) {
+	if !grant.Wanted(ctx) {
+		return l.waitMessage(ctx, msg, cost, nil)
+	}
+	// A throttle wait span asks how the wait was granted (tracing.go).
 	var g limiter.Grant
 	err := l.waitMessage(ctx, msg, cost, &g)
-	return g, err
+	if err == nil {
+		grant.Set(ctx, g)
+	}
+	return err
 }
 
 // waitMessage is WaitMessage, filling g (when not nil) from
@@ -163,6 +165,9 @@ func (l *messageLimiter) waitMessage(ctx context.Context, msg Message, cost int,
 // and when called again.
 func (l *messageLimiter) AcquireMessage(ctx context.Context, msg Message, cost int) (release func(), err error) {
 	held, err := l.acquire(ctx, msg, cost)
+	if err == nil {
+		grant.Set(ctx, held.Grant()) // for a throttle wait span (tracing.go)
+	}
 	return held.Release, err
 }
 

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/throttlehq/throttle/consumer/internal/grant"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -56,30 +57,21 @@ func startWait(ctx context.Context, cost int) *waitSpan {
 // waitKind is the start option of a wait span, made once.
 var waitKind trace.SpanStartOption = trace.WithSpanKind(trace.SpanKindInternal)
 
-// wait waits on l for cost tokens as Throttle does, asking the limiter
-// which layer set the wait when it can say (NewLimiter's limiter, a
-// *limiter.Bucket).
+// wait waits on l for cost tokens as Throttle does, on a context that
+// asks the limiter how the wait was granted (consumer/internal/grant):
+// NewLimiter's limiter and a *limiter.Bucket say it, also through a
+// wrapper of a backend (consumer/kafka's) that passes the context on.
 func (w *waitSpan) wait(ctx context.Context, l Limiter, msg Message, cost int) (release func(), err error) {
-	var g limiter.Grant
-	known := true
+	gctx, rec := grant.With(ctx)
 	switch lim := l.(type) {
-	case *messageLimiter:
-		var held *limiter.Held
-		held, err = lim.acquire(ctx, msg, cost)
-		g, release = held.Grant(), held.Release
 	case SlotLimiter:
-		known = false
-		release, err = lim.AcquireMessage(ctx, msg, cost)
-	case *limiter.Bucket:
-		g, err = lim.WaitGrant(ctx, limiter.Request{Cost: cost, Priority: lim.Priority()})
+		release, err = lim.AcquireMessage(gctx, msg, cost)
 	case MessageLimiter:
-		known = false
-		err = lim.WaitMessage(ctx, msg, cost)
+		err = lim.WaitMessage(gctx, msg, cost)
 	default:
-		known = false
-		err = l.Wait(ctx, cost)
+		err = grant.Wait(gctx, l, cost)
 	}
-	w.end(g, known, err)
+	w.end(rec.Grant, rec.Set, err)
 	return release, err
 }
 

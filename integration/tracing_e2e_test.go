@@ -16,6 +16,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
@@ -99,54 +101,75 @@ func spanAttr(s *tracepb.Span, key string) string {
 	return ""
 }
 
-// TestTracingEndToEndRabbitMQ runs the binary with tracing on against an
-// OTLP/HTTP receiver: each message published with a traceparent gets one
-// consumer span in that trace, under the publisher's span, with the wait
-// span and the sink's client span under it; the provider receives the
-// client span's traceparent, so the same trace ID; a retry and a dead
-// letter are events of their message's span.
-func TestTracingEndToEndRabbitMQ(t *testing.T) {
-	t.Parallel()
-	redisAddr := testenv.RedisAddr(t)
-	amqpURL := testenv.AMQPURL(t)
-	bin := cliBuild(t)
-	name := cliName(t)
-	conn, ch := cliQueue(t, amqpURL, name)
-	recv := newOTLPReceiver(t)
+// tracingProvider is the provider of the tracing tests: message 4 is
+// refused (400, dead-lettered), message 5 fails once (503, retried); it
+// records the traceparent each message arrived with. It is safe for
+// concurrent use.
+type tracingProvider struct {
+	srv *httptest.Server
 
-	// The provider: message 4 is refused (400, dead-lettered), message 5
-	// fails once (503, retried); it records the traceparent of each.
-	var mu sync.Mutex
-	received := map[int]string{}
-	failed5 := false
-	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mu       sync.Mutex
+	received map[int]string
+	failed5  bool
+}
+
+func newTracingProvider(t *testing.T) *tracingProvider {
+	p := &tracingProvider{received: map[int]string{}}
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body struct{ ID int }
 		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		received[body.ID] = r.Header.Get("traceparent")
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.received[body.ID] = r.Header.Get("traceparent")
 		switch {
 		case body.ID == 4:
 			http.Error(w, "invalid number", http.StatusBadRequest)
-		case body.ID == 5 && !failed5:
-			failed5 = true
+		case body.ID == 5 && !p.failed5:
+			p.failed5 = true
 			http.Error(w, "busy", http.StatusServiceUnavailable)
 		}
 	}))
-	t.Cleanup(provider.Close)
+	t.Cleanup(p.srv.Close)
+	return p
+}
 
+// tracingMessages is the number of messages of a tracing test published
+// with a sampled traceparent; one more is published without.
+const tracingMessages = 6
+
+// tracingIDs returns the trace and the parent span of message i.
+func tracingIDs(i int) (traceID, parent string) {
+	return fmt.Sprintf("%032x", 0xabc000+i), fmt.Sprintf("%016x", 0xdef000+i)
+}
+
+// tracingRun starts the binary with tracing on, sample_ratio 0, with
+// source (the YAML of source:), has publish publish messages 0 to
+// tracingMessages (the last without a traceparent), and checks what the
+// receiver and the provider got: one consumer span named process per
+// traced message, in its trace under the publisher's span, with attrs
+// (and messaging.system, operation type), a wait span and a POST span
+// under it per attempt, the POST span's traceparent at the provider, a
+// retry and a dead-letter event on their messages.
+func tracingRun(t *testing.T, name, source, process string, ready func(), publish func(i int, traceparent string),
+	attrs func(i int) map[string]string) {
+	t.Helper()
+	redisAddr := testenv.RedisAddr(t)
+	bin := cliBuild(t)
+	recv := newOTLPReceiver(t)
+	prov := newTracingProvider(t)
 	cfg := fmt.Sprintf(`
 redis: {addr: %q, timeout: 2s}
 limit: {bucket: %s, rate: 50, burst: 1}
-source: {rabbitmq: {url: %q, queue: %s, prefetch: 10, declare: true}}
+source:
+%s
 sink: {http: {url: %q, timeout: 5s}}
 delivery: {max_attempts: 3, backoff: 20ms, max_backoff: 100ms, drain_timeout: 5s}
 metrics: {listen: "off"}
 tracing: {enabled: true, sample_ratio: 0}
-`, redisAddr, name, amqpURL, name, provider.URL)
+`, redisAddr, name, source, prov.srv.URL)
 	path := filepath.Join(t.TempDir(), "throttle.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -157,29 +180,22 @@ tracing: {enabled: true, sample_ratio: 0}
 		"OTEL_TRACES_SAMPLER=", "OTEL_EXPORTER_OTLP_PROTOCOL=", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=", "OTEL_SDK_DISABLED="}
 	proc := cliStartEnv(t, bin, env, "run", "--config", path)
 	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", name, "--redis", redisAddr) })
-	cliWait(t, 20*time.Second, "the consumer on the queue", func() bool { return cliQueueState(conn, name).Consumers == 1 })
+	ready()
 
-	const n = 6
-	traces := make([]string, n+1)
-	parents := make([]string, n+1)
-	ctx := testenv.Context(t, 10*time.Second)
+	const n = tracingMessages
 	for i := range n + 1 {
-		pub := amqp.Publishing{ContentType: "application/json", Body: fmt.Appendf(nil, `{"id":%d}`, i), MessageId: fmt.Sprintf("m%d", i)}
+		tp := ""
 		if i < n { // message n has no traceparent: not sampled at ratio 0
-			traces[i] = fmt.Sprintf("%032x", 0xabc000+i)
-			parents[i] = fmt.Sprintf("%016x", 0xdef000+i)
-			pub.Headers = amqp.Table{"traceparent": "00-" + traces[i] + "-" + parents[i] + "-01"}
+			tid, parent := tracingIDs(i)
+			tp = "00-" + tid + "-" + parent + "-01"
 		}
-		if err := ch.PublishWithContext(ctx, "", name, false, false, pub); err != nil {
-			t.Fatal(err)
-		}
+		publish(i, tp)
 	}
 	cliWait(t, 30*time.Second, "every message at the provider", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(received) == n+1
+		prov.mu.Lock()
+		defer prov.mu.Unlock()
+		return len(prov.received) == n+1
 	})
-	process := "process " + name
 	cliWait(t, 30*time.Second, fmt.Sprintf("%d consumer spans", n), func() bool { return len(recv.named(process)) >= n })
 	cliWait(t, 10*time.Second, "the client spans", func() bool { return len(recv.named("POST")) >= n+1 }) // 5 retried once
 
@@ -195,20 +211,23 @@ tracing: {enabled: true, sample_ratio: 0}
 		t.Fatalf("%d consumer spans, want %d (one per traced message)", len(byTrace), n)
 	}
 	waits, clients := recv.named("throttle wait"), recv.named("POST")
-	mu.Lock()
-	defer mu.Unlock()
+	prov.mu.Lock()
+	defer prov.mu.Unlock()
+	received := prov.received
 	for i := range n {
-		cs := byTrace[traces[i]]
+		tid, parent := tracingIDs(i)
+		cs := byTrace[tid]
 		if cs == nil {
-			t.Fatalf("message %d: no consumer span in its trace %s", i, traces[i])
+			t.Fatalf("message %d: no consumer span in its trace %s", i, tid)
 		}
-		if hex.EncodeToString(cs.ParentSpanId) != parents[i] || cs.Kind != tracepb.Span_SPAN_KIND_CONSUMER {
-			t.Errorf("message %d: consumer span under %x, kind %v; want under the publisher's %s", i, cs.ParentSpanId, cs.Kind, parents[i])
+		if hex.EncodeToString(cs.ParentSpanId) != parent || cs.Kind != tracepb.Span_SPAN_KIND_CONSUMER {
+			t.Errorf("message %d: consumer span under %x, kind %v; want under the publisher's %s", i, cs.ParentSpanId, cs.Kind, parent)
 		}
-		for k, want := range map[string]string{"messaging.system": "rabbitmq", "messaging.operation.type": "process",
-			"messaging.consumer.group.name": name, "messaging.destination.subscription.name": name, "messaging.message.id": fmt.Sprintf("m%d", i)} {
-			if got := spanAttr(cs, k); got != want {
-				t.Errorf("message %d: %s = %q, want %q", i, k, got, want)
+		want := attrs(i)
+		want["messaging.operation.type"] = "process"
+		for k, v := range want {
+			if got := spanAttr(cs, k); got != v {
+				t.Errorf("message %d: %s = %q, want %q", i, k, got, v)
 			}
 		}
 		under := func(spans []*tracepb.Span) []*tracepb.Span {
@@ -232,31 +251,30 @@ tracing: {enabled: true, sample_ratio: 0}
 		if spanAttr(ws[0], "throttle.wait.layer") != "bucket" {
 			t.Errorf("message %d: the wait's layer %q, want bucket", i, spanAttr(ws[0], "throttle.wait.layer"))
 		}
-		last := cl[len(cl)-1]
-		if i != 5 { // 5's last request is its second: compare with any of them
-			want := "00-" + traces[i] + "-" + hex.EncodeToString(last.SpanId) + "-01"
+		if i != 5 {
+			want := "00-" + tid + "-" + hex.EncodeToString(cl[0].SpanId) + "-01"
 			if received[i] != want {
 				t.Errorf("message %d: the provider got traceparent %q, want %q (the client span's)", i, received[i], want)
 			}
-		} else if !strings.HasPrefix(received[i], "00-"+traces[i]+"-") {
-			t.Errorf("message 5: the provider got traceparent %q, want trace %s", received[i], traces[i])
+		} else if !strings.HasPrefix(received[i], "00-"+tid+"-") {
+			t.Errorf("message 5: the provider got traceparent %q, want trace %s", received[i], tid)
 		}
 		var events []string
 		for _, e := range cs.Events {
 			events = append(events, e.Name)
 		}
-		want := ""
+		wantEvents := ""
 		switch i {
 		case 4:
-			want = "dead-lettered"
+			wantEvents = "dead-lettered"
 			if cs.Status.GetCode() != tracepb.Status_STATUS_CODE_ERROR {
 				t.Errorf("message 4: status %v, want an error", cs.Status)
 			}
 		case 5:
-			want = "retry"
+			wantEvents = "retry"
 		}
-		if strings.Join(events, ",") != want {
-			t.Errorf("message %d: events %v, want %q", i, events, want)
+		if strings.Join(events, ",") != wantEvents {
+			t.Errorf("message %d: events %v, want %q", i, events, wantEvents)
 		}
 	}
 	// The message without a traceparent starts a trace, not sampled at
@@ -264,10 +282,72 @@ tracing: {enabled: true, sample_ratio: 0}
 	if !strings.HasPrefix(received[n], "00-") || !strings.HasSuffix(received[n], "-00") {
 		t.Errorf("the message without a traceparent reached the provider with traceparent %q, want one not sampled", received[n])
 	}
-	if recv.service != "throttle" {
-		t.Errorf("service.name %q, want throttle", recv.service)
+	recv.mu.Lock()
+	service := recv.service
+	recv.mu.Unlock()
+	if service != "throttle" {
+		t.Errorf("service.name %q, want throttle", service)
 	}
 	if code := proc.stop(t, 20*time.Second); code != 0 {
 		t.Fatalf("exit code %d", code)
 	}
+}
+
+// TestTracingEndToEndRabbitMQ runs the binary with tracing on against an
+// OTLP/HTTP receiver on a RabbitMQ queue (see tracingRun).
+func TestTracingEndToEndRabbitMQ(t *testing.T) {
+	t.Parallel()
+	amqpURL := testenv.AMQPURL(t)
+	name := cliName(t)
+	conn, ch := cliQueue(t, amqpURL, name)
+	source := fmt.Sprintf("  rabbitmq: {url: %q, queue: %s, prefetch: 10, declare: true}", amqpURL, name)
+	ctx := testenv.Context(t, 60*time.Second)
+	tracingRun(t, name, source, "process "+name,
+		func() {
+			cliWait(t, 20*time.Second, "the consumer on the queue", func() bool { return cliQueueState(conn, name).Consumers == 1 })
+		},
+		func(i int, tp string) {
+			pub := amqp.Publishing{ContentType: "application/json", Body: fmt.Appendf(nil, `{"id":%d}`, i), MessageId: fmt.Sprintf("m%d", i)}
+			if tp != "" {
+				pub.Headers = amqp.Table{"traceparent": tp}
+			}
+			if err := ch.PublishWithContext(ctx, "", name, false, false, pub); err != nil {
+				t.Fatal(err)
+			}
+		},
+		func(i int) map[string]string {
+			return map[string]string{"messaging.system": "rabbitmq", "messaging.consumer.group.name": name,
+				"messaging.destination.subscription.name": name, "messaging.message.id": fmt.Sprintf("m%d", i)}
+		})
+}
+
+// TestTracingEndToEndKafka is TestTracingEndToEndRabbitMQ on a Kafka
+// topic (kfake): the traceparent is a Kafka header.
+func TestTracingEndToEndKafka(t *testing.T) {
+	t.Parallel()
+	name := cliName(t)
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, name, name+".dlq"),
+		kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	source := fmt.Sprintf("  kafka: {brokers: [%q], topic: %s, group: %s, dead_letter_topic: %s.dlq}", brokers[0], name, name, name)
+	cl := suiteKgo(t, brokers)
+	ctx := testenv.Context(t, 60*time.Second)
+	tracingRun(t, name, source, "process "+name, func() {},
+		func(i int, tp string) {
+			r := &kgo.Record{Topic: name, Key: fmt.Appendf(nil, "k%d", i), Value: fmt.Appendf(nil, `{"id":%d}`, i)}
+			if tp != "" {
+				r.Headers = []kgo.RecordHeader{{Key: "traceparent", Value: []byte(tp)}}
+			}
+			if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		},
+		func(int) map[string]string {
+			return map[string]string{"messaging.system": "kafka", "messaging.consumer.group.name": name,
+				"messaging.destination.name": name}
+		})
 }

@@ -20,7 +20,8 @@ import (
 // testTracing: with Options.TracerProvider, each message published with a
 // traceparent gets one consumer span in that trace, under the publisher's
 // span, named "process ..." with messaging.system the message's broker;
-// its limiter wait is a child span; the handler's context carries the
+// its limiter wait is a child span naming the layer that set the wait
+// (the shared bucket here); the handler's context carries the
 // consumer span; a dead letter is an event of the span, whose status is
 // the error. (The recording provider is the SDK's, in this test package
 // only: the consumer itself needs the API alone.)
@@ -103,6 +104,17 @@ func testTracing(t *testing.T, src Source) {
 		for _, s := range ended {
 			if s.Name() == consumer.WaitSpanName && s.Parent().SpanID() == cs.SpanContext().SpanID() {
 				waits++
+				// The layer that set the wait: the shared bucket, even
+				// through a backend's own wrapper of the limiter.
+				layer := ""
+				for _, kv := range s.Attributes() {
+					if kv.Key == "throttle.wait.layer" {
+						layer = kv.Value.AsString()
+					}
+				}
+				if layer != "bucket" {
+					t.Errorf("%s: the wait span's throttle.wait.layer %q, want bucket", id, layer)
+				}
 			}
 		}
 		if waits != 1 {

@@ -8,9 +8,11 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/internal/dispatch"
+	"github.com/throttlehq/throttle/consumer/internal/grant"
 	"github.com/throttlehq/throttle/consumer/internal/kit"
 	"github.com/throttlehq/throttle/consumer/internal/setaside"
 )
@@ -340,7 +342,9 @@ type firstWaitKey struct{}
 type revocableLimiter struct{ l consumer.Limiter }
 
 func (r revocableLimiter) Wait(ctx context.Context, cost int) error {
-	return r.wait(ctx, func(ctx context.Context) error { return r.l.Wait(ctx, cost) })
+	// grant.Wait: for the throttle wait span, a *limiter.Bucket says
+	// which layer set the wait.
+	return r.wait(ctx, func(ctx context.Context) error { return grant.Wait(ctx, r.l, cost) })
 }
 
 // WaitMessage implements consumer.MessageLimiter (limits keyed by the
@@ -361,13 +365,28 @@ func (r revocableLimiter) wait(ctx context.Context, wait func(context.Context) e
 	if f == nil || f.started {
 		return wait(ctx)
 	}
-	err := wait(f.revoke)
+	rctx := f.revoke
+	if trace.SpanFromContext(ctx).IsRecording() {
+		// The throttle wait span asks the limiter, through ctx's values,
+		// which layer set the wait.
+		rctx = withValues{Context: f.revoke, values: ctx}
+	}
+	err := wait(rctx)
 	if err != nil && f.revoke.Err() != nil && ctx.Err() == nil {
 		f.dropped = true
 		return fmt.Errorf("partition revoked before the message started: %w", consumer.ErrAbandoned)
 	}
 	return err
 }
+
+// withValues is a context with the deadline and cancellation of its
+// Context and the values of values.
+type withValues struct {
+	context.Context
+	values context.Context
+}
+
+func (c withValues) Value(key any) any { return c.values.Value(key) }
 
 // markStarted wraps the user's handler to record, in the worker's
 // firstWait, that the message started.
