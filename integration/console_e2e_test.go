@@ -30,7 +30,9 @@ import (
 //     replica for a few seconds: 4 in that window, measured, with 2
 //     replicas; docs/console.md);
 //   - an action without the token is refused with 401 (from the page's
-//     button and from a script) and changes nothing.
+//     button and from a script) and changes nothing;
+//   - the page shows the queue's backlog, which the replicas' heartbeats
+//     carry.
 //
 // It saves a screenshot, console.png, in its temporary directory, and
 // also as THROTTLE_CONSOLE_SCREENSHOT when set (docs/console.png).
@@ -181,6 +183,14 @@ console: {token: %q}
 		if i < 2 {
 			time.Sleep(time.Second) // the next frame
 		}
+	}
+
+	// The backlog, read by the replicas every 5 s, comes with their
+	// heartbeats.
+	if bl := text(card + " .backlog"); !regexp.MustCompile(`^[1-9]\d* \(\d+ ready, 0 set aside\)$`).MatchString(bl) {
+		t.Errorf("the page shows the backlog %q; want the ready messages of the queue", bl)
+	} else {
+		t.Logf("the page shows the backlog %s; the queue holds %d ready now", bl, cliQueueState(conn, name).Messages)
 	}
 
 	// Set the rate in the page, with the token typed in.

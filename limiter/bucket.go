@@ -32,7 +32,8 @@ type Bucket struct {
 	mode atomic.Pointer[Mode]
 	fb   fallbackState // guarded by its own mutex
 
-	lastRate  atomic.Uint64 // math.Float64bits of the last effective rate
+	backlog   atomic.Pointer[backend.Backlog] // SetBacklog; nil unknown
+	lastRate  atomic.Uint64                   // math.Float64bits of the last effective rate
 	lastBurst atomic.Int64
 	replicas  atomic.Int64
 	waiting   atomic.Int64 // Wait calls in this process past the lease

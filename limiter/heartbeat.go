@@ -44,6 +44,19 @@ func (b *Bucket) heartbeat(rt backend.ReplicaTracker) {
 // be given work during the outage. Safe for concurrent use.
 func (b *Bucket) SetIdle(idle bool) { b.fb.idle.Store(idle) }
 
+// SetBacklog records the source's backlog as this replica last read it:
+// ready messages and those set aside by a delay layer (negative ready:
+// unknown, as when the read failed). The heartbeats carry it from the next
+// one on, so that an operator's view of Redis ('throttle console') shows
+// it. Safe for concurrent use.
+func (b *Bucket) SetBacklog(ready, setAside int64) {
+	if ready < 0 {
+		b.backlog.Store(nil)
+		return
+	}
+	b.backlog.Store(&backend.Backlog{Ready: ready, SetAside: max(0, setAside)})
+}
+
 // beat sends one heartbeat, with this replica's report when the tracker
 // takes one, and returns the live replicas. A tracker that counts the
 // replicas that consume also updates the idle count.
@@ -60,6 +73,7 @@ func (b *Bucket) beat(ctx context.Context, rt backend.ReplicaTracker) (int, erro
 		WaitingByPriority: st.WaitingByPriority,
 		Exceeded:          st.Exceeded,
 		Idle:              st.Idle,
+		Backlog:           b.backlog.Load(),
 	}
 	ct, ok := rt.(backend.ConsumerTracker)
 	if !ok {

@@ -86,6 +86,11 @@ func ParsePriority(s string) (Priority, error) { return backend.ParsePriority(s)
 // [0, 1) or shares that add up to 1 or more.
 type Shares = backend.Shares
 
+// Backlog is the messages waiting at the broker for a consumer group or
+// queue, as a replica last read it (Bucket.SetBacklog): Ready to be
+// consumed, and SetAside by a delay layer until due. It is a plain value.
+type Backlog = backend.Backlog
+
 // Layer is a further limit that a message must pass together with the
 // shared bucket: a keyed token bucket (Rate and Burst, one bucket per key,
 // such as one per recipient) or a calendar quota (Quota per hour, day or

@@ -247,6 +247,15 @@ type ReplicaReport struct {
 	// Idle is set while the replica consumes nothing (Bucket.SetIdle),
 	// such as a Kafka group member that owns no partition.
 	Idle bool
+	// Backlog is the source's backlog as the replica last read it
+	// (Bucket.SetBacklog); nil when unknown.
+	Backlog *Backlog
+}
+
+// Backlog is the messages waiting at the broker for a consumer group or
+// queue: Ready to be consumed, and SetAside by a delay layer until due.
+type Backlog struct {
+	Ready, SetAside int64
 }
 
 // ReportingTracker is a ReplicaTracker that also records each replica's

@@ -332,6 +332,11 @@ func (b *consoleBackend) sampleBucket(ctx context.Context, name string) (console
 	beats := map[string]time.Time{}
 	for _, r := range st.reps {
 		beats[r.ID] = r.BeatAt
+		// Every replica of a group or queue reads the same backlog:
+		// the largest is the latest.
+		if bl := r.Backlog; bl != nil && (f.Backlog == nil || bl.Ready+bl.SetAside > f.Backlog.Ready+f.Backlog.SetAside) {
+			f.Backlog = &console.BacklogFrame{Ready: bl.Ready, SetAside: bl.SetAside}
+		}
 	}
 	for _, r := range view.replicas {
 		rf := console.ReplicaFrame{ID: r.id, Mode: r.mode, Idle: r.idle, Delivered: known(r.delivered)}

@@ -295,11 +295,14 @@ func monitor(ctx context.Context, b *limiter.Bucket, src backlogger, m *metrics,
 		}
 		var backlog *consumer.Backlog
 		if src != nil {
-			if b, err := src.BacklogParts(sctx); err == nil {
-				backlog = &b
-				m.setBacklog(b)
+			// The bucket's heartbeats carry it to the console.
+			if bl, err := src.BacklogParts(sctx); err == nil {
+				backlog = &bl
+				m.setBacklog(bl)
+				b.SetBacklog(bl.Ready, bl.SetAside)
 			} else {
 				m.backlogUnknown()
+				b.SetBacklog(-1, 0)
 			}
 		}
 		cancel()

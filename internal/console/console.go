@@ -136,6 +136,9 @@ type BucketFrame struct {
 	History  []*float64     `json:"history"`
 	Replicas []ReplicaFrame `json:"replicas"`
 	Layers   []LayerFrame   `json:"layers"`
+	// Backlog is the source's backlog, as the replicas last read it (every
+	// 5 s) and reported it in their heartbeats; nil when none reports it.
+	Backlog *BacklogFrame `json:"backlog"`
 	// LayersNote says why Layers is empty or partial, if it is.
 	LayersNote string `json:"layers_note,omitempty"`
 }
@@ -158,6 +161,14 @@ type ReplicaFrame struct {
 	LastBeatSeconds *float64 `json:"last_beat_seconds"`
 	// Configured is its configured rate and burst, "" when not reported.
 	Configured string `json:"configured"`
+}
+
+// BacklogFrame is the messages waiting at the broker: Ready to be
+// consumed, and SetAside by a delay layer until due. The group's or
+// queue's value: the largest any live replica reported.
+type BacklogFrame struct {
+	Ready    int64 `json:"ready"`
+	SetAside int64 `json:"set_aside"`
 }
 
 // LayerFrame is one layer of limit.extra.

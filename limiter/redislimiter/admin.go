@@ -363,6 +363,10 @@ type Replica struct {
 	// (backend.ReplicaReport.Idle), such as a Kafka group member that
 	// owns no partition.
 	Idle bool
+	// Backlog is the source's backlog its report carried
+	// (backend.ReplicaReport.Backlog), nil when unknown. It belongs to the
+	// consumer group or queue: every replica of one reports the same.
+	Backlog *limiter.Backlog
 	// BeatAt is when its last heartbeat ran, on Redis's clock: Granted is
 	// the count as of then, so two beats give the rate exactly. Zero when
 	// the heartbeat did not say (an older replica).
@@ -387,6 +391,21 @@ func parseWaitingByPriority(tok string) (w [limiter.NumPriorities]int, ok bool) 
 		w[p] = n
 	}
 	return w, true
+}
+
+// parseBacklog parses a report's "b:READY,SETASIDE" token.
+func parseBacklog(tok string) (limiter.Backlog, bool) {
+	rest, ok := strings.CutPrefix(tok, "b:")
+	if !ok {
+		return limiter.Backlog{}, false
+	}
+	ready, aside, ok := strings.Cut(rest, ",")
+	r, rerr := strconv.ParseInt(ready, 10, 64)
+	a, aerr := strconv.ParseInt(aside, 10, 64)
+	if !ok || rerr != nil || aerr != nil || r < 0 || a < 0 {
+		return limiter.Backlog{}, false
+	}
+	return limiter.Backlog{Ready: r, SetAside: a}, true
 }
 
 // InUse reports whether Redis holds anything of the bucket: its state (a
@@ -420,7 +439,8 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 	for i := 0; i < len(v); i += 2 {
 		r := Replica{ID: v[i]}
 		// "rate burst", then from replicas that report it "mode granted
-		// waiting" and tokens "x:LAYER:N", "w:HIGH,NORMAL,LOW" and "idle",
+		// waiting" and tokens "x:LAYER:N", "w:HIGH,NORMAL,LOW", "idle" and
+		// "b:READY,SETASIDE",
 		// and last "a:BEAT_US" (unknown tokens are skipped).
 		f := strings.Fields(v[i+1])
 		if n := len(f); n > 0 && strings.HasPrefix(f[n-1], "a:") {
@@ -448,6 +468,10 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 					}
 					if w, ok := parseWaitingByPriority(tok); ok {
 						r.WaitingByPriority = w
+						continue
+					}
+					if bl, ok := parseBacklog(tok); ok {
+						r.Backlog = &bl
 						continue
 					}
 					if x := strings.Split(tok, ":"); len(x) == 3 && x[0] == "x" && x[1] != "" {

@@ -55,3 +55,39 @@ func TestParseWaitingByPriority(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaReportsBacklog: a heartbeat carries the source's backlog
+// while the replica knows it, and Replicas reads it back; unknown stays
+// nil.
+func TestReplicaReportsBacklog(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 40, Burst: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reports := map[string]backend.ReplicaReport{
+		"knows":   {Mode: limiter.ModeShared, Backlog: &backend.Backlog{Ready: 1200, SetAside: 35}, WaitingByPriority: [limiter.NumPriorities]int{1, 2, 3}},
+		"unknown": {Mode: limiter.ModeShared, Idle: true},
+	}
+	for id, r := range reports {
+		if _, err := s.HeartbeatReport(ctx, id, time.Minute, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.Admin().Replicas(ctx)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("Replicas = %+v, %v", got, err)
+	}
+	for _, r := range got {
+		want := reports[r.ID].Backlog
+		if (want == nil) != (r.Backlog == nil) || (want != nil && *want != *r.Backlog) || r.Idle != reports[r.ID].Idle {
+			t.Errorf("replica %s: backlog %v, want %v", r.ID, r.Backlog, want)
+		}
+	}
+	for _, bad := range []string{"b:", "b:1", "b:-1,2", "b:1,x", "b:1,2,3"} {
+		if bl, ok := parseBacklog(bad); ok {
+			t.Errorf("%q parsed as %+v", bad, bl)
+		}
+	}
+}

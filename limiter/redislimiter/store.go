@@ -519,6 +519,10 @@ func (s *Store) report(r backend.ReplicaReport) string {
 	if r.Idle {
 		report += " idle"
 	}
+	// And "b:READY,SETASIDE", the source's backlog, while known.
+	if bl := r.Backlog; bl != nil {
+		report += " b:" + strconv.FormatInt(bl.Ready, 10) + "," + strconv.FormatInt(bl.SetAside, 10)
+	}
 	return report
 }
 

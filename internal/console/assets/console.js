@@ -52,7 +52,7 @@ function bucketCard(name) {
     el("div", { class: "stats" },
       stat("rate", "rate"), stat("delivered", "delivered (live)"), stat("tokens", "tokens"),
       stat("override", "override"), stat("configured", "configured"), stat("paused", "paused"),
-      stat("adaptive", "adaptive rate"), stat("warmup", "warm-up")),
+      stat("adaptive", "adaptive rate"), stat("warmup", "warm-up"), stat("backlog", "backlog")),
     el("canvas", { class: "chart", width: "900", height: "120" }),
     el("div", { class: "chart-legend" }, el("span", { class: "chart-from" }), el("span", { class: "chart-max" }), el("span", {}, "now")),
     el("div", { class: "actions" },
@@ -113,6 +113,10 @@ function renderBucket(b, f) {
   setText(card, ".adaptive", ad ? `${fmtRate(ad.rate)} of ${fmtRate(ad.ceiling)}` : "at its ceiling or off");
   const wu = st.warmup;
   setText(card, ".warmup", !wu ? "none" : wu.ramping ? `ramping: ${Math.round(100 * wu.rate_factor)}%, ${fmtSecs(wu.seconds_left)} left` : "cold: the next message starts the ramp");
+
+  const bl = b.backlog;
+  setText(card, ".backlog", bl ? `${bl.ready + bl.set_aside} (${bl.ready} ready, ${bl.set_aside} set aside)` : "not reported");
+  $(".backlog", card).title = "the source's backlog, as the replicas read it every 5 s and report it in their heartbeats";
 
   const warnings = $(".warnings", card);
   warnings.replaceChildren(...(st.warnings || []).map(w => el("li", {}, w)));
