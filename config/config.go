@@ -214,6 +214,34 @@ type Limit struct {
 	// rate ramps from a third of Rate to Rate over Warmup. 0 means none;
 	// redislimiter.Config.Validate says which values are valid.
 	Warmup Duration `yaml:"warmup,omitempty"`
+	// Fair shares the bucket among tenants by weight while it is
+	// saturated (limiter.Fair, which validates it): absent, none.
+	Fair *LimitFair `yaml:"fair,omitempty"`
+}
+
+// LimitFair is limit.fair, mapped onto limiter.Fair and the consumer's
+// consumer.LimitOptions.Tenant and TenantWaiting, which validate it and
+// give the defaults of the keys left out.
+type LimitFair struct {
+	// Key is a message template (sinks/msgtmpl) giving the message's
+	// tenant, such as {{index .Headers "x-tenant"}}. Required. A message
+	// for which it fails or renders empty is dead-lettered with the
+	// reason.
+	Key string `yaml:"key"`
+	// Weights maps a tenant to its weight (limiter.Fair.Weights), each > 0.
+	Weights map[string]float64 `yaml:"weights,omitempty"`
+	// DefaultWeight is the weight of the other tenants; default 1.
+	DefaultWeight float64 `yaml:"default_weight,omitempty" check:"nonzero"`
+	// Horizon is how far ahead, in time of the bucket's rate, the tenants
+	// together hold reservations before the shares apply
+	// (limiter.Fair.Horizon); default 500ms.
+	Horizon Duration `yaml:"horizon,omitempty" check:"nonzero"`
+	// MaxWaiting bounds the messages of one tenant that wait for its share
+	// at once in a replica (consumer.LimitOptions.TenantWaiting, default
+	// 4): a further one is set aside until its tenant's share has room.
+	// Under source.kafka.ordering partition every message waits instead,
+	// in order.
+	MaxWaiting int `yaml:"max_waiting,omitempty" check:"nonzero"`
 }
 
 // LimitAdaptive is limit.adaptive, mapped onto limiter.Adaptive, which

@@ -2,6 +2,7 @@ package config
 
 import (
 	"crypto/tls"
+	"errors"
 	"maps"
 	"slices"
 	"strconv"
@@ -58,6 +59,9 @@ type Libraries struct {
 	// Layers are limit.extra, for redislimiter.Store.WithLayers; nil
 	// without.
 	Layers []limiter.Layer
+	// Fair is limit.fair, for redislimiter.Layered.WithFair; nil without.
+	// The consumer's Limit.Tenant and TenantWaiting come with it.
+	Fair *limiter.Fair
 	// Limiter configures the limiter.Bucket (limiter.New): limit.*
 	// (on_store_error, fallback_rate, probe_interval, lease, adaptive,
 	// priority, min_share) and sink.http.max_pause, which is MaxPause,
@@ -132,6 +136,7 @@ func (c *Config) libraries(ps *problems, readFiles bool) (*Libraries, consumer.O
 	lib := &Libraries{Bucket: l.bucketConfig(), Limiter: l.limiterOptions(ps)}
 	lib.Layers = l.layers(ps)
 	lib.Limit = l.limitOptions(ps, lib.Limiter.Priority)
+	lib.Fair = l.fair(ps, &lib.Limit)
 	if h := c.Sink.HTTP; h != nil {
 		lib.Limiter.MaxPause = time.Duration(h.MaxPause)
 		lib.PushBack = h.PushBackEnabled()
@@ -180,6 +185,15 @@ func (c *Config) libraries(ps *problems, readFiles bool) (*Libraries, consumer.O
 	if dd := d.Dedupe; dd != nil {
 		opts.Dedupe = dd.consumerDedupe(ps, c.Sink)
 		lib.DedupeStore = &redisdedupe.Config{Namespace: l.Bucket}
+	}
+	if lib.Fair != nil {
+		// A tenant over its fair share beyond limit.fair.max_waiting is
+		// set aside, but where the order of a partition must hold.
+		if k := c.Source.Kafka; k != nil && k.Ordering != consumer.OrderKey && k.Ordering != consumer.OrderNone {
+			lib.Limit.TenantWaiting = -1
+		} else {
+			opts.SetAside = true
+		}
 	}
 	if k := c.Source.Kafka; k != nil {
 		kc := k.consumerConfig(ps, opts, readFiles)
@@ -281,6 +295,55 @@ func (l *Limit) limitOptions(ps *problems, class limiter.Priority) consumer.Limi
 		o.Keys = f
 	}
 	return o
+}
+
+// fair maps limit.fair onto the limiter's fair shares, and its key and
+// max_waiting onto o; nil without.
+func (l *Limit) fair(ps *problems, o *consumer.LimitOptions) *limiter.Fair {
+	f := l.Fair
+	if f == nil {
+		return nil
+	}
+	const name = "limit.fair.key"
+	if f.Key == "" {
+		ps.add(name, "is required: the template that gives a message's tenant")
+	} else if _, err := msgtmpl.Parse(name, f.Key); err != nil {
+		ps.add(name, "%s", err)
+	} else if keys, err := msgtmpl.KeysFunc([]msgtmpl.LayerKey{{Layer: limiter.FairLayer, Name: name, Text: f.Key}}); err == nil {
+		o.Tenant = func(m consumer.Message) (string, error) {
+			k, err := keys(m)
+			return k[limiter.FairLayer], err
+		}
+	}
+	o.TenantWaiting = f.MaxWaiting
+	return &limiter.Fair{Weights: f.Weights, DefaultWeight: f.DefaultWeight, Horizon: time.Duration(f.Horizon)}
+}
+
+// validateFair records the problems limiter.Fair.Validate finds in fair,
+// mapped from limit.fair, each under its YAML key.
+func (l *Limit) validateFair(ps *problems, fair *limiter.Fair) {
+	if fair == nil {
+		return
+	}
+	f := *fair
+	for _, err := range leaves(f.Validate()) {
+		var pe *limiter.ParamError
+		if !errors.As(err, &pe) {
+			ps.add("limit.fair", "%s", err)
+			continue
+		}
+		key := "limit.fair." + map[string]string{"DefaultWeight": "default_weight", "Horizon": "horizon"}[pe.Param]
+		if t, ok := strings.CutPrefix(pe.Param, "Weights"); ok {
+			key = "limit.fair.weights" + strings.Trim(t, "[]")
+			if t != "" {
+				key = "limit.fair.weights." + strings.Trim(t, "[]")
+			}
+		}
+		ps.add(key, "%s", paramMessage(pe))
+	}
+	if l.Fair.MaxWaiting < 0 {
+		ps.add("limit.fair.max_waiting", "must be >= 0, got %d", l.Fair.MaxWaiting)
+	}
 }
 
 // costFunc maps cost_template or cost_header onto the consumer's cost of

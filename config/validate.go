@@ -109,6 +109,7 @@ func (lib *Libraries) validate(ps *problems, c *Config, opts consumer.Options) {
 		ps.library(limiterKeys, a.ValidateFor(lib.Bucket.Rate))
 	}
 	c.Limit.validateLayers(ps, lib.Layers)
+	c.Limit.validateFair(ps, lib.Fair)
 	ps.library(limitKeys, lib.Limit.Validate())
 
 	// The consumer's rules about its limiter hold for the one the binary

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/throttlehq/throttle/consumer/internal/grant"
@@ -18,6 +19,9 @@ const (
 	// HeaderLimitReason says why, in a few words.
 	HeaderLimitReason = "x-throttle-limit-reason"
 )
+
+// DefaultTenantWaiting is LimitOptions.TenantWaiting's default.
+const DefaultTenantWaiting = 4
 
 // ErrWaitTimeout is wrapped by the error of a wait that
 // LimitOptions.WaitTimeout cut short. It is retryable: the retry policy
@@ -47,6 +51,25 @@ type LimitOptions struct {
 	// layer grants before its OnExceed refuses at once. Default 0: no
 	// bound.
 	WaitTimeout time.Duration
+	// Tenant gives the message's tenant on a bucket with fair shares
+	// (limiter.Fair, limiter.Request.Tenant), such as a customer named in a
+	// header. It is required when the bucket has fair shares. An error
+	// fails the message, as for Keys; so does an empty tenant.
+	Tenant func(Message) (string, error)
+	// TenantWaiting bounds the messages of one tenant that wait for its
+	// fair share at once in this limiter (limiter.Request.FairWaiting): a
+	// further message of the tenant that its share makes wait is not held
+	// here but refused at once with a *limiter.LimitError (Layer
+	// limiter.FairLayer, ActionDelay), which Throttle turns into a
+	// SetAside, so that a tenant over its share does not hold the handlers
+	// that other tenants need. The messages of a tenant set aside so are
+	// spaced by its share's pace: each until the wait its share gave,
+	// but no sooner than the tenant's spacing (limiter.LimitError.Spacing)
+	// after the one set aside before it.
+	// Default 0: DefaultTenantWaiting. Negative: no bound, every message
+	// waits (a consumer that must keep its order, such as Kafka under
+	// ordering partition).
+	TenantWaiting int
 	// Waiting, when set, is called with +1 when a message starts waiting
 	// for tokens and -1 when it stops, and Granted with the tokens of
 	// each grant: for a gauge of waiting messages and a counter of
@@ -82,18 +105,26 @@ func NewLimiter(bucket *limiter.Bucket, opts LimitOptions) (MessageLimiter, erro
 	}
 	if bucket == nil {
 		bad("bucket", "must not be nil")
-	} else if opts.Keys == nil {
-		for _, l := range bucket.Layers() {
-			if l.Keyed {
-				bad("Keys", "is required: layer %q is keyed", l.Name)
-				break
+	} else {
+		if opts.Keys == nil {
+			for _, l := range bucket.Layers() {
+				if l.Keyed {
+					bad("Keys", "is required: layer %q is keyed", l.Name)
+					break
+				}
 			}
+		}
+		if opts.Tenant == nil && bucket.Fair() != nil {
+			bad("Tenant", "is required: the bucket has fair shares")
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	return &messageLimiter{b: bucket, opts: opts}, nil
+	if opts.TenantWaiting == 0 {
+		opts.TenantWaiting = DefaultTenantWaiting
+	}
+	return &messageLimiter{b: bucket, opts: opts, tenants: map[string]*tenantPace{}}, nil
 }
 
 // Validate returns nil or every problem of o that needs no bucket, each a
@@ -111,6 +142,44 @@ func (o LimitOptions) Validate() error {
 type messageLimiter struct {
 	b    *limiter.Bucket
 	opts LimitOptions
+
+	mu      sync.Mutex
+	tenants map[string]*tenantPace
+}
+
+// tenantPace paces the messages of a tenant set aside for its fair share:
+// next is when the next one is due.
+type tenantPace struct {
+	next time.Time
+}
+
+// setAside returns how long to set aside a message of tenant that the
+// bucket made wait d for its share (from now), its reservations coming
+// due spacing apart: until the later of that and the tenant's next due,
+// which moves spacing further, so that the
+// messages a tenant over its share sets aside come back at its pace
+// rather than all at once.
+func (l *messageLimiter) setAside(tenant string, now time.Time, d, spacing time.Duration) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.tenants) > 1024 {
+		for k, p := range l.tenants {
+			if p.next.Before(now) {
+				delete(l.tenants, k)
+			}
+		}
+	}
+	p := l.tenants[tenant]
+	if p == nil {
+		p = &tenantPace{}
+		l.tenants[tenant] = p
+	}
+	due := now.Add(d)
+	if p.next.After(due) {
+		due = p.next
+	}
+	p.next = due.Add(spacing)
+	return due.Sub(now)
 }
 
 // MessagePriority returns LimitOptions.Priority: a consumer whose
@@ -148,14 +217,26 @@ func (l *messageLimiter) waitMessage(ctx context.Context, msg Message, cost int,
 	if err != nil {
 		return err
 	}
-	return l.wait(ctx, cost, func(ctx context.Context) error {
+	now := time.Now()
+	return l.paced(req, now, l.wait(ctx, cost, func(ctx context.Context) error {
 		if g == nil {
 			return l.b.WaitN(ctx, req)
 		}
 		var err error
 		*g, err = l.b.WaitGrant(ctx, req)
 		return err
-	})
+	}))
+}
+
+// paced returns err, a refusal by the fair share of a request made at now
+// moved to the tenant's pace (setAside).
+func (l *messageLimiter) paced(req limiter.Request, now time.Time, err error) error {
+	var le *limiter.LimitError
+	if req.Tenant != "" && errors.As(err, &le) && le.Layer == limiter.FairLayer && !le.Reserved {
+		le.Wait = l.setAside(req.Tenant, now, le.Wait, le.Spacing)
+		le.RetryAt = now.Add(le.Wait)
+	}
+	return err
 }
 
 // AcquireMessage implements SlotLimiter: WaitMessage that holds a slot of
@@ -179,11 +260,12 @@ func (l *messageLimiter) acquire(ctx context.Context, msg Message, cost int) (*l
 		return nil, err
 	}
 	var held *limiter.Held
-	err = l.wait(ctx, cost, func(ctx context.Context) error {
+	now := time.Now()
+	err = l.paced(req, now, l.wait(ctx, cost, func(ctx context.Context) error {
 		var err error
 		held, err = l.b.Acquire(ctx, req)
 		return err
-	})
+	}))
 	return held, err
 }
 
@@ -202,6 +284,15 @@ func (l *messageLimiter) request(msg Message, cost int) (limiter.Request, error)
 		if req.Keys, err = l.opts.Keys(msg); err != nil {
 			return req, err
 		}
+	}
+	if l.opts.Tenant != nil && l.b.Fair() != nil {
+		if req.Tenant, err = l.opts.Tenant(msg); err != nil {
+			return req, err
+		}
+		if req.Tenant == "" {
+			return req, Permanent(errors.New("the message's tenant is empty"))
+		}
+		req.FairWaiting = max(l.opts.TenantWaiting, 0)
 	}
 	return req, nil
 }

@@ -42,11 +42,15 @@ type Request struct {
 	// Fair): "" leaves the request out of them. Ignored by a store without
 	// them.
 	Tenant string
-	// FairRefuse makes a wait for the tenant's fair share return at once
-	// a *LimitError of Layer FairLayer, with ActionDelay and the wait,
-	// instead of waiting: a consumer sets the message aside rather than
-	// hold a handler (see consumer.LimitOptions.TenantWaiting).
-	FairRefuse bool
+	// FairWaiting bounds the requests of Tenant that wait for its fair
+	// share at once in this Bucket (those not yet granted; a granted
+	// request waiting for its reservation holds its share and is not
+	// counted): a further request that the tenant's share makes wait
+	// returns at once a *LimitError of Layer FairLayer, with ActionDelay
+	// and the wait, so that a consumer sets the message aside rather than
+	// hold a handler (see consumer.LimitOptions.TenantWaiting). 0: no
+	// bound, every request waits.
+	FairWaiting int
 }
 
 // WaitN blocks until req.Cost tokens are granted on the shared bucket and on
@@ -191,7 +195,8 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 	start := b.clock.Now()
 	b.addWaiting(req.Priority, 1)
 	defer b.addWaiting(req.Priority, -1)
-	limiting := "" // the layer that set the longest of this call's waits
+	fairIn := false // counted among its tenant's FairWaiting
+	limiting := ""  // the layer that set the longest of this call's waits
 	var longest time.Duration
 	// head is set while this caller is the one of its class that asks
 	// while a floor holds the class back (floor.go).
@@ -269,10 +274,14 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		if fair {
 			b.layered.fairActive.Store(int64(res.FairActive))
 		}
-		if !res.Granted && res.Limiting == FairLayer && req.FairRefuse {
-			le := backend.FairError(res.At, res.Wait)
-			b.observeLayered(start, req, FairLayer, le)
-			return le
+		if !res.Granted && res.Limiting == FairLayer && req.FairWaiting > 0 && !fairIn {
+			if !b.layered.fairEnter(req.Tenant, req.FairWaiting) {
+				le := backend.FairError(res.At, res.Wait, res.FairSpacing)
+				b.observeLayered(start, req, FairLayer, le)
+				return le
+			}
+			fairIn = true
+			defer b.layered.fairLeave(req.Tenant)
 		}
 		if res.Wait >= longest && res.Wait > 0 {
 			longest, limiting = res.Wait, res.Limiting
@@ -549,6 +558,31 @@ type layeredFallback struct {
 	// tenants its last answer counted in a request's class.
 	fair       *Fair
 	fairActive atomic.Int64
+	fairMu     sync.Mutex
+	fairWait   map[string]int // requests waiting for their share, by tenant
+}
+
+// fairEnter counts a request of tenant waiting for its fair share, unless
+// bound are already: then it reports false.
+func (lf *layeredFallback) fairEnter(tenant string, bound int) bool {
+	lf.fairMu.Lock()
+	defer lf.fairMu.Unlock()
+	if lf.fairWait[tenant] >= bound {
+		return false
+	}
+	if lf.fairWait == nil {
+		lf.fairWait = map[string]int{}
+	}
+	lf.fairWait[tenant]++
+	return true
+}
+
+func (lf *layeredFallback) fairLeave(tenant string) {
+	lf.fairMu.Lock()
+	defer lf.fairMu.Unlock()
+	if lf.fairWait[tenant]--; lf.fairWait[tenant] <= 0 {
+		delete(lf.fairWait, tenant)
+	}
 }
 
 // layeredStore returns the Bucket's store if it is a LayeredStore with at
@@ -680,9 +714,6 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 		if res.Exceeded != nil {
 			b.signPaid(ctx, res.Exceeded) // paidsig.go
 			return res.Exceeded
-		}
-		if !res.Granted && res.Limiting == FairLayer && req.FairRefuse {
-			return backend.FairError(res.At, res.Wait)
 		}
 		if !res.Granted {
 			if err := b.sleep(ctx, gen.changed, res.Wait); err != nil && !errors.Is(err, errChanged) {

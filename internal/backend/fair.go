@@ -112,11 +112,12 @@ func FairOf(s any) *Fair {
 }
 
 // FairError returns the *LimitError for a request that its tenant's fair
-// share makes wait, refused instead (limiter.Request.FairRefuse): an
-// ActionDelay refusal by FairLayer, with room after wait.
-func FairError(at time.Time, wait time.Duration) *LimitError {
+// share makes wait, refused instead (limiter.Request.FairWaiting): an
+// ActionDelay refusal by FairLayer, with room after wait, the tenant's
+// reservations coming due spacing apart.
+func FairError(at time.Time, wait, spacing time.Duration) *LimitError {
 	return &LimitError{
-		Layer: FairLayer, Action: ActionDelay, Wait: wait, RetryAt: at.Add(wait),
+		Layer: FairLayer, Action: ActionDelay, Wait: wait, RetryAt: at.Add(wait), Spacing: spacing,
 		Reason: fmt.Sprintf("tenant over its fair share; room in %v", wait.Round(time.Millisecond)),
 	}
 }
@@ -155,6 +156,16 @@ func fairWait(h, capTokens, cost float64, last, now int64) int64 {
 		x = span * (1 - room/h)
 	}
 	return max(int64(math.Ceil(x)), 1)
+}
+
+// fairSpacing returns how far apart (µs) cost tokens of a tenant that
+// holds h tokens now, its last reservation due at last, come due: its
+// pace while it keeps its share.
+func fairSpacing(h, cost float64, last, now int64) int64 {
+	if h <= 0 || last <= now {
+		return 0
+	}
+	return int64(math.Ceil(cost * float64(last-now) / h))
 }
 
 // fairCap returns a tenant's share, in tokens, of a horizon of horizonUS at

@@ -308,6 +308,10 @@ type LimitError struct {
 	// Key is the message's key in the layer ("" for a layer without
 	// keys), set with Reserved.
 	Key string
+	// Spacing is, for a refusal by the fair share (Layer FairLayer), how
+	// far apart the tenant's reservations come due now: its pace, by
+	// which a consumer spaces the messages of the tenant it sets aside.
+	Spacing time.Duration
 	// Sig is the signature that a Bucket's WaitN gives a booked slot
 	// (with Reserved), which the slot carries back (PaidSlot.Sig, see
 	// Slot); "" when the Bucket could not sign it, in which case the slot
@@ -552,6 +556,9 @@ type LayerResult struct {
 	// Tenant, the number of tenants of its class that hold reservations not
 	// yet due after the call; 0 otherwise.
 	FairActive int
+	// FairSpacing is, when Limiting is FairLayer, how far apart the
+	// tenant's reservations come due now (LimitError.Spacing).
+	FairSpacing time.Duration
 	// LayersDue is, for a granted request, how long after At every layer
 	// had room: at most Wait, which is the shared bucket's. The layers
 	// were charged for the instant At+Wait; the request may go out as

@@ -336,6 +336,7 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			if fw := ft.wait(m.fair, sRate, cost, now); fw > 0 {
 				res.Limiting = FairLayer
 				res.Wait = time.Duration(fw) * time.Microsecond
+				res.FairSpacing = time.Duration(fairSpacing(ft.h, cost, ft.st.last, now)) * time.Microsecond
 				return res, nil, nil
 			}
 		} else {

@@ -224,6 +224,15 @@ func (m *metrics) registerKafkaReader(stats func() kafka.ReaderStats) {
 	)
 }
 
+// registerFair exports throttle_fair_active_tenants, read from active at
+// each scrape. Metrics name no tenant.
+func (m *metrics) registerFair(active func() int) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "throttle_fair_active_tenants",
+		Help: "Tenants holding reservations in the shared queue of the class of this replica's last message with a tenant (limit.fair), as the bucket last answered it.",
+	}, func() float64 { return float64(active()) }))
+}
+
 // setBacklog records the messages waiting at the broker, and those of them
 // set aside.
 func (m *metrics) setBacklog(b consumer.Backlog) {

@@ -124,6 +124,9 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		}
 	}()
 	m.countWaiting(func() [limiter.NumPriorities]int { return bucket.Stats().WaitingByPriority })
+	if bucket.Fair() != nil {
+		m.registerFair(bucket.FairActive)
+	}
 
 	log.Info("starting",
 		"version", version,

@@ -84,10 +84,17 @@ func (b builder) bucket(client redis.UniversalClient) (*redislimiter.Store, *lim
 		return nil, nil, &configError{err: fmt.Errorf("limit: %w", err)}
 	}
 	var ls limiter.Store = store
-	if len(b.lib.Layers) > 0 {
-		if ls, err = store.WithLayers(b.lib.Layers); err != nil {
+	if len(b.lib.Layers) > 0 || b.lib.Fair != nil {
+		layered, err := store.WithLayers(b.lib.Layers)
+		if err != nil {
 			return nil, nil, &configError{err: fmt.Errorf("limit.extra: %w", err)}
 		}
+		if b.lib.Fair != nil {
+			if layered, err = layered.WithFair(*b.lib.Fair); err != nil {
+				return nil, nil, &configError{err: fmt.Errorf("limit.fair: %w", err)}
+			}
+		}
+		ls = layered
 	}
 	opts := b.lib.Limiter
 	opts.Observer = newPauseReporter(b.log, pauseLogEvery).observe(layerObserver(b.m, b.m.limiterObserver(), b.lib.Layers))

@@ -404,6 +404,7 @@ func (l *Layered) takeReply(req backend.LayerRequest, v []int64, err error, cloc
 	var layer limiter.Layer
 	if v[2] == -1 && v[0] == 0 {
 		res.Limiting = backend.FairLayer
+		res.FairSpacing = time.Duration(v[10]) * time.Microsecond
 	} else if v[2] > 0 {
 		if int(v[2]) > len(l.layers) {
 			return backend.LayerResult{}, l.malformed("take layers", v)

@@ -20,8 +20,9 @@ type fstep struct {
 
 	granted bool
 	wait    time.Duration
-	fair    bool // the wait is the tenant's fair share's (Limiting FairLayer)
-	active  int  // FairActive
+	fair    bool          // the wait is the tenant's fair share's (Limiting FairLayer)
+	spacing time.Duration // with fair: FairSpacing
+	active  int           // FairActive
 }
 
 const ms = time.Millisecond
@@ -52,11 +53,11 @@ var fairCases = []struct {
 			{at: 0, tenant: "a", granted: true, wait: 900 * ms, active: 1},
 			{at: 0, tenant: "a", granted: true, wait: 1000 * ms, active: 1},
 			// a holds its 10: it may book again once one came due.
-			{at: 0, tenant: "a", wait: 100 * ms, fair: true, active: 1},
+			{at: 0, tenant: "a", wait: 100 * ms, fair: true, spacing: 100 * ms, active: 1},
 			// b holds nothing: it books at once, behind a's 10.
 			{at: 0, tenant: "b", granted: true, wait: 1100 * ms, active: 2},
 			// Now 5 each: a waits until it holds 4 (at 600 ms), b books.
-			{at: 0, tenant: "a", wait: 600 * ms, fair: true, active: 2},
+			{at: 0, tenant: "a", wait: 600 * ms, fair: true, spacing: 100 * ms, active: 2},
 			{at: 0, tenant: "b", granted: true, wait: 1200 * ms, active: 2},
 			{at: 599 * ms, tenant: "a", wait: 1 * ms, fair: true, active: 2},
 			{at: 600 * ms, tenant: "a", granted: true, wait: 700 * ms, active: 2},
@@ -84,7 +85,7 @@ var fairCases = []struct {
 			{at: 0, tenant: "b", granted: true, wait: 350 * ms, active: 2},
 			// b holds 5 = 20 · 1/4: it waits until one came due (its
 			// reservations come due evenly until 350 ms: 70 ms).
-			{at: 0, tenant: "b", wait: 70 * ms, fair: true, active: 2},
+			{at: 0, tenant: "b", wait: 70 * ms, fair: true, spacing: 70 * ms, active: 2},
 		},
 	},
 	{
@@ -117,9 +118,10 @@ func RunFair(t *testing.T, newStore FairFactory) {
 				if st.fair {
 					limiting = limiter.FairLayer
 				}
-				if res.Granted != st.granted || res.Wait != st.wait || res.Limiting != limiting || res.FairActive != st.active || !res.At.Equal(now) {
-					t.Fatalf("step %d: take(%q) at +%v = granted %v wait %v limiting %q active %d\nwant granted %v wait %v limiting %q active %d",
-						i, st.tenant, st.at, res.Granted, res.Wait, res.Limiting, res.FairActive, st.granted, st.wait, limiting, st.active)
+				if res.Granted != st.granted || res.Wait != st.wait || res.Limiting != limiting || res.FairActive != st.active || !res.At.Equal(now) ||
+					(st.spacing > 0 && res.FairSpacing != st.spacing) {
+					t.Fatalf("step %d: take(%q) at +%v = granted %v wait %v limiting %q active %d spacing %v\nwant granted %v wait %v limiting %q active %d spacing %v",
+						i, st.tenant, st.at, res.Granted, res.Wait, res.Limiting, res.FairActive, res.FairSpacing, st.granted, st.wait, limiting, st.active, st.spacing)
 				}
 			}
 		})

@@ -39,6 +39,11 @@ local function fair_wait(h, cap, cost, last, now)
   return r
 end
 
+local function fair_spacing(h, cost, last, now)
+  if h <= 0 or last <= now then return 0 end
+  return math.ceil(cost * (last - now) / h)
+end
+
 -- fair_drain forgets the bins that ended at or before now, in their order.
 local function fair_drain(agg, bins, now)
   local due = redis.call('ZRANGEBYSCORE', bins, '-inf', now)

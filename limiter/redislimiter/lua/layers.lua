@@ -36,7 +36,8 @@
 -- (its push counter on the shared bucket), layers_due_us (granted: when
 -- every layer had room, limiter.LayerResult.LayersDue), fair_active (with
 -- fair shares: the tenants of the class counted)}. layer -1 is the fair
--- share (status 0: the tenant holds its share; come back after wait_us). status: 1 granted, 0
+-- share (status 0: the tenant holds its share; come back after wait_us;
+-- layers_due_us is then how far apart its reservations come due). status: 1 granted, 0
 -- not
 -- granted (come back after wait_us), 2 refused by layer's action, 4
 -- refused by layer, a token bucket with action delay, which booked the
@@ -154,7 +155,7 @@ if shared and fweight and fweight > 0 then
   if wait0 > 0 then
     local fcap = srate * tonumber(ARGV[16 + 10 * n]) / 1e6 * fweight / ft.w
     local fw = fair_wait(ft.h, fcap, cost, ft.last, now)
-    if fw > 0 then return reply(0, fw, -1, stokens, 0) end
+    if fw > 0 then return reply(0, fw, -1, stokens, 0, fair_spacing(ft.h, cost, ft.last, now)) end
   else
     ft = nil -- granted at once: it holds nothing in the queue
   end
