@@ -232,7 +232,7 @@ func servedMetrics(t *testing.T) metricSet {
 	m.registerKafkaReader(func() kafka.ReaderStats { return kafka.ReaderStats{} })
 	// The layers' metrics exist with limit.extra, their series with the
 	// first event.
-	o := layerObserver(m, m.limiterObserver(), []limiter.Layer{{Name: "per-recipient"}})
+	o := layerObserver(m, m.limiterObserver(), []limiter.Layer{{Name: "per-recipient"}}, false)
 	o.LimitExceeded("per-recipient", limiter.ActionDelay)
 	o.LayerWaited("", 0)
 	families, err := m.reg.Gather()

@@ -9,7 +9,8 @@ import (
 )
 
 // layerObserver returns obs with the metrics of limit.extra added, or obs
-// itself without layers: throttle_limit_exceeded_total{layer,action}, the
+// itself without layers nor fair shares (fair: their waits and refusals
+// go by the layer name "fair"): throttle_limit_exceeded_total{layer,action}, the
 // refusals (shadow="true": what a shadow layer would have refused or made
 // wait), throttle_limit_shadow_wait_seconds{layer}, each shadow layer's
 // would-be wait, throttle_limit_wait_seconds{layer}, the waits by the layer
@@ -18,8 +19,8 @@ import (
 // refused for a missing or wrong signature ("other" for a layer that is not
 // configured). Labels name layers, never keys, so their number is bounded
 // by the configuration.
-func layerObserver(m *metrics, obs *limiter.Observer, layers []limiter.Layer) *limiter.Observer {
-	if len(layers) == 0 {
+func layerObserver(m *metrics, obs *limiter.Observer, layers []limiter.Layer, fair bool) *limiter.Observer {
+	if len(layers) == 0 && !fair {
 		return obs
 	}
 	exceeded := prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -97,7 +97,7 @@ func (b builder) bucket(client redis.UniversalClient) (*redislimiter.Store, *lim
 		ls = layered
 	}
 	opts := b.lib.Limiter
-	opts.Observer = newPauseReporter(b.log, pauseLogEvery).observe(layerObserver(b.m, b.m.limiterObserver(), b.lib.Layers))
+	opts.Observer = newPauseReporter(b.log, pauseLogEvery).observe(layerObserver(b.m, b.m.limiterObserver(), b.lib.Layers, b.lib.Fair != nil))
 	opts.Logger = b.log
 	bucket, err := limiter.New(ls, opts)
 	if err != nil {
