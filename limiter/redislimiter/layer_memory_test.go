@@ -3,6 +3,7 @@ package redislimiter
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -59,5 +60,52 @@ func TestLayerKeyMemory(t *testing.T) {
 		l.layerKey(0, "+15550000000"), c.Get(ctx, l.layerKey(0, "+15550000000")).Val(), avg, float64(after-before)/n, n)
 	if avg > 200 {
 		t.Errorf("MEMORY USAGE per keyed bucket = %.0f bytes, want <= 200", avg)
+	}
+}
+
+// TestFairTenantMemory measures what an active tenant of fair shares costs
+// Redis (target: at most 200 bytes by MEMORY USAGE): 10,000 tenants each
+// holding a reservation in a saturated bucket at 1/s, one script call each; the
+// tenant's key, plus the class totals and bins shared by all, per tenant.
+func TestFairTenantMemory(t *testing.T) {
+	if os.Getenv("THROTTLE_FAIR_MEMORY") == "" {
+		t.Skip("a measurement (10,000 script calls): THROTTLE_FAIR_MEMORY=1 runs it")
+	}
+	c := newClient(t)
+	ctx := context.Background()
+	l, err := newLayered(t, c, 1, 1, nil).WithFair(limiter.Fair{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Del(context.Background(), l.fairKeys[0], l.fairKeys[1]) })
+	const n = 10000
+	for i := range n {
+		tenant := fmt.Sprintf("tenant-%05d", i)
+		res, err := l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, MaxWait: 5 * time.Hour, Tenant: tenant})
+		if err != nil || !res.Granted {
+			t.Fatalf("take %d: %+v %v", i, res, err)
+		}
+		if i == n-1 && (res.FairActive < n-100 || res.FairActive > n-1) {
+			// The first took the full bucket's token; at 1/s, the tenants
+			// whose reservation came due meanwhile no longer count.
+			t.Fatalf("FairActive = %d, want about %d", res.FairActive, n-1)
+		}
+	}
+	var total int64
+	for i := 1; i < n; i += n / 100 {
+		m, err := c.MemoryUsage(ctx, l.fairPrefix+"1:"+fmt.Sprintf("tenant-%05d", i)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += m
+	}
+	shared := c.MemoryUsage(ctx, l.fairKeys[0], 0).Val() + c.MemoryUsage(ctx, l.fairKeys[1], 0).Val()
+	perTenant := float64(total)/100 + float64(shared)/n
+	t.Logf("%d tenants: MEMORY USAGE %.0f bytes per tenant key (average of 100, key %q), %d bytes for the totals and bins (%.1f per tenant): %.0f per tenant",
+		n, float64(total)/100, l.fairPrefix+"1:tenant-00001", shared, float64(shared)/n, perTenant)
+	// The bins are one per 10 ms in which some tenant's last reservation
+	// falls: at 1/s, one per tenant (the worst case), at 1000/s one per 10.
+	if key := float64(total) / 100; key > 200 {
+		t.Errorf("%.0f bytes per active tenant's key, want <= 200", key)
 	}
 }
