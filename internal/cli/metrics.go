@@ -332,14 +332,15 @@ func (m *metrics) waiting(p limiter.Priority) int {
 	return (*by)()[p]
 }
 
-// handler serves /metrics, /healthz (the process is alive) and /readyz
-// (ready returns nil).
+// handler serves /metrics, /livez and /healthz (the process is alive: no
+// dependency is checked, so that a liveness probe never restarts a replica
+// for Redis or the broker being down) and /readyz (ready returns nil).
 func (m *metrics) handler(ready func() error) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "ok")
-	})
+	alive := func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") }
+	mux.HandleFunc("GET /livez", alive)
+	mux.HandleFunc("GET /healthz", alive)
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := ready(); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)

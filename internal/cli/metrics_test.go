@@ -97,6 +97,9 @@ func TestMetricsHandler(t *testing.T) {
 	if code, _ := get(t, srv.URL+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz: %d", code)
 	}
+	if code, _ := get(t, srv.URL+"/livez"); code != http.StatusOK {
+		t.Errorf("/livez: %d", code)
+	}
 	if code, body := get(t, srv.URL+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "consumer is not running") {
 		t.Errorf("/readyz while not ready: %d %q", code, body)
 	}

@@ -42,7 +42,8 @@ console of its bucket ('throttle help console').
 
 Observability, on metrics.listen (default 127.0.0.1:9464; "off" disables):
   /metrics   Prometheus metrics, all named throttle_*
-  /healthz   200 while the process is alive
+  /livez     200 while the process is alive (no dependency checked)
+  /healthz   the same as /livez
   /readyz    200 while the consumer runs, is connected to its broker, and
              the limiter is not closed (see limit.on_store_error)
 Logs go to stderr (log.level, log.format: text or json). When stderr is a
@@ -201,7 +202,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 				log.Warn("stopping the metrics server", "error", err)
 			}
 		}()
-		log.Info("serving metrics", "addr", srv.addr.String(), "paths", "/metrics /healthz /readyz")
+		log.Info("serving metrics", "addr", srv.addr.String(), "paths", "/metrics /livez /healthz /readyz")
 	}
 
 	if cfg.Console.Enabled() {
@@ -214,6 +215,14 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 
 	runCtx, stopMonitor := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
+	{
+		g := usefulGauge(m.reg)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			watchUseful(runCtx, store.Admin(), g, monitorInterval)
+		}()
+	}
 	if lib.Limiter.Adaptive != nil {
 		g := adaptiveGauge(m.reg)
 		wg.Add(1)
