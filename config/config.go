@@ -188,6 +188,9 @@ type Limit struct {
 	// Extra lists further limits (keyed buckets, calendar quotas) decided
 	// with the bucket in one atomic step; see LimitLayer.
 	Extra []LimitLayer `yaml:"extra,omitempty"`
+	// Prices price each message for the budget layers of Extra; see
+	// LimitPrices.
+	Prices *LimitPrices `yaml:"prices,omitempty"`
 	// Adaptive turns on the adaptive rate (AIMD, limiter.Adaptive): each
 	// push-back from the sink lowers the bucket's rate for every replica,
 	// and it climbs back while sends succeed. Rate becomes the ceiling.

@@ -58,6 +58,22 @@ type LimitLayer struct {
 	// and counted (throttle_limit_exceeded_total{shadow="true"}), never
 	// enforced, with a state of its own. Default false.
 	Shadow bool `yaml:"shadow,omitempty"`
+	// Window makes a send window instead (limiter.Window): messages go
+	// out only while the recipient's local time is inside it, and are
+	// set aside until it opens (on_exceed defaults to delay). Timezone is
+	// then an IANA name or e164, the zone of each recipient's number
+	// (Key must give the number, e.g. {{e164 .JSON.to}}), with
+	// DefaultTimezone for a number that cannot be placed; Countries
+	// override the window by ISO 3166 code; Exempt lists the classes
+	// (high, normal, low) it does not hold back. See docs/windows.md.
+	Window          *LimitWindow           `yaml:"window,omitempty"`
+	DefaultTimezone string                 `yaml:"default_timezone,omitempty"`
+	Countries       map[string]LimitWindow `yaml:"countries,omitempty"`
+	Exempt          []string               `yaml:"exempt,omitempty"`
+	// Budget makes a spend budget instead (limiter.Layer.Budget): at most
+	// Budget, in limit.prices.currency, per Per in Timezone, each message
+	// charged its price (limit.prices). See docs/budgets.md.
+	Budget Money `yaml:"budget,omitempty"`
 }
 
 // Layers maps limit.extra onto the limiter's layers: Libraries.Layers,
@@ -89,7 +105,8 @@ func (l *Limit) layers(ps *problems) []limiter.Layer {
 			OnExceed: limiter.Action(x.OnExceed), MaxWait: time.Duration(x.MaxWait),
 			Shadow: x.Shadow,
 		}
-		if x.Timezone != "" {
+		x.policyLayer(ps, i, &out[i])
+		if x.Timezone != "" && x.Window == nil {
 			loc, err := time.LoadLocation(x.Timezone)
 			if err != nil {
 				ps.add(fmt.Sprintf("limit.extra[%d].timezone", i), "unknown time zone %q", x.Timezone)
@@ -118,7 +135,12 @@ func (l *Limit) validateLayers(ps *problems, layers []limiter.Layer) {
 			ps.add("limit.extra", "%s", err)
 			continue
 		}
-		yamlKey := map[string]string{"Location": "timezone", "Keyed": "key"}[field]
+		yamlKey := map[string]string{"Location": "timezone", "Keyed": "key", "Window.Location": "timezone", "Window.Exempt": "exempt"}[field]
+		if yamlKey == "" && strings.HasPrefix(field, "Window.Countries") {
+			yamlKey = "countries"
+		} else if yamlKey == "" && strings.HasPrefix(field, "Window") {
+			yamlKey = "window"
+		}
 		if yamlKey == "" {
 			yamlKey = yamlKeyOf(reflect.TypeFor[LimitLayer](), field)
 		}

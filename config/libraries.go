@@ -180,7 +180,7 @@ func (c *Config) libraries(ps *problems, readFiles bool) (*Libraries, consumer.O
 		MaxSetAside:  time.Duration(d.MaxSetAside),
 		// A layer of limit.extra with on_exceed delay sets messages
 		// aside, in the delay topic or queues.
-		SetAside: slices.ContainsFunc(lib.Layers, func(x limiter.Layer) bool { return x.OnExceed == limiter.ActionDelay }),
+		SetAside: slices.ContainsFunc(lib.Layers, limiter.Layer.SetsAside),
 	}
 	if dd := d.Dedupe; dd != nil {
 		opts.Dedupe = dd.consumerDedupe(ps, c.Sink)
@@ -294,6 +294,7 @@ func (l *Limit) limitOptions(ps *problems, class limiter.Priority) consumer.Limi
 	if f, err := msgtmpl.KeysFunc(keys); err == nil { // each parsed above
 		o.Keys = f
 	}
+	l.priceOptions(ps, &o)
 	return o
 }
 

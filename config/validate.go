@@ -111,6 +111,7 @@ func (lib *Libraries) validate(ps *problems, c *Config, opts consumer.Options) {
 	c.Limit.validateLayers(ps, lib.Layers)
 	c.Limit.validateFair(ps, lib.Fair)
 	ps.library(limitKeys, lib.Limit.Validate())
+	ps.library(limitKeys, lib.Limit.ValidateLayers(lib.Layers))
 
 	// The consumer's rules about its limiter hold for the one the binary
 	// adds.
@@ -306,7 +307,7 @@ type libraryKeys struct {
 
 // The YAML keys of the libraries' configurations in Libraries.
 var (
-	limitKeys   = libraryKeys{"limit", reflect.TypeFor[Limit](), map[string]string{"WaitTimeout": "limit.max_wait"}}
+	limitKeys   = libraryKeys{"limit", reflect.TypeFor[Limit](), map[string]string{"WaitTimeout": "limit.max_wait", "Prices": "limit.prices", "Recipient": "limit.prices.recipient"}}
 	limiterKeys = libraryKeys{"limit", reflect.TypeFor[Limit](), map[string]string{"MaxPause": "sink.http.max_pause"}}
 	// deliveryAlias names the consumer options that come from delivery.*.
 	deliveryAlias = map[string]string{

@@ -44,6 +44,17 @@ type LimitOptions struct {
 	// consumer whose Options.Limiter is this limiter orders its messages
 	// by the same function (Options.Priority's default).
 	Priority PriorityFunc
+	// Prices price each message for the bucket's budget layers
+	// (limiter.Layer.Budget, limiter.Request.Price): the price of the
+	// recipient's country, times the message's cost (its SMS segments)
+	// with PerSegment. Required when the bucket has a budget layer;
+	// Validate checks it.
+	Prices *limiter.Prices
+	// Recipient gives the message's recipient, a telephone number, for
+	// the prices by country (Prices.Countries; required with them). An
+	// error fails the message, as for Keys; a recipient that is not a
+	// telephone number dead-letters it, naming the budget layer.
+	Recipient func(Message) (string, error)
 	// WaitTimeout bounds each wait for tokens, the shared bucket's and the
 	// layers' together: a wait still going after it is cut short and fails
 	// the attempt with a retryable error wrapping ErrWaitTimeout. It is
@@ -103,15 +114,15 @@ func NewLimiter(bucket *limiter.Bucket, opts LimitOptions) (MessageLimiter, erro
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, args...)})
 	}
+	budget := ""
 	if bucket == nil {
 		bad("bucket", "must not be nil")
 	} else {
-		if opts.Keys == nil {
-			for _, l := range bucket.Layers() {
-				if l.Keyed {
-					bad("Keys", "is required: layer %q is keyed", l.Name)
-					break
-				}
+		errs = append(errs, opts.ValidateLayers(bucket.Layers()))
+		for _, l := range bucket.Layers() {
+			if l.IsBudget() {
+				budget = l.Name
+				break
 			}
 		}
 		if opts.Tenant == nil && bucket.Fair() != nil {
@@ -124,7 +135,7 @@ func NewLimiter(bucket *limiter.Bucket, opts LimitOptions) (MessageLimiter, erro
 	if opts.TenantWaiting == 0 {
 		opts.TenantWaiting = DefaultTenantWaiting
 	}
-	return &messageLimiter{b: bucket, opts: opts, tenants: map[string]*tenantPace{}}, nil
+	return &messageLimiter{b: bucket, opts: opts, tenants: map[string]*tenantPace{}, budget: budget}, nil
 }
 
 // Validate returns nil or every problem of o that needs no bucket, each a
@@ -132,16 +143,49 @@ func NewLimiter(bucket *limiter.Bucket, opts LimitOptions) (MessageLimiter, erro
 // errors.Join. NewLimiter calls it; a program may call it to check its
 // configuration before it has a bucket.
 func (o LimitOptions) Validate() error {
+	var errs []error
 	if o.WaitTimeout < 0 {
-		return &FieldError{Field: "WaitTimeout", Err: fmt.Errorf("%v must not be negative", o.WaitTimeout)}
+		errs = append(errs, &FieldError{Field: "WaitTimeout", Err: fmt.Errorf("%v must not be negative", o.WaitTimeout)})
 	}
-	return nil
+	if o.Prices != nil {
+		if err := o.Prices.Validate(); err != nil {
+			errs = append(errs, &FieldError{Field: "Prices", Err: err})
+		}
+		if o.Prices.NeedsRecipient() && o.Recipient == nil {
+			errs = append(errs, &FieldError{Field: "Recipient", Err: errors.New("is required with prices by country (Prices.Countries)")})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ValidateLayers returns nil or every problem of o for a bucket with
+// layers, each a *FieldError, joined: Keys is required when a layer is
+// keyed, Prices when one is a budget. NewLimiter calls it with the
+// bucket's layers; a program may call it before it has a bucket.
+func (o LimitOptions) ValidateLayers(layers []limiter.Layer) error {
+	var errs []error
+	for _, l := range layers {
+		if l.Keyed && o.Keys == nil {
+			errs = append(errs, &FieldError{Field: "Keys", Err: fmt.Errorf("is required: layer %q is keyed", l.Name)})
+			break
+		}
+	}
+	for _, l := range layers {
+		if l.IsBudget() && o.Prices == nil {
+			errs = append(errs, &FieldError{Field: "Prices", Err: fmt.Errorf("is required: layer %q is a budget", l.Name)})
+			break
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // messageLimiter is what NewLimiter returns.
 type messageLimiter struct {
 	b    *limiter.Bucket
 	opts LimitOptions
+	// budget names the bucket's first budget layer, "" for none: the
+	// layer a message that cannot be priced is dead-lettered under.
+	budget string
 
 	mu      sync.Mutex
 	tenants map[string]*tenantPace
@@ -294,7 +338,30 @@ func (l *messageLimiter) request(msg Message, cost int) (limiter.Request, error)
 		}
 		req.FairWaiting = max(l.opts.TenantWaiting, 0)
 	}
+	if l.budget != "" {
+		if req.Price, err = l.price(msg, cost); err != nil {
+			return req, err
+		}
+	}
 	return req, nil
+}
+
+// price returns what msg, of cost, costs on the bucket's budget layers. A
+// recipient that is not a telephone number is a permanent failure naming
+// the budget layer.
+func (l *messageLimiter) price(msg Message, cost int) (limiter.Amount, error) {
+	to := ""
+	if l.opts.Prices.NeedsRecipient() {
+		var err error
+		if to, err = l.opts.Recipient(msg); err != nil {
+			return 0, err
+		}
+	}
+	p, err := l.opts.Prices.Price(to, cost, l.budget)
+	if le, ok := errors.AsType[*limiter.LimitError](err); ok {
+		return 0, Permanent(fmt.Errorf("pricing the message: %w", limitRefusal{le}))
+	}
+	return p, err
 }
 
 // wait runs do, bounded by WaitTimeout and reported to Waiting and Granted.

@@ -26,6 +26,12 @@ type Request struct {
 	// PriorityNormal, whatever the Bucket's Options.Priority (the class of
 	// Wait and Allow).
 	Priority Priority
+	// Price is what the message costs on every budget layer
+	// (Layer.Budget), in micro-units of the budget's currency (see
+	// Prices). A price above a budget fails the request with a
+	// *LimitError matching ErrCostExceedsBurst. Ignored by a store
+	// without budget layers.
+	Price Amount
 	// Paid names the slots this message already paid for: those a delay
 	// layer booked when it refused the message (LimitError.Reserved and
 	// LimitError.Slot). A layer with such a slot, for this request's key
@@ -223,7 +229,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			b.observeLayered(start, req, limiting, err)
 			return err
 		}
-		lr := backend.LayerRequest{Cost: req.Cost, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant, Holder: holder}
+		lr := backend.LayerRequest{Cost: req.Cost, Price: req.Price, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant, Holder: holder}
 		leading := false
 		fair := req.Tenant != "" && b.layered.fair != nil // fair shares are decided in the store: no lease
 		if !fair && b.lease.take(req.Priority, req.Cost) {
@@ -658,11 +664,16 @@ func shareLayers(layers []Layer, n float64) []Layer {
 	}
 	for i := range out {
 		l := &out[i]
-		if l.IsConcurrency() {
+		switch {
+		case l.IsConcurrency():
 			l.Concurrency = max(1, int(math.Ceil(float64(l.Concurrency)/n)))
 			continue
-		}
-		if l.IsQuota() {
+		case l.IsWindow():
+			continue
+		case l.IsBudget():
+			l.Budget = max(1, backend.Amount(math.Ceil(float64(l.Budget)/n)))
+			continue
+		case l.IsQuota():
 			l.Quota = max(1, int(math.Ceil(float64(l.Quota)/n)))
 			continue
 		}
@@ -689,17 +700,20 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 	// the share holds, so that a message the shared limits allow is not
 	// refused for the split.
 	localRate, localBurst := local.Limits()
-	cost := min(req.Cost, localBurst)
+	cost, price := min(req.Cost, localBurst), req.Price
 	for _, l := range lm.Layers() {
-		if l.IsConcurrency() {
-			continue
-		} else if l.IsQuota() {
+		switch {
+		case l.IsConcurrency():
+		case l.IsWindow():
+		case l.IsBudget():
+			price = min(price, l.Budget)
+		case l.IsQuota():
 			cost = min(cost, l.Quota)
-		} else {
+		default:
 			cost = min(cost, l.Burst)
 		}
 	}
-	lr := backend.LayerRequest{Cost: cost, Keys: req.Keys, MaxWait: b.opts.MaxReserve, Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant, Holder: holder}
+	lr := backend.LayerRequest{Cost: cost, Price: price, Keys: req.Keys, MaxWait: b.opts.MaxReserve, Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant, Holder: holder}
 	pushes := b.fallbackPushes(local)
 	for {
 		gen := b.gen.Load()

@@ -43,3 +43,7 @@ func TestFairMemorySteps(t *testing.T) {
 		return clockedLayered{m}
 	})
 }
+
+func TestLayeredMemoryPolicySteps(t *testing.T) {
+	storetest.RunPolicyLayers(t, newClockedLayered)
+}

@@ -39,7 +39,8 @@ type Layer struct {
 	Quota int
 	// Per is the quota's window: PerHour, PerDay or PerMonth.
 	Per Period
-	// Location is the quota's time zone. Default UTC.
+	// Location is the time zone of a quota's or a budget's windows.
+	// Default UTC.
 	Location *time.Location
 	// Concurrency makes the layer an in-flight cap instead: at most
 	// Concurrency requests of a key (or of the layer, without keys) hold
@@ -54,6 +55,19 @@ type Layer struct {
 	// It counts from the instant the request goes out. Default
 	// DefaultLease. Only with Concurrency.
 	Lease time.Duration
+	// Budget makes the layer a spend budget instead: a quota in money, at
+	// most Budget (in micro-units of the prices' currency) per calendar
+	// Per in Location, each request charged its Price
+	// (LayerRequest.Price) rather than its Cost. Rate, Burst and Quota
+	// must then be 0. It behaves as a quota in everything else.
+	Budget Amount
+	// Window makes the layer a send window instead (see Window): it
+	// grants only while the key's local time is inside the window, and
+	// charges nothing. Rate, Burst, Quota and Budget must then be 0, and
+	// OnExceed defaults to ActionDelay: a message outside its window is
+	// set aside until it opens. Keyed must be set when the window reads
+	// its keys as telephone numbers (Window.ByNumber or Countries).
+	Window *Window
 	// OnExceed is what happens when the layer cannot grant within MaxWait:
 	// ActionWait (the default) waits as long as needed, ActionDeadLetter
 	// refuses at once with a *LimitError, ActionDelay refuses with a
@@ -97,8 +111,10 @@ func (l Layer) IsQuota() bool { return l.Quota > 0 }
 func (l Layer) IsConcurrency() bool { return l.Concurrency > 0 }
 
 // IsBucket reports whether the layer is a keyed token bucket: neither a
-// quota nor a concurrency cap.
-func (l Layer) IsBucket() bool { return !l.IsQuota() && !l.IsConcurrency() }
+// quota, a concurrency cap, a budget nor a send window.
+func (l Layer) IsBucket() bool {
+	return !l.IsQuota() && !l.IsConcurrency() && !l.IsBudget() && !l.IsWindow()
+}
 
 // DefaultLease is a concurrency layer's Lease when none is given.
 const DefaultLease = time.Minute
@@ -215,6 +231,9 @@ func ValidateLayers(layers []Layer) error {
 		seen[l.Name] = true
 		if l.OnExceed == "" {
 			l.OnExceed = ActionWait
+			if l.Window != nil {
+				l.OnExceed = ActionDelay
+			}
 		}
 		if _, err := ParseAction(string(l.OnExceed)); err != nil {
 			bad("OnExceed", "must be wait, dead_letter or delay", string(l.OnExceed))
@@ -240,6 +259,33 @@ func ValidateLayers(layers []Layer) error {
 				l.Lease = DefaultLease
 			} else if l.Lease < time.Millisecond {
 				bad("Lease", "must be at least 1ms", l.Lease)
+			}
+			continue
+		}
+		if l.Window != nil {
+			if l.Rate != 0 || l.Burst != 0 || l.Quota != 0 || l.Budget != 0 || l.Per != "" {
+				bad("Window", "a window takes no Rate, Burst, Quota, Budget or Per", nil)
+			}
+			if err := l.Window.validate("Layers[" + strconv.Itoa(i) + "].Window"); err != nil {
+				errs = append(errs, err)
+			}
+			if l.Window.needsNumber() && !l.Keyed {
+				bad("Keyed", "a window that reads its keys as telephone numbers (ByNumber, Countries) must be keyed", false)
+			}
+			continue
+		}
+		if l.Budget != 0 {
+			if l.Rate != 0 || l.Burst != 0 || l.Quota != 0 {
+				bad("Budget", "a budget takes no Rate, Burst or Quota", l.Budget)
+			}
+			if l.Budget < 1 || l.Budget > MaxAmount {
+				bad("Budget", "must be > 0 and at most 2^53 micro-units", l.Budget)
+			}
+			if _, err := ParsePeriod(string(l.Per)); err != nil {
+				bad("Per", "must be hour, day or month", string(l.Per))
+			}
+			if l.Location == nil {
+				l.Location = time.UTC
 			}
 			continue
 		}
@@ -358,6 +404,11 @@ type LayerRequest struct {
 	// back there.
 	Priority Priority
 	MinShare Shares
+	// Price is what the request costs on every budget layer
+	// (Layer.Budget), in micro-units of the budget's currency. A price
+	// above a budget fails the request with a *LimitError (ActionDeadLetter,
+	// matching ErrCostExceedsBurst); 0 passes every budget uncharged.
+	Price Amount
 	// Paid names the slots this message already paid for: those that a
 	// delay layer booked when it refused the message
 	// (LimitError.Reserved). A layer with such a slot, for this request's
@@ -645,7 +696,14 @@ type LayerState struct {
 	// WindowEnd when it resets.
 	Used      int
 	WindowEnd time.Time
-	// Full is set when no state is kept: a full bucket or an unused quota.
+	// Spent is, for a budget, the money spent in the current window
+	// (WindowEnd when it resets).
+	Spent Amount
+	// Open is, for a window, the key's open interval holding the store's
+	// clock, or the next one: [Open[0], Open[1]).
+	Open [2]time.Time
+	// Full is set when no state is kept: a full bucket, an unused quota
+	// or budget; for a window, when it is open.
 	Full bool
 	// At is the store's clock.
 	At time.Time
@@ -679,6 +737,16 @@ func CostError(l Layer, cost int) error {
 	}
 }
 
+// PriceError returns the *LimitError for a price that budget layer l can
+// never grant: above its budget. It also matches ErrCostExceedsBurst.
+func PriceError(l Layer, price Amount) error {
+	return &LimitError{
+		Layer: l.Name, Action: ActionDeadLetter,
+		Reason: fmt.Sprintf("price %s exceeds budget %s", price, l.Budget),
+		err:    fmt.Errorf("price %s, budget %s: %w", price, l.Budget, ErrCostExceedsBurst),
+	}
+}
+
 // ExceededError returns the *LimitError for layer l refusing a request under
 // its OnExceed action, with room after wait. Stores call it so that every
 // store words its refusals alike.
@@ -705,9 +773,14 @@ func exceededError(l Layer, at time.Time, wait time.Duration, when string) *Limi
 		shown = wait.Round(time.Second)
 	}
 	var reason string
-	if l.IsQuota() {
+	switch {
+	case l.IsWindow():
+		reason = fmt.Sprintf("outside the send window; opens in %v", shown)
+	case l.IsBudget():
+		reason = fmt.Sprintf("budget of %s per %s spent; resets in %v", l.Budget, l.Per, shown)
+	case l.IsQuota():
 		reason = fmt.Sprintf("quota of %d per %s used up; resets in %v", l.Quota, l.Per, shown)
-	} else {
+	default:
 		reason = fmt.Sprintf("rate %s (burst %d) exceeded; %s %v", formatRate(l.Rate), l.Burst, when, shown)
 	}
 	e := &LimitError{Layer: l.Name, Action: l.OnExceed, Reason: reason, Wait: wait}

@@ -56,7 +56,7 @@ func lastOf(b *memLayerBucket) int64 {
 
 type memLayerQuota struct {
 	end  int64 // µs: the end of the window counted
-	used int
+	used int64 // tokens, or micro-units of a budget
 }
 
 // NewLayeredMemory returns a LayeredStore that decides shared (the shared
@@ -77,11 +77,12 @@ func NewLayeredMemory(shared *Memory, layers []Layer) (*LayeredMemory, error) {
 	m.slots = make([]map[string]map[string]int64, len(layers))
 	for i, l := range layers {
 		m.index[l.Name] = i
-		if l.IsConcurrency() {
+		switch {
+		case l.IsConcurrency():
 			m.slots[i] = map[string]map[string]int64{}
-		} else if l.IsQuota() {
+		case l.counted():
 			m.quotas[i] = map[string]*memLayerQuota{}
-		} else {
+		case l.IsBucket():
 			m.buckets[i] = map[string]*memLayerBucket{}
 		}
 	}
@@ -222,8 +223,8 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 	type layerState struct {
 		tokens float64 // bucket: after the refill
 		ts     int64
-		end    int64 // quota: the current window's end
-		used   int
+		end    int64 // quota, budget: the current window's end
+		used   int64
 		wait   int64
 		paid   bool // bucket: passed on a paid slot
 		// never is set for a shadow layer that can never grant the
@@ -245,7 +246,7 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			s.paid = true
 			continue
 		}
-		if l.Shadow && req.Cost > max(l.Quota, l.Burst) {
+		if l.Shadow && !l.IsWindow() && (l.IsBudget() && req.Price > l.Budget || !l.IsBudget() && req.Cost > max(l.Quota, l.Burst)) {
 			s.never = true
 			continue
 		}
@@ -253,8 +254,20 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			s.wait = slotWait(m.slots[i][keys[i]], req.Holder, now, l)
 			continue
 		}
-		if l.IsQuota() {
-			if req.Cost > l.Quota {
+		if l.IsWindow() {
+			spans, err := WindowSpans(l, keys[i], req.Priority, t)
+			if err != nil && !l.Shadow { // a shadow window never refuses: open
+				return res, nil, err
+			}
+			s.wait, _ = WindowWait(spans, send, now) // spans around now always hold send
+			continue
+		}
+		if l.counted() {
+			c := l.charge(req)
+			if c > l.limit() {
+				if l.IsBudget() {
+					return res, nil, PriceError(l, req.Price)
+				}
 				return res, nil, CostError(l, req.Cost)
 			}
 			_, end := QuotaWindow(l.Per, time.UnixMicro(send), l.Location)
@@ -262,7 +275,7 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			if q := m.quotas[i][keys[i]]; q != nil && q.end == s.end {
 				s.used = q.used
 			}
-			if s.used+req.Cost > l.Quota {
+			if s.used+c > l.limit() {
 				s.wait = s.end - now
 			}
 			continue
@@ -391,8 +404,13 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			held[req.Holder] = send + l.Lease.Microseconds()
 			continue
 		}
-		if l.IsQuota() {
-			m.quotas[i][keys[i]] = &memLayerQuota{end: st[i].end, used: st[i].used + req.Cost}
+		if l.IsWindow() {
+			continue
+		}
+		if l.counted() {
+			if c := l.charge(req); c > 0 {
+				m.quotas[i][keys[i]] = &memLayerQuota{end: st[i].end, used: st[i].used + c}
+			}
 			continue
 		}
 		b := m.buckets[i][keys[i]]
@@ -449,17 +467,17 @@ func (m *LayeredMemory) RefundLayersAt(t time.Time, req LayerRequest, res LayerR
 	send := res.At.Add(res.Wait)                       // when the take charged the layers
 	paid := PaidLayers(m.layers, keys, req.Paid, send) // as the take decided
 	for i, l := range m.layers {
-		if (paid != nil && paid[i]) || l.Shadow {
-			continue // not charged by the take, or a shadow layer
+		if (paid != nil && paid[i]) || l.Shadow || l.IsWindow() {
+			continue // not charged by the take, a shadow layer or a window
 		}
 		if l.IsConcurrency() {
 			m.releaseLocked(i, keys[i], req.Holder)
 			continue
 		}
-		if l.IsQuota() {
+		if l.counted() {
 			_, end := QuotaWindow(l.Per, send, l.Location)
 			if q := m.quotas[i][keys[i]]; q != nil && q.end == end.UnixMicro() {
-				q.used = max(0, q.used-req.Cost)
+				q.used = max(0, q.used-l.charge(req))
 			}
 			continue
 		}
@@ -634,13 +652,21 @@ func (m *LayeredMemory) LayerStatusAt(t time.Time, layer, key string) (LayerStat
 		st.Full = st.Used == 0
 		return st, nil
 	}
-	if l.IsQuota() {
+	if l.IsWindow() {
+		spans, err := WindowSpans(l, key, PriorityNormal, t)
+		if err != nil {
+			return st, err
+		}
+		st.Open, st.Full = WindowState(spans, now)
+		return st, nil
+	}
+	if l.counted() {
 		_, end := QuotaWindow(l.Per, t, l.Location)
 		st.WindowEnd = end
 		if q := m.quotas[i][key]; q != nil && q.end == end.UnixMicro() {
-			st.Used = q.used
+			st.setUsed(l, q.used)
 		}
-		st.Full = st.Used == 0
+		st.Full = st.Used == 0 && st.Spent == 0
 		return st, nil
 	}
 	b := m.buckets[i][key]

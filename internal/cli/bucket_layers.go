@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,7 +39,7 @@ type layerStatusJSON struct {
 	Bucket string  `json:"bucket"`
 	Layer  string  `json:"layer"`
 	Key    string  `json:"key,omitempty"`
-	Kind   string  `json:"kind"` // "bucket", "quota" or "concurrency"
+	Kind   string  `json:"kind"` // "bucket", "quota", "concurrency", "budget" or "window"
 	Rate   float64 `json:"rate,omitempty"`
 	// Concurrency is set for a concurrency layer, whose Used is the
 	// slots held now.
@@ -49,7 +51,16 @@ type layerStatusJSON struct {
 	Timezone    string     `json:"timezone,omitempty"`
 	Used        *int       `json:"used,omitempty"`
 	WindowEnd   *time.Time `json:"window_end,omitempty"`
-	Full        bool       `json:"full"`
+	// Budget, Spent and Left are a budget's, in its currency.
+	Budget *float64 `json:"budget,omitempty"`
+	Spent  *float64 `json:"spent,omitempty"`
+	Left   *float64 `json:"left,omitempty"`
+	// Open, Opens and Closes are a window's for the key: whether it is
+	// open now, and the open interval that holds now or comes next.
+	Open   *bool      `json:"open,omitempty"`
+	Opens  *time.Time `json:"opens,omitempty"`
+	Closes *time.Time `json:"closes,omitempty"`
+	Full   bool       `json:"full"`
 }
 
 // cmdBucketLayer runs `bucket status|reset [NAME] --config FILE --layer L
@@ -107,7 +118,7 @@ func cmdBucketLayer(ctx context.Context, sub, name, cfgPath, addr, layer, key st
 		if !asJSON {
 			if l.IsConcurrency() {
 				fmt.Fprintf(stdout, "Reset %s: its slots are free (their holders' releases do nothing).\n", what)
-			} else if l.IsQuota() {
+			} else if l.IsQuota() || l.IsBudget() {
 				fmt.Fprintf(stdout, "Reset %s: its quota is unused for the rest of the window.\n", what)
 			} else {
 				fmt.Fprintf(stdout, "Reset %s: its bucket is full.\n", what)
@@ -120,12 +131,21 @@ func cmdBucketLayer(ctx context.Context, sub, name, cfgPath, addr, layer, key st
 		return fmt.Errorf("reading %s: %w", what, err)
 	}
 	out := layerStatusJSON{Bucket: t.name, Layer: layer, Key: key, Full: st.Full}
-	if l.IsConcurrency() {
+	switch {
+	case l.IsConcurrency():
 		out.Kind, out.Concurrency, out.Used = "concurrency", l.Concurrency, &st.Used
-	} else if l.IsQuota() {
+	case l.IsWindow():
+		open, opens, closes := st.Full, st.Open[0], st.Open[1]
+		out.Kind, out.Open, out.Opens, out.Closes = "window", &open, &opens, &closes
+	case l.IsBudget():
+		end := st.WindowEnd.In(l.Location)
+		budget, spent, left := l.Budget.Float(), st.Spent.Float(), (l.Budget - st.Spent).Float()
+		out.Kind, out.Per, out.Timezone, out.WindowEnd = "budget", string(l.Per), l.Location.String(), &end
+		out.Budget, out.Spent, out.Left = &budget, &spent, &left
+	case l.IsQuota():
 		end := st.WindowEnd.In(l.Location)
 		out.Kind, out.Quota, out.Per, out.Timezone, out.Used, out.WindowEnd = "quota", l.Quota, string(l.Per), l.Location.String(), &st.Used, &end
-	} else {
+	default:
 		out.Kind, out.Rate, out.Burst, out.Tokens = "bucket", l.Rate, l.Burst, &st.Tokens
 	}
 	if asJSON {
@@ -138,12 +158,22 @@ func cmdBucketLayer(ctx context.Context, sub, name, cfgPath, addr, layer, key st
 		fmt.Fprintf(stdout, ", key %q", key)
 	}
 	fmt.Fprintln(stdout, ":")
-	if l.IsConcurrency() {
+	switch {
+	case l.IsConcurrency():
 		fmt.Fprintf(stdout, "  in use:  %d of %d slots\n", st.Used, l.Concurrency)
-	} else if l.IsQuota() {
+	case l.IsWindow():
+		state := "closed; opens " + st.Open[0].Format(time.RFC3339) + fmt.Sprintf(" (in %v)", st.Open[0].Sub(st.At).Round(time.Second))
+		if st.Full {
+			state = "open; closes " + st.Open[1].Format(time.RFC3339) + fmt.Sprintf(" (in %v)", st.Open[1].Sub(st.At).Round(time.Second))
+		}
+		fmt.Fprintf(stdout, "  window:  %s\n", state)
+	case l.IsBudget():
+		fmt.Fprintf(stdout, "  spent:   %s of %s this %s, %s left; resets %s (in %v)\n", st.Spent, l.Budget, l.Per, l.Budget-st.Spent,
+			out.WindowEnd.Format(time.RFC3339), st.WindowEnd.Sub(st.At).Round(time.Second))
+	case l.IsQuota():
 		fmt.Fprintf(stdout, "  used:    %d of %d this %s; resets %s (in %v)\n", st.Used, l.Quota, l.Per,
 			out.WindowEnd.Format(time.RFC3339), st.WindowEnd.Sub(st.At).Round(time.Second))
-	} else {
+	default:
 		full := ""
 		if !st.Full {
 			full = fmt.Sprintf(" (full in %v)", time.Duration((float64(l.Burst)-st.Tokens)/l.Rate*float64(time.Second)).Round(time.Second))
@@ -156,11 +186,16 @@ func cmdBucketLayer(ctx context.Context, sub, name, cfgPath, addr, layer, key st
 // describeLayer says what a layer limits, in a few words.
 func describeLayer(l limiter.Layer) string {
 	var s string
-	if l.IsConcurrency() {
+	switch {
+	case l.IsConcurrency():
 		s = fmt.Sprintf("concurrency %d, lease %v", l.Concurrency, l.Lease)
-	} else if l.IsQuota() {
+	case l.IsWindow():
+		s = describeWindow(l.Window)
+	case l.IsBudget():
+		s = fmt.Sprintf("budget %s per %s, %s", l.Budget, l.Per, l.Location)
+	case l.IsQuota():
 		s = fmt.Sprintf("quota %d per %s, %s", l.Quota, l.Per, l.Location)
-	} else {
+	default:
 		s = fmt.Sprintf("%s, burst %d", formatRate(l.Rate), l.Burst)
 	}
 	if l.Keyed {
@@ -205,8 +240,15 @@ type layerJSON struct {
 	// keys.
 	Tokens *float64 `json:"tokens,omitempty"`
 	Used   *int     `json:"used,omitempty"`
+	// Budget is a budget's allowance per window; Spent and Left what a
+	// budget without keys spent this window and has left, in its
+	// currency.
+	Budget *float64 `json:"budget,omitempty"`
+	Spent  *float64 `json:"spent,omitempty"`
+	Left   *float64 `json:"left,omitempty"`
 
 	layer limiter.Layer
+	spent limiter.Amount // Spent, exactly
 }
 
 // bucketLayers returns the layers of cfgPath's limit.extra when it is the
@@ -263,11 +305,19 @@ func layerStates(ctx context.Context, client redis.UniversalClient, ls *redislim
 	out := []layerJSON{}
 	for _, l := range ls.Layers() {
 		lj := layerJSON{Layer: l.Name, Kind: "bucket", Keyed: l.Keyed, OnExceed: string(l.OnExceed), Shadow: l.Shadow, layer: l}
-		if l.IsConcurrency() {
+		switch {
+		case l.IsConcurrency():
 			lj.Kind, lj.Concurrency = "concurrency", l.Concurrency
-		} else if l.IsQuota() {
+		case l.IsWindow():
+			lj.Kind = "window"
+			out = append(out, lj) // no state to count or read
+			continue
+		case l.IsBudget():
+			b := l.Budget.Float()
+			lj.Kind, lj.Budget, lj.Per, lj.Timezone = "budget", &b, string(l.Per), l.Location.String()
+		case l.IsQuota():
 			lj.Kind, lj.Quota, lj.Per, lj.Timezone = "quota", l.Quota, string(l.Per), l.Location.String()
-		} else {
+		default:
 			lj.Rate, lj.Burst = l.Rate, l.Burst
 		}
 		switch {
@@ -282,9 +332,13 @@ func layerStates(ctx context.Context, client redis.UniversalClient, ls *redislim
 			if err != nil {
 				return nil, fmt.Errorf("reading layer %s: %w", l.Name, err)
 			}
-			if !l.IsBucket() {
+			switch {
+			case l.IsBudget():
+				spent, left := st.Spent.Float(), (l.Budget - st.Spent).Float()
+				lj.Spent, lj.Left, lj.spent = &spent, &left, st.Spent
+			case !l.IsBucket(): // a quota, a concurrency layer
 				lj.Used = &st.Used
-			} else {
+			default:
 				lj.Tokens = &st.Tokens
 			}
 		}
@@ -308,6 +362,8 @@ func writeLayers(w io.Writer, layers []layerJSON) {
 			count = fmt.Sprintf("%d keys in use", *l.KeysInUse)
 		case l.Used != nil:
 			count = fmt.Sprintf("used %d this %s", *l.Used, l.Per)
+		case l.Spent != nil:
+			count = fmt.Sprintf("spent %s this %s, %s left", l.spent, l.Per, l.layer.Budget-l.spent)
 		case l.Tokens != nil:
 			count = fmt.Sprintf("%.3f tokens", *l.Tokens)
 		}
@@ -351,4 +407,31 @@ func resetLayers(ctx context.Context, t *bucketTarget, ls *redislimiter.Layered)
 		}
 	}
 	return total, nil
+}
+
+// describeWindow says when a window is open: "08:00-21:00 mon-sun in the
+// zone of each number (default UTC), FR 08:00-20:00 mon-sat, high exempt".
+func describeWindow(w *limiter.Window) string {
+	cal := func(c limiter.Calendar) string {
+		clock := func(d time.Duration) string {
+			if d%time.Minute != 0 {
+				return fmt.Sprintf("%02d:%02d:%02d", int(d.Hours()), int(d.Minutes())%60, int(d.Seconds())%60)
+			}
+			return fmt.Sprintf("%02d:%02d", int(d.Hours()), int(d.Minutes())%60)
+		}
+		return clock(c.From) + "-" + clock(c.To) + " " + c.Days.String()
+	}
+	s := "window " + cal(w.Calendar)
+	if w.ByNumber {
+		s += fmt.Sprintf(" in the zone of each number (default %s)", w.DefaultLocation)
+	} else {
+		s += " " + w.Location.String()
+	}
+	for _, c := range slices.Sorted(maps.Keys(w.Countries)) {
+		s += ", " + c + " " + cal(w.Countries[c])
+	}
+	for _, p := range w.Exempt {
+		s += ", " + p.String() + " exempt"
+	}
+	return s
 }

@@ -235,6 +235,7 @@ func servedMetrics(t *testing.T) metricSet {
 	o := layerObserver(m, m.limiterObserver(), []limiter.Layer{{Name: "per-recipient"}}, false)
 	o.LimitExceeded("per-recipient", limiter.ActionDelay)
 	o.LayerWaited("", 0)
+	newBudgetGauges(m.reg, []limiter.Layer{{Name: "daily-spend", Budget: 1}}).spent.WithLabelValues("daily-spend").Set(0)
 	families, err := m.reg.Gather()
 	if err != nil {
 		t.Fatal(err)

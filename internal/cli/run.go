@@ -231,6 +231,19 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 			watchAdaptive(runCtx, store.Admin(), g, monitorInterval)
 		}()
 	}
+	if g := newBudgetGauges(m.reg, lib.Layers); g != nil {
+		ls, err := store.WithLayers(lib.Layers) // validated above: the bucket holds them
+		if err != nil {
+			stopMonitor()
+			wg.Wait()
+			return &configError{err: fmt.Errorf("limit.extra: %w", err)}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g.watch(runCtx, ls, monitorInterval)
+		}()
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()

@@ -262,6 +262,10 @@ func watchLayerState(l layerJSON) string {
 		return "keys in use: ?"
 	case l.Used != nil:
 		return fmt.Sprintf("used %d of %d this %s", *l.Used, l.Quota, l.Per)
+	case l.Spent != nil:
+		return fmt.Sprintf("spent %s of %s this %s", l.spent, l.layer.Budget, l.Per)
+	case l.Kind == "window":
+		return "a send window (no state)"
 	case l.Tokens != nil:
 		return fmt.Sprintf("%s of %d tokens", formatTokens(*l.Tokens), l.Burst)
 	}

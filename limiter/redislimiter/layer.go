@@ -67,6 +67,8 @@ type Layered struct {
 	windows []atomic.Pointer[[4]int64]
 	// allLayers lists every layer's index: the one step on a single node.
 	allLayers []int
+	// hasWindow is set when a layer is a send window.
+	hasWindow bool
 	// batch pipelines concurrent takes on a single node; nil on a Cluster
 	// or with Config.NoBatching.
 	batch *layerBatcher
@@ -147,6 +149,7 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 	for i, ly := range layers {
 		l.allLayers = append(l.allLayers, i)
 		l.shadow = l.shadow || ly.Shadow
+		l.hasWindow = l.hasWindow || ly.IsWindow()
 		l.keyPrefix[i] = s.cfg.Prefix + s.cfg.Bucket + ":" + ly.Name + ":{"
 		l.unkeyed[i] = s.cfg.Prefix + "{" + s.cfg.Bucket + "}:layer:" + ly.Name
 		if ly.Shadow {
@@ -154,10 +157,15 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 			l.unkeyed[i] = s.cfg.Prefix + "{" + s.cfg.Bucket + "}:shadow:" + ly.Name
 		}
 		kind, a, b := "b", strconv.FormatFloat(ly.Rate, 'g', -1, 64), int64(ly.Burst)
-		if ly.IsQuota() {
+		switch {
+		case ly.IsQuota():
 			kind, a, b = "q", strconv.Itoa(ly.Quota), 0
-		} else if ly.IsConcurrency() {
+		case ly.IsConcurrency():
 			kind, a, b = "c", strconv.Itoa(ly.Concurrency), ly.Lease.Microseconds()
+		case ly.IsBudget(): // the request's price goes in the burst's place
+			kind, a, b = "m", strconv.FormatInt(int64(ly.Budget), 10), 0
+		case ly.IsWindow(): // no state: the open intervals come per request
+			kind, a, b = "o", "0", 0
 		}
 		action := map[limiter.Action]string{limiter.ActionWait: "w", limiter.ActionDeadLetter: "d", limiter.ActionDelay: "y"}[ly.OnExceed]
 		if ly.Shadow {
@@ -173,6 +181,9 @@ func (l *Layered) Layers() []limiter.Layer { return append([]limiter.Layer(nil),
 
 // LayerKey returns the Redis key that holds the state of key in layer i.
 func (l *Layered) layerKey(i int, key string) string {
+	if !l.layers[i].Keyed || l.layers[i].IsWindow() { // a window keeps no state
+		return l.unkeyed[i]
+	}
 	if !l.layers[i].Keyed {
 		return l.unkeyed[i]
 	}
@@ -208,7 +219,7 @@ func (l *Layered) steps(skipShared bool) []step {
 	}
 	out := []step{{shared: !skipShared}}
 	for i, ly := range l.layers {
-		if ly.Keyed {
+		if ly.Keyed && !ly.IsWindow() { // a window has no state to spread
 			out = append(out, step{layers: []int{i}})
 		} else {
 			out[0].layers = append(out[0].layers, i)
@@ -240,6 +251,9 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req backend.Laye
 	}
 	if req.Holder == "" && l.slots {
 		return backend.LayerResult{}, limiter.ErrMissingHolder
+	}
+	if err := l.checkWindows(at, req, keys); err != nil {
+		return backend.LayerResult{}, err
 	}
 	if at.IsZero() && l.batch != nil {
 		return l.batch.take(ctx, req, keys)
@@ -330,13 +344,27 @@ func (l *Layered) takeArgs(at time.Time, req backend.LayerRequest, keys []string
 		rankArgs[backend.Rank(req.Priority)], sh.boxed[1], sh.boxed[2], l.channelArg)
 	for _, i := range st.layers {
 		rkeys = append(rkeys, l.layerKey(i, keys[i]))
-		args = append(args, l.spec[i]...)
-		if l.layers[i].IsQuota() {
+		ly := l.layers[i]
+		switch {
+		case ly.IsBudget(): // the price in the burst's place
+			args = append(args, l.spec[i][:3]...)
+			args = append(args, int64(req.Price))
+			args = append(args, l.spec[i][4:]...)
+		default:
+			args = append(args, l.spec[i]...)
+		}
+		switch {
+		case ly.IsQuota() || ly.IsBudget():
 			w := l.window(i, clock)
 			args = append(args, w[0], w[1], w[2], w[3])
-		} else if l.layers[i].IsConcurrency() {
+		case ly.IsConcurrency():
 			args = append(args, req.Holder, 0, 0, 0)
-		} else {
+		case ly.IsWindow():
+			// checkWindows made sure the key is a number; the spans
+			// are cached.
+			spans, _ := backend.WindowSpans(ly, keys[i], req.Priority, clock)
+			args = append(args, backend.FormatSpans(spans), 0, 0, 0)
+		default:
 			args = append(args, 0, 0, 0, 0)
 		}
 	}
@@ -347,6 +375,23 @@ func (l *Layered) takeArgs(at time.Time, req backend.LayerRequest, keys []string
 		args = append(args, l.fair.Weight(req.Tenant), l.fairArg)
 	}
 	return rkeys, args, clock
+}
+
+// checkWindows returns the error of a window layer's key that is not a
+// telephone number when the window needs one (a *limiter.LimitError with
+// ActionDeadLetter).
+func (l *Layered) checkWindows(at time.Time, req backend.LayerRequest, keys []string) error {
+	if at.IsZero() {
+		at = time.Now()
+	}
+	for i, ly := range l.layers {
+		if ly.IsWindow() && !ly.Shadow { // a shadow window never refuses: open
+			if _, err := backend.WindowSpans(ly, keys[i], req.Priority, at); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // paidArg returns the paid layers' argument of the layer scripts for the
@@ -435,9 +480,12 @@ func (l *Layered) takeReply(req backend.LayerRequest, v []int64, err error, cloc
 	case -1:
 		return res, fmt.Errorf("cost %d, burst %d: %w", req.Cost, res.Burst, limiter.ErrCostExceedsBurst)
 	case -2:
+		if layer.IsBudget() {
+			return res, backend.PriceError(layer, req.Price)
+		}
 		return res, backend.CostError(layer, req.Cost)
 	case -3:
-		return res, l.fail("take layers", fmt.Errorf("layer %q: the Redis clock (%v) is outside the quota windows computed around this host's clock (%v)", layer.Name, res.At, clock))
+		return res, l.fail("take layers", fmt.Errorf("layer %q: the Redis clock (%v) is outside the windows computed around this host's clock (%v)", layer.Name, res.At, clock))
 	default:
 		return backend.LayerResult{}, l.malformed("take layers", v)
 	}
@@ -488,15 +536,15 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.Laye
 	paid := backend.PaidLayers(l.layers, keys, req.Paid, charged) // as the take decided
 	layers := st.layers
 	var slots []backend.SlotRelease
-	if paid != nil || l.slots || l.shadow {
-		// A paid layer was not charged: nothing to give back. A
-		// concurrency slot is released, which wakes its waiters.
+	if paid != nil || l.slots || l.shadow || l.hasWindow {
+		// A paid layer or a window was not charged: nothing to give
+		// back. A concurrency slot is released, which wakes its waiters.
 		layers = slices.DeleteFunc(slices.Clone(layers), func(i int) bool {
 			if l.layers[i].IsConcurrency() {
 				slots = append(slots, backend.SlotRelease{Layer: l.layers[i].Name, Key: keys[i], Holder: req.Holder})
 				return true
 			}
-			return (paid != nil && paid[i]) || l.layers[i].Shadow // a shadow layer keeps its charge
+			return (paid != nil && paid[i]) || l.layers[i].Shadow || l.layers[i].IsWindow() // a shadow layer keeps its charge
 		})
 		if len(slots) > 0 {
 			if err := l.releaseSlots(ctx, at, slots); err != nil {
@@ -510,8 +558,12 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.Laye
 	args = append(args, nowUS, req.Cost, shared, l.rateArg, l.burstArg, len(layers), rankArgs[backend.Rank(class)])
 	for _, i := range layers {
 		rkeys = append(rkeys, l.layerKey(i, keys[i]))
-		args = append(args, l.spec[i][1], l.spec[i][2], l.spec[i][3])
-		if ly := l.layers[i]; ly.IsQuota() {
+		if l.layers[i].IsBudget() { // refund the price
+			args = append(args, l.spec[i][1], l.spec[i][2], int64(req.Price))
+		} else {
+			args = append(args, l.spec[i][1], l.spec[i][2], l.spec[i][3])
+		}
+		if ly := l.layers[i]; ly.IsQuota() || ly.IsBudget() {
 			_, end := backend.QuotaWindow(ly.Per, charged, ly.Location)
 			args = append(args, end.UnixMicro())
 		} else {
@@ -603,7 +655,10 @@ func (l *Layered) layerStatus(ctx context.Context, at time.Time, layer, key stri
 	}
 	ly := l.layers[i]
 	args := []any{l.spec[i][1], l.spec[i][2], l.spec[i][3], 0, 0, 0, 0, nowUS}
-	if ly.IsQuota() {
+	if ly.IsBudget() {
+		args[0] = "q"
+	}
+	if ly.IsQuota() || ly.IsBudget() {
 		w := l.window(i, clock)
 		args[3], args[4], args[5], args[6] = w[0], w[1], w[2], w[3]
 	}
@@ -615,12 +670,23 @@ func (l *Layered) layerStatus(ctx context.Context, at time.Time, layer, key stri
 		return backend.LayerState{}, l.malformed("layer status", v)
 	}
 	st := backend.LayerState{Layer: layer, Key: key, At: time.UnixMicro(v[2])}
-	if ly.IsConcurrency() {
+	switch {
+	case ly.IsConcurrency():
 		st.Used = int(v[0])
 		st.Full = st.Used == 0
 		return st, nil
-	}
-	if ly.IsQuota() {
+	case ly.IsWindow():
+		spans, err := backend.WindowSpans(ly, key, limiter.PriorityNormal, clock)
+		if err != nil {
+			return st, err
+		}
+		st.Open, st.Full = backend.WindowState(spans, v[2])
+		return st, nil
+	case ly.IsBudget():
+		st.Spent, st.WindowEnd = limiter.Amount(v[0]), time.UnixMicro(v[1])
+		st.Full = st.Spent == 0
+		return st, nil
+	case ly.IsQuota():
 		st.Used, st.WindowEnd = int(v[0]), time.UnixMicro(v[1])
 		st.Full = st.Used == 0
 		return st, nil

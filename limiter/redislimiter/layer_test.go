@@ -216,3 +216,10 @@ func TestRedisFairSteps(t *testing.T) {
 		return clockedLayers{l}
 	})
 }
+
+func TestRedisPolicySteps(t *testing.T) {
+	c := newClient(t)
+	storetest.RunPolicyLayers(t, func(t *testing.T, rate float64, burst int, layers []limiter.Layer) storetest.LayeredClockedStore {
+		return clockedLayers{newLayered(t, c, rate, burst, layers)}
+	})
+}

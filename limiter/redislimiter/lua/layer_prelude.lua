@@ -191,3 +191,23 @@ local function slot_take(key, holder, ends, now)
   local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   redis.call('PEXPIRE', key, math.ceil((tonumber(top[2]) - now) / 1000) + 1000)
 end
+
+-- window_wait returns how long after now a send window is open at send or
+-- after it (backend.WindowWait): 0 when send is inside one of its open
+-- intervals s ("start end start end ..." in µs; "" for always open), else
+-- the next start less now; nil when send is past them all (a clock skew).
+local function window_wait(s, send, now)
+  if s == '' then return 0 end
+  local st = nil
+  for v in string.gmatch(s, '%d+') do
+    local x = tonumber(v)
+    if not st then
+      st = x
+    else
+      if send < st then return st - now end
+      if send < x then return 0 end
+      st = nil
+    end
+  end
+  return nil
+end

@@ -10,10 +10,14 @@
 -- shared rate, shared burst, n, extra (shared tokens to lease when all is
 -- granted at once), rank, share1, share2, channel (the class on the shared
 -- bucket, as in takeScript); then 10 values per layer: index (1-based,
--- named in the reply), kind (b: bucket, q: quota), rate or quota, burst,
--- action (w: wait, d: dead_letter, y: delay; upper case W, D, Y for a
--- shadow layer, limiter.Layer.Shadow), max_wait_us, and for a quota
--- four window boundaries b0..b3 around the caller's clock (0 for a bucket);
+-- named in the reply), kind (b: bucket, q: quota, m: budget, o: send
+-- window), rate, quota or budget, burst (a budget: the request's price, a
+-- quota in money), action (w: wait, d: dead_letter, y: delay; upper case W, D, Y for a
+-- shadow layer, limiter.Layer.Shadow),
+-- max_wait_us, and for a quota or budget four window boundaries b0..b3
+-- around the caller's clock (0 for a bucket), for a send window its open
+-- intervals as one string (backend.FormatSpans; "" always open) and three
+-- zeros (a window keeps no state: its key is never read);
 -- then the shared bucket's warm-up in µs (0 or absent: none), which ramps
 -- the shared part as it ramps takeScript (warmup.lua); last, the paid
 -- layers: for each layer, separated by spaces, the last instant in µs at
@@ -44,7 +48,8 @@
 -- request's tokens for wait_us on itself alone (limiter.ReservesOnRefusal),
 -- 3 refused by a lower rank's MinShare on the shared bucket (wait_us until
 -- it would not), -1 cost above the shared burst, -2 cost above layer's burst or
--- quota, -3 no window holds now (a clock skew above a window). layer is
+-- quota or a price above a budget, -3 no window holds now (a clock skew
+-- above a window) or a send window's intervals end before send. layer is
 -- the 1-based index of the layer that set wait_us or refused, or 0 for the
 -- shared bucket. A granted reply (status 1) goes on with three values per
 -- shadow layer: its index, the µs until it had room (0 for a cost it can
@@ -104,24 +109,30 @@ for i = 1, n do
   action[i], maxw[i] = ARGV[a + 5], tonumber(ARGV[a + 6])
   sact[i] = SHADOW[action[i]]
   if sact[i] then action[i] = 'w' end -- never refuses
-  local cap = burst[i]
+  local cap, c = burst[i], cost
   if kind[i] == 'q' then cap = rate[i] end
-  if sact[i] and cost > cap then
+  if kind[i] == 'm' then cap, c = rate[i], burst[i] end -- a budget: its price
+  if sact[i] and kind[i] ~= 'o' and c > cap then -- a window has no cap
     never[i], w[i] = true, 0
   elseif kind[i] == 'c' then
     w[i] = slot_wait(key, ARGV[a + 7], rate[i], now)
   elseif paid[i] then
     tok[i], lts[i] = bucket_load(key, now, rate[i], burst[i])
     w[i] = 0
-  elseif kind[i] == 'q' then
-    local quota = rate[i]
-    if cost > quota then return reply(-2, 0, idx[i], stokens, 0) end
+  elseif kind[i] == 'o' then
+    local ww = window_wait(ARGV[a + 7], send, now)
+    if not ww then return reply(-3, 0, idx[i], stokens, 0) end
+    w[i] = ww
+  elseif kind[i] == 'q' or kind[i] == 'm' then
+    local quota, c = rate[i], cost
+    if kind[i] == 'm' then c = burst[i] end -- a budget charges the price
+    if c > quota then return reply(-2, 0, idx[i], stokens, 0) end
     local we = window_end(a + 7, send)
     if not we then return reply(-3, 0, idx[i], stokens, 0) end
     wend[i] = we
     used[i] = quota_used(key, we)
     w[i] = 0
-    if used[i] + cost > quota then w[i] = we - now end
+    if used[i] + c > quota then w[i] = we - now end
   else
     if cost > burst[i] then return reply(-2, 0, idx[i], stokens, 0) end
     tok[i], lts[i], w[i] = bucket_wait(key, now, cost, rate[i], burst[i])
@@ -187,6 +198,10 @@ for i = 1, n do
     slot_take(key, ARGV[12 + (i - 1) * 10 + 7], send + burst[i], now)
   elseif kind[i] == 'q' then
     quota_save(key, wend[i], used[i] + cost, now)
+  elseif kind[i] == 'm' then
+    if burst[i] > 0 then quota_save(key, wend[i], used[i] + burst[i], now) end
+  elseif kind[i] == 'o' then
+    -- a window charges nothing
   else
     local after = send_charge(tok[i], lts[i], send, cost, paid[i], rate[i], burst[i])
     bucket_save(key, after, lts[i], now, rate[i], burst[i], send)

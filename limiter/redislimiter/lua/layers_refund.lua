@@ -6,8 +6,9 @@
 --
 -- KEYS: as layersScript. ARGV: now_us, cost, shared (1/0), shared rate,
 -- shared burst, n, rank (whose queue on the shared bucket held the
--- reservation); then 4 values per layer: kind, rate or quota, burst, and
--- for a quota the end of the window charged; last, the warm-up in µs, as
+-- reservation); then 4 values per layer: kind (b, q, or m: a budget),
+-- rate, quota or budget, burst (a budget: the price charged), and for a
+-- quota or budget the end of the window charged; last, the warm-up in µs, as
 -- in layersScript: the shared bucket refills along a ramp in progress up to
 -- now (but a refund starts no ramp), and its key lives the warm-up longer.
 -- Reply: 1.
@@ -29,11 +30,13 @@ for i = 1, n do
   local a = 7 + (i - 1) * 4
   local key = KEYS[kb + i]
   local r, b = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  if ARGV[a + 1] == 'q' then
+  if ARGV[a + 1] == 'q' or ARGV[a + 1] == 'm' then
+    local c = cost
+    if ARGV[a + 1] == 'm' then c = b end
     local e = tonumber(ARGV[a + 4])
     local se, su = num2(redis.call('GET', key))
     if se == e and su and e > now then
-      quota_save(key, e, math.max(0, su - cost), now)
+      quota_save(key, e, math.max(0, su - c), now)
     end
   else
     local tokens, ts = bucket_load(key, now, r, b)
