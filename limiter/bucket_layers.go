@@ -262,7 +262,9 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			if cerr := ctx.Err(); cerr != nil {
 				return cerr
 			}
-			if errors.Is(err, ErrCostExceedsBurst) || errors.Is(err, ErrMissingKey) || errors.Is(err, ErrInvalidCost) {
+			if errors.Is(err, ErrCostExceedsBurst) || errors.Is(err, ErrMissingKey) || errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrLimitExceeded) {
+				// A request that can never pass (a window's key that is
+				// not a telephone number included), not a store failure.
 				b.observeLayered(start, req, limiting, err)
 				return err
 			}
