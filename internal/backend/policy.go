@@ -483,7 +483,6 @@ func (l Layer) IsBudget() bool { return l.Budget > 0 }
 // IsWindow reports whether the layer is a send window.
 func (l Layer) IsWindow() bool { return l.Window != nil }
 
-
 // counted reports whether the layer counts usage per calendar window: a
 // quota or a budget.
 func (l Layer) counted() bool { return l.IsQuota() || l.IsBudget() }
