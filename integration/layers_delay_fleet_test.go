@@ -109,14 +109,14 @@ func delayFleetCheck(t *testing.T, sink *cliSink, start time.Time) {
 	}
 }
 
-// TestDelayLayerFleetRabbitMQ runs the delay-layer fleet on one RabbitMQ
+// delayFleetRabbitMQ runs the delay-layer fleet on one RabbitMQ
 // queue: the messages set aside come back from the delay queues when their
 // slots are due, whatever the order they were set aside in, so that no
 // slot is missed and none is sent next to the one after it. With the
 // single delay queue and per-message TTLs, a message waited behind any
 // longer delay set aside before it, forfeited its slot and booked one at
 // the end: 299 of the 300 had arrived after 72 s.
-func TestDelayLayerFleetRabbitMQ(t *testing.T) {
+func delayFleetRabbitMQ(t *testing.T) {
 	f := faultNewFleet(t)
 	spec := faultFleetSpec{
 		Redis:      "  addr: " + testenv.RedisAddr(t) + "\n",
@@ -145,11 +145,11 @@ func TestDelayLayerFleetRabbitMQ(t *testing.T) {
 	delayFleetCheck(t, f.Sink, start)
 }
 
-// TestDelayLayerFleetKafka runs the delay-layer fleet on a Kafka topic of
+// delayFleetKafka runs the delay-layer fleet on a Kafka topic of
 // 3 partitions (kfake), ordering key: the copies in the delay topic come
 // back when their slots are due, not when the head of their partition is,
 // as they did when the last arrived after 36 s.
-func TestDelayLayerFleetKafka(t *testing.T) {
+func delayFleetKafka(t *testing.T) {
 	bin := cliBuild(t)
 	e := newKafkaE2EWith(t, bin, 1000, 3)
 	e.burst = 1000
@@ -164,4 +164,19 @@ func TestDelayLayerFleetKafka(t *testing.T) {
 	e.produceTo(n, delayFleetTo, func(id int) int32 { return int32(id % 3) })
 	delayFleetAwait(e.sink)
 	delayFleetCheck(t, e.sink, start)
+}
+
+// TestDelayLayerFleet runs the RabbitMQ and the Kafka delay-layer fleets
+// at the same time, before the parallel tests and without them: each holds
+// a per-recipient spacing and a finishing time to a bound, and together
+// they take the time of one.
+func TestDelayLayerFleet(t *testing.T) {
+	t.Run("RabbitMQ", func(t *testing.T) {
+		t.Parallel()
+		delayFleetRabbitMQ(t)
+	})
+	t.Run("Kafka", func(t *testing.T) {
+		t.Parallel()
+		delayFleetKafka(t)
+	})
 }
