@@ -376,8 +376,24 @@ const layersSlack = 5 * time.Second
 
 // layersFleetParallel bounds how many cases run at once: each is three
 // replicas of the race-built binary, and nine at once on 2 cores delayed
-// grants enough to put 26 in a second against 25 at the sink.
+// grants enough to put 26 in a second against 25 at the sink. TestCampaign
+// takes all of it (holdLayersFleets), so that the campaign's fleet never
+// runs beside these: with it beside them, a per-sender pair once came
+// 109 ms apart against 200 ms.
 var layersFleetParallel = make(chan struct{}, 4)
+
+// holdLayersFleets waits until no layers fleet case runs, keeps them from
+// starting until t ends, and returns.
+func holdLayersFleets(t *testing.T) {
+	for range cap(layersFleetParallel) {
+		layersFleetParallel <- struct{}{}
+	}
+	t.Cleanup(func() {
+		for range cap(layersFleetParallel) {
+			<-layersFleetParallel
+		}
+	})
+}
 
 // layersRun is a running case, for its during.
 type layersRun struct {
