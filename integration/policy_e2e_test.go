@@ -70,7 +70,7 @@ metrics: {listen: %q}
 	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", name, "--redis", redisAddr) })
 	cliWait(t, 20*time.Second, "a consumer on the queue", func() bool { return cliQueueState(conn, name).Consumers == 1 })
 	if time.Until(opens) < 3*time.Second {
-		t.Skipf("the replica took %v to start: too close to the window's opening to tell the two zones apart", 10*time.Second-time.Until(opens))
+		t.Fatalf("the replica took %v to start: too close to the window's opening to tell the two zones apart", 10*time.Second-time.Until(opens))
 	}
 
 	ctx := testenv.Context(t, 60*time.Second)

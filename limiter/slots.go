@@ -271,21 +271,9 @@ func (b *Bucket) awaitTurn(ctx context.Context, w *slotWaiter) error {
 // concurrency layer held: it also ends when a slot of its key is released
 // (errChanged).
 func (b *Bucket) sleepSlot(ctx context.Context, w *slotWaiter, changed <-chan struct{}, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := b.clock.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-b.done:
-		return ErrClosed
-	case <-changed:
+	err := b.sleepOn(ctx, changed, w.wake, d)
+	if errors.Is(err, errPushed) {
 		return errChanged
-	case <-w.wake:
-		return errChanged
-	case <-t.C():
-		return nil
 	}
+	return err
 }
