@@ -27,14 +27,15 @@ var layersKeyedScript = redis.NewScript(layersKeyedSrc)
 var layersKeyedSrc = mathLua + luaSource("layer_prelude.lua") + luaSource("layers_keyed.lua")
 
 // keyedOnly reports whether a step can go to layersKeyedScript: it leaves
-// the shared bucket out, none of its layers is a quota (token buckets
-// and concurrency layers only) and none is a shadow.
+// the shared bucket out, its layers are token buckets and concurrency
+// layers only (no quota, budget or send window, which that script does
+// not know) and none is a shadow.
 func (l *Layered) keyedOnly(st step) bool {
 	if st.shared {
 		return false
 	}
 	for _, i := range st.layers {
-		if l.layers[i].IsQuota() || l.layers[i].Shadow {
+		if ly := l.layers[i]; !(ly.IsBucket() || ly.IsConcurrency()) || ly.Shadow {
 			return false
 		}
 	}

@@ -317,3 +317,32 @@ func TestKeyedBatchRecoversFromNoScript(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyedOnlyLeavesPolicyLayersOut: a send window or a budget is not a
+// token bucket, and layersKeyedScript does not know them, so a leased
+// request (SkipShared) on such a layer goes to layersScript. Before this,
+// an always-open window or a budget with room refused every leased request
+// with "cost 1 exceeds burst 0": `throttle run` with a window at a rate that
+// leases dead-lettered every message.
+func TestKeyedOnlyLeavesPolicyLayersOut(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	for _, ly := range []limiter.Layer{
+		{Name: "quiet", Keyed: true, Window: &limiter.Window{Calendar: limiter.Calendar{From: 0, To: 24 * time.Hour}, Location: time.UTC}},
+		{Name: "spend", Budget: 1_000_000, Per: limiter.PerDay},
+		{Name: "tenant", Keyed: true, Budget: 1_000_000, Per: limiter.PerDay},
+	} {
+		t.Run(ly.Name, func(t *testing.T) {
+			l := newLayered(t, c, 1000, 1000, []limiter.Layer{ly, {Name: "per-key", Keyed: true, Rate: 10, Burst: 10}})
+			if l.keyedOnly(step{layers: l.allLayers}) {
+				t.Errorf("keyedOnly = true for a %s layer", ly.Name)
+			}
+			req := backend.LayerRequest{Cost: 1, Price: 1000, SkipShared: true,
+				Keys: map[string]string{ly.Name: "+12125550100", "per-key": "a"}}
+			res, err := l.TakeLayers(ctx, req)
+			if err != nil || !res.Granted {
+				t.Fatalf("leased take on an open %s layer: %+v, %v; want granted", ly.Name, res, err)
+			}
+		})
+	}
+}
