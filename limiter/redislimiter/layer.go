@@ -547,7 +547,7 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.Laye
 			return (paid != nil && paid[i]) || l.layers[i].Shadow || l.layers[i].IsWindow() // a shadow layer keeps its charge
 		})
 		if len(slots) > 0 {
-			if err := l.releaseSlots(ctx, at, slots); err != nil {
+			if err := l.releaseSlots(ctx, slots); err != nil {
 				return err
 			}
 		}

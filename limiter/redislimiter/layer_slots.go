@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -38,17 +37,12 @@ func (l *Layered) ReleaseSlots(ctx context.Context, slots []backend.SlotRelease)
 	return l.releases.release(ctx, slots)
 }
 
-// releaseSlots sends one release call for slots at the instant at (zero:
-// Redis TIME).
-func (l *Layered) releaseSlots(ctx context.Context, at time.Time, slots []backend.SlotRelease) error {
-	nowUS := int64(0)
-	if !at.IsZero() {
-		nowUS = at.UnixMicro()
-	}
+// releaseSlots sends one release call for slots.
+func (l *Layered) releaseSlots(ctx context.Context, slots []backend.SlotRelease) error {
 	one := func(slots []backend.SlotRelease) ([]string, []any) {
 		keys := make([]string, 0, len(slots))
-		args := make([]any, 0, 2+3*len(slots))
-		args = append(args, nowUS, l.slotsChannel())
+		args := make([]any, 0, 1+3*len(slots))
+		args = append(args, l.slotsChannel())
 		for _, s := range slots {
 			i, err := l.layerIndex(s.Layer)
 			if err != nil || !l.layers[i].IsConcurrency() {
@@ -128,7 +122,7 @@ func (b *releaseBatcher) release(ctx context.Context, slots []backend.SlotReleas
 		b.mu.Unlock()
 		// Without the caller's deadline: a release the caller gave up
 		// waiting for still goes out, bounded by the client's timeouts.
-		err := b.l.releaseSlots(context.WithoutCancel(ctx), time.Time{}, all)
+		err := b.l.releaseSlots(context.WithoutCancel(ctx), all)
 		for _, q := range batch {
 			q.err = err
 			close(q.done)

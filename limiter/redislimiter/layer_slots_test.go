@@ -11,7 +11,7 @@ import (
 )
 
 func (c clockedLayers) ReleaseSlotsAt(now time.Time, slots []backend.SlotRelease) error {
-	return c.l.releaseSlots(context.Background(), now, slots)
+	return c.l.releaseSlots(context.Background(), slots)
 }
 
 func TestRedisConcurrencySteps(t *testing.T) {

@@ -169,27 +169,32 @@ end
 
 -- A concurrency layer's key (kind c) is a sorted set: one member per
 -- holder of a slot, scored by the end of its lease in µs. The key expires
--- with its last lease.
+-- with its last lease. Ended leases are dropped only when they could
+-- matter, when the set holds the limit: below it the slot is free however
+-- many of its members ended, and the set never grows past the limit.
 
 -- slot_wait returns the µs a request of holder waits at now for a slot of
--- key, of which limit may be held: 0 when holder holds one already or one
--- is free, else until the earliest lease ends. It drops the ended leases
--- (backend.LayeredMemory's slotWait).
+-- key, of which limit may be held: 0 when one is free or holder holds one
+-- already, else until the earliest lease ends. It drops the ended leases
+-- when every slot looks held (backend.LayeredMemory's slotWait).
 local function slot_wait(key, holder, limit, now)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  if redis.call('ZSCORE', key, holder) then return 0 end
   if redis.call('ZCARD', key) < limit then return 0 end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  if redis.call('ZCARD', key) < limit then return 0 end
+  if redis.call('ZSCORE', key, holder) then return 0 end
   local e = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   local w = tonumber(e[2]) - now
   if w < 0 then w = 0 end
   return w
 end
 
--- slot_take gives holder a slot of key whose lease ends at ends (µs).
+-- slot_take gives holder a slot of key whose lease ends at ends (µs), and
+-- keeps the key until a second after its last lease ends.
 local function slot_take(key, holder, ends, now)
+  local ttl = redis.call('PTTL', key)
   redis.call('ZADD', key, ends, holder)
-  local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  redis.call('PEXPIRE', key, math.ceil((tonumber(top[2]) - now) / 1000) + 1000)
+  local ms = math.ceil((ends - now) / 1000) + 1000
+  if ttl < ms then redis.call('PEXPIRE', key, ms) end
 end
 
 -- window_wait returns how long after now a send window is open at send or
