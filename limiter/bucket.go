@@ -51,6 +51,9 @@ type Bucket struct {
 	recoveredAt atomic.Int64 // unix nanoseconds of the last switch back to ModeShared
 	// granted counts the tokens Wait and Allow granted since New.
 	granted atomic.Int64
+	// retimed counts the reservations given back and asked again because
+	// their caller woke too late past their slot (lateFits).
+	retimed atomic.Int64
 	// heardPauseEnd is the end (store clock, µs) of the last pause of
 	// another replica reported to Observer.Paused.
 	heardPauseEnd atomic.Int64
@@ -200,6 +203,11 @@ type Stats struct {
 	// refused since New for a missing or wrong signature: forged by a
 	// producer, or signed with a secret the store no longer keeps.
 	PaidRefused int64
+	// Retimed is the number of reservations of the shared bucket given
+	// back and asked for again since New, because their caller woke too
+	// late past their slot to go out without joining the slots after
+	// theirs (an answer that came back late, or a delayed wake-up).
+	Retimed int64
 	// Replicas is the number of live replicas seen in the last heartbeat,
 	// or 1 when the store does not track replicas.
 	Replicas int
@@ -216,6 +224,7 @@ func (b *Bucket) Stats() Stats {
 		Waiting:     int(b.waiting.Load()),
 		Exceeded:    b.exceeded(),
 		PaidRefused: b.layered.paid.refused.Load(),
+		Retimed:     b.retimed.Load(),
 		Replicas:    b.replicaCount(),
 		Idle:        b.fb.idle.Load(),
 	}
@@ -346,6 +355,9 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		}
 	}
 	defer passFloor()
+	// retimed is set once this caller gave back a reservation it woke too
+	// late for (lateFits).
+	retimed := false
 	for {
 		select {
 		case <-b.done:
@@ -410,9 +422,22 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		}
 		passFloor()
 		if res.Wait > 0 {
-			if err := b.sleepReserved(ctx, gen, &b.pushes, seen, res, math.Float64frombits(b.lastRate.Load()), 0, nil); err != nil {
+			late, err := b.sleepUntilDue(ctx, gen, &b.pushes, seen, res, math.Float64frombits(b.lastRate.Load()), 0, nil)
+			if err != nil {
 				b.refundClass(ctx, res.Tokens, res.Class)
 				return err
+			}
+			if fits, refund := lateFits(late, res.Tokens, math.Float64frombits(b.lastRate.Load()), int(b.lastBurst.Load())); !fits && !retimed {
+				// Woken too late to go out with the slots after its
+				// own: give back what the bucket could have held, and
+				// ask again, once, so that a machine too slow to wake
+				// anyone in time still serves its callers.
+				if refund > 0 {
+					b.refund(ctx, refund)
+				}
+				b.retimed.Add(1)
+				retimed = true
+				continue
 			}
 		}
 		if lead != nil {

@@ -122,6 +122,16 @@ type reservation struct {
 // going out later could put it closer to its key's next message, charged
 // for an instant after this one's, so the layers are charged for the move.
 func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pushHub, heard [NumPriorities]uint64, res backend.TakeResult, resume float64, notBefore time.Duration, late *lateness) error {
+	_, err := b.sleepUntilDue(ctx, gen, pushes, heard, res, resume, notBefore, late)
+	return err
+}
+
+// sleepUntilDue is sleepReserved that also reports, when the tokens are
+// due, how long after their due instant it returned: the due instant on
+// the store's clock placed on the Bucket's by the least skew (skewMeter),
+// so that an answer that arrived after its slot, or a wake-up the
+// scheduler delayed, shows as late (see lateFits).
+func (b *Bucket) sleepUntilDue(ctx context.Context, gen *generation, pushes *pushHub, heard [NumPriorities]uint64, res backend.TakeResult, resume float64, notBefore time.Duration, late *lateness) (time.Duration, error) {
 	base := res.Rate
 	if base <= 0 { // paused
 		base = resume
@@ -162,11 +172,11 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 			}
 		}
 		if late != nil && !late.forfeitAt.IsZero() && r.due.After(late.forfeitAt) {
-			return errMovedLate
+			return 0, errMovedLate
 		}
 		if late != nil && late.after > 0 && r.due.Sub(charged) > late.after {
 			if !late.pay(charged, r.due.Sub(charged)) {
-				return errMovedLate
+				return 0, errMovedLate
 			}
 			charged = r.due
 		}
@@ -180,7 +190,10 @@ func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pus
 			continue
 		}
 		if !errors.Is(err, errChanged) {
-			return err
+			if err != nil {
+				return 0, err
+			}
+			return b.clock.Now().Sub(localAt) - r.due.Sub(storeAt), nil
 		}
 		gen = b.gen.Load()
 		if st, local, err := b.settings(ctx, gen); err == nil {

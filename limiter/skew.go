@@ -23,6 +23,10 @@ type skewMeter struct {
 
 const skewWindow = 10 * time.Second
 
+// timerSlack is how late past its slot a wake-up still counts as on time
+// (lateFits).
+const timerSlack = time.Millisecond
+
 // observe records an answer that ran at store (the store's clock) and
 // arrived at local.
 func (m *skewMeter) observe(local, store time.Time) {
@@ -51,4 +55,37 @@ func (m *skewMeter) get() (time.Duration, bool) {
 		return 0, false
 	}
 	return min(m.cur, m.prev), true
+}
+
+// lateFits reports whether tokens reserved on the shared bucket may still
+// go out when the caller wakes late past their due instant (an answer that
+// came back after its slot, or a wake-up the scheduler delayed), and if
+// not, how many of them to give back before asking again.
+//
+// The store decided every slot so that the bucket, refilled at rate and
+// capped at burst, never went below empty: any window of W holds at most
+// rate·W + burst tokens. Tokens that go out late past their slot are as if
+// taken late, the bucket holding them meanwhile; that stays within the
+// bound while the bucket with them could not exceed its burst. At its slot
+// a reservation leaves the bucket empty of spare tokens, and it refills by
+// rate·late at most since, so tokens + rate·late ≤ burst keeps every
+// window within the bound. A caller later than that must not go out with
+// the slots after its own, which the store gave to others (up to a
+// second's worth after a start-up whose answers took a second): it asks
+// again. Of its tokens the bucket could have held only burst − rate·late
+// before refilling past its burst; only those go back, so that the bucket
+// never counts the refill it lost to its cap twice. rate is the bucket's
+// refill rate; at 0 (paused) nothing refills and late tokens fit. A wake-up
+// up to timerSlack late is on time: timers fire after their instant, and
+// the store's answers are in microseconds.
+func lateFits(late time.Duration, tokens int, rate float64, burst int) (fits bool, refund int) {
+	late -= timerSlack
+	if late <= 0 || rate <= 0 {
+		return true, 0
+	}
+	room := float64(burst) - rate*late.Seconds()
+	if float64(tokens) <= room {
+		return true, 0
+	}
+	return false, max(0, int(room))
 }

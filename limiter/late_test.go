@@ -1,0 +1,80 @@
+package limiter_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/internal/clocktest"
+	"github.com/throttlehq/throttle/limiter/internal/storetest"
+)
+
+// slowStore is a clockedStore whose answers come back late: each Take runs
+// at once and its answer takes the next lag of lags to return, on the fake
+// clock.
+type slowStore struct {
+	*clockedStore
+	mu   sync.Mutex
+	lags []time.Duration
+}
+
+func (s *slowStore) Take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
+	res, err := s.clockedStore.Take(ctx, req)
+	s.mu.Lock()
+	var lag time.Duration
+	if len(s.lags) > 0 {
+		lag, s.lags = s.lags[0], s.lags[1:]
+	}
+	s.mu.Unlock()
+	if lag > 0 {
+		<-s.clk.NewTimer(lag).C()
+	}
+	return res, err
+}
+
+// TestLateReservationAsksAgain: at 10/s with a burst of 2, six callers ask
+// at 0: two go at once, the others are due at +100, +200, +300 and +400 ms.
+// The answer of the one due at +200 comes back at +350 ms, past its slot by
+// more than the burst allows beside the refill (1 + 1.5 > 2). It used to go
+// out at once, 50 ms before the slot at +400 and 50 ms after the one at
+// +300; it now asks again and goes out at the next free slot, +500 ms,
+// giving back nothing (the bucket could not have held it: it would have
+// refilled past its burst). When its answer comes back at +250 ms instead
+// (1 + 0.5 ≤ 2), it goes out then. It asks again once: when the second
+// answer comes back late too, it goes out then.
+func TestLateReservationAsksAgain(t *testing.T) {
+	for _, c := range []struct {
+		lag, again time.Duration // of the late answer, and of its second ask's
+		want       []time.Duration
+		takes      int64
+	}{
+		{ms(350), 0, []time.Duration{0, 0, ms(100), ms(300), ms(400), ms(500)}, 7},
+		{ms(250), 0, []time.Duration{0, 0, ms(100), ms(250), ms(300), ms(400)}, 6},
+		// Late again: it goes out then, rather than never.
+		{ms(350), ms(350), []time.Duration{0, 0, ms(100), ms(300), ms(400), ms(700)}, 7},
+	} {
+		clk := clocktest.New(storetest.Base)
+		cs := newClockedStore(t, clk, 10, 2, 1)
+		s := &slowStore{clockedStore: cs, lags: []time.Duration{0, 0, 0, c.lag, 0, 0, c.again}}
+		r := &rig{t: t, clk: clk, store: cs}
+		r.b = newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}}, cs.watched)
+		for range 6 {
+			r.wait(1)
+		}
+		r.advance(ms(800))
+		if got := r.grants(); !equalDurations(got, c.want) {
+			t.Errorf("answer back after %v: grants at %v, want %v", c.lag, got, c.want)
+		}
+		if got := cs.takes.Load(); got != c.takes {
+			t.Errorf("answer back after %v: %d takes, want %d", c.lag, got, c.takes)
+		}
+		if got := cs.refunded.Load(); got != 0 {
+			t.Errorf("answer back after %v: %d refunded, want 0", c.lag, got)
+		}
+		if got, want := r.b.Stats().Retimed, c.takes-6; got != want {
+			t.Errorf("answer back after %v: Stats().Retimed = %d, want %d", c.lag, got, want)
+		}
+	}
+}
