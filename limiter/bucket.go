@@ -389,7 +389,11 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 			}
 		}
 		gen, seen := b.gen.Load(), b.pushes.heard()
+		sent := b.clock.Now()
 		res, err := b.store.Take(ctx, backend.TakeRequest{Cost: cost + extra, MaxWait: b.horizon(), Priority: p, MinShare: b.opts.MinShare})
+		if lead != nil && err == nil {
+			b.lease.tripped(b.clock.Now().Sub(sent))
+		}
 		if err != nil {
 			endRefill()
 			if cerr := ctx.Err(); cerr != nil {

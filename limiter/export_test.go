@@ -96,3 +96,10 @@ func LeaseWaiting(b *Bucket) int {
 	}
 	return n
 }
+
+// LeaseTokens returns the tokens b holds leased.
+func LeaseTokens(b *Bucket) int {
+	b.lease.mu.Lock()
+	defer b.lease.mu.Unlock()
+	return b.lease.tokens
+}

@@ -18,11 +18,14 @@ type slowStore struct {
 	*clockedStore
 	mu   sync.Mutex
 	lags []time.Duration
+	// costs are the costs asked for, in order.
+	costs []int
 }
 
 func (s *slowStore) Take(ctx context.Context, req limiter.TakeRequest) (limiter.TakeResult, error) {
 	res, err := s.clockedStore.Take(ctx, req)
 	s.mu.Lock()
+	s.costs = append(s.costs, req.Cost)
 	var lag time.Duration
 	if len(s.lags) > 0 {
 		lag, s.lags = s.lags[0], s.lags[1:]

@@ -17,8 +17,11 @@ import (
 // callers of the lease's class asked for in the last second): it covers
 // the demand of Fraction of a second, or of replicas ÷ Calls seconds when
 // that is longer, so that the whole fleet's refills stay near Calls per
-// second however many replicas share the bucket. It is capped at MaxBatch
-// and the burst. Before the first second of demand is measured a replica
+// second however many replicas share the bucket. A replica whose lease
+// runs dry soon after a refill is short of tokens, not of demand: its next
+// batch doubles, and covers at least its fair share (rate ÷ replicas) over
+// the last refill's round trip, so that slow answers do not hold it to a
+// batch per round trip. It is capped at MaxBatch and the burst. Before the first second of demand is measured a replica
 // assumes its fair share, rate ÷ replicas. All replicas together thus hold
 // at most the tokens the fleet spends in max(Fraction s, replicas ÷ Calls
 // s). Leasing is off while the batch would be below MinBatch, unless the
@@ -113,6 +116,8 @@ type leasePool struct {
 	// lastFill is when the last refill came, with lastBatch tokens.
 	lastFill  time.Time
 	lastBatch int
+	// lastTrip is how long the last refill's answer took to come back.
+	lastTrip time.Duration
 }
 
 // leaseWaiter is a caller queued in the pool.
@@ -234,6 +239,14 @@ func (p *leasePool) fill(w *leaseWaiter, tokens int) {
 	p.serveLocked()
 }
 
+// tripped records how long a refill's answer took to come back from the
+// store.
+func (p *leasePool) tripped(d time.Duration) {
+	p.mu.Lock()
+	p.lastTrip = d
+	p.mu.Unlock()
+}
+
 // abandon ends the refill that w led without tokens: its caller gave up
 // or asks elsewhere. The next in line leads the next refill.
 func (p *leasePool) abandon(w *leaseWaiter) {
@@ -312,8 +325,10 @@ func (p *leasePool) extra(cost int) int {
 // demand over the lease period, max(Fraction s, replicas ÷ Calls s). A
 // replica whose lease ran dry less than half a period after the last
 // refill is short of tokens, not of demand (its demand is measured by
-// what it could spend): its batch doubles, up to the cap, rate × period,
-// MaxBatch and the burst.
+// what it could spend): its batch doubles, and covers at least its fair
+// share (rate ÷ replicas) over the last refill's round trip, since a
+// replica that waits a round trip for each batch gets at most a batch per
+// round trip; all up to the cap, rate × period, MaxBatch and the burst.
 func (p *leasePool) extraLocked(cost int) int {
 	if p.opts.Disabled || !p.b.countKnown.Load() {
 		return 0
@@ -327,8 +342,8 @@ func (p *leasePool) extraLocked(cost int) int {
 		demand = rate / replicas // not measured yet: the fair share
 	}
 	batch := min(demand, rate) * period
-	if p.lastBatch > 0 && len(p.queue) > 0 && now.Sub(p.lastFill).Seconds() < period/2 {
-		batch = max(batch, 2*float64(p.lastBatch))
+	if p.lastBatch > 0 && now.Sub(p.lastFill).Seconds() < period/2 {
+		batch = max(batch, 2*float64(p.lastBatch), rate/replicas*p.lastTrip.Seconds())
 	}
 	floor := float64(p.opts.MinBatch)
 	if min(demand, rate)*replicas >= p.opts.Calls {

@@ -149,3 +149,43 @@ func TestLeaseStaysOnWhereItHelps(t *testing.T) {
 		t.Fatalf("%d store calls for 10 Waits, want 3 (leases of 2, 4 and 8)", n)
 	}
 }
+
+// TestLeaseCoversTheRoundTrip: at 1,000,000/s with 1,000 replicas, whose
+// store calls take 2 s to come back, a replica waits a round trip for each
+// batch. Its first lease is the fair share's, 1,000/s × 250 ms = 250
+// tokens, spent at once; the next used to double (500), so that the
+// replica got 250 tokens/s for seconds while its batches grew. Now it
+// covers the fair share over the round trip: 2,000 tokens.
+func TestLeaseCoversTheRoundTrip(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	cs := newClockedStore(t, clk, 1e6, 1e5, 1000)
+	s := &slowStore{clockedStore: cs}
+	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, cs.watched)
+	ctx := context.Background()
+	if _, err := b.State(ctx); err != nil { // learns the 1,000 replicas
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	s.lags = []time.Duration{2 * time.Second, 2 * time.Second}
+	s.mu.Unlock()
+	for range 2 {
+		timers := clk.Timers()
+		done := make(chan error, 1)
+		go func() { done <- b.Wait(ctx, 1) }()
+		clk.WaitTimers(t, timers+1) // the answer on its way back
+		clk.Advance(2 * time.Second)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		for range limiter.LeaseTokens(b) {
+			if err := b.Wait(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.costs) != 2 || s.costs[0] != 250 || s.costs[1] != 2000 {
+		t.Fatalf("leases %v, want 250 then 2000", s.costs)
+	}
+}

@@ -197,6 +197,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&sc.callers, "scale-callers", 3, "(scale) callers of each saturated replica")
 	fs.StringVar(&sc.lease, "scale-lease", "auto", "(scale) leasing: auto (off below 100k/s, default options from it), on, off")
 	fs.StringVar(&sc.out, "scale-out", "SCALE.md", "(scale) markdown report to write")
+	fs.StringVar(&sc.goroutines, "scale-goroutines", "", "(scale) write the goroutines 1.5 s into each saturated phase to this path prefix")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}

@@ -26,9 +26,17 @@ type replica struct {
 // dialled up front with conns connections, so that connection handshakes
 // do not count as the limiter's Redis calls.
 func newReplicas(ctx context.Context, addr string, n, conns int, im impl, spec bucketSpec) ([]*replica, error) {
+	return newReplicasWith(ctx, &redis.Options{Addr: addr, PoolSize: conns + 4}, n, conns, im, spec)
+}
+
+// newReplicasWith is newReplicas with each client built from a copy of
+// opts.
+func newReplicasWith(ctx context.Context, opts *redis.Options, n, conns int, im impl, spec bucketSpec) ([]*replica, error) {
+	addr := opts.Addr
 	reps := make([]*replica, 0, n)
 	for range n {
-		c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: conns + 4})
+		o := *opts
+		c := redis.NewClient(&o)
 		r := &replica{client: c, calls: &callCounter{}}
 		reps = append(reps, r)
 		if err := warm(ctx, c, conns); err != nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -41,6 +42,9 @@ type scaleConfig struct {
 	flags    string
 	// cpuProfile, when set, is where a CPU profile of the whole run goes.
 	cpuProfile string
+	// goroutines, when set, is where the goroutines of each saturated
+	// phase go, 1.5 s into it (pprof's text form, grouped by stack).
+	goroutines string
 }
 
 // quietLogger drops go-redis's log lines: the recovery phase closes
@@ -49,6 +53,24 @@ type scaleConfig struct {
 type quietLogger struct{}
 
 func (quietLogger) Printf(context.Context, string, ...any) {}
+
+// scaleClientOptions are each replica's client options: a pool as large
+// as the replica's callers can use at once (each caller's Take, or with
+// leasing the refill's leader alone, and a heartbeat), small buffers, and
+// RESP2 without maintenance notifications, so that a thousand clients in
+// one process cost it what a thousand replicas' limiters would, not a
+// thousand default pools (32 KiB buffers per connection, RESP3's push
+// check on every reply, two background goroutines per client).
+func scaleClientOptions(addr string, callers int) *redis.Options {
+	return &redis.Options{
+		Addr:                     addr,
+		PoolSize:                 callers + 1,
+		Protocol:                 2,
+		ReadBufferSize:           4096,
+		WriteBufferSize:          4096,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	}
+}
 
 // scalePhases are the phases of each rate and N, in order.
 var scalePhases = []string{"saturated", "unequal", "recovery"}
@@ -249,7 +271,7 @@ func scalePhase(ctx context.Context, addr string, admin *redis.Client, cfg scale
 	if run.leased {
 		im = impls[3]
 	}
-	reps, err := newReplicas(ctx, addr, run.n, min(cfg.callers, 3)+1, im, spec)
+	reps, err := newReplicasWith(ctx, scaleClientOptions(addr, cfg.callers), run.n, 1, im, spec)
 	if err != nil {
 		return phaseFigures{}, err
 	}
@@ -316,6 +338,19 @@ func scalePhase(ctx context.Context, addr string, admin *redis.Client, cfg scale
 		}
 		after, serr = snapshot(ctx, admin, nil)
 	})
+	if cfg.goroutines != "" && name == "saturated" {
+		obs.Go(func() {
+			if sleep(ctx, time.Until(start.Add(1500*time.Millisecond))) != nil {
+				return
+			}
+			f, err := os.Create(fmt.Sprintf("%s-%v-%d.txt", cfg.goroutines, run.rate, run.n))
+			if err != nil {
+				return
+			}
+			defer f.Close()
+			pprof.Lookup("goroutine").WriteTo(f, 1)
+		})
+	}
 	if vanishAt > 0 {
 		obs.Go(func() {
 			if sleep(ctx, time.Until(start.Add(vanishAt))) != nil {
