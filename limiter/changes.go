@@ -97,7 +97,8 @@ func (b *Bucket) settings(ctx context.Context, g *generation) (State, time.Time,
 // reservation is tokens granted ahead, as the store scheduled them.
 type reservation struct {
 	due  time.Time // on the store's clock
-	pos  float64   // tokens that refill before it is due, its own included
+	pos  float64   // tokens that refill from at before it is due, its own included
+	at   time.Time // the store's instant pos is counted from
 	rate float64   // the effective rate it was scheduled at; 0 while paused
 	base float64   // the rate apart from a pause, which converts tokens to time
 	// class is the class whose queue holds it (TakeResult.Class), and
@@ -143,7 +144,7 @@ func (b *Bucket) sleepUntilDue(ctx context.Context, gen *generation, pushes *pus
 	if base > 0 {
 		pos = min(pos, res.Wait.Seconds()*base)
 	}
-	r := reservation{due: res.At.Add(res.Wait), pos: pos, rate: res.Rate, base: base,
+	r := reservation{due: res.At.Add(res.Wait), pos: pos, at: res.At, rate: res.Rate, base: base,
 		class: res.Class, pushed: res.Pushed}
 	// storeAt on the store's clock was localAt on the Bucket's: the answer
 	// arrived at localAt. For the shared bucket's answers (gen set), the
@@ -234,15 +235,32 @@ type lateness struct {
 // late.forfeitAt, or that its layers could not pay for moving back.
 var errMovedLate = errors.New("reservation moved back past its paid slot")
 
-// retime returns r moved to where the bucket st puts it.
+// retime returns r moved to where the bucket st puts it. Its position is
+// counted at the change (st.Changed, when the store says, and not before
+// r was made): the tokens refilled until then at r's old rate, the rest at
+// the new one from then, or from the end of a pause. Counting it at the
+// instant this replica read st instead would credit the time between the
+// change and the read at the old rate, so that two replicas reading at
+// different instants would put their reservations out of the store's
+// order, into pairs after a rate cut.
 func (r reservation) retime(st State) reservation {
 	now := st.At
+	ref := now
+	if !st.Changed.IsZero() && st.Changed.Before(now) {
+		ref = st.Changed
+	}
+	if ref.Before(r.at) {
+		ref = r.at
+	}
 	pos := r.pos
 	if r.rate > 0 { // part of the position has refilled since
-		pos = min(pos, max(0, r.due.Sub(now).Seconds()*r.rate))
+		pos = min(pos, max(0, r.due.Sub(ref).Seconds()*r.rate))
 	}
 	rate := baseRate(st)
-	start := now.Add(st.PausedFor)
+	start := ref
+	if st.PausedFor > 0 {
+		start = now.Add(st.PausedFor)
+	}
 	due := start
 	if rate > 0 && pos > 0 {
 		due = start.Add(seconds(pos / rate))
@@ -251,7 +269,7 @@ func (r reservation) retime(st State) reservation {
 	if st.PausedFor > 0 {
 		eff = 0
 	}
-	r.due, r.pos, r.rate, r.base = due, pos, eff, rate
+	r.due, r.pos, r.at, r.rate, r.base = due, pos, ref, eff, rate
 	return r
 }
 

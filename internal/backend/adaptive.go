@@ -211,6 +211,7 @@ func (m *Memory) DecreaseAt(t time.Time, a Adaptive) (float64, bool) {
 	m.store(tokens, ts, pr)
 	nr := math.Min(m.rate, math.Max(a.MinRate, cur*a.Decrease))
 	m.ad = adaptiveCurve{on: true, a: nr, at: max(now, ts), k: AdaptiveSlope(a), last: now}
+	m.changed = now
 	return nr, true
 }
 

@@ -25,6 +25,7 @@ type Memory struct {
 	ts       int64 // µs; the bucket is paused while ts is after now
 	init     bool
 	pausedBy string        // who set the pause ending at ts
+	changed  int64         // µs: the last change of settings (State.Changed), 0 for none
 	ad       adaptiveCurve // adaptive.go: the adaptive rate, when on
 	warm     int64         // warmup.go: the warm-up period (µs), 0 = none
 	wts      int64         // warmup.go: the start of the last ramp (µs)
@@ -322,6 +323,7 @@ func (m *Memory) PauseByAt(t time.Time, d time.Duration, by string) {
 		m.pausedBy = by
 	}
 	m.store(math.Min(tokens, 0), ts, pr)
+	m.changed = now
 }
 
 // StatusAt is Status at an explicit instant.
@@ -335,6 +337,9 @@ func (m *Memory) StatusAt(t time.Time) State {
 		ConfiguredRate: m.rate, ConfiguredBurst: m.burst, Replicas: 1,
 		Reserved: pr.reserved(tokens), Pushed: pr.pushed(),
 		At: time.UnixMicro(now),
+	}
+	if m.changed > 0 {
+		st.Changed = time.UnixMicro(m.changed)
 	}
 	if ts > now {
 		st.Rate = 0
@@ -360,6 +365,7 @@ func (m *Memory) SetRateAt(t time.Time, rate float64, burst int) error {
 	}
 	m.mu.Lock()
 	m.store(m.load(t.UnixMicro()))
+	m.changed = t.UnixMicro()
 	m.rate, m.burst = rate, burst
 	m.ad = adaptiveCurve{} // an operator's rate starts again from it
 	m.mu.Unlock()

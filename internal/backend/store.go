@@ -101,6 +101,14 @@ type State struct {
 	// At is the store's clock when it answered, or the zero time when the
 	// State does not come from a store.
 	At time.Time
+	// Changed is the store's clock at the bucket's last change of settings
+	// (an override set or cleared, a pause, a resume, a fill, an adaptive
+	// decrease): the instant from which the store refills at the new
+	// settings. Replicas that hear of a change at different instants move
+	// their reservations from it, so that they agree with the store's
+	// queue and with each other. The zero time when the store does not
+	// say.
+	Changed time.Time
 }
 
 // Override is a rate and burst set at runtime that wins over every replica's

@@ -129,6 +129,8 @@ type BucketStatus struct {
 	Pushed   limiter.Shares
 	// At is Redis's clock when it answered.
 	At time.Time
+	// changed is the last change of settings (limiter.State.Changed).
+	changed time.Time
 }
 
 // Status reads the bucket without changing it, in one script call.
@@ -144,11 +146,11 @@ func (a *Admin) status(ctx context.Context, nowUS int64) (BucketStatus, error) {
 	malformed := func() (BucketStatus, error) {
 		return BucketStatus{}, storeError("status", a.name, fmt.Errorf("%w: %v", backend.ErrMalformedReply, v))
 	}
-	if len(v) != 15 {
+	if len(v) != 16 {
 		return malformed()
 	}
 	ints := make([]int64, len(v))
-	for _, i := range []int{1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14} {
+	for _, i := range []int{1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 15} {
 		n, ok := v[i].(int64)
 		if !ok {
 			return malformed()
@@ -162,6 +164,9 @@ func (a *Admin) status(ctx context.Context, nowUS int64) (BucketStatus, error) {
 		PausedFor: time.Duration(ints[3]) * time.Microsecond,
 		Replicas:  int(ints[7]),
 		At:        time.UnixMicro(ints[8]),
+	}
+	if ints[15] > 0 {
+		st.changed = time.UnixMicro(ints[15])
 	}
 	for rank := range limiter.NumPriorities {
 		st.Reserved[backend.PriorityOfRank(rank)] = float64(ints[10+rank]) / 1000
@@ -222,7 +227,7 @@ func (a *Admin) SetOverride(ctx context.Context, rate float64, burst int, ttl ti
 	if ttl > 0 {
 		ms = max(1, ttl.Milliseconds())
 	}
-	err := setOverrideScript.Run(ctx, a.client, a.keys.all[1:2], strconv.FormatFloat(rate, 'g', -1, 64), burst, ms, a.keys.channel).Err()
+	err := setOverrideScript.Run(ctx, a.client, a.keys.all[:2], strconv.FormatFloat(rate, 'g', -1, 64), burst, ms, a.keys.channel).Err()
 	if err != nil {
 		return storeError("set override", a.name, err)
 	}
@@ -232,7 +237,7 @@ func (a *Admin) SetOverride(ctx context.Context, rate float64, burst int, ttl ti
 // ClearOverride removes the runtime override, so every replica's configured
 // rate applies again, and announces it.
 func (a *Admin) ClearOverride(ctx context.Context) error {
-	if err := deleteScript.Run(ctx, a.client, a.keys.all[1:2], a.keys.channel, "override").Err(); err != nil {
+	if err := setOverrideScript.Run(ctx, a.client, a.keys.all[:2], "", 0, 0, a.keys.channel).Err(); err != nil {
 		return storeError("clear override", a.name, err)
 	}
 	return nil

@@ -460,6 +460,7 @@ func (s *Store) status(ctx context.Context, nowUS int64) (limiter.State, error) 
 		Reserved:        bs.Reserved,
 		Pushed:          bs.Pushed,
 		At:              bs.At,
+		Changed:         bs.changed,
 	}
 	if bs.PausedFor > 0 {
 		st.Rate = 0

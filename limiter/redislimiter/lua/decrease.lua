@@ -17,6 +17,7 @@ local last = tonumber(redis.call('HGET', KEYS[2], 'adec'))
 if AD and last and now - last < tonumber(ARGV[6]) then return {0, milli(cur)} end
 local tokens, ts = load(KEYS[1], now, cur, burst)
 save(KEYS[1], tokens, ts, now, cur, burst)
+redis.call('HSET', KEYS[1], 'chg', string.format('%d', now))
 local nr = math.min(CEIL, math.max(tonumber(ARGV[4]), cur * tonumber(ARGV[3])))
 local at = math.max(now, ts)
 local k = tonumber(ARGV[5])

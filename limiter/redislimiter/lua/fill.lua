@@ -16,9 +16,10 @@ local paused = ts and ts > now
 if rate > 0 and burst > 0 then
   local _, lts = load(KEYS[1], now, rate, burst)
   save(KEYS[1], burst, lts, now, rate, burst)
+  redis.call('HSET', KEYS[1], 'chg', string.format('%d', now))
 elseif paused then
   local keep = math.ceil((ts - now) / 1000) + 1000
-  redis.call('HSET', KEYS[1], 'tokens', MAXBURST, 'ts', ts, 'x', string.format('%d', real_ms() + keep - 1))
+  redis.call('HSET', KEYS[1], 'tokens', MAXBURST, 'ts', ts, 'chg', string.format('%d', now), 'x', string.format('%d', real_ms() + keep - 1))
   redis.call('PEXPIRE', KEYS[1], keep)
 else
   redis.call('DEL', KEYS[1])

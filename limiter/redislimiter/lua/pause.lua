@@ -16,5 +16,6 @@ local longer = untl > ts
 if longer then ts = untl end
 save(KEYS[1], math.min(tokens, 0), ts, now, rate, burst)
 if longer then redis.call('HSET', KEYS[1], 'by', ARGV[6]) end
+redis.call('HSET', KEYS[1], 'chg', string.format('%d', now))
 redis.call('PUBLISH', ARGV[5], 'pause')
 return clamp(ts - now)

@@ -15,5 +15,6 @@ if not ts or ts <= now then return 0 end
 local tokens = load(KEYS[1], now, rate, burst)
 save(KEYS[1], tokens, now, now, rate, burst)
 redis.call('HDEL', KEYS[1], 'by')
+redis.call('HSET', KEYS[1], 'chg', string.format('%d', now))
 redis.call('PUBLISH', ARGV[4], 'resume')
 return 1

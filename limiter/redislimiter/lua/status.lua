@@ -14,11 +14,12 @@
 -- paused or unknown), reserved0_milli, reserved1_milli, reserved2_milli
 -- (the tokens each rank holds reserved ahead), pushed1_milli, pushed2_milli
 -- (the push counters of ranks 1 and 2); the last five are 0 when the
--- tokens are unknown}.
+-- tokens are unknown, changed_us (the last change of settings, "chg",
+-- State.Changed; 0 when unknown)}.
 
 local now = now_us(ARGV[3])
 local rate, burst = limits(KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]))
-local st = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'by')
+local st = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'by', 'chg')
 local paused, by = 0, ''
 local ts = tonumber(st[2])
 if ts and ts > now then paused = clamp(ts - now); by = st[3] or '' end
@@ -35,4 +36,4 @@ local ov = redis.call('HMGET', KEYS[2], 'rate', 'burst')
 local ottl = redis.call('PTTL', KEYS[2])
 local replicas = redis.call('ZCOUNT', KEYS[3], string.format('(%d', now), '+inf')
 return {tokens, milli(rate), burst, paused, ov[1] or false, ov[2] or false, ottl, replicas, now, by,
-  milli(r0), milli(r1), milli(r2), milli(P1), milli(P2)}
+  milli(r0), milli(r1), milli(r2), milli(P1), milli(P2), tonumber(st[4]) or 0}
