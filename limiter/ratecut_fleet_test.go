@@ -42,7 +42,7 @@ func TestRateCutHeardAtDifferentInstantsKeepsTheFleetApart(t *testing.T) {
 		}()
 		r.settle()
 	}
-	waitOn(r.b) // the burst, at once
+	waitOn(r.b)        // the burst, at once
 	for i := range 8 { // +100 ms ... +800 ms, alternating replicas
 		if i%2 == 0 {
 			waitOn(second)
