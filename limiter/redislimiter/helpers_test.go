@@ -134,11 +134,14 @@ func (r lowSleepersRace) check(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return st.Reserved[limiter.PriorityLow] >= 1.9
+		// The front of the queue refills from the first token on.
+		refilled := time.Since(start).Seconds() / r.slot.Seconds()
+		return st.Reserved[limiter.PriorityLow]+refilled >= 1.9
 	})
 	if r.beforeHigh != nil {
 		r.beforeHigh()
 	}
+	highAt := time.Since(start)
 	run("high", r.high)
 	if r.afterHigh != nil {
 		r.afterHigh()
@@ -158,8 +161,19 @@ func (r lowSleepersRace) check(t *testing.T) {
 	if order[0] != "high" {
 		t.Errorf("returned in the order %v, want high first", order)
 	}
+	// A low sleeper is moved back only if its slot had not come when the
+	// high take was made: on a loaded machine the setup can take that
+	// long, and then the bound is the one the store could still keep.
 	const leeway = 10 * time.Millisecond
-	if lowAt[0] < 2*r.slot-leeway || lowAt[1] < 3*r.slot-leeway {
-		t.Errorf("the low waits returned at +%v and +%v, want >= +%v and +%v (moved back a slot each)", lowAt[0], lowAt[1], 2*r.slot, 3*r.slot)
+	if highAt >= 2*r.slot-leeway {
+		t.Fatalf("the high take came at +%v, after both low slots (+%v, +%v): the machine was too slow for this race", highAt, r.slot, 2*r.slot)
+	}
+	first := 2 * r.slot
+	if highAt >= r.slot-leeway {
+		first = r.slot
+		t.Logf("the high take came at +%v, after the first low slot: only the second is checked for the move", highAt)
+	}
+	if lowAt[0] < first-leeway || lowAt[1] < 3*r.slot-leeway {
+		t.Errorf("the low waits returned at +%v and +%v, want >= +%v and +%v (moved back a slot each; high took at +%v)", lowAt[0], lowAt[1], first, 3*r.slot, highAt)
 	}
 }
