@@ -73,12 +73,37 @@ func TestLayersCluster(t *testing.T) {
 	if math.Abs(st2.Tokens-st.Tokens) > 0.5 {
 		t.Errorf("shared tokens after %d refusals = %v, want %v (refunded)", recipients, st2.Tokens, st.Tokens)
 	}
+	// A message that asks for a lease of the shared bucket (Extra) gets
+	// it on a Cluster as on one node; refused by its per-recipient step,
+	// the lease is refunded with its cost.
+	res, err := l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Extra: 10, Keys: map[string]string{"per-recipient": "+15559999999"}})
+	if err != nil || !res.Granted || res.Tokens != 11 {
+		t.Fatalf("a message asking for a lease of 10: %+v %v; want granted with 11 tokens", res, err)
+	}
+	st3, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(st3.Tokens-(st2.Tokens-11)) > 0.5 {
+		t.Errorf("shared tokens after a lease of 10 = %v, want %v", st3.Tokens, st2.Tokens-11)
+	}
+	res, err = l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Extra: 10, Keys: map[string]string{"per-recipient": fmt.Sprintf("+1555%07d", 0)}})
+	if err != nil || res.Granted || res.Exceeded == nil {
+		t.Fatalf("a message asking for a lease, refused by its recipient: %+v %v", res, err)
+	}
+	st4, err := s.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(st4.Tokens-st3.Tokens) > 0.5 {
+		t.Errorf("shared tokens after a refused message asking for a lease = %v, want %v (cost and lease refunded)", st4.Tokens, st3.Tokens)
+	}
 	daily, err := l.LayerStatus(ctx, "daily", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if daily.Used != 2*recipients {
-		t.Errorf("daily quota used = %d, want %d (the refusals refunded)", daily.Used, 2*recipients)
+	if daily.Used != 2*recipients+1 {
+		t.Errorf("daily quota used = %d, want %d (the refusals refunded)", daily.Used, 2*recipients+1)
 	}
 	// The per-recipient keys sit on more than one master.
 	var mu sync.Mutex
@@ -107,7 +132,7 @@ func TestLayersCluster(t *testing.T) {
 		report = append(report, fmt.Sprintf("%s: %d", addr, n))
 	}
 	t.Logf("per-recipient keys per master: %s", strings.Join(report, ", "))
-	if total != recipients || used < 2 {
-		t.Errorf("per-recipient keys per master = %v; want %d keys over at least 2 masters", perMaster, recipients)
+	if total != recipients+1 || used < 2 { // and the one that took a lease
+		t.Errorf("per-recipient keys per master = %v; want %d keys over at least 2 masters", perMaster, recipients+1)
 	}
 }

@@ -35,6 +35,12 @@
 // like -e2e, prints the schedule and the checker's report, and exits 1
 // when a promise was broken; -seed N reruns a schedule.
 //
+// With -keys it runs the keyed-layer mode instead (keys.go): on a private
+// redis-server and a private 3-master Cluster, the used_memory growth per
+// key of a keyed layer over -keys-memory keys, and msg/s, Redis scripts,
+// commands and CPU per message, and the spread over the masters, of
+// replicas leasing the shared bucket with a keyed layer, into KEYS.md.
+//
 // With -scale it runs the scale mode instead (scale.go): for each rate of
 // -scale-rates and each N of -scale-n, N replicas in this process, each
 // with its own Redis client and Bucket, on a private redis-server; it
@@ -113,6 +119,8 @@ type config struct {
 	campaign *campaignConfig
 	// scale, when set, selects the scale mode instead (scale.go).
 	scale *scaleConfig
+	// keys, when set, selects the keyed-layer mode instead (keys.go).
+	keys *keysConfig
 }
 
 func main() {
@@ -137,6 +145,8 @@ func main() {
 		err = runE2E(ctx, *cfg.e2e)
 	case cfg.scale != nil:
 		err = runScale(ctx, *cfg.scale)
+	case cfg.keys != nil:
+		err = runKeys(ctx, *cfg.keys)
 	default:
 		err = run(ctx, cfg)
 	}
@@ -198,8 +208,39 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&sc.lease, "scale-lease", "auto", "(scale) leasing: auto (off below 100k/s, default options from it), on, off")
 	fs.StringVar(&sc.out, "scale-out", "SCALE.md", "(scale) markdown report to write")
 	fs.StringVar(&sc.goroutines, "scale-goroutines", "", "(scale) write the goroutines 1.5 s into each saturated phase to this path prefix")
+	var kc keysConfig
+	var keysOn bool
+	var keysK, keysN, keysRates, keysTopos string
+	fs.BoolVar(&keysOn, "keys", false, "run the keyed-layer mode (memory per key, Redis calls and CPU per message, on a private redis-server and a private 3-master Cluster) instead")
+	fs.IntVar(&kc.memory, "keys-memory", 1_000_000, "(keys) keys of the memory run; 0 for none")
+	fs.StringVar(&keysK, "keys-k", "100000", "(keys) comma-separated distinct keys of the throughput runs")
+	fs.StringVar(&keysN, "keys-n", "8", "(keys) comma-separated replica counts of the throughput runs")
+	fs.StringVar(&keysRates, "keys-rates", "1000000", "(keys) comma-separated shared bucket rates of the throughput runs")
+	fs.StringVar(&keysTopos, "keys-topologies", "standalone,cluster", "(keys) comma-separated: standalone, cluster")
+	fs.IntVar(&kc.callers, "keys-callers", 64, "(keys) callers over all replicas")
+	fs.DurationVar(&kc.duration, "keys-duration", 5*time.Second, "(keys) length of each throughput run")
+	fs.IntVar(&kc.rounds, "keys-rounds", 3, "(keys) throughput rounds, alternating the topologies; 0 for none")
+	fs.StringVar(&kc.out, "keys-out", "KEYS.md", "(keys) markdown report to write")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
+	}
+	if keysOn {
+		var err error
+		if kc.keys, err = parseInts(keysK); err != nil {
+			return config{}, fmt.Errorf("-keys-k: %w", err)
+		}
+		if kc.replicas, err = parseInts(keysN); err != nil {
+			return config{}, fmt.Errorf("-keys-n: %w", err)
+		}
+		if kc.rates, err = parseRates(keysRates); err != nil {
+			return config{}, fmt.Errorf("-keys-rates: %w", err)
+		}
+		kc.topos = strings.Split(keysTopos, ",")
+		for _, a := range args {
+			kc.flags += " " + a
+		}
+		cfg.keys = &kc
+		return cfg, nil
 	}
 	for _, a := range args {
 		cfg.flags += " " + a

@@ -69,9 +69,14 @@ type Layered struct {
 	allLayers []int
 	// hasWindow is set when a layer is a send window.
 	hasWindow bool
-	// batch pipelines concurrent takes on a single node; nil on a Cluster
-	// or with Config.NoBatching.
+	// batch pipelines concurrent takes; nil with Config.NoBatching. On
+	// a Cluster it takes only the requests of clusterStep.
 	batch *layerBatcher
+	// clusterStep, on a Cluster, is the one step of a request that leaves
+	// the shared bucket out (leased), when that step is keyedOnly: its
+	// calls go through batch, one script call each in a pipeline split by
+	// master. nil when there is no such step.
+	clusterStep *step
 	// fair is nil without fair shares (WithFair); fairPrefix + RANK + ":"
 	// + TENANT names a tenant's state, fairKeys the class totals and the
 	// bins.
@@ -141,7 +146,7 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 		spec:      make([][]any, len(layers)),
 		windows:   make([]atomic.Pointer[[4]int64], len(layers)),
 	}
-	if !cluster && !s.cfg.NoBatching {
+	if !s.cfg.NoBatching {
 		l.batch = &layerBatcher{l: l}
 	}
 	l.slots = backend.HasConcurrency(layers)
@@ -172,6 +177,9 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 			action = strings.ToUpper(action) // lua/layers.lua
 		}
 		l.spec[i] = []any{i + 1, kind, a, b, action, ly.MaxWait.Microseconds()}
+	}
+	if st := l.steps(true); cluster && len(st) == 1 && l.keyedOnly(st[0]) {
+		l.clusterStep = &st[0]
 	}
 	return l, nil
 }
@@ -255,7 +263,7 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req backend.Laye
 	if err := l.checkWindows(at, req, keys); err != nil {
 		return backend.LayerResult{}, err
 	}
-	if at.IsZero() && l.batch != nil {
+	if at.IsZero() && l.batch != nil && (!l.cluster || (req.SkipShared && l.clusterStep != nil)) {
 		return l.batch.take(ctx, req, keys)
 	}
 	steps := l.steps(req.SkipShared)
@@ -282,9 +290,10 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req backend.Laye
 			done = append(done, st)
 			continue
 		}
-		// A later step refused: give back what the earlier ones charged.
+		// A later step refused: give back what the earlier ones charged,
+		// the shared tokens leased with the message included.
 		for _, d := range done {
-			if rerr := l.refundStep(context.WithoutCancel(ctx), at, req, keys, d, out.At.Add(out.Wait), out.Class); rerr != nil && err == nil {
+			if rerr := l.refundStep(context.WithoutCancel(ctx), at, req, keys, d, out.At.Add(out.Wait), out.Class, out.Tokens-req.Cost); rerr != nil && err == nil {
 				err = rerr
 			}
 		}
@@ -332,7 +341,7 @@ func (l *Layered) takeArgs(at time.Time, req backend.LayerRequest, keys []string
 		rkeys = append(rkeys, l.stateKeys...)
 	}
 	extra := 0
-	if st.shared && !l.cluster { // a refused later step refunds Cost only
+	if st.shared { // on a Cluster, a refused later step refunds the extra too
 		extra = max(req.Extra, 0)
 	}
 	sh := l.sharesArg(req.MinShare)
@@ -510,7 +519,7 @@ func (l *Layered) refundLayers(ctx context.Context, at time.Time, req backend.La
 		return err
 	}
 	for _, st := range l.steps(req.SkipShared) {
-		if err := l.refundStep(ctx, at, req, keys, st, res.At.Add(res.Wait), res.Class); err != nil {
+		if err := l.refundStep(ctx, at, req, keys, st, res.At.Add(res.Wait), res.Class, 0); err != nil {
 			return err
 		}
 	}
@@ -520,8 +529,10 @@ func (l *Layered) refundLayers(ctx context.Context, at time.Time, req backend.La
 // refundStep runs layersRefundScript for one step of a take that charged
 // the layers for the instant charged (the store's clock: when the message
 // was due to go out), whose reservation on the shared bucket was
-// in class's queue.
-func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.LayerRequest, keys []string, st step, charged time.Time, class limiter.Priority) error {
+// in class's queue. A step with the shared bucket also gives it back
+// leased, the tokens granted beyond the cost (a Cluster's first step,
+// whose later step refused).
+func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.LayerRequest, keys []string, st step, charged time.Time, class limiter.Priority, leased int) error {
 	nowUS := int64(0)
 	if !at.IsZero() {
 		nowUS = at.UnixMicro()
@@ -571,6 +582,9 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.Laye
 		}
 	}
 	args = append(args, l.warmArg)
+	if st.shared && leased > 0 {
+		args = append(args, leased)
+	}
 	if err := layersRefundScript.Run(ctx, l.client, rkeys, args...).Err(); err != nil {
 		return l.fail("refund layers", err)
 	}

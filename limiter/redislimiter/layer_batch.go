@@ -12,7 +12,8 @@ import (
 )
 
 // layerBatcher combines the concurrent TakeLayers of one Layered store on a
-// single node into pipelines, as batcher does for Take: a call that finds
+// single node into pipelines, as batcher does for Take (on a Cluster, only
+// the leased requests of Layered.clusterStep): a call that finds
 // none in flight is sent at once, alone; calls that arrive meanwhile queue
 // up, and when the flight returns the head of the queue sends them all (up
 // to maxBatch) as one pipeline. Each script still runs atomically on its
@@ -54,7 +55,7 @@ func (b *layerBatcher) take(ctx context.Context, req backend.LayerRequest, keys 
 	if !b.flushing {
 		b.flushing = true
 		b.mu.Unlock()
-		res, err := b.l.takeStep(ctx, time.Time{}, req, keys, step{shared: !req.SkipShared, layers: b.l.allLayers}, 0)
+		res, err := b.l.takeStep(ctx, time.Time{}, req, keys, b.l.batchStep(req), 0)
 		b.mu.Lock()
 		b.handOffLocked()
 		b.mu.Unlock()
@@ -117,11 +118,25 @@ func (b *layerBatcher) lead(ctx context.Context, p *layerPending) {
 	b.mu.Unlock()
 }
 
+// batchStep is the one step of a request that the batcher sends: every
+// layer on a single node, Layered.clusterStep on a Cluster.
+func (l *Layered) batchStep(req backend.LayerRequest) step {
+	if l.cluster {
+		return *l.clusterStep
+	}
+	return step{shared: !req.SkipShared, layers: l.allLayers}
+}
+
 // send decides the requests of batch in one pipeline and sets their
 // answers: the requests that leave the shared bucket out, when every layer
 // is a token bucket, in one call of layersKeyedScript; each other request
-// in its own call of layersScript.
+// in its own call of layersScript. On a Cluster each request is a call of
+// its own (its key's slot), and the pipeline goes to every master at once.
 func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {
+	if b.l.cluster {
+		b.sendCluster(ctx, batch)
+		return
+	}
 	keyedOnly := b.l.keyedOnly(step{layers: b.l.allLayers})
 	var keyed []*layerPending
 	pipe := b.l.client.Pipeline()
@@ -175,6 +190,31 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {
 	b.l.keyedReplies(kreqs, 0, s, err, res, errs)
 	for j, q := range keyed {
 		q.res, q.err = res[j], errs[j]
+	}
+}
+
+// sendCluster is send on a Cluster: one call of layersKeyedScript per
+// request of clusterStep, in one pipeline that go-redis splits by master.
+func (b *layerBatcher) sendCluster(ctx context.Context, batch []*layerPending) {
+	st := *b.l.clusterStep
+	pipe := b.l.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(batch))
+	args := make([][]any, len(batch))
+	rkeys := make([][]string, len(batch))
+	for i, q := range batch {
+		rkeys[i], args[i] = b.l.keyedArgs(time.Time{}, st.layers, []backend.LayerRequest{q.req}, [][]string{q.keys}, 0)
+		cmds[i] = layersKeyedScript.EvalSha(ctx, pipe, rkeys[i], args[i]...)
+	}
+	_, _ = pipe.Exec(ctx)
+	var out [1]backend.LayerResult
+	var errs [1]error
+	for i, q := range batch {
+		s, err := cmds[i].Text()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") { // this master lost the script: Run loads it
+			s, err = layersKeyedScript.Run(ctx, b.l.client, rkeys[i], args[i]...).Text()
+		}
+		b.l.keyedReplies([]backend.LayerRequest{q.req}, 0, s, err, out[:], errs[:])
+		q.res, q.err = out[0], errs[0]
 	}
 }
 

@@ -10,7 +10,10 @@
 -- rate, quota or budget, burst (a budget: the price charged), and for a
 -- quota or budget the end of the window charged; last, the warm-up in µs, as
 -- in layersScript: the shared bucket refills along a ramp in progress up to
--- now (but a refund starts no ramp), and its key lives the warm-up longer.
+-- now (but a refund starts no ramp), and its key lives the warm-up longer;
+-- then, optionally, leased: shared tokens granted beyond the cost (a
+-- lease taken with the message, never queued), given back to the shared
+-- bucket too (a Cluster's first step, whose later step refused).
 -- Reply: 1.
 
 local now = now_us(ARGV[1])
@@ -24,7 +27,8 @@ if ARGV[3] == '1' then
   if WARM and WARM <= 0 then WARM = nil end
   local tokens, ts = load(KEYS[1], now, rate, burst)
   prio_refund(tonumber(ARGV[7]), cost)
-  save(KEYS[1], math.min(burst, tokens + cost), ts, now, rate, burst)
+  local leased = tonumber(ARGV[9 + 4 * n]) or 0
+  save(KEYS[1], math.min(burst, tokens + cost + leased), ts, now, rate, burst)
 end
 for i = 1, n do
   local a = 7 + (i - 1) * 4
