@@ -109,15 +109,11 @@ func TestLayersCluster(t *testing.T) {
 	var mu sync.Mutex
 	perMaster := map[string]int{}
 	err = client.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-		n := 0
-		iter := c.Scan(ctx, 0, redislimiter.DefaultPrefix+bucket+":per-recipient:*", 1000).Iterator()
-		for iter.Next(ctx) {
-			n++
-		}
+		n, err := l.CountLayerKeys(ctx, c, "per-recipient")
 		mu.Lock()
-		perMaster[c.Options().Addr] = n
+		perMaster[c.Options().Addr] = int(n.Keys)
 		mu.Unlock()
-		return iter.Err()
+		return err
 	})
 	if err != nil {
 		t.Fatal(err)

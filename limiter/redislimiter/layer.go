@@ -2,6 +2,7 @@ package redislimiter
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"slices"
 	"strconv"
@@ -40,14 +41,18 @@ import (
 //
 // Besides the Store's keys, layer L of bucket NAME uses
 //
-//	PREFIX NAME:L:{KEY}   string "tokens ts" (keyed bucket) or "window_end used" (quota), per key
+//	ID HASH               per key: a keyed bucket's tokens, ts and last send instant as
+//	                      three little-endian doubles, a quota's "window_end used"
 //	PREFIX{NAME}:layer:L  the same, for a layer without keys (in the bucket's slot)
 //
-// (PREFIX and NAME as in the Store; no space between them). A shadow layer
-// (limiter.Layer.Shadow) keeps its state under keys of its own,
-// PREFIX NAME:shadow:L:{KEY} and PREFIX{NAME}:shadow:L, so that it charges
-// nothing an enforced layer of the same name reads, and enforcing it later
-// starts from a full bucket. A keyed
+// (PREFIX and NAME as in the Store; no space between them). A keyed
+// layer's key is 12 bytes: ID, 4 bytes that name the layer, and HASH, 8
+// bytes of the SHA-256 of the key's readable name, PREFIX NAME:L:{KEY}
+// (see layerKey). A shadow layer
+// (limiter.Layer.Shadow) keeps its state under keys of its own (its
+// readable names PREFIX NAME:shadow:L:{KEY} and PREFIX{NAME}:shadow:L), so
+// that it charges nothing an enforced layer of the same name reads, and
+// enforcing it later starts from a full bucket. A keyed
 // bucket's key expires when the bucket is full again, a quota's one second
 // after its window ends, so only keys in use hold memory.
 //
@@ -56,9 +61,12 @@ type Layered struct {
 	*Store
 	layers  []limiter.Layer
 	cluster bool
-	// keyPrefix[i] + key + "}" names the state of a key of a keyed layer
-	// i; unkeyed[i] names the state of layer i without keys.
+	// keyPrefix[i] is the layer's ID, the first bytes of every key of
+	// keyed layer i (layerKey); keyName[i] + key + "}" is what the
+	// rest of a key's name is hashed from; unkeyed[i] names the state of
+	// layer i without keys.
 	keyPrefix []string
+	keyName   []string
 	unkeyed   []string
 	// spec[i] are layer i's constant arguments of layersScript: index,
 	// kind, rate or quota, burst, action, max_wait_us.
@@ -142,6 +150,7 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 		layers:    layers,
 		cluster:   cluster,
 		keyPrefix: make([]string, len(layers)),
+		keyName:   make([]string, len(layers)),
 		unkeyed:   make([]string, len(layers)),
 		spec:      make([][]any, len(layers)),
 		windows:   make([]atomic.Pointer[[4]int64], len(layers)),
@@ -155,12 +164,14 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 		l.allLayers = append(l.allLayers, i)
 		l.shadow = l.shadow || ly.Shadow
 		l.hasWindow = l.hasWindow || ly.IsWindow()
-		l.keyPrefix[i] = s.cfg.Prefix + s.cfg.Bucket + ":" + ly.Name + ":{"
+		l.keyName[i] = s.cfg.Prefix + s.cfg.Bucket + ":" + ly.Name + ":{"
 		l.unkeyed[i] = s.cfg.Prefix + "{" + s.cfg.Bucket + "}:layer:" + ly.Name
 		if ly.Shadow {
-			l.keyPrefix[i] = s.cfg.Prefix + s.cfg.Bucket + ":shadow:" + ly.Name + ":{"
+			l.keyName[i] = s.cfg.Prefix + s.cfg.Bucket + ":shadow:" + ly.Name + ":{"
 			l.unkeyed[i] = s.cfg.Prefix + "{" + s.cfg.Bucket + "}:shadow:" + ly.Name
 		}
+		id := sha256.Sum256([]byte(l.keyName[i]))
+		l.keyPrefix[i] = string(id[:layerIDLen])
 		kind, a, b := "b", strconv.FormatFloat(ly.Rate, 'g', -1, 64), int64(ly.Burst)
 		switch {
 		case ly.IsQuota():
@@ -187,15 +198,32 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 // Layers implements backend.LayeredStore.
 func (l *Layered) Layers() []limiter.Layer { return append([]limiter.Layer(nil), l.layers...) }
 
-// LayerKey returns the Redis key that holds the state of key in layer i.
+// layerIDLen and layerHashLen are the lengths in bytes of a keyed layer
+// key's two parts (layerKey).
+const layerIDLen, layerHashLen = 4, 8
+
+// layerKey returns the Redis key that holds the state of key in layer i:
+// for a keyed layer, 12 bytes, the layer's ID (the first 4 bytes of the
+// SHA-256 of "PREFIX NAME:LAYER:{") then the first 8 bytes of the SHA-256
+// of "PREFIX NAME:LAYER:{KEY}" (no space between PREFIX and NAME; a shadow
+// layer has "shadow:" before LAYER). A short name costs Redis 16 bytes
+// where a recipient's readable name cost 64 to 96, and on a Cluster its
+// slot is the hash's: the keys spread over the masters. Two keys of a
+// layer share a state only if 64 bits of their hashes collide (about 3
+// in a million for 10 million keys in use at once); they then share one
+// bucket, each granted less, never more.
 func (l *Layered) layerKey(i int, key string) string {
 	if !l.layers[i].Keyed || l.layers[i].IsWindow() { // a window keeps no state
 		return l.unkeyed[i]
 	}
-	if !l.layers[i].Keyed {
-		return l.unkeyed[i]
-	}
-	return l.keyPrefix[i] + key + "}"
+	h := sha256.New()
+	h.Write([]byte(l.keyName[i]))
+	h.Write([]byte(key))
+	h.Write([]byte{'}'})
+	var sum [sha256.Size]byte
+	b := make([]byte, 0, layerIDLen+layerHashLen)
+	b = append(b, l.keyPrefix[i]...)
+	return string(append(b, h.Sum(sum[:0])[:layerHashLen]...))
 }
 
 // window returns the boundaries of layer i's quota windows around now, in

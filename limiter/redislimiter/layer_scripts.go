@@ -3,8 +3,9 @@ package redislimiter
 import "github.com/redis/go-redis/v9"
 
 // layerPrelude holds the functions of the layer scripts: the prelude, then
-// lua/layer_prelude.lua. A layer's state is one string key: "tokens ts" for
-// a keyed bucket, "window_end used" for a quota.
+// lua/layer_prelude.lua. A layer's state is one string key: tokens, ts and
+// last as three doubles (24 bytes) for a bucket, "window_end used" for a
+// quota.
 var layerPrelude = prelude + luaSource("layer_prelude.lua")
 
 // layersScript decides the shared bucket (optionally) and layers in one
