@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/throttlehq/throttle/internal/backend"
+	"github.com/throttlehq/throttle/internal/topk"
 )
 
 // Request is what WaitN waits for: a message's cost, charged on the shared
@@ -202,6 +203,10 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 	b.addWaiting(req.Priority, 1)
 	defer b.addWaiting(req.Priority, -1)
 	fairIn := false // counted among its tenant's FairWaiting
+	if req.Tenant != "" && b.layered.fair != nil {
+		b.layered.tenantEnter(req.Tenant)
+		defer b.layered.tenantLeave(req.Tenant)
+	}
 	limiting := ""  // the layer that set the longest of this call's waits
 	var longest time.Duration
 	// head is set while this caller is the one of its class that asks
@@ -295,7 +300,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			longest, limiting = res.Wait, res.Limiting
 		}
 		if res.Granted {
-			b.observeShadow(res.Shadow)
+			b.observeShadow(req, res.Shadow)
 		}
 		if !res.Granted {
 			if res.Floor && !head {
@@ -490,6 +495,9 @@ func (b *Bucket) observeLayered(start time.Time, req Request, limiting string, e
 	switch {
 	case err == nil:
 		b.granted.Add(int64(req.Cost))
+		if req.Tenant != "" && b.layered.fair != nil {
+			b.layered.tenantTokens.Add(b.clock.Now(), topk.Clip(req.Tenant), int64(req.Cost))
+		}
 		d := b.clock.Now().Sub(start)
 		b.observeWaited(req.Priority, d)
 		if o != nil && o.LayerWaited != nil {
@@ -497,6 +505,11 @@ func (b *Bucket) observeLayered(start time.Time, req Request, limiting string, e
 		}
 	case errors.As(err, &le):
 		b.layered.countExceeded(le.Layer)
+		key := req.Keys[le.Layer]
+		if le.Layer == FairLayer {
+			key = req.Tenant
+		}
+		b.layered.countRefusedKey(b.clock.Now(), le.Layer, key)
 		if o != nil && o.LimitExceeded != nil {
 			o.LimitExceeded(le.Layer, le.Action)
 		}
@@ -504,8 +517,9 @@ func (b *Bucket) observeLayered(start time.Time, req Request, limiting string, e
 }
 
 // observeShadow reports the decisions of the shadow layers on a granted
-// request, and counts those that would not have granted in Stats.Exceeded.
-func (b *Bucket) observeShadow(ds []ShadowDecision) {
+// request, and counts those that would not have granted in Stats.Exceeded
+// (and the request's key in them among the keys refused).
+func (b *Bucket) observeShadow(req Request, ds []ShadowDecision) {
 	if len(ds) == 0 {
 		return
 	}
@@ -513,6 +527,7 @@ func (b *Bucket) observeShadow(ds []ShadowDecision) {
 	for _, d := range ds {
 		if d.Exceeded() {
 			b.layered.countExceeded(d.Layer)
+			b.layered.countRefusedKey(b.clock.Now(), d.Layer, req.Keys[d.Layer])
 		}
 		if o != nil && o.ShadowDecided != nil {
 			o.ShadowDecided(d)
@@ -533,6 +548,77 @@ func (b *Bucket) exceeded() map[string]int64 {
 	})
 	return out
 }
+
+// countRefusedKey counts a refusal of key (none for "") by layer, for the
+// keys each layer refused most (topRefused).
+func (lf *layeredFallback) countRefusedKey(now time.Time, layer, key string) {
+	if key == "" {
+		return
+	}
+	w, ok := lf.refusedKeys.Load(layer)
+	if !ok {
+		w, _ = lf.refusedKeys.LoadOrStore(layer, topk.NewWindow(reportWindow, reportSlots, reportCapacity))
+	}
+	w.(*topk.Window).Add(now, topk.Clip(key), 1)
+}
+
+// topRefused returns, by layer, the keys it refused most over the last
+// reportWindow (at most reportTop a layer); nil when none.
+func (lf *layeredFallback) topRefused(now time.Time) map[string][]topk.Entry {
+	var out map[string][]topk.Entry
+	lf.refusedKeys.Range(func(k, v any) bool {
+		if top, _ := v.(*topk.Window).Top(now, reportTop); len(top) > 0 {
+			if out == nil {
+				out = map[string][]topk.Entry{}
+			}
+			out[k.(string)] = top
+		}
+		return true
+	})
+	return out
+}
+
+// tenantEnter counts a WaitN of tenant in progress (tenantsWaiting), and
+// tenantLeave its end.
+func (lf *layeredFallback) tenantEnter(tenant string) {
+	lf.fairMu.Lock()
+	defer lf.fairMu.Unlock()
+	if lf.tenantWait == nil {
+		lf.tenantWait = map[string]int{}
+	}
+	lf.tenantWait[tenant]++
+}
+
+func (lf *layeredFallback) tenantLeave(tenant string) {
+	lf.fairMu.Lock()
+	defer lf.fairMu.Unlock()
+	if lf.tenantWait[tenant]--; lf.tenantWait[tenant] <= 0 {
+		delete(lf.tenantWait, tenant)
+	}
+}
+
+// tenantsWaiting returns the reportTop tenants with the most WaitN calls
+// in progress: waiting on a reservation, or for their share.
+func (lf *layeredFallback) tenantsWaiting() []topk.Entry {
+	lf.fairMu.Lock()
+	defer lf.fairMu.Unlock()
+	top := topk.Of(lf.tenantWait, reportTop)
+	for i := range top {
+		top[i].Key = topk.Clip(top[i].Key)
+	}
+	return top
+}
+
+// The heartbeats carry, for operators' tools, the keys each layer refused
+// most and the tenants granted the most tokens over the last reportWindow,
+// counted in reportSlots slots of reportCapacity keys each (package topk),
+// reportTop of each.
+const (
+	reportWindow   = time.Minute
+	reportSlots    = 6
+	reportCapacity = 32
+	reportTop      = 10
+)
 
 // countExceeded counts a refusal by layer.
 func (lf *layeredFallback) countExceeded(layer string) {
@@ -568,6 +654,12 @@ type layeredFallback struct {
 	fairActive atomic.Int64
 	fairMu     sync.Mutex
 	fairWait   map[string]int // requests waiting for their share, by tenant
+	tenantWait map[string]int // WaitN calls in progress, by tenant
+	// refusedKeys counts the keys each layer refused (a shadow layer:
+	// would have) over the last reportWindow: name → *topk.Window.
+	// tenantTokens counts the tokens granted to each tenant.
+	refusedKeys  sync.Map
+	tenantTokens *topk.Window
 }
 
 // fairEnter counts a request of tenant waiting for its fair share, unless
@@ -610,6 +702,9 @@ func (b *Bucket) layeredStore() backend.LayeredStore {
 			b.layered.store, b.layered.layers = ls, ls.Layers()
 			b.layered.lateness = layersLateness(b.layered.layers)
 			b.layered.fair = backend.FairOf(ls)
+			if b.layered.fair != nil {
+				b.layered.tenantTokens = topk.NewWindow(reportWindow, reportSlots, reportCapacity)
+			}
 		}
 	})
 	return b.layered.store
@@ -742,7 +837,7 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 			}
 			continue
 		}
-		b.observeShadow(res.Shadow)
+		b.observeShadow(req, res.Shadow)
 		// As in the shared bucket, a push of its class moves the
 		// reservation back, and a move back charges the layers for it
 		// (see WaitN).

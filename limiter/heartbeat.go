@@ -66,6 +66,7 @@ func (b *Bucket) beat(ctx context.Context, rt backend.ReplicaTracker) (int, erro
 		return rt.Heartbeat(ctx, b.opts.ReplicaID, ttl)
 	}
 	st := b.Stats()
+	b.layeredStore() // sets b.layered.tenantTokens, once
 	r := backend.ReplicaReport{
 		Mode:              b.Mode(),
 		Granted:           st.Granted,
@@ -74,6 +75,11 @@ func (b *Bucket) beat(ctx context.Context, rt backend.ReplicaTracker) (int, erro
 		Exceeded:          st.Exceeded,
 		Idle:              st.Idle,
 		Backlog:           b.backlog.Load(),
+		RefusedKeys:       b.layered.topRefused(b.clock.Now()),
+	}
+	if b.layered.tenantTokens != nil {
+		r.TenantTokens, r.TenantTokensTotal = b.layered.tenantTokens.Top(b.clock.Now(), reportTop)
+		r.TenantsWaiting = b.layered.tenantsWaiting()
 	}
 	ct, ok := rt.(backend.ConsumerTracker)
 	if !ok {

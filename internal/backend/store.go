@@ -18,6 +18,8 @@ import (
 	"math"
 	"strconv"
 	"time"
+
+	"github.com/throttlehq/throttle/internal/topk"
 )
 
 // MaxRate is the highest rate, in tokens per second, that a bucket accepts:
@@ -258,6 +260,18 @@ type ReplicaReport struct {
 	// Backlog is the source's backlog as the replica last read it
 	// (Bucket.SetBacklog); nil when unknown.
 	Backlog *Backlog
+	// RefusedKeys is, by layer, the keys it refused most over the last
+	// minute (a shadow layer: would have refused), largest first: a
+	// bounded, approximate count (package topk). Nil when none.
+	RefusedKeys map[string][]topk.Entry
+	// TenantTokens is the tenants (fair shares) granted the most tokens
+	// over the last minute, largest first, as RefusedKeys counts, and
+	// TenantTokensTotal the tokens granted to every tenant meanwhile.
+	TenantTokens      []topk.Entry
+	TenantTokensTotal int64
+	// TenantsWaiting is the tenants with the most requests waiting now
+	// (on a reservation or for their share), largest first.
+	TenantsWaiting []topk.Entry
 }
 
 // Backlog is the messages waiting at the broker for a consumer group or

@@ -372,6 +372,23 @@ type Replica struct {
 	// (backend.ReplicaReport.Backlog), nil when unknown. It belongs to the
 	// consumer group or queue: every replica of one reports the same.
 	Backlog *limiter.Backlog
+	// RefusedKeys is, by layer, the keys the layer refused most on the
+	// replica over the last minute (a shadow layer: would have refused),
+	// with their counts: at most 10 a layer, approximate (a key's count
+	// may be over by the smallest count the replica kept). Nil when none,
+	// or when the heartbeat did not say.
+	RefusedKeys map[string]map[string]int64
+	// TenantTokens is, on a store with fair shares (limiter.Fair), the
+	// tenants the replica granted the most tokens over the last minute
+	// (at most 10, counted as RefusedKeys), and TenantTokensTotal the
+	// tokens it granted to every tenant meanwhile: a tenant's share of
+	// the rate is its tokens, summed over the replicas, divided by the
+	// total. TenantsWaiting is the tenants with the most requests waiting
+	// in the replica now (on a reservation or for their share), at most
+	// 10. Nil and 0 without fair shares.
+	TenantTokens      map[string]int64
+	TenantTokensTotal int64
+	TenantsWaiting    map[string]int64
 	// BeatAt is when its last heartbeat ran, on Redis's clock: Granted is
 	// the count as of then, so two beats give the rate exactly. Zero when
 	// the heartbeat did not say (an older replica).
@@ -411,6 +428,36 @@ func parseBacklog(tok string) (limiter.Backlog, bool) {
 		return limiter.Backlog{}, false
 	}
 	return limiter.Backlog{Ready: r, SetAside: a}, true
+}
+
+// parseTops parses a report's top lists (Store.report): "k:LAYER:TOP",
+// "t:TOTAL:TOP" and "q:TOP", into r, and reports whether tok was one.
+// A malformed one is skipped.
+func (r *Replica) parseTops(tok string) bool {
+	kind, rest, _ := strings.Cut(tok, ":")
+	switch kind {
+	case "k":
+		layer, list, ok := strings.Cut(rest, ":")
+		if top, tok := parseTop(list); ok && tok && layer != "" {
+			if r.RefusedKeys == nil {
+				r.RefusedKeys = map[string]map[string]int64{}
+			}
+			r.RefusedKeys[layer] = top
+		}
+	case "t":
+		total, list, ok := strings.Cut(rest, ":")
+		n, err := strconv.ParseInt(total, 10, 64)
+		if top, tok := parseTop(list); ok && tok && err == nil && n >= 0 {
+			r.TenantTokens, r.TenantTokensTotal = top, n
+		}
+	case "q":
+		if top, ok := parseTop(rest); ok {
+			r.TenantsWaiting = top
+		}
+	default:
+		return false
+	}
+	return true
 }
 
 // InUse reports whether Redis holds anything of the bucket: its state (a
@@ -477,6 +524,9 @@ func (a *Admin) Replicas(ctx context.Context) ([]Replica, error) {
 					}
 					if bl, ok := parseBacklog(tok); ok {
 						r.Backlog = &bl
+						continue
+					}
+					if r.parseTops(tok) {
 						continue
 					}
 					if x := strings.Split(tok, ":"); len(x) == 3 && x[0] == "x" && x[1] != "" {

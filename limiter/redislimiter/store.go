@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttlehq/throttle/internal/backend"
+	"github.com/throttlehq/throttle/internal/topk"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -524,7 +526,50 @@ func (s *Store) report(r backend.ReplicaReport) string {
 	if bl := r.Backlog; bl != nil {
 		report += " b:" + strconv.FormatInt(bl.Ready, 10) + "," + strconv.FormatInt(bl.SetAside, 10)
 	}
+	// And the bounded top lists (topk.Entry, "KEY=N,KEY=N" with each key
+	// query-escaped): "k:LAYER:..." per layer, the keys it refused most;
+	// "t:TOTAL:...", the tenants granted the most tokens and the tokens of
+	// every tenant; "q:...", the tenants with the most requests waiting.
+	for _, layer := range slices.Sorted(maps.Keys(r.RefusedKeys)) {
+		if top := r.RefusedKeys[layer]; len(top) > 0 {
+			report += " k:" + layer + ":" + formatTop(top)
+		}
+	}
+	if r.TenantTokensTotal > 0 {
+		report += " t:" + strconv.FormatInt(r.TenantTokensTotal, 10) + ":" + formatTop(r.TenantTokens)
+	}
+	if len(r.TenantsWaiting) > 0 {
+		report += " q:" + formatTop(r.TenantsWaiting)
+	}
 	return report
+}
+
+// formatTop writes a top list for a report: "KEY=N,KEY=N", each key
+// query-escaped (so without white space, ',', '=' or ':').
+func formatTop(top []topk.Entry) string {
+	parts := make([]string, len(top))
+	for i, e := range top {
+		parts[i] = url.QueryEscape(e.Key) + "=" + strconv.FormatInt(e.Count, 10)
+	}
+	return strings.Join(parts, ",")
+}
+
+// parseTop parses what formatTop wrote; ok is false when it is malformed.
+func parseTop(s string) (map[string]int64, bool) {
+	out := map[string]int64{}
+	if s == "" {
+		return out, true
+	}
+	for _, part := range strings.Split(s, ",") {
+		k, n, found := strings.Cut(part, "=")
+		key, kerr := url.QueryUnescape(k)
+		c, nerr := strconv.ParseInt(n, 10, 64)
+		if !found || kerr != nil || nerr != nil || key == "" || c < 0 {
+			return nil, false
+		}
+		out[key] += c
+	}
+	return out, true
 }
 
 func (s *Store) heartbeat(ctx context.Context, id string, ttl time.Duration, config string, idle bool) (int, error) {
