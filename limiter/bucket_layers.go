@@ -207,7 +207,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		b.layered.tenantEnter(req.Tenant)
 		defer b.layered.tenantLeave(req.Tenant)
 	}
-	limiting := ""  // the layer that set the longest of this call's waits
+	limiting := "" // the layer that set the longest of this call's waits
 	var longest time.Duration
 	// head is set while this caller is the one of its class that asks
 	// while a floor holds the class back (floor.go).

@@ -46,8 +46,8 @@ func TestHeartbeatCarriesTopKeysAndTenants(t *testing.T) {
 	}
 	for _, r := range []Request{
 		req("+33612345678", "s1", "acme"),
-		req("+33612345678", "s1", "acme"), // refused by per-recipient
-		req("+33612345678", "s2", "beta"), // refused
+		req("+33612345678", "s1", "acme"),  // refused by per-recipient
+		req("+33612345678", "s2", "beta"),  // refused
 		req("+447700900123", "s1", "acme"), // granted; per-sender would have refused
 	} {
 		_ = b.WaitN(ctx, r)
