@@ -52,7 +52,12 @@ replica reports the same ones in its heartbeats.
           normal is in use), and warnings: live replicas configured
           differently (while no override settles it), or differently from
           --config; a name that nothing uses (no state, no override, no
-          live replica: a typo?).
+          live replica: a typo?). From the replicas' heartbeats also the
+          keys each layer of limit.extra refused most over the last minute
+          and, with fair shares (limit.fair), the tenants with the largest
+          share of the last minute's tokens and with the most messages
+          waiting now: bounded (10 per replica, the 5 largest sums shown,
+          10 with --json) and approximate.
   set     writes a runtime override: --rate R (per second, or N/min...), --burst B
           (default: each replica keeps its configured burst), for --for D
           (default: until cleared). --clear removes the override. Without
@@ -93,7 +98,10 @@ With --json, every subcommand prints the bucket's status as one JSON object
    "classes": [{"priority" (high|normal|low), "reserved", "waiting"}],
    "layers": [{"layer", "kind" (bucket|quota), "keyed", "rate", "burst",
      "quota", "per", "timezone", "on_exceed", "keys_in_use",
-     "keys_estimated", "tokens", "used"}]}
+     "keys_estimated", "tokens", "used"}],
+   "top_refused": {"LAYER": [{"key", "refused"}]},
+   "tenants": {"by_share": [{"tenant", "tokens", "share"}],
+     "by_waiting": [{"tenant", "waiting"}]}}
 A value that cannot be known is null: tokens, rate and burst when the
 configured values are unknown and no override is set; configured without
 --config when the live replicas do not all report the same; a replica's
@@ -103,7 +111,8 @@ when the override does not expire; adaptive unless limit.adaptive holds the
 rate below its ceiling; warmup unless a warm-up ramp is in progress (or,
 with --config and limit.warmup, the bucket is cold); a class's reserved
 when the tokens are unknown (its waiting sums what the live replicas
-reported in their last heartbeats); layers without --config
+reported in their last heartbeats); tenants unless a replica reports
+tenants (fair shares); layers without --config
 (a layer lists only the keys that apply: rate and burst for a bucket, quota,
 per and timezone for a quota, keys_in_use for a keyed layer, tokens or used
 for one without keys).
@@ -643,6 +652,13 @@ type bucketStatus struct {
 	// Layers are the layers of limit.extra with the keys each has in use
 	// (bucket status with --config); nil when unknown.
 	Layers []layerJSON `json:"layers"`
+	// TopRefused is, by layer, the keys it refused most over the last
+	// minute (a shadow layer: would have refused), summed over the live
+	// replicas' heartbeats: bounded and approximate (tops.go).
+	TopRefused map[string][]keyCountJSON `json:"top_refused"`
+	// Tenants is the top tenants of fair shares (limit.fair), from the
+	// same heartbeats; nil when no replica reports any.
+	Tenants *tenantsJSON `json:"tenants"`
 
 	// baseRate is the rate once a pause ends, when known.
 	baseRate *float64
@@ -758,6 +774,8 @@ func (t *bucketTarget) status(ctx context.Context) (*bucketStatus, error) {
 		Adaptive:      adaptive,
 		Warmup:        warmup,
 		Classes:       classesOf(st, reps),
+		TopRefused:    topRefused(reps, topJSON),
+		Tenants:       topTenants(reps, topJSON),
 		Bucket:        t.name,
 		Configured:    t.configured,
 		PausedSeconds: st.PausedFor.Seconds(),
@@ -924,6 +942,7 @@ func writeStatus(w io.Writer, st *bucketStatus, from string) {
 	writeAdaptive(w, st.Adaptive)
 	writeWarmup(w, st.Warmup)
 	writeClasses(w, st.Classes)
+	writeTops(w, st.TopRefused, st.Tenants)
 	ids := make([]string, len(st.Replicas))
 	idle := 0
 	for i, r := range st.Replicas {

@@ -45,7 +45,14 @@ only Redis (no Prometheus), and redraws every second until Ctrl-C:
              over the live replicas since each started, as their
              heartbeats report it, and the increase over the last minute.
              Without --config, only the layers whose refusals the
-             replicas report are listed, without their limits
+             replicas report are listed, without their limits. And the
+             keys each layer refused most over the last minute (a shadow
+             layer: would have), summed over the replicas' reports
+  tenants    with fair shares (limit.fair), the tenants granted the most
+             tokens over the last minute, with their share of the tokens
+             granted to every tenant, and those with the most messages
+             waiting now (on a reservation or for their share), from the
+             replicas' heartbeats
 
 Each replica reports its mode, the tokens it granted, its waiting calls
 and its layers' refusals with its heartbeat (every 3 s), which Redis
@@ -65,6 +72,11 @@ when a replica is idle, by
   idle=N
 and, when a layer is known or refused a message, by
   exceeded=LAYER:N,LAYER:N   (the refusals summed over the live replicas)
+and, for each layer that refused keys in the last minute, by
+  top_refused[LAYER]=KEY:N,KEY:N
+and, with fair shares, by
+  tenants_share=TENANT:P%,TENANT:P% tenants_waiting=TENANT:N,TENANT:N
+(a key or tenant with white space or one of ,:=" is quoted).
 
 Flags:
   --config FILE   the replicas' YAML configuration (Redis and the configured limits)
@@ -173,6 +185,9 @@ type layerView struct {
 	// reportedOnly is set for a layer that only the replicas' reports
 	// name: not one of --config's.
 	reportedOnly bool
+	// top is the keys it refused most over the last minute, summed over
+	// the live replicas (topRefused).
+	top []keyCountJSON
 }
 
 // sample is what one read of Redis found.
@@ -341,6 +356,9 @@ type watchView struct {
 	// layers are the extra layers, known only from --config.
 	layers      []layerView
 	layersKnown bool
+	// tenants is the top tenants of fair shares, nil when none is
+	// reported (topTenants).
+	tenants *tenantsJSON
 }
 
 // watchHistory turns successive samples into views: rates from the
@@ -426,6 +444,11 @@ func (h *watchHistory) add(s sample, err error, now time.Time) watchView {
 		}
 	}
 	v.layers = h.addExceeded(s, v.layers)
+	refused := topRefused(s.replicas, topText)
+	for i := range v.layers {
+		v.layers[i].top = refused[v.layers[i].name]
+	}
+	v.tenants = topTenants(s.replicas, topText)
 	switch {
 	case len(s.replicas) > 0 && v.unreported == 0:
 		v.delivered = sum
@@ -746,15 +769,20 @@ func renderWatch(v watchView) string {
 	}
 	if len(v.layers) > 0 {
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "    LAYER\tLIMIT\tIN REDIS\tEXCEEDED\tLAST MINUTE")
+		fmt.Fprintln(tw, "    LAYER\tLIMIT\tIN REDIS\tEXCEEDED\tLAST MINUTE\tTOP KEYS REFUSED, LAST MINUTE")
 		for _, l := range v.layers {
 			exceeded, recent := "?", "?"
 			if l.exceeded >= 0 {
 				exceeded, recent = strconv.FormatInt(l.exceeded, 10), "+"+strconv.FormatInt(l.recent, 10)
 			}
-			fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\n", l.name, l.desc, l.state, exceeded, recent)
+			fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\n", l.name, l.desc, l.state, exceeded, recent, describeRefused(l.top, 3))
 		}
 		tw.Flush()
+	}
+	if t := v.tenants; t != nil {
+		b.WriteString("\n")
+		line("tenants", "by share of the last minute's tokens: %s", describeShares(t.ByShare, topText))
+		line("", "by messages waiting now: %s", describeWaiting(t.ByWaiting, topText))
 	}
 	return b.String()
 }
@@ -805,11 +833,36 @@ func watchLine(v watchView) string {
 			counts[i] = l.name + ":" + n
 		}
 		line += " exceeded=" + strings.Join(counts, ",")
+		for _, l := range v.layers {
+			if len(l.top) > 0 {
+				line += " top_refused[" + l.name + "]=" + compactTop(l.top)
+			}
+		}
+	}
+	if t := v.tenants; t != nil {
+		shares := make([]string, len(t.ByShare))
+		for i, x := range t.ByShare {
+			shares[i] = fmt.Sprintf("%s:%d%%", showKey(x.Tenant), int(math.Round(100*x.Share)))
+		}
+		waiting := make([]string, len(t.ByWaiting))
+		for i, x := range t.ByWaiting {
+			waiting[i] = fmt.Sprintf("%s:%d", showKey(x.Tenant), x.Waiting)
+		}
+		line += " tenants_share=" + strings.Join(shares, ",") + " tenants_waiting=" + strings.Join(waiting, ",")
 	}
 	if v.err != nil {
 		line += fmt.Sprintf(" error=%q", v.err.Error())
 	}
 	return line
+}
+
+// compactTop writes keys refused for watch's one-line form: "KEY:N,KEY:N".
+func compactTop(keys []keyCountJSON) string {
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = showKey(k.Key) + ":" + strconv.FormatInt(k.Refused, 10)
+	}
+	return strings.Join(parts, ",")
 }
 
 // formatTokens rounds tokens to one decimal.

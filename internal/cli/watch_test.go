@@ -555,7 +555,8 @@ func TestWatchTerminalLayers(t *testing.T) {
 			t.Fatalf("WaitN on a spent key = %v, want ErrLimitExceeded", err)
 		}
 	}
-	f = scr.waitFrameFunc(t, 10*time.Second, "per-recipient refused 3, +3 in the last minute", row("3", "+3"))
+	// With the key refused, as the heartbeat reports it.
+	f = scr.waitFrameFunc(t, 10*time.Second, "per-recipient refused 3, +3 in the last minute, +1555000001 3 times", row("3", "+3", "+1555000001 3"))
 	t.Logf("screen:\n%s", f)
 	stop()
 }

@@ -68,7 +68,8 @@ function bucketCard(name) {
     el("div", { class: "grid2" },
       el("div", {}, el("h3", {}, "replicas"), el("table", { class: "replicas" })),
       el("div", {}, el("h3", {}, "priority classes"), el("table", { class: "classes" }),
-        el("h3", {}, "layers"), el("table", { class: "layers" }), el("div", { class: "layers-note muted" }))));
+        el("h3", {}, "layers"), el("table", { class: "layers" }), el("div", { class: "layers-note muted" }),
+        el("h3", {}, "tenants (fair shares)"), el("table", { class: "tenants" }))));
   $("#buckets").append(card);
   return card;
 }
@@ -133,9 +134,24 @@ function renderBucket(b, f) {
     "no live replica");
   table($(".classes", card), ["class", "reserved", "waiting"],
     (st.classes || []).map(c => [c.priority, c.reserved === null ? "?" : fmtNum(c.reserved), String(c.waiting)]), "unknown");
-  table($(".layers", card), ["layer", "limit", "in Redis", "refused", "last minute"],
-    (b.layers || []).map(l => [l.name, l.limit, l.in_redis, l.refused === null ? "?" : String(l.refused), l.per_minute === null ? "?" : "+" + l.per_minute]),
+  // The keys a layer refused most over the last minute, summed over the
+  // replicas' heartbeats: shown as they are (an operator's keys, such as
+  // recipients; docs/console.md says why they are not masked).
+  const topRefused = name => ((st.top_refused || {})[name] || []).slice(0, 5).map(k => `${k.key} (${k.refused})`).join(", ");
+  table($(".layers", card), ["layer", "limit", "in Redis", "refused", "last minute", "top keys refused, last minute"],
+    (b.layers || []).map(l => [l.name, l.limit, l.in_redis, l.refused === null ? "?" : String(l.refused), l.per_minute === null ? "?" : "+" + l.per_minute, topRefused(l.name)]),
     "none");
+  const tn = st.tenants;
+  const tenantRows = [];
+  if (tn) {
+    const waiting = new Map((tn.by_waiting || []).map(w => [w.tenant, w.waiting]));
+    for (const s of (tn.by_share || []).slice(0, 5)) {
+      tenantRows.push([s.tenant, Math.round(100 * s.share) + "%", waiting.has(s.tenant) ? String(waiting.get(s.tenant)) : "–"]);
+      waiting.delete(s.tenant);
+    }
+    for (const [tenant, n] of [...waiting].slice(0, 5)) tenantRows.push([tenant, "–", String(n)]);
+  }
+  table($(".tenants", card), ["tenant", "share of the last minute's tokens", "waiting now"], tenantRows, "none reported (no limit.fair, or no tenant in the last minute)");
   setText(card, ".layers-note", b.layers_note || "");
   drawChart(card, b, st, f);
 }
