@@ -32,7 +32,9 @@ import (
 //   - an action without the token is refused with 401 (from the page's
 //     button and from a script) and changes nothing;
 //   - the page shows the queue's backlog, which the replicas' heartbeats
-//     carry.
+//     carry;
+//   - the page shows the key a (shadow) per-recipient layer refused most,
+//     which the heartbeats carry too.
 //
 // It saves a screenshot, console.png, in its temporary directory, and
 // also as THROTTLE_CONSOLE_SCREENSHOT when set (docs/console.png).
@@ -69,7 +71,12 @@ func TestConsoleInBrowser(t *testing.T) {
 	cfgPath := filepath.Join(dir, "throttle.yaml")
 	cfg := fmt.Sprintf(`
 redis: {addr: %q, timeout: 2s}
-limit: {bucket: %s, rate: %v, burst: 1}
+limit:
+  bucket: %s
+  rate: %v
+  burst: 1
+  extra:
+    - {name: per-recipient, key: '{{.JSON.to}}', rate: 1/h, on_exceed: dead_letter, shadow: true}
 source:
   rabbitmq: {url: %q, queue: %s, prefetch: 5, declare: true}
 sink:
@@ -88,8 +95,16 @@ console: {token: %q}
 	cons := cliStart(t, bin, "console", "--config", cfgPath, "--listen", "127.0.0.1:0")
 	cliWait(t, 20*time.Second, "two consumers on the queue", func() bool { return cliQueueState(conn, name).Consumers == 2 })
 	// A backlog for the whole test: 20/s for about 15 s, then 1/s.
+	// Two recipients in three messages are one number: the shadow layer
+	// would refuse all of its messages but the first, and most of the
+	// other's.
+	const topKey = "+33612345678"
 	for i := range 500 {
-		err := ch.Publish("", name, false, false, amqp.Publishing{ContentType: "application/json", Body: []byte(fmt.Sprintf(`{"id":%d}`, i))})
+		to := topKey
+		if i%3 == 2 {
+			to = "+447700900123"
+		}
+		err := ch.Publish("", name, false, false, amqp.Publishing{ContentType: "application/json", Body: []byte(fmt.Sprintf(`{"id":%d,"to":%q}`, i, to))})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,6 +207,14 @@ console: {token: %q}
 	} else {
 		t.Logf("the page shows the backlog %s; the queue holds %d ready now", bl, cliQueueState(conn, name).Messages)
 	}
+
+	// The key the shadow layer would have refused most, from the
+	// heartbeats, first in its row of the layers table.
+	layerRow := card + ` table.layers tr:nth-child(2)`
+	cliWait(t, 10*time.Second, "the page to show the key refused most", func() bool {
+		return strings.Contains(text(layerRow), "per-recipient") && strings.Contains(text(layerRow+" td:last-child"), topKey+" (")
+	})
+	t.Logf("the layers table shows: %s", text(layerRow))
 
 	// Set the rate in the page, with the token typed in.
 	rateSel, result := card+" .rate-input", card+" .result"
