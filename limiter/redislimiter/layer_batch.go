@@ -128,8 +128,8 @@ func (l *Layered) batchStep(req backend.LayerRequest) step {
 }
 
 // send decides the requests of batch in one pipeline and sets their
-// answers: the requests that leave the shared bucket out, when every layer
-// is a token bucket, in one call of layersKeyedScript; each other request
+// answers: the requests that leave the shared bucket out, when keyedOnly
+// takes every layer, in one call of layersKeyedScript; each other request
 // in its own call of layersScript. On a Cluster each request is a call of
 // its own (its key's slot), and the pipeline goes to every master at once.
 func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {

@@ -14,10 +14,11 @@ import (
 )
 
 // layersKeyedScript decides, for one or more requests in turn, layers that
-// are all token buckets, without the shared bucket: what a Bucket sends
+// are all token buckets, concurrency layers or send windows, without the
+// shared bucket: what a Bucket sends
 // while its lease pays the shared bucket, and a Cluster's keyed steps. Each
 // request is decided as layersScript decides it with shared 0 and no
-// quota, at a fraction of its cost: it carries only clamp and wait_us
+// quota or budget, at a fraction of its cost: it carries only clamp and wait_us
 // (mathLua) and the layer functions (lua/layer_prelude.lua), not the rest
 // of the prelude, and replies with one string. lua/layers_keyed.lua holds
 // its body, with KEYS, ARGV and reply in its header. A batch of concurrent
@@ -27,15 +28,15 @@ var layersKeyedScript = redis.NewScript(layersKeyedSrc)
 var layersKeyedSrc = mathLua + luaSource("layer_prelude.lua") + luaSource("layers_keyed.lua")
 
 // keyedOnly reports whether a step can go to layersKeyedScript: it leaves
-// the shared bucket out, its layers are token buckets and concurrency
-// layers only (no quota, budget or send window, which that script does
-// not know) and none is a shadow.
+// the shared bucket out, its layers are token buckets, concurrency layers
+// and send windows only (no quota or budget, which that script does not
+// know) and none is a shadow.
 func (l *Layered) keyedOnly(st step) bool {
 	if st.shared {
 		return false
 	}
 	for _, i := range st.layers {
-		if ly := l.layers[i]; !(ly.IsBucket() || ly.IsConcurrency()) || ly.Shadow {
+		if ly := l.layers[i]; !(ly.IsBucket() || ly.IsConcurrency() || ly.IsWindow()) || ly.Shadow {
 			return false
 		}
 	}
@@ -45,8 +46,10 @@ func (l *Layered) keyedOnly(st step) bool {
 // keyedArgs returns the KEYS and ARGV of layersKeyedScript for the requests
 // reqs, whose keys (by layer index) are keys, on the layers of one step.
 func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []backend.LayerRequest, keys [][]string, base time.Duration) ([]string, []any) {
-	nowUS := int64(0)
-	if !at.IsZero() {
+	nowUS, clock := int64(0), at
+	if at.IsZero() {
+		clock = time.Now()
+	} else {
 		nowUS = at.UnixMicro()
 	}
 	rkeys := make([]string, 0, len(reqs)*len(layers))
@@ -60,6 +63,14 @@ func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []backend.LayerRequ
 			rkeys = append(rkeys, l.layerKey(i, keys[j][i]))
 		}
 		args = append(args, req.Holder, req.Cost, max(base, 0).Microseconds(), l.paidArg(layers, keys[j], req.Paid))
+		for _, i := range layers {
+			if ly := l.layers[i]; ly.IsWindow() {
+				// checkWindows made sure the key is a number; the
+				// spans are cached.
+				spans, _ := backend.WindowSpans(ly, keys[j][i], req.Priority, clock)
+				args = append(args, backend.FormatSpans(spans))
+			}
+		}
 	}
 	return rkeys, args
 }
@@ -124,6 +135,11 @@ func (l *Layered) keyedResult(req backend.LayerRequest, base time.Duration, stat
 		res.Exceeded = backend.ReservedError(layer, layerKeyOf(layer, req), res.At, res.Wait)
 	case -2:
 		return res, backend.CostError(layer, req.Cost)
+	case -3:
+		if idx == 0 {
+			return backend.LayerResult{}, l.malformed("take layers", []int64{status, wait, idx, now})
+		}
+		return res, l.fail("take layers", fmt.Errorf("layer %q: the Redis clock (%v) is outside the windows computed around this host's clock", layer.Name, res.At))
 	default:
 		return backend.LayerResult{}, l.malformed("take layers", []int64{status, wait, idx, now})
 	}

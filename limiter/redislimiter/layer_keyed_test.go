@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,14 +26,34 @@ import (
 // layers as paid (a delay layer's booked slot), for their key, another key,
 // or a layer that does not book.
 func TestKeyedScriptMatchesLayersScript(t *testing.T) {
-	c := newClient(t)
-	ctx := context.Background()
 	layers := []limiter.Layer{
 		{Name: "per-key", Keyed: true, Rate: 2, Burst: 4},
 		{Name: "per-sender", Keyed: true, Rate: 3, Burst: 2, OnExceed: limiter.ActionDelay, MaxWait: 300 * time.Millisecond},
 		{Name: "strict", Keyed: true, Rate: 3, Burst: 3, OnExceed: limiter.ActionDeadLetter, MaxWait: 800 * time.Millisecond},
 		{Name: "all", Rate: 20, Burst: 10},
 	}
+	t.Run("buckets", func(t *testing.T) { keyedMatchesLayers(t, layers) })
+	// The requests start at 08:00:00 UTC and span a minute or two: a
+	// window by recipient that opens at 08:00:40 in New York's zone for
+	// the key "+12125550100" and in UTC otherwise, both waiting and
+	// delaying, is closed, then open, for some of them.
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opens := limiter.Calendar{From: 8*time.Hour + 40*time.Second, To: 20 * time.Hour}
+	t.Run("windows", func(t *testing.T) {
+		keyedMatchesLayers(t, append(slices.Clone(layers[:3]),
+			limiter.Layer{Name: "quiet", Keyed: true, Window: &limiter.Window{Calendar: opens, Location: time.UTC}, OnExceed: limiter.ActionWait},
+			limiter.Layer{Name: "utc", Window: &limiter.Window{Calendar: opens, Location: time.UTC}, OnExceed: limiter.ActionDelay, MaxWait: 20 * time.Second},
+			limiter.Layer{Name: "ny", Keyed: true, Window: &limiter.Window{Calendar: limiter.Calendar{From: 3*time.Hour + 40*time.Second, To: 20 * time.Hour}, ByNumber: true, DefaultLocation: ny}}))
+	})
+}
+
+// keyedMatchesLayers is TestKeyedScriptMatchesLayersScript on layers.
+func keyedMatchesLayers(t *testing.T, layers []limiter.Layer) {
+	c := newClient(t)
+	ctx := context.Background()
 	keyed := newLayered(t, c, 1000, 1000, layers)
 	full := newLayered(t, c, 1000, 1000, layers)
 	st := step{layers: keyed.allLayers}
@@ -46,7 +67,7 @@ func TestKeyedScriptMatchesLayersScript(t *testing.T) {
 		now = now.Add(time.Duration(rng.IntN(400_000)) * time.Microsecond)
 		req := backend.LayerRequest{
 			Cost:       1 + rng.IntN(2),
-			Keys:       map[string]string{"per-key": fmt.Sprint("k", rng.IntN(3)), "per-sender": fmt.Sprint("s", rng.IntN(2)), "strict": fmt.Sprint("x", rng.IntN(2))},
+			Keys:       map[string]string{"per-key": fmt.Sprint("k", rng.IntN(3)), "per-sender": fmt.Sprint("s", rng.IntN(2)), "strict": fmt.Sprint("x", rng.IntN(2)), "quiet": "q", "ny": fmt.Sprintf("+1212555%04d", rng.IntN(2))},
 			MaxWait:    time.Duration(rng.IntN(3)) * time.Second,
 			SkipShared: true,
 		}
@@ -318,13 +339,14 @@ func TestKeyedBatchRecoversFromNoScript(t *testing.T) {
 	}
 }
 
-// TestKeyedOnlyLeavesPolicyLayersOut: a send window or a budget is not a
-// token bucket, and layersKeyedScript does not know them, so a leased
-// request (SkipShared) on such a layer goes to layersScript. Before this,
-// an always-open window or a budget with room refused every leased request
-// with "cost 1 exceeds burst 0": `throttle run` with a window at a rate that
-// leases dead-lettered every message.
-func TestKeyedOnlyLeavesPolicyLayersOut(t *testing.T) {
+// TestKeyedPolicyLayers: a budget is not a token bucket, and
+// layersKeyedScript does not know it, so a leased request (SkipShared) on
+// a budget goes to layersScript; a send window is decided by
+// layersKeyedScript. Before this, an always-open window or a budget with
+// room refused every leased request with "cost 1 exceeds burst 0":
+// `throttle run` with a window or a budget at a rate that leases
+// dead-lettered every message.
+func TestKeyedPolicyLayers(t *testing.T) {
 	c := newClient(t)
 	ctx := context.Background()
 	for _, ly := range []limiter.Layer{
@@ -334,8 +356,8 @@ func TestKeyedOnlyLeavesPolicyLayersOut(t *testing.T) {
 	} {
 		t.Run(ly.Name, func(t *testing.T) {
 			l := newLayered(t, c, 1000, 1000, []limiter.Layer{ly, {Name: "per-key", Keyed: true, Rate: 10, Burst: 10}})
-			if l.keyedOnly(step{layers: l.allLayers}) {
-				t.Errorf("keyedOnly = true for a %s layer", ly.Name)
+			if got, want := l.keyedOnly(step{layers: l.allLayers}), ly.Window != nil; got != want {
+				t.Errorf("keyedOnly = %v for a %s layer, want %v", got, ly.Name, want)
 			}
 			req := backend.LayerRequest{Cost: 1, Price: 1000, SkipShared: true,
 				Keys: map[string]string{ly.Name: "+12125550100", "per-key": "a"}}

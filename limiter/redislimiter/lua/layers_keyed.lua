@@ -2,7 +2,7 @@
 -- layer_prelude.lua (layersKeyedSrc).
 --
 -- layersKeyedScript decides, for one or more requests in turn, layers that
--- are all token buckets or concurrency layers, without the shared bucket: what a Bucket sends
+-- are all token buckets, concurrency layers or send windows, without the shared bucket: what a Bucket sends
 -- while its lease pays the shared bucket, and a Cluster's keyed steps. Each
 -- request is decided as layersScript decides it with shared 0 and no
 -- quota, and is atomic on its own (the whole call is, too).
@@ -18,20 +18,24 @@
 --
 -- KEYS: each request's key of every layer, request by request. ARGV: now_us
 -- (0: TIME), n (layers per request); then 6 values per layer: index
--- (1-based, named in the reply), kind (b: bucket, c: concurrency, as in
--- layersScript), rate (a concurrency layer's limit), burst (its lease in
--- µs), action (w: wait, d: dead_letter, y: delay), max_wait_us; then 4
--- values per request: the holder of its concurrency slots, cost,
--- base_us (when the request goes out, after now: the shared bucket's wait
--- on a Cluster, 0 under a lease), and the paid layers as in layersScript
--- (for each layer, the last instant in µs at which it passes on a paid
--- slot, or 0; "" for none). Every layer is decided and charged for
--- now+base_us, as layersScript does.
+-- (1-based, named in the reply), kind (b: bucket, c: concurrency, o: send
+-- window, as in layersScript), rate (a concurrency layer's limit), burst
+-- (its lease in µs), action (w: wait, d: dead_letter, y: delay),
+-- max_wait_us; then 4 values per request, and one more per send window:
+-- the holder of its concurrency slots, cost, base_us (when the request
+-- goes out, after now: the shared bucket's wait on a Cluster, 0 under a
+-- lease), the paid layers as in layersScript (for each layer, the last
+-- instant in µs at which it passes on a paid slot, or 0; "" for none),
+-- and each send window's open intervals for this request, in layer order
+-- (backend.FormatSpans; "" always open; its key is never read, and it is
+-- charged nothing). Every layer is decided and charged for now+base_us, as
+-- layersScript does.
 --
 -- Reply: one string, "now_us" followed by "status wait_us layer" for each
 -- request, separated by spaces; status and layer as in layersScript
 -- (status 1 granted, 0 not granted, 2 refused, 4 refused with the slot
--- booked on the delay layer, -2 cost above the layer's burst); wait_us as
+-- booked on the delay layer, -2 cost above the layer's burst, -3 a send
+-- window's intervals end before send: a clock skew); wait_us as
 -- in layersScript, except for a grant, where it is when every layer had
 -- room (limiter.LayerResult.LayersDue).
 
@@ -42,16 +46,21 @@ if not (now and now > 0) then
 end
 local n = tonumber(ARGV[2])
 local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
+local win, nw = {}, 0 -- a send window's place among the request's spans
 for i = 1, n do
   local a = 2 + (i - 1) * 6
   idx[i], kind[i], rate[i], burst[i] = tonumber(ARGV[a + 1]), ARGV[a + 2], tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   action[i], maxw[i] = ARGV[a + 5], tonumber(ARGV[a + 6])
+  if kind[i] == 'o' then
+    nw = nw + 1
+    win[i] = nw
+  end
 end
 
 local tok, lts, w = {}, {}, {}
 local out = {string.format('%d', now)}
 local k0 = 0
-for a = 3 + 6 * n, #ARGV, 4 do
+for a = 3 + 6 * n, #ARGV, 4 + nw do
   local holder, cost, base = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local send = now + base
   local paid = paid_flags(ARGV[a + 3], send)
@@ -59,6 +68,12 @@ for a = 3 + 6 * n, #ARGV, 4 do
   for i = 1, n do
     if kind[i] == 'c' then
       w[i] = slot_wait(KEYS[k0 + i], holder, rate[i], now)
+    elseif kind[i] == 'o' then
+      w[i] = window_wait(ARGV[a + 3 + win[i]], send, now)
+      if not w[i] then
+        status, limiting = -3, idx[i]
+        break
+      end
     elseif paid[i] then
       tok[i], lts[i] = bucket_load(KEYS[k0 + i], now, rate[i], burst[i])
       w[i] = 0
@@ -90,6 +105,8 @@ for a = 3 + 6 * n, #ARGV, 4 do
         for i = 1, n do
           if kind[i] == 'c' then
             slot_take(KEYS[k0 + i], holder, send + burst[i], now)
+          elseif kind[i] == 'o' then
+            -- a window charges nothing
           else
             local after = send_charge(tok[i], lts[i], send, cost, paid[i], rate[i], burst[i])
             bucket_save(KEYS[k0 + i], after, lts[i], now, rate[i], burst[i], send)
