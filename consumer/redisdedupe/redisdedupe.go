@@ -15,12 +15,14 @@
 //
 // # Calls
 //
-// Each Claim, MarkSent and Release is one script (EVALSHA, falling back
-// to EVAL), with the TTLs on Redis's clock. The claims and marks of
-// concurrent callers go out together: while one pipeline is in flight,
-// those that arrive queue and are sent as the next one (up to 128 calls,
-// each script still atomic), so that a busy replica makes far fewer
-// round trips than messages; a lone call is sent at once. A Claim that
+// Each Claim, MarkSent and Release is one operation of one script
+// (lua/dedupe.lua, EVALSHA, falling back to EVAL), with the TTLs on
+// Redis's clock. The operations of concurrent callers go out together:
+// while one call is in flight, those that arrive queue and are sent as
+// the next one (up to 128 operations), one script call on a single node
+// (decided in turn, atomically), or on a Cluster, whose keys are in many
+// slots, a pipeline of one call per operation; so that a busy replica
+// makes far fewer calls than messages. A lone operation is sent at once. A Claim that
 // finds another token's claim marks it waited for and waits for the mark
 // or release, which publishes the key on PREFIX dedupe:NAMESPACE, or for
 // the claim's remaining TTL, whichever comes first, then claims again. The
@@ -65,16 +67,10 @@ type Client interface {
 }
 
 var (
-	//go:embed lua/claim.lua
-	claimLua string
-	//go:embed lua/mark.lua
-	markLua string
-	//go:embed lua/release.lua
-	releaseLua string
+	//go:embed lua/dedupe.lua
+	dedupeLua string
 
-	claimScript   = redis.NewScript(claimLua)
-	markScript    = redis.NewScript(markLua)
-	releaseScript = redis.NewScript(releaseLua)
+	dedupeScript = redis.NewScript(dedupeLua)
 )
 
 // Store is a consumer.DedupeStore in Redis. It is safe for concurrent
@@ -105,7 +101,7 @@ func New(client Client, cfg Config) (*Store, error) {
 		cfg.Prefix = DefaultPrefix
 	}
 	base := cfg.Prefix + "dedupe:" + cfg.Namespace
-	return &Store{client: client, batch: &batcher{client: client}, prefix: base + ":", channel: base,
+	return &Store{client: client, batch: newBatcher(client, base), prefix: base + ":", channel: base,
 		waiters: map[string]map[chan struct{}]struct{}{}}, nil
 }
 
@@ -119,7 +115,7 @@ func (s *Store) Channel() string { return s.channel }
 // claimOnce runs the claim script: the state, or 0 and the held claim's
 // remaining TTL.
 func (s *Store) claimOnce(ctx context.Context, rkey, token string, ttl time.Duration) (consumer.DedupeState, time.Duration, error) {
-	v, err := s.batch.do(claimScript, []string{rkey}, token, ms(ttl))
+	v, err := s.batch.do("c", rkey, token, ms(ttl))
 	if err != nil {
 		return 0, 0, fmt.Errorf("redisdedupe: claim: %w", err)
 	}
@@ -173,7 +169,7 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 
 // MarkSent implements consumer.DedupeStore.
 func (s *Store) MarkSent(ctx context.Context, key, _ string, window time.Duration) error {
-	if _, err := s.batch.do(markScript, []string{s.Key(key)}, ms(window), s.channel); err != nil {
+	if _, err := s.batch.do("m", s.Key(key), "", ms(window)); err != nil {
 		return fmt.Errorf("redisdedupe: mark: %w", err)
 	}
 	return nil
@@ -181,7 +177,7 @@ func (s *Store) MarkSent(ctx context.Context, key, _ string, window time.Duratio
 
 // Release implements consumer.DedupeStore.
 func (s *Store) Release(ctx context.Context, key, token string) error {
-	if err := releaseScript.Run(ctx, s.client, []string{s.Key(key)}, token, s.channel).Err(); err != nil {
+	if _, err := s.batch.do("r", s.Key(key), token, ""); err != nil {
 		return fmt.Errorf("redisdedupe: release: %w", err)
 	}
 	return nil
