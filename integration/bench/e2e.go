@@ -27,10 +27,14 @@ import (
 
 // e2eConfig is the command line of the end-to-end comparison.
 type e2eConfig struct {
-	messages   int     // messages per run with the limit out of reach
-	rounds     int     // runs of each consumer, alternating
-	layer      bool    // also run consLayer in each round
-	dedupe     bool    // also run consDedupe in each round
+	messages int  // messages per run with the limit out of reach
+	rounds   int  // runs of each consumer, alternating
+	layer    bool // also run consLayer in each round
+	dedupe   bool // also run consDedupe in each round
+	window   bool // also run consWindow in each round
+	// policy runs throttle, consDedupe and consWindow only (no bare loop,
+	// no run with the limit in reach): the cost of the sending policy.
+	policy     bool
 	tracing    bool    // also run consTrace1 and consTrace001 in each round
 	inReach    float64 // the limit of the in-reach runs
 	inReachFor time.Duration
@@ -71,6 +75,10 @@ const (
 	// send and a mark after it, in the private Redis, keyed by the
 	// message's recipient (every message has its own), as dedupeYAML says.
 	consDedupe = "throttle + dedupe"
+	// consWindow is throttle with a send window by number in limit.extra
+	// (timezone: e164, open all day, so that every message passes it),
+	// keyed by the recipient, as windowYAML says.
+	consWindow = "throttle + window"
 	// consTrace1 and consTrace001 are throttle with tracing on
 	// (tracing.enabled), at sample_ratio 1 and 0.01, exporting over
 	// OTLP/HTTP to the child process, which decodes and counts the spans.
@@ -104,6 +112,16 @@ const dedupeYAML = `  dedupe:
     window: 1h
 `
 
+// windowYAML is limit.extra of consWindow: a send window open from 00:00
+// to 24:00 every day in the zone of each number, so that every message is
+// decided by it (one layers script call) and none is set aside.
+const windowYAML = `  extra:
+    - name: quiet-hours
+      key: '{{e164 .JSON.to}}'
+      window: {from: "00:00", to: "24:00"}
+      timezone: e164
+`
+
 // e2eRun is one consumer's run over one prepared queue or topic.
 type e2eRun struct {
 	source   string
@@ -117,7 +135,8 @@ type e2eRun struct {
 	cpu      time.Duration   // this process, over the run
 	mallocs  uint64
 	left     int64
-	spans    int64 // spans the OTLP receiver counted (tracing runs)
+	spans    int64  // spans the OTLP receiver counted (tracing runs)
+	load     string // the load average at the end of the run
 }
 
 // elapsed is the time from the first to the last message at the sink.
@@ -214,12 +233,18 @@ func runE2E(ctx context.Context, cfg e2eConfig) error {
 			}
 		}
 		for round := 1; round <= cfg.rounds; round++ {
-			order := []string{consThrottle, consBare}
+			order := []string{consThrottle}
+			if !cfg.policy {
+				order = append(order, consBare)
+			}
 			if cfg.layer {
 				order = append(order, consLayer)
 			}
 			if cfg.dedupe {
 				order = append(order, consDedupe)
+			}
+			if cfg.window {
+				order = append(order, consWindow)
 			}
 			if cfg.tracing {
 				order = append(order, consTrace1, consTrace001)
@@ -232,10 +257,13 @@ func runE2E(ctx context.Context, cfg e2eConfig) error {
 				if err != nil {
 					return fmt.Errorf("%s, %s, round %d: %w", name, c, round, err)
 				}
-				fmt.Fprintf(os.Stderr, "%-9s %-9s round %d: %8.0f msg/s, %.4f Redis calls/msg, CPU %.1f µs/msg, left %d\n",
-					name, c, round, r.perSecond(), float64(r.redis.calls)/float64(r.n), float64(r.cpu.Microseconds())/float64(r.n), r.left)
+				fmt.Fprintf(os.Stderr, "%-9s %-9s round %d: %8.0f msg/s, %.4f Redis calls/msg, CPU %.1f µs/msg, left %d, load %s\n",
+					name, c, round, r.perSecond(), float64(r.redis.calls)/float64(r.n), float64(r.cpu.Microseconds())/float64(r.n), r.left, r.load)
 				runs = append(runs, r)
 			}
+		}
+		if cfg.policy {
+			continue
 		}
 		burst := int(cfg.inReach / 10)
 		n := int(cfg.inReach*cfg.inReachFor.Seconds()) + burst
@@ -285,7 +313,7 @@ func (b *e2eBench) run(ctx context.Context, src source, consumer string, round i
 	var logs bytes.Buffer
 	done := make(chan error, 1)
 	switch consumer {
-	case consThrottle, consLayer, consDedupe, consTrace1, consTrace001:
+	case consThrottle, consLayer, consDedupe, consWindow, consTrace1, consTrace001:
 		path, err := b.writeConfig(p, rate, burst, consumer, sampleRatio(consumer))
 		if err != nil {
 			return r, err
@@ -329,6 +357,7 @@ func (b *e2eBench) run(ctx context.Context, src source, consumer string, round i
 	slices.Sort(r.arrivals)
 	d := after.sub(before)
 	r.redis, r.cpu, r.mallocs = d.redis, d.cpu, d.mallocs
+	r.load = loadAverage()
 	if r.left, err = p.left(ctx); err != nil {
 		return r, err
 	}
@@ -385,6 +414,8 @@ func (b *e2eBench) writeConfig(p prepared, rate float64, burst int, consumer str
 	switch consumer {
 	case consLayer:
 		extra = layerYAML
+	case consWindow:
+		extra = windowYAML
 	case consDedupe:
 		delivery = dedupeYAML
 	}
@@ -426,7 +457,8 @@ log:
 // the run down), into cfg.profileDir, named after the source; and the bare
 // loop once under a CPU and an allocation profile (bare-cpu, bare-allocs),
 // and with -e2e-layer throttle with the keyed layer too (layer-cpu,
-// layer-allocs).
+// layer-allocs), likewise with -e2e-dedupe and -e2e-window (dedupe-cpu,
+// window-cpu, ...).
 func (b *e2eBench) profile(ctx context.Context, src source) error {
 	if err := os.MkdirAll(b.cfg.profileDir, 0o755); err != nil {
 		return err
@@ -455,6 +487,22 @@ func (b *e2eBench) profile(ctx context.Context, src source) error {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "%-9s throttle + layer, CPU profile: %8.0f msg/s\n", src.name(), r.perSecond())
+	}
+	for _, c := range []struct {
+		on         bool
+		name, kind string
+	}{{b.cfg.dedupe, consDedupe, "dedupe"}, {b.cfg.window, consWindow, "window"}} {
+		if !c.on {
+			continue
+		}
+		// throttle with dedupe (-e2e-dedupe) or a send window
+		// (-e2e-window), under the same profiles (dedupe-cpu,
+		// window-allocs, ...).
+		b.cpuProfiled(func(kind string) string { return path(c.kind + "-" + kind) })
+		if r, err = b.run(ctx, src, c.name, 0, 1e6, 1_000_000, n); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "%-9s %s, CPU profile: %8.0f msg/s\n", src.name(), c.name, r.perSecond())
 	}
 	b.onStart = func() error {
 		// The block and mutex profiles count from the start of the

@@ -26,11 +26,15 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 		"partition committed after handling, batched while a commit is in flight.\n\n", kafkaPartitions)
 
 	p("Limit out of reach (1,000,000/s, burst 1,000,000), %d messages per run:\n\n", cfg.messages)
-	p("| source | consumer | msg/s (median) | runs, msg/s | throttle ÷ bare | consumer CPU µs/msg | allocs/msg | Redis calls/msg | left in broker |\n")
+	base := consBare
+	if cfg.policy {
+		base = consThrottle
+	}
+	p("| source | consumer | msg/s (median) | runs, msg/s | ÷ %s | consumer CPU µs/msg | allocs/msg | Redis calls/msg | left in broker |\n", base)
 	p("|---|---|--:|---|--:|--:|--:|--:|--:|\n")
 	for _, src := range cfg.scenarios {
 		var bareMed float64
-		for _, c := range []string{consBare, consThrottle, consLayer, consDedupe} {
+		for _, c := range []string{consBare, consThrottle, consLayer, consDedupe, consWindow} {
 			var rates []float64
 			var sel []e2eRun
 			for _, r := range runs {
@@ -44,7 +48,7 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 			}
 			med := median(rates)
 			ratio := "—"
-			if c == consBare {
+			if c == base {
 				bareMed = med
 			} else if bareMed > 0 {
 				ratio = fmt.Sprintf("**%.2f×**", med/bareMed)
@@ -65,57 +69,42 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 		}
 	}
 	for _, c := range []string{consThrottle, consLayer} {
-		if c == consLayer && !cfg.layer {
+		if (c == consLayer && !cfg.layer) || cfg.policy {
 			continue
 		}
 		p("\nPer round, %s ÷ the bare run of the same round:", c)
 		for _, src := range cfg.scenarios {
-			var ratios []string
-			for round := 1; round <= cfg.rounds; round++ {
-				var t, bare float64
-				for _, r := range runs {
-					if r.source == src && r.round == round {
-						switch r.consumer {
-						case c:
-							t = r.perSecond()
-						case consBare:
-							bare = r.perSecond()
-						}
-					}
-				}
-				if bare > 0 {
-					ratios = append(ratios, fmt.Sprintf("%.2f", t/bare))
-				}
-			}
-			p(" %s %s;", src, strings.Join(ratios, ", "))
+			p(" %s %s;", src, strings.Join(perRound(cfg, runs, src, c, consBare), ", "))
 		}
 	}
-	if cfg.dedupe {
-		p("\nPer round, %s ÷ %s of the same round (the cost of dedupe):", consDedupe, consThrottle)
+	for _, c := range []struct{ name, what string }{{consDedupe, "dedupe"}, {consWindow, "a send window"}} {
+		if (c.name == consDedupe && !cfg.dedupe) || (c.name == consWindow && !cfg.window) {
+			continue
+		}
+		p("\nPer round, %s ÷ %s of the same round (the cost of %s):", c.name, consThrottle, c.what)
 		for _, src := range cfg.scenarios {
-			var ratios []string
-			for round := 1; round <= cfg.rounds; round++ {
-				var d, t float64
-				for _, r := range runs {
-					if r.source == src && r.round == round {
-						switch r.consumer {
-						case consDedupe:
-							d = r.perSecond()
-						case consThrottle:
-							t = r.perSecond()
-						}
-					}
-				}
-				if t > 0 {
-					ratios = append(ratios, fmt.Sprintf("%.2f", d/t))
-				}
-			}
-			p(" %s %s;", src, strings.Join(ratios, ", "))
+			p(" %s %s;", src, strings.Join(perRound(cfg, runs, src, c.name, consThrottle), ", "))
+		}
+		var meds []string
+		for _, src := range cfg.scenarios {
+			v := perRoundRatios(cfg, runs, src, c.name, consThrottle)
+			meds = append(meds, fmt.Sprintf("%s **%.2f×**", src, median(v)))
+		}
+		p(" median %s.", strings.Join(meds, ", "))
+	}
+	if cfg.policy {
+		p("\n\nLoad average (1, 5, 15 min) at the end of each run:\n\n")
+		p("| source | round | consumer | msg/s | load |\n|---|--:|---|--:|---|\n")
+		for _, r := range runs {
+			p("| %s | %d | %s | %.0f | %s |\n", r.source, r.round, r.consumer, r.perSecond(), r.load)
 		}
 	}
 	p("\n\n")
 	if cfg.dedupe {
 		p("`%s`: delivery.dedupe keyed by the recipient (`key: '{{.JSON.to}}'`, window 1h); every message has its own, so each is claimed and marked once: two Redis scripts a message.\n\n", consDedupe)
+	}
+	if cfg.window {
+		p("`%s`: limit.extra holds a send window by number (`key: '{{e164 .JSON.to}}'`, `timezone: e164`, open 00:00 to 24:00 every day), so each message is decided by it in one layers script call and none is set aside; every message has its own recipient.\n\n", consWindow)
 	}
 	if cfg.layer {
 		p("`%s`: limit.extra holds a keyed layer, one bucket per recipient (`key: '{{.JSON.to}}'`, rate 1000, burst 1000), and every message has its own recipient, so each run creates as many layer keys in Redis as it has messages.\n\n", consLayer)
@@ -125,6 +114,9 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 		tracingMarkdown(p, cfg, runs)
 	}
 
+	if cfg.policy {
+		return b.String()
+	}
 	p("Limit in reach (%s/s, burst %d), throttle only, about %v of messages:\n\n", fmtThousands(cfg.inReach), int(cfg.inReach/10), cfg.inReachFor)
 	p("| source | messages | rate after the first second | accuracy | max 1 s window (bound rate + burst) | Redis calls/msg | left in broker |\n")
 	p("|---|--:|--:|--:|--:|--:|--:|\n")
@@ -228,4 +220,36 @@ func tracingMarkdown(p func(string, ...any), cfg e2eConfig, runs []e2eRun) {
 		}
 	}
 	p("\n\nspans exported/msg: spans the receiver decoded over the run, per message (a traced message makes 3: its consumer span, its wait, its POST; fewer at ratio 1 means the batch processor's queue was full and dropped some).\n\n")
+}
+
+// perRoundRatios returns, for each round of src that ran both, the rate of
+// consumer c over the rate of consumer base in that round.
+func perRoundRatios(cfg e2eConfig, runs []e2eRun, src, c, base string) []float64 {
+	var out []float64
+	for round := 1; round <= cfg.rounds; round++ {
+		var x, y float64
+		for _, r := range runs {
+			if r.source == src && r.round == round {
+				switch r.consumer {
+				case c:
+					x = r.perSecond()
+				case base:
+					y = r.perSecond()
+				}
+			}
+		}
+		if x > 0 && y > 0 {
+			out = append(out, x/y)
+		}
+	}
+	return out
+}
+
+// perRound is perRoundRatios formatted.
+func perRound(cfg e2eConfig, runs []e2eRun, src, c, base string) []string {
+	var out []string
+	for _, r := range perRoundRatios(cfg, runs, src, c, base) {
+		out = append(out, fmt.Sprintf("%.2f", r))
+	}
+	return out
 }
