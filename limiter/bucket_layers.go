@@ -239,6 +239,15 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		fair := req.Tenant != "" && b.layered.fair != nil // fair shares are decided in the store: no lease
 		if !fair && b.lease.take(req.Priority, req.Cost) {
 			lr.SkipShared = true
+			if b.layered.windowsOnly {
+				now := b.clock.Now()
+				if skew, ok := b.skew.recent(now); ok && windowsOpen(b.layered.layers, req.Keys, req.Priority, now, now.Add(-skew)) {
+					// Paid by the lease, and well inside every
+					// window on the store's clock: nothing to ask it.
+					b.observeLayered(start, req, limiting, nil)
+					return nil
+				}
+			}
 		} else {
 			if !head { // behind the class's head, if a floor holds it back
 				var err error
@@ -648,6 +657,9 @@ type layeredFallback struct {
 	store    backend.LayeredStore
 	layers   []Layer
 	lateness time.Duration
+	// windowsOnly: every layer is a send window, none a shadow
+	// (windowsOpen may decide a leased request).
+	windowsOnly bool
 	// fair is the store's fair shares, nil for none; fairActive the
 	// tenants its last answer counted in a request's class.
 	fair       *Fair
@@ -701,6 +713,7 @@ func (b *Bucket) layeredStore() backend.LayeredStore {
 		if ls, ok := b.store.(backend.LayeredStore); ok && (len(ls.Layers()) > 0 || backend.FairOf(ls) != nil) {
 			b.layered.store, b.layered.layers = ls, ls.Layers()
 			b.layered.lateness = layersLateness(b.layered.layers)
+			b.layered.windowsOnly = windowsOnly(b.layered.layers)
 			b.layered.fair = backend.FairOf(ls)
 			if b.layered.fair != nil {
 				b.layered.tenantTokens = topk.NewWindow(reportWindow, reportSlots, reportCapacity)
@@ -869,4 +882,58 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 		}
 		return nil
 	}
+}
+
+// windowLocalMargin is how far inside an open interval of every send
+// window, on the store's clock as the Bucket estimates it, a leased
+// request must be for windowsOpen to grant it without the store: nearer a
+// boundary the store decides, on its own clock.
+const windowLocalMargin = time.Minute
+
+// windowsOnly reports whether layers are send windows only, none a shadow.
+func windowsOnly(layers []Layer) bool {
+	for _, l := range layers {
+		if !l.IsWindow() || l.Shadow {
+			return false
+		}
+	}
+	return len(layers) > 0
+}
+
+// windowsOpen reports whether a request of class p with keys passes every
+// window of layers (windowsOnly) at store, the store's clock as the Bucket
+// estimates it (skewMeter), with windowLocalMargin to spare on both sides
+// of the open interval; local is the Bucket's clock, around which the
+// intervals are computed, as for the store. False means the store decides:
+// a window closed or near a boundary, an estimate that may be off, a key
+// missing or not a number (the store's error tells why).
+func windowsOpen(layers []Layer, keys map[string]string, p Priority, local, store time.Time) bool {
+	at := store.UnixMicro()
+	margin := windowLocalMargin.Microseconds()
+	for _, l := range layers {
+		key := ""
+		if l.Keyed {
+			if key = keys[l.Name]; key == "" {
+				return false
+			}
+		}
+		spans, err := backend.WindowSpans(l, key, p, local)
+		if err != nil {
+			return false
+		}
+		if spans == nil { // an exempt class
+			continue
+		}
+		open := false
+		for i := 0; i+1 < len(spans); i += 2 {
+			if spans[i]+margin <= at && at+margin < spans[i+1] {
+				open = true
+				break
+			}
+		}
+		if !open {
+			return false
+		}
+	}
+	return true
 }

@@ -57,6 +57,18 @@ func (m *skewMeter) get() (time.Duration, bool) {
 	return min(m.cur, m.prev), true
 }
 
+// recent is get for an estimate that answers seen within the last two
+// skewWindow made: false when the store has not answered for longer (its
+// clock or the Bucket's may have moved since).
+func (m *skewMeter) recent(local time.Time) (time.Duration, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.have == 0 || local.Sub(m.start) >= 2*skewWindow {
+		return 0, false
+	}
+	return min(m.cur, m.prev), true
+}
+
 // lateFits reports whether tokens reserved on the shared bucket may still
 // go out when the caller wakes late past their due instant (an answer that
 // came back after its slot, or a wake-up the scheduler delayed), and if

@@ -368,3 +368,83 @@ func TestKeyedPolicyLayers(t *testing.T) {
 		})
 	}
 }
+
+// keyedCalls counts the calls of layersKeyedScript and layersScript a
+// client sends (alone or in pipelines).
+type keyedCalls struct{ keyed, layers atomic.Int64 }
+
+func (h *keyedCalls) count(cmd redis.Cmder) {
+	args := cmd.Args()
+	if len(args) < 2 || (cmd.Name() != "evalsha" && cmd.Name() != "eval") {
+		return
+	}
+	switch fmt.Sprint(args[1]) {
+	case layersKeyedScript.Hash(), layersKeyedSrc:
+		h.keyed.Add(1)
+	case layersScript.Hash():
+		h.layers.Add(1)
+	}
+}
+
+func (h *keyedCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *keyedCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.count(cmd); return next(ctx, cmd) }
+}
+func (h *keyedCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			h.count(c)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestLeasedWindowsAskNothing: a Bucket whose only layer is a send window,
+// open all day, leasing its shared tokens, decides its leased requests
+// itself, against its estimate of Redis's clock: no call decides them (the
+// lease refills still go to layersScript). Before this, every leased
+// request went to Redis.
+func TestLeasedWindowsAskNothing(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { c.Close() })
+	calls := &keyedCalls{}
+	c.AddHook(calls)
+	s, err := New(c, Config{Bucket: uniqueBucket(t, c), Rate: 1e6, Burst: 1e6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.WithLayers([]limiter.Layer{{Name: "quiet", Keyed: true, Window: &limiter.Window{
+		Calendar: limiter.Calendar{From: 0, To: 24 * time.Hour}, ByNumber: true, DefaultLocation: time.UTC}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := limiter.New(l, limiter.Options{Lease: limiter.LeaseOptions{MinBatch: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx := testenv.Context(t, 30*time.Second)
+	const n, callers = 4000, 16
+	var wg sync.WaitGroup
+	for g := range callers {
+		wg.Go(func() {
+			for i := range n / callers {
+				req := limiter.Request{Cost: 1, Keys: map[string]string{"quiet": fmt.Sprintf("+1212555%04d", (g*n/callers+i)%10000)}}
+				if err := b.WaitN(ctx, req); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	st := b.Stats()
+	t.Logf("%d requests: %d keyed script calls, %d layers script calls; %+v", n, calls.keyed.Load(), calls.layers.Load(), st)
+	if k := calls.keyed.Load(); k != 0 {
+		t.Errorf("%d keyed script calls, want 0: a leased request in an open window asks nothing", k)
+	}
+	if lc := calls.layers.Load(); lc > n/4 {
+		t.Errorf("%d layers script calls for %d requests: the lease did not serve them", lc, n)
+	}
+}
