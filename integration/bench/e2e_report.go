@@ -199,23 +199,7 @@ func tracingMarkdown(p func(string, ...any), cfg e2eConfig, runs []e2eRun) {
 	p("\nPer round, ÷ throttle with tracing off in the same round:")
 	for _, c := range []string{consTrace1, consTrace001} {
 		for _, src := range cfg.scenarios {
-			var ratios []string
-			for round := 1; round <= cfg.rounds; round++ {
-				var t, off float64
-				for _, r := range runs {
-					if r.source == src && r.round == round {
-						switch r.consumer {
-						case c:
-							t = r.perSecond()
-						case consThrottle:
-							off = r.perSecond()
-						}
-					}
-				}
-				if off > 0 {
-					ratios = append(ratios, fmt.Sprintf("%.2f", t/off))
-				}
-			}
+			ratios := perRound(cfg, runs, src, c, consThrottle)
 			p(" %s, %s: %s;", c, src, strings.Join(ratios, ", "))
 		}
 	}
