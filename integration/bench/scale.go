@@ -134,6 +134,10 @@ type scaleFigures struct {
 	processCPU   time.Duration
 	steadyTokens int64
 	steadyFor    time.Duration
+	// retimed is the reservations given back and asked again because
+	// their callers woke too late past their slots (Stats.Retimed), over
+	// the whole phase.
+	retimed int64
 }
 
 // recoveryFigures are the recovery phase's.
@@ -378,6 +382,11 @@ func scalePhase(ctx context.Context, addr string, admin *redis.Client, cfg scale
 
 	f := phaseFigures{}
 	f.d = d
+	for _, r := range reps {
+		if t, ok := r.w.(*throttle); ok {
+			f.retimed += t.Stats().Retimed
+		}
+	}
 	bins := make([]int64, nbins)
 	perRep := make([]int64, len(reps))
 	survivors := make([]int64, nbins)
@@ -540,19 +549,19 @@ func scaleMarkdown(cfg scaleConfig, runs []scaleRun, load string) string {
 	fmt.Fprintf(&b, "# Scale\n\nCommand: `go run .%s` (integration/bench). Load average %s.\n\n", cfg.flags, load)
 	fmt.Fprintf(&b, "Each replica: its own go-redis client and limiter.Bucket; burst = rate/10; saturated replicas run %d callers in a tight loop. Grants counted when Wait returns.\n\n", cfg.callers)
 	b.WriteString("## Saturated: every replica wants more than its share\n\n")
-	b.WriteString("| rate/s | N | lease | steady grants/s | worst 1 s window (bound rate+burst) | 1st s, 2nd s | share min–max of mean | worst wait | waits > 1 s | scripts/s | scripts per 1k grants | Redis CPU µs/grant | process CPU µs/grant |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| rate/s | N | lease | steady grants/s | worst 1 s window (bound rate+burst) | 1st s, 2nd s | share min–max of mean | worst wait | waits > 1 s | scripts/s | scripts per 1k grants | Redis CPU µs/grant | process CPU µs/grant | retimed |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
 		f := r.sat
 		if f == nil {
 			continue
 		}
 		tok := float64(max(1, f.steadyTokens))
-		fmt.Fprintf(&b, "| %s | %d | %s | %.0f (%.2f×) | %d (%d) | %d, %d | %.2f–%.2f | %v | %d | %.0f | %.2f | %.2f | %.2f |\n",
+		fmt.Fprintf(&b, "| %s | %d | %s | %.0f (%.2f×) | %d (%d) | %d, %d | %.2f–%.2f | %v | %d | %.0f | %.2f | %.2f | %.2f | %d |\n",
 			fmtRate(r.rate), r.n, onOff(r.leased), f.steadyRate, f.steadyRate/r.rate, f.worstWindow, int64(r.rate)+int64(r.burst),
 			f.firstSecond, f.secondSecond, f.shareLo, f.shareHi, f.worstWait.Round(time.Millisecond), f.waitsOver1s,
 			float64(f.scripts)/f.steadyFor.Seconds(), float64(f.scripts)/tok*1000,
-			float64(f.redisCPU.Microseconds())/tok, float64(f.processCPU.Microseconds())/tok)
+			float64(f.redisCPU.Microseconds())/tok, float64(f.processCPU.Microseconds())/tok, f.retimed)
 	}
 	b.WriteString("\n## Unequal demand: 10% of the replicas saturated, the rest asking 20/s each\n\n")
 	b.WriteString("| rate/s | N | lease | grants/s (of rate) | each saturated replica /s | each paced replica /s (asked) | worst wait | worst 1 s window | scripts/s |\n|---|---|---|---|---|---|---|---|---|\n")
