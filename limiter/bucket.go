@@ -391,8 +391,11 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		gen, seen := b.gen.Load(), b.pushes.heard()
 		sent := b.clock.Now()
 		res, err := b.store.Take(ctx, backend.TakeRequest{Cost: cost + extra, MaxWait: b.horizon(), Priority: p, MinShare: b.opts.MinShare})
-		if lead != nil && err == nil {
-			b.lease.tripped(b.clock.Now().Sub(sent))
+		if err == nil {
+			b.skew.observeTrip(sent, b.clock.Now(), res.At)
+			if lead != nil {
+				b.lease.tripped(b.clock.Now().Sub(sent))
+			}
 		}
 		if err != nil {
 			endRefill()
@@ -431,6 +434,9 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 				b.refundClass(ctx, res.Tokens, res.Class)
 				return err
 			}
+			// Late against the store's clock, at worst: the skew's
+			// estimate may place the slot later than it was.
+			late += b.skew.spread()
 			if fits, refund := lateFits(late, res.Tokens, math.Float64frombits(b.lastRate.Load()), int(b.lastBurst.Load())); !fits && !retimed {
 				// Woken too late to go out with the slots after its
 				// own: give back what the bucket could have held, and

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"math"
 	"sync"
 	"time"
 )
@@ -19,6 +20,12 @@ type skewMeter struct {
 	start     time.Time     // of the current window
 	cur, prev time.Duration // least difference in each window
 	have      int           // windows with a sample: 0, 1 or 2
+	// curLo and prevLo are, in each window, the greatest difference
+	// between a request's sending (local) and the store's clock when it
+	// ran: the offset less the time the request took to get there, a
+	// lower bound of the offset; loHave reports samples in them.
+	curLo, prevLo time.Duration
+	loHave        [2]bool
 }
 
 const skewWindow = 10 * time.Second
@@ -36,15 +43,58 @@ func (m *skewMeter) observe(local, store time.Time) {
 	d := local.Sub(store)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	switch {
-	case m.have == 0:
+	m.rollLocked(local)
+	if m.have == 0 {
 		m.start, m.cur, m.prev, m.have = local, d, d, 1
-		return
-	case local.Sub(m.start) >= skewWindow:
-		m.prev, m.cur, m.start, m.have = m.cur, d, local, 2
 		return
 	}
 	m.cur = min(m.cur, d)
+}
+
+// rollLocked starts a new window at local when the current one is over.
+func (m *skewMeter) rollLocked(local time.Time) {
+	if m.have == 0 || local.Sub(m.start) < skewWindow {
+		return
+	}
+	m.prev, m.prevLo, m.loHave[1] = m.cur, m.curLo, m.loHave[0]
+	m.start, m.have, m.loHave[0] = local, 2, false
+	m.cur = time.Duration(math.MaxInt64)
+}
+
+// observeTrip records an answer that ran at store (the store's clock),
+// asked at sent and arrived at local.
+func (m *skewMeter) observeTrip(sent, local, store time.Time) {
+	if store.IsZero() {
+		return
+	}
+	m.observe(local, store)
+	lo := sent.Sub(store)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.loHave[0] || lo > m.curLo {
+		m.curLo, m.loHave[0] = lo, true
+	}
+}
+
+// spread returns how much later than the offset get's estimate may place
+// the store's instants: the estimate less the greatest lower bound of the
+// offset seen (0 before a request's sending was recorded). A wake-up
+// measured late against get may be up to spread later still against the
+// store's clock.
+func (m *skewMeter) spread() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.have == 0 || !m.loHave[0] && !m.loHave[1] {
+		return 0
+	}
+	lo := m.curLo
+	switch {
+	case !m.loHave[0]:
+		lo = m.prevLo
+	case m.loHave[1]:
+		lo = max(lo, m.prevLo)
+	}
+	return max(0, min(m.cur, m.prev)-lo)
 }
 
 // get returns the estimated offset: a store instant t is local t+skew.

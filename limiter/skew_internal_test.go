@@ -35,3 +35,35 @@ func TestLateFits(t *testing.T) {
 		}
 	}
 }
+
+// TestSkewSpread: the skew's estimate is the least (arrival − store) seen,
+// and its spread how much later than the store's clock it may place an
+// instant: the estimate less the greatest (sending − store). A replica
+// whose only answer took 500 ms (sent at 0, run at +250 ms, back at +500
+// ms, on the same clock) places the store's instants up to 500 ms late; a
+// quick answer later narrows it to 2 ms.
+func TestSkewSpread(t *testing.T) {
+	var m skewMeter
+	at := func(ms int) time.Time { return time.Unix(1000, 0).Add(time.Duration(ms) * time.Millisecond) }
+	for _, step := range []struct {
+		sent, store, arrived int // ms
+		skew, spread         time.Duration
+	}{
+		{0, 250, 500, 250 * time.Millisecond, 500 * time.Millisecond},
+		{1000, 1001, 1002, time.Millisecond, 2 * time.Millisecond},
+		{2000, 2100, 2300, time.Millisecond, 2 * time.Millisecond}, // a slow one changes nothing
+		// 10 s after the first, a new window: the last one's bounds
+		// still count.
+		{11000, 11050, 11100, time.Millisecond, 2 * time.Millisecond},
+		// 10 s later again, the quick answer's window is gone: the
+		// least (arrival − store) is 10 ms, the greatest (sending −
+		// store) −10 ms.
+		{21100, 21110, 21120, 10 * time.Millisecond, 20 * time.Millisecond},
+	} {
+		m.observeTrip(at(step.sent), at(step.arrived), at(step.store))
+		skew, _ := m.get()
+		if skew != step.skew || m.spread() != step.spread {
+			t.Errorf("after %+v: skew %v, spread %v; want %v, %v", step, skew, m.spread(), step.skew, step.spread)
+		}
+	}
+}
