@@ -101,10 +101,10 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 	}
 	p("\n\n")
 	if cfg.dedupe {
-		p("`%s`: delivery.dedupe keyed by the recipient (`key: '{{.JSON.to}}'`, window 1h); every message has its own, so each is claimed and marked once: two Redis scripts a message.\n\n", consDedupe)
+		p("`%s`: delivery.dedupe keyed by the recipient (`key: '{{.JSON.to}}'`, window 1h); every message has its own, so each is claimed and marked once: two operations a message, those of concurrent handlers batched into one script call.\n\n", consDedupe)
 	}
 	if cfg.window {
-		p("`%s`: limit.extra holds a send window by number (`key: '{{e164 .JSON.to}}'`, `timezone: e164`, open 00:00 to 24:00 every day), so each message is decided by it in one layers script call and none is set aside; every message has its own recipient.\n\n", consWindow)
+		p("`%s`: limit.extra holds a send window by number (`key: '{{e164 .JSON.to}}'`, `timezone: e164`, open 00:00 to 24:00 every day), so none is set aside; a leased message well inside the window asks Redis nothing, others are decided in one layers script call (batched with the other leased messages); every message has its own recipient.\n\n", consWindow)
 	}
 	if cfg.layer {
 		p("`%s`: limit.extra holds a keyed layer, one bucket per recipient (`key: '{{.JSON.to}}'`, rate 1000, burst 1000), and every message has its own recipient, so each run creates as many layer keys in Redis as it has messages.\n\n", consLayer)
