@@ -92,6 +92,13 @@ func New(store Store, opts Options) (*Bucket, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
+	if opts.Shadow {
+		var err error
+		if store, err = shadowStore(store); err != nil {
+			return nil, err
+		}
+		opts.Lease.Disabled = true // nothing is taken from the shared bucket
+	}
 	opts = opts.withDefaults()
 	b := &Bucket{store: store, opts: opts, log: opts.Logger, clock: opts.Clock, done: make(chan struct{})}
 	b.fb.probeNow = make(chan struct{}, 1)

@@ -237,7 +237,10 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		lr := backend.LayerRequest{Cost: req.Cost, Price: req.Price, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant, Holder: holder}
 		leading := false
 		fair := req.Tenant != "" && b.layered.fair != nil // fair shares are decided in the store: no lease
-		if !fair && b.lease.take(req.Priority, req.Cost) {
+		if b.opts.Shadow {
+			// Decided as a shadow: nothing to lease, no class to queue in.
+			lr.SkipShared, lr.ShadowShared = true, true
+		} else if !fair && b.lease.take(req.Priority, req.Cost) {
 			lr.SkipShared = true
 			if b.layered.windowsOnly {
 				now := b.clock.Now()
@@ -266,7 +269,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		if leading {
 			b.layered.refilling.Store(false)
 		}
-		if lr.SkipShared && (err != nil || !res.Granted) {
+		if lr.SkipShared && !lr.ShadowShared && (err != nil || !res.Granted) {
 			b.lease.put(req.Cost) // not used: back to the lease
 		}
 		if err == nil && res.Granted && res.Tokens > req.Cost {
@@ -461,7 +464,7 @@ func (b *Bucket) allowLayers(ctx context.Context, ls backend.LayeredStore, cost 
 	if b.hasSlots() {
 		return false, ErrNeedsAcquire
 	}
-	lr := backend.LayerRequest{Cost: cost, Priority: b.opts.Priority, MinShare: b.opts.MinShare}
+	lr := backend.LayerRequest{Cost: cost, Priority: b.opts.Priority, MinShare: b.opts.MinShare, SkipShared: b.opts.Shadow, ShadowShared: b.opts.Shadow}
 	for {
 		switch b.Mode() {
 		case ModeOpen:
@@ -478,6 +481,9 @@ func (b *Bucket) allowLayers(ctx context.Context, ls backend.LayeredStore, cost 
 				return false, err
 			}
 			res, err := lm.TakeLayersAt(b.clock.Now(), lr)
+			if err == nil && res.Granted {
+				b.observeShadow(Request{Cost: cost}, res.Shadow)
+			}
 			return err == nil && res.Granted, err
 		}
 		res, err := ls.TakeLayers(ctx, lr)
@@ -491,7 +497,12 @@ func (b *Bucket) allowLayers(ctx context.Context, ls backend.LayeredStore, cost 
 			b.storeFailed(err)
 			continue
 		}
-		b.observeTake(res.TakeResult)
+		if !lr.SkipShared {
+			b.observeTake(res.TakeResult)
+		}
+		if res.Granted {
+			b.observeShadow(Request{Cost: cost}, res.Shadow)
+		}
 		return res.Granted, nil
 	}
 }
@@ -710,7 +721,7 @@ func (b *Bucket) Layers() []Layer {
 
 func (b *Bucket) layeredStore() backend.LayeredStore {
 	b.layered.once.Do(func() {
-		if ls, ok := b.store.(backend.LayeredStore); ok && (len(ls.Layers()) > 0 || backend.FairOf(ls) != nil) {
+		if ls, ok := b.store.(backend.LayeredStore); ok && (len(ls.Layers()) > 0 || backend.FairOf(ls) != nil || b.opts.Shadow) {
 			b.layered.store, b.layered.layers = ls, ls.Layers()
 			b.layered.lateness = layersLateness(b.layered.layers)
 			b.layered.windowsOnly = windowsOnly(b.layered.layers)
@@ -823,7 +834,7 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 			cost = min(cost, l.Burst)
 		}
 	}
-	lr := backend.LayerRequest{Cost: cost, Price: price, Keys: req.Keys, MaxWait: b.opts.MaxReserve, Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant, Holder: holder}
+	lr := backend.LayerRequest{Cost: cost, Price: price, Keys: req.Keys, MaxWait: b.opts.MaxReserve, Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant, Holder: holder, SkipShared: b.opts.Shadow, ShadowShared: b.opts.Shadow}
 	pushes := b.fallbackPushes(local)
 	for {
 		gen := b.gen.Load()
@@ -865,7 +876,9 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 			if errors.Is(err, errMovedLate) {
 				continue // decided again, nothing refunded (see WaitN)
 			}
-			local.RefundClassAt(b.clock.Now(), lr.Cost, res.Class) // the layers keep theirs (see WaitN)
+			if !lr.SkipShared {
+				local.RefundClassAt(b.clock.Now(), lr.Cost, res.Class) // the layers keep theirs (see WaitN)
+			}
 			if holder != "" {
 				if keys, kerr := backend.LayerKeys(lm.Layers(), lr); kerr == nil {
 					slots := backend.Slots(lm.Layers(), keys, holder)
@@ -936,4 +949,26 @@ func windowsOpen(layers []Layer, keys map[string]string, p Priority, local, stor
 		}
 	}
 	return true
+}
+
+// shadowStore returns the store a Bucket with Options.Shadow decides on:
+// store itself when it decides layers, an in-process bucket without layers
+// wrapped in a layered one, else a *ParamError; and a *ParamError for a
+// store with fair shares.
+func shadowStore(store Store) (Store, error) {
+	if m, ok := store.(*backend.Memory); ok {
+		lm, err := backend.NewLayeredMemory(m, nil)
+		if err != nil {
+			return nil, err
+		}
+		return lm, nil
+	}
+	ls, ok := store.(backend.LayeredStore)
+	if !ok {
+		return nil, &ParamError{Param: "Shadow", Msg: "needs a store that decides layers: the Redis store's WithLayers (nil for none) or NewLocalStore"}
+	}
+	if backend.FairOf(ls) != nil {
+		return nil, &ParamError{Param: "Shadow", Msg: "cannot go with fair shares: they divide the shared bucket's queue, which a shadow bucket has not"}
+	}
+	return store, nil
 }

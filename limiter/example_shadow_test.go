@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/throttlehq/throttle/limiter"
 )
@@ -34,5 +35,37 @@ func ExampleLayer_shadow() {
 		}
 	}
 	fmt.Println(b.Stats().Granted, would.Load(), b.Stats().Exceeded["per-recipient"])
+	// Output: 5 4 4
+}
+
+// A shadow shared bucket (Options.Shadow) is decided on every message but
+// never enforced: at 1/s with a burst of 1, five messages all pass at once,
+// and the shadow counts the four it would have made wait, under the layer
+// name "" (the shared bucket).
+func ExampleOptions_shadow() {
+	store, err := limiter.NewLocalStore(1, 1)
+	if err != nil {
+		panic(err)
+	}
+	var would atomic.Int64
+	b, err := limiter.New(store, limiter.Options{Shadow: true, Observer: &limiter.Observer{
+		ShadowDecided: func(d limiter.ShadowDecision) {
+			if d.Layer == "" && d.Exceeded() {
+				would.Add(1)
+			}
+		},
+	}})
+	if err != nil {
+		panic(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	for range 5 {
+		if err := b.Wait(ctx, 1); err != nil {
+			panic(err) // a wait for the shared bucket would end the context
+		}
+	}
+	fmt.Println(b.Stats().Granted, would.Load(), b.Stats().Exceeded[""])
 	// Output: 5 4 4
 }

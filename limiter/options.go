@@ -72,6 +72,27 @@ type Options struct {
 	// store. Every replica that shares a bucket should name the same
 	// shares. Default: none.
 	MinShare Shares
+	// Shadow makes the shared bucket a shadow: decided on every request
+	// and recorded, never enforced, to see what its rate and burst would
+	// do before they are turned on. Nothing waits for it and it charges
+	// none of the shared bucket's state: the store decides it, in the
+	// same call as the layers, on state of its own (in Redis,
+	// PREFIX{NAME}:shadow) at the shared bucket's rate and burst (an
+	// operator's override included), as a shadow layer with OnExceed wait
+	// (see Layer.Shadow), and hands it to Observer.ShadowDecided with
+	// Layer "" (SharedShadow); Stats.Exceeded counts its would-refusals
+	// under "". The request is then limited by the enforced layers alone.
+	// Because nothing is taken from the shared bucket, a shadow bucket
+	// leases nothing (Lease is off) and queues no class (Priority,
+	// MinShare: the shadow decides every class alike), and push-back
+	// pauses, the adaptive rate and the warm-up do not hold its requests
+	// back. It needs a store that decides layers (the Redis store's
+	// WithLayers, with or without layers, or NewLocalStore; New wraps an
+	// in-process bucket without layers itself) and no fair shares (they
+	// divide the shared bucket's queue, which a shadow has not). Under
+	// ModeLocal the fallback decides the shadow at this replica's share,
+	// on fresh state. Default false: enforced.
+	Shadow bool
 	// Observer receives events for metrics. Default: none.
 	Observer *Observer
 	// Logger receives mode transitions. Default: slog.Default().

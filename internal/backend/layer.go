@@ -391,8 +391,16 @@ type LayerRequest struct {
 	// ErrMissingKey.
 	Keys map[string]string
 	// SkipShared leaves the shared bucket out of the decision: the caller
-	// already holds the shared tokens (from its lease).
+	// already holds the shared tokens (from its lease), or the shared
+	// bucket is a shadow (ShadowShared).
 	SkipShared bool
+	// ShadowShared, with SkipShared, decides the shared bucket as a
+	// shadow (limiter.Options.Shadow): on state of its own, at the
+	// shared bucket's rate and burst (an operator's override included;
+	// no adaptive rate, warm-up, pause or class), as a shadow layer with
+	// OnExceed wait is decided. Its decision comes first in
+	// LayerResult.Shadow, with Layer "" (SharedShadow).
+	ShadowShared bool
 	// Extra asks for up to this many more tokens of the shared bucket (a
 	// lease), granted only when the whole request is granted without a
 	// wait, and only from tokens the shared bucket holds now. The layers
@@ -629,7 +637,7 @@ type LayerResult struct {
 // ShadowDecision is what a shadow layer (Layer.Shadow) would have done with
 // a granted request had it been enforced.
 type ShadowDecision struct {
-	// Layer names the layer.
+	// Layer names the layer; "" (SharedShadow) for a shadow shared bucket.
 	Layer string
 	// Action is "" when the layer would have granted the request at its
 	// send instant (and was charged); ActionWait when the request would
@@ -646,6 +654,10 @@ type ShadowDecision struct {
 // Exceeded reports whether the layer would not have granted the request
 // at its send instant.
 func (d ShadowDecision) Exceeded() bool { return d.Action != "" }
+
+// SharedShadow is the Layer of the ShadowDecision of a shadow shared
+// bucket (LayerRequest.ShadowShared).
+const SharedShadow = ""
 
 // LayeredStore is a Store that also decides further layers with its shared
 // bucket in one atomic step.

@@ -35,6 +35,9 @@ type LayeredMemory struct {
 	// slots holds each concurrency layer's slots: key → holder → the
 	// end of its lease (µs).
 	slots []map[string]map[string]int64
+	// shadow is the state of the shadow shared bucket
+	// (LayerRequest.ShadowShared), nil while full.
+	shadow *memLayerBucket
 }
 
 type memLayerBucket struct {
@@ -384,6 +387,9 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 			pushes = pr.pushes(moved, pushed, res.At)
 		}
 	}
+	if req.ShadowShared {
+		res.Shadow = append(res.Shadow, m.shadowShared(now, send, cost, wait))
+	}
 	for i, l := range m.layers {
 		if l.Shadow {
 			d := ShadowDecision{Layer: l.Name, Action: shadowAction(l, st[i].never, st[i].wait, wait)}
@@ -428,6 +434,29 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 		}
 	}
 	return res, pushes, nil
+}
+
+// shadowShared decides the shadow shared bucket (LayerRequest.ShadowShared)
+// for a request of cost granted at now to go out wait µs later, at send, as
+// a shadow layer with OnExceed wait at the shared bucket's rate and burst,
+// and charges it when it would have granted. The Redis layers script
+// decides alike. Called with m.mu held.
+func (m *LayeredMemory) shadowShared(now, send int64, cost float64, wait int64) ShadowDecision {
+	l := Layer{Rate: m.rate, Burst: m.burst, OnExceed: ActionWait}
+	if cost > float64(l.Burst) {
+		return ShadowDecision{Layer: SharedShadow, Action: shadowAction(l, true, 0, wait)}
+	}
+	tokens, ts := advanceLayer(m.shadow, now, l)
+	lw := ts - now
+	if after := tokens - cost; after < 0 {
+		lw = min(lw+waitUS(-after, l.Rate), maxWaitUS)
+	}
+	lw = max(lw, 0)
+	d := ShadowDecision{Layer: SharedShadow, Action: shadowAction(l, false, lw, wait), Wait: time.Duration(lw) * time.Microsecond}
+	if !d.Exceeded() {
+		m.shadow = &memLayerBucket{tokens: sendCharge(tokens, ts, send, cost, false, l), ts: ts, last: max(lastOf(m.shadow), send)}
+	}
+	return d
 }
 
 // shadowAction returns what shadow layer l would have done with a request

@@ -328,11 +328,12 @@ func (a *Admin) needLimits(ctx context.Context) error {
 	return nil
 }
 
-// Reset deletes the bucket's state and override, and announces it: the
+// Reset deletes the bucket's state, its shadow's (limiter.Options.Shadow)
+// and the override, and announces it: the
 // bucket is full, not paused, and every replica's configured rate applies
 // again. The replica heartbeats are kept.
 func (a *Admin) Reset(ctx context.Context) error {
-	if err := deleteScript.Run(ctx, a.client, a.keys.all[:2], a.keys.channel, "reset").Err(); err != nil {
+	if err := deleteScript.Run(ctx, a.client, []string{a.keys.all[0], a.keys.all[1], a.keys.shadow}, a.keys.channel, "reset").Err(); err != nil {
 		return storeError("reset", a.name, err)
 	}
 	return nil

@@ -48,7 +48,8 @@ import (
 // (PREFIX and NAME as in the Store; no space between them). A keyed
 // layer's key is 12 bytes: ID, 4 bytes that name the layer, and HASH, 8
 // bytes of the SHA-256 of the key's readable name, PREFIX NAME:L:{KEY}
-// (see layerKey). A shadow layer
+// (see layerKey). A shadow shared bucket (limiter.Options.Shadow) keeps
+// its state, a layer bucket's, in PREFIX{NAME}:shadow. A shadow layer
 // (limiter.Layer.Shadow) keeps its state under keys of its own (its
 // readable names PREFIX NAME:shadow:L:{KEY} and PREFIX{NAME}:shadow:L), so
 // that it charges nothing an enforced layer of the same name reads, and
@@ -98,6 +99,9 @@ type Layered struct {
 	releases *releaseBatcher
 	// shadow is set when a layer is a shadow layer.
 	shadow bool
+	// shadowKey holds the state of the shadow shared bucket
+	// (limiter.Options.Shadow).
+	shadowKey string
 }
 
 // WithFair returns a copy of l that also shares the shared bucket among
@@ -154,6 +158,7 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 		unkeyed:   make([]string, len(layers)),
 		spec:      make([][]any, len(layers)),
 		windows:   make([]atomic.Pointer[[4]int64], len(layers)),
+		shadowKey: newKeys(s.cfg.Prefix, s.cfg.Bucket).shadow,
 	}
 	if !s.cfg.NoBatching {
 		l.batch = &layerBatcher{l: l}
@@ -189,7 +194,7 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 		}
 		l.spec[i] = []any{i + 1, kind, a, b, action, ly.MaxWait.Microseconds()}
 	}
-	if st := l.steps(true); cluster && len(st) == 1 && l.keyedOnly(st[0]) {
+	if st := l.steps(true, false); cluster && len(st) == 1 && l.keyedOnly(st[0]) {
 		l.clusterStep = &st[0]
 	}
 	return l, nil
@@ -240,20 +245,28 @@ func (l *Layered) window(i int, now time.Time) [4]int64 {
 	return w
 }
 
-// step is one atomic script call: the shared bucket or not, and some
-// layers.
+// step is one atomic script call: the shared bucket or not (or its shadow,
+// LayerRequest.ShadowShared), and some layers.
 type step struct {
 	shared bool
+	shadow bool
 	layers []int
 }
 
+// firstStep returns the step of req that holds the shared bucket on a
+// single node: every layer.
+func (l *Layered) firstStep(req backend.LayerRequest) step {
+	return step{shared: !req.SkipShared, shadow: req.SkipShared && req.ShadowShared, layers: l.allLayers}
+}
+
 // steps returns the script calls for one request: one on a single node, one
-// per slot group on a Cluster.
-func (l *Layered) steps(skipShared bool) []step {
+// per slot group on a Cluster. shadow decides the shadow shared bucket in
+// the first step (a take's; a refund or a move leaves it as charged).
+func (l *Layered) steps(skipShared, shadow bool) []step {
 	if !l.cluster {
-		return []step{{shared: !skipShared, layers: l.allLayers}}
+		return []step{{shared: !skipShared, shadow: skipShared && shadow, layers: l.allLayers}}
 	}
-	out := []step{{shared: !skipShared}}
+	out := []step{{shared: !skipShared, shadow: skipShared && shadow}}
 	for i, ly := range l.layers {
 		if ly.Keyed && !ly.IsWindow() { // a window has no state to spread
 			out = append(out, step{layers: []int{i}})
@@ -261,7 +274,7 @@ func (l *Layered) steps(skipShared bool) []step {
 			out[0].layers = append(out[0].layers, i)
 		}
 	}
-	if !out[0].shared && len(out[0].layers) == 0 {
+	if !out[0].shared && !out[0].shadow && len(out[0].layers) == 0 {
 		out = out[1:]
 	}
 	return out
@@ -291,10 +304,10 @@ func (l *Layered) takeLayers(ctx context.Context, at time.Time, req backend.Laye
 	if err := l.checkWindows(at, req, keys); err != nil {
 		return backend.LayerResult{}, err
 	}
-	if at.IsZero() && l.batch != nil && (!l.cluster || (req.SkipShared && l.clusterStep != nil)) {
+	if at.IsZero() && l.batch != nil && (!l.cluster || (req.SkipShared && !req.ShadowShared && l.clusterStep != nil)) {
 		return l.batch.take(ctx, req, keys)
 	}
-	steps := l.steps(req.SkipShared)
+	steps := l.steps(req.SkipShared, req.ShadowShared)
 	var (
 		out  backend.LayerResult
 		done []step
@@ -367,6 +380,9 @@ func (l *Layered) takeArgs(at time.Time, req backend.LayerRequest, keys []string
 	if st.shared {
 		shared = "1"
 		rkeys = append(rkeys, l.stateKeys...)
+	} else if st.shadow {
+		shared = "2" // its own state, the bucket's override
+		rkeys = append(rkeys, l.shadowKey, l.stateKeys[1])
 	}
 	extra := 0
 	if st.shared { // on a Cluster, a refused later step refunds the extra too
@@ -499,10 +515,14 @@ func (l *Layered) takeReply(req backend.LayerRequest, v []int64, err error, cloc
 		res.Granted, res.Tokens = true, int(v[7])
 		res.LayersDue = time.Duration(v[10]) * time.Microsecond
 		for j := 12; j+2 < len(v); j += 3 { // the shadow layers
-			if v[j] < 1 || int(v[j]) > len(l.layers) || v[j+1] < 0 || v[j+2] >= int64(len(shadowActions)) {
+			if v[j] < 0 || int(v[j]) > len(l.layers) || v[j+1] < 0 || v[j+2] >= int64(len(shadowActions)) || v[j] == 0 && !req.ShadowShared {
 				return backend.LayerResult{}, l.malformed("take layers", v)
 			}
-			res.Shadow = append(res.Shadow, backend.ShadowDecision{Layer: l.layers[v[j]-1].Name, Wait: time.Duration(v[j+1]) * time.Microsecond, Action: shadowActions[v[j+2]]})
+			name := backend.SharedShadow // index 0: the shadow shared bucket
+			if v[j] > 0 {
+				name = l.layers[v[j]-1].Name
+			}
+			res.Shadow = append(res.Shadow, backend.ShadowDecision{Layer: name, Wait: time.Duration(v[j+1]) * time.Microsecond, Action: shadowActions[v[j+2]]})
 		}
 	case 0:
 	case 3:
@@ -546,7 +566,7 @@ func (l *Layered) refundLayers(ctx context.Context, at time.Time, req backend.La
 	if err != nil {
 		return err
 	}
-	for _, st := range l.steps(req.SkipShared) {
+	for _, st := range l.steps(req.SkipShared, false) {
 		if err := l.refundStep(ctx, at, req, keys, st, res.At.Add(res.Wait), res.Class, 0); err != nil {
 			return err
 		}
@@ -644,7 +664,7 @@ func (l *Layered) delayLayers(ctx context.Context, at time.Time, req backend.Lay
 		nowUS = at.UnixMicro()
 	}
 	paid := backend.PaidLayers(l.layers, keys, req.Paid, res.At.Add(res.Wait)) // as the take decided
-	for _, st := range l.steps(true) {
+	for _, st := range l.steps(true, false) {
 		var rkeys []string
 		args := []any{nowUS, from.UnixMicro(), from.Add(by).UnixMicro()}
 		for _, i := range st.layers {

@@ -124,7 +124,7 @@ func (l *Layered) batchStep(req backend.LayerRequest) step {
 	if l.cluster {
 		return *l.clusterStep
 	}
-	return step{shared: !req.SkipShared, layers: l.allLayers}
+	return l.firstStep(req)
 }
 
 // send decides the requests of batch in one pipeline and sets their
@@ -143,11 +143,11 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {
 	cmds := make([]*redis.Cmd, len(batch))
 	clocks := make([]time.Time, len(batch))
 	for i, q := range batch {
-		if q.req.SkipShared && keyedOnly {
+		if q.req.SkipShared && !q.req.ShadowShared && keyedOnly {
 			keyed = append(keyed, q)
 			continue
 		}
-		rkeys, args, clock := b.l.takeArgs(time.Time{}, q.req, q.keys, step{shared: !q.req.SkipShared, layers: b.l.allLayers}, 0)
+		rkeys, args, clock := b.l.takeArgs(time.Time{}, q.req, q.keys, b.l.firstStep(q.req), 0)
 		cmds[i], clocks[i] = layersScript.EvalSha(ctx, pipe, rkeys, args...), clock
 	}
 	var (
@@ -173,7 +173,7 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {
 		}
 		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
 			// Redis lost the script (a restart, SCRIPT FLUSH): Run loads it.
-			q.res, q.err = b.l.takeStep(ctx, time.Time{}, q.req, q.keys, step{shared: !q.req.SkipShared, layers: b.l.allLayers}, 0)
+			q.res, q.err = b.l.takeStep(ctx, time.Time{}, q.req, q.keys, b.l.firstStep(q.req), 0)
 			continue
 		}
 		v, err := c.Int64Slice()

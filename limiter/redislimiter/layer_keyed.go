@@ -32,7 +32,7 @@ var layersKeyedSrc = mathLua + luaSource("layer_prelude.lua") + luaSource("layer
 // and send windows only (no quota or budget, which that script does not
 // know) and none is a shadow.
 func (l *Layered) keyedOnly(st step) bool {
-	if st.shared {
+	if st.shared || st.shadow {
 		return false
 	}
 	for _, i := range st.layers {

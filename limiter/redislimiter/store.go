@@ -172,11 +172,14 @@ func (c Config) WithDefaults() Config {
 type keys struct {
 	all     []string // state, override, replicas, configs
 	channel string
+	// shadow holds the shadow shared bucket's state
+	// (limiter.Options.Shadow, decided by Layered).
+	shadow string
 }
 
 func newKeys(prefix, bucket string) keys {
 	base := prefix + "{" + bucket + "}:"
-	return keys{all: []string{base + "state", base + "override", base + "replicas", base + "configs", base + "idle"}, channel: base + "changes"}
+	return keys{all: []string{base + "state", base + "override", base + "replicas", base + "configs", base + "idle"}, channel: base + "changes", shadow: base + "shadow"}
 }
 
 // Admin returns the operator commands for this store's bucket, knowing its

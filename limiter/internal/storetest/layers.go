@@ -59,6 +59,9 @@ type lstep struct {
 	err      error
 	// shadow is what the shadow layers decided (ltake).
 	shadow []backend.ShadowDecision
+	// shadowShared decides the shared bucket as a shadow
+	// (LayerRequest.ShadowShared, with SkipShared).
+	shadowShared bool
 	// remaining is the shared bucket's tokens (ltake, lshared).
 	remaining float64
 
@@ -419,9 +422,50 @@ var shadowCases = []struct {
 		}},
 }
 
+// sharedShadow is the decision of a shadow shared bucket.
+func sharedShadow(a limiter.Action, wait time.Duration) backend.ShadowDecision {
+	return backend.ShadowDecision{Layer: backend.SharedShadow, Action: a, Wait: wait}
+}
+
+// sharedShadowCases hold the shadow shared bucket (limiter.Options.Shadow)
+// to its decisions: a shadow layer with OnExceed wait at the shared rate
+// and burst, on state of its own, the enforced layers alone limiting.
+var sharedShadowCases = []struct {
+	name   string
+	rate   float64
+	burst  int
+	layers []limiter.Layer
+	steps  []lstep
+}{
+	{"shadow shared bucket: never waits, charged only when it would grant, enforced layers decide", 1, 2,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 10, Burst: 1}},
+		[]lstep{
+			{op: ltake, cost: 1, keys: k("a"), shadowShared: true, granted: true, shadow: []backend.ShadowDecision{sharedShadow("", 0)}},
+			{op: ltake, cost: 1, keys: k("b"), shadowShared: true, granted: true, shadow: []backend.ShadowDecision{sharedShadow("", 0)}},
+			// Empty: it would have made the message wait 1 s, charges nothing.
+			{op: ltake, cost: 1, keys: k("c"), shadowShared: true, granted: true, shadow: []backend.ShadowDecision{sharedShadow(limiter.ActionWait, time.Second)}},
+			// The enforced layer makes "a" wait; nothing is decided.
+			{op: ltake, cost: 1, keys: k("a"), shadowShared: true, wait: 100 * time.Millisecond, limiting: "per-key"},
+			{at: 100 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), shadowShared: true, granted: true, shadow: []backend.ShadowDecision{sharedShadow(limiter.ActionWait, 900*time.Millisecond)}},
+			{at: time.Second, op: ltake, cost: 1, keys: k("d"), shadowShared: true, granted: true, shadow: []backend.ShadowDecision{sharedShadow("", 0)}},
+			{at: time.Second, op: ltake, cost: 1, keys: k("e"), shadowShared: true, granted: true, shadow: []backend.ShadowDecision{sharedShadow(limiter.ActionWait, time.Second)}},
+			// The real shared bucket was never charged: full.
+			{at: time.Second, op: ltake, cost: 1, keys: k("f"), maxWait: time.Second, granted: true, remaining: 1},
+		}},
+	{"shadow shared bucket: a cost above its burst, before the shadow layers", 1, 2,
+		[]limiter.Layer{{Name: "daily", Quota: 4, Per: limiter.PerDay, Shadow: true}},
+		[]lstep{
+			{op: ltake, cost: 3, shadowShared: true, granted: true, shadow: []backend.ShadowDecision{sharedShadow(limiter.ActionDeadLetter, 0), {Layer: "daily"}}},
+			{op: ltake, cost: 2, shadowShared: true, granted: true, shadow: []backend.ShadowDecision{sharedShadow("", 0), {Layer: "daily", Action: limiter.ActionWait, Wait: utc("2026-01-03T00:00:00Z").Sub(Base)}}},
+			{at: time.Second, op: ltake, cost: 1, shadowShared: true, granted: true, shadow: []backend.ShadowDecision{sharedShadow("", 0), {Layer: "daily"}}},
+			{op: lstatus, layer: "daily", used: 4, windowEnd: utc("2026-01-03T00:00:00Z")},
+		}},
+}
+
 // RunLayers runs every layered step table against stores made by newStore.
 func RunLayers(t *testing.T, newStore LayeredFactory) {
-	for _, c := range append(layerCases[:len(layerCases):len(layerCases)], shadowCases...) {
+	cases := append(layerCases[:len(layerCases):len(layerCases)], shadowCases...)
+	for _, c := range append(cases, sharedShadowCases...) {
 		t.Run(c.name, func(t *testing.T) {
 			s := newStore(t, c.rate, c.burst, c.layers)
 			reqs := make([]backend.LayerRequest, len(c.steps))
@@ -431,7 +475,7 @@ func RunLayers(t *testing.T, newStore LayeredFactory) {
 				if !st.when.IsZero() {
 					now = st.when
 				}
-				req := backend.LayerRequest{Cost: st.cost, Extra: st.extra, Keys: st.keys, MaxWait: st.maxWait, SkipShared: st.skipShared, Paid: st.paid}
+				req := backend.LayerRequest{Cost: st.cost, Extra: st.extra, Keys: st.keys, MaxWait: st.maxWait, SkipShared: st.skipShared || st.shadowShared, ShadowShared: st.shadowShared, Paid: st.paid}
 				switch st.op {
 				case ltake:
 					res, err := s.TakeLayersAt(now, req)

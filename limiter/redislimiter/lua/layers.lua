@@ -5,8 +5,10 @@
 -- atomic step: all grant and are charged, or none is. It mirrors
 -- limiter.LayeredMemory.TakeLayersAt line by line.
 --
--- KEYS: with the shared bucket, its state and override keys; then one key
--- per layer. ARGV: now_us (0: TIME), cost, horizon_us, shared (1/0),
+-- KEYS: with the shared bucket, its state and override keys (with a shadow
+-- of it, its shadow state and the override keys); then one key per layer.
+-- ARGV: now_us (0: TIME), cost, horizon_us, shared (1; 0 without it; 2
+-- without it but with a shadow of it, limiter.Options.Shadow),
 -- shared rate, shared burst, n, extra (shared tokens to lease when all is
 -- granted at once), rank, share1, share2, channel (the class on the shared
 -- bucket, as in takeScript); then 10 values per layer: index (1-based,
@@ -56,10 +58,16 @@
 -- never grant), and what it would have done (shadow_action: 0 granted and
 -- charged, 1 wait, 2 dead_letter, 3 delay). A shadow layer never waits,
 -- refuses or books; it is charged at send only when it would have granted.
+-- A shadow shared bucket (shared 2) comes first, as index 0: a shadow
+-- layer with action wait at the shared rate (the override's, if set; no
+-- adaptive rate, warm-up, pause or class) and burst, whose state is a
+-- layer bucket's in its own key (KEYS[1]); the real bucket is not read.
 
 local now = now_us(ARGV[1])
 local cost, horizon = tonumber(ARGV[2]), tonumber(ARGV[3])
 local shared = ARGV[4] == '1'
+local sshadow = ARGV[4] == '2'
+local hrate, hburst, htok, hts, hw = 0, 0, 0, 0, 0 -- the shadow shared bucket
 local n = tonumber(ARGV[7])
 local extra = tonumber(ARGV[8])
 local rank, s1, s2 = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
@@ -92,6 +100,12 @@ if shared then
   if horizon > 0 then horizon = math.max(horizon, wait_us(cost, srate)) end
 else
   wait0 = horizon -- without the shared bucket: when the message goes out
+  if sshadow then
+    kb = 2
+    local _, b = limits(KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]))
+    hrate, hburst = CEIL, b -- the override's rate, before an adaptive one
+    if cost <= hburst then htok, hts, hw = bucket_wait(KEYS[1], now, cost, hrate, hburst) end
+  end
 end
 -- Every layer is decided and charged at send, when the shared bucket's
 -- reservation is due (send_charge).
@@ -185,6 +199,13 @@ if shared then
   if ft then FAIR_N = fair_grant(ft, KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3], rank, cost, now, send) end
 end
 local out = reply(1, wait, limiting, safter, got, due)
+if sshadow then
+  local sa = shadow_action('w', cost > hburst, hw, 0, wait)
+  out[#out + 1], out[#out + 2], out[#out + 3] = 0, hw, sa
+  if sa == 0 then
+    bucket_save(KEYS[1], send_charge(htok, hts, send, cost, false, hrate, hburst), hts, now, hrate, hburst, send)
+  end
+end
 for i = 1, n do
   local key = KEYS[kb + i]
   local skip = false
