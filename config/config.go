@@ -196,6 +196,11 @@ type Limit struct {
 	// and it climbs back while sends succeed. Rate becomes the ceiling.
 	// Absent: off.
 	Adaptive *LimitAdaptive `yaml:"adaptive,omitempty"`
+	// Shadow makes the shared bucket a shadow (limiter.Options.Shadow):
+	// decided on every message at rate and burst and counted
+	// (throttle_limit_exceeded_total{layer="bucket",shadow="true"}),
+	// never enforced; the layers of extra still are. Default false.
+	Shadow bool `yaml:"shadow,omitempty"`
 	// Priority is the class of this replica's messages: high, normal or
 	// low (limiter.ParsePriority). Across every replica and deployment
 	// that shares the bucket, a waiting message of a higher class gets

@@ -244,6 +244,7 @@ func (l *Limit) limiterOptions(ps *problems) limiter.Options {
 		OnStoreError:  limiter.Mode(l.OnStoreError),
 		FallbackRate:  l.FallbackRate,
 		ProbeInterval: time.Duration(l.ProbeInterval),
+		Shadow:        l.Shadow,
 	}
 	switch l.Lease {
 	case "", LeaseAuto:

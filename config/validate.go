@@ -110,6 +110,7 @@ func (lib *Libraries) validate(ps *problems, c *Config, opts consumer.Options) {
 	}
 	c.Limit.validateLayers(ps, lib.Layers)
 	c.Limit.validateFair(ps, lib.Fair)
+	ps.library(limiterKeys, lib.Limiter.ValidateFair(lib.Fair))
 	ps.library(limitKeys, lib.Limit.Validate())
 	ps.library(limitKeys, lib.Limit.ValidateLayers(lib.Layers))
 

@@ -94,7 +94,7 @@ func New(store Store, opts Options) (*Bucket, error) {
 	}
 	if opts.Shadow {
 		var err error
-		if store, err = shadowStore(store); err != nil {
+		if store, err = shadowStore(store, opts); err != nil {
 			return nil, err
 		}
 		opts.Lease.Disabled = true // nothing is taken from the shared bucket

@@ -955,7 +955,7 @@ func windowsOpen(layers []Layer, keys map[string]string, p Priority, local, stor
 // store itself when it decides layers, an in-process bucket without layers
 // wrapped in a layered one, else a *ParamError; and a *ParamError for a
 // store with fair shares.
-func shadowStore(store Store) (Store, error) {
+func shadowStore(store Store, opts Options) (Store, error) {
 	if m, ok := store.(*backend.Memory); ok {
 		lm, err := backend.NewLayeredMemory(m, nil)
 		if err != nil {
@@ -967,8 +967,8 @@ func shadowStore(store Store) (Store, error) {
 	if !ok {
 		return nil, &ParamError{Param: "Shadow", Msg: "needs a store that decides layers: the Redis store's WithLayers (nil for none) or NewLocalStore"}
 	}
-	if backend.FairOf(ls) != nil {
-		return nil, &ParamError{Param: "Shadow", Msg: "cannot go with fair shares: they divide the shared bucket's queue, which a shadow bucket has not"}
+	if err := opts.ValidateFair(backend.FairOf(ls)); err != nil {
+		return nil, err
 	}
 	return store, nil
 }

@@ -147,6 +147,17 @@ func (o Options) Validate() error {
 	return errors.Join(errs...)
 }
 
+// ValidateFair returns a *ParamError naming Shadow when o makes the shared
+// bucket a shadow on a store with fair shares f (nil: none), which New
+// refuses: fair shares divide the shared bucket's queue, which a shadow
+// bucket has not.
+func (o Options) ValidateFair(f *Fair) error {
+	if o.Shadow && f != nil {
+		return &ParamError{Param: "Shadow", Msg: "cannot go with fair shares: they divide the shared bucket's queue, which a shadow bucket has not", Value: true}
+	}
+	return nil
+}
+
 // withDefaults returns o with every zero field set to its default. o is
 // valid.
 func (o Options) withDefaults() Options {

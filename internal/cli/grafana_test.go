@@ -232,7 +232,7 @@ func servedMetrics(t *testing.T) metricSet {
 	m.registerKafkaReader(func() kafka.ReaderStats { return kafka.ReaderStats{} })
 	// The layers' metrics exist with limit.extra, their series with the
 	// first event.
-	o := layerObserver(m, m.limiterObserver(), []limiter.Layer{{Name: "per-recipient"}}, false)
+	o := layerObserver(m, m.limiterObserver(), []limiter.Layer{{Name: "per-recipient"}}, false, false)
 	o.LimitExceeded("per-recipient", limiter.ActionDelay)
 	o.LayerWaited("", 0)
 	newBudgetGauges(m.reg, []limiter.Layer{{Name: "daily-spend", Budget: 1}}).spent.WithLabelValues("daily-spend").Set(0)

@@ -9,8 +9,9 @@ import (
 )
 
 // layerObserver returns obs with the metrics of limit.extra added, or obs
-// itself without layers nor fair shares (fair: their waits and refusals
-// go by the layer name "fair"): throttle_limit_exceeded_total{layer,action}, the
+// itself without layers, fair shares nor a shadow shared bucket
+// (limit.shadow) (fair: their waits and refusals go by the layer name
+// "fair"; the shadow shared bucket by "bucket"): throttle_limit_exceeded_total{layer,action}, the
 // refusals (shadow="true": what a shadow layer would have refused or made
 // wait), throttle_limit_shadow_wait_seconds{layer}, each shadow layer's
 // would-be wait, throttle_limit_wait_seconds{layer}, the waits by the layer
@@ -19,8 +20,8 @@ import (
 // refused for a missing or wrong signature ("other" for a layer that is not
 // configured). Labels name layers, never keys, so their number is bounded
 // by the configuration.
-func layerObserver(m *metrics, obs *limiter.Observer, layers []limiter.Layer, fair bool) *limiter.Observer {
-	if len(layers) == 0 && !fair {
+func layerObserver(m *metrics, obs *limiter.Observer, layers []limiter.Layer, fair, shadow bool) *limiter.Observer {
+	if len(layers) == 0 && !fair && !shadow {
 		return obs
 	}
 	exceeded := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -47,15 +48,19 @@ func layerObserver(m *metrics, obs *limiter.Observer, layers []limiter.Layer, fa
 		exceeded.WithLabelValues(layer, string(action), "false").Inc()
 	}
 	for _, l := range layers {
-		if l.Shadow {
-			m.reg.MustRegister(shadowWaits)
-			o.ShadowDecided = func(d limiter.ShadowDecision) {
-				if d.Exceeded() {
-					exceeded.WithLabelValues(d.Layer, string(d.Action), "true").Inc()
-				}
-				shadowWaits.WithLabelValues(d.Layer).Observe(d.Wait.Seconds())
+		shadow = shadow || l.Shadow
+	}
+	if shadow {
+		m.reg.MustRegister(shadowWaits)
+		o.ShadowDecided = func(d limiter.ShadowDecision) {
+			layer := d.Layer
+			if layer == "" { // the shared bucket (limit.shadow)
+				layer = "bucket"
 			}
-			break
+			if d.Exceeded() {
+				exceeded.WithLabelValues(layer, string(d.Action), "true").Inc()
+			}
+			shadowWaits.WithLabelValues(layer).Observe(d.Wait.Seconds())
 		}
 	}
 	o.PaidRefused = func(layer string) {

@@ -12,7 +12,7 @@ import (
 // made-up layer names add no series.
 func TestPaidRefusedMetric(t *testing.T) {
 	m := newMetrics("rabbitmq")
-	o := layerObserver(m, m.limiterObserver(), []limiter.Layer{{Name: "per-recipient"}}, false)
+	o := layerObserver(m, m.limiterObserver(), []limiter.Layer{{Name: "per-recipient"}}, false, false)
 	o.PaidRefused("per-recipient")
 	o.PaidRefused("per-recipient")
 	o.PaidRefused("")

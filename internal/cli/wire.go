@@ -84,7 +84,7 @@ func (b builder) bucket(client redis.UniversalClient) (*redislimiter.Store, *lim
 		return nil, nil, &configError{err: fmt.Errorf("limit: %w", err)}
 	}
 	var ls limiter.Store = store
-	if len(b.lib.Layers) > 0 || b.lib.Fair != nil {
+	if len(b.lib.Layers) > 0 || b.lib.Fair != nil || b.lib.Limiter.Shadow { // a shadow shared bucket is decided with the layers
 		layered, err := store.WithLayers(b.lib.Layers)
 		if err != nil {
 			return nil, nil, &configError{err: fmt.Errorf("limit.extra: %w", err)}
@@ -97,7 +97,7 @@ func (b builder) bucket(client redis.UniversalClient) (*redislimiter.Store, *lim
 		ls = layered
 	}
 	opts := b.lib.Limiter
-	opts.Observer = newPauseReporter(b.log, pauseLogEvery).observe(layerObserver(b.m, b.m.limiterObserver(), b.lib.Layers, b.lib.Fair != nil))
+	opts.Observer = newPauseReporter(b.log, pauseLogEvery).observe(layerObserver(b.m, b.m.limiterObserver(), b.lib.Layers, b.lib.Fair != nil, b.lib.Limiter.Shadow))
 	opts.Logger = b.log
 	bucket, err := limiter.New(ls, opts)
 	if err != nil {
