@@ -117,3 +117,94 @@ metrics:
 		t.Errorf("bucket status --layer --key: want about 0 of 1 tokens, full in 59m, got\n%s", out)
 	}
 }
+
+// TestShadowSharedBucketEndToEnd runs the binary with limit.shadow: true on
+// a shared bucket of 1/s (burst 1) and 100 messages: all are delivered at
+// once rather than over 99 s, none is dead-lettered, the shadow bucket
+// counts the ones it would have made wait
+// (throttle_limit_exceeded_total{layer="bucket",action="wait",shadow="true"})
+// and observes 100 would-be waits, the real bucket's state is never
+// charged, and 'bucket status' marks the bucket a shadow.
+func TestShadowSharedBucketEndToEnd(t *testing.T) {
+	t.Parallel()
+	redisAddr := testenv.RedisAddr(t)
+	amqpURL := testenv.AMQPURL(t)
+	bin := cliBuild(t)
+	const n = 100
+	name := cliName(t)
+	sink := cliNewSink(t)
+	conn, ch := cliQueue(t, amqpURL, name)
+	cfgPath := filepath.Join(t.TempDir(), "throttle.yaml")
+	cfg := fmt.Sprintf(`
+redis:
+  addr: %q
+  timeout: 2s
+limit:
+  bucket: %s
+  rate: 1
+  burst: 1
+  shadow: true
+source:
+  rabbitmq:
+    url: %q
+    queue: %s
+    prefetch: 20
+    declare: true
+sink:
+  http:
+    url: %q
+    timeout: 5s
+delivery:
+  drain_timeout: 10s
+metrics:
+  listen: %q
+`, redisAddr, name, amqpURL, name, sink.srv.URL+"/send", cliMetricsListen)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := cliStart(t, bin, "run", "--config", cfgPath)
+	t.Cleanup(func() { p.stop(t, 15*time.Second) })
+	metricsAddr := cliServingAddr(t, p)
+	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", "--config", cfgPath) })
+	cliWait(t, 20*time.Second, "a consumer on the queue", func() bool { return cliQueueState(conn, name).Consumers == 1 })
+
+	ctx := testenv.Context(t, 60*time.Second)
+	for id := range n {
+		err := ch.PublishWithContext(ctx, "", name, true, false, amqp.Publishing{
+			ContentType: "application/json", DeliveryMode: amqp.Persistent,
+			MessageId: strconv.Itoa(id), Body: fmt.Appendf(nil, `{"id":%d}`, id),
+		})
+		if err != nil {
+			t.Fatalf("publishing: %v", err)
+		}
+	}
+	// Enforced, 1/s would take 99 s: 30 s is far from it.
+	cliWait(t, 30*time.Second, "every message delivered", func() bool {
+		_, unique := sink.counts()
+		return unique == n
+	})
+	if dl := cliQueueState(conn, name+".dlq").Messages; dl != 0 {
+		t.Errorf("%d messages dead-lettered, want 0: a shadow bucket refuses nothing", dl)
+	}
+	ts := sink.times()
+	span := ts[len(ts)-1].Sub(ts[0])
+	// One token comes back per second of the span: that many messages
+	// found room and are not counted.
+	_, body := cliGet("http://" + metricsAddr + "/metrics")
+	would := cliMetric(body, `throttle_limit_exceeded_total{action="wait",layer="bucket",shadow="true"}`)
+	t.Logf("%d messages delivered over %v under a shadow bucket of 1/s, burst 1; %v counted would-wait", n, span, would)
+	if most, least := float64(n-1), float64(n-1)-span.Seconds()-1; would > most || would < least {
+		t.Errorf("throttle_limit_exceeded_total{bucket,wait,shadow} = %v, want between %v and %v (%d messages over %v at 1/s)", would, least, most, n, span)
+	}
+	if got := cliMetric(body, `throttle_limit_shadow_wait_seconds_count{layer="bucket"}`); got != n {
+		t.Errorf("throttle_limit_shadow_wait_seconds_count{bucket} = %v, want %d", got, n)
+	}
+	out := cliRun(t, bin, "bucket", "status", "--config", cfgPath)
+	if !strings.Contains(out, "SHADOW") {
+		t.Errorf("bucket status --config: want the bucket marked SHADOW, got\n%s", out)
+	}
+	// The real bucket was never charged: full.
+	if !strings.Contains(out, "tokens      1 of 1") {
+		t.Errorf("bucket status --config: want the real bucket full (1 of 1), got\n%s", out)
+	}
+}

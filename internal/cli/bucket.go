@@ -493,7 +493,7 @@ func newBucketTarget(client redis.UniversalClient, cfg *config.Config, cfgPath, 
 	t := &bucketTarget{name: name, client: client}
 	ac := redislimiter.AdminConfig{Bucket: name}
 	if cfgPath != "" && name == cfg.Limit.Bucket {
-		t.configured = &limitsJSON{Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst}
+		t.configured = &limitsJSON{Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst, Shadow: cfg.Limit.Shadow}
 		t.warmup = time.Duration(cfg.Limit.Warmup)
 		t.from = cfgPath
 		ac.Rate, ac.Burst = cfg.Limit.Rate, cfg.Limit.Burst
@@ -724,6 +724,18 @@ func writeClasses(w io.Writer, cs []classJSON) {
 type limitsJSON struct {
 	Rate  float64 `json:"rate"`
 	Burst int     `json:"burst"`
+	// Shadow is set when the config file makes the bucket a shadow
+	// (limit.shadow): decided and counted, never enforced.
+	Shadow bool `json:"shadow,omitempty"`
+}
+
+// shadowNote marks a shadow shared bucket (limit.shadow) in the
+// configured line of 'bucket status' and 'bucket watch'.
+func shadowNote(c *limitsJSON) string {
+	if c == nil || !c.Shadow {
+		return ""
+	}
+	return ", SHADOW (limit.shadow: not enforced; its would-waits count as layer bucket, shadow=\"true\")"
 }
 
 // replicaJSON is a live replica. Configured is nil when its heartbeat did
@@ -930,7 +942,7 @@ func writeStatus(w io.Writer, st *bucketStatus, from string) {
 		line("override", "none: each replica uses its configured rate")
 	}
 	if c := st.Configured; c != nil {
-		line("configured", "%s, burst %d (%s)", formatRate(c.Rate), c.Burst, from)
+		line("configured", "%s, burst %d (%s)%s", formatRate(c.Rate), c.Burst, from, shadowNote(c))
 	} else {
 		line("configured", "unknown; %s", noConfig)
 	}

@@ -134,7 +134,7 @@ func cmdBucketWatch(ctx context.Context, args []string, stdout io.Writer) error 
 	defer client.Close()
 	w := &watcher{name: name, client: client, admin: client, interval: *interval}
 	if *cfgPath != "" && name == cfg.Limit.Bucket {
-		w.configured = &limitsJSON{Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst}
+		w.configured = &limitsJSON{Rate: cfg.Limit.Rate, Burst: cfg.Limit.Burst, Shadow: cfg.Limit.Shadow}
 		w.from = *cfgPath
 		if w.layers, err = layersOf(client, cfg); err != nil {
 			return &configError{err: err}
@@ -707,7 +707,7 @@ func renderWatch(v watchView) string {
 		line("override", "none")
 	}
 	if c := v.configured; c != nil {
-		line("configured", "%s, burst %d (%s)", formatRate(c.Rate), c.Burst, v.from)
+		line("configured", "%s, burst %d (%s)%s", formatRate(c.Rate), c.Burst, v.from, shadowNote(c))
 	} else {
 		line("configured", "unknown: the live replicas do not agree or report none; pass --config FILE")
 	}
@@ -775,7 +775,11 @@ func renderWatch(v watchView) string {
 			if l.exceeded >= 0 {
 				exceeded, recent = strconv.FormatInt(l.exceeded, 10), "+"+strconv.FormatInt(l.recent, 10)
 			}
-			fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\n", l.name, l.desc, l.state, exceeded, recent, describeRefused(l.top, 3))
+			name := l.name
+			if name == "" { // the shared bucket's would-waits (limit.shadow)
+				name, l.desc = "(bucket)", "SHADOW (not enforced; exceeded = would have)"
+			}
+			fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\n", name, l.desc, l.state, exceeded, recent, describeRefused(l.top, 3))
 		}
 		tw.Flush()
 	}
@@ -830,7 +834,11 @@ func watchLine(v watchView) string {
 			if l.exceeded >= 0 {
 				n = strconv.FormatInt(l.exceeded, 10)
 			}
-			counts[i] = l.name + ":" + n
+			name := l.name
+			if name == "" { // the shared bucket's would-waits (limit.shadow)
+				name = "bucket"
+			}
+			counts[i] = name + ":" + n
 		}
 		line += " exceeded=" + strings.Join(counts, ",")
 		for _, l := range v.layers {

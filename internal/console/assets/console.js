@@ -106,7 +106,7 @@ function renderBucket(b, f) {
   if (ov && ov.ignored) ovText = "ignored (out of range)";
   else if (ov) ovText = fmtRate(ov.rate) + (ov.burst ? `, burst ${ov.burst}` : "") + (ov.expires_in_seconds ? `, ${fmtSecs(ov.expires_in_seconds)} left` : ", until cleared");
   setText(card, ".override", ovText);
-  setText(card, ".configured", st.configured ? `${fmtRate(st.configured.rate)}, burst ${st.configured.burst}` : "unknown");
+  setText(card, ".configured", st.configured ? `${fmtRate(st.configured.rate)}, burst ${st.configured.burst}${st.configured.shadow ? ", SHADOW (not enforced)" : ""}` : "unknown");
   let paused = "no";
   if (st.paused_seconds > 0) paused = `${fmtSecs(st.paused_seconds)} more` + (st.paused_by === "operator" ? " (operator)" : st.paused_by ? ` (push-back by ${st.paused_by})` : " (push-back)");
   setText(card, ".paused", paused);
