@@ -14,39 +14,27 @@ import (
 	"github.com/throttlehq/throttle/internal/testenv"
 )
 
-// TestShadowLayerEndToEnd runs the binary with a per-recipient shadow
-// layer of 1/h (on_exceed dead_letter) under a shared bucket of 50/s, and
-// 100 messages to one recipient: all 100 are delivered at the shared rate,
-// none is dead-lettered, and the layer counts the 99 it would have refused
-// (throttle_limit_exceeded_total{shadow="true"}), observes 100 would-be
-// waits, and keeps its state apart from an enforced layer's.
-func TestShadowLayerEndToEnd(t *testing.T) {
-	t.Parallel()
+// shadowRun starts the binary on a RabbitMQ queue of its own with limit
+// (the YAML under limit:, after bucket, indented two spaces), publishes n
+// messages whose bodies body gives, waits until every one is delivered and
+// checks that none was dead-lettered. It returns the binary, the config
+// file, the sink and the replica's /metrics once all were delivered.
+func shadowRun(t *testing.T, limit string, n int, body func(id int) []byte) (bin, cfgPath string, sink *cliSink, metrics string) {
+	t.Helper()
 	redisAddr := testenv.RedisAddr(t)
 	amqpURL := testenv.AMQPURL(t)
-	bin := cliBuild(t)
-	const (
-		n    = 100
-		rate = 50.0
-	)
+	bin = cliBuild(t)
 	name := cliName(t)
-	sink := cliNewSink(t)
+	sink = cliNewSink(t)
 	conn, ch := cliQueue(t, amqpURL, name)
-	cfgPath := filepath.Join(t.TempDir(), "throttle.yaml")
+	cfgPath = filepath.Join(t.TempDir(), "throttle.yaml")
 	cfg := fmt.Sprintf(`
 redis:
   addr: %q
   timeout: 2s
 limit:
   bucket: %s
-  rate: %v
-  burst: 1
-  extra:
-    - name: per-recipient
-      key: '{{.JSON.to}}'
-      rate: 1/h
-      on_exceed: dead_letter
-      shadow: true
+%s
 source:
   rabbitmq:
     url: %q
@@ -61,7 +49,7 @@ delivery:
   drain_timeout: 10s
 metrics:
   listen: %q
-`, redisAddr, name, rate, amqpURL, name, sink.srv.URL+"/send", cliMetricsListen)
+`, redisAddr, name, limit, amqpURL, name, sink.srv.URL+"/send", cliMetricsListen)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -72,11 +60,10 @@ metrics:
 	cliWait(t, 20*time.Second, "a consumer on the queue", func() bool { return cliQueueState(conn, name).Consumers == 1 })
 
 	ctx := testenv.Context(t, 60*time.Second)
-	to := name + "-r0"
 	for id := range n {
 		err := ch.PublishWithContext(ctx, "", name, true, false, amqp.Publishing{
 			ContentType: "application/json", DeliveryMode: amqp.Persistent,
-			MessageId: strconv.Itoa(id), Body: fmt.Appendf(nil, `{"id":%d,"to":%q}`, id, to),
+			MessageId: strconv.Itoa(id), Body: body(id),
 		})
 		if err != nil {
 			t.Fatalf("publishing: %v", err)
@@ -87,8 +74,33 @@ metrics:
 		return unique == n
 	})
 	if dl := cliQueueState(conn, name+".dlq").Messages; dl != 0 {
-		t.Errorf("%d messages dead-lettered, want 0: a shadow layer refuses nothing", dl)
+		t.Errorf("%d messages dead-lettered, want 0: a shadow refuses nothing", dl)
 	}
+	_, metrics = cliGet("http://" + metricsAddr + "/metrics")
+	return bin, cfgPath, sink, metrics
+}
+
+// TestShadowLayerEndToEnd runs the binary with a per-recipient shadow
+// layer of 1/h (on_exceed dead_letter) under a shared bucket of 50/s, and
+// 100 messages to one recipient: all 100 are delivered at the shared rate,
+// none is dead-lettered, and the layer counts the 99 it would have refused
+// (throttle_limit_exceeded_total{shadow="true"}), observes 100 would-be
+// waits, and keeps its state apart from an enforced layer's.
+func TestShadowLayerEndToEnd(t *testing.T) {
+	t.Parallel()
+	const (
+		n    = 100
+		rate = 50.0
+	)
+	to := cliName(t) + "-r0"
+	bin, cfgPath, sink, body := shadowRun(t, fmt.Sprintf(`  rate: %v
+  burst: 1
+  extra:
+    - name: per-recipient
+      key: '{{.JSON.to}}'
+      rate: 1/h
+      on_exceed: dead_letter
+      shadow: true`, rate), n, func(id int) []byte { return fmt.Appendf(nil, `{"id":%d,"to":%q}`, id, to) })
 	// At the shared rate: burst 1, so the 100 sends span 99/rate.
 	ts := sink.times()
 	span := ts[len(ts)-1].Sub(ts[0])
@@ -96,7 +108,6 @@ metrics:
 	if want := time.Duration(float64(n-1) / rate * 0.9 * float64(time.Second)); span < want {
 		t.Errorf("delivered over %v, want at least %v: the shared bucket must still hold the rate", span, want)
 	}
-	_, body := cliGet("http://" + metricsAddr + "/metrics")
 	if got := cliMetric(body, `throttle_limit_exceeded_total{action="dead_letter",layer="per-recipient",shadow="true"}`); got != n-1 {
 		t.Errorf("throttle_limit_exceeded_total{per-recipient,dead_letter,shadow} = %v, want %d", got, n-1)
 	}
@@ -127,70 +138,13 @@ metrics:
 // charged, and 'bucket status' marks the bucket a shadow.
 func TestShadowSharedBucketEndToEnd(t *testing.T) {
 	t.Parallel()
-	redisAddr := testenv.RedisAddr(t)
-	amqpURL := testenv.AMQPURL(t)
-	bin := cliBuild(t)
 	const n = 100
-	name := cliName(t)
-	sink := cliNewSink(t)
-	conn, ch := cliQueue(t, amqpURL, name)
-	cfgPath := filepath.Join(t.TempDir(), "throttle.yaml")
-	cfg := fmt.Sprintf(`
-redis:
-  addr: %q
-  timeout: 2s
-limit:
-  bucket: %s
-  rate: 1
-  burst: 1
-  shadow: true
-source:
-  rabbitmq:
-    url: %q
-    queue: %s
-    prefetch: 20
-    declare: true
-sink:
-  http:
-    url: %q
-    timeout: 5s
-delivery:
-  drain_timeout: 10s
-metrics:
-  listen: %q
-`, redisAddr, name, amqpURL, name, sink.srv.URL+"/send", cliMetricsListen)
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := cliStart(t, bin, "run", "--config", cfgPath)
-	t.Cleanup(func() { p.stop(t, 15*time.Second) })
-	metricsAddr := cliServingAddr(t, p)
-	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", "--config", cfgPath) })
-	cliWait(t, 20*time.Second, "a consumer on the queue", func() bool { return cliQueueState(conn, name).Consumers == 1 })
-
-	ctx := testenv.Context(t, 60*time.Second)
-	for id := range n {
-		err := ch.PublishWithContext(ctx, "", name, true, false, amqp.Publishing{
-			ContentType: "application/json", DeliveryMode: amqp.Persistent,
-			MessageId: strconv.Itoa(id), Body: fmt.Appendf(nil, `{"id":%d}`, id),
-		})
-		if err != nil {
-			t.Fatalf("publishing: %v", err)
-		}
-	}
-	// Enforced, 1/s would take 99 s: 30 s is far from it.
-	cliWait(t, 30*time.Second, "every message delivered", func() bool {
-		_, unique := sink.counts()
-		return unique == n
-	})
-	if dl := cliQueueState(conn, name+".dlq").Messages; dl != 0 {
-		t.Errorf("%d messages dead-lettered, want 0: a shadow bucket refuses nothing", dl)
-	}
+	// Enforced, 1/s would take 99 s; shadowRun waits 30 s at the most.
+	bin, cfgPath, sink, body := shadowRun(t, "  rate: 1\n  burst: 1\n  shadow: true", n, func(id int) []byte { return fmt.Appendf(nil, `{"id":%d}`, id) })
 	ts := sink.times()
 	span := ts[len(ts)-1].Sub(ts[0])
 	// One token comes back per second of the span: that many messages
 	// found room and are not counted.
-	_, body := cliGet("http://" + metricsAddr + "/metrics")
 	would := cliMetric(body, `throttle_limit_exceeded_total{action="wait",layer="bucket",shadow="true"}`)
 	t.Logf("%d messages delivered over %v under a shadow bucket of 1/s, burst 1; %v counted would-wait", n, span, would)
 	if most, least := float64(n-1), float64(n-1)-span.Seconds()-1; would > most || would < least {
