@@ -177,3 +177,8 @@ func (r lowSleepersRace) check(t *testing.T) {
 		t.Errorf("the low waits returned at +%v and +%v, want >= +%v and +%v (moved back a slot each; high took at +%v)", lowAt[0], lowAt[1], first, 3*r.slot, highAt)
 	}
 }
+
+// fairKeys lists every key of l's fair shares: the totals and the shards.
+func (l *Layered) fairKeys() []string {
+	return append([]string{l.fairTotals}, l.fairShards...)
+}

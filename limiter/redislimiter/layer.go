@@ -86,12 +86,12 @@ type Layered struct {
 	// calls go through batch, one script call each in a pipeline split by
 	// master. nil when there is no such step.
 	clusterStep *step
-	// fair is nil without fair shares (WithFair); fairPrefix + RANK + ":"
-	// + TENANT names a tenant's state, fairKeys the class totals and the
-	// bins.
+	// fair is nil without fair shares (WithFair); fairShards[fairShard(
+	// TENANT)] holds a tenant's state, fairTotals the class totals and
+	// the bins.
 	fair       *limiter.Fair
-	fairPrefix string
-	fairKeys   [2]string
+	fairShards []string
+	fairTotals string
 	fairArg    int64
 	// slots is set when a layer is a concurrency layer (layer_slots.go);
 	// releases batches their releases.
@@ -110,11 +110,11 @@ type Layered struct {
 // its share. f is validated and copied. The tenants' state lives in the
 // bucket's slot:
 //
-//	PREFIX{NAME}:fair:RANK:TENANT  string "held ts last", per active tenant
-//	PREFIX{NAME}:fair              hash: each class's active tenants and weights
-//	PREFIX{NAME}:fairbins          sorted set: when those tenants stop counting
+//	PREFIX{NAME}:fairt:S  hash, S the tenant's shard (0..255): per active tenant "held last span"
+//	PREFIX{NAME}:fairw    hash: each class's active tenants and weights, and when they stop counting
 //
-// each expiring a second after the last reservation it tracks.
+// each expiring a second after the last reservation it tracks
+// (docs/design.md, "Redis keys").
 func (l *Layered) WithFair(f limiter.Fair) (*Layered, error) {
 	if err := f.Validate(); err != nil {
 		return nil, err
@@ -130,10 +130,29 @@ func (l *Layered) WithFair(f limiter.Fair) (*Layered, error) {
 	}
 	c.fair = &f
 	base := l.cfg.Prefix + "{" + l.cfg.Bucket + "}:fair"
-	c.fairPrefix = base + ":"
-	c.fairKeys = [2]string{base, base + "bins"}
+	c.fairShards = make([]string, fairShards)
+	for i := range c.fairShards {
+		c.fairShards[i] = base + "t:" + strconv.Itoa(i)
+	}
+	c.fairTotals = base + "w"
 	c.fairArg = f.Horizon.Microseconds()
 	return &c, nil
+}
+
+// fairShards is the number of hashes the tenants' states are spread over:
+// up to about 128 tenants each (some 30,000 in all), a hash stays a
+// listpack, where a tenant costs its field and value and little more.
+const fairShards = 256
+
+// fairShard returns the shard of tenant's state: FNV-1a (32 bits) modulo
+// fairShards.
+func fairShard(tenant string) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(tenant); i++ {
+		h ^= uint32(tenant[i])
+		h *= 16777619
+	}
+	return int(h % fairShards)
 }
 
 // Fair implements backend.FairStore.
@@ -424,8 +443,8 @@ func (l *Layered) takeArgs(at time.Time, req backend.LayerRequest, keys []string
 	args = append(args, l.warmArg) // the shared bucket's warm-up (lua/warmup.lua)
 	args = append(args, l.paidArg(st.layers, keys, req.Paid))
 	if st.shared && l.fair != nil && req.Tenant != "" {
-		rkeys = append(rkeys, l.fairPrefix+strconv.Itoa(backend.Rank(req.Priority))+":"+req.Tenant, l.fairKeys[0], l.fairKeys[1])
-		args = append(args, l.fair.Weight(req.Tenant), l.fairArg)
+		rkeys = append(rkeys, l.fairShards[fairShard(req.Tenant)], l.fairTotals)
+		args = append(args, l.fair.Weight(req.Tenant), l.fairArg, strconv.Itoa(backend.Rank(req.Priority))+req.Tenant)
 	}
 	return rkeys, args, clock
 }

@@ -216,7 +216,7 @@ func TestRedisFairSteps(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { c.Del(context.Background(), l.fairKeys[0], l.fairKeys[1]) })
+		t.Cleanup(func() { c.Del(context.Background(), l.fairKeys()...) })
 		return clockedLayers{l}
 	})
 }

@@ -27,9 +27,9 @@
 -- (limiter.PaidUntil), or 0; "" for none. Such a layer, at or before its
 -- instant, waits 0 and is charged only the excess of a late slot
 -- (limiter.PaidCharge). Then, for fair shares (fair.lua; absent or "":
--- none), the tenant's weight and the fair horizon in µs, with three more
--- KEYS after the layers': the tenant's state, the fair hash and the bins
--- set (the shared bucket only).
+-- none), the tenant's weight, the fair horizon in µs and the tenant's
+-- field (RANK..TENANT), with two more KEYS after the layers': the tenant's
+-- shard and the class totals and bins (the shared bucket only).
 --
 -- A concurrency layer (kind c) has its limit in place of the rate, its
 -- lease in µs in place of the burst, and the request's holder in place of
@@ -175,7 +175,7 @@ if limiting > 0 then return reply(0, wait, limiting, stokens, 0) end
 local ft, fk
 if shared and fweight and fweight > 0 then
   fk = kb + n
-  ft = fair_turn(KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3], now, rank, fweight)
+  ft = fair_turn(KEYS[fk + 1], KEYS[fk + 2], ARGV[17 + 10 * n], now, rank, fweight)
   FAIR_N = ft.n
   if wait0 > 0 then
     local fcap = srate * tonumber(ARGV[16 + 10 * n]) / 1e6 * fweight / ft.w
@@ -196,7 +196,7 @@ if shared then
   end
   prio_grant(rank, pushed, q1, s1, s2, sburst, ARGV[12], now)
   save(KEYS[1], safter, sts, now, srate, sburst)
-  if ft then FAIR_N = fair_grant(ft, KEYS[fk + 1], KEYS[fk + 2], KEYS[fk + 3], rank, cost, now, send) end
+  if ft then FAIR_N = fair_grant(ft, rank, cost, now, send) end
 end
 local out = reply(1, wait, limiting, safter, got, due)
 if sshadow then
