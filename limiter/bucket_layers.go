@@ -301,7 +301,10 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		}
 		if !res.Granted && res.Limiting == FairLayer && req.FairWaiting > 0 && !fairIn {
 			if !b.layered.fairEnter(req.Tenant, req.FairWaiting) {
-				le := backend.FairError(res.At, res.Wait, res.FairSpacing)
+				// Each replica sets aside about its share of the
+				// tenant's messages: spaced by the pace times the live
+				// replicas, together they come back at the pace.
+				le := backend.FairError(res.At, res.Wait, res.FairSpacing*time.Duration(max(1, b.replicaCount())))
 				b.observeLayered(start, req, FairLayer, le)
 				return le
 			}

@@ -53,17 +53,7 @@ func (s *rabbitSource) prepare(ctx context.Context, n int) (prepared, error) {
 	if err != nil {
 		return nil, err
 	}
-	dlx := q + ".dlx"
-	if err := ch.ExchangeDeclare(dlx, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
-		return nil, err
-	}
-	if _, err := ch.QueueDeclare(q+".dlq", true, false, false, false, nil); err != nil {
-		return nil, err
-	}
-	if err := ch.QueueBind(q+".dlq", "", dlx, false, nil); err != nil {
-		return nil, err
-	}
-	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-dead-letter-exchange": dlx}); err != nil {
+	if err := declareRabbitQueue(ch, q); err != nil {
 		return nil, err
 	}
 	p := &rabbitQueue{queue: q}
@@ -95,6 +85,23 @@ func (s *rabbitSource) prepare(ctx context.Context, n int) (prepared, error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// declareRabbitQueue declares queue q as throttle's Declare would:
+// durable, dead-lettering to the fanout exchange q.dlx bound to q.dlq.
+func declareRabbitQueue(ch *amqp.Channel, q string) error {
+	dlx := q + ".dlx"
+	if err := ch.ExchangeDeclare(dlx, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+		return err
+	}
+	if _, err := ch.QueueDeclare(q+".dlq", true, false, false, false, nil); err != nil {
+		return err
+	}
+	if err := ch.QueueBind(q+".dlq", "", dlx, false, nil); err != nil {
+		return err
+	}
+	_, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-dead-letter-exchange": dlx})
+	return err
 }
 
 // rabbitQueue is one filled queue.

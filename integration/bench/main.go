@@ -48,6 +48,12 @@
 // against rate + burst, shares, the worst single wait), the utilisation
 // under unequal demand, the recovery after half the replicas vanish
 // without Close, and Redis scripts and CPU per grant, into SCALE.md.
+//
+// With -fair SCENARIO it measures fair shares among tenants (fair.go,
+// docs/fair.md) through `throttle run` replicas in process on RabbitMQ and
+// a private redis-server: two (a backlog and a tenant at 5/s), weights
+// (3:1:1), scale (10,000 tenants and one tenant's burst) or memory (Redis
+// bytes per active tenant), and prints the figures.
 package main
 
 import (
@@ -121,6 +127,8 @@ type config struct {
 	scale *scaleConfig
 	// keys, when set, selects the keyed-layer mode instead (keys.go).
 	keys *keysConfig
+	// fair, when set, selects a fair-shares scenario instead (fair.go).
+	fair *fairConfig
 }
 
 func main() {
@@ -147,6 +155,8 @@ func main() {
 		err = runScale(ctx, *cfg.scale)
 	case cfg.keys != nil:
 		err = runKeys(ctx, *cfg.keys)
+	case cfg.fair != nil:
+		err = runFair(ctx, *cfg.fair)
 	default:
 		err = run(ctx, cfg)
 	}
@@ -176,6 +186,15 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.opts.MaxReserve, "reserve", 0, "limiter.Options.MaxReserve of (c) and (d); 0 for the default")
 	fs.DurationVar(&cfg.opts.HeartbeatInterval, "heartbeat", 0, "limiter.Options.HeartbeatInterval of (c) and (d); 0 for the default")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	var fair fairConfig
+	fs.StringVar(&fair.scenario, "fair", "", "run a fair-shares scenario instead (fair.go): two, weights, scale or memory")
+	fs.IntVar(&fair.replicas, "fair-replicas", 2, "(fair) throttle run replicas in process")
+	fs.Float64Var(&fair.rate, "fair-rate", 0, "(fair) the bucket's rate; 0: 50/s, 300/s for scale")
+	fs.IntVar(&fair.backlog, "fair-backlog", 0, "(fair) two: A's backlog (default 20,000); weights: the three tenants' backlogs together (default 9,000)")
+	fs.DurationVar(&fair.runFor, "fair-for", time.Minute, "(fair) how long B sends (two), the window measured (weights), each phase (scale)")
+	fs.IntVar(&fair.tenants, "fair-tenants", 10_000, "(fair) scale, memory: the tenants")
+	fs.Float64Var(&fair.others, "fair-others", 0.5, "(fair) scale: the share of the rate the tenants send before the burst")
+	fs.StringVar(&fair.amqpURL, "fair-amqp", rabbitURL, "(fair) RabbitMQ URL")
 	var e2e e2eConfig
 	var e2eOn bool
 	var scenarios string
@@ -286,6 +305,26 @@ func parseFlags(args []string) (config, error) {
 		if !outSet {
 			e2e.out = "POLICY.md"
 		}
+	}
+	if fair.scenario != "" {
+		if fair.rate == 0 {
+			fair.rate = 50
+			if fair.scenario == "scale" {
+				fair.rate = 300
+			}
+		}
+		if fair.backlog == 0 {
+			fair.backlog = 20_000
+			if fair.scenario == "weights" {
+				fair.backlog = 9_000
+			}
+		}
+		if fair.replicas < 1 || fair.rate <= 0 || fair.runFor < time.Second || fair.tenants < 1 || fair.others <= 0 || fair.others >= 1 {
+			return config{}, fmt.Errorf("-fair-replicas must be at least 1, -fair-rate above 0, -fair-for at least 1s, -fair-tenants at least 1, -fair-others within (0, 1)")
+		}
+		fair.flags = cfg.flags
+		cfg.fair = &fair
+		return cfg, nil
 	}
 	if e2eOn {
 		e2e.flags = cfg.flags

@@ -355,8 +355,10 @@ type LimitError struct {
 	// keys), set with Reserved.
 	Key string
 	// Spacing is, for a refusal by the fair share (Layer FairLayer), how
-	// far apart the tenant's reservations come due now: its pace, by
-	// which a consumer spaces the messages of the tenant it sets aside.
+	// far apart the tenant's reservations come due now (its pace) times
+	// the live replicas, by which a consumer spaces the messages of the
+	// tenant it sets aside: each replica sets aside about its share of
+	// them, and together they come back at the tenant's pace.
 	Spacing time.Duration
 	// Sig is the signature that a Bucket's WaitN gives a booked slot
 	// (with Reserved), which the slot carries back (PaidSlot.Sig, see

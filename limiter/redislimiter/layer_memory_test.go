@@ -3,7 +3,6 @@ package redislimiter
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -61,52 +60,5 @@ func TestLayerKeyMemory(t *testing.T) {
 		l.layerKey(0, "+15550000000"), c.Get(ctx, l.layerKey(0, "+15550000000")).Val(), avg, float64(after-before)/n, n)
 	if avg > 120 {
 		t.Errorf("MEMORY USAGE per keyed bucket = %.0f bytes, want <= 120", avg)
-	}
-}
-
-// TestFairTenantMemory measures what an active tenant of fair shares costs
-// Redis (target: at most 200 bytes): 10,000 tenants each holding a
-// reservation in a saturated bucket at 1/s, one script call each; MEMORY
-// USAGE of every fair key, and used_memory's growth, per tenant.
-func TestFairTenantMemory(t *testing.T) {
-	if os.Getenv("THROTTLE_FAIR_MEMORY") == "" {
-		t.Skip("a measurement (10,000 script calls): THROTTLE_FAIR_MEMORY=1 runs it")
-	}
-	c := newClient(t)
-	ctx := context.Background()
-	l, err := newLayered(t, c, 1, 1, nil).WithFair(limiter.Fair{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Del(context.Background(), l.fairKeys()...) })
-	usedMemory := func() int64 {
-		info, _ := c.Info(ctx, "memory").Result()
-		for _, line := range strings.Split(info, "\r\n") {
-			if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-				n, _ := strconv.ParseInt(v, 10, 64)
-				return n
-			}
-		}
-		return 0
-	}
-	before := usedMemory()
-	const n = 10000
-	for i := range n {
-		tenant := fmt.Sprintf("tenant-%05d", i)
-		res, err := l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, MaxWait: 5 * time.Hour, Tenant: tenant})
-		if err != nil || !res.Granted {
-			t.Fatalf("take %d: %+v %v", i, res, err)
-		}
-	}
-	after := usedMemory()
-	var shards, total int64
-	for _, k := range l.fairKeys() {
-		total += c.MemoryUsage(ctx, k, 0).Val()
-	}
-	shards = total - c.MemoryUsage(ctx, l.fairTotals, 0).Val()
-	t.Logf("%d tenants: MEMORY USAGE of the fair keys %d bytes (%.1f per tenant; shards %.1f, totals and bins %.1f); used_memory grew %.1f per tenant; encoding of a shard %q",
-		n, total, float64(total)/n, float64(shards)/n, float64(total-shards)/n, float64(after-before)/n, c.ObjectEncoding(ctx, l.fairShards[1]).Val())
-	if per := float64(total) / n; per > 200 {
-		t.Errorf("%.0f bytes per active tenant, want <= 200", per)
 	}
 }
