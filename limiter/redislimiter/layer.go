@@ -78,8 +78,9 @@ type Layered struct {
 	allLayers []int
 	// hasWindow is set when a layer is a send window.
 	hasWindow bool
-	// batch pipelines concurrent takes; nil with Config.NoBatching. On
-	// a Cluster it takes only the requests of clusterStep.
+	// batch pipelines concurrent takes, and the releases of concurrency
+	// slots; nil with Config.NoBatching. On a Cluster it takes only the
+	// requests of clusterStep.
 	batch *layerBatcher
 	// clusterStep, on a Cluster, is the one step of a request that leaves
 	// the shared bucket out (leased), when that step is keyedOnly: its
@@ -93,10 +94,8 @@ type Layered struct {
 	fairShards []string
 	fairTotals string
 	fairArg    int64
-	// slots is set when a layer is a concurrency layer (layer_slots.go);
-	// releases batches their releases.
-	slots    bool
-	releases *releaseBatcher
+	// slots is set when a layer is a concurrency layer (layer_slots.go).
+	slots bool
 	// shadow is set when a layer is a shadow layer.
 	shadow bool
 	// shadowKey holds the state of the shadow shared bucket
@@ -183,7 +182,6 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 		l.batch = &layerBatcher{l: l}
 	}
 	l.slots = backend.HasConcurrency(layers)
-	l.releases = &releaseBatcher{l: l}
 	for i, ly := range layers {
 		l.allLayers = append(l.allLayers, i)
 		l.shadow = l.shadow || ly.Shadow

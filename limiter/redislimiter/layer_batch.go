@@ -22,6 +22,15 @@ import (
 // leaves the queue at once, and one whose ctx ends while its batch is in
 // flight gets ctx.Err() when the batch returns, its tokens refunded.
 //
+// The concurrency slots' releases (ReleaseSlots) share the flights: a
+// release that finds one in flight is queued and its caller returns at
+// once; the next flight sends every release queued, in one script call,
+// ahead of its takes in the same pipeline, so that a take queued after a
+// release sees the slot free. When a flight returns with releases queued
+// and no take, its caller sends them before it returns. A release that
+// finds none in flight is sent at once by its caller. On a Cluster the
+// releases are one call per key in the pipeline.
+//
 // A layerBatcher is safe for concurrent use.
 type layerBatcher struct {
 	l *Layered
@@ -29,6 +38,10 @@ type layerBatcher struct {
 	mu       sync.Mutex
 	flushing bool // a call is in flight or the head of the queue leads next
 	queue    []*layerPending
+	// releases are the slots released while a call was in flight, for the
+	// next one; set only while flushing. spare is the slice of the last
+	// releases sent, reused.
+	releases, spare []backend.SlotRelease
 }
 
 type layerPending struct {
@@ -57,7 +70,7 @@ func (b *layerBatcher) take(ctx context.Context, req backend.LayerRequest, keys 
 		b.mu.Unlock()
 		res, err := b.l.takeStep(ctx, time.Time{}, req, keys, b.l.batchStep(req), 0)
 		b.mu.Lock()
-		b.handOffLocked()
+		b.handOffLocked(ctx)
 		b.mu.Unlock()
 		return res, err
 	}
@@ -103,18 +116,21 @@ func (b *layerBatcher) lead(ctx context.Context, p *layerPending) {
 	for _, q := range batch {
 		q.state = sent
 	}
+	rs := b.releases
+	b.releases = nil
 	b.mu.Unlock()
 
 	ctx = context.WithoutCancel(ctx)
-	b.send(ctx, batch)
+	b.send(ctx, batch, rs)
 	b.mu.Lock()
+	b.recycleLocked(rs)
 	for _, q := range batch {
 		q.state = done
 		if q != p {
 			q.ready <- struct{}{}
 		}
 	}
-	b.handOffLocked()
+	b.handOffLocked(ctx)
 	b.mu.Unlock()
 }
 
@@ -127,19 +143,56 @@ func (l *Layered) batchStep(req backend.LayerRequest) step {
 	return l.firstStep(req)
 }
 
+// release gives back slots: in the flight after the one in flight, or at
+// once, by its caller, when none is (see layerBatcher). It returns the
+// error of a call it sent itself.
+func (b *layerBatcher) release(ctx context.Context, slots []backend.SlotRelease) error {
+	b.mu.Lock()
+	if b.flushing {
+		// The next flight sends it: its caller need not wait for it (a
+		// failure leaves the slot to its lease), so that its handler is
+		// free at once.
+		if b.releases == nil {
+			b.releases, b.spare = b.spare, nil
+		}
+		b.releases = append(b.releases, slots...)
+		b.mu.Unlock()
+		return nil
+	}
+	b.flushing = true
+	b.mu.Unlock()
+	err := b.l.releaseSlots(ctx, slots)
+	b.mu.Lock()
+	b.handOffLocked(ctx)
+	b.mu.Unlock()
+	return err
+}
+
+// recycleLocked keeps rs, sent, for the releases of a later flight.
+// b.mu must be held.
+func (b *layerBatcher) recycleLocked(rs []backend.SlotRelease) {
+	if cap(rs) > 0 && cap(rs) <= 4*maxReleaseBatch {
+		clear(rs)
+		b.spare = rs[:0]
+	}
+}
+
 // send decides the requests of batch in one pipeline and sets their
 // answers: the requests that leave the shared bucket out, when keyedOnly
 // takes every layer, in one call of layersKeyedScript; each other request
 // in its own call of layersScript. On a Cluster each request is a call of
 // its own (its key's slot), and the pipeline goes to every master at once.
-func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {
+// The releases rs go first, in the same pipeline (releaseCmds); their
+// failure leaves the slots to their leases.
+func (b *layerBatcher) send(ctx context.Context, batch []*layerPending, rs []backend.SlotRelease) {
+	pipe := b.l.client.Pipeline()
+	rel := b.l.releaseCmds(ctx, pipe, rs)
 	if b.l.cluster {
-		b.sendCluster(ctx, batch)
+		b.sendCluster(ctx, pipe, rel, batch)
 		return
 	}
 	keyedOnly := b.l.keyedOnly(step{layers: b.l.allLayers})
 	var keyed []*layerPending
-	pipe := b.l.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(batch))
 	clocks := make([]time.Time, len(batch))
 	for i, q := range batch {
@@ -166,6 +219,7 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {
 		kcmd = layersKeyedScript.EvalSha(ctx, pipe, krkeys, kargs...)
 	}
 	_, _ = pipe.Exec(ctx)
+	_ = b.l.releaseReplies(ctx, rel) // a failure leaves the slots to their leases
 	for i, q := range batch {
 		c := cmds[i]
 		if c == nil {
@@ -194,10 +248,10 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending) {
 }
 
 // sendCluster is send on a Cluster: one call of layersKeyedScript per
-// request of clusterStep, in one pipeline that go-redis splits by master.
-func (b *layerBatcher) sendCluster(ctx context.Context, batch []*layerPending) {
+// request of clusterStep, in pipe, after the releases rel, which go-redis
+// splits by master.
+func (b *layerBatcher) sendCluster(ctx context.Context, pipe redis.Pipeliner, rel []releaseCall, batch []*layerPending) {
 	st := *b.l.clusterStep
-	pipe := b.l.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(batch))
 	args := make([][]any, len(batch))
 	rkeys := make([][]string, len(batch))
@@ -206,6 +260,7 @@ func (b *layerBatcher) sendCluster(ctx context.Context, batch []*layerPending) {
 		cmds[i] = layersKeyedScript.EvalSha(ctx, pipe, rkeys[i], args[i]...)
 	}
 	_, _ = pipe.Exec(ctx)
+	_ = b.l.releaseReplies(ctx, rel) // a failure leaves the slots to their leases
 	var out [1]backend.LayerResult
 	var errs [1]error
 	for i, q := range batch {
@@ -219,8 +274,17 @@ func (b *layerBatcher) sendCluster(ctx context.Context, batch []*layerPending) {
 }
 
 // handOffLocked passes the lead to the head of the queue, or ends the
-// flight. b.mu must be held.
-func (b *layerBatcher) handOffLocked() {
+// flight. With releases queued and no take, it sends them first, on ctx
+// without its deadline, unlocking b.mu meanwhile. b.mu must be held.
+func (b *layerBatcher) handOffLocked(ctx context.Context) {
+	for len(b.queue) == 0 && len(b.releases) > 0 {
+		rs := b.releases
+		b.releases = nil
+		b.mu.Unlock()
+		_ = b.l.releaseSlots(context.WithoutCancel(ctx), rs) // a failure leaves the slots to their leases
+		b.mu.Lock()
+		b.recycleLocked(rs)
+	}
 	if len(b.queue) == 0 {
 		b.flushing = false
 		return

@@ -3,7 +3,6 @@ package redislimiter
 import (
 	"context"
 	"strings"
-	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -22,116 +21,90 @@ func (l *Layered) slotsChannel() string {
 }
 
 // ReleaseSlots implements backend.SlotStore: it gives back the slots in
-// one script call on a single node (one per slot on a Cluster, pipelined),
-// batched with the releases of concurrent callers: a call that finds none
-// in flight is sent at once, and its caller waits for it; those that
-// arrive meanwhile are queued, their callers return at once, and they go
-// together when the call in flight returns (a failure then leaves them to
-// their leases). A release that frees a slot of a key whose slots were all
-// held is announced on PREFIX{NAME}:slots, which wakes the requests that
-// wait for that key on every replica (WatchSlots).
+// one script call on a single node (one per key on a Cluster, pipelined),
+// batched with the releases and takes of concurrent callers (see
+// layerBatcher): while a call is in flight, the slots are queued for the
+// next one and ReleaseSlots returns at once (a failure then leaves them
+// to their leases); else it sends them and returns the call's error. With
+// Config.NoBatching every release is its own call. A release that frees a
+// slot of a key whose slots were all held is announced on
+// PREFIX{NAME}:slots, which wakes the requests that wait for that key on
+// every replica (WatchSlots).
 func (l *Layered) ReleaseSlots(ctx context.Context, slots []backend.SlotRelease) error {
 	if len(slots) == 0 {
 		return nil
 	}
-	return l.releases.release(ctx, slots)
+	if l.batch != nil {
+		return l.batch.release(ctx, slots)
+	}
+	return l.releaseSlots(ctx, slots)
 }
 
-// releaseSlots sends one release call for slots.
+// maxReleaseBatch bounds the slots of one release script call.
+const maxReleaseBatch = 256
+
+// releaseSlots sends the release of slots in one pipeline (releaseCmds).
 func (l *Layered) releaseSlots(ctx context.Context, slots []backend.SlotRelease) error {
-	one := func(slots []backend.SlotRelease) ([]string, []any) {
-		keys := make([]string, 0, len(slots))
-		args := make([]any, 0, 1+3*len(slots))
+	pipe := l.client.Pipeline()
+	cmds := l.releaseCmds(ctx, pipe, slots)
+	if len(cmds) == 0 {
+		return nil
+	}
+	_, _ = pipe.Exec(ctx)
+	return l.releaseReplies(ctx, cmds)
+}
+
+// releaseCall is one call of slotsReleaseScript queued on a pipeline.
+type releaseCall struct {
+	cmd  *redis.Cmd
+	keys []string
+	args []any
+}
+
+// releaseCmds queues on pipe the script calls that release slots: one per
+// maxReleaseBatch slots on a single node, one per slot on a Cluster.
+func (l *Layered) releaseCmds(ctx context.Context, pipe redis.Pipeliner, slots []backend.SlotRelease) []releaseCall {
+	var out []releaseCall
+	per := maxReleaseBatch
+	if l.cluster {
+		per = 1
+	}
+	for len(slots) > 0 {
+		n := min(per, len(slots))
+		keys := make([]string, 0, n)
+		args := make([]any, 0, 1+3*n)
 		args = append(args, l.slotsChannel())
-		for _, s := range slots {
+		for _, s := range slots[:n] {
 			i, err := l.layerIndex(s.Layer)
 			if err != nil || !l.layers[i].IsConcurrency() {
 				continue
 			}
 			keys = append(keys, l.layerKey(i, s.Key))
-			args = append(args, s.Holder, l.layers[i].Concurrency, "slot "+s.Layer+" "+s.Key)
+			args = append(args, s.Holder, l.spec[i][2], "slot "+s.Layer+" "+s.Key)
 		}
-		return keys, args
-	}
-	if !l.cluster {
-		keys, args := one(slots)
-		if len(keys) == 0 {
-			return nil
-		}
-		if err := slotsReleaseScript.Run(ctx, l.client, keys, args...).Err(); err != nil {
-			return l.fail("release slots", err)
-		}
-		return nil
-	}
-	pipe := l.client.Pipeline()
-	for _, s := range slots {
-		keys, args := one([]backend.SlotRelease{s})
+		slots = slots[n:]
 		if len(keys) > 0 {
-			slotsReleaseScript.Run(ctx, pipe, keys, args...)
+			out = append(out, releaseCall{slotsReleaseScript.EvalSha(ctx, pipe, keys, args...), keys, args})
 		}
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return l.fail("release slots", err)
-	}
-	return nil
+	return out
 }
 
-// releaseBatcher sends the concurrent ReleaseSlots of one store together:
-// a caller that finds no call in flight sends its slots, and then, until
-// the queue is empty, those queued meanwhile, each batch one call (up to
-// maxReleaseBatch slots), and returns that first call's error; a caller
-// that finds one in flight queues its slots and returns at once. It is
-// safe for concurrent use.
-type releaseBatcher struct {
-	l *Layered
-
-	mu       sync.Mutex
-	flushing bool
-	queue    []*releasePending
-}
-
-type releasePending struct {
-	slots []backend.SlotRelease
-	err   error
-	done  chan struct{}
-}
-
-// maxReleaseBatch bounds the slots of one release call.
-const maxReleaseBatch = 256
-
-func (b *releaseBatcher) release(ctx context.Context, slots []backend.SlotRelease) error {
-	p := &releasePending{slots: slots, done: make(chan struct{})}
-	b.mu.Lock()
-	b.queue = append(b.queue, p)
-	if b.flushing {
-		// The caller that flushes sends it with the next batch: this
-		// one need not wait for it (a failure leaves the slot to its
-		// lease), so that its handler is free at once.
-		b.mu.Unlock()
-		return nil
-	}
-	b.flushing = true
-	for len(b.queue) > 0 {
-		var batch []*releasePending
-		var all []backend.SlotRelease
-		for len(b.queue) > 0 && (len(all) == 0 || len(all)+len(b.queue[0].slots) <= maxReleaseBatch) {
-			batch = append(batch, b.queue[0])
-			all = append(all, b.queue[0].slots...)
-			b.queue = b.queue[1:]
+// releaseReplies returns the first error of the release calls sent, after
+// running again, with the script loaded, those that Redis did not know
+// (NOSCRIPT: a restart, SCRIPT FLUSH).
+func (l *Layered) releaseReplies(ctx context.Context, calls []releaseCall) error {
+	var first error
+	for _, c := range calls {
+		err := c.cmd.Err()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") {
+			err = slotsReleaseScript.Run(ctx, l.client, c.keys, c.args...).Err()
 		}
-		b.mu.Unlock()
-		// Without the caller's deadline: a release the caller gave up
-		// waiting for still goes out, bounded by the client's timeouts.
-		err := b.l.releaseSlots(context.WithoutCancel(ctx), all)
-		for _, q := range batch {
-			q.err = err
-			close(q.done)
+		if err != nil && first == nil {
+			first = l.fail("release slots", err)
 		}
-		b.mu.Lock()
 	}
-	b.flushing = false
-	b.mu.Unlock()
-	return p.err
+	return first
 }
 
 // WatchSlots implements backend.SlotNotifier: it calls released with the

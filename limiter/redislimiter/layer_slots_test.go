@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/throttlehq/throttle/internal/backend"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/internal/storetest"
 )
@@ -86,4 +89,93 @@ func TestAcquireWakesOtherReplica(t *testing.T) {
 		t.Fatalf("the waiting replica got the slot %v after the release; want it woken by the release (lease 1m)", d)
 	}
 	t.Logf("woken %v after the release", at.Sub(released))
+}
+
+// TestReleasesRideWithTheNextTakes: a release made while a call is in
+// flight returns at once and goes out with the next flight, ahead of its
+// takes in the same pipeline, so that a take queued after it gets the slot
+// it freed; Redis having lost the scripts (NOSCRIPT) loses neither. A
+// release queued when the flight returns without a take behind it is sent
+// by that flight's caller before it returns.
+func TestReleasesRideWithTheNextTakes(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { c.Close() })
+	layers := []limiter.Layer{{Name: "conc", Keyed: true, Concurrency: 1, Lease: time.Minute}}
+	l := newLayered(t, c, 1000, 1000, layers)
+	ctx := context.Background()
+	take := func(key, holder string) (backend.LayerResult, error) {
+		return l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Keys: map[string]string{"conc": key}, SkipShared: true, Holder: holder})
+	}
+	release := func(key, holder string) error {
+		return l.ReleaseSlots(ctx, backend.Slots(layers, []string{key}, holder))
+	}
+	used := func(key string) int {
+		st, err := l.LayerStatus(ctx, "conc", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Used
+	}
+	if res, err := take("a", "h1"); err != nil || !res.Granted { // loads the script
+		t.Fatalf("take(a, h1) = %+v, %v", res, err)
+	}
+	rig := &keyedRig{release: make(chan struct{})}
+	c.AddHook(rig)
+	type outcome struct {
+		res backend.LayerResult
+		err error
+	}
+	first := make(chan outcome, 1)
+	go func() { res, err := take("b", "h0"); first <- outcome{res, err} }()
+	for !rig.held.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	if err := release("a", "h1"); err != nil { // queued: returns at once
+		t.Fatal(err)
+	}
+	second := make(chan outcome, 1)
+	go func() { res, err := take("a", "h2"); second <- outcome{res, err} }()
+	for {
+		l.batch.mu.Lock()
+		n, r := len(l.batch.queue), len(l.batch.releases)
+		l.batch.mu.Unlock()
+		if n == 1 && r == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(rig.release)
+	if o := <-first; o.err != nil || !o.res.Granted {
+		t.Fatalf("take(b, h0) = %+v, %v", o.res, o.err)
+	}
+	if o := <-second; o.err != nil || !o.res.Granted {
+		t.Fatalf("take(a, h2) after h1's release = %+v, %v; want granted: the release goes first", o.res, o.err)
+	}
+	rig.mu.Lock()
+	sent := rig.sent
+	rig.mu.Unlock()
+	if len(sent) != 1 || len(sent[0]) != 2 {
+		t.Errorf("pipelines sent: %v; want one, with the release and the take", sent)
+	}
+	if u := used("a"); u != 1 {
+		t.Errorf("slots of a held: %d, want 1 (h2's)", u)
+	}
+
+	// The flight returns with a release queued and no take.
+	rig.release, rig.sent = make(chan struct{}), nil
+	rig.held.Store(false)
+	go func() { res, err := take("c", "h3"); first <- outcome{res, err} }()
+	for !rig.held.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	if err := release("a", "h2"); err != nil {
+		t.Fatal(err)
+	}
+	close(rig.release)
+	if o := <-first; o.err != nil || !o.res.Granted {
+		t.Fatalf("take(c, h3) = %+v, %v", o.res, o.err)
+	}
+	if u := used("a"); u != 0 {
+		t.Errorf("slots of a held after the flight returned: %d, want 0 (h2's release sent by its caller)", u)
+	}
 }
