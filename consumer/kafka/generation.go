@@ -358,6 +358,25 @@ func (r revocableLimiter) WaitMessage(ctx context.Context, msg consumer.Message,
 	return r.wait(ctx, func(ctx context.Context) error { return ml.WaitMessage(ctx, msg, cost) })
 }
 
+// AcquireMessage implements consumer.SlotLimiter (concurrency layers),
+// with the same rule for the first wait, when the configured limiter
+// does; else it is WaitMessage, with a release that does nothing.
+func (r revocableLimiter) AcquireMessage(ctx context.Context, msg consumer.Message, cost int) (func(), error) {
+	sl, ok := r.l.(consumer.SlotLimiter)
+	if !ok {
+		return func() {}, r.WaitMessage(ctx, msg, cost)
+	}
+	release := func() {}
+	err := r.wait(ctx, func(ctx context.Context) error {
+		rel, err := sl.AcquireMessage(ctx, msg, cost)
+		if rel != nil {
+			release = rel
+		}
+		return err
+	})
+	return release, err
+}
+
 // wait runs wait on ctx, or, for the first wait of a message, on the
 // revocation's context.
 func (r revocableLimiter) wait(ctx context.Context, wait func(context.Context) error) error {
