@@ -27,23 +27,6 @@ func TestLayersThroughput(t *testing.T) {
 	layersThroughput(t, 20000, 5, "  extra:\n    - {name: per-recipient, key: '{{.JSON.to}}', rate: 1000, burst: 1000}\n", "per-recipient layer", 10000000)
 }
 
-// TestConcurrencyThroughput measures `throttle run` (RabbitMQ → HTTP) with
-// the shared bucket alone and with a concurrency layer of 3 per key over
-// 10,000 keys, in alternation, and logs messages/s. A measurement, not a
-// check: it runs only with THROTTLE_CONC_BENCH=1.
-//
-//	THROTTLE_CONC_BENCH=1 go test ./integration/ -run TestConcurrencyThroughput -v
-func TestConcurrencyThroughput(t *testing.T) {
-	if os.Getenv("THROTTLE_CONC_BENCH") != "1" {
-		t.Skip("a measurement: set THROTTLE_CONC_BENCH=1")
-	}
-	rounds := 5
-	if r, err := strconv.Atoi(os.Getenv("THROTTLE_CONC_ROUNDS")); err == nil && r > 0 {
-		rounds = r
-	}
-	layersThroughput(t, 20000, rounds, "  extra:\n    - {name: per-endpoint, key: '{{.JSON.to}}', concurrency: 3}\n", "concurrency layer", 10000)
-}
-
 // layersThroughput runs n messages to keys distinct keys (the JSON field
 // to) through one replica, with and without extra (limit.extra's YAML),
 // rounds times in alternation, and logs messages/s and their ratio.

@@ -34,14 +34,17 @@ type e2eConfig struct {
 	window   bool // also run consWindow in each round
 	// policy runs throttle, consDedupe and consWindow only (no bare loop,
 	// no run with the limit in reach): the cost of the sending policy.
-	policy     bool
-	tracing    bool    // also run consTrace1 and consTrace001 in each round
-	inReach    float64 // the limit of the in-reach runs
-	inReachFor time.Duration
-	scenarios  []string
-	out        string
-	profileDir string
-	flags      string
+	policy bool
+	// concurrency runs throttle and consConc only, as policy does: the
+	// cost of a concurrency layer.
+	concurrency bool
+	tracing     bool    // also run consTrace1 and consTrace001 in each round
+	inReach     float64 // the limit of the in-reach runs
+	inReachFor  time.Duration
+	scenarios   []string
+	out         string
+	profileDir  string
+	flags       string
 }
 
 // source is a broker scenario: RabbitMQ or Kafka.
@@ -71,6 +74,10 @@ const (
 	// limit far above reach, as layerYAML says.
 	consLayer = "throttle + per-recipient layer"
 	consBare  = "bare"
+	// consConc is throttle with a concurrency layer in limit.extra: 3
+	// slots per key over concKeys keys, as concYAML says. Its cost against
+	// consThrottle is the layer's (docs/concurrency.md).
+	consConc = "throttle + concurrency layer"
 	// consDedupe is throttle with delivery.dedupe: a claim before each
 	// send and a mark after it, in the private Redis, keyed by the
 	// message's recipient (every message has its own), as dedupeYAML says.
@@ -105,6 +112,22 @@ const layerYAML = `  extra:
       rate: 1000
       burst: 1000
 `
+
+// concKeys is the number of keys of consConc: the recipient's last 4
+// digits, so message i has key i mod 10,000.
+const concKeys = 10_000
+
+// concYAML is limit.extra of consConc. The lease is the default (sink
+// timeout × attempts).
+const concYAML = `  extra:
+    - name: per-endpoint
+      key: '{{slice .JSON.to 8}}'
+      concurrency: 3
+`
+
+// againstThrottle reports whether the runs compare features with throttle
+// alone, without the bare loop and the run with the limit in reach.
+func (c e2eConfig) againstThrottle() bool { return c.policy || c.concurrency }
 
 // dedupeYAML is delivery.dedupe of consDedupe, under delivery.
 const dedupeYAML = `  dedupe:
@@ -234,8 +257,11 @@ func runE2E(ctx context.Context, cfg e2eConfig) error {
 		}
 		for round := 1; round <= cfg.rounds; round++ {
 			order := []string{consThrottle}
-			if !cfg.policy {
+			if !cfg.againstThrottle() {
 				order = append(order, consBare)
+			}
+			if cfg.concurrency {
+				order = append(order, consConc)
 			}
 			if cfg.layer {
 				order = append(order, consLayer)
@@ -262,7 +288,7 @@ func runE2E(ctx context.Context, cfg e2eConfig) error {
 				runs = append(runs, r)
 			}
 		}
-		if cfg.policy {
+		if cfg.againstThrottle() {
 			continue
 		}
 		burst := int(cfg.inReach / 10)
@@ -313,7 +339,7 @@ func (b *e2eBench) run(ctx context.Context, src source, consumer string, round i
 	var logs bytes.Buffer
 	done := make(chan error, 1)
 	switch consumer {
-	case consThrottle, consLayer, consDedupe, consWindow, consTrace1, consTrace001:
+	case consThrottle, consLayer, consConc, consDedupe, consWindow, consTrace1, consTrace001:
 		path, err := b.writeConfig(p, rate, burst, consumer, sampleRatio(consumer))
 		if err != nil {
 			return r, err
@@ -416,6 +442,8 @@ func (b *e2eBench) writeConfig(p prepared, rate float64, burst int, consumer str
 		extra = layerYAML
 	case consWindow:
 		extra = windowYAML
+	case consConc:
+		extra = concYAML
 	case consDedupe:
 		delivery = dedupeYAML
 	}
@@ -457,8 +485,8 @@ log:
 // the run down), into cfg.profileDir, named after the source; and the bare
 // loop once under a CPU and an allocation profile (bare-cpu, bare-allocs),
 // and with -e2e-layer throttle with the keyed layer too (layer-cpu,
-// layer-allocs), likewise with -e2e-dedupe and -e2e-window (dedupe-cpu,
-// window-cpu, ...).
+// layer-allocs), likewise with -e2e-dedupe, -e2e-window and
+// -e2e-concurrency (dedupe-cpu, window-cpu, conc-cpu, ...).
 func (b *e2eBench) profile(ctx context.Context, src source) error {
 	if err := os.MkdirAll(b.cfg.profileDir, 0o755); err != nil {
 		return err
@@ -491,7 +519,7 @@ func (b *e2eBench) profile(ctx context.Context, src source) error {
 	for _, c := range []struct {
 		on         bool
 		name, kind string
-	}{{b.cfg.dedupe, consDedupe, "dedupe"}, {b.cfg.window, consWindow, "window"}} {
+	}{{b.cfg.dedupe, consDedupe, "dedupe"}, {b.cfg.window, consWindow, "window"}, {b.cfg.concurrency, consConc, "conc"}} {
 		if !c.on {
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // e2eMarkdown is the end-to-end report.
@@ -27,14 +28,14 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 
 	p("Limit out of reach (1,000,000/s, burst 1,000,000), %d messages per run:\n\n", cfg.messages)
 	base := consBare
-	if cfg.policy {
+	if cfg.againstThrottle() {
 		base = consThrottle
 	}
 	p("| source | consumer | msg/s (median) | runs, msg/s | ÷ %s | consumer CPU µs/msg | allocs/msg | Redis calls/msg | left in broker |\n", base)
 	p("|---|---|--:|---|--:|--:|--:|--:|--:|\n")
 	for _, src := range cfg.scenarios {
 		var bareMed float64
-		for _, c := range []string{consBare, consThrottle, consLayer, consDedupe, consWindow} {
+		for _, c := range []string{consBare, consThrottle, consLayer, consDedupe, consWindow, consConc} {
 			var rates []float64
 			var sel []e2eRun
 			for _, r := range runs {
@@ -69,7 +70,7 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 		}
 	}
 	for _, c := range []string{consThrottle, consLayer} {
-		if (c == consLayer && !cfg.layer) || cfg.policy {
+		if (c == consLayer && !cfg.layer) || cfg.againstThrottle() {
 			continue
 		}
 		p("\nPer round, %s ÷ the bare run of the same round:", c)
@@ -77,8 +78,8 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 			p(" %s %s;", src, strings.Join(perRound(cfg, runs, src, c, consBare), ", "))
 		}
 	}
-	for _, c := range []struct{ name, what string }{{consDedupe, "dedupe"}, {consWindow, "a send window"}} {
-		if (c.name == consDedupe && !cfg.dedupe) || (c.name == consWindow && !cfg.window) {
+	for _, c := range []struct{ name, what string }{{consDedupe, "dedupe"}, {consWindow, "a send window"}, {consConc, "a concurrency layer"}} {
+		if (c.name == consDedupe && !cfg.dedupe) || (c.name == consWindow && !cfg.window) || (c.name == consConc && !cfg.concurrency) {
 			continue
 		}
 		p("\nPer round, %s ÷ %s of the same round (the cost of %s):", c.name, consThrottle, c.what)
@@ -92,7 +93,24 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 		}
 		p(" median %s.", strings.Join(meds, ", "))
 	}
-	if cfg.policy {
+	if cfg.concurrency {
+		p("\n\nRedis (the private server) per message, over the rounds:")
+		for _, src := range cfg.scenarios {
+			for _, c := range []string{consThrottle, consConc} {
+				var cpu time.Duration
+				var scripts, cmds, n int64
+				for _, r := range runs {
+					if r.source == src && r.consumer == c && r.round > 0 {
+						cpu, scripts, cmds, n = cpu+r.redis.cpu, scripts+r.redis.scripts, cmds+r.redis.cmds, n+int64(r.n)
+					}
+				}
+				if n > 0 {
+					p(" %s, %s: %.1f µs CPU, %.3f scripts, %.2f commands;", src, c, float64(cpu.Nanoseconds())/1e3/float64(n), float64(scripts)/float64(n), float64(cmds)/float64(n))
+				}
+			}
+		}
+	}
+	if cfg.againstThrottle() {
 		p("\n\nLoad average (1, 5, 15 min) at the end of each run:\n\n")
 		p("| source | round | consumer | msg/s | load |\n|---|--:|---|--:|---|\n")
 		for _, r := range runs {
@@ -106,6 +124,9 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 	if cfg.window {
 		p("`%s`: limit.extra holds a send window by number (`key: '{{e164 .JSON.to}}'`, `timezone: e164`, open 00:00 to 24:00 every day), so none is set aside; a leased message well inside the window asks Redis nothing, others are decided in one layers script call (batched with the other leased messages); every message has its own recipient.\n\n", consWindow)
 	}
+	if cfg.concurrency {
+		p("`%s`: limit.extra holds a concurrency layer, 3 slots per key (`key: '{{slice .JSON.to 8}}'`, the recipient's last 4 digits: %s keys; the default lease), so each message takes a slot with its grant and gives it back when its sink call returned. Each key has a message every %s, so the cap never makes one wait: this is the layer's cost.\n\n", consConc, fmtThousands(concKeys), fmtThousands(concKeys))
+	}
 	if cfg.layer {
 		p("`%s`: limit.extra holds a keyed layer, one bucket per recipient (`key: '{{.JSON.to}}'`, rate 1000, burst 1000), and every message has its own recipient, so each run creates as many layer keys in Redis as it has messages.\n\n", consLayer)
 	}
@@ -114,7 +135,7 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 		tracingMarkdown(p, cfg, runs)
 	}
 
-	if cfg.policy {
+	if cfg.againstThrottle() {
 		return b.String()
 	}
 	p("Limit in reach (%s/s, burst %d), throttle only, about %v of messages:\n\n", fmtThousands(cfg.inReach), int(cfg.inReach/10), cfg.inReachFor)

@@ -29,6 +29,10 @@
 // INFO counts the replica's calls only); the sink and kfake run in a child
 // process (this binary with -serve-services). It writes E2E.md.
 //
+// With -e2e-concurrency it measures the cost of a concurrency layer
+// (limit.extra `concurrency: 3` per key over 10,000 keys) instead: throttle
+// alone against throttle with the layer, alternating, on each source.
+//
 // With -campaign D it runs the seeded fault campaign of
 // integration/campaign for D of faults instead (docs/campaign.md): it
 // builds the binary from -campaign-root, needs RabbitMQ and redis-server
@@ -202,6 +206,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&e2e.messages, "e2e-messages", 30_000, "(e2e) messages per run with the limit out of reach")
 	fs.IntVar(&e2e.rounds, "e2e-rounds", 3, "(e2e) runs of each consumer, alternating which goes first")
 	fs.BoolVar(&e2e.layer, "e2e-layer", false, "(e2e) also run throttle with a keyed per-recipient layer (limit.extra) in each round")
+	fs.BoolVar(&e2e.concurrency, "e2e-concurrency", false, "measure a concurrency layer's cost instead: throttle alone against throttle with `concurrency: 3` per key over 10,000 keys, alternating, no bare loop (implies -e2e; writes CONCURRENCY.md unless -e2e-out)")
 	fs.BoolVar(&e2e.dedupe, "e2e-dedupe", false, "(e2e) also run throttle with delivery.dedupe (a claim and a mark in Redis per message) in each round")
 	fs.BoolVar(&e2e.window, "e2e-window", false, "(e2e) also run throttle with a send window by number (limit.extra window, timezone e164, open all day) in each round")
 	fs.BoolVar(&e2e.policy, "e2e-policy", false, "run the sending policy's cost instead: throttle alone, with delivery.dedupe and with a send window, alternating, no bare loop (implies -e2e, -e2e-dedupe, -e2e-window)")
@@ -298,12 +303,17 @@ func parseFlags(args []string) (config, error) {
 		cfg.scale = &sc
 		return cfg, nil
 	}
-	if e2e.policy {
-		e2eOn, e2e.dedupe, e2e.window = true, true, true
+	if e2e.policy || e2e.concurrency {
+		e2eOn = true
 		outSet := false
 		fs.Visit(func(f *flag.Flag) { outSet = outSet || f.Name == "e2e-out" })
-		if !outSet {
-			e2e.out = "POLICY.md"
+		if e2e.policy {
+			e2e.dedupe, e2e.window = true, true
+			if !outSet {
+				e2e.out = "POLICY.md"
+			}
+		} else if !outSet {
+			e2e.out = "CONCURRENCY.md"
 		}
 	}
 	if fair.scenario != "" {
