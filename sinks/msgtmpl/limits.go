@@ -24,8 +24,15 @@ const (
 	MaxDepth = 1000
 	// MaxTime bounds the time of one execution, read at every step and
 	// every write of output: it stops the steps that each take long
-	// (such as encoding a large body again and again).
+	// (such as encoding a large body again and again). It is wall-clock
+	// time, which a process starved of CPU (a loaded machine, a long GC
+	// pause) can pass on a template of microseconds: an execution stopped
+	// by MaxTime alone runs again, MaxTimeRuns times in all, before Render
+	// fails. The other limits are the template's own and fail at once.
 	MaxTime = 250 * time.Millisecond
+	// MaxTimeRuns is how many executions MaxTime may stop in a row
+	// before Render fails.
+	MaxTimeRuns = 3
 	// MaxOutputBase is the output one execution may write besides twice
 	// the message body: at most MaxOutputBase + 2*len(Body) bytes.
 	MaxOutputBase = 1 << 20
@@ -42,6 +49,9 @@ var (
 	// a message whose body is not one JSON value.
 	ErrNotJSON = errors.New("message body is not JSON")
 )
+
+// errRanTooLong is the error of an execution stopped by MaxTime.
+var errRanTooLong = fmt.Errorf("%w: ran for more than %v", ErrLimit, MaxTime)
 
 // now is the clock of MaxTime; tests replace it.
 var now = time.Now
@@ -230,7 +240,7 @@ func (w *limitedWriter) Write(p []byte) (int, error) {
 		return 0, fmt.Errorf("%w: more than %d bytes of output", ErrLimit, w.maxOutput)
 	}
 	if now().After(w.deadline) {
-		return 0, fmt.Errorf("%w: ran for more than %v", ErrLimit, MaxTime)
+		return 0, errRanTooLong
 	}
 	return w.buf.Write(p)
 }

@@ -66,9 +66,34 @@ func TestRenderTimeLimit(t *testing.T) {
 		t.Fatalf("err = %v, want ErrLimit naming 250ms", err)
 	}
 	// The first reading sets the deadline; the step that reads 260ms
-	// after it is the one that stops.
-	if want := int(MaxTime/(10*time.Millisecond)) + 2; reads != want {
+	// after it is the one that stops; every run is stopped so.
+	if want := MaxTimeRuns * (int(MaxTime/(10*time.Millisecond)) + 2); reads != want {
 		t.Errorf("the clock was read %d times, want %d", reads, want)
+	}
+}
+
+// TestRenderStarvedRunsAgain: a key template of microseconds whose
+// process was starved of CPU past MaxTime (the clock jumps 300 ms during
+// its first run) runs again and renders. Under load 35 such a template
+// used to dead-letter a valid message ("ran for more than 250ms").
+func TestRenderStarvedRunsAgain(t *testing.T) {
+	base := time.Unix(1_700_000_000, 0)
+	var reads int
+	now = func() time.Time {
+		reads++
+		if reads >= 2 && reads <= 3 { // the first run's step: starved
+			return base.Add(300 * time.Millisecond)
+		}
+		return base.Add(time.Duration(reads) * time.Microsecond)
+	}
+	defer func() { now = time.Now }()
+	tmpl, err := Parse("key", `{{.JSON.to}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := Render(tmpl, NewData(consumer.Message{Body: []byte(`{"to":"+12125550100"}`)}))
+	if err != nil || string(out) != "+12125550100" {
+		t.Fatalf("Render = %q, %v; want the key, run again after a starved first run", out, err)
 	}
 }
 

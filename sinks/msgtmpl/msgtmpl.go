@@ -95,13 +95,20 @@ func Parse(name, text string) (*template.Template, error) {
 
 // Render executes t, which should come from [Parse], on data and returns
 // the output. It runs in the calling goroutine and stops at the first
-// limit reached (see MaxSteps). Its error names the template; it matches
-// ErrNoValue for a printed null or missing value, ErrNotJSON when the
-// template reads .JSON of a body that is not JSON, and ErrLimit for a
+// limit reached (see MaxSteps), running again an execution that only
+// MaxTime stopped (see MaxTimeRuns). Its error names the template; it
+// matches ErrNoValue for a printed null or missing value, ErrNotJSON when
+// the template reads .JSON of a body that is not JSON, and ErrLimit for a
 // limit reached.
 func Render(t *template.Template, data *Data) ([]byte, error) {
-	w := newLimitedWriter(len(data.Body))
-	err := t.Execute(w, data)
+	var w *limitedWriter
+	var err error
+	for range MaxTimeRuns {
+		w = newLimitedWriter(len(data.Body))
+		if err = t.Execute(w, data); !errors.Is(err, errRanTooLong) {
+			break
+		}
+	}
 	if err == nil {
 		return w.buf.Bytes(), nil
 	}
