@@ -425,6 +425,12 @@ func TestLeasedWindowsAskNothing(t *testing.T) {
 	}
 	t.Cleanup(func() { b.Close() })
 	ctx := testenv.Context(t, 30*time.Second)
+	// The replica count and Redis's clock known first, as after a
+	// replica's start: leasing waits for the one, the window's local
+	// decision for the other.
+	if err := b.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
 	const n, callers = 4000, 16
 	var wg sync.WaitGroup
 	for g := range callers {
