@@ -235,12 +235,29 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			return err
 		}
 		lr := backend.LayerRequest{Cost: req.Cost, Price: req.Price, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant, Holder: holder}
-		leading := false
 		fair := req.Tenant != "" && b.layered.fair != nil // fair shares are decided in the store: no lease
+		// lead, when set, is this caller's place at the head of the
+		// lease's queue: its message asks for a batch of shared tokens
+		// too, handed down the queue (fill) or the lead passed on
+		// (abandon) once the store answers. The callers behind it wait
+		// for that batch, first come first served, instead of asking for
+		// the shared bucket themselves: on a Cluster that would cost them
+		// a second step, on the shared bucket's master.
+		var lead *leaseWaiter
+		leased := false
+		if !b.opts.Shadow && !fair {
+			if leased = b.lease.take(req.Priority, req.Cost); !leased {
+				served, w, err := b.lease.acquire(ctx, b.done, req.Priority, req.Cost)
+				if err != nil {
+					return err
+				}
+				leased, lead = served, w
+			}
+		}
 		if b.opts.Shadow {
 			// Decided as a shadow: nothing to lease, no class to queue in.
 			lr.SkipShared, lr.ShadowShared = true, true
-		} else if !fair && b.lease.take(req.Priority, req.Cost) {
+		} else if leased {
 			lr.SkipShared = true
 			if b.layered.windowsOnly {
 				now := b.clock.Now()
@@ -255,24 +272,27 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			if !head { // behind the class's head, if a floor holds it back
 				var err error
 				if head, err = b.floor.enter(ctx, b.done, req.Priority); err != nil {
+					if lead != nil {
+						b.lease.abandon(lead)
+					}
 					return err
 				}
 			}
-			if extra := b.lease.extra(req.Cost); !fair && extra > 0 && b.lease.serves(req.Priority) && b.layered.refilling.CompareAndSwap(false, true) {
-				// One caller at a time asks for a lease of the shared
-				// bucket with its message.
-				lr.Extra, leading = extra, true
+			if lead != nil {
+				lr.Extra = b.lease.extra(req.Cost)
 			}
 		}
 		gen, seen := b.gen.Load(), b.pushes.heard()
 		res, err := ls.TakeLayers(ctx, lr)
-		if leading {
-			b.layered.refilling.Store(false)
-		}
 		if lr.SkipShared && !lr.ShadowShared && (err != nil || !res.Granted) {
 			b.lease.put(req.Cost) // not used: back to the lease
 		}
-		if err == nil && res.Granted && res.Tokens > req.Cost {
+		switch {
+		case lead != nil && err == nil && res.Granted:
+			b.lease.fill(lead, res.Tokens)
+		case lead != nil:
+			b.lease.abandon(lead)
+		case err == nil && res.Granted && res.Tokens > req.Cost:
 			b.lease.put(res.Tokens - req.Cost)
 		}
 		if err != nil {
@@ -659,8 +679,6 @@ type layeredFallback struct {
 	mu     sync.Mutex
 	shared *backend.Memory
 	local  *backend.LayeredMemory
-	// refilling is set while one WaitN asks for a lease with its message.
-	refilling atomic.Bool
 	// exceeded counts the refusals by layer: name → *atomic.Int64.
 	exceeded sync.Map
 	// paid signs and verifies the paid slots (paidsig.go).
