@@ -41,12 +41,12 @@ import (
 //
 // Besides the Store's keys, layer L of bucket NAME uses
 //
-//	ID HASH               per key: a keyed bucket's tokens, ts and last send instant as
+//	PREFIX ID HASH        per key: a keyed bucket's tokens, ts and last send instant as
 //	                      three little-endian doubles, a quota's "window_end used"
 //	PREFIX{NAME}:layer:L  the same, for a layer without keys (in the bucket's slot)
 //
 // (PREFIX and NAME as in the Store; no space between them). A keyed
-// layer's key is 12 bytes: ID, 4 bytes that name the layer, and HASH, 8
+// layer's key is PREFIX and 12 bytes: ID, 4 bytes that name the layer, and HASH, 8
 // bytes of the SHA-256 of the key's readable name, PREFIX NAME:L:{KEY}
 // (see layerKey). A shadow shared bucket (limiter.Options.Shadow) keeps
 // its state, a layer bucket's, in PREFIX{NAME}:shadow. A shadow layer
@@ -62,8 +62,8 @@ type Layered struct {
 	*Store
 	layers  []limiter.Layer
 	cluster bool
-	// keyPrefix[i] is the layer's ID, the first bytes of every key of
-	// keyed layer i (layerKey); keyName[i] + key + "}" is what the
+	// keyPrefix[i] is PREFIX and the layer's ID, the first bytes of
+	// every key of keyed layer i (layerKey); keyName[i] + key + "}" is what the
 	// rest of a key's name is hashed from; unkeyed[i] names the state of
 	// layer i without keys.
 	keyPrefix []string
@@ -193,7 +193,7 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 			l.unkeyed[i] = s.cfg.Prefix + "{" + s.cfg.Bucket + "}:shadow:" + ly.Name
 		}
 		id := sha256.Sum256([]byte(l.keyName[i]))
-		l.keyPrefix[i] = string(id[:layerIDLen])
+		l.keyPrefix[i] = s.cfg.Prefix + string(id[:layerIDLen])
 		kind, a, b := "b", strconv.FormatFloat(ly.Rate, 'g', -1, 64), int64(ly.Burst)
 		switch {
 		case ly.IsQuota():
@@ -225,15 +225,17 @@ func (l *Layered) Layers() []limiter.Layer { return append([]limiter.Layer(nil),
 const layerIDLen, layerHashLen = 4, 8
 
 // layerKey returns the Redis key that holds the state of key in layer i:
-// for a keyed layer, 12 bytes, the layer's ID (the first 4 bytes of the
-// SHA-256 of "PREFIX NAME:LAYER:{") then the first 8 bytes of the SHA-256
-// of "PREFIX NAME:LAYER:{KEY}" (no space between PREFIX and NAME; a shadow
-// layer has "shadow:" before LAYER). A short name costs Redis 16 bytes
-// where a recipient's readable name cost 64 to 96, and on a Cluster its
-// slot is the hash's: the keys spread over the masters. Two keys of a
-// layer share a state only if 64 bits of their hashes collide (about 3
-// in a million for 10 million keys in use at once); they then share one
-// bucket, each granted less, never more.
+// for a keyed layer, PREFIX then 12 bytes, the layer's ID (the first 4
+// bytes of the SHA-256 of "PREFIX NAME:LAYER:{") then the first 8 bytes
+// of the SHA-256 of "PREFIX NAME:LAYER:{KEY}" (no space between PREFIX and
+// NAME; a shadow layer has "shadow:" before LAYER). The prefix keeps every
+// key of the bucket under Config.Prefix, for Redis ACL key patterns and
+// SCAN; the hash costs Redis 16 bytes where a recipient's readable name
+// cost 64 to 96, and on a Cluster the key's slot is the hash's: the keys
+// spread over the masters. Two keys of a layer share a state only if 64
+// bits of their hashes collide (about 3 in a million for 10 million keys
+// in use at once); they then share one bucket, each granted less, never
+// more.
 func (l *Layered) layerKey(i int, key string) string {
 	if !l.layers[i].Keyed || l.layers[i].IsWindow() { // a window keeps no state
 		return l.unkeyed[i]
@@ -243,7 +245,7 @@ func (l *Layered) layerKey(i int, key string) string {
 	h.Write([]byte(key))
 	h.Write([]byte{'}'})
 	var sum [sha256.Size]byte
-	b := make([]byte, 0, layerIDLen+layerHashLen)
+	b := make([]byte, 0, len(l.keyPrefix[i])+layerHashLen)
 	b = append(b, l.keyPrefix[i]...)
 	return string(append(b, h.Sum(sum[:0])[:layerHashLen]...))
 }

@@ -13,8 +13,9 @@ import (
 )
 
 // TestLayerKeyMemory measures what an active keyed bucket costs Redis:
-// MEMORY USAGE of each key (at most 120 bytes: 88 with a 12-byte name and a
-// 24-byte value, 168 with the readable name and decimal text), and the growth of
+// MEMORY USAGE of each key (at most 120 bytes: 104 with the prefix and a
+// 12-byte name and a 24-byte value, 168 with the readable name and decimal
+// text), and the growth of
 // used_memory over 5000 keys, which also counts the expiry entry.
 func TestLayerKeyMemory(t *testing.T) {
 	c := newClient(t)
