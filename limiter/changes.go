@@ -236,8 +236,8 @@ type lateness struct {
 var errMovedLate = errors.New("reservation moved back past its paid slot")
 
 // retime returns r moved to where the bucket st puts it. Its position is
-// counted at the change (st.Changed, when the store says, and not before
-// r was made): the tokens refilled until then at r's old rate, the rest at
+// counted at the change (st.Changed, when the store says and r was made
+// before it): the tokens refilled until then at r's old rate, the rest at
 // the new one from then, or from the end of a pause. Counting it at the
 // instant this replica read st instead would credit the time between the
 // change and the read at the old rate, so that two replicas reading at
@@ -246,11 +246,11 @@ var errMovedLate = errors.New("reservation moved back past its paid slot")
 func (r reservation) retime(st State) reservation {
 	now := st.At
 	ref := now
-	if !st.Changed.IsZero() && st.Changed.Before(now) {
-		ref = st.Changed
-	}
-	if ref.Before(r.at) {
-		ref = r.at
+	// A change made before r was (the store already scheduled r at the
+	// new settings), or not recorded (an older binary's), counts from the
+	// read, as before.
+	if c := st.Changed; !c.IsZero() && c.Before(now) && !c.Before(r.at) {
+		ref = c
 	}
 	pos := r.pos
 	if r.rate > 0 { // part of the position has refilled since
