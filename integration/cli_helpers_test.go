@@ -374,3 +374,52 @@ func cliQueueState(conn *amqp.Connection, name string) amqp.Queue {
 	}
 	return q
 }
+
+// cliRabbitFleet starts replicas of bin in the end-to-end tests' usual
+// deployment: Redis at the test's address with a 2 s timeout (a loaded
+// machine answers slower than the 250 ms default, which would send a
+// replica to its fallback), limit.bucket name followed by limitYAML (lines
+// under limit:, indented two spaces), the RabbitMQ queue name with
+// sourceYAML (settings besides url and queue, indented four spaces), the
+// HTTP sink at sinkURL, metrics on a free port. It resets the bucket when
+// the test ends, waits for the replicas' consumers on conn, and returns the
+// config's path and each replica's metrics address.
+func cliRabbitFleet(t *testing.T, bin string, conn *amqp.Connection, name string, replicas int, limitYAML, sourceYAML, sinkURL string) (cfgPath string, metrics []string) {
+	t.Helper()
+	cfgPath = filepath.Join(t.TempDir(), "throttle.yaml")
+	cfg := fmt.Sprintf(`
+redis:
+  addr: %q
+  timeout: 2s
+limit:
+  bucket: %s
+%s
+source:
+  rabbitmq:
+    url: %q
+    queue: %s
+%s
+    declare: true
+sink:
+  http:
+    url: %q
+    timeout: 5s
+delivery:
+  drain_timeout: 10s
+metrics:
+  listen: %q
+`, testenv.RedisAddr(t), name, strings.TrimRight(limitYAML, "\n"), testenv.AMQPURL(t), name, strings.TrimRight(sourceYAML, "\n"), sinkURL, cliMetricsListen)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for range replicas {
+		p := cliStart(t, bin, "run", "--config", cfgPath)
+		t.Cleanup(func() { p.stop(t, 15*time.Second) })
+		metrics = append(metrics, cliServingAddr(t, p))
+	}
+	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", "--config", cfgPath) })
+	cliWait(t, 20*time.Second, fmt.Sprintf("%d consumers on the queue", replicas), func() bool {
+		return cliQueueState(conn, name).Consumers == replicas
+	})
+	return cfgPath, metrics
+}

@@ -22,7 +22,6 @@ import (
 // reason.
 func TestLayersDeadLetterEndToEnd(t *testing.T) {
 	t.Parallel()
-	redisAddr := testenv.RedisAddr(t)
 	amqpURL := testenv.AMQPURL(t)
 	bin := cliBuild(t)
 	const (
@@ -34,48 +33,13 @@ func TestLayersDeadLetterEndToEnd(t *testing.T) {
 	name := cliName(t)
 	sink := cliNewSink(t)
 	conn, ch := cliQueue(t, amqpURL, name)
-	dir := t.TempDir()
-	var metricsAddrs []string
-	var cfgPath string
-	for i := range replicas {
-		cfgPath = filepath.Join(dir, fmt.Sprintf("replica-%d.yaml", i+1))
-		cfg := fmt.Sprintf(`
-redis:
-  addr: %q
-  timeout: 2s
-limit:
-  bucket: %s
-  rate: 200
+	cfgPath, metricsAddrs := cliRabbitFleet(t, bin, conn, name, replicas, fmt.Sprintf(`  rate: 200
   extra:
     - name: per-recipient
       key: '{{.JSON.to}}'
       rate: 1/h
       burst: %d
-      on_exceed: dead_letter
-source:
-  rabbitmq:
-    url: %q
-    queue: %s
-    prefetch: 20
-    declare: true
-sink:
-  http:
-    url: %q
-    timeout: 5s
-delivery:
-  drain_timeout: 10s
-metrics:
-  listen: %q
-`, redisAddr, name, allowed, amqpURL, name, sink.srv.URL+"/send", cliMetricsListen)
-		if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		p := cliStart(t, bin, "run", "--config", cfgPath)
-		t.Cleanup(func() { p.stop(t, 15*time.Second) })
-		metricsAddrs = append(metricsAddrs, cliServingAddr(t, p))
-	}
-	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", name, "--redis", redisAddr) })
-	cliWait(t, 20*time.Second, "two consumers on the queue", func() bool { return cliQueueState(conn, name).Consumers == replicas })
+      on_exceed: dead_letter`, allowed), "    prefetch: 20", sink.srv.URL+"/send")
 
 	ctx := testenv.Context(t, 60*time.Second)
 	publish := func(id int, body string) {

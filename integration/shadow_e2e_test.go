@@ -2,8 +2,6 @@ package integration
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,43 +19,13 @@ import (
 // file, the sink and the replica's /metrics once all were delivered.
 func shadowRun(t *testing.T, limit string, n int, body func(id int) []byte) (bin, cfgPath string, sink *cliSink, metrics string) {
 	t.Helper()
-	redisAddr := testenv.RedisAddr(t)
-	amqpURL := testenv.AMQPURL(t)
 	bin = cliBuild(t)
 	name := cliName(t)
 	sink = cliNewSink(t)
-	conn, ch := cliQueue(t, amqpURL, name)
-	cfgPath = filepath.Join(t.TempDir(), "throttle.yaml")
-	cfg := fmt.Sprintf(`
-redis:
-  addr: %q
-  timeout: 2s
-limit:
-  bucket: %s
-%s
-source:
-  rabbitmq:
-    url: %q
-    queue: %s
-    prefetch: 20
-    declare: true
-sink:
-  http:
-    url: %q
-    timeout: 5s
-delivery:
-  drain_timeout: 10s
-metrics:
-  listen: %q
-`, redisAddr, name, limit, amqpURL, name, sink.srv.URL+"/send", cliMetricsListen)
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := cliStart(t, bin, "run", "--config", cfgPath)
-	t.Cleanup(func() { p.stop(t, 15*time.Second) })
-	metricsAddr := cliServingAddr(t, p)
-	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", "--config", cfgPath) })
-	cliWait(t, 20*time.Second, "a consumer on the queue", func() bool { return cliQueueState(conn, name).Consumers == 1 })
+	conn, ch := cliQueue(t, testenv.AMQPURL(t), name)
+	var addrs []string
+	cfgPath, addrs = cliRabbitFleet(t, bin, conn, name, 1, limit, "    prefetch: 20", sink.srv.URL+"/send")
+	metricsAddr := addrs[0]
 
 	ctx := testenv.Context(t, 60*time.Second)
 	for id := range n {

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -25,7 +24,6 @@ import (
 // throttle_limiter_tokens_total over the windows the replicas measure.
 func TestUsefulReplicasEndToEnd(t *testing.T) {
 	t.Parallel()
-	redisAddr := testenv.RedisAddr(t)
 	amqpURL := testenv.AMQPURL(t)
 	bin := cliBuild(t)
 	const (
@@ -39,41 +37,7 @@ func TestUsefulReplicasEndToEnd(t *testing.T) {
 	}))
 	t.Cleanup(slow.Close)
 	conn, ch := cliQueue(t, amqpURL, name)
-	cfgPath := filepath.Join(t.TempDir(), "throttle.yaml")
-	cfg := fmt.Sprintf(`
-redis:
-  addr: %q
-  timeout: 2s
-limit:
-  bucket: %s
-  rate: %v
-source:
-  rabbitmq:
-    url: %q
-    queue: %s
-    prefetch: 5
-    concurrency: 1
-    declare: true
-sink:
-  http:
-    url: %q
-    timeout: 5s
-delivery:
-  drain_timeout: 5s
-metrics:
-  listen: %q
-`, redisAddr, name, rate, amqpURL, name, slow.URL+"/send", cliMetricsListen)
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var addrs []string
-	for range 2 {
-		p := cliStart(t, bin, "run", "--config", cfgPath)
-		t.Cleanup(func() { p.stop(t, 15*time.Second) })
-		addrs = append(addrs, cliServingAddr(t, p))
-	}
-	t.Cleanup(func() { cliRun(t, bin, "bucket", "reset", "--config", cfgPath) })
-	cliWait(t, 20*time.Second, "two consumers on the queue", func() bool { return cliQueueState(conn, name).Consumers == 2 })
+	_, addrs := cliRabbitFleet(t, bin, conn, name, 2, fmt.Sprintf("  rate: %v", rate), "    prefetch: 5\n    concurrency: 1", slow.URL+"/send")
 	ctx := testenv.Context(t, 60*time.Second)
 	for id := range n {
 		err := ch.PublishWithContext(ctx, "", name, true, false, amqp.Publishing{
