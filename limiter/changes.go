@@ -119,7 +119,8 @@ type reservation struct {
 // had room (LayerResult.LayersDue) could put it closer to its key's
 // previous message than a layer allows. When a push or a change moves it
 // more than late.after past the instant its layers were last charged for,
-// sleepReserved calls late.pay with how much later (when late is not nil):
+// or it wakes up that late, sleepReserved calls late.pay with how much
+// later (when late is not nil):
 // going out later could put it closer to its key's next message, charged
 // for an instant after this one's, so the layers are charged for the move.
 func (b *Bucket) sleepReserved(ctx context.Context, gen *generation, pushes *pushHub, heard [NumPriorities]uint64, res backend.TakeResult, resume float64, notBefore time.Duration, late *lateness) error {
@@ -194,7 +195,20 @@ func (b *Bucket) sleepUntilDue(ctx context.Context, gen *generation, pushes *pus
 			if err != nil {
 				return 0, err
 			}
-			return b.clock.Now().Sub(localAt) - r.due.Sub(storeAt), nil
+			lateBy := b.clock.Now().Sub(localAt) - r.due.Sub(storeAt)
+			// A wake-up the scheduler delayed moves it back as a push
+			// does: it goes out at r.due+lateBy, perhaps next to its
+			// key's next message, charged for an instant after this
+			// one's.
+			if out := r.due.Add(lateBy); late != nil && lateBy > 0 {
+				if !late.forfeitAt.IsZero() && out.After(late.forfeitAt) {
+					return 0, errMovedLate
+				}
+				if late.after > 0 && out.Sub(charged) > late.after && !late.pay(charged, out.Sub(charged)) {
+					return 0, errMovedLate
+				}
+			}
+			return lateBy, nil
 		}
 		gen = b.gen.Load()
 		if st, local, err := b.settings(ctx, gen); err == nil {

@@ -183,12 +183,15 @@ func (r *rig) change(n int, f func()) { r.steps().wake(n, f) }
 func (r *rig) at() time.Duration { return r.steps().at() }
 
 // wait starts a Wait(cost) and returns once it has returned or sleeps.
-func (r *rig) wait(cost int) {
+func (r *rig) wait(cost int) { r.waitN(limiter.Request{Cost: cost}) }
+
+// waitN starts a WaitN(req) and returns once it has returned or sleeps.
+func (r *rig) waitN(req limiter.Request) {
 	r.open.Add(1)
 	go func() {
 		defer r.open.Add(-1)
-		if err := r.b.Wait(context.Background(), cost); err != nil {
-			r.t.Errorf("Wait(%d) at +%v: %v", cost, r.at(), err)
+		if err := r.b.WaitN(context.Background(), req); err != nil {
+			r.t.Errorf("WaitN(%v) at +%v: %v", req, r.at(), err)
 			return
 		}
 		r.mu.Lock()

@@ -81,3 +81,62 @@ func TestLateReservationAsksAgain(t *testing.T) {
 		}
 	}
 }
+
+// lagClock is a fake clock whose first timer of a given length fires lag
+// after it was due: a wake-up the scheduler delayed, on one goroutine only.
+type lagClock struct {
+	*clocktest.Clock
+	mu   sync.Mutex
+	d    time.Duration // the timer length to delay, once
+	lag  time.Duration
+	done bool
+}
+
+func (c *lagClock) NewTimer(d time.Duration) limiter.Timer {
+	c.mu.Lock()
+	if !c.done && d == c.d {
+		c.done = true
+		d += c.lag
+	}
+	c.mu.Unlock()
+	return c.Clock.NewTimer(d)
+}
+
+// TestLayeredReservationWokenLateKeepsItsKeyApart: the shared bucket (10/s,
+// burst 1) and a per-key layer (10/s, burst 1: 100 ms apart, a lateness of
+// 25 ms) hand three messages of one key the instants 0, +100 and +200 ms.
+// The wake-up of the one due at +100 comes 80 ms late, at +180, while the
+// next wakes on time at +200. It used to go out at +180, 20 ms before the
+// key's next message: the provider saw the key at five times its rate. A
+// wake-up later than the layers' lateness now charges the layers for the
+// move (as a push that moves it back does); the key's next message was
+// charged for +200, so the move does not fit, and it is decided again,
+// after that message: at +300. When it wakes 20 ms late (within the
+// lateness), it goes out then, at +120.
+func TestLayeredReservationWokenLateKeepsItsKeyApart(t *testing.T) {
+	for _, c := range []struct {
+		lag  time.Duration
+		want []time.Duration
+	}{
+		{ms(80), []time.Duration{0, ms(200), ms(300)}},
+		{ms(20), []time.Duration{0, ms(120), ms(200)}},
+	} {
+		clk := &lagClock{Clock: clocktest.New(storetest.Base), d: ms(100), lag: c.lag}
+		s := newLayeredClocked(t, clk.Clock, 10, 1, 1, limiter.Layer{Name: "per-key", Keyed: true, Rate: 10, Burst: 1})
+		r := &rig{t: t, clk: clk.Clock}
+		var err error
+		r.b, err = limiter.New(s, limiter.Options{Clock: clk, Lease: limiter.LeaseOptions{Disabled: true}, Logger: discardLogger(), ProbeInterval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			r.waitN(keyReq("a"))
+		}
+		r.advance(ms(400))
+		r.b.Close()
+		got := r.grants()
+		if !equalDurations(got, c.want) {
+			t.Errorf("woken %v late: the key's messages went out at %v, want %v", c.lag, got, c.want)
+		}
+	}
+}
