@@ -263,3 +263,22 @@ func TestSingleNodeRoundTrip(t *testing.T) {
 		t.Fatalf("Get = %q, %v; want v", v, err)
 	}
 }
+
+// TestClientSpeaksRESP2: the connections New opens speak RESP2, so that
+// go-redis does not look for push notifications before every command.
+func TestClientSpeaksRESP2(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	ctx := testenv.Context(t, 10*time.Second)
+	c, err := New(config.Redis{Addr: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	info, err := c.ClientInfo(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Resp != 2 {
+		t.Errorf("CLIENT INFO resp = %d, want 2", info.Resp)
+	}
+}
