@@ -3,7 +3,6 @@ package msgtmpl
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/sinks/sms"
 )
 
 // The fast path. Most templates that run for every message before it is
@@ -93,7 +93,7 @@ const (
 	fnE164        fastFunc = iota // e164 (FuncMap)
 	fnSMSSegments                 // sms_segments (FuncMap)
 	fnSMSEncoding                 // sms_encoding (FuncMap)
-	fnSlice                       // the builtin slice, with constant indexes
+	fnSlice                       // the builtin slice of a string, with constant indexes
 )
 
 var fastFuncs = map[string]fastFunc{"e164": fnE164, "sms_segments": fnSMSSegments, "sms_encoding": fnSMSEncoding}
@@ -284,86 +284,82 @@ func (f *fastTemplate) eval(msg consumer.Message) (string, bool) {
 	return b.String(), true
 }
 
+// valueKind is what a simple action's value is, as the fast path carries
+// it.
+type valueKind int
+
+const (
+	kindText  valueKind = iota // a string or a JSON number (json.Number), its text
+	kindInt                    // an int (sms_segments), its decimal text
+	kindOther                  // anything else: a bool, a map or a slice
+)
+
 // eval returns what the part prints for msg, whose body (if the part
-// reads it as JSON) is valid JSON, or false when it fails.
+// reads it as JSON) is valid JSON, or false when it may fail. A string
+// and a JSON number are the same to it: every function it calls takes a
+// json.Number as its text, and prints it so.
 func (p *fastPart) eval(msg consumer.Message) (string, bool) {
-	var v any
+	var s string
+	var other any
+	kind := kindText
 	switch p.src {
 	case srcText:
 		return p.text, true
 	case srcKey:
-		v = string(msg.Key)
+		s = string(msg.Key)
 	case srcBody:
-		v = string(msg.Body)
+		s = string(msg.Body)
 	case srcHeader:
 		h, ok := msg.Headers[p.header]
 		if !ok && p.mustHeader {
 			return "", false
 		}
-		v = h
+		s = h
 	case srcJSON:
 		raw, ok := jsonLookup(msg.Body, p.path)
 		if !ok {
 			return "", false
 		}
-		if v, ok = jsonValue(raw); !ok {
-			return "", false
+		if s, other, ok = jsonValue(raw); !ok {
+			return "", false // a null, which valueFunc fails
+		}
+		if other != nil {
+			kind = kindOther
 		}
 	}
 	for _, c := range p.calls {
+		if kind != kindText {
+			return "", false // each fails on anything else, or is left to the template
+		}
 		var err error
 		switch c.fn {
 		case fnE164:
-			v, err = e164(v)
-		case fnSMSSegments:
-			v, err = smsSegments(v)
-		case fnSMSEncoding:
-			v, err = smsEncoding(v)
+			s, err = e164String(s)
+		case fnSMSSegments: // smsSegments
+			s, kind = strconv.Itoa(sms.Segments(s)), kindInt
+		case fnSMSEncoding: // smsEncoding
+			s = sms.Detect(s).String()
 		case fnSlice:
-			v, err = sliceString(v, c.from, c.to)
+			if c.to < 0 {
+				c.to = len(s)
+			}
+			if c.from > c.to || c.to > len(s) {
+				return "", false
+			}
+			s = s[c.from:c.to]
 		}
 		if err != nil {
 			return "", false
 		}
 	}
-	switch v := v.(type) {
-	case nil:
-		return "", false // valueFunc fails it
-	case string:
-		return v, true
-	case json.Number:
-		return string(v), true
-	case int:
-		return strconv.Itoa(v), true
-	case bool:
-		return strconv.FormatBool(v), true
+	if kind != kindOther {
+		return s, true
 	}
-	return fmt.Sprint(v), true // as text/template prints it
+	if b, ok := other.(bool); ok {
+		return strconv.FormatBool(b), true
+	}
+	return fmt.Sprint(other), true // as text/template prints it
 }
-
-// sliceString is the builtin slice of a string (json.Number is one) from
-// index from to index to (-1: its end), when they are within it.
-func sliceString(v any, from, to int) (any, error) {
-	var s string
-	switch v := v.(type) {
-	case string:
-		s = v
-	case json.Number:
-		s = string(v)
-	default:
-		return nil, errNoFastPath
-	}
-	if to < 0 {
-		to = len(s)
-	}
-	if from > to || to > len(s) {
-		return nil, errNoFastPath
-	}
-	return s[from:to], nil
-}
-
-// errNoFastPath stops the fast path where the template may fail.
-var errNoFastPath = errors.New("not for the fast path")
 
 // jsonLookup returns the raw value at path in body, valid JSON: the
 // value of the last member named path[0] of the object body, and so on,
@@ -404,29 +400,36 @@ func jsonLookup(body []byte, path []string) ([]byte, bool) {
 	return v, true
 }
 
-// jsonValue returns raw, one valid JSON value, as NewData decodes it, or
-// false for a null.
-func jsonValue(raw []byte) (any, bool) {
+// jsonValue returns raw, one valid JSON value, as NewData decodes it: a
+// string or a number as its text, anything else as other; false for a
+// null.
+func jsonValue(raw []byte) (text string, other any, ok bool) {
 	switch raw[0] {
 	case 'n':
-		return nil, false
+		return "", nil, false
 	case 't':
-		return true, true
+		return "", true, true
 	case 'f':
-		return false, true
+		return "", false, true
 	case '"':
-		s, ok := jsonString(raw)
-		return s, ok
+		text, ok = jsonString(raw)
+		return text, nil, ok
 	case '{', '[':
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.UseNumber()
-		var v any
-		if dec.Decode(&v) != nil {
-			return nil, false
-		}
-		return v, true
+		other, ok = decode(raw)
+		return "", other, ok
 	}
-	return json.Number(raw), true
+	return string(raw), nil, true // json.Number's text
+}
+
+// decode decodes raw as NewData decodes a body.
+func decode(raw []byte) (any, bool) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return nil, false
+	}
+	return v, true
 }
 
 // jsonString returns the JSON string raw (quotes included) unescaped as

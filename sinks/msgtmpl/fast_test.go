@@ -256,3 +256,46 @@ func FuzzFastPathMatchesTemplate(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkKey renders the common key and cost templates of a message,
+// as a keyed layer, a fair share, dedupe or a cost does for every
+// message: by the fast path (the key, tenant, dedupe and cost functions)
+// and by the template (Render on NewData, as before it).
+func BenchmarkKey(b *testing.B) {
+	msg := consumer.Message{
+		Body:    []byte(`{"to":"+12125550100","from":"+15550100","text":"Your code is 123456","meta":{"campaign":"c-42","tags":["otp","us"]}}`),
+		Headers: map[string]string{"x-tenant": "acme", "message-id": "m-000042"},
+	}
+	for _, bm := range []struct{ name, text string }{
+		{"JSON", `{{.JSON.to}}`},
+		{"E164", `{{e164 .JSON.to}}`},
+		{"Header", `{{index .Headers "x-tenant"}}`},
+		{"SMSSegments", `{{sms_segments .JSON.text}}`},
+		{"Slice", `{{slice .JSON.to 8}}`},
+	} {
+		c, err := compile("key", bm.text)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if c.fast == nil {
+			b.Fatalf("%q: no fast path", bm.text)
+		}
+		b.Run(bm.name+"/fast", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				var d *Data
+				if _, err := c.render(msg, &d); err != nil || d != nil {
+					b.Fatal(err, d)
+				}
+			}
+		})
+		b.Run(bm.name+"/template", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Render(c.t, NewData(msg)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
