@@ -265,23 +265,29 @@ func (f *fastTemplate) eval(msg consumer.Message) (string, bool) {
 	if len(msg.Body) > fastMaxBody || f.readsJSON && !json.Valid(msg.Body) {
 		return "", false
 	}
+	var out string
 	if len(f.parts) == 1 {
-		return f.parts[0].eval(msg)
-	}
-	var b strings.Builder
-	for i := range f.parts {
-		s, ok := f.parts[i].eval(msg)
-		if !ok {
+		var ok bool
+		if out, ok = f.parts[0].eval(msg); !ok {
 			return "", false
 		}
-		b.WriteString(s)
+	} else {
+		var b strings.Builder
+		for i := range f.parts {
+			s, ok := f.parts[i].eval(msg)
+			if !ok {
+				return "", false
+			}
+			b.WriteString(s)
+		}
+		out = b.String()
 	}
-	// Render's bound on the output (the body is at most fastMaxBody, so
-	// this is all its bound can reach here).
-	if b.Len() > MaxOutputBase+2*len(msg.Body) {
+	// Render's bound on the output, which actions that repeat the body
+	// can pass ({{.Body}}{{.Body}}{{.Body}}{{.Body}}).
+	if len(out) > MaxOutputBase+2*len(msg.Body) {
 		return "", false
 	}
-	return b.String(), true
+	return out, true
 }
 
 // valueKind is what a simple action's value is, as the fast path carries
