@@ -20,16 +20,17 @@ import (
 // reason rather than sent at a guessed cost. A parse error is returned at
 // once. The CostFunc is safe for concurrent use.
 func CostFunc(name, text string) (consumer.CostFunc, error) {
-	t, err := Parse(name, text)
+	c, err := compile(name, text)
 	if err != nil {
 		return nil, err
 	}
 	return func(msg consumer.Message) (int, error) {
-		out, err := Render(t, NewData(msg))
+		var d *Data
+		out, err := c.render(msg, &d)
 		if err != nil {
 			return 0, consumer.Permanent(err)
 		}
-		s := strings.TrimSpace(string(out))
+		s := strings.TrimSpace(out)
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {
 			if len(s) > 64 {

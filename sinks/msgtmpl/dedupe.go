@@ -16,18 +16,19 @@ import (
 // reason. A parse error is returned at once. The KeyFunc is safe for
 // concurrent use.
 func DedupeKeyFunc(name, text string) (consumer.KeyFunc, error) {
-	t, err := Parse(name, text)
+	c, err := compile(name, text)
 	if err != nil {
 		return nil, err
 	}
 	return func(msg consumer.Message) (string, error) {
-		out, err := Render(t, NewData(msg))
+		var d *Data
+		out, err := c.render(msg, &d)
 		switch {
 		case errors.Is(err, ErrNoValue):
 			return "", nil
 		case err != nil:
 			return "", consumer.Permanent(err)
 		}
-		return string(out), nil
+		return out, nil
 	}, nil
 }

@@ -31,6 +31,18 @@
 // a failure a consumer.Permanent error, so that the message is
 // dead-lettered with the reason.
 //
+// # The fast path
+//
+// [KeysFunc], [CostFunc] and [DedupeKeyFunc] run for every message, and
+// their templates are mostly one field: {{.JSON.to}}, {{e164 .JSON.to}},
+// {{index .Headers "x-tenant"}}, {{sms_segments .JSON.text}}. Such a
+// template (text and actions that read .JSON.a.b, .Key, .Body or a
+// header, through e164, sms_segments, sms_encoding or slice with constant
+// indexes) is evaluated from the raw message, the body checked with
+// json.Valid and only the field decoded, rendering exactly what Render
+// renders; wherever the template could fail, the template runs instead,
+// so the errors are Render's. Render itself always executes the template.
+//
 // # Concurrency
 //
 // Everything in this package is safe for concurrent use: a parsed template

@@ -29,6 +29,11 @@ func e164(v any) (string, error) {
 			return "", fmt.Errorf("e164: want a string, got %T", v)
 		}
 	}
+	return e164String(s)
+}
+
+// e164String is e164 of a string.
+func e164String(s string) (string, error) {
 	n, err := phone.Normalize(s)
 	if err != nil {
 		return "", fmt.Errorf("e164: %w", err)

@@ -2,7 +2,6 @@ package msgtmpl
 
 import (
 	"fmt"
-	"text/template"
 
 	"github.com/throttlehq/throttle/consumer"
 )
@@ -19,8 +18,10 @@ type LayerKey struct {
 }
 
 // KeysFunc returns a function giving a message's key in every layer of
-// keys, by layer name: consumer.LimitOptions.Keys. It decodes the message
-// once for all templates. A template that fails (a missing or null
+// keys, by layer name: consumer.LimitOptions.Keys. A template that is one
+// field, such as '{{.JSON.to}}' or '{{index .Headers "x-tenant"}}', is
+// read from the message without decoding the whole body; the others
+// share one decoding of the message. A template that fails (a missing or null
 // value, a body that is not JSON) or renders empty returns a
 // consumer.Permanent error naming the layer and the template, so that the
 // message is dead-lettered with the reason. KeysFunc returns an error for
@@ -29,31 +30,31 @@ type LayerKey struct {
 func KeysFunc(keys []LayerKey) (func(consumer.Message) (map[string]string, error), error) {
 	type parsed struct {
 		LayerKey
-		t *template.Template
+		c *compiled
 	}
 	ps := make([]parsed, 0, len(keys))
 	for _, k := range keys {
-		t, err := Parse(k.Name, k.Text)
+		c, err := compile(k.Name, k.Text)
 		if err != nil {
 			return nil, err
 		}
-		ps = append(ps, parsed{k, t})
+		ps = append(ps, parsed{k, c})
 	}
 	if len(ps) == 0 {
 		return nil, nil
 	}
 	return func(m consumer.Message) (map[string]string, error) {
-		d := NewData(m)
+		var d *Data // built for the first template the fast path cannot render
 		out := make(map[string]string, len(ps))
 		for _, k := range ps {
-			b, err := Render(k.t, d)
+			s, err := k.c.render(m, &d)
 			if err != nil {
 				return nil, consumer.Permanent(fmt.Errorf("the key of limit %q (%s): %w", k.Layer, k.Name, err))
 			}
-			if len(b) == 0 {
+			if s == "" {
 				return nil, consumer.Permanent(fmt.Errorf("the key of limit %q (%s) rendered empty", k.Layer, k.Name))
 			}
-			out[k.Layer] = string(b)
+			out[k.Layer] = s
 		}
 		return out, nil
 	}, nil
