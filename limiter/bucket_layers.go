@@ -202,7 +202,20 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 	start := b.clock.Now()
 	b.addWaiting(req.Priority, 1)
 	defer b.addWaiting(req.Priority, -1)
-	fairIn := false // counted among its tenant's FairWaiting
+	// admitted: no longer refused for its tenant's FairWaiting (counted
+	// among them once, or granted); counted: counted among them now,
+	// while waiting for the share, not once granted (fairCount).
+	admitted, counted := false, false
+	fairCount := func(in bool) {
+		switch {
+		case in && !counted:
+			b.layered.fairWaitAdd(req.Tenant)
+		case !in && counted:
+			b.layered.fairLeave(req.Tenant)
+		}
+		counted = in
+	}
+	defer fairCount(false)
 	if req.Tenant != "" && b.layered.fair != nil {
 		b.layered.tenantEnter(req.Tenant)
 		defer b.layered.tenantLeave(req.Tenant)
@@ -282,6 +295,14 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 				lr.Extra = b.lease.extra(req.Cost)
 			}
 		}
+		if fair && req.FairWaiting > 0 && !admitted {
+			// Its tenant's waiting requests are ahead of it for the
+			// room the store announced: refused without asking.
+			if le := b.layered.fairHeldBack(req.Tenant, req.FairWaiting, b.clock.Now(), b.replicaCount()); le != nil {
+				b.observeLayered(start, req, FairLayer, le)
+				return le
+			}
+		}
 		gen, seen := b.gen.Load(), b.pushes.heard()
 		res, err := ls.TakeLayers(ctx, lr)
 		if lr.SkipShared && !lr.ShadowShared && (err != nil || !res.Granted) {
@@ -319,8 +340,20 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		if fair {
 			b.layered.fairActive.Store(int64(res.FairActive))
 		}
-		if !res.Granted && res.Limiting == FairLayer && req.FairWaiting > 0 && !fairIn {
-			if !b.layered.fairEnter(req.Tenant, req.FairWaiting) {
+		switch {
+		case res.Granted:
+			// A granted request holds its share in the queue: it no
+			// longer counts among those waiting for it, so that the
+			// tenant's next ones may wait while this one waits for its
+			// reservation.
+			admitted = true
+			fairCount(false)
+		case res.Limiting == FairLayer && req.FairWaiting > 0 && admitted:
+			b.layered.fairNote(req.Tenant, b.clock.Now().Add(res.Wait), res.FairSpacing)
+			fairCount(true)
+		}
+		if !res.Granted && res.Limiting == FairLayer && req.FairWaiting > 0 && !admitted {
+			if !b.layered.fairEnter(req.Tenant, req.FairWaiting, b.clock.Now().Add(res.Wait), res.FairSpacing) {
 				// Each replica sets aside about its share of the
 				// tenant's messages: spaced by the pace times the live
 				// replicas, together they come back at the pace.
@@ -328,8 +361,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 				b.observeLayered(start, req, FairLayer, le)
 				return le
 			}
-			fairIn = true
-			defer b.layered.fairLeave(req.Tenant)
+			admitted, counted = true, true
 		}
 		if res.Wait >= longest && res.Wait > 0 {
 			longest, limiting = res.Wait, res.Limiting
@@ -698,6 +730,10 @@ type layeredFallback struct {
 	fairActive atomic.Int64
 	fairMu     sync.Mutex
 	fairWait   map[string]int // requests waiting for their share, by tenant
+	// fairRoom holds, for each tenant with requests waiting for their
+	// share, when the store last said its share has room (by the
+	// Bucket's clock) and its spacing then (see fairHeldBack).
+	fairRoom   map[string]fairRoom
 	tenantWait map[string]int // WaitN calls in progress, by tenant
 	// refusedKeys counts the keys each layer refused (a shadow layer:
 	// would have) over the last reportWindow: name → *topk.Window.
@@ -706,19 +742,54 @@ type layeredFallback struct {
 	tenantTokens *topk.Window
 }
 
-// fairEnter counts a request of tenant waiting for its fair share, unless
-// bound are already: then it reports false.
-func (lf *layeredFallback) fairEnter(tenant string, bound int) bool {
+// fairRoom is when a tenant's share has room, by the store's last answer
+// that made one of its requests wait, and how far apart its reservations
+// came due then.
+type fairRoom struct {
+	at      time.Time
+	spacing time.Duration
+}
+
+// fairEnter records that tenant's share has room at room, its
+// reservations coming due spacing apart (the store's answer to a request
+// that must wait for it), and counts the request among those waiting for
+// the share, unless bound are already: then it reports false.
+func (lf *layeredFallback) fairEnter(tenant string, bound int, room time.Time, spacing time.Duration) bool {
 	lf.fairMu.Lock()
 	defer lf.fairMu.Unlock()
+	if lf.fairRoom == nil {
+		lf.fairWait, lf.fairRoom = map[string]int{}, map[string]fairRoom{}
+	}
 	if lf.fairWait[tenant] >= bound {
+		lf.fairRoom[tenant] = fairRoom{at: room, spacing: spacing}
 		return false
 	}
+	lf.fairWait[tenant]++
+	lf.fairRoom[tenant] = fairRoom{at: room, spacing: spacing}
+	return true
+}
+
+// fairNote records that tenant's share has room at room, its
+// reservations coming due spacing apart, for a request already admitted.
+func (lf *layeredFallback) fairNote(tenant string, room time.Time, spacing time.Duration) {
+	lf.fairMu.Lock()
+	defer lf.fairMu.Unlock()
+	if lf.fairRoom == nil {
+		lf.fairWait, lf.fairRoom = map[string]int{}, map[string]fairRoom{}
+	}
+	lf.fairRoom[tenant] = fairRoom{at: room, spacing: spacing}
+}
+
+// fairWaitAdd counts again, beyond the bound, a request of tenant already
+// admitted that waits for its share once more (its reservation moved
+// late and was decided again).
+func (lf *layeredFallback) fairWaitAdd(tenant string) {
+	lf.fairMu.Lock()
+	defer lf.fairMu.Unlock()
 	if lf.fairWait == nil {
-		lf.fairWait = map[string]int{}
+		lf.fairWait, lf.fairRoom = map[string]int{}, map[string]fairRoom{}
 	}
 	lf.fairWait[tenant]++
-	return true
 }
 
 func (lf *layeredFallback) fairLeave(tenant string) {
@@ -726,7 +797,26 @@ func (lf *layeredFallback) fairLeave(tenant string) {
 	defer lf.fairMu.Unlock()
 	if lf.fairWait[tenant]--; lf.fairWait[tenant] <= 0 {
 		delete(lf.fairWait, tenant)
+		delete(lf.fairRoom, tenant)
 	}
+}
+
+// fairHeldBack returns the refusal of a request of tenant at now, without
+// asking the store, while bound of the tenant's requests already wait for
+// its share and the room the store last announced for it is still ahead:
+// those requests take that room first, so the store could only make this
+// one wait too, and the consumer sets it aside at once (one store call
+// saved per message of a backlog). The refusal's wait is until that room,
+// its spacing the tenant's then, times replicas (as a refusal from the
+// store's answer). It returns nil when the store must decide.
+func (lf *layeredFallback) fairHeldBack(tenant string, bound int, now time.Time, replicas int) *LimitError {
+	lf.fairMu.Lock()
+	defer lf.fairMu.Unlock()
+	r, ok := lf.fairRoom[tenant]
+	if !ok || lf.fairWait[tenant] < bound || !now.Before(r.at) {
+		return nil
+	}
+	return backend.FairError(now, r.at.Sub(now), r.spacing*time.Duration(max(1, replicas)))
 }
 
 // layeredStore returns the Bucket's store if it is a LayeredStore with at
