@@ -203,17 +203,18 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 	b.addWaiting(req.Priority, 1)
 	defer b.addWaiting(req.Priority, -1)
 	// admitted: no longer refused for its tenant's FairWaiting (counted
-	// among them once, or granted); counted: counted among them now,
-	// while waiting for the share, not once granted (fairCount).
-	admitted, counted := false, false
+	// among them once, or granted); me: its place among them while it
+	// waits for the share, nil once granted (fairCount).
+	admitted := false
+	var me *fairWaiter
 	fairCount := func(in bool) {
 		switch {
-		case in && !counted:
-			b.layered.fairWaitAdd(req.Tenant)
-		case !in && counted:
-			b.layered.fairLeave(req.Tenant)
+		case in && me == nil:
+			me = b.layered.fairWaitAdd(req.Tenant)
+		case !in && me != nil:
+			b.layered.fairLeave(req.Tenant, me)
+			me = nil
 		}
-		counted = in
 	}
 	defer fairCount(false)
 	if req.Tenant != "" && b.layered.fair != nil {
@@ -353,7 +354,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			fairCount(true)
 		}
 		if !res.Granted && res.Limiting == FairLayer && req.FairWaiting > 0 && !admitted {
-			if !b.layered.fairEnter(req.Tenant, req.FairWaiting, b.clock.Now().Add(res.Wait), res.FairSpacing) {
+			if me = b.layered.fairEnter(req.Tenant, req.FairWaiting, b.clock.Now().Add(res.Wait), res.FairSpacing); me == nil {
 				// Each replica sets aside about its share of the
 				// tenant's messages: spaced by the pace times the live
 				// replicas, together they come back at the pace.
@@ -361,7 +362,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 				b.observeLayered(start, req, FairLayer, le)
 				return le
 			}
-			admitted, counted = true, true
+			admitted = true
 		}
 		if res.Wait >= longest && res.Wait > 0 {
 			longest, limiting = res.Wait, res.Limiting
@@ -382,6 +383,15 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 				// Every slot held: until one is released, or the
 				// earliest lease ends.
 				if err := b.sleepSlot(ctx, sw, gen.changed, res.Wait); err != nil && !errors.Is(err, errChanged) {
+					return err
+				}
+				continue
+			}
+			if me != nil && res.Limiting == FairLayer {
+				// Its tenant's requests waiting for the share ask one
+				// at a time, in order: one store call per room, not
+				// one per waiting request.
+				if err := b.fairTurn(ctx, gen.changed, req.Tenant, me); err != nil && !errors.Is(err, errChanged) {
 					return err
 				}
 				continue
@@ -729,12 +739,11 @@ type layeredFallback struct {
 	fair       *Fair
 	fairActive atomic.Int64
 	fairMu     sync.Mutex
-	fairWait   map[string]int // requests waiting for their share, by tenant
-	// fairRoom holds, for each tenant with requests waiting for their
-	// share, when the store last said its share has room (by the
-	// Bucket's clock) and its spacing then (see fairHeldBack).
-	fairRoom   map[string]fairRoom
-	tenantWait map[string]int // WaitN calls in progress, by tenant
+	// fairWaiting holds, for each tenant with requests waiting for
+	// their share, those requests in order and the room the store last
+	// announced (see fairHeldBack and fairTurn).
+	fairWaiting map[string]*fairQueue
+	tenantWait  map[string]int // WaitN calls in progress, by tenant
 	// refusedKeys counts the keys each layer refused (a shadow layer:
 	// would have) over the last reportWindow: name → *topk.Window.
 	// tenantTokens counts the tokens granted to each tenant.
@@ -742,31 +751,60 @@ type layeredFallback struct {
 	tenantTokens *topk.Window
 }
 
-// fairRoom is when a tenant's share has room, by the store's last answer
-// that made one of its requests wait, and how far apart its reservations
-// came due then.
-type fairRoom struct {
-	at      time.Time
+// fairQueue is a tenant's requests waiting for its share in a Bucket, in
+// the order they came, and when its share has room by the store's last
+// answer that made one of them wait (by the Bucket's clock), with how far
+// apart its reservations came due then. The first of them asks the store
+// when the room comes; the others wait for their turn (fairTurn).
+type fairQueue struct {
+	waiting []*fairWaiter
+	room    time.Time
 	spacing time.Duration
+}
+
+// fairWaiter is one request in a fairQueue: turn is closed when it is the
+// first.
+type fairWaiter struct {
+	turn chan struct{}
+}
+
+// fairQueueLocked returns tenant's queue, made if need be. lf.fairMu is
+// held.
+func (lf *layeredFallback) fairQueueLocked(tenant string) *fairQueue {
+	q := lf.fairWaiting[tenant]
+	if q == nil {
+		if lf.fairWaiting == nil {
+			lf.fairWaiting = map[string]*fairQueue{}
+		}
+		q = &fairQueue{}
+		lf.fairWaiting[tenant] = q
+	}
+	return q
+}
+
+// add queues a new waiter last and returns it.
+func (q *fairQueue) add() *fairWaiter {
+	w := &fairWaiter{turn: make(chan struct{})}
+	if len(q.waiting) == 0 {
+		close(w.turn)
+	}
+	q.waiting = append(q.waiting, w)
+	return w
 }
 
 // fairEnter records that tenant's share has room at room, its
 // reservations coming due spacing apart (the store's answer to a request
-// that must wait for it), and counts the request among those waiting for
-// the share, unless bound are already: then it reports false.
-func (lf *layeredFallback) fairEnter(tenant string, bound int, room time.Time, spacing time.Duration) bool {
+// that must wait for it), and queues the request among those waiting for
+// the share, unless bound are already: then it returns nil.
+func (lf *layeredFallback) fairEnter(tenant string, bound int, room time.Time, spacing time.Duration) *fairWaiter {
 	lf.fairMu.Lock()
 	defer lf.fairMu.Unlock()
-	if lf.fairRoom == nil {
-		lf.fairWait, lf.fairRoom = map[string]int{}, map[string]fairRoom{}
+	q := lf.fairQueueLocked(tenant)
+	q.room, q.spacing = room, spacing
+	if len(q.waiting) >= bound {
+		return nil
 	}
-	if lf.fairWait[tenant] >= bound {
-		lf.fairRoom[tenant] = fairRoom{at: room, spacing: spacing}
-		return false
-	}
-	lf.fairWait[tenant]++
-	lf.fairRoom[tenant] = fairRoom{at: room, spacing: spacing}
-	return true
+	return q.add()
 }
 
 // fairNote records that tenant's share has room at room, its
@@ -774,31 +812,65 @@ func (lf *layeredFallback) fairEnter(tenant string, bound int, room time.Time, s
 func (lf *layeredFallback) fairNote(tenant string, room time.Time, spacing time.Duration) {
 	lf.fairMu.Lock()
 	defer lf.fairMu.Unlock()
-	if lf.fairRoom == nil {
-		lf.fairWait, lf.fairRoom = map[string]int{}, map[string]fairRoom{}
-	}
-	lf.fairRoom[tenant] = fairRoom{at: room, spacing: spacing}
+	q := lf.fairQueueLocked(tenant)
+	q.room, q.spacing = room, spacing
 }
 
-// fairWaitAdd counts again, beyond the bound, a request of tenant already
+// fairWaitAdd queues again, beyond the bound, a request of tenant already
 // admitted that waits for its share once more (its reservation moved
 // late and was decided again).
-func (lf *layeredFallback) fairWaitAdd(tenant string) {
+func (lf *layeredFallback) fairWaitAdd(tenant string) *fairWaiter {
 	lf.fairMu.Lock()
 	defer lf.fairMu.Unlock()
-	if lf.fairWait == nil {
-		lf.fairWait, lf.fairRoom = map[string]int{}, map[string]fairRoom{}
-	}
-	lf.fairWait[tenant]++
+	return lf.fairQueueLocked(tenant).add()
 }
 
-func (lf *layeredFallback) fairLeave(tenant string) {
+// fairLeave takes w out of tenant's queue; when it was the first, the
+// next one's turn comes.
+func (lf *layeredFallback) fairLeave(tenant string, w *fairWaiter) {
 	lf.fairMu.Lock()
 	defer lf.fairMu.Unlock()
-	if lf.fairWait[tenant]--; lf.fairWait[tenant] <= 0 {
-		delete(lf.fairWait, tenant)
-		delete(lf.fairRoom, tenant)
+	q := lf.fairWaiting[tenant]
+	if q == nil {
+		return
 	}
+	for i, x := range q.waiting {
+		if x != w {
+			continue
+		}
+		q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+		if i == 0 && len(q.waiting) > 0 {
+			close(q.waiting[0].turn)
+		}
+		break
+	}
+	if len(q.waiting) == 0 {
+		delete(lf.fairWaiting, tenant)
+	}
+}
+
+// fairTurn waits until w is the first of tenant's requests waiting for
+// the share, then until the room the store last announced for the tenant
+// (at once when it has come). It returns errChanged when the shared
+// bucket changed meanwhile, ctx's error or ErrClosed.
+func (b *Bucket) fairTurn(ctx context.Context, changed <-chan struct{}, tenant string, w *fairWaiter) error {
+	select {
+	case <-w.turn:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-b.done:
+		return ErrClosed
+	case <-changed:
+		return errChanged
+	}
+	lf := &b.layered
+	lf.fairMu.Lock()
+	var room time.Time
+	if q := lf.fairWaiting[tenant]; q != nil {
+		room = q.room
+	}
+	lf.fairMu.Unlock()
+	return b.sleep(ctx, changed, room.Sub(b.clock.Now()))
 }
 
 // fairHeldBack returns the refusal of a request of tenant at now, without
@@ -812,11 +884,11 @@ func (lf *layeredFallback) fairLeave(tenant string) {
 func (lf *layeredFallback) fairHeldBack(tenant string, bound int, now time.Time, replicas int) *LimitError {
 	lf.fairMu.Lock()
 	defer lf.fairMu.Unlock()
-	r, ok := lf.fairRoom[tenant]
-	if !ok || lf.fairWait[tenant] < bound || !now.Before(r.at) {
+	q := lf.fairWaiting[tenant]
+	if q == nil || len(q.waiting) < bound || !now.Before(q.room) {
 		return nil
 	}
-	return backend.FairError(now, r.at.Sub(now), r.spacing*time.Duration(max(1, replicas)))
+	return backend.FairError(now, q.room.Sub(now), q.spacing*time.Duration(max(1, replicas)))
 }
 
 // layeredStore returns the Bucket's store if it is a LayeredStore with at

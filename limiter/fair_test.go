@@ -18,6 +18,7 @@ import (
 type fairClocked struct {
 	*layeredClocked
 	takes atomic.Int64
+	asked chan struct{} // a send after each TakeLayers, when not nil
 }
 
 func newFairClocked(t *testing.T, clk *clocktest.Clock, rate float64, burst int, fair limiter.Fair) *fairClocked {
@@ -33,7 +34,11 @@ func (s *fairClocked) Fair() *limiter.Fair { return s.m.Fair() }
 
 func (s *fairClocked) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
 	s.takes.Add(1)
-	return s.layeredClocked.TakeLayers(ctx, req)
+	res, err := s.layeredClocked.TakeLayers(ctx, req)
+	if s.asked != nil {
+		s.asked <- struct{}{}
+	}
+	return res, err
 }
 
 // fairRefusal returns err's *limiter.LimitError when it is a refusal by
@@ -227,5 +232,47 @@ func TestFairHeldBackWithoutStore(t *testing.T) {
 	clk.Advance(100 * time.Millisecond)
 	if err := <-next; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestFairWaitersAskInTurn: a tenant's requests waiting for its share ask
+// the store one at a time: at each room the first asks and, granted,
+// hands the turn to the next, which asks once to learn the next room.
+// Four waiting requests cost 7 calls for their 4 grants, where each
+// asking at every room cost 10 (4 + 3 + 2 + 1).
+func TestFairWaitersAskInTurn(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	// 10/s, burst 1; a's share of a 100 ms horizon is 1 token.
+	s := newFairClocked(t, clk, 10, 1, limiter.Fair{Horizon: 100 * time.Millisecond})
+	b := newLayeredBucket(t, clk, s)
+	ctx := context.Background()
+	req := limiter.Request{Cost: 1, Tenant: "a", FairWaiting: 4}
+	if err := b.WaitN(ctx, req); err != nil { // the burst's token
+		t.Fatal(err)
+	}
+	s.asked = make(chan struct{}, 100)
+	done := make(chan error, 5)
+	for range 5 { // the first reserved, due at 100 ms; then 4 wait for a's share
+		go func() { done <- b.WaitN(ctx, req) }()
+		<-s.asked
+	}
+	clk.WaitTimers(t, 2) // the reservation, the first waiting one's room
+	calls := s.takes.Load()
+	for _, timers := range []int{2, 2, 2, 1, 0} {
+		clk.Advance(100 * time.Millisecond)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no request went out at %v", clk.Now().Sub(storetest.Base))
+		}
+		if timers > 0 {
+			clk.WaitTimers(t, timers)
+		}
+	}
+	if n := s.takes.Load() - calls; n != 7 {
+		t.Errorf("store calls for the 4 waiting requests = %d, want 7", n)
 	}
 }
