@@ -297,8 +297,8 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			}
 		}
 		if fair && req.FairWaiting > 0 && !admitted {
-			// Its tenant's waiting requests are ahead of it for the
-			// room the store announced: refused without asking.
+			// FairWaiting of its tenant's requests wait for the
+			// share ahead of it: refused without asking.
 			if le := b.layered.fairHeldBack(req.Tenant, req.FairWaiting, b.clock.Now(), b.replicaCount()); le != nil {
 				b.observeLayered(start, req, FairLayer, le)
 				return le
@@ -875,20 +875,22 @@ func (b *Bucket) fairTurn(ctx context.Context, changed <-chan struct{}, tenant s
 
 // fairHeldBack returns the refusal of a request of tenant at now, without
 // asking the store, while bound of the tenant's requests already wait for
-// its share and the room the store last announced for it is still ahead:
-// those requests take that room first, so the store could only make this
-// one wait too, and the consumer sets it aside at once (one store call
-// saved per message of a backlog). The refusal's wait is until that room,
-// its spacing the tenant's then, times replicas (as a refusal from the
-// store's answer). It returns nil when the store must decide.
+// its share: they take its next rooms first, one each, so the store could
+// only make this one wait too, and the consumer sets it aside at once (no
+// store call for a backlog's messages beyond them). The refusal's wait is
+// until the room the store last announced for the tenant and bound of its
+// spacings after it (the waiting ones' turns); its spacing is the
+// tenant's, times replicas, as in a refusal from the store's answer. It
+// returns nil when the store must decide.
 func (lf *layeredFallback) fairHeldBack(tenant string, bound int, now time.Time, replicas int) *LimitError {
 	lf.fairMu.Lock()
 	defer lf.fairMu.Unlock()
 	q := lf.fairWaiting[tenant]
-	if q == nil || len(q.waiting) < bound || !now.Before(q.room) {
+	if q == nil || len(q.waiting) < bound {
 		return nil
 	}
-	return backend.FairError(now, q.room.Sub(now), q.spacing*time.Duration(max(1, replicas)))
+	wait := max(q.room.Sub(now), 0) + time.Duration(bound)*q.spacing
+	return backend.FairError(now, max(wait, time.Microsecond), q.spacing*time.Duration(max(1, replicas)))
 }
 
 // layeredStore returns the Bucket's store if it is a LayeredStore with at

@@ -153,10 +153,10 @@ func TestFairGrantedLeavesTenantWaiting(t *testing.T) {
 }
 
 // TestFairHeldBackWithoutStore: while FairWaiting of a tenant's requests
-// wait for its share and the room the store announced is ahead, a
-// further request of the tenant is refused for its share without a store
-// call, with the wait until that room and the tenant's spacing; from the
-// room on, the store decides again.
+// wait for its share, a further request of the tenant is refused for its
+// share without a store call, with the wait until the room the store
+// announced and the waiting ones' turns (a spacing each) after it, and the
+// tenant's spacing; once none waits, the store decides again.
 func TestFairHeldBackWithoutStore(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	// 10/s, burst 1; a's share of a 200 ms horizon is 2 tokens.
@@ -184,8 +184,8 @@ func TestFairHeldBackWithoutStore(t *testing.T) {
 	if n := s.takes.Load() - calls; n != 0 {
 		t.Errorf("store calls for the refusal = %d, want 0", n)
 	}
-	if le.Wait != 50*time.Millisecond || le.Spacing != 100*time.Millisecond {
-		t.Errorf("refusal's wait %v, spacing %v; want 50ms (the room at 100 ms) and 100ms (a's pace at 10/s)", le.Wait, le.Spacing)
+	if le.Wait != 150*time.Millisecond || le.Spacing != 100*time.Millisecond {
+		t.Errorf("refusal's wait %v, spacing %v; want 150ms (the room at 100 ms, then the waiting one's turn) and 100ms (a's pace at 10/s)", le.Wait, le.Spacing)
 	}
 	// Another tenant is asked as usual.
 	other := waitN(b, ctx, limiter.Request{Cost: 1, Tenant: "b", FairWaiting: 1})
@@ -238,8 +238,8 @@ func TestFairHeldBackWithoutStore(t *testing.T) {
 // TestFairWaitersAskInTurn: a tenant's requests waiting for its share ask
 // the store one at a time: at each room the first asks and, granted,
 // hands the turn to the next, which asks once to learn the next room.
-// Four waiting requests cost 7 calls for their 4 grants, where each
-// asking at every room cost 10 (4 + 3 + 2 + 1).
+// Four waiting requests cost 7 calls for their 4 grants, where every
+// waiting request asked at every room (8 calls here, up to 4 + 3 + 2 + 1).
 func TestFairWaitersAskInTurn(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	// 10/s, burst 1; a's share of a 100 ms horizon is 1 token.
