@@ -55,8 +55,12 @@ type Request struct {
 	// counted): a further request that the tenant's share makes wait
 	// returns at once a *LimitError of Layer FairLayer, with ActionDelay
 	// and the wait, so that a consumer sets the message aside rather than
-	// hold a handler (see consumer.LimitOptions.TenantWaiting). 0: no
-	// bound, every request waits.
+	// hold a handler (see consumer.LimitOptions.TenantWaiting). The
+	// tenant's requests waiting for its share ask the store in turn, the
+	// first at the room the store announced, the others after it; while
+	// FairWaiting of them wait, a further request is refused without a
+	// store call. 0: no bound, every request waits (and asks at its own
+	// room).
 	FairWaiting int
 }
 
