@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/internal/clocktest"
 	"github.com/throttlehq/throttle/limiter/internal/storetest"
@@ -239,7 +240,7 @@ func TestFairHeldBackWithoutStore(t *testing.T) {
 // the store one at a time: at each room the first asks and, granted,
 // hands the turn to the next, which asks once to learn the next room.
 // Four waiting requests cost 7 calls for their 4 grants, where every
-// waiting request asked at every room (8 calls here, up to 4 + 3 + 2 + 1).
+// waiting request asked at every room (up to 4 + 3 + 2 + 1 = 10).
 func TestFairWaitersAskInTurn(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	// 10/s, burst 1; a's share of a 100 ms horizon is 1 token.
@@ -252,25 +253,40 @@ func TestFairWaitersAskInTurn(t *testing.T) {
 	}
 	s.asked = make(chan struct{}, 100)
 	done := make(chan error, 5)
-	for range 5 { // the first reserved, due at 100 ms; then 4 wait for a's share
+	for i := range 5 { // the first reserved, due at 100 ms; then 4 wait for a's share
 		go func() { done <- b.WaitN(ctx, req) }()
 		<-s.asked
+		if !testenv.Within(10*time.Second, func() bool { return limiter.FairQueued(b, "a") == i }) {
+			t.Fatalf("%d of a's requests wait for its share, want %d", limiter.FairQueued(b, "a"), i)
+		}
 	}
 	clk.WaitTimers(t, 2) // the reservation, the first waiting one's room
 	calls := s.takes.Load()
-	for _, timers := range []int{2, 2, 2, 1, 0} {
-		clk.Advance(100 * time.Millisecond)
+	within := func(what string, c <-chan struct{}) {
+		t.Helper()
 		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
+		case <-c:
 		case <-time.After(10 * time.Second):
-			t.Fatalf("no request went out at %v", clk.Now().Sub(storetest.Base))
+			t.Fatalf("no %s at %v", what, clk.Now().Sub(storetest.Base))
 		}
-		if timers > 0 {
-			clk.WaitTimers(t, timers)
+	}
+	// At each room (100 ms to 400 ms) one request goes out, the first
+	// waiting one is granted and the next asks for the next room: two
+	// calls, then the two timers (the reservation, the next one's room).
+	for _, step := range []struct{ asks, timers int }{{2, 2}, {2, 2}, {2, 2}, {1, 1}, {0, 0}} {
+		clk.Advance(100 * time.Millisecond)
+		out := make(chan struct{})
+		go func() {
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+			close(out)
+		}()
+		within("request out", out)
+		for range step.asks {
+			within("store call", s.asked)
 		}
+		clk.WaitTimers(t, step.timers)
 	}
 	if n := s.takes.Load() - calls; n != 7 {
 		t.Errorf("store calls for the 4 waiting requests = %d, want 7", n)
