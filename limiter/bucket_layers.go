@@ -55,8 +55,12 @@ type Request struct {
 	// counted): a further request that the tenant's share makes wait
 	// returns at once a *LimitError of Layer FairLayer, with ActionDelay
 	// and the wait, so that a consumer sets the message aside rather than
-	// hold a handler (see consumer.LimitOptions.TenantWaiting). 0: no
-	// bound, every request waits.
+	// hold a handler (see consumer.LimitOptions.TenantWaiting). The
+	// tenant's requests waiting for its share ask the store in turn, the
+	// first at the room the store announced, the others after it; while
+	// FairWaiting of them wait, a further request is refused without a
+	// store call. 0: no bound, every request waits (and asks at its own
+	// room).
 	FairWaiting int
 }
 
@@ -202,7 +206,21 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 	start := b.clock.Now()
 	b.addWaiting(req.Priority, 1)
 	defer b.addWaiting(req.Priority, -1)
-	fairIn := false // counted among its tenant's FairWaiting
+	// admitted: no longer refused for its tenant's FairWaiting (counted
+	// among them once, or granted); me: its place among them while it
+	// waits for the share, nil once granted (fairCount).
+	admitted := false
+	var me *fairWaiter
+	fairCount := func(in bool) {
+		switch {
+		case in && me == nil:
+			me = b.layered.fairWaitAdd(req.Tenant)
+		case !in && me != nil:
+			b.layered.fairLeave(req.Tenant, me)
+			me = nil
+		}
+	}
+	defer fairCount(false)
 	if req.Tenant != "" && b.layered.fair != nil {
 		b.layered.tenantEnter(req.Tenant)
 		defer b.layered.tenantLeave(req.Tenant)
@@ -282,6 +300,14 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 				lr.Extra = b.lease.extra(req.Cost)
 			}
 		}
+		if fair && req.FairWaiting > 0 && !admitted {
+			// FairWaiting of its tenant's requests wait for the
+			// share ahead of it: refused without asking.
+			if le := b.layered.fairHeldBack(req.Tenant, req.FairWaiting, b.clock.Now(), b.replicaCount()); le != nil {
+				b.observeLayered(start, req, FairLayer, le)
+				return le
+			}
+		}
 		gen, seen := b.gen.Load(), b.pushes.heard()
 		res, err := ls.TakeLayers(ctx, lr)
 		if lr.SkipShared && !lr.ShadowShared && (err != nil || !res.Granted) {
@@ -319,8 +345,20 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		if fair {
 			b.layered.fairActive.Store(int64(res.FairActive))
 		}
-		if !res.Granted && res.Limiting == FairLayer && req.FairWaiting > 0 && !fairIn {
-			if !b.layered.fairEnter(req.Tenant, req.FairWaiting) {
+		switch {
+		case res.Granted:
+			// A granted request holds its share in the queue: it no
+			// longer counts among those waiting for it, so that the
+			// tenant's next ones may wait while this one waits for its
+			// reservation.
+			admitted = true
+			fairCount(false)
+		case res.Limiting == FairLayer && req.FairWaiting > 0 && admitted:
+			b.layered.fairNote(req.Tenant, b.clock.Now().Add(res.Wait), res.FairSpacing)
+			fairCount(true)
+		}
+		if !res.Granted && res.Limiting == FairLayer && req.FairWaiting > 0 && !admitted {
+			if me = b.layered.fairEnter(req.Tenant, req.FairWaiting, b.clock.Now().Add(res.Wait), res.FairSpacing); me == nil {
 				// Each replica sets aside about its share of the
 				// tenant's messages: spaced by the pace times the live
 				// replicas, together they come back at the pace.
@@ -328,8 +366,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 				b.observeLayered(start, req, FairLayer, le)
 				return le
 			}
-			fairIn = true
-			defer b.layered.fairLeave(req.Tenant)
+			admitted = true
 		}
 		if res.Wait >= longest && res.Wait > 0 {
 			longest, limiting = res.Wait, res.Limiting
@@ -350,6 +387,15 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 				// Every slot held: until one is released, or the
 				// earliest lease ends.
 				if err := b.sleepSlot(ctx, sw, gen.changed, res.Wait); err != nil && !errors.Is(err, errChanged) {
+					return err
+				}
+				continue
+			}
+			if me != nil && res.Limiting == FairLayer {
+				// Its tenant's requests waiting for the share ask one
+				// at a time, in order: one store call per room, not
+				// one per waiting request.
+				if err := b.fairTurn(ctx, gen.changed, req.Tenant, me); err != nil && !errors.Is(err, errChanged) {
 					return err
 				}
 				continue
@@ -697,8 +743,11 @@ type layeredFallback struct {
 	fair       *Fair
 	fairActive atomic.Int64
 	fairMu     sync.Mutex
-	fairWait   map[string]int // requests waiting for their share, by tenant
-	tenantWait map[string]int // WaitN calls in progress, by tenant
+	// fairWaiting holds, for each tenant with requests waiting for
+	// their share, those requests in order and the room the store last
+	// announced (see fairHeldBack and fairTurn).
+	fairWaiting map[string]*fairQueue
+	tenantWait  map[string]int // WaitN calls in progress, by tenant
 	// refusedKeys counts the keys each layer refused (a shadow layer:
 	// would have) over the last reportWindow: name → *topk.Window.
 	// tenantTokens counts the tokens granted to each tenant.
@@ -706,27 +755,146 @@ type layeredFallback struct {
 	tenantTokens *topk.Window
 }
 
-// fairEnter counts a request of tenant waiting for its fair share, unless
-// bound are already: then it reports false.
-func (lf *layeredFallback) fairEnter(tenant string, bound int) bool {
-	lf.fairMu.Lock()
-	defer lf.fairMu.Unlock()
-	if lf.fairWait[tenant] >= bound {
-		return false
-	}
-	if lf.fairWait == nil {
-		lf.fairWait = map[string]int{}
-	}
-	lf.fairWait[tenant]++
-	return true
+// fairQueue is a tenant's requests waiting for its share in a Bucket, in
+// the order they came, and when its share has room by the store's last
+// answer that made one of them wait (by the Bucket's clock), with how far
+// apart its reservations came due then. The first of them asks the store
+// when the room comes; the others wait for their turn (fairTurn).
+type fairQueue struct {
+	waiting []*fairWaiter
+	room    time.Time
+	spacing time.Duration
 }
 
-func (lf *layeredFallback) fairLeave(tenant string) {
+// fairWaiter is one request in a fairQueue: turn is closed when it is the
+// first.
+type fairWaiter struct {
+	turn chan struct{}
+}
+
+// fairQueueLocked returns tenant's queue, made if need be. lf.fairMu is
+// held.
+func (lf *layeredFallback) fairQueueLocked(tenant string) *fairQueue {
+	q := lf.fairWaiting[tenant]
+	if q == nil {
+		if lf.fairWaiting == nil {
+			lf.fairWaiting = map[string]*fairQueue{}
+		}
+		q = &fairQueue{}
+		lf.fairWaiting[tenant] = q
+	}
+	return q
+}
+
+// add queues a new waiter last and returns it.
+func (q *fairQueue) add() *fairWaiter {
+	w := &fairWaiter{turn: make(chan struct{})}
+	if len(q.waiting) == 0 {
+		close(w.turn)
+	}
+	q.waiting = append(q.waiting, w)
+	return w
+}
+
+// fairEnter records that tenant's share has room at room, its
+// reservations coming due spacing apart (the store's answer to a request
+// that must wait for it), and queues the request among those waiting for
+// the share, unless bound are already: then it returns nil.
+func (lf *layeredFallback) fairEnter(tenant string, bound int, room time.Time, spacing time.Duration) *fairWaiter {
 	lf.fairMu.Lock()
 	defer lf.fairMu.Unlock()
-	if lf.fairWait[tenant]--; lf.fairWait[tenant] <= 0 {
-		delete(lf.fairWait, tenant)
+	q := lf.fairQueueLocked(tenant)
+	q.room, q.spacing = room, spacing
+	if len(q.waiting) >= bound {
+		return nil
 	}
+	return q.add()
+}
+
+// fairNote records that tenant's share has room at room, its
+// reservations coming due spacing apart, for a request already admitted.
+func (lf *layeredFallback) fairNote(tenant string, room time.Time, spacing time.Duration) {
+	lf.fairMu.Lock()
+	defer lf.fairMu.Unlock()
+	q := lf.fairQueueLocked(tenant)
+	q.room, q.spacing = room, spacing
+}
+
+// fairWaitAdd queues again, beyond the bound, a request of tenant already
+// admitted that waits for its share once more (its reservation moved
+// late and was decided again).
+func (lf *layeredFallback) fairWaitAdd(tenant string) *fairWaiter {
+	lf.fairMu.Lock()
+	defer lf.fairMu.Unlock()
+	return lf.fairQueueLocked(tenant).add()
+}
+
+// fairLeave takes w out of tenant's queue; when it was the first, the
+// next one's turn comes.
+func (lf *layeredFallback) fairLeave(tenant string, w *fairWaiter) {
+	lf.fairMu.Lock()
+	defer lf.fairMu.Unlock()
+	q := lf.fairWaiting[tenant]
+	if q == nil {
+		return
+	}
+	for i, x := range q.waiting {
+		if x != w {
+			continue
+		}
+		q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+		if i == 0 && len(q.waiting) > 0 {
+			close(q.waiting[0].turn)
+		}
+		break
+	}
+	if len(q.waiting) == 0 {
+		delete(lf.fairWaiting, tenant)
+	}
+}
+
+// fairTurn waits until w is the first of tenant's requests waiting for
+// the share, then until the room the store last announced for the tenant
+// (at once when it has come). It returns errChanged when the shared
+// bucket changed meanwhile, ctx's error or ErrClosed.
+func (b *Bucket) fairTurn(ctx context.Context, changed <-chan struct{}, tenant string, w *fairWaiter) error {
+	select {
+	case <-w.turn:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-b.done:
+		return ErrClosed
+	case <-changed:
+		return errChanged
+	}
+	lf := &b.layered
+	lf.fairMu.Lock()
+	var room time.Time
+	if q := lf.fairWaiting[tenant]; q != nil {
+		room = q.room
+	}
+	lf.fairMu.Unlock()
+	return b.sleep(ctx, changed, room.Sub(b.clock.Now()))
+}
+
+// fairHeldBack returns the refusal of a request of tenant at now, without
+// asking the store, while bound of the tenant's requests already wait for
+// its share: they take its next rooms first, one each, so the store could
+// only make this one wait too, and the consumer sets it aside at once (no
+// store call for a backlog's messages beyond them). The refusal's wait is
+// until the room the store last announced for the tenant and bound of its
+// spacings after it (the waiting ones' turns); its spacing is the
+// tenant's, times replicas, as in a refusal from the store's answer. It
+// returns nil when the store must decide.
+func (lf *layeredFallback) fairHeldBack(tenant string, bound int, now time.Time, replicas int) *LimitError {
+	lf.fairMu.Lock()
+	defer lf.fairMu.Unlock()
+	q := lf.fairWaiting[tenant]
+	if q == nil || len(q.waiting) < bound {
+		return nil
+	}
+	wait := max(q.room.Sub(now), 0) + time.Duration(bound)*q.spacing
+	return backend.FairError(now, max(wait, time.Microsecond), q.spacing*time.Duration(max(1, replicas)))
 }
 
 // layeredStore returns the Bucket's store if it is a LayeredStore with at

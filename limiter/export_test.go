@@ -103,3 +103,15 @@ func LeaseTokens(b *Bucket) int {
 	defer b.lease.mu.Unlock()
 	return b.lease.tokens
 }
+
+// FairQueued returns how many of tenant's requests wait for its fair share
+// in b (Request.FairWaiting), for the tests that drive a Bucket at fixed
+// instants: all but the first of them sleep on no timer.
+func FairQueued(b *Bucket, tenant string) int {
+	b.layered.fairMu.Lock()
+	defer b.layered.fairMu.Unlock()
+	if q := b.layered.fairWaiting[tenant]; q != nil {
+		return len(q.waiting)
+	}
+	return 0
+}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,7 +33,9 @@ import (
 //
 //	two      tenant A has a backlog (-fair-backlog, 20,000); once the
 //	         replicas have set aside what is over A's share, B sends 5/s
-//	         for -fair-for: B's latency (publish to sink) and A's rate.
+//	         for -fair-for: B's latency (publish to sink), A's rate,
+//	         the longest time without a delivery meanwhile (the bucket
+//	         idle) and the script calls per delivered message.
 //	weights  three tenants with backlogs, weights 3:1:1, -fair-for of
 //	         deliveries after a 5 s warm-up: their shares.
 //	scale    -fair-tenants tenants (10,000) send together -fair-others of
@@ -53,6 +56,9 @@ type fairConfig struct {
 	others   float64 // the others' share of the rate (scale)
 	amqpURL  string
 	flags    string
+	// cpuProfile, when set, is where the run's CPU profile goes
+	// (-cpuprofile).
+	cpuProfile string
 }
 
 // fairMsg is a message's body: tenant, sequence within the tenant, publish
@@ -324,6 +330,17 @@ func fmtLat(ds []time.Duration) string {
 // runFair runs cfg.scenario and prints its figures.
 func runFair(ctx context.Context, cfg fairConfig) error {
 	load0 := loadAverage()
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("creating CPU profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("starting CPU profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	var out string
 	var err error
 	switch cfg.scenario {
@@ -357,6 +374,10 @@ func fairTwo(ctx context.Context, cfg fairConfig) (string, error) {
 			return "", err
 		}
 	}
+	before, err := snapshot(ctx, r.admin, nil)
+	if err != nil {
+		return "", err
+	}
 	t0 := time.Now()
 	if err := r.start(ctx, "{}"); err != nil {
 		return "", err
@@ -385,9 +406,24 @@ func fairTwo(ctx context.Context, cfg fairConfig) (string, error) {
 	}); err != nil {
 		return "", err
 	}
+	after, err := snapshot(ctx, r.admin, nil)
+	if err != nil {
+		return "", err
+	}
 	var b []fairArrival
 	na := 0
-	for _, a := range r.sink.arrivals() {
+	// gap is the longest time without a delivery while B sent: the
+	// bucket idle.
+	var gap, gapAt time.Duration
+	last := start
+	all := r.sink.arrivals()
+	for _, a := range all {
+		if !a.at.Before(start) && a.at.Before(end) {
+			if d := a.at.Sub(last); d > gap {
+				gap, gapAt = d, last.Sub(start)
+			}
+			last = a.at
+		}
 		switch {
 		case a.t == 1:
 			b = append(b, a)
@@ -395,8 +431,10 @@ func fairTwo(ctx context.Context, cfg fairConfig) (string, error) {
 			na++
 		}
 	}
-	return fmt.Sprintf("%d replicas at %v/s; A's %d set aside in %v; B sent %d at 5/s for %v: latency %s; A meanwhile %.1f/s",
-		cfg.replicas, cfg.rate, cfg.backlog, aside.Round(100*time.Millisecond), nb, cfg.runFor, fmtLat(latencies(b)), float64(na)/end.Sub(start).Seconds()), nil
+	d := after.sub(before)
+	return fmt.Sprintf("%d replicas at %v/s; A's %d set aside in %v; B sent %d at 5/s for %v: latency %s; A meanwhile %.1f/s; longest gap between deliveries %v (%v after B's first); %d script calls for %d messages delivered (%.2f per message)",
+		cfg.replicas, cfg.rate, cfg.backlog, aside.Round(100*time.Millisecond), nb, cfg.runFor, fmtLat(latencies(b)), float64(na)/end.Sub(start).Seconds(),
+		gap.Round(time.Millisecond), gapAt.Round(100*time.Millisecond), d.redis.scripts, len(all), float64(d.redis.scripts)/float64(len(all))), nil
 }
 
 // fairWeights: three backlogs, weights 3:1:1.

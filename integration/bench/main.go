@@ -333,6 +333,7 @@ func parseFlags(args []string) (config, error) {
 			return config{}, fmt.Errorf("-fair-replicas must be at least 1, -fair-rate above 0, -fair-for at least 1s, -fair-tenants at least 1, -fair-others within (0, 1)")
 		}
 		fair.flags = cfg.flags
+		fair.cpuProfile = cfg.cpuProfile
 		cfg.fair = &fair
 		return cfg, nil
 	}
