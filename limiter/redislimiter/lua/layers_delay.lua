@@ -24,11 +24,12 @@ if not (now and now > 0) then
 end
 local from, to = tonumber(ARGV[2]), tonumber(ARGV[3])
 local tok, lts = {}, {}
+local F = key_fields(ARGV[4 + 3 * #KEYS])
 for i = 1, #KEYS do
   local a = 3 + (i - 1) * 3
   local rate, burst = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  tok[i], lts[i] = bucket_load(KEYS[i], now, rate, burst)
-  local last = LAST[KEYS[i]]
+  tok[i], lts[i] = bucket_load(KEYS[i], F[i], now, rate, burst)
+  local last = LAST[KEYS[i] .. (F[i] or '')]
   if last > from then
     local ahead = last - lts[i]
     if ahead < 0 then ahead = 0 end
@@ -39,6 +40,6 @@ for i = 1, #KEYS do
 end
 for i = 1, #KEYS do
   local a = 3 + (i - 1) * 3
-  bucket_save(KEYS[i], tok[i] - tonumber(ARGV[a + 3]), lts[i], now, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), to)
+  bucket_save(KEYS[i], F[i], tok[i] - tonumber(ARGV[a + 3]), lts[i], now, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), to)
 end
 return 1
