@@ -124,8 +124,10 @@ local function bucket_save(key, field, tokens, ts, now, rate, burst, send)
     return
   end
   local added = redis.call('HSET', key, field, v)
-  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
-  if added == 1 then shard_sweep(key, field, now, rate, burst) end
+  local ttl = redis.call('PTTL', key)
+  if ttl < ms then redis.call('PEXPIRE', key, ms) end
+  -- A shard without a TTL is new: nothing else in it to sweep.
+  if added == 1 and ttl >= 0 then shard_sweep(key, field, now, rate, burst) end
 end
 
 -- bucket_wait returns a layer bucket's tokens and timestamp at now, and
