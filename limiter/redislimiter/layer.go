@@ -41,8 +41,11 @@ import (
 //
 // Besides the Store's keys, layer L of bucket NAME uses
 //
-//	PREFIX ID HASH        per key: a keyed bucket's tokens, ts and last send instant as
-//	                      three little-endian doubles, a quota's "window_end used"
+//	PREFIX ID S           hash, a keyed token bucket's shard: per key in use (field: 6
+//	                      bytes of HASH), its tokens, ts and last send instant as
+//	                      three little-endian doubles (see bucketLoc)
+//	PREFIX ID HASH        per key: a keyed quota's "window_end used", a concurrency
+//	                      layer's leases
 //	PREFIX{NAME}:layer:L  the same, for a layer without keys (in the bucket's slot)
 //
 // (PREFIX and NAME as in the Store; no space between them). A keyed
@@ -54,8 +57,10 @@ import (
 // readable names PREFIX NAME:shadow:L:{KEY} and PREFIX{NAME}:shadow:L), so
 // that it charges nothing an enforced layer of the same name reads, and
 // enforcing it later starts from a full bucket. A keyed
-// bucket's key expires when the bucket is full again, a quota's one second
-// after its window ends, so only keys in use hold memory.
+// bucket's state goes when the bucket is full again (its shard's TTL is
+// the latest of its buckets', and a bucket added to a shard sweeps it of
+// those full again), a quota's one second after its window ends, so only
+// keys in use hold memory.
 //
 // A Layered is safe for concurrent use.
 type Layered struct {

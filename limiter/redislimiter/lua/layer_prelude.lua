@@ -1,5 +1,6 @@
 -- layer_prelude.lua: the functions of the layer scripts. A layer's state is
--- one string key: for a layer bucket, tokens, ts (µs) and last (the latest
+-- one string key (a keyed token bucket's, a field of a hash; see
+-- key_fields): for a layer bucket, tokens, ts (µs) and last (the latest
 -- instant in µs a message was charged to go out at, or 0) as three
 -- little-endian doubles (24 bytes, struct '<ddd': exact, so that a token
 -- count survives a round trip as it does in the in-process store, and

@@ -3,7 +3,9 @@
 --
 -- layerStatusScript reads one key of a layer.
 --
--- KEYS: the layer's key. ARGV: kind, rate or quota, burst, b0..b3, now_us.
+-- KEYS: the layer's key (a keyed token bucket's shard). ARGV: kind, rate
+-- or quota, burst, b0..b3, now_us, the bucket's field in its shard ("" for
+-- a key of its own). kept: the key, or the field, exists.
 -- Reply: {tokens_milli (bucket) or used (quota; slots held, concurrency), window_end_us (quota, 0
 -- for a bucket; -1 when no window holds now), now_us, kept (1 when the key
 -- exists)}.

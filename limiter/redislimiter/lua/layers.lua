@@ -29,7 +29,9 @@
 -- (limiter.PaidCharge). Then, for fair shares (fair.lua; absent or "":
 -- none), the tenant's weight, the fair horizon in µs and the tenant's
 -- field (RANK..TENANT), with two more KEYS after the layers': the tenant's
--- shard and the class totals and bins (the shared bucket only).
+-- shard and the class totals and bins (the shared bucket only); without
+-- them, three empty strings. Last, at 18 + 10n, each key's field
+-- (key_fields: a keyed token bucket's in its shard, none for the others).
 --
 -- A concurrency layer (kind c) has its limit in place of the rate, its
 -- lease in µs in place of the burst, and the request's holder in place of

@@ -10,7 +10,7 @@
 -- KEYS: one key per layer bucket. ARGV: now_us (0: TIME), from_us (the
 -- instant the request was charged to go out at), to_us (the instant it
 -- goes out now); then 3 values per key: rate, burst, and the tokens to take
--- (min(delay * rate, cost)). A key charged since for a message that goes
+-- (min(delay * rate, cost)); last, each key's field (key_fields). A key charged since for a message that goes
 -- out after from_us (its last send instant) keeps the two apart only if it
 -- still holds the debit at that instant; when a key does not, nothing is
 -- taken and the reply is 0: the request must be decided again. Else every

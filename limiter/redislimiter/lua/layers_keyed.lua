@@ -29,7 +29,8 @@
 -- and each send window's open intervals for this request, in layer order
 -- (backend.FormatSpans; "" always open; its key is never read, and it is
 -- charged nothing). Every layer is decided and charged for now+base_us, as
--- layersScript does.
+-- layersScript does. Last, each key's field (key_fields: a keyed token
+-- bucket's in its shard, none for the others).
 --
 -- Reply: one string, "now_us" followed by "status wait_us layer" for each
 -- request, separated by spaces; status and layer as in layersScript

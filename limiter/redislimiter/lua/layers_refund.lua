@@ -13,7 +13,8 @@
 -- now (but a refund starts no ramp), and its key lives the warm-up longer;
 -- then, optionally, leased: shared tokens granted beyond the cost (a
 -- lease taken with the message, never queued), given back to the shared
--- bucket too (a Cluster's first step, whose later step refused).
+-- bucket too (a Cluster's first step, whose later step refused; 0 for
+-- none); then each key's field (key_fields).
 -- Reply: 1.
 
 local now = now_us(ARGV[1])
