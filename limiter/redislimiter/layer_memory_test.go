@@ -2,7 +2,9 @@ package redislimiter
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -226,5 +228,57 @@ func TestLayerKeyMemory(t *testing.T) {
 	}
 	if left > 0 {
 		t.Errorf("%d shards of the fast layer left after their buckets were full again", left)
+	}
+}
+
+// TestShardSweep: in a shard of many fields, buckets added one by one
+// sweep it, now and then (a chance of 8 in its size, here fixed by the
+// instants), of the buckets full again, and keep every bucket that is not:
+// 60 buckets full an hour ago and one drained now, then 40 keys of the
+// same shard taken at 5/h, leave exactly the 41 live ones.
+func TestShardSweep(t *testing.T) {
+	c := newClient(t)
+	ctx := context.Background()
+	l := newLayered(t, c, 1e6, 1e6, []limiter.Layer{{Name: "per-recipient", Keyed: true, Rate: 5.0 / 3600, Burst: 5}})
+	shard, _ := l.bucketLoc(0, "+15550000000")
+	var keys []string
+	for i := 1; len(keys) < 40; i++ {
+		k := fmt.Sprintf("+1555%07d", i)
+		if s, _ := l.bucketLoc(0, k); s == shard {
+			keys = append(keys, k)
+		}
+	}
+	t0 := time.Now()
+	pack := func(tokens float64, ts time.Time) string {
+		b := make([]byte, 0, 24)
+		for _, v := range []float64{tokens, float64(ts.UnixMicro()), 0} {
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
+		}
+		return string(b)
+	}
+	var fields []any
+	for i := range 60 { // full again since an hour: drained two hours ago
+		fields = append(fields, fmt.Sprintf("stale%d", i), pack(0, t0.Add(-2*time.Hour)))
+	}
+	fields = append(fields, "live", pack(0, t0)) // full again in an hour
+	if err := c.HSet(ctx, shard, fields...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.PExpire(ctx, shard, time.Hour)
+	for j, k := range keys {
+		takeKeysAt(t, c, l, t0.Add(time.Duration(j)*time.Millisecond), []string{k}, 1)
+	}
+	got := c.HKeys(ctx, shard).Val()
+	live := 0
+	for _, f := range got {
+		if strings.HasPrefix(f, "stale") {
+			t.Errorf("field %q, full again, still in the shard after %d buckets were added", f, len(keys))
+		}
+		if f == "live" {
+			live++
+		}
+	}
+	if len(got) != len(keys)+1 || live != 1 {
+		t.Errorf("shard holds %d fields (live %d), want the %d added and the one live", len(got), live, len(keys))
 	}
 }
