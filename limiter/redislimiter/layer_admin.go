@@ -30,8 +30,8 @@ var layerScanLimit, layerScanCount int64 = 100000, 1000
 
 // CountLayerKeys counts the keys in use of a layer with SCAN (never KEYS),
 // on every master of a Cluster client; for a keyed token bucket, the
-// fields of its shards (HLEN; a bucket full again that no sweep deleted
-// yet counts). Up to 100000 keys per master it
+// fields of its shards (HLEN, less the shard's own field "~"; a bucket
+// full again that no sweep deleted yet counts). Up to 100000 keys per master it
 // counts exactly; beyond, it stops and estimates the count as the share of
 // the layer's keys among those read times the master's DBSIZE. It suits an
 // operator's command, not a hot path.
@@ -77,7 +77,7 @@ func (l *Layered) CountLayerKeys(ctx context.Context, client redis.UniversalClie
 					return err
 				}
 				for _, cmd := range lens {
-					matched += cmd.Val()
+					matched += max(cmd.Val()-1, 0) // but its "~"
 				}
 			}
 			cursor = next
@@ -167,7 +167,7 @@ func (l *Layered) ResetLayerKeys(ctx context.Context, client redis.UniversalClie
 				mu.Lock()
 				for j, cmd := range cmds {
 					if lens[j] != nil {
-						deleted += cmd.Val() * lens[j].Val()
+						deleted += cmd.Val() * max(lens[j].Val()-1, 0) // but its "~"
 					} else {
 						deleted += cmd.Val()
 					}

@@ -96,8 +96,9 @@ func usedMemory(t *testing.T, c redis.UniversalClient) int64 {
 // used_memory over 100,000 keys of a layer at 5/h, shards, fields and
 // expiry included, must be at most 100 bytes per key (10 million keys in
 // 1 GiB; docs/layers.md, "Memory"), each key's state in its shard with the
-// shard kept until its buckets are full again (720s at 5/h, +1s). Then, on a
-// layer that refills in 0.5s: a bucket added to a shard sweeps the buckets
+// shard kept until its buckets are full again (720s at 5/h, +1s, and an
+// eighth of that). Then, on a
+// layer that refills in 0.1s: a bucket added to a shard sweeps the buckets
 // full again out of it, and a shard whose buckets are all full again is
 // gone.
 func TestLayerKeyMemory(t *testing.T) {
@@ -141,8 +142,8 @@ func TestLayerKeyMemory(t *testing.T) {
 		if v := c.HGet(ctx, shard, field).Val(); len(v) != 24 {
 			t.Errorf("key %q: field %x of %q holds %x, want 24 bytes", keys[i], field, shard, v)
 		}
-		if ttl := c.PTTL(ctx, shard).Val(); ttl <= 0 || ttl > 721*time.Second {
-			t.Errorf("%q: PTTL %v, want the time to refill one token at 5/h (720s, +1s); %x", shard, ttl, c.HGetAll(ctx, shard).Val())
+		if ttl := c.PTTL(ctx, shard).Val(); ttl <= 0 || ttl > 812*time.Second {
+			t.Errorf("%q: PTTL %v, want the time to refill one token at 5/h (720s, +1s) and an eighth of it", shard, ttl)
 		}
 	}
 
@@ -151,15 +152,15 @@ func TestLayerKeyMemory(t *testing.T) {
 		t.Errorf("CountLayerKeys = %+v, %v; want exactly %d", cnt, err, n)
 	}
 
-	// A layer that refills its burst in 0.5s: each bucket is kept until
-	// 1.5s after it is drained.
-	fast := layered(limiter.Layer{Name: "fast", Keyed: true, Rate: 10, Burst: 5})
+	// A layer that refills its burst in 0.1s: each bucket is kept until
+	// 1.1s after it is drained, its shard 1s longer.
+	fast := layered(limiter.Layer{Name: "fast", Keyed: true, Rate: 50, Burst: 5})
 	old, young := keys[:5000], keys[5000:10_000]
 	t0 := time.Now()
 	takeKeysAt(t, c, fast, t0, old, 5)
-	// 2s later, the old buckets are full again: the young ones, added to
+	// 1.5s later, the old buckets are full again: the young ones, added to
 	// shards of a field or two, sweep them out of every shard they touch.
-	takeKeysAt(t, c, fast, t0.Add(2*time.Second), young, 5)
+	takeKeysAt(t, c, fast, t0.Add(1500*time.Millisecond), young, 5)
 	want := map[string]int64{}
 	for _, k := range young {
 		s, _ := fast.bucketLoc(0, k)
@@ -168,7 +169,7 @@ func TestLayerKeyMemory(t *testing.T) {
 	pipe := c.Pipeline()
 	lens := map[string]*redis.IntCmd{}
 	for s := range want {
-		lens[s] = pipe.HLen(ctx, s)
+		lens[s] = pipe.HLen(ctx, s) // and "~"
 	}
 	var swept []*redis.BoolCmd // old buckets in shards a young one was added to
 	var oldShards []string
@@ -189,7 +190,7 @@ func TestLayerKeyMemory(t *testing.T) {
 		}
 	}
 	for s, cmd := range lens {
-		if cmd.Val() != want[s] {
+		if cmd.Val() != want[s]+1 {
 			t.Fatalf("shard %q: %d fields, want the %d added last", s, cmd.Val(), want[s])
 		}
 	}
@@ -211,8 +212,8 @@ func TestLayerKeyMemory(t *testing.T) {
 	for _, cmd := range ttls {
 		wait = max(wait, cmd.Val())
 	}
-	if wait <= 0 || wait > 1500*time.Millisecond {
-		t.Fatalf("the fast layer's longest shard PTTL is %v, want 1.5s at most", wait)
+	if wait <= 0 || wait > 2100*time.Millisecond {
+		t.Fatalf("the fast layer's longest shard PTTL is %v, want 2.1s at most", wait)
 	}
 	time.Sleep(wait + time.Millisecond)
 	exists := make([]*redis.IntCmd, len(all))
@@ -261,6 +262,7 @@ func TestShardSweep(t *testing.T) {
 		fields = append(fields, fmt.Sprintf("stale%d", i), pack(0, t0.Add(-2*time.Hour)))
 	}
 	fields = append(fields, "live", pack(0, t0)) // full again in an hour
+	fields = append(fields, "~", strconv.FormatInt(t0.Add(time.Hour).UnixMilli(), 10)) // the shard's TTL
 	if err := c.HSet(ctx, shard, fields...).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +280,7 @@ func TestShardSweep(t *testing.T) {
 			live++
 		}
 	}
-	if len(got) != len(keys)+1 || live != 1 {
-		t.Errorf("shard holds %d fields (live %d), want the %d added and the one live", len(got), live, len(keys))
+	if len(got) != len(keys)+2 || live != 1 {
+		t.Errorf("shard holds %d fields (live %d), want the %d added, the one live and \"~\"", len(got), live, len(keys))
 	}
 }

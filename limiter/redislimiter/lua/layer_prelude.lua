@@ -21,8 +21,9 @@ end
 -- the rest of the key's hash, value the 24 bytes above. Small hashes stay
 -- listpacks, where a bucket costs its field and value and little more. A
 -- bucket full again is the same as a missing one, so a shard expires with
--- the last of its buckets to fill up, and a bucket that fills up before
--- the rest of its shard is deleted by a later sweep (shard_sweep).
+-- the last of its buckets to fill up (field "~": see SHARD_EXP), and a
+-- bucket that fills up before the rest of its shard is deleted by a later
+-- sweep (shard_sweep).
 --
 -- key_fields returns, from a string of one entry per KEYS entry in order
 -- (its length in one byte, then its bytes: the field of a bucket in a
@@ -45,11 +46,19 @@ end
 -- later one.
 local LAST = {}
 
+-- SHARD_EXP holds, by shard, when its TTL ends as last set (ms on the
+-- scripts' clock, field "~" of the shard; 0 for a new shard), read with
+-- the bucket (bucket_get): a bucket saved that is full again before it
+-- costs no more than its HSET.
+local SHARD_EXP = {}
+
 -- bucket_get returns the value of a layer bucket: key's own (field nil) or
 -- field's of the shard key.
 local function bucket_get(key, field)
-  if field then return redis.call('HGET', key, field) end
-  return redis.call('GET', key)
+  if not field then return redis.call('GET', key) end
+  local v = redis.call('HMGET', key, field, '~')
+  SHARD_EXP[key] = tonumber(v[2]) or 0
+  return v[1]
 end
 
 -- bucket_load returns a layer bucket's tokens and timestamp at now. A
@@ -99,7 +108,7 @@ local function shard_sweep(key, field, now, rate, burst)
   local del = {}
   for i = 1, #all, 2 do
     local f, v = all[i], all[i + 1]
-    if f ~= field then
+    if f ~= field and f ~= '~' then
       local full = -1
       if #v == 24 then
         local tokens, ts = struct.unpack('<dd', v)
@@ -113,8 +122,11 @@ end
 
 -- bucket_save stores a layer bucket that expires when it is full again,
 -- with its last send instant: send when later than the one it had. A
--- bucket in a shard keeps the shard until it is full again, and a bucket
--- new to its shard may sweep it (shard_sweep).
+-- bucket in a shard keeps the shard until it is full again: when it is
+-- full later than the shard's TTL, the TTL moves to then and an eighth of
+-- the bucket's time to full again later (at least a second), so that the
+-- next buckets saved seldom move it again. A bucket new to its shard may
+-- sweep it (shard_sweep).
 local function bucket_save(key, field, tokens, ts, now, rate, burst, send)
   local ms = math.ceil(bucket_full_us(tokens, ts, now, rate, burst) / 1000)
   local last = LAST[key .. (field or '')] or 0
@@ -124,11 +136,19 @@ local function bucket_save(key, field, tokens, ts, now, rate, burst, send)
     redis.call('SET', key, v, 'PX', ms)
     return
   end
-  local added = redis.call('HSET', key, field, v)
-  local ttl = redis.call('PTTL', key)
-  if ttl < ms then redis.call('PEXPIRE', key, ms) end
-  -- A shard without a TTL is new: nothing else in it to sweep.
-  if added == 1 and ttl >= 0 then shard_sweep(key, field, now, rate, burst) end
+  local now_ms = math.floor(now / 1000)
+  local cur = SHARD_EXP[key] or 0
+  local added
+  if now_ms + ms > cur then
+    local keep = ms + math.max(1000, math.ceil(ms / 8))
+    SHARD_EXP[key] = now_ms + keep
+    added = redis.call('HSET', key, field, v, '~', string.format('%d', now_ms + keep))
+    redis.call('PEXPIRE', key, keep)
+    if cur == 0 then return end -- a new shard: nothing else in it to sweep
+  else
+    added = redis.call('HSET', key, field, v)
+  end
+  if added == 1 then shard_sweep(key, field, now, rate, burst) end
 end
 
 -- bucket_wait returns a layer bucket's tokens and timestamp at now, and
