@@ -261,7 +261,7 @@ func TestShardSweep(t *testing.T) {
 	for i := range 60 { // full again since an hour: drained two hours ago
 		fields = append(fields, fmt.Sprintf("stale%d", i), pack(0, t0.Add(-2*time.Hour)))
 	}
-	fields = append(fields, "live", pack(0, t0)) // full again in an hour
+	fields = append(fields, "live", pack(0, t0))                                       // full again in an hour
 	fields = append(fields, "~", strconv.FormatInt(t0.Add(time.Hour).UnixMilli(), 10)) // the shard's TTL
 	if err := c.HSet(ctx, shard, fields...).Err(); err != nil {
 		t.Fatal(err)
