@@ -17,7 +17,7 @@ local function num2(v)
 end
 
 -- A keyed token bucket's state is not a key of its own but a field of a
--- hash, its shard (layerShards per layer, see Layered.bucketLoc): field
+-- hash, its shard (2^layerShardBits per layer, see Layered.bucketLoc): field
 -- the rest of the key's hash, value the 24 bytes above. Small hashes stay
 -- listpacks, where a bucket costs its field and value and little more. A
 -- bucket full again is the same as a missing one, so a shard expires with
@@ -90,7 +90,7 @@ local function bucket_full_us(tokens, ts, now, rate, burst)
 end
 
 -- SWEEP_SHARE: a bucket added to a shard of n fields sweeps it with a
--- chance of SWEEP_SHARE/n (at least 1 in 1), so that a sweep, which reads
+-- chance of SWEEP_SHARE/n (every time below 2*SWEEP_SHARE), so that a sweep, which reads
 -- the whole shard, costs a few fields read per bucket added, and the
 -- buckets full again that a shard still holds are about n/SWEEP_SHARE.
 local SWEEP_SHARE = 8
