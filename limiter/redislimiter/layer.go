@@ -41,8 +41,11 @@ import (
 //
 // Besides the Store's keys, layer L of bucket NAME uses
 //
-//	PREFIX ID HASH        per key: a keyed bucket's tokens, ts and last send instant as
-//	                      three little-endian doubles, a quota's "window_end used"
+//	PREFIX ID S           hash, a keyed token bucket's shard: per key in use (field: 6
+//	                      bytes of HASH), its tokens, ts and last send instant as
+//	                      three little-endian doubles (see bucketLoc)
+//	PREFIX ID HASH        per key: a keyed quota's "window_end used", a concurrency
+//	                      layer's leases
 //	PREFIX{NAME}:layer:L  the same, for a layer without keys (in the bucket's slot)
 //
 // (PREFIX and NAME as in the Store; no space between them). A keyed
@@ -54,8 +57,10 @@ import (
 // readable names PREFIX NAME:shadow:L:{KEY} and PREFIX{NAME}:shadow:L), so
 // that it charges nothing an enforced layer of the same name reads, and
 // enforcing it later starts from a full bucket. A keyed
-// bucket's key expires when the bucket is full again, a quota's one second
-// after its window ends, so only keys in use hold memory.
+// bucket's state goes when the bucket is full again (its shard's TTL is
+// the latest of its buckets', and a bucket added to a shard sweeps it of
+// those full again), a quota's one second after its window ends, so only
+// keys in use hold memory.
 //
 // A Layered is safe for concurrent use.
 type Layered struct {
@@ -250,6 +255,66 @@ func (l *Layered) layerKey(i int, key string) string {
 	return string(append(b, h.Sum(sum[:0])[:layerHashLen]...))
 }
 
+// layerShardBits is how many bits of a keyed token bucket's hash name its
+// shard: 2^15 hashes per layer. With Redis's default
+// hash-max-listpack-entries (512) they stay listpacks up to some 10
+// million buckets in use (about 305 each, far from 512), where a bucket
+// costs its field and value and little more; from 100,000 buckets in use
+// up, the shards' own keys cost less than the buckets (docs/layers.md,
+// "Memory").
+const layerShardBits = 15
+
+// sharded reports whether layer i keeps its keys' states in shards
+// (bucketLoc): a keyed token bucket.
+func (l *Layered) sharded(i int) bool {
+	ly := l.layers[i]
+	return ly.Keyed && ly.IsBucket()
+}
+
+// bucketLoc returns where the state of key in layer i lives: for a keyed
+// token bucket, its shard, a hash whose name is PREFIX, the layer's ID and
+// 2 bytes holding layerShardBits of the key's hash (layerKey's HASH), and
+// its field, the last 6 bytes of that hash; for any other layer, its key
+// (layerKey) and "". The shard's name is shorter than a key of its own
+// (PREFIX, ID and 8 bytes) and so never the name of one: a state written
+// by an older binary is not read (docs/operations.md, "Upgrades"). Two
+// keys of a layer share a state only if 63 bits of their hashes collide.
+func (l *Layered) bucketLoc(i int, key string) (string, string) {
+	if !l.sharded(i) {
+		return l.layerKey(i, key), ""
+	}
+	k := l.layerKey(i, key)
+	h := k[len(l.keyPrefix[i]):]
+	b := make([]byte, 0, len(l.keyPrefix[i])+2)
+	b = append(b, l.keyPrefix[i]...)
+	b = append(b, h[0]&(1<<(layerShardBits-8)-1), h[1])
+	return string(b), h[2:]
+}
+
+// layerKeys are the KEYS of a layer script and, in fields, the field of
+// each in the scripts' format (lua/layer_prelude.lua, key_fields): its
+// length in one byte, then its bytes; 0 for a key of its own.
+type layerKeys struct {
+	keys   []string
+	fields []byte
+}
+
+// add appends a key of its own.
+func (k *layerKeys) add(keys ...string) {
+	for _, key := range keys {
+		k.keys = append(k.keys, key)
+		k.fields = append(k.fields, 0)
+	}
+}
+
+// addLayer appends where the state of key in layer i lives (bucketLoc).
+func (k *layerKeys) addLayer(l *Layered, i int, key string) {
+	rk, f := l.bucketLoc(i, key)
+	k.keys = append(k.keys, rk)
+	k.fields = append(k.fields, byte(len(f)))
+	k.fields = append(k.fields, f...)
+}
+
 // window returns the boundaries of layer i's quota windows around now, in
 // µs, from a cache while now stays in the same window.
 func (l *Layered) window(i int, now time.Time) [4]int64 {
@@ -393,15 +458,15 @@ func (l *Layered) takeArgs(at time.Time, req backend.LayerRequest, keys []string
 	} else {
 		nowUS = at.UnixMicro()
 	}
-	rkeys := make([]string, 0, 2+len(st.layers))
-	args := make([]any, 0, 13+10*len(st.layers))
+	var rk layerKeys
+	args := make([]any, 0, 19+10*len(st.layers))
 	shared := "0"
 	if st.shared {
 		shared = "1"
-		rkeys = append(rkeys, l.stateKeys...)
+		rk.add(l.stateKeys...)
 	} else if st.shadow {
 		shared = "2" // its own state, the bucket's override
-		rkeys = append(rkeys, l.shadowKey, l.stateKeys[1])
+		rk.add(l.shadowKey, l.stateKeys[1])
 	}
 	extra := 0
 	if st.shared { // on a Cluster, a refused later step refunds the extra too
@@ -415,7 +480,7 @@ func (l *Layered) takeArgs(at time.Time, req backend.LayerRequest, keys []string
 	args = append(args, nowUS, req.Cost, horizon.Microseconds(), shared, l.rateArg, l.burstArg, len(st.layers), extra,
 		rankArgs[backend.Rank(req.Priority)], sh.boxed[1], sh.boxed[2], l.channelArg)
 	for _, i := range st.layers {
-		rkeys = append(rkeys, l.layerKey(i, keys[i]))
+		rk.addLayer(l, i, keys[i])
 		ly := l.layers[i]
 		switch {
 		case ly.IsBudget(): // the price in the burst's place
@@ -442,10 +507,14 @@ func (l *Layered) takeArgs(at time.Time, req backend.LayerRequest, keys []string
 	}
 	args = append(args, l.warmArg) // the shared bucket's warm-up (lua/warmup.lua)
 	args = append(args, l.paidArg(st.layers, keys, req.Paid))
+	rkeys := rk.keys
 	if st.shared && l.fair != nil && req.Tenant != "" {
 		rkeys = append(rkeys, l.fairShards[fairShard(req.Tenant)], l.fairTotals)
 		args = append(args, l.fair.Weight(req.Tenant), l.fairArg, strconv.Itoa(backend.Rank(req.Priority))+req.Tenant)
+	} else {
+		args = append(args, "", "", "")
 	}
+	args = append(args, string(rk.fields)) // the layers' fields, after the fair share's
 	return rkeys, args, clock
 }
 
@@ -604,12 +673,12 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.Laye
 	if !at.IsZero() {
 		nowUS = at.UnixMicro()
 	}
-	rkeys := make([]string, 0, 2+len(st.layers))
-	args := make([]any, 0, 8+4*len(st.layers))
+	var rk layerKeys
+	args := make([]any, 0, 10+4*len(st.layers))
 	shared := "0"
 	if st.shared {
 		shared = "1"
-		rkeys = append(rkeys, l.stateKeys...)
+		rk.add(l.stateKeys...)
 	}
 	paid := backend.PaidLayers(l.layers, keys, req.Paid, charged) // as the take decided
 	layers := st.layers
@@ -635,7 +704,7 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.Laye
 	}
 	args = append(args, nowUS, req.Cost, shared, l.rateArg, l.burstArg, len(layers), rankArgs[backend.Rank(class)])
 	for _, i := range layers {
-		rkeys = append(rkeys, l.layerKey(i, keys[i]))
+		rk.addLayer(l, i, keys[i])
 		if l.layers[i].IsBudget() { // refund the price
 			args = append(args, l.spec[i][1], l.spec[i][2], int64(req.Price))
 		} else {
@@ -649,10 +718,11 @@ func (l *Layered) refundStep(ctx context.Context, at time.Time, req backend.Laye
 		}
 	}
 	args = append(args, l.warmArg)
-	if st.shared && leased > 0 {
-		args = append(args, leased)
+	if !st.shared {
+		leased = 0
 	}
-	if err := layersRefundScript.Run(ctx, l.client, rkeys, args...).Err(); err != nil {
+	args = append(args, max(leased, 0), string(rk.fields))
+	if err := layersRefundScript.Run(ctx, l.client, rk.keys, args...).Err(); err != nil {
 		return l.fail("refund layers", err)
 	}
 	return nil
@@ -684,20 +754,21 @@ func (l *Layered) delayLayers(ctx context.Context, at time.Time, req backend.Lay
 	}
 	paid := backend.PaidLayers(l.layers, keys, req.Paid, res.At.Add(res.Wait)) // as the take decided
 	for _, st := range l.steps(true, false) {
-		var rkeys []string
+		var rk layerKeys
 		args := []any{nowUS, from.UnixMicro(), from.Add(by).UnixMicro()}
 		for _, i := range st.layers {
 			ly := l.layers[i]
 			if !ly.IsBucket() || ly.Shadow || (paid != nil && paid[i]) {
 				continue
 			}
-			rkeys = append(rkeys, l.layerKey(i, keys[i]))
+			rk.addLayer(l, i, keys[i])
 			args = append(args, l.spec[i][2], l.spec[i][3], backend.DelayCharge(ly, req.Cost, by))
 		}
-		if len(rkeys) == 0 {
+		if len(rk.keys) == 0 {
 			continue
 		}
-		moved, err := layersDelayScript.Run(ctx, l.client, rkeys, args...).Int()
+		args = append(args, string(rk.fields))
+		moved, err := layersDelayScript.Run(ctx, l.client, rk.keys, args...).Int()
 		if err != nil {
 			return false, l.fail("delay layers", err)
 		}
@@ -735,7 +806,8 @@ func (l *Layered) layerStatus(ctx context.Context, at time.Time, layer, key stri
 		nowUS = at.UnixMicro()
 	}
 	ly := l.layers[i]
-	args := []any{l.spec[i][1], l.spec[i][2], l.spec[i][3], 0, 0, 0, 0, nowUS}
+	rkey, field := l.bucketLoc(i, key)
+	args := []any{l.spec[i][1], l.spec[i][2], l.spec[i][3], 0, 0, 0, 0, nowUS, field}
 	if ly.IsBudget() {
 		args[0] = "q"
 	}
@@ -743,7 +815,7 @@ func (l *Layered) layerStatus(ctx context.Context, at time.Time, layer, key stri
 		w := l.window(i, clock)
 		args[3], args[4], args[5], args[6] = w[0], w[1], w[2], w[3]
 	}
-	v, err := layerStatusScript.Run(ctx, l.client, []string{l.layerKey(i, key)}, args...).Int64Slice()
+	v, err := layerStatusScript.Run(ctx, l.client, []string{rkey}, args...).Int64Slice()
 	if err != nil {
 		return backend.LayerState{}, l.fail("layer status", err)
 	}
@@ -785,7 +857,11 @@ func (l *Layered) ResetLayer(ctx context.Context, layer, key string) error {
 		return err
 	}
 	pipe := l.client.Pipeline()
-	pipe.Del(ctx, l.layerKey(i, key))
+	if rkey, field := l.bucketLoc(i, key); field != "" {
+		pipe.HDel(ctx, rkey, field)
+	} else {
+		pipe.Del(ctx, rkey)
+	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return l.fail("reset layer", err)
 	}

@@ -29,7 +29,9 @@ type LayerKeyCount struct {
 var layerScanLimit, layerScanCount int64 = 100000, 1000
 
 // CountLayerKeys counts the keys in use of a layer with SCAN (never KEYS),
-// on every master of a Cluster client. Up to 100000 keys per master it
+// on every master of a Cluster client; for a keyed token bucket, the
+// fields of its shards (HLEN, less the shard's own field "~"; a bucket
+// full again that no sweep deleted yet counts). Up to 100000 keys per master it
 // counts exactly; beyond, it stops and estimates the count as the share of
 // the layer's keys among those read times the master's DBSIZE. It suits an
 // operator's command, not a hot path.
@@ -48,6 +50,7 @@ func (l *Layered) CountLayerKeys(ctx context.Context, client redis.UniversalClie
 		return out, nil
 	}
 	prefix := l.keyPrefix[i]
+	sharded := l.sharded(i)
 	var mu sync.Mutex
 	scan := func(ctx context.Context, c redis.Cmdable) error {
 		var cursor uint64
@@ -58,9 +61,23 @@ func (l *Layered) CountLayerKeys(ctx context.Context, client redis.UniversalClie
 				return err
 			}
 			scanned += int64(len(keys))
+			pipe := c.Pipeline()
+			var lens []*redis.IntCmd
 			for _, k := range keys {
-				if strings.HasPrefix(k, prefix) {
+				switch {
+				case !strings.HasPrefix(k, prefix):
+				case sharded && isShard(k, prefix): // a shard: its buckets
+					lens = append(lens, pipe.HLen(ctx, k))
+				default:
 					matched++
+				}
+			}
+			if len(lens) > 0 {
+				if _, err := pipe.Exec(ctx); err != nil {
+					return err
+				}
+				for _, cmd := range lens {
+					matched += max(cmd.Val()-1, 0) // but its "~"
 				}
 			}
 			cursor = next
@@ -103,7 +120,8 @@ func (l *Layered) Layer(name string) (limiter.Layer, error) {
 // ResetLayerKeys deletes the state of every key of a layer with UNLINK: each
 // key's bucket is full again, its quota unused. It finds a keyed layer's
 // keys with SCAN (never KEYS), on every master of a Cluster client, and
-// returns how many keys it deleted; a key taken while it scans may remain.
+// returns how many keys it deleted (a keyed token bucket's: the buckets
+// in the shards it deleted); a key taken while it scans may remain.
 // It suits an operator's command, not a hot path.
 func (l *Layered) ResetLayerKeys(ctx context.Context, client redis.UniversalClient, layer string) (int64, error) {
 	i, err := l.layerIndex(layer)
@@ -118,6 +136,7 @@ func (l *Layered) ResetLayerKeys(ctx context.Context, client redis.UniversalClie
 		return n, nil
 	}
 	prefix := l.keyPrefix[i]
+	sharded := l.sharded(i)
 	var mu sync.Mutex
 	var deleted int64
 	reset := func(ctx context.Context, c redis.Cmdable) error {
@@ -130,9 +149,14 @@ func (l *Layered) ResetLayerKeys(ctx context.Context, client redis.UniversalClie
 			// One key per UNLINK: a Cluster's keys of a layer lie in
 			// different slots.
 			pipe := c.Pipeline()
-			var cmds []*redis.IntCmd
+			var cmds, lens []*redis.IntCmd
 			for _, k := range keys {
 				if strings.HasPrefix(k, prefix) {
+					var n *redis.IntCmd // a shard: its buckets
+					if sharded && isShard(k, prefix) {
+						n = pipe.HLen(ctx, k)
+					}
+					lens = append(lens, n)
 					cmds = append(cmds, pipe.Unlink(ctx, k))
 				}
 			}
@@ -141,8 +165,12 @@ func (l *Layered) ResetLayerKeys(ctx context.Context, client redis.UniversalClie
 					return err
 				}
 				mu.Lock()
-				for _, cmd := range cmds {
-					deleted += cmd.Val()
+				for j, cmd := range cmds {
+					if lens[j] != nil {
+						deleted += cmd.Val() * max(lens[j].Val()-1, 0) // but its "~"
+					} else {
+						deleted += cmd.Val()
+					}
 				}
 				mu.Unlock()
 			}
@@ -157,3 +185,8 @@ func (l *Layered) ResetLayerKeys(ctx context.Context, client redis.UniversalClie
 	}
 	return deleted, nil
 }
+
+// isShard reports whether k, a key of a layer whose keys start with
+// prefix, is a shard of keyed token buckets (Layered.bucketLoc) rather
+// than a key of its own written by an older binary.
+func isShard(k, prefix string) bool { return len(k) == len(prefix)+2 }

@@ -52,15 +52,15 @@ func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []backend.LayerRequ
 	} else {
 		nowUS = at.UnixMicro()
 	}
-	rkeys := make([]string, 0, len(reqs)*len(layers))
-	args := make([]any, 0, 2+6*len(layers)+4*len(reqs))
+	var rk layerKeys
+	args := make([]any, 0, 3+6*len(layers)+4*len(reqs))
 	args = append(args, nowUS, len(layers))
 	for _, i := range layers {
 		args = append(args, l.spec[i]...) // index, kind, rate, burst, action, max_wait_us
 	}
 	for j, req := range reqs {
 		for _, i := range layers {
-			rkeys = append(rkeys, l.layerKey(i, keys[j][i]))
+			rk.addLayer(l, i, keys[j][i])
 		}
 		args = append(args, req.Holder, req.Cost, max(base, 0).Microseconds(), l.paidArg(layers, keys[j], req.Paid))
 		for _, i := range layers {
@@ -72,7 +72,8 @@ func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []backend.LayerRequ
 			}
 		}
 	}
-	return rkeys, args
+	args = append(args, string(rk.fields)) // lua/layers_keyed.lua: last
+	return rk.keys, args
 }
 
 // keyedReplies turns layersKeyedScript's reply s, or its error, into the

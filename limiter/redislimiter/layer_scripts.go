@@ -3,7 +3,8 @@ package redislimiter
 import "github.com/redis/go-redis/v9"
 
 // layerPrelude holds the functions of the layer scripts: the prelude, then
-// lua/layer_prelude.lua. A layer's state is one string key: tokens, ts and
+// lua/layer_prelude.lua. A layer's state is one string key, or a keyed
+// token bucket's a field of its shard (Layered.bucketLoc): tokens, ts and
 // last as three doubles (24 bytes) for a bucket, "window_end used" for a
 // quota.
 var layerPrelude = prelude + luaSource("layer_prelude.lua")

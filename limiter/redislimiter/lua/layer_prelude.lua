@@ -1,5 +1,6 @@
 -- layer_prelude.lua: the functions of the layer scripts. A layer's state is
--- one string key: for a layer bucket, tokens, ts (µs) and last (the latest
+-- one string key (a keyed token bucket's, a field of a hash; see
+-- key_fields): for a layer bucket, tokens, ts (µs) and last (the latest
 -- instant in µs a message was charged to go out at, or 0) as three
 -- little-endian doubles (24 bytes, struct '<ddd': exact, so that a token
 -- count survives a round trip as it does in the in-process store, and
@@ -15,15 +16,56 @@ local function num2(v)
   return tonumber(a), tonumber(b)
 end
 
--- LAST holds, by key, the last send instant of each layer bucket that
--- bucket_load read (0 when none): bucket_save keeps it unless told a
+-- A keyed token bucket's state is not a key of its own but a field of a
+-- hash, its shard (2^layerShardBits per layer, see Layered.bucketLoc): field
+-- the rest of the key's hash, value the 24 bytes above. Small hashes stay
+-- listpacks, where a bucket costs its field and value and little more. A
+-- bucket full again is the same as a missing one, so a shard expires with
+-- the last of its buckets to fill up (field "~": see SHARD_EXP), and a
+-- bucket that fills up before the rest of its shard is deleted by a later
+-- sweep (shard_sweep).
+--
+-- key_fields returns, from a string of one entry per KEYS entry in order
+-- (its length in one byte, then its bytes: the field of a bucket in a
+-- shard, or nothing for a key of its own), the fields by KEYS index.
+local function key_fields(s)
+  local F = {}
+  if not s then return F end
+  local p, k = 1, 0
+  while p <= #s do
+    k = k + 1
+    local l = string.byte(s, p)
+    if l > 0 then F[k] = string.sub(s, p + 1, p + l) end
+    p = p + 1 + l
+  end
+  return F
+end
+
+-- LAST holds, by key and field, the last send instant of each layer bucket
+-- that bucket_load read (0 when none): bucket_save keeps it unless told a
 -- later one.
 local LAST = {}
 
+-- SHARD_EXP holds, by shard, when its TTL ends as last set (ms on the
+-- scripts' clock, field "~" of the shard; 0 for a new shard), read with
+-- the bucket (bucket_get): a bucket saved that is full again before it
+-- costs no more than its HSET.
+local SHARD_EXP = {}
+
+-- bucket_get returns the value of a layer bucket: key's own (field nil) or
+-- field's of the shard key.
+local function bucket_get(key, field)
+  if not field then return redis.call('GET', key) end
+  local v = redis.call('HMGET', key, field, '~')
+  SHARD_EXP[key] = tonumber(v[2]) or 0
+  return v[1]
+end
+
 -- bucket_load returns a layer bucket's tokens and timestamp at now. A
--- missing key is a full bucket, and so is a value of another format.
-local function bucket_load(key, now, rate, burst)
-  local v = redis.call('GET', key)
+-- missing key or field is a full bucket, and so is a value of another
+-- format.
+local function bucket_load(key, field, now, rate, burst)
+  local v = bucket_get(key, field)
   local tokens, ts, last = nil, nil, 0
   if v and #v == 24 then
     tokens, ts, last = struct.unpack('<ddd', v)
@@ -31,7 +73,7 @@ local function bucket_load(key, now, rate, burst)
     -- written before) decodes to a ts far below 1e12: a full bucket.
     if not (ts >= 1e12) then tokens, ts, last = nil, nil, 0 end
   end
-  LAST[key] = last
+  LAST[key .. (field or '')] = last
   if not tokens or not ts then return burst, now end
   if now > ts then
     tokens = tokens + (now - ts) * rate / 1e6
@@ -41,19 +83,78 @@ local function bucket_load(key, now, rate, burst)
   return tokens, ts
 end
 
+-- bucket_full_us returns the µs from now at which a bucket holding tokens
+-- at ts is full again, plus the second a bucket is kept beyond it.
+local function bucket_full_us(tokens, ts, now, rate, burst)
+  return (ts - now) + (burst - tokens) * 1e6 / rate + 1e6
+end
+
+-- SWEEP_SHARE: a bucket added to a shard of n fields sweeps it with a
+-- chance of SWEEP_SHARE/n (every time below 2*SWEEP_SHARE), so that a sweep, which reads
+-- the whole shard, costs a few fields read per bucket added, and the
+-- buckets full again that a shard still holds are about n/SWEEP_SHARE.
+local SWEEP_SHARE = 8
+
+-- shard_sweep deletes from shard key the buckets (of rate and burst) full
+-- again at now, but field, with a chance of SWEEP_SHARE in the shard's
+-- fields, drawn from field (a fresh bucket's, the rest of a hash) and now.
+local function shard_sweep(key, field, now, rate, burst)
+  local k = math.floor(redis.call('HLEN', key) / SWEEP_SHARE)
+  if k > 1 then
+    local a, b = string.byte(field, 1, 2)
+    if (a * 256 + b + now) % k ~= 0 then return end
+  end
+  local all = redis.call('HGETALL', key)
+  local del = {}
+  for i = 1, #all, 2 do
+    local f, v = all[i], all[i + 1]
+    if f ~= field and f ~= '~' then
+      local full = -1
+      if #v == 24 then
+        local tokens, ts = struct.unpack('<dd', v)
+        if ts >= 1e12 then full = bucket_full_us(tokens, ts, now, rate, burst) end
+      end
+      if full <= 0 then del[#del + 1] = f end
+    end
+  end
+  if #del > 0 then redis.call('HDEL', key, unpack(del)) end
+end
+
 -- bucket_save stores a layer bucket that expires when it is full again,
--- with its last send instant: send when later than the one it had.
-local function bucket_save(key, tokens, ts, now, rate, burst, send)
-  local full_us = (ts - now) + (burst - tokens) * 1e6 / rate
-  local last = LAST[key] or 0
+-- with its last send instant: send when later than the one it had. A
+-- bucket in a shard keeps the shard until it is full again: when it is
+-- full later than the shard's TTL, the TTL moves to then and an eighth of
+-- the bucket's time to full again later (at least a second), so that the
+-- next buckets saved seldom move it again. A bucket new to its shard may
+-- sweep it (shard_sweep).
+local function bucket_save(key, field, tokens, ts, now, rate, burst, send)
+  local ms = math.ceil(bucket_full_us(tokens, ts, now, rate, burst) / 1000)
+  local last = LAST[key .. (field or '')] or 0
   if send and send > last then last = send end
-  redis.call('SET', key, struct.pack('<ddd', tokens, ts, last), 'PX', math.ceil(full_us / 1000) + 1000)
+  local v = struct.pack('<ddd', tokens, ts, last)
+  if not field then
+    redis.call('SET', key, v, 'PX', ms)
+    return
+  end
+  local now_ms = math.floor(now / 1000)
+  local cur = SHARD_EXP[key] or 0
+  local added
+  if now_ms + ms > cur then
+    local keep = ms + math.max(1000, math.ceil(ms / 8))
+    SHARD_EXP[key] = now_ms + keep
+    added = redis.call('HSET', key, field, v, '~', string.format('%d', now_ms + keep))
+    redis.call('PEXPIRE', key, keep)
+    if cur == 0 then return end -- a new shard: nothing else in it to sweep
+  else
+    added = redis.call('HSET', key, field, v)
+  end
+  if added == 1 then shard_sweep(key, field, now, rate, burst) end
 end
 
 -- bucket_wait returns a layer bucket's tokens and timestamp at now, and
 -- the µs until it holds cost tokens (0 when it holds them now).
-local function bucket_wait(key, now, cost, rate, burst)
-  local tokens, ts = bucket_load(key, now, rate, burst)
+local function bucket_wait(key, field, now, cost, rate, burst)
+  local tokens, ts = bucket_load(key, field, now, rate, burst)
   local wt = ts - now
   local after = tokens - cost
   if after < 0 then wt = clamp(wt + wait_us(-after, rate)) end
@@ -99,9 +200,9 @@ end
 -- refused_status returns the status of a refusal by layer i (see
 -- layersScript): 4 after booking the request's slot on i, as a token-bucket
 -- layer with action delay does (limiter.ReservesOnRefusal), else 2.
-local function refused_status(i, key, kind, action, w, tok, lts, cost, now, rate, burst)
+local function refused_status(i, key, field, kind, action, w, tok, lts, cost, now, rate, burst)
   if action == 'y' and kind == 'b' and w < 1e15 then
-    bucket_save(key, tok - cost, lts, now, rate, burst, now + w)
+    bucket_save(key, field, tok - cost, lts, now, rate, burst, now + w)
     return 4
   end
   return 2

@@ -29,7 +29,9 @@
 -- (limiter.PaidCharge). Then, for fair shares (fair.lua; absent or "":
 -- none), the tenant's weight, the fair horizon in µs and the tenant's
 -- field (RANK..TENANT), with two more KEYS after the layers': the tenant's
--- shard and the class totals and bins (the shared bucket only).
+-- shard and the class totals and bins (the shared bucket only); without
+-- them, three empty strings. Last, at 18 + 10n, each key's field
+-- (key_fields: a keyed token bucket's in its shard, none for the others).
 --
 -- A concurrency layer (kind c) has its limit in place of the rate, its
 -- lease in µs in place of the burst, and the request's holder in place of
@@ -104,7 +106,7 @@ else
     kb = 2
     local _, b = limits(KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]))
     hrate, hburst = CEIL, b -- the override's rate, before an adaptive one
-    if cost <= hburst then htok, hts, hw = bucket_wait(KEYS[1], now, cost, hrate, hburst) end
+    if cost <= hburst then htok, hts, hw = bucket_wait(KEYS[1], nil, now, cost, hrate, hburst) end
   end
 end
 -- Every layer is decided and charged at send, when the shared bucket's
@@ -115,9 +117,10 @@ local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
 local tok, lts, wend, used, w = {}, {}, {}, {}, {}
 local sact, never = {}, {} -- a shadow layer's action; a cost it can never grant
 local paid = paid_flags(ARGV[14 + 10 * n], send)
+local F = key_fields(ARGV[18 + 10 * n])
 for i = 1, n do
   local a = 12 + (i - 1) * 10
-  local key = KEYS[kb + i]
+  local key, field = KEYS[kb + i], F[kb + i]
   idx[i], kind[i] = tonumber(ARGV[a + 1]), ARGV[a + 2]
   rate[i], burst[i] = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   action[i], maxw[i] = ARGV[a + 5], tonumber(ARGV[a + 6])
@@ -131,7 +134,7 @@ for i = 1, n do
   elseif kind[i] == 'c' then
     w[i] = slot_wait(key, ARGV[a + 7], rate[i], now)
   elseif paid[i] then
-    tok[i], lts[i] = bucket_load(key, now, rate[i], burst[i])
+    tok[i], lts[i] = bucket_load(key, field, now, rate[i], burst[i])
     w[i] = 0
   elseif kind[i] == 'o' then
     local ww = window_wait(ARGV[a + 7], send, now)
@@ -149,14 +152,14 @@ for i = 1, n do
     if used[i] + c > quota then w[i] = we - now end
   else
     if cost > burst[i] then return reply(-2, 0, idx[i], stokens, 0) end
-    tok[i], lts[i], w[i] = bucket_wait(key, now, cost, rate[i], burst[i])
+    tok[i], lts[i], w[i] = bucket_wait(key, field, now, cost, rate[i], burst[i])
   end
 end
 
 local refused = refusal(n, action, w, maxw)
 if refused > 0 then
   local r = refused
-  return reply(refused_status(r, KEYS[kb + r], kind[r], action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r]), w[r], idx[r], stokens, 0)
+  return reply(refused_status(r, KEYS[kb + r], F[kb + r], kind[r], action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r]), w[r], idx[r], stokens, 0)
 end
 
 -- A layer without room at send: come back when it has room, charging
@@ -203,11 +206,11 @@ if sshadow then
   local sa = shadow_action('w', cost > hburst, hw, 0, wait)
   out[#out + 1], out[#out + 2], out[#out + 3] = 0, hw, sa
   if sa == 0 then
-    bucket_save(KEYS[1], send_charge(htok, hts, send, cost, false, hrate, hburst), hts, now, hrate, hburst, send)
+    bucket_save(KEYS[1], nil, send_charge(htok, hts, send, cost, false, hrate, hburst), hts, now, hrate, hburst, send)
   end
 end
 for i = 1, n do
-  local key = KEYS[kb + i]
+  local key, field = KEYS[kb + i], F[kb + i]
   local skip = false
   if sact[i] then
     local sa = shadow_action(sact[i], never[i], w[i], maxw[i], wait)
@@ -225,7 +228,7 @@ for i = 1, n do
     -- a window charges nothing
   else
     local after = send_charge(tok[i], lts[i], send, cost, paid[i], rate[i], burst[i])
-    bucket_save(key, after, lts[i], now, rate[i], burst[i], send)
+    bucket_save(key, field, after, lts[i], now, rate[i], burst[i], send)
   end
 end
 return out

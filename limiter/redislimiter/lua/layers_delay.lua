@@ -10,7 +10,7 @@
 -- KEYS: one key per layer bucket. ARGV: now_us (0: TIME), from_us (the
 -- instant the request was charged to go out at), to_us (the instant it
 -- goes out now); then 3 values per key: rate, burst, and the tokens to take
--- (min(delay * rate, cost)). A key charged since for a message that goes
+-- (min(delay * rate, cost)); last, each key's field (key_fields). A key charged since for a message that goes
 -- out after from_us (its last send instant) keeps the two apart only if it
 -- still holds the debit at that instant; when a key does not, nothing is
 -- taken and the reply is 0: the request must be decided again. Else every
@@ -24,11 +24,12 @@ if not (now and now > 0) then
 end
 local from, to = tonumber(ARGV[2]), tonumber(ARGV[3])
 local tok, lts = {}, {}
+local F = key_fields(ARGV[4 + 3 * #KEYS])
 for i = 1, #KEYS do
   local a = 3 + (i - 1) * 3
   local rate, burst = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  tok[i], lts[i] = bucket_load(KEYS[i], now, rate, burst)
-  local last = LAST[KEYS[i]]
+  tok[i], lts[i] = bucket_load(KEYS[i], F[i], now, rate, burst)
+  local last = LAST[KEYS[i] .. (F[i] or '')]
   if last > from then
     local ahead = last - lts[i]
     if ahead < 0 then ahead = 0 end
@@ -39,6 +40,6 @@ for i = 1, #KEYS do
 end
 for i = 1, #KEYS do
   local a = 3 + (i - 1) * 3
-  bucket_save(KEYS[i], tok[i] - tonumber(ARGV[a + 3]), lts[i], now, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), to)
+  bucket_save(KEYS[i], F[i], tok[i] - tonumber(ARGV[a + 3]), lts[i], now, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), to)
 end
 return 1

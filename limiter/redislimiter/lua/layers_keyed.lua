@@ -29,7 +29,8 @@
 -- and each send window's open intervals for this request, in layer order
 -- (backend.FormatSpans; "" always open; its key is never read, and it is
 -- charged nothing). Every layer is decided and charged for now+base_us, as
--- layersScript does.
+-- layersScript does. Last, each key's field (key_fields: a keyed token
+-- bucket's in its shard, none for the others).
 --
 -- Reply: one string, "now_us" followed by "status wait_us layer" for each
 -- request, separated by spaces; status and layer as in layersScript
@@ -60,7 +61,8 @@ end
 local tok, lts, w = {}, {}, {}
 local out = {string.format('%d', now)}
 local k0 = 0
-for a = 3 + 6 * n, #ARGV, 4 + nw do
+local F = key_fields(ARGV[#ARGV])
+for a = 3 + 6 * n, #ARGV - 1, 4 + nw do
   local holder, cost, base = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local send = now + base
   local paid = paid_flags(ARGV[a + 3], send)
@@ -75,19 +77,19 @@ for a = 3 + 6 * n, #ARGV, 4 + nw do
         break
       end
     elseif paid[i] then
-      tok[i], lts[i] = bucket_load(KEYS[k0 + i], now, rate[i], burst[i])
+      tok[i], lts[i] = bucket_load(KEYS[k0 + i], F[k0 + i], now, rate[i], burst[i])
       w[i] = 0
     elseif cost > burst[i] then
       status, limiting = -2, idx[i]
       break
     else
-      tok[i], lts[i], w[i] = bucket_wait(KEYS[k0 + i], now, cost, rate[i], burst[i])
+      tok[i], lts[i], w[i] = bucket_wait(KEYS[k0 + i], F[k0 + i], now, cost, rate[i], burst[i])
     end
   end
   if not status then
     local r = refusal(n, action, w, maxw)
     if r > 0 then
-      status = refused_status(r, KEYS[k0 + r], kind[r], action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r])
+      status = refused_status(r, KEYS[k0 + r], F[k0 + r], kind[r], action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r])
       wait, limiting = w[r], idx[r]
     else
       wait = base
@@ -109,7 +111,7 @@ for a = 3 + 6 * n, #ARGV, 4 + nw do
             -- a window charges nothing
           else
             local after = send_charge(tok[i], lts[i], send, cost, paid[i], rate[i], burst[i])
-            bucket_save(KEYS[k0 + i], after, lts[i], now, rate[i], burst[i], send)
+            bucket_save(KEYS[k0 + i], F[k0 + i], after, lts[i], now, rate[i], burst[i], send)
           end
         end
       end

@@ -13,7 +13,8 @@
 -- now (but a refund starts no ramp), and its key lives the warm-up longer;
 -- then, optionally, leased: shared tokens granted beyond the cost (a
 -- lease taken with the message, never queued), given back to the shared
--- bucket too (a Cluster's first step, whose later step refused).
+-- bucket too (a Cluster's first step, whose later step refused; 0 for
+-- none); then each key's field (key_fields).
 -- Reply: 1.
 
 local now = now_us(ARGV[1])
@@ -30,9 +31,10 @@ if ARGV[3] == '1' then
   local leased = tonumber(ARGV[9 + 4 * n]) or 0
   save(KEYS[1], math.min(burst, tokens + cost + leased), ts, now, rate, burst)
 end
+local F = key_fields(ARGV[10 + 4 * n])
 for i = 1, n do
   local a = 7 + (i - 1) * 4
-  local key = KEYS[kb + i]
+  local key, field = KEYS[kb + i], F[kb + i]
   local r, b = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   if ARGV[a + 1] == 'q' or ARGV[a + 1] == 'm' then
     local c = cost
@@ -43,8 +45,8 @@ for i = 1, n do
       quota_save(key, e, math.max(0, su - c), now)
     end
   else
-    local tokens, ts = bucket_load(key, now, r, b)
-    bucket_save(key, math.min(b, tokens + cost), ts, now, r, b)
+    local tokens, ts = bucket_load(key, field, now, r, b)
+    bucket_save(key, field, math.min(b, tokens + cost), ts, now, r, b)
   end
 end
 return 1
