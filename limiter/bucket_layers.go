@@ -410,6 +410,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		if holder != "" {
 			slots, _ = ls.(backend.SlotStore)
 		}
+		late := b.layersMove(ctx, ls, lr, res)
 		if res.Wait > 0 {
 			// A granted wait is the shared bucket's reservation: every
 			// layer was charged for the instant it is due. It moves with
@@ -434,27 +435,6 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			if !lr.SkipShared {
 				pushes, changes = &b.pushes, gen
 			}
-			late := &lateness{after: b.layered.lateness, pay: func(from time.Time, by time.Duration) bool {
-				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
-				defer cancel()
-				moved, err := ls.DelayLayers(dctx, lr, res, from, by)
-				if err != nil {
-					b.log.Debug("charging the layers for a reservation moved back failed", "by", by, "error", err)
-					return true // the store is failing: go out at the new instant
-				}
-				return moved
-			}}
-			// A slot paid for on a delay layer cannot move: the next
-			// one is booked a spacing behind it. Moved back past the
-			// slot's Due plus its lateness, the message forfeits it and
-			// takes again as if it had come back that late (see
-			// Request.Paid).
-			if len(lr.Paid) > 0 {
-				late.forfeitAt = paidUntil(b.layered.layers, lr.Keys, lr.Paid)
-			}
-			if late.after <= 0 && late.forfeitAt.IsZero() {
-				late = nil
-			}
 			// Nor before a slot it paid for: the key's message before it
 			// went out a spacing ahead of that slot.
 			notBefore := res.LayersDue
@@ -476,6 +456,18 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 				release(slots, lr)
 				return err
 			}
+		} else if late != nil && !res.At.IsZero() {
+			// A grant for now whose answer came back late goes out
+			// late, perhaps next to its key's next message, charged
+			// for an instant after this one's: as a reservation woken
+			// late, it charges its layers for the move, or is decided
+			// again.
+			if skew, ok := b.skew.get(); ok {
+				if by := b.clock.Now().Sub(res.At.Add(skew)); by > 0 && !late.keeps(res.At, res.At.Add(by)) {
+					req.Paid = nil
+					continue
+				}
+			}
 		}
 		if g != nil {
 			g.Layer = limiting
@@ -486,6 +478,33 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		b.observeLayered(start, req, limiting, nil)
 		return nil
 	}
+}
+
+// layersMove returns how a layered grant res of the store ls for lr pays
+// its layers when it goes out later than charged (see sleepReserved), or
+// nil when no layer cares.
+func (b *Bucket) layersMove(ctx context.Context, ls backend.LayeredStore, lr backend.LayerRequest, res backend.LayerResult) *lateness {
+	late := &lateness{after: b.layered.lateness, pay: func(from time.Time, by time.Duration) bool {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
+		defer cancel()
+		moved, err := ls.DelayLayers(dctx, lr, res, from, by)
+		if err != nil {
+			b.log.Debug("charging the layers for a reservation moved back failed", "by", by, "error", err)
+			return true // the store is failing: go out at the new instant
+		}
+		return moved
+	}}
+	// A slot paid for on a delay layer cannot move: the next one is
+	// booked a spacing behind it. Moved back past the slot's Due plus its
+	// lateness, the message forfeits it and takes again as if it had come
+	// back that late (see Request.Paid).
+	if len(lr.Paid) > 0 {
+		late.forfeitAt = paidUntil(b.layered.layers, lr.Keys, lr.Paid)
+	}
+	if late.after <= 0 && late.forfeitAt.IsZero() {
+		return nil
+	}
+	return late
 }
 
 // layersLateness returns how much later than first due a layered

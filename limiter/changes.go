@@ -200,13 +200,8 @@ func (b *Bucket) sleepUntilDue(ctx context.Context, gen *generation, pushes *pus
 			// does: it goes out at r.due+lateBy, perhaps next to its
 			// key's next message, charged for an instant after this
 			// one's.
-			if out := r.due.Add(lateBy); late != nil && lateBy > 0 {
-				if !late.forfeitAt.IsZero() && out.After(late.forfeitAt) {
-					return 0, errMovedLate
-				}
-				if late.after > 0 && out.Sub(charged) > late.after && !late.pay(charged, out.Sub(charged)) {
-					return 0, errMovedLate
-				}
+			if late != nil && lateBy > 0 && !late.keeps(charged, r.due.Add(lateBy)) {
+				return 0, errMovedLate
 			}
 			return lateBy, nil
 		}
@@ -243,6 +238,17 @@ type lateness struct {
 	// reservation moved back past it (the store's clock): the lateness of
 	// a slot paid for on a delay layer, which cannot move.
 	forfeitAt time.Time
+}
+
+// keeps reports whether a reservation whose layers were charged for the
+// instant charged may go out at out: not past forfeitAt, and, once out is
+// more than after past charged, with its layers charged for the move
+// (pay).
+func (l *lateness) keeps(charged, out time.Time) bool {
+	if !l.forfeitAt.IsZero() && out.After(l.forfeitAt) {
+		return false
+	}
+	return l.after <= 0 || out.Sub(charged) <= l.after || l.pay(charged, out.Sub(charged))
 }
 
 // errMovedLate is sleepReserved's answer for a reservation moved back past

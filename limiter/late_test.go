@@ -140,3 +140,56 @@ func TestLayeredReservationWokenLateKeepsItsKeyApart(t *testing.T) {
 		}
 	}
 }
+
+// slowLayered is a layeredClocked whose TakeLayers answers come back late:
+// each runs at once and its answer takes the next lag of lags to return,
+// on the fake clock.
+type slowLayered struct {
+	*layeredClocked
+	mu   sync.Mutex
+	lags []time.Duration
+}
+
+func (s *slowLayered) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
+	res, err := s.layeredClocked.TakeLayers(ctx, req)
+	s.mu.Lock()
+	var lag time.Duration
+	if len(s.lags) > 0 {
+		lag, s.lags = s.lags[0], s.lags[1:]
+	}
+	s.mu.Unlock()
+	if lag > 0 {
+		<-s.clk.NewTimer(lag).C()
+	}
+	return res, err
+}
+
+// TestLayeredGrantArrivingLateKeepsItsKeyApart: with room in the shared
+// bucket (100/s, burst 10) and a per-key layer of 5/s, burst 1 (200 ms
+// apart, a lateness of 25 ms), a message of key a is granted at 0 but its
+// answer takes 190 ms to come back; the key's next message, refused until
+// +200, is granted then. The first used to go out when its answer came, at
+// +190, 10 ms before the second. A grant that arrives later than the
+// layers' lateness now charges the layers for the move, as a reservation
+// woken late does, so the second goes out 200 ms after the first.
+func TestLayeredGrantArrivingLateKeepsItsKeyApart(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := &slowLayered{
+		layeredClocked: newLayeredClocked(t, clk, 100, 10, 1, limiter.Layer{Name: "per-key", Keyed: true, Rate: 5, Burst: 1}),
+		lags:           []time.Duration{0, ms(190)},
+	}
+	r := &rig{t: t, clk: clk}
+	var err error
+	r.b, err = limiter.New(s, limiter.Options{Clock: clk, Lease: limiter.LeaseOptions{Disabled: true}, Logger: discardLogger(), ProbeInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.b.Close()
+	r.waitN(keyReq("x")) // a quick answer: the Bucket learns the store's clock
+	r.waitN(keyReq("a")) // granted at 0, answered at +190
+	r.waitN(keyReq("a")) // refused until +200
+	r.advance(ms(500))
+	if got, want := r.grants(), []time.Duration{0, ms(190), ms(390)}; !equalDurations(got, want) {
+		t.Errorf("grants at %v, want %v", got, want)
+	}
+}
