@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -10,8 +11,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/throttlehq/throttle/integration/campaign"
 	"github.com/throttlehq/throttle/internal/testenv"
+	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
 
 // The tests in this file measure layered limits as a provider sees them:
@@ -296,6 +299,10 @@ func layersFleetTest(t *testing.T, c layersFleetCase) {
 		f.Start(spec, rate)
 	}
 	f.WaitConsumers(3)
+	// A Redis stall before every replica counted the others puts a
+	// replica that counted two on its local fallback at half the rate,
+	// not a third.
+	layersWaitReplicasCounted(t, srv.Addr(), f.Name(), 3)
 
 	published := map[int]campaign.Arrival{}
 	ctx := testenv.Context(t, 30*time.Second)
@@ -421,5 +428,50 @@ func layersWaitConsumers(t *testing.T, f *faultFleet, n int) {
 	t.Helper()
 	faultEventually(t, 30*time.Second, fmt.Sprintf("%d consumers on the queue", n), func() bool {
 		return cliQueueState(f.conn, f.Name()).Consumers == n
+	})
+}
+
+// layersWaitReplicasCounted waits until each of n replicas of bucket has
+// beaten its heart after the last of them first did, so that each counts
+// n replicas: the count its local fallback divides the rate by.
+func layersWaitReplicasCounted(t *testing.T, addr, bucket string, n int) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	key := redislimiter.DefaultPrefix + "{" + bucket + "}:configs"
+	first := map[string]int64{} // the first beat seen of each replica (µs, Redis's clock)
+	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("%d replicas counting each other", n), func() bool {
+		m, err := c.HGetAll(t.Context(), key).Result()
+		if err != nil {
+			return false
+		}
+		beats := map[string]int64{}
+		for id, v := range m {
+			i := strings.LastIndex(v, " a:")
+			if i < 0 {
+				continue
+			}
+			at, err := strconv.ParseInt(v[i+3:], 10, 64)
+			if err != nil {
+				continue
+			}
+			beats[id] = at
+			if _, ok := first[id]; !ok {
+				first[id] = at
+			}
+		}
+		if len(first) < n {
+			return false
+		}
+		var last int64
+		for _, at := range first {
+			last = max(last, at)
+		}
+		for _, at := range beats {
+			if at <= last {
+				return false
+			}
+		}
+		return len(beats) >= n
 	})
 }
