@@ -302,10 +302,22 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		}
 		if fair && req.FairWaiting > 0 && !admitted {
 			// FairWaiting of its tenant's requests wait for the
-			// share ahead of it: refused without asking.
-			if le := b.layered.fairHeldBack(req.Tenant, req.FairWaiting, b.clock.Now(), b.replicaCount()); le != nil {
+			// share ahead of it: refused without asking. Fewer: it
+			// queues behind them without asking either, since the
+			// first of them asks at the tenant's next room.
+			le, w := b.layered.fairHeldBack(req.Tenant, req.FairWaiting, b.clock.Now(), b.replicaCount())
+			if le != nil {
 				b.observeLayered(start, req, FairLayer, le)
 				return le
+			}
+			if w != nil {
+				me, admitted = w, true
+				limiting = FairLayer
+				passFloor()
+				if err := b.fairTurn(ctx, b.gen.Load().changed, req.Tenant, me); err != nil && !errors.Is(err, errChanged) {
+					return err
+				}
+				continue
 			}
 		}
 		gen, seen := b.gen.Load(), b.pushes.heard()
@@ -877,24 +889,29 @@ func (b *Bucket) fairTurn(ctx context.Context, changed <-chan struct{}, tenant s
 	return b.sleep(ctx, changed, room.Sub(b.clock.Now()))
 }
 
-// fairHeldBack returns the refusal of a request of tenant at now, without
-// asking the store, while bound of the tenant's requests already wait for
-// its share: they take its next rooms first, one each, so the store could
-// only make this one wait too, and the consumer sets it aside at once (no
-// store call for a backlog's messages beyond them). The refusal's wait is
-// until the room the store last announced for the tenant and bound of its
-// spacings after it (the waiting ones' turns); its spacing is the
-// tenant's, times replicas, as in a refusal from the store's answer. It
-// returns nil when the store must decide.
-func (lf *layeredFallback) fairHeldBack(tenant string, bound int, now time.Time, replicas int) *LimitError {
+// fairHeldBack decides a request of tenant at now without asking the
+// store while some of the tenant's requests already wait for its share:
+// they take its next rooms first, one each, so the store could only make
+// this one wait too. With bound of them waiting it returns the request's
+// refusal, and the consumer sets it aside at once (no store call for a
+// backlog's messages beyond them): its wait is until the room the store
+// last announced for the tenant and bound of its spacings after it (the
+// waiting ones' turns); its spacing is the tenant's, times replicas, as in
+// a refusal from the store's answer. With fewer, it queues the request
+// last among them and returns its place: it asks the store in its turn
+// (fairTurn), not now. It returns nil, nil when the store must decide.
+func (lf *layeredFallback) fairHeldBack(tenant string, bound int, now time.Time, replicas int) (*LimitError, *fairWaiter) {
 	lf.fairMu.Lock()
 	defer lf.fairMu.Unlock()
 	q := lf.fairWaiting[tenant]
-	if q == nil || len(q.waiting) < bound {
-		return nil
+	if q == nil || len(q.waiting) == 0 {
+		return nil, nil
+	}
+	if len(q.waiting) < bound {
+		return nil, q.add()
 	}
 	wait := max(q.room.Sub(now), 0) + time.Duration(bound)*q.spacing
-	return backend.FairError(now, max(wait, time.Microsecond), q.spacing*time.Duration(max(1, replicas)))
+	return backend.FairError(now, max(wait, time.Microsecond), q.spacing*time.Duration(max(1, replicas))), nil
 }
 
 // layeredStore returns the Bucket's store if it is a LayeredStore with at

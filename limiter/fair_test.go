@@ -255,7 +255,9 @@ func TestFairWaitersAskInTurn(t *testing.T) {
 	done := make(chan error, 5)
 	for i := range 5 { // the first reserved, due at 100 ms; then 4 wait for a's share
 		go func() { done <- b.WaitN(ctx, req) }()
-		<-s.asked
+		if i < 2 { // the others queue behind the first waiting one without a call
+			<-s.asked
+		}
 		if !testenv.Within(10*time.Second, func() bool { return limiter.FairQueued(b, "a") == i }) {
 			t.Fatalf("%d of a's requests wait for its share, want %d", limiter.FairQueued(b, "a"), i)
 		}
@@ -290,5 +292,66 @@ func TestFairWaitersAskInTurn(t *testing.T) {
 	}
 	if n := s.takes.Load() - calls; n != 7 {
 		t.Errorf("store calls for the 4 waiting requests = %d, want 7", n)
+	}
+}
+
+// TestFairJoinsWaitersWithoutAsking: a tenant's request that comes while
+// fewer than FairWaiting of its requests wait for its share queues behind
+// them without a store call (the first of them asks at the tenant's next
+// room, so the store could only make it wait too), and goes out in its
+// turn. Before, each such request asked once to be told to wait.
+func TestFairJoinsWaitersWithoutAsking(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	// 10/s, burst 1; a's share of a 100 ms horizon is 1 token.
+	s := newFairClocked(t, clk, 10, 1, limiter.Fair{Horizon: 100 * time.Millisecond})
+	b := newLayeredBucket(t, clk, s)
+	ctx := context.Background()
+	req := limiter.Request{Cost: 1, Tenant: "a", FairWaiting: 4}
+	if err := b.WaitN(ctx, req); err != nil { // the burst's token
+		t.Fatal(err)
+	}
+	r1 := waitN(b, ctx, req) // reserved, due at 100 ms
+	clk.WaitTimers(t, 1)
+	r2 := waitN(b, ctx, req) // over a's share until 100 ms: waits for it
+	clk.WaitTimers(t, 2)
+	calls := s.takes.Load()
+	// At 50 ms two more of a's requests queue behind it: no call.
+	clk.Advance(50 * time.Millisecond)
+	var r34 [2]<-chan error
+	for i := range r34 {
+		r34[i] = waitN(b, ctx, req)
+		if !testenv.Within(10*time.Second, func() bool { return limiter.FairQueued(b, "a") == 2+i }) {
+			t.Fatalf("%d of a's requests wait for its share, want %d", limiter.FairQueued(b, "a"), 2+i)
+		}
+	}
+	r3, r4 := r34[0], r34[1]
+	if n := s.takes.Load() - calls; n != 0 {
+		t.Errorf("store calls for the 2 requests queued behind the waiting one = %d, want 0", n)
+	}
+	// Then each goes out in its turn, one room (100 ms) apart: at each,
+	// the first waiting one is granted and the next asks for its room.
+	s.asked = make(chan struct{}, 100)
+	clk.Advance(50 * time.Millisecond)
+	for i, step := range []struct {
+		c            <-chan error
+		asks, timers int
+	}{{r1, 2, 2}, {r2, 2, 2}, {r3, 1, 1}, {r4, 0, 0}} {
+		select {
+		case err := <-step.c:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("request %d not out at %v", i+1, clk.Now().Sub(storetest.Base))
+		}
+		for range step.asks {
+			select {
+			case <-s.asked:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("no store call after request %d out", i+1)
+			}
+		}
+		clk.WaitTimers(t, step.timers)
+		clk.Advance(100 * time.Millisecond)
 	}
 }
