@@ -238,9 +238,11 @@ func TestFairHeldBackWithoutStore(t *testing.T) {
 
 // TestFairWaitersAskInTurn: a tenant's requests waiting for its share ask
 // the store one at a time: at each room the first asks and, granted,
-// hands the turn to the next, which asks once to learn the next room.
-// Four waiting requests cost 7 calls for their 4 grants, where every
-// waiting request asked at every room (up to 4 + 3 + 2 + 1 = 10).
+// hands the turn to the next, which sleeps until the room a spacing later
+// without a call (it asked at once to learn it: 7 calls), unless the
+// store's last answer is a horizon old. Four waiting requests cost 5
+// calls for their 4 grants, where every waiting request asked at every
+// room (up to 4 + 3 + 2 + 1 = 10).
 func TestFairWaitersAskInTurn(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	// 10/s, burst 1; a's share of a 100 ms horizon is 1 token.
@@ -272,10 +274,12 @@ func TestFairWaitersAskInTurn(t *testing.T) {
 			t.Fatalf("no %s at %v", what, clk.Now().Sub(storetest.Base))
 		}
 	}
-	// At each room (100 ms to 400 ms) one request goes out, the first
-	// waiting one is granted and the next asks for the next room: two
-	// calls, then the two timers (the reservation, the next one's room).
-	for _, step := range []struct{ asks, timers int }{{2, 2}, {2, 2}, {2, 2}, {1, 1}, {0, 0}} {
+	// At each room (100 ms to 400 ms) one request goes out and the first
+	// waiting one is granted: one call, then the two timers (the
+	// reservation, the next one's room, a's spacing later). At 200 ms the
+	// store's last answer (at 0) is a horizon old: the next one asks at
+	// once for the next room, a second call.
+	for _, step := range []struct{ asks, timers int }{{1, 2}, {2, 2}, {1, 2}, {1, 1}, {0, 0}} {
 		clk.Advance(100 * time.Millisecond)
 		out := make(chan struct{})
 		go func() {
@@ -290,8 +294,8 @@ func TestFairWaitersAskInTurn(t *testing.T) {
 		}
 		clk.WaitTimers(t, step.timers)
 	}
-	if n := s.takes.Load() - calls; n != 7 {
-		t.Errorf("store calls for the 4 waiting requests = %d, want 7", n)
+	if n := s.takes.Load() - calls; n != 5 {
+		t.Errorf("store calls for the 4 waiting requests = %d, want 5", n)
 	}
 }
 
@@ -329,13 +333,15 @@ func TestFairJoinsWaitersWithoutAsking(t *testing.T) {
 		t.Errorf("store calls for the 2 requests queued behind the waiting one = %d, want 0", n)
 	}
 	// Then each goes out in its turn, one room (100 ms) apart: at each,
-	// the first waiting one is granted and the next asks for its room.
+	// the first waiting one is granted, and the next one waits for the
+	// room after it (at 200 ms the store's last answer is a horizon old:
+	// it asks at once to learn it).
 	s.asked = make(chan struct{}, 100)
 	clk.Advance(50 * time.Millisecond)
 	for i, step := range []struct {
 		c            <-chan error
 		asks, timers int
-	}{{r1, 2, 2}, {r2, 2, 2}, {r3, 1, 1}, {r4, 0, 0}} {
+	}{{r1, 1, 2}, {r2, 2, 2}, {r3, 1, 1}, {r4, 0, 0}} {
 		select {
 		case err := <-step.c:
 			if err != nil {
