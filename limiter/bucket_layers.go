@@ -302,10 +302,22 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		}
 		if fair && req.FairWaiting > 0 && !admitted {
 			// FairWaiting of its tenant's requests wait for the
-			// share ahead of it: refused without asking.
-			if le := b.layered.fairHeldBack(req.Tenant, req.FairWaiting, b.clock.Now(), b.replicaCount()); le != nil {
+			// share ahead of it: refused without asking. Fewer: it
+			// queues behind them without asking either, since the
+			// first of them asks at the tenant's next room.
+			le, w := b.layered.fairHeldBack(req.Tenant, req.FairWaiting, b.clock.Now(), b.replicaCount())
+			if le != nil {
 				b.observeLayered(start, req, FairLayer, le)
 				return le
+			}
+			if w != nil {
+				me, admitted = w, true
+				limiting = FairLayer
+				passFloor()
+				if err := b.fairTurn(ctx, b.gen.Load().changed, req.Tenant, me); err != nil && !errors.Is(err, errChanged) {
+					return err
+				}
+				continue
 			}
 		}
 		gen, seen := b.gen.Load(), b.pushes.heard()
@@ -350,15 +362,20 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			// A granted request holds its share in the queue: it no
 			// longer counts among those waiting for it, so that the
 			// tenant's next ones may wait while this one waits for its
-			// reservation.
+			// reservation. Granted in its turn, it took the tenant's
+			// room: the next one waits for the room after it without
+			// asking the store now (fairGranted).
+			if me != nil {
+				b.layered.fairGranted(req.Tenant, b.clock.Now(), b.layered.fair.Horizon, b.replicaCount())
+			}
 			admitted = true
 			fairCount(false)
 		case res.Limiting == FairLayer && req.FairWaiting > 0 && admitted:
-			b.layered.fairNote(req.Tenant, b.clock.Now().Add(res.Wait), res.FairSpacing)
+			b.layered.fairNote(req.Tenant, b.clock.Now(), res.Wait, res.FairSpacing)
 			fairCount(true)
 		}
 		if !res.Granted && res.Limiting == FairLayer && req.FairWaiting > 0 && !admitted {
-			if me = b.layered.fairEnter(req.Tenant, req.FairWaiting, b.clock.Now().Add(res.Wait), res.FairSpacing); me == nil {
+			if me = b.layered.fairEnter(req.Tenant, req.FairWaiting, b.clock.Now(), res.Wait, res.FairSpacing); me == nil {
 				// Each replica sets aside about its share of the
 				// tenant's messages: spaced by the pace times the live
 				// replicas, together they come back at the pace.
@@ -783,6 +800,9 @@ type fairQueue struct {
 	waiting []*fairWaiter
 	room    time.Time
 	spacing time.Duration
+	// learned is when the store's answer gave room and spacing; room
+	// may since have been moved on by grants (fairGranted).
+	learned time.Time
 }
 
 // fairWaiter is one request in a fairQueue: turn is closed when it is the
@@ -815,28 +835,47 @@ func (q *fairQueue) add() *fairWaiter {
 	return w
 }
 
-// fairEnter records that tenant's share has room at room, its
+// fairEnter records that tenant's share has room wait after now, its
 // reservations coming due spacing apart (the store's answer to a request
 // that must wait for it), and queues the request among those waiting for
 // the share, unless bound are already: then it returns nil.
-func (lf *layeredFallback) fairEnter(tenant string, bound int, room time.Time, spacing time.Duration) *fairWaiter {
+func (lf *layeredFallback) fairEnter(tenant string, bound int, now time.Time, wait, spacing time.Duration) *fairWaiter {
 	lf.fairMu.Lock()
 	defer lf.fairMu.Unlock()
 	q := lf.fairQueueLocked(tenant)
-	q.room, q.spacing = room, spacing
+	q.room, q.spacing, q.learned = now.Add(wait), spacing, now
 	if len(q.waiting) >= bound {
 		return nil
 	}
 	return q.add()
 }
 
-// fairNote records that tenant's share has room at room, its
+// fairNote records that tenant's share has room wait after now, its
 // reservations coming due spacing apart, for a request already admitted.
-func (lf *layeredFallback) fairNote(tenant string, room time.Time, spacing time.Duration) {
+func (lf *layeredFallback) fairNote(tenant string, now time.Time, wait, spacing time.Duration) {
 	lf.fairMu.Lock()
 	defer lf.fairMu.Unlock()
 	q := lf.fairQueueLocked(tenant)
-	q.room, q.spacing = room, spacing
+	q.room, q.spacing, q.learned = now.Add(wait), spacing, now
+}
+
+// fairGranted records that a request of tenant that waited for its share
+// was granted at now, taking the room: the tenant's next room is one of
+// its spacings later, times replicas (the live replicas take the rooms in
+// turn), and the next waiting request sleeps until then instead of asking
+// the store at once only to learn it. Asked early (the share shrank, or
+// another replica took that room), the store refuses with the exact room.
+// The estimate holds while the store's last answer is at most horizon
+// old; after that the next request asks at once, so that a share grown
+// meanwhile (a tenant gone idle) is seen within horizon.
+func (lf *layeredFallback) fairGranted(tenant string, now time.Time, horizon time.Duration, replicas int) {
+	lf.fairMu.Lock()
+	defer lf.fairMu.Unlock()
+	q := lf.fairWaiting[tenant]
+	if q == nil || q.spacing <= 0 || now.Sub(q.learned) > horizon {
+		return
+	}
+	q.room = now.Add(q.spacing * time.Duration(max(1, replicas)))
 }
 
 // fairWaitAdd queues again, beyond the bound, a request of tenant already
@@ -896,24 +935,29 @@ func (b *Bucket) fairTurn(ctx context.Context, changed <-chan struct{}, tenant s
 	return b.sleep(ctx, changed, room.Sub(b.clock.Now()))
 }
 
-// fairHeldBack returns the refusal of a request of tenant at now, without
-// asking the store, while bound of the tenant's requests already wait for
-// its share: they take its next rooms first, one each, so the store could
-// only make this one wait too, and the consumer sets it aside at once (no
-// store call for a backlog's messages beyond them). The refusal's wait is
-// until the room the store last announced for the tenant and bound of its
-// spacings after it (the waiting ones' turns); its spacing is the
-// tenant's, times replicas, as in a refusal from the store's answer. It
-// returns nil when the store must decide.
-func (lf *layeredFallback) fairHeldBack(tenant string, bound int, now time.Time, replicas int) *LimitError {
+// fairHeldBack decides a request of tenant at now without asking the
+// store while some of the tenant's requests already wait for its share:
+// they take its next rooms first, one each, so the store could only make
+// this one wait too. With bound of them waiting it returns the request's
+// refusal, and the consumer sets it aside at once (no store call for a
+// backlog's messages beyond them): its wait is until the room the store
+// last announced for the tenant and bound of its spacings after it (the
+// waiting ones' turns); its spacing is the tenant's, times replicas, as in
+// a refusal from the store's answer. With fewer, it queues the request
+// last among them and returns its place: it asks the store in its turn
+// (fairTurn), not now. It returns nil, nil when the store must decide.
+func (lf *layeredFallback) fairHeldBack(tenant string, bound int, now time.Time, replicas int) (*LimitError, *fairWaiter) {
 	lf.fairMu.Lock()
 	defer lf.fairMu.Unlock()
 	q := lf.fairWaiting[tenant]
-	if q == nil || len(q.waiting) < bound {
-		return nil
+	if q == nil || len(q.waiting) == 0 {
+		return nil, nil
+	}
+	if len(q.waiting) < bound {
+		return nil, q.add()
 	}
 	wait := max(q.room.Sub(now), 0) + time.Duration(bound)*q.spacing
-	return backend.FairError(now, max(wait, time.Microsecond), q.spacing*time.Duration(max(1, replicas)))
+	return backend.FairError(now, max(wait, time.Microsecond), q.spacing*time.Duration(max(1, replicas))), nil
 }
 
 // layeredStore returns the Bucket's store if it is a LayeredStore with at

@@ -238,9 +238,11 @@ func TestFairHeldBackWithoutStore(t *testing.T) {
 
 // TestFairWaitersAskInTurn: a tenant's requests waiting for its share ask
 // the store one at a time: at each room the first asks and, granted,
-// hands the turn to the next, which asks once to learn the next room.
-// Four waiting requests cost 7 calls for their 4 grants, where every
-// waiting request asked at every room (up to 4 + 3 + 2 + 1 = 10).
+// hands the turn to the next, which sleeps until the room a spacing later
+// without a call (it asked at once to learn it: 7 calls), unless the
+// store's last answer is a horizon old. Four waiting requests cost 5
+// calls for their 4 grants, where every waiting request asked at every
+// room (up to 4 + 3 + 2 + 1 = 10).
 func TestFairWaitersAskInTurn(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	// 10/s, burst 1; a's share of a 100 ms horizon is 1 token.
@@ -255,7 +257,9 @@ func TestFairWaitersAskInTurn(t *testing.T) {
 	done := make(chan error, 5)
 	for i := range 5 { // the first reserved, due at 100 ms; then 4 wait for a's share
 		go func() { done <- b.WaitN(ctx, req) }()
-		<-s.asked
+		if i < 2 { // the others queue behind the first waiting one without a call
+			<-s.asked
+		}
 		if !testenv.Within(10*time.Second, func() bool { return limiter.FairQueued(b, "a") == i }) {
 			t.Fatalf("%d of a's requests wait for its share, want %d", limiter.FairQueued(b, "a"), i)
 		}
@@ -270,10 +274,12 @@ func TestFairWaitersAskInTurn(t *testing.T) {
 			t.Fatalf("no %s at %v", what, clk.Now().Sub(storetest.Base))
 		}
 	}
-	// At each room (100 ms to 400 ms) one request goes out, the first
-	// waiting one is granted and the next asks for the next room: two
-	// calls, then the two timers (the reservation, the next one's room).
-	for _, step := range []struct{ asks, timers int }{{2, 2}, {2, 2}, {2, 2}, {1, 1}, {0, 0}} {
+	// At each room (100 ms to 400 ms) one request goes out and the first
+	// waiting one is granted: one call, then the two timers (the
+	// reservation, the next one's room, a's spacing later). At 200 ms the
+	// store's last answer (at 0) is a horizon old: the next one asks at
+	// once for the next room, a second call.
+	for _, step := range []struct{ asks, timers int }{{1, 2}, {2, 2}, {1, 2}, {1, 1}, {0, 0}} {
 		clk.Advance(100 * time.Millisecond)
 		out := make(chan struct{})
 		go func() {
@@ -288,7 +294,70 @@ func TestFairWaitersAskInTurn(t *testing.T) {
 		}
 		clk.WaitTimers(t, step.timers)
 	}
-	if n := s.takes.Load() - calls; n != 7 {
-		t.Errorf("store calls for the 4 waiting requests = %d, want 7", n)
+	if n := s.takes.Load() - calls; n != 5 {
+		t.Errorf("store calls for the 4 waiting requests = %d, want 5", n)
+	}
+}
+
+// TestFairJoinsWaitersWithoutAsking: a tenant's request that comes while
+// fewer than FairWaiting of its requests wait for its share queues behind
+// them without a store call (the first of them asks at the tenant's next
+// room, so the store could only make it wait too), and goes out in its
+// turn. Before, each such request asked once to be told to wait.
+func TestFairJoinsWaitersWithoutAsking(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	// 10/s, burst 1; a's share of a 100 ms horizon is 1 token.
+	s := newFairClocked(t, clk, 10, 1, limiter.Fair{Horizon: 100 * time.Millisecond})
+	b := newLayeredBucket(t, clk, s)
+	ctx := context.Background()
+	req := limiter.Request{Cost: 1, Tenant: "a", FairWaiting: 4}
+	if err := b.WaitN(ctx, req); err != nil { // the burst's token
+		t.Fatal(err)
+	}
+	r1 := waitN(b, ctx, req) // reserved, due at 100 ms
+	clk.WaitTimers(t, 1)
+	r2 := waitN(b, ctx, req) // over a's share until 100 ms: waits for it
+	clk.WaitTimers(t, 2)
+	calls := s.takes.Load()
+	// At 50 ms two more of a's requests queue behind it: no call.
+	clk.Advance(50 * time.Millisecond)
+	var r34 [2]<-chan error
+	for i := range r34 {
+		r34[i] = waitN(b, ctx, req)
+		if !testenv.Within(10*time.Second, func() bool { return limiter.FairQueued(b, "a") == 2+i }) {
+			t.Fatalf("%d of a's requests wait for its share, want %d", limiter.FairQueued(b, "a"), 2+i)
+		}
+	}
+	r3, r4 := r34[0], r34[1]
+	if n := s.takes.Load() - calls; n != 0 {
+		t.Errorf("store calls for the 2 requests queued behind the waiting one = %d, want 0", n)
+	}
+	// Then each goes out in its turn, one room (100 ms) apart: at each,
+	// the first waiting one is granted, and the next one waits for the
+	// room after it (at 200 ms the store's last answer is a horizon old:
+	// it asks at once to learn it).
+	s.asked = make(chan struct{}, 100)
+	clk.Advance(50 * time.Millisecond)
+	for i, step := range []struct {
+		c            <-chan error
+		asks, timers int
+	}{{r1, 1, 2}, {r2, 2, 2}, {r3, 1, 1}, {r4, 0, 0}} {
+		select {
+		case err := <-step.c:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("request %d not out at %v", i+1, clk.Now().Sub(storetest.Base))
+		}
+		for range step.asks {
+			select {
+			case <-s.asked:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("no store call after request %d out", i+1)
+			}
+		}
+		clk.WaitTimers(t, step.timers)
+		clk.Advance(100 * time.Millisecond)
 	}
 }
