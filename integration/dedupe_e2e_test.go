@@ -152,7 +152,8 @@ func dedupePublishTwice(t *testing.T, rawURL, queue string, ids []string) *amqp.
 // lost, and no message is sent twice, except one the killed replica was
 // sending at the instant of the kill (the sink had it, the mark had not
 // been written): at most its concurrency, each first sent within a second
-// before the kill. docs/dedupe.md says what was seen.
+// before the kill (as the sink sees it, up to 250 ms after it: the sink
+// reads a request the replica wrote before it died a moment later). docs/dedupe.md says what was seen.
 func TestDedupeKafkaReplicaKilled(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -199,11 +200,15 @@ func TestDedupeKafkaReplicaKilled(t *testing.T) {
 		}
 	}
 	e.sink.mu.Unlock()
+	const sinkLag = 250 * time.Millisecond
 	var inFlight []string
 	for _, id := range ids {
 		before := killAt.Sub(first[id])
 		inFlight = append(inFlight, fmt.Sprintf("%d first sent %v before the kill", id, before.Round(time.Millisecond)))
-		if before < 0 || before > time.Second {
+		// A request the killed replica wrote just before it died can
+		// be read by the sink, in this busy test process, a moment
+		// after the kill: up to sinkLag (seen: 24 ms at load 2).
+		if before < -sinkLag || before > time.Second {
 			t.Errorf("message %d sent twice, first %v before the kill: not in flight at the kill", id, before)
 		}
 	}
