@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -330,19 +329,12 @@ func fmtLat(ds []time.Duration) string {
 // runFair runs cfg.scenario and prints its figures.
 func runFair(ctx context.Context, cfg fairConfig) error {
 	load0 := loadAverage()
-	if cfg.cpuProfile != "" {
-		f, err := os.Create(cfg.cpuProfile)
-		if err != nil {
-			return fmt.Errorf("creating CPU profile: %w", err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("starting CPU profile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(cfg.cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	var out string
-	var err error
 	switch cfg.scenario {
 	case "two":
 		out, err = fairTwo(ctx, cfg)

@@ -401,17 +401,11 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	load0 := loadAverage()
-	if cfg.cpuProfile != "" {
-		f, err := os.Create(cfg.cpuProfile)
-		if err != nil {
-			return fmt.Errorf("creating CPU profile: %w", err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("starting CPU profile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(cfg.cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	b := &bench{cfg: cfg, admin: admin, runID: randomID()}
 	var rep report
 	rep.cfg, rep.machine = cfg, machine
@@ -460,4 +454,24 @@ func randomID() string {
 	var b [4]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// startCPUProfile writes a CPU profile to path until stop is called; with
+// an empty path it does nothing.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("creating CPU profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("starting CPU profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }

@@ -154,17 +154,11 @@ type recoveryFigures struct {
 func runScale(ctx context.Context, cfg scaleConfig) error {
 	load0 := loadAverage()
 	redis.SetLogger(quietLogger{})
-	if cfg.cpuProfile != "" {
-		f, err := os.Create(cfg.cpuProfile)
-		if err != nil {
-			return fmt.Errorf("creating CPU profile: %w", err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("starting CPU profile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(cfg.cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	var runs []scaleRun
 	for _, rate := range cfg.rates {
 		for _, n := range cfg.ns {
