@@ -427,7 +427,6 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		if holder != "" {
 			slots, _ = ls.(backend.SlotStore)
 		}
-		late := b.layersMove(ctx, ls, lr, res)
 		if res.Wait > 0 {
 			// A granted wait is the shared bucket's reservation: every
 			// layer was charged for the instant it is due. It moves with
@@ -458,7 +457,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			for _, s := range lr.Paid {
 				notBefore = max(notBefore, s.Due.Sub(res.At))
 			}
-			if err := b.sleepReserved(ctx, changes, pushes, seen, res.TakeResult, math.Float64frombits(b.lastRate.Load()), notBefore, late); err != nil {
+			if err := b.sleepReserved(ctx, changes, pushes, seen, res.TakeResult, math.Float64frombits(b.lastRate.Load()), notBefore, b.layersMove(ctx, ls, lr, res)); err != nil {
 				if errors.Is(err, errMovedLate) {
 					// Decided again, after the message its key was
 					// charged for meanwhile. Nothing is refunded: a
@@ -473,17 +472,15 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 				release(slots, lr)
 				return err
 			}
-		} else if late != nil && !res.At.IsZero() {
+		} else if by := b.answerLate(res.At); by > b.layered.lateness && b.layered.lateness > 0 || by > 0 && len(lr.Paid) > 0 {
 			// A grant for now whose answer came back late goes out
 			// late, perhaps next to its key's next message, charged
 			// for an instant after this one's: as a reservation woken
 			// late, it charges its layers for the move, or is decided
-			// again.
-			if skew, ok := b.skew.get(); ok {
-				if by := b.clock.Now().Sub(res.At.Add(skew)); by > 0 && !late.keeps(res.At, res.At.Add(by)) {
-					req.Paid = nil
-					continue
-				}
+			// again. An answer on time builds nothing.
+			if late := b.layersMove(ctx, ls, lr, res); late != nil && !late.keeps(res.At, res.At.Add(by)) {
+				req.Paid = nil
+				continue
 			}
 		}
 		if g != nil {
@@ -495,6 +492,17 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		b.observeLayered(start, req, limiting, nil)
 		return nil
 	}
+}
+
+// answerLate returns how much later than the quickest answers one the
+// store ran at its instant at arrives, by the skew estimate (skewMeter),
+// or 0 when that is unknown.
+func (b *Bucket) answerLate(at time.Time) time.Duration {
+	skew, ok := b.skew.get()
+	if !ok || at.IsZero() {
+		return 0
+	}
+	return b.clock.Now().Sub(at.Add(skew))
 }
 
 // layersMove returns how a layered grant res of the store ls for lr pays

@@ -16,8 +16,8 @@ import (
 // clock.
 type slowStore struct {
 	*clockedStore
+	lags answerLags
 	mu   sync.Mutex
-	lags []time.Duration
 	// costs are the costs asked for, in order.
 	costs []int
 }
@@ -26,15 +26,28 @@ func (s *slowStore) Take(ctx context.Context, req limiter.TakeRequest) (limiter.
 	res, err := s.clockedStore.Take(ctx, req)
 	s.mu.Lock()
 	s.costs = append(s.costs, req.Cost)
-	var lag time.Duration
-	if len(s.lags) > 0 {
-		lag, s.lags = s.lags[0], s.lags[1:]
-	}
 	s.mu.Unlock()
-	if lag > 0 {
-		<-s.clk.NewTimer(lag).C()
-	}
+	s.lags.wait(s.clk)
 	return res, err
+}
+
+// answerLags are the lags of a slow store's answers, in order: wait
+// sleeps the next one on the fake clock (none once they run out).
+type answerLags struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (l *answerLags) wait(clk *clocktest.Clock) {
+	l.mu.Lock()
+	var lag time.Duration
+	if len(l.d) > 0 {
+		lag, l.d = l.d[0], l.d[1:]
+	}
+	l.mu.Unlock()
+	if lag > 0 {
+		<-clk.NewTimer(lag).C()
+	}
 }
 
 // TestLateReservationAsksAgain: at 10/s with a burst of 2, six callers ask
@@ -60,7 +73,7 @@ func TestLateReservationAsksAgain(t *testing.T) {
 	} {
 		clk := clocktest.New(storetest.Base)
 		cs := newClockedStore(t, clk, 10, 2, 1)
-		s := &slowStore{clockedStore: cs, lags: []time.Duration{0, 0, 0, c.lag, 0, 0, c.again}}
+		s := &slowStore{clockedStore: cs, lags: answerLags{d: []time.Duration{0, 0, 0, c.lag, 0, 0, c.again}}}
 		r := &rig{t: t, clk: clk, store: cs}
 		r.b = newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}}, cs.watched)
 		for range 6 {
@@ -146,21 +159,12 @@ func TestLayeredReservationWokenLateKeepsItsKeyApart(t *testing.T) {
 // on the fake clock.
 type slowLayered struct {
 	*layeredClocked
-	mu   sync.Mutex
-	lags []time.Duration
+	lags answerLags
 }
 
 func (s *slowLayered) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
 	res, err := s.layeredClocked.TakeLayers(ctx, req)
-	s.mu.Lock()
-	var lag time.Duration
-	if len(s.lags) > 0 {
-		lag, s.lags = s.lags[0], s.lags[1:]
-	}
-	s.mu.Unlock()
-	if lag > 0 {
-		<-s.clk.NewTimer(lag).C()
-	}
+	s.lags.wait(s.clk)
 	return res, err
 }
 
@@ -176,7 +180,7 @@ func TestLayeredGrantArrivingLateKeepsItsKeyApart(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	s := &slowLayered{
 		layeredClocked: newLayeredClocked(t, clk, 100, 10, 1, limiter.Layer{Name: "per-key", Keyed: true, Rate: 5, Burst: 1}),
-		lags:           []time.Duration{0, ms(190)},
+		lags:           answerLags{d: []time.Duration{0, ms(190)}},
 	}
 	r := &rig{t: t, clk: clk}
 	var err error

@@ -165,9 +165,9 @@ func TestLeaseCoversTheRoundTrip(t *testing.T) {
 	if _, err := b.State(ctx); err != nil { // learns the 1,000 replicas
 		t.Fatal(err)
 	}
-	s.mu.Lock()
-	s.lags = []time.Duration{2 * time.Second, 2 * time.Second}
-	s.mu.Unlock()
+	s.lags.mu.Lock()
+	s.lags.d = []time.Duration{2 * time.Second, 2 * time.Second}
+	s.lags.mu.Unlock()
 	for range 2 {
 		timers := clk.Timers()
 		done := make(chan error, 1)
