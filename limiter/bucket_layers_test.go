@@ -265,8 +265,10 @@ func TestWaitNFallbackKeepsLayersAtShare(t *testing.T) {
 	}
 	s.down.Store(true)
 	done := waitN(b, ctx, keyReq("a"))
-	// The local bucket starts empty and refills at 50/s: 20ms.
-	clk.WaitTimers(t, 1)
+	// The local bucket starts empty and refills at 50/s: 20ms. Two
+	// timers: the caller's sleep and the probe of the store (waiting for
+	// one alone could advance the clock before the caller slept).
+	clk.WaitTimers(t, 2)
 	clk.Advance(20 * time.Millisecond)
 	if err := <-done; err != nil {
 		t.Fatal(err)
