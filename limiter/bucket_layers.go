@@ -321,7 +321,14 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			}
 		}
 		gen, seen := b.gen.Load(), b.pushes.heard()
+		sent := b.clock.Now()
 		res, err := ls.TakeLayers(ctx, lr)
+		if err == nil {
+			// Every answer places the store's clock, a leased one's too
+			// (it ran the layers at the store's instant): answerLate and
+			// the reservation's wake-up judge lateness by it.
+			b.skew.observeTrip(sent, b.clock.Now(), res.At)
+		}
 		if lr.SkipShared && !lr.ShadowShared && (err != nil || !res.Granted) {
 			b.lease.put(req.Cost) // not used: back to the lease
 		}
@@ -496,13 +503,15 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 
 // answerLate returns how much later than the quickest answers one the
 // store ran at its instant at arrives, by the skew estimate (skewMeter),
-// or 0 when that is unknown.
+// at worst: plus the estimate's spread, since the quickest answers seen
+// may have been slow too (the first answer of a Bucket is its own
+// quickest, however slow it was). It is 0 when that is unknown.
 func (b *Bucket) answerLate(at time.Time) time.Duration {
 	skew, ok := b.skew.get()
 	if !ok || at.IsZero() {
 		return 0
 	}
-	return b.clock.Now().Sub(at.Add(skew))
+	return b.clock.Now().Sub(at.Add(skew)) + b.skew.spread()
 }
 
 // layersMove returns how a layered grant res of the store ls for lr pays

@@ -199,9 +199,14 @@ func (b *Bucket) sleepUntilDue(ctx context.Context, gen *generation, pushes *pus
 			// A wake-up the scheduler delayed moves it back as a push
 			// does: it goes out at r.due+lateBy, perhaps next to its
 			// key's next message, charged for an instant after this
-			// one's.
-			if late != nil && lateBy > 0 && !late.keeps(charged, r.due.Add(lateBy)) {
-				return 0, errMovedLate
+			// one's. Late against the store's clock, at worst: the
+			// skew's estimate may place the slot later than it was
+			// (a Bucket whose first answers were all slow wakes every
+			// reservation that much late).
+			if late != nil {
+				if by := lateBy + b.skew.spread(); by > 0 && !late.keeps(charged, r.due.Add(by)) {
+					return 0, errMovedLate
+				}
 			}
 			return lateBy, nil
 		}

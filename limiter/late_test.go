@@ -197,3 +197,68 @@ func TestLayeredGrantArrivingLateKeepsItsKeyApart(t *testing.T) {
 		t.Errorf("grants at %v, want %v", got, want)
 	}
 }
+
+// TestLayeredFirstGrantArrivingLateKeepsItsKeyApart is
+// TestLayeredGrantArrivingLateKeepsItsKeyApart for a replica's first
+// answer: it is the quickest that replica has seen, so the skew estimate
+// alone cannot tell it was slow. Replica A's request of key a went out at
+// 0 and its grant came back at +190: at worst 190 ms late, the estimate's
+// spread. Replica B, whose answers are quick, asked for the key's next
+// message at 0 and was refused until +200. A used to go out at +190 and B
+// at +200, 10 ms apart; A now charges the layers for the move, and B goes
+// out 200 ms after it.
+func TestLayeredFirstGrantArrivingLateKeepsItsKeyApart(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	shared := newLayeredClocked(t, clk, 100, 10, 1, limiter.Layer{Name: "per-key", Keyed: true, Rate: 5, Burst: 1})
+	r := &rig{t: t, clk: clk}
+	r.b = slowReplica(t, clk, shared, ms(190))
+	r.waitN(keyReq("a")) // granted at 0, answered at +190: A's first answer
+	r.b = slowReplica(t, clk, shared)
+	r.waitN(keyReq("a")) // refused until +200
+	r.advance(ms(500))
+	if got, want := r.grants(), []time.Duration{ms(190), ms(390)}; !equalDurations(got, want) {
+		t.Errorf("the key's messages went out at %v, want %v", got, want)
+	}
+}
+
+// slowReplica returns a Bucket on s (one replica of several sharing it)
+// whose answers come back lags late, in order, closed when the test ends.
+func slowReplica(t *testing.T, clk *clocktest.Clock, s *layeredClocked, lags ...time.Duration) *limiter.Bucket {
+	t.Helper()
+	b, err := limiter.New(&slowLayered{layeredClocked: s, lags: answerLags{d: lags}},
+		limiter.Options{Clock: clk, Lease: limiter.LeaseOptions{Disabled: true}, Logger: discardLogger(), ProbeInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// TestLayeredReservationOfSlowReplicaKeepsItsKeyApart: replica A's answers
+// all come back 100 ms late, so its skew estimate places the store's clock
+// 100 ms late and it wakes every reservation 100 ms after its slot, on
+// time by its own estimate. At 10/s (burst 1) with a per-key layer of
+// 10/s, A's message of key a is reserved for +200 and replica B's next one
+// of the key for +300. A used to go out at +300 beside B's; it now counts
+// its wake-up as late by the estimate's spread, finds the key charged
+// after it, and is decided again: it goes out at +400.
+func TestLayeredReservationOfSlowReplicaKeepsItsKeyApart(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	shared := newLayeredClocked(t, clk, 10, 1, 1, limiter.Layer{Name: "per-key", Keyed: true, Rate: 10, Burst: 1})
+	a, b := slowReplica(t, clk, shared, ms(100), ms(100)), slowReplica(t, clk, shared)
+	r := &rig{t: t, clk: clk}
+	r.b = a
+	r.waitN(keyReq("x")) // granted at 0, answered at +100
+	r.b = b
+	r.waitN(keyReq("y")) // reserved for +100
+	r.advance(ms(100))
+	r.b = a
+	r.waitN(keyReq("a")) // at +100: reserved for +200, answered at +200
+	r.advance(ms(150))
+	r.b = b
+	r.waitN(keyReq("a")) // at +250: reserved for +300
+	r.advance(ms(300))
+	if got, want := r.grants(), []time.Duration{ms(100), ms(100), ms(300), ms(400)}; !equalDurations(got, want) {
+		t.Errorf("grants at %v, want %v", got, want)
+	}
+}
