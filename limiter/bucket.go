@@ -435,27 +435,36 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 			continue
 		}
 		passFloor()
+		var late time.Duration
+		spare := 0.0 // what the grant left in the bucket
 		if res.Wait > 0 {
-			late, err := b.sleepUntilDue(ctx, gen, &b.pushes, seen, res, math.Float64frombits(b.lastRate.Load()), 0, nil)
+			l, err := b.sleepUntilDue(ctx, gen, &b.pushes, seen, res, math.Float64frombits(b.lastRate.Load()), 0, nil)
 			if err != nil {
 				b.refundClass(ctx, res.Tokens, res.Class)
 				return err
 			}
 			// Late against the store's clock, at worst: the skew's
 			// estimate may place the slot later than it was.
-			late += b.skew.spread()
-			if fits, refund := lateFits(late, res.Tokens, math.Float64frombits(b.lastRate.Load()), int(b.lastBurst.Load())); !fits && !retimed {
-				// Woken too late to go out with the slots after its
-				// own: give back what the bucket could have held, and
-				// ask again, once, so that a machine too slow to wake
-				// anyone in time still serves its callers.
-				if refund > 0 {
-					b.refund(ctx, refund)
-				}
-				b.retimed.Add(1)
-				retimed = true
-				continue
+			late = l + b.skew.spread()
+		} else if lead == nil {
+			// A grant for now whose answer came back late goes out late
+			// too, beside the tokens the bucket refilled meanwhile. (A
+			// lease's tokens are spent after its grant in any case, over
+			// up to LeaseOptions.Idle; a retry would only add calls to a
+			// store that is slow to answer.)
+			late, spare = b.answerLate(res.At), res.Remaining
+		}
+		if fits, refund := lateFits(late, res.Tokens, spare, math.Float64frombits(b.lastRate.Load()), int(b.lastBurst.Load())); !fits && !retimed {
+			// Too late to go out with the slots after its own: give
+			// back what the bucket could have held, and ask again,
+			// once, so that a machine too slow to wake anyone in time
+			// still serves its callers.
+			if refund > 0 {
+				b.refund(ctx, refund)
 			}
+			b.retimed.Add(1)
+			retimed = true
+			continue
 		}
 		if lead != nil {
 			b.lease.fill(lead, res.Tokens)

@@ -95,6 +95,35 @@ func TestLateReservationAsksAgain(t *testing.T) {
 	}
 }
 
+// TestLateGrantAsksAgain: at 10/s with a burst of 5, a caller asks for 2
+// tokens at 0 from the full bucket (3 left) and its answer takes 500 ms to
+// come back, its Bucket's first: the bucket refilled to its burst
+// meanwhile, and five callers asking then take all 5. The late grant used
+// to go out beside them, 7 tokens at +500 where the bucket holds 5 (and
+// 16 in the second from +500, against rate + burst = 15). The bucket
+// could not have held its tokens that long (3 + 2 + 5 > 5): it now asks
+// again, quickly granted from the full bucket, and the others go out at
+// its pace, 3 at once and the rest 100 ms apart.
+func TestLateGrantAsksAgain(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	cs := newClockedStore(t, clk, 10, 5, 1)
+	s := &slowStore{clockedStore: cs, lags: answerLags{d: []time.Duration{ms(500)}}}
+	r := &rig{t: t, clk: clk, store: cs}
+	r.b = newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}}, cs.watched)
+	r.wait(2)
+	r.advance(ms(500))
+	for range 5 {
+		r.wait(1)
+	}
+	r.advance(ms(500))
+	if got, want := r.grants(), []time.Duration{ms(500), ms(500), ms(500), ms(500), ms(600), ms(700)}; !equalDurations(got, want) {
+		t.Errorf("grants at %v, want %v", got, want)
+	}
+	if got, want := r.b.Stats().Retimed, int64(1); got != want {
+		t.Errorf("Stats().Retimed = %d, want %d", got, want)
+	}
+}
+
 // lagClock is a fake clock whose first timer of a given length fires lag
 // after it was due: a wake-up the scheduler delayed, on one goroutine only.
 type lagClock struct {

@@ -136,16 +136,19 @@ func (m *skewMeter) recent(local time.Time) (time.Duration, bool) {
 // second's worth after a start-up whose answers took a second): it asks
 // again. Of its tokens the bucket could have held only burst − rate·late
 // before refilling past its burst; only those go back, so that the bucket
-// never counts the refill it lost to its cap twice. rate is the bucket's
-// refill rate; at 0 (paused) nothing refills and late tokens fit. A wake-up
-// up to timerSlack late is on time: timers fire after their instant, and
-// the store's answers are in microseconds.
-func lateFits(late time.Duration, tokens int, rate float64, burst int) (fits bool, refund int) {
+// never counts the refill it lost to its cap twice. A grant for now leaves
+// the bucket with spare tokens (TakeResult.Remaining): its tokens fit while
+// spare + tokens + rate·late ≤ burst, and a full bucket's grant that came
+// back late goes out only within the slack; spare is 0 for a reservation.
+// rate is the bucket's refill rate; at 0 (paused) nothing refills and late
+// tokens fit. A wake-up up to timerSlack late is on time: timers fire
+// after their instant, and the store's answers are in microseconds.
+func lateFits(late time.Duration, tokens int, spare, rate float64, burst int) (fits bool, refund int) {
 	late -= timerSlack
 	if late <= 0 || rate <= 0 {
 		return true, 0
 	}
-	room := float64(burst) - rate*late.Seconds()
+	room := float64(burst) - max(0, spare) - rate*late.Seconds()
 	if float64(tokens) <= room {
 		return true, 0
 	}
