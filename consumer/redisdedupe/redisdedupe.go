@@ -116,6 +116,12 @@ func (s *Store) Channel() string { return s.channel }
 // remaining TTL.
 func (s *Store) claimOnce(ctx context.Context, rkey, token string, ttl time.Duration) (consumer.DedupeState, time.Duration, error) {
 	v, err := s.batch.do("c", rkey, token, ms(ttl))
+	return claimReply(v, err)
+}
+
+// claimReply reads the reply of a claim: the state, or 0 and the held
+// claim's remaining TTL.
+func claimReply(v any, err error) (consumer.DedupeState, time.Duration, error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("redisdedupe: claim: %w", err)
 	}
@@ -182,6 +188,54 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	}
 	return nil
 }
+
+// ClaimLater claims key for token, for ttl, as one try of Claim that
+// does not wait: it calls done with DedupeClaimed, DedupeSent, or 0 while
+// another token holds the key (the caller claims again at its turn, with
+// Claim, which waits). The claim goes out within a couple of milliseconds,
+// with the other operations queued meanwhile, in the order they were
+// queued: a consumer claims the keys of the messages it fetched ahead of
+// their turn, so that few calls carry many claims. done is called once,
+// from another goroutine, and must not block. The client's timeouts bound
+// the call.
+func (s *Store) ClaimLater(key, token string, ttl time.Duration, done func(consumer.DedupeState, error)) {
+	s.batch.later("c", s.Key(key), token, ms(ttl), func(v any, err error) {
+		st, _, err := claimReply(v, err)
+		done(st, err)
+	})
+}
+
+// MarkSentLater is MarkSent, sent with the other operations queued within
+// a couple of milliseconds (as ClaimLater): it calls done with its error
+// once the key is marked. done is called once, from another goroutine, and
+// must not block.
+func (s *Store) MarkSentLater(key, token string, window time.Duration, done func(error)) {
+	s.batch.later("m", s.Key(key), "", ms(window), func(_ any, err error) {
+		if err != nil {
+			err = fmt.Errorf("redisdedupe: mark: %w", err)
+		}
+		done(err)
+	})
+}
+
+// ReleaseLater is Release, sent with the other operations queued within a
+// couple of milliseconds (as ClaimLater), after those queued before it
+// (a ClaimLater of the same token): it calls done with its error. done is
+// called once, from another goroutine, and must not block.
+func (s *Store) ReleaseLater(key, token string, done func(error)) {
+	s.batch.later("r", s.Key(key), token, "", func(_ any, err error) {
+		if err != nil {
+			err = fmt.Errorf("redisdedupe: release: %w", err)
+		}
+		done(err)
+	})
+}
+
+// Flush sends the operations that ClaimLater, MarkSentLater and
+// ReleaseLater queued now, from the caller's goroutine, or, while a call
+// is in flight, right after it: a consumer calls it when a message whose
+// claim is still queued comes to its turn.
+func (s *Store) Flush() { s.batch.flush() }
 
 // Close closes the Store's Pub/Sub connection, if open, and waits for its
 // reader. A Claim waiting meanwhile waits for its claim's TTL. Close is
