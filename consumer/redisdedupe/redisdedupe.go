@@ -22,7 +22,13 @@
 // the next one (up to 128 operations), one script call on a single node
 // (decided in turn, atomically), or on a Cluster, whose keys are in many
 // slots, a pipeline of one call per operation; so that a busy replica
-// makes far fewer calls than messages. A lone operation is sent at once. A Claim that
+// makes far fewer calls than messages. A lone operation is sent at once.
+// ClaimLater, MarkSentLater and ReleaseLater queue an operation without
+// waiting for it: it goes out within a couple of milliseconds with the
+// others (at once when 128 are queued, on Flush, or with the next call of
+// Claim, MarkSent or Release), and a function gets its answer; the Kafka
+// consumer claims its messages ahead with them as it fetches them, and
+// queues its marks. A Claim that
 // finds another token's claim marks it waited for and waits for the mark
 // or release, which publishes the key on PREFIX dedupe:NAMESPACE, or for
 // the claim's remaining TTL, whichever comes first, then claims again. The
