@@ -9,6 +9,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// The kinds of operations, as lua/dedupe.lua reads them.
+var kindClaim, kindMark, kindRelease any = "c", "m", "r"
+
 const (
 	// maxBatch is the most operations sent in one call.
 	maxBatch = 128
@@ -19,11 +22,13 @@ const (
 
 // op is one claim, mark or release waiting in a batcher: kind 'c', 'm' or
 // 'r', its key, token and TTL (ms), as lua/dedupe.lua reads them.
+// (kind and ttl are boxed once, not at each call: a script argument is an
+// interface.)
 type op struct {
-	kind  string
+	kind  any // kindClaim, kindMark or kindRelease
 	key   string
 	token string
-	ttl   string
+	ttl   any // a string, boxed once (Store.msArg)
 	res   any
 	err   error
 	done  chan struct{}    // closed when res and err are set; nil for later
@@ -72,7 +77,7 @@ func newBatcher(client Client, channel string) *batcher {
 // later queues the operation kind on key, to go out within linger with the
 // operations of other callers, and calls cb with its reply, from the
 // goroutine that sent it: cb must not block.
-func (b *batcher) later(kind, key, token, ttl string, cb func(any, error)) {
+func (b *batcher) later(kind any, key, token string, ttl any, cb func(any, error)) {
 	o := &op{kind: kind, key: key, token: token, ttl: ttl, cb: cb}
 	b.mu.Lock()
 	b.queue = append(b.queue, o)
@@ -125,7 +130,7 @@ func (b *batcher) fire() {
 
 // do runs the operation kind on key, in a batch with the operations of
 // other callers, and returns its reply.
-func (b *batcher) do(kind, key, token, ttl string) (any, error) {
+func (b *batcher) do(kind any, key, token string, ttl any) (any, error) {
 	o := &op{kind: kind, key: key, token: token, ttl: ttl, done: make(chan struct{}), lead: make(chan struct{}, 1)}
 	b.mu.Lock()
 	b.queue = append(b.queue, o)

@@ -31,7 +31,7 @@ func TestBatcherBothWays(t *testing.T) {
 				wg.Go(func() {
 					key := fmt.Sprintf("%s{k%d}", prefix, i)
 					check := func(kind, token, ttl string, want any) {
-						if v, err := b.do(kind, key, token, ttl); err != nil || v != want {
+						if v, err := b.do(kind, key, token, any(ttl)); err != nil || v != want {
 							errs <- fmt.Errorf("%s %s %s: %v %v, want %v", kind, key, token, v, err, want)
 						}
 					}

@@ -93,6 +93,7 @@ type Store struct {
 	done    chan struct{} // closed when the reader returned
 	closed  bool
 	waiters map[string]map[chan struct{}]struct{}
+	msArgs  map[time.Duration]any
 }
 
 // New returns a Store of cfg on client.
@@ -108,7 +109,7 @@ func New(client Client, cfg Config) (*Store, error) {
 	}
 	base := cfg.Prefix + "dedupe:" + cfg.Namespace
 	return &Store{client: client, batch: newBatcher(client, base), prefix: base + ":", channel: base,
-		waiters: map[string]map[chan struct{}]struct{}{}}, nil
+		waiters: map[string]map[chan struct{}]struct{}{}, msArgs: map[time.Duration]any{}}, nil
 }
 
 // Key returns the Redis key of the message key key.
@@ -121,7 +122,7 @@ func (s *Store) Channel() string { return s.channel }
 // claimOnce runs the claim script: the state, or 0 and the held claim's
 // remaining TTL.
 func (s *Store) claimOnce(ctx context.Context, rkey, token string, ttl time.Duration) (consumer.DedupeState, time.Duration, error) {
-	v, err := s.batch.do("c", rkey, token, ms(ttl))
+	v, err := s.batch.do(kindClaim, rkey, token, s.msArg(ttl))
 	return claimReply(v, err)
 }
 
@@ -181,7 +182,7 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 
 // MarkSent implements consumer.DedupeStore.
 func (s *Store) MarkSent(ctx context.Context, key, _ string, window time.Duration) error {
-	if _, err := s.batch.do("m", s.Key(key), "", ms(window)); err != nil {
+	if _, err := s.batch.do(kindMark, s.Key(key), "", s.msArg(window)); err != nil {
 		return fmt.Errorf("redisdedupe: mark: %w", err)
 	}
 	return nil
@@ -189,7 +190,7 @@ func (s *Store) MarkSent(ctx context.Context, key, _ string, window time.Duratio
 
 // Release implements consumer.DedupeStore.
 func (s *Store) Release(ctx context.Context, key, token string) error {
-	if _, err := s.batch.do("r", s.Key(key), token, ""); err != nil {
+	if _, err := s.batch.do(kindRelease, s.Key(key), token, noTTL); err != nil {
 		return fmt.Errorf("redisdedupe: release: %w", err)
 	}
 	return nil
@@ -205,7 +206,7 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 // from another goroutine, and must not block. The client's timeouts bound
 // the call.
 func (s *Store) ClaimLater(key, token string, ttl time.Duration, done func(consumer.DedupeState, error)) {
-	s.batch.later("c", s.Key(key), token, ms(ttl), func(v any, err error) {
+	s.batch.later(kindClaim, s.Key(key), token, s.msArg(ttl), func(v any, err error) {
 		st, _, err := claimReply(v, err)
 		done(st, err)
 	})
@@ -216,7 +217,7 @@ func (s *Store) ClaimLater(key, token string, ttl time.Duration, done func(consu
 // once the key is marked. done is called once, from another goroutine, and
 // must not block.
 func (s *Store) MarkSentLater(key, token string, window time.Duration, done func(error)) {
-	s.batch.later("m", s.Key(key), "", ms(window), func(_ any, err error) {
+	s.batch.later(kindMark, s.Key(key), "", s.msArg(window), func(_ any, err error) {
 		if err != nil {
 			err = fmt.Errorf("redisdedupe: mark: %w", err)
 		}
@@ -229,7 +230,7 @@ func (s *Store) MarkSentLater(key, token string, window time.Duration, done func
 // (a ClaimLater of the same token): it calls done with its error. done is
 // called once, from another goroutine, and must not block.
 func (s *Store) ReleaseLater(key, token string, done func(error)) {
-	s.batch.later("r", s.Key(key), token, "", func(_ any, err error) {
+	s.batch.later(kindRelease, s.Key(key), token, noTTL, func(_ any, err error) {
 		if err != nil {
 			err = fmt.Errorf("redisdedupe: release: %w", err)
 		}
@@ -348,4 +349,22 @@ func (s *Store) wake(rkey string) {
 
 func ms(d time.Duration) string {
 	return strconv.FormatInt(max(d.Milliseconds(), 1), 10)
+}
+
+// noTTL is the TTL argument of a release.
+var noTTL any = ""
+
+// msArg returns ms(d) as a script argument, boxed once for the few TTLs a
+// Store is given (the claim's and the window).
+func (s *Store) msArg(d time.Duration) any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v, ok := s.msArgs[d]; ok {
+		return v
+	}
+	var v any = ms(d)
+	if len(s.msArgs) < 8 {
+		s.msArgs[d] = v
+	}
+	return v
 }

@@ -284,7 +284,10 @@ func (m *Marking) finish() {
 
 func (d *deduper) newDelivery() *delivery { return &delivery{token: d.newToken()} }
 
-func (d *deduper) newToken() string { return d.prefix + strconv.FormatUint(d.seq.Add(1), 36) }
+func (d *deduper) newToken() string {
+	var b [32]byte
+	return string(strconv.AppendUint(append(b[:0], d.prefix...), d.seq.Add(1), 36))
+}
 
 // deliveryAhead is the delivery of a message claimed ahead (a may be nil).
 func (d *deduper) deliveryAhead(a *Ahead) *delivery {
