@@ -130,12 +130,12 @@ func dedupeRecord(topic string, partition int32, id string) *kgo.Record {
 }
 
 // TestDedupeMarkBeforeCommit: with Options.Dedupe on a store that queues
-// its operations, each message is claimed ahead as it is fetched (no
-// claim call at its turn), and its offset is committed only once its mark
-// is written, while the worker goes on: three messages sent with their
-// marks held stay uncommitted, though a later message of another partition
-// (without a key, nothing to mark) is committed; once the marks run, the
-// three are committed.
+// its operations, and a worker per partition, each message is claimed
+// ahead as it is fetched (no claim call at its turn), and its offset is
+// committed only once its mark is written, while the worker goes on: three
+// messages sent with their marks held stay uncommitted, though a later
+// message of another partition (without a key, nothing to mark) is
+// committed; once the marks run, the three are committed.
 func TestDedupeMarkBeforeCommit(t *testing.T) {
 	topic, group := testenv.Name(t, "t"), testenv.Name(t, "g")
 	brokers := newTopics(t, 2, topic)
@@ -143,7 +143,7 @@ func TestDedupeMarkBeforeCommit(t *testing.T) {
 	store.holdMarks = true
 	sent := make(chan string, 10)
 	c, err := New(Config{
-		Options: consumer.Options{Logger: testLogger(t), Dedupe: &consumer.Dedupe{
+		Options: consumer.Options{Logger: testLogger(t), Concurrency: 2, Dedupe: &consumer.Dedupe{
 			Store: store,
 			Key:   func(m consumer.Message) (string, error) { return m.Headers["message-id"], nil },
 		}},
@@ -231,5 +231,30 @@ func TestDedupeDroppedReleasesAhead(t *testing.T) {
 	}
 	if got := committed(t, brokers, group, topic)[0]; got != 1 {
 		t.Fatalf("committed %d, want 1", got)
+	}
+}
+
+// TestAheadSafe: claims are made ahead only where every lane's next
+// message always gets a worker.
+func TestAheadSafe(t *testing.T) {
+	cases := []struct {
+		ordering                   consumer.Ordering
+		workers, queue, partitions int
+		classes                    bool
+		want                       bool
+	}{
+		{consumer.OrderPartition, 16, 32, 16, false, true},
+		{consumer.OrderPartition, 1, 32, 2, false, false}, // the default concurrency, two partitions
+		{consumer.OrderPartition, 1, 32, 1, false, true},
+		{consumer.OrderPartition, 16, 32, 16, true, false},
+		{consumer.OrderKey, 1000, 32, 1, false, false},
+		{consumer.OrderKey, 1000, 0, 1, false, true},
+		{consumer.OrderNone, 10, 0, 4, false, true},
+	}
+	for _, tc := range cases {
+		if got := aheadSafe(tc.ordering, tc.workers, tc.queue, tc.partitions, tc.classes); got != tc.want {
+			t.Errorf("aheadSafe(%v, %d workers, queue %d, %d partitions, classes %v) = %v, want %v",
+				tc.ordering, tc.workers, tc.queue, tc.partitions, tc.classes, got, tc.want)
+		}
 	}
 }

@@ -101,6 +101,29 @@ type genRun struct {
 	// marks counts the delivered messages whose dedupe mark is under way
 	// (kit.MarksLater): they finish once marked, before the final commit.
 	marks sync.WaitGroup
+	// claimAhead: the messages' dedupe claims are made as they are
+	// fetched (kit.Processor.ClaimAhead), only where every lane's next
+	// message always gets a worker (aheadSafe).
+	claimAhead bool
+}
+
+// aheadSafe reports whether the dedupe claims of fetched messages may be
+// made ahead of their turn: only when the next message of every lane
+// (a partition, or a key) always gets a worker, so that a claim made
+// ahead never waits for a worker that a message waiting for it holds,
+// on this replica or, crossed, on another (which would stall both until
+// the claim's TTL). That holds with OrderPartition and at least a worker
+// per partition owned, or under the other orderings with no queue (every
+// message fetched has a worker), and without classes (whose reserve may
+// keep a lower class's message from starting).
+func aheadSafe(ordering consumer.Ordering, workers, queue, partitions int, classes bool) bool {
+	if classes {
+		return false
+	}
+	if ordering == consumer.OrderPartition {
+		return workers >= partitions
+	}
+	return queue == 0
 }
 
 // runGeneration consumes the partitions of one generation until it ends
@@ -140,7 +163,8 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 
 	workers, queue := c.cfg.Concurrency, c.cfg.QueueSize
 	classes := c.proc.Classes()
-	r := &genRun{c: c, hctx: hctx, rctx: rctx, slots: dispatch.NewSlots(dispatch.NewRule(workers+queue, classes)), dl: dl, delay: delay}
+	r := &genRun{c: c, hctx: hctx, rctx: rctx, slots: dispatch.NewSlots(dispatch.NewRule(workers+queue, classes)), dl: dl, delay: delay,
+		claimAhead: aheadSafe(c.cfg.Ordering, workers, queue, len(parts), classes)}
 	r.com = newCommitter(g.commit, parts, c.cfg.Ordering != consumer.OrderPartition, log)
 	r.sched = newScheduler(c.cfg.Ordering, workers, classes, r.newWorker)
 
@@ -287,7 +311,7 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 		if c.cfg.Ordering == consumer.OrderKey {
 			w.key, w.keyErr = c.proc.Key(w.msg)
 		}
-		if w.keyErr == nil {
+		if w.keyErr == nil && r.claimAhead {
 			// In the partition's order, so that a message never waits for
 			// a claim made ahead by one queued behind it.
 			w.ahead = c.proc.ClaimAhead(w.msg)
