@@ -479,10 +479,10 @@ func (r *genRun) finishUnhandled(p *partState, offset int64) {
 }
 
 // handle runs the retry policy for w, then dead-letters it or sets it
-// aside (delay) when needed. A delivered message whose dedupe mark is
-// under way comes with its kit.Marking. A message set aside while delay is nil (the
+// aside (delay) when needed. A message set aside while delay is nil (the
 // consumer sets aside but has no delay topic) waits out the delay here and
-// is handled again.
+// is handled again. A delivered message whose dedupe mark is under way
+// comes with its kit.Marking: it is committed once marked.
 func (c *Consumer) handle(ctx context.Context, w work, dl, delay *deadLetterer, gate *firstWait) (outcome, *kit.Marking) {
 	m := w.m
 	ctx, span := c.proc.StartSpan(ctx, w.msg)
