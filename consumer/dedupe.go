@@ -18,7 +18,10 @@ import (
 // message whose key is already marked is acked or committed without a
 // handler call (MessageObserver.Deduplicated); one whose key another
 // handler holds waits until that holder marks or releases it, or its claim
-// expires. The guide is docs/dedupe.md.
+// expires. The Kafka consumer, with a store that queues its operations
+// (redisdedupe.Store), claims each message's key as it fetches it instead,
+// and commits it once its queued mark is written. The guide is
+// docs/dedupe.md.
 //
 // Key is required; the other fields have defaults. Dedupe is a
 // plain value, safe to copy; its functions must be safe for concurrent

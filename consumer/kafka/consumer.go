@@ -223,7 +223,7 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	if popts.Limiter != nil {
 		popts.Limiter = revocableLimiter{popts.Limiter}
 	}
-	procOpts := []kit.ProcessorOption{kit.ConsumerGroup(cfg.Group)}
+	procOpts := []kit.ProcessorOption{kit.ConsumerGroup(cfg.Group), kit.MarksLater()}
 	if cfg.SetAside {
 		procOpts = append(procOpts, kit.SetsAside())
 	}

@@ -98,6 +98,32 @@ type genRun struct {
 	// previous owner had finished them; otherGroup the copies of the
 	// delay topic skipped because another group set them aside.
 	dropped, skipped, otherGroup atomic.Int64
+	// marks counts the delivered messages whose dedupe mark is under way
+	// (kit.MarksLater): they finish once marked, before the final commit.
+	marks sync.WaitGroup
+	// claimAhead: the messages' dedupe claims are made as they are
+	// fetched (kit.Processor.ClaimAhead), only where every lane's next
+	// message always gets a worker (aheadSafe).
+	claimAhead bool
+}
+
+// aheadSafe reports whether the dedupe claims of fetched messages may be
+// made ahead of their turn: only when the next message of every lane
+// (a partition, or a key) always gets a worker, so that a claim made
+// ahead never waits for a worker that a message waiting for it holds,
+// on this replica or, crossed, on another (which would stall both until
+// the claim's TTL). That holds with OrderPartition and at least a worker
+// per partition owned, or under the other orderings with no queue (every
+// message fetched has a worker), and without classes (whose reserve may
+// keep a lower class's message from starting).
+func aheadSafe(ordering consumer.Ordering, workers, queue, partitions int, classes bool) bool {
+	if classes {
+		return false
+	}
+	if ordering == consumer.OrderPartition {
+		return workers >= partitions
+	}
+	return queue == 0
 }
 
 // runGeneration consumes the partitions of one generation until it ends
@@ -137,7 +163,8 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 
 	workers, queue := c.cfg.Concurrency, c.cfg.QueueSize
 	classes := c.proc.Classes()
-	r := &genRun{c: c, hctx: hctx, rctx: rctx, slots: dispatch.NewSlots(dispatch.NewRule(workers+queue, classes)), dl: dl, delay: delay}
+	r := &genRun{c: c, hctx: hctx, rctx: rctx, slots: dispatch.NewSlots(dispatch.NewRule(workers+queue, classes)), dl: dl, delay: delay,
+		claimAhead: aheadSafe(c.cfg.Ordering, workers, queue, len(parts), classes)}
 	r.com = newCommitter(g.commit, parts, c.cfg.Ordering != consumer.OrderPartition, log)
 	r.sched = newScheduler(c.cfg.Ordering, workers, classes, r.newWorker)
 
@@ -178,6 +205,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 		closing.Go(closeReader)
 	}
 	for _, w := range r.sched.stop() {
+		c.proc.DropAhead(w.ahead)
 		r.slots.Release(w.class)
 		r.dropped.Add(1)
 	}
@@ -203,6 +231,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 		<-drained
 	}
 	timer.Stop()
+	r.marks.Wait() // each mark is bounded by its own timeout
 
 	stopCommitter()
 	<-comDone
@@ -282,8 +311,14 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 		if c.cfg.Ordering == consumer.OrderKey {
 			w.key, w.keyErr = c.proc.Key(w.msg)
 		}
+		if w.keyErr == nil && r.claimAhead {
+			// In the partition's order, so that a message never waits for
+			// a claim made ahead by one queued behind it.
+			w.ahead = c.proc.ClaimAhead(w.msg)
+		}
 		kit.ObserveReceived(c.cfg.Observer, w.msg)
 		if !r.sched.enqueue(w) {
+			c.proc.DropAhead(w.ahead)
 			r.slots.Release(w.class)
 			r.dropped.Add(1)
 			return
@@ -296,24 +331,40 @@ func (r *genRun) newWorker() func(work) {
 	gate := &firstWait{revoke: r.rctx}
 	ctx := context.WithValue(r.hctx, firstWaitKey{}, gate)
 	return func(w work) {
-		defer r.slots.Release(w.class)
 		if r.rctx.Err() != nil {
+			r.c.proc.DropAhead(w.ahead)
+			r.slots.Release(w.class)
 			r.dropped.Add(1) // revoked before it started
 			return
 		}
 		gate.started, gate.dropped = false, false
-		switch r.c.handle(ctx, w, r.dl, r.delay, gate) {
-		case finished:
-			w.p.mu.Lock()
-			moved := w.p.tracker.finish(w.seq)
-			w.p.mu.Unlock()
-			if moved {
-				r.com.wake()
-			}
-		case dropped:
+		res, marking := r.c.handle(ctx, w, r.dl, r.delay, gate)
+		switch {
+		case res == finished && marking != nil:
+			// Committed once its dedupe mark is written; the worker goes
+			// on meanwhile.
+			r.marks.Add(1)
+			marking.Then(func() {
+				r.finish(w)
+				r.marks.Done()
+			})
+		case res == finished:
+			r.finish(w)
+		case res == dropped:
 			r.dropped.Add(1)
-		case abandoned:
 		}
+		r.slots.Release(w.class)
+	}
+}
+
+// finish marks w finished in its partition's tracker, so that the commit
+// moves past it.
+func (r *genRun) finish(w work) {
+	w.p.mu.Lock()
+	moved := w.p.tracker.finish(w.seq)
+	w.p.mu.Unlock()
+	if moved {
+		r.com.wake()
 	}
 }
 
@@ -430,15 +481,16 @@ func (r *genRun) finishUnhandled(p *partState, offset int64) {
 // handle runs the retry policy for w, then dead-letters it or sets it
 // aside (delay) when needed. A message set aside while delay is nil (the
 // consumer sets aside but has no delay topic) waits out the delay here and
-// is handled again.
-func (c *Consumer) handle(ctx context.Context, w work, dl, delay *deadLetterer, gate *firstWait) outcome {
+// is handled again. A delivered message whose dedupe mark is under way
+// comes with its kit.Marking: it is committed once marked.
+func (c *Consumer) handle(ctx context.Context, w work, dl, delay *deadLetterer, gate *firstWait) (outcome, *kit.Marking) {
 	m := w.m
 	ctx, span := c.proc.StartSpan(ctx, w.msg)
 	defer span.End()
 	out := c.proc.KeyFailed(w.keyErr)
 	if w.keyErr == nil {
 		msg := w.msg
-		out = c.proc.Process(ctx, msg)
+		out = c.proc.ProcessAhead(ctx, msg, w.ahead)
 		for out.SetAside > 0 && delay == nil {
 			// Before its handler ran, a message waits as for its first
 			// limiter wait: the revocation ends the wait (see firstWait).
@@ -448,7 +500,7 @@ func (c *Consumer) handle(ctx context.Context, w work, dl, delay *deadLetterer, 
 			}
 			if kit.Sleep(wctx, out.SetAside) != nil {
 				if ctx.Err() == nil && !gate.started {
-					return dropped
+					return dropped, nil
 				}
 				out.Abandoned, out.SetAside = true, 0
 				break
@@ -459,24 +511,24 @@ func (c *Consumer) handle(ctx context.Context, w work, dl, delay *deadLetterer, 
 	}
 	if out.Abandoned {
 		if gate.dropped {
-			return dropped
+			return dropped, nil
 		}
 		c.log.Warn(kit.LogAbandoned, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
 			"attempts", out.Attempts, "err", out.Err)
-		return abandoned
+		return abandoned, nil
 	}
 	if out.SetAside > 0 {
-		return c.setAside(ctx, w, out, delay)
+		return c.setAside(ctx, w, out, delay), nil
 	}
 	if out.Err == nil {
-		return finished
+		return finished, out.Marking
 	}
 	if err := dl.send(ctx, m, out.DeadLetterHeaders(c.origin(m))); err != nil {
 		c.log.Warn(kit.LogWriteAbandoned, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
 			kit.KeyDestination, dl.topic, "err", err)
 		kit.SpanAbandoned(ctx, out.Attempts)
-		return abandoned
+		return abandoned, nil
 	}
 	c.proc.DeadLettered(ctx, w.msg, out, positionAttrs(m, dl.topic)...)
-	return finished
+	return finished, nil
 }

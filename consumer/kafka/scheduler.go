@@ -7,6 +7,7 @@ import (
 
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/consumer/internal/dispatch"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
 )
 
 // work is one fetched message on its way to a handler: the message, as
@@ -22,6 +23,9 @@ type work struct {
 	key    string
 	keyErr error
 	class  int
+	// ahead is the message's dedupe claim made as it was fetched
+	// (kit.Processor.ClaimAhead), or nil.
+	ahead *kit.Ahead
 }
 
 // laneID names the messages that must be handled in order: a partition

@@ -4,24 +4,36 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// maxBatch is the most operations sent in one call.
-const maxBatch = 128
+// The kinds of operations, as lua/dedupe.lua reads them.
+var kindClaim, kindMark, kindRelease any = "c", "m", "r"
+
+const (
+	// maxBatch is the most operations sent in one call.
+	maxBatch = 128
+	// linger is the longest an operation queued with later waits for
+	// others before it goes out.
+	linger = 2 * time.Millisecond
+)
 
 // op is one claim, mark or release waiting in a batcher: kind 'c', 'm' or
 // 'r', its key, token and TTL (ms), as lua/dedupe.lua reads them.
+// (kind and ttl are boxed once, not at each call: a script argument is an
+// interface.)
 type op struct {
-	kind  string
+	kind  any // kindClaim, kindMark or kindRelease
 	key   string
 	token string
-	ttl   string
+	ttl   any // a string, boxed once (Store.msArg)
 	res   any
 	err   error
-	done  chan struct{} // closed when res and err are set
-	lead  chan struct{} // receives when this op's caller is to send the next batch
+	done  chan struct{}    // closed when res and err are set; nil for later
+	lead  chan struct{}    // receives when this op's caller is to send the next batch; nil for later
+	cb    func(any, error) // later: called with the reply
 }
 
 // batcher sends the operations of concurrent callers together: while one
@@ -29,16 +41,25 @@ type op struct {
 // the first of them sends them all (up to maxBatch) when it returns, as
 // one call of dedupeScript on a single Redis node, or, on a Cluster (where
 // the keys are in many slots), as one pipeline of a call per operation. A
-// lone operation goes out at once. It is safe for concurrent use and has
-// no goroutine of its own.
+// lone operation of do goes out at once; one of later waits up to linger
+// for others (or until maxBatch are queued), unless a call of do takes it
+// along sooner. The operations go out in the order they were queued. It is
+// safe for concurrent use; it has no goroutine of its own but the timer
+// and, when maxBatch operations of later are queued, a sender that ends
+// when the queue is empty.
 type batcher struct {
 	client  Client
 	channel string
 	cluster bool
+	linger  time.Duration
 
 	mu    sync.Mutex
 	queue []*op
-	busy  bool // a caller is sending a batch
+	busy  bool        // a caller is sending a batch
+	timer *time.Timer // armed: operations of later wait for it
+	armed bool
+	// urgent: the queue goes out right after the call in flight (flush).
+	urgent bool
 }
 
 func newBatcher(client Client, channel string) *batcher {
@@ -47,12 +68,69 @@ func newBatcher(client Client, channel string) *batcher {
 	case *redis.ClusterClient, *redis.Ring:
 		cluster = true
 	}
-	return &batcher{client: client, channel: channel, cluster: cluster}
+	b := &batcher{client: client, channel: channel, cluster: cluster, linger: linger}
+	b.timer = time.AfterFunc(time.Hour, b.fire)
+	b.timer.Stop()
+	return b
+}
+
+// later queues the operation kind on key, to go out within linger with the
+// operations of other callers, and calls cb with its reply, from the
+// goroutine that sent it: cb must not block.
+func (b *batcher) later(kind any, key, token string, ttl any, cb func(any, error)) {
+	o := &op{kind: kind, key: key, token: token, ttl: ttl, cb: cb}
+	b.mu.Lock()
+	b.queue = append(b.queue, o)
+	send := false
+	switch {
+	case b.busy: // goes with, or after, the call in flight
+	case len(b.queue) >= maxBatch:
+		b.busy, send = true, true
+	case !b.armed:
+		b.armed = true
+		b.timer.Reset(b.linger)
+	}
+	b.mu.Unlock()
+	if send {
+		go b.send()
+	}
+}
+
+// flush sends the queued operations now, from the caller's goroutine,
+// or, while a call is in flight, right after it.
+func (b *batcher) flush() {
+	b.mu.Lock()
+	if b.busy {
+		b.urgent = true
+		b.mu.Unlock()
+		return
+	}
+	if len(b.queue) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	b.busy = true
+	b.mu.Unlock()
+	b.send()
+}
+
+// fire sends the operations of later that waited linger, unless a call is
+// in flight (the queue goes after it).
+func (b *batcher) fire() {
+	b.mu.Lock()
+	b.armed = false
+	if b.busy || len(b.queue) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	b.busy = true
+	b.mu.Unlock()
+	b.send()
 }
 
 // do runs the operation kind on key, in a batch with the operations of
 // other callers, and returns its reply.
-func (b *batcher) do(kind, key, token, ttl string) (any, error) {
+func (b *batcher) do(kind any, key, token string, ttl any) (any, error) {
 	o := &op{kind: kind, key: key, token: token, ttl: ttl, done: make(chan struct{}), lead: make(chan struct{}, 1)}
 	b.mu.Lock()
 	b.queue = append(b.queue, o)
@@ -117,16 +195,37 @@ func (b *batcher) send() {
 		}
 	}
 	for _, o := range batch {
-		close(o.done)
+		if o.cb != nil {
+			o.cb(o.res, o.err)
+		} else {
+			close(o.done)
+		}
 	}
 
+	// The next batch: sent by the first caller of do still queued (with
+	// the operations queued before its own), or at once while maxBatch
+	// are queued, or after linger.
 	b.mu.Lock()
-	if len(b.queue) > 0 {
-		b.queue[0].lead <- struct{}{}
-	} else {
-		b.busy = false
+	defer b.mu.Unlock()
+	for _, o := range b.queue {
+		if o.lead != nil {
+			o.lead <- struct{}{}
+			return
+		}
 	}
-	b.mu.Unlock()
+	switch {
+	case len(b.queue) >= maxBatch || len(b.queue) > 0 && b.urgent:
+		b.urgent = false
+		go b.send()
+	case len(b.queue) > 0:
+		b.busy = false
+		if !b.armed {
+			b.armed = true
+			b.timer.Reset(b.linger)
+		}
+	default:
+		b.busy, b.urgent = false, false
+	}
 }
 
 // first returns the one reply of a call of dedupeScript with one

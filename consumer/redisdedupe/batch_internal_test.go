@@ -2,8 +2,10 @@ package redisdedupe
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -29,7 +31,7 @@ func TestBatcherBothWays(t *testing.T) {
 				wg.Go(func() {
 					key := fmt.Sprintf("%s{k%d}", prefix, i)
 					check := func(kind, token, ttl string, want any) {
-						if v, err := b.do(kind, key, token, ttl); err != nil || v != want {
+						if v, err := b.do(kind, key, token, any(ttl)); err != nil || v != want {
 							errs <- fmt.Errorf("%s %s %s: %v %v, want %v", kind, key, token, v, err, want)
 						}
 					}
@@ -50,5 +52,62 @@ func TestBatcherBothWays(t *testing.T) {
 				t.Error(err)
 			}
 		})
+	}
+}
+
+// TestBatcherLater: operations queued with later go out in the order
+// they were queued (a claim, its release, another token's claim of the
+// same key), within linger without anyone waiting, at once on flush, and
+// at once when maxBatch are queued.
+func TestBatcherLater(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { c.Close() })
+	prefix := testenv.Name(t, "ddl") + ":"
+	b := newBatcher(c, prefix+"ch")
+	key := prefix + "{k}"
+	replies := make(chan string, maxBatch+3)
+	record := func(what string) func(any, error) {
+		return func(v any, err error) { replies <- fmt.Sprint(what, " ", v, " ", err) }
+	}
+	b.later("c", key, "a", "60000", record("claim a"))
+	b.later("r", key, "a", "", record("release a"))
+	b.later("c", key, "b", "60000", record("claim b"))
+	for _, want := range []string{"claim a c <nil>", "release a 1 <nil>", "claim b c <nil>"} {
+		select {
+		case got := <-replies:
+			if got != want {
+				t.Fatalf("reply %q, want %q", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no reply within 10 s (linger %v), want %q", b.linger, want)
+		}
+	}
+
+	b.linger = time.Hour
+	b.later("c", key, "c", "60000", record("claim c"))
+	b.flush() // sends from this goroutine: the reply is in
+	select {
+	case got := <-replies:
+		// b holds the claim: c gets its remaining TTL (ms).
+		if !strings.HasPrefix(got, "claim c ") || !strings.HasSuffix(got, " <nil>") || strings.HasPrefix(got, "claim c c") {
+			t.Fatalf("flushed claim: %q, want the remaining TTL of b's claim", got)
+		}
+	default:
+		t.Fatal("flush returned before the queued claim's reply")
+	}
+
+	for i := range maxBatch {
+		b.later("m", fmt.Sprintf("%s{m%d}", prefix, i), "", "60000", record("mark"))
+	}
+	for range maxBatch {
+		select {
+		case got := <-replies:
+			if got != "mark 1 <nil>" {
+				t.Fatalf("mark: %q", got)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a full batch did not go out without the linger")
+		}
 	}
 }

@@ -22,7 +22,13 @@
 // the next one (up to 128 operations), one script call on a single node
 // (decided in turn, atomically), or on a Cluster, whose keys are in many
 // slots, a pipeline of one call per operation; so that a busy replica
-// makes far fewer calls than messages. A lone operation is sent at once. A Claim that
+// makes far fewer calls than messages. A lone operation is sent at once.
+// ClaimLater, MarkSentLater and ReleaseLater queue an operation without
+// waiting for it: it goes out within a couple of milliseconds with the
+// others (at once when 128 are queued, on Flush, or with the next call of
+// Claim, MarkSent or Release), and a function gets its answer; the Kafka
+// consumer claims its messages ahead with them as it fetches them, and
+// queues its marks. A Claim that
 // finds another token's claim marks it waited for and waits for the mark
 // or release, which publishes the key on PREFIX dedupe:NAMESPACE, or for
 // the claim's remaining TTL, whichever comes first, then claims again. The
@@ -87,6 +93,7 @@ type Store struct {
 	done    chan struct{} // closed when the reader returned
 	closed  bool
 	waiters map[string]map[chan struct{}]struct{}
+	msArgs  map[time.Duration]any
 }
 
 // New returns a Store of cfg on client.
@@ -102,7 +109,7 @@ func New(client Client, cfg Config) (*Store, error) {
 	}
 	base := cfg.Prefix + "dedupe:" + cfg.Namespace
 	return &Store{client: client, batch: newBatcher(client, base), prefix: base + ":", channel: base,
-		waiters: map[string]map[chan struct{}]struct{}{}}, nil
+		waiters: map[string]map[chan struct{}]struct{}{}, msArgs: map[time.Duration]any{}}, nil
 }
 
 // Key returns the Redis key of the message key key.
@@ -115,7 +122,13 @@ func (s *Store) Channel() string { return s.channel }
 // claimOnce runs the claim script: the state, or 0 and the held claim's
 // remaining TTL.
 func (s *Store) claimOnce(ctx context.Context, rkey, token string, ttl time.Duration) (consumer.DedupeState, time.Duration, error) {
-	v, err := s.batch.do("c", rkey, token, ms(ttl))
+	v, err := s.batch.do(kindClaim, rkey, token, s.msArg(ttl))
+	return claimReply(v, err)
+}
+
+// claimReply reads the reply of a claim: the state, or 0 and the held
+// claim's remaining TTL.
+func claimReply(v any, err error) (consumer.DedupeState, time.Duration, error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("redisdedupe: claim: %w", err)
 	}
@@ -169,7 +182,7 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 
 // MarkSent implements consumer.DedupeStore.
 func (s *Store) MarkSent(ctx context.Context, key, _ string, window time.Duration) error {
-	if _, err := s.batch.do("m", s.Key(key), "", ms(window)); err != nil {
+	if _, err := s.batch.do(kindMark, s.Key(key), "", s.msArg(window)); err != nil {
 		return fmt.Errorf("redisdedupe: mark: %w", err)
 	}
 	return nil
@@ -177,11 +190,59 @@ func (s *Store) MarkSent(ctx context.Context, key, _ string, window time.Duratio
 
 // Release implements consumer.DedupeStore.
 func (s *Store) Release(ctx context.Context, key, token string) error {
-	if _, err := s.batch.do("r", s.Key(key), token, ""); err != nil {
+	if _, err := s.batch.do(kindRelease, s.Key(key), token, noTTL); err != nil {
 		return fmt.Errorf("redisdedupe: release: %w", err)
 	}
 	return nil
 }
+
+// ClaimLater claims key for token, for ttl, as one try of Claim that
+// does not wait: it calls done with DedupeClaimed, DedupeSent, or 0 while
+// another token holds the key (the caller claims again at its turn, with
+// Claim, which waits). The claim goes out within a couple of milliseconds,
+// with the other operations queued meanwhile, in the order they were
+// queued: a consumer claims the keys of the messages it fetched ahead of
+// their turn, so that few calls carry many claims. done is called once,
+// from another goroutine, and must not block. The client's timeouts bound
+// the call.
+func (s *Store) ClaimLater(key, token string, ttl time.Duration, done func(consumer.DedupeState, error)) {
+	s.batch.later(kindClaim, s.Key(key), token, s.msArg(ttl), func(v any, err error) {
+		st, _, err := claimReply(v, err)
+		done(st, err)
+	})
+}
+
+// MarkSentLater is MarkSent, sent with the other operations queued within
+// a couple of milliseconds (as ClaimLater): it calls done with its error
+// once the key is marked. done is called once, from another goroutine, and
+// must not block.
+func (s *Store) MarkSentLater(key, token string, window time.Duration, done func(error)) {
+	s.batch.later(kindMark, s.Key(key), "", s.msArg(window), func(_ any, err error) {
+		if err != nil {
+			err = fmt.Errorf("redisdedupe: mark: %w", err)
+		}
+		done(err)
+	})
+}
+
+// ReleaseLater is Release, sent with the other operations queued within a
+// couple of milliseconds (as ClaimLater), after those queued before it
+// (a ClaimLater of the same token): it calls done with its error. done is
+// called once, from another goroutine, and must not block.
+func (s *Store) ReleaseLater(key, token string, done func(error)) {
+	s.batch.later(kindRelease, s.Key(key), token, noTTL, func(_ any, err error) {
+		if err != nil {
+			err = fmt.Errorf("redisdedupe: release: %w", err)
+		}
+		done(err)
+	})
+}
+
+// Flush sends the operations that ClaimLater, MarkSentLater and
+// ReleaseLater queued now, from the caller's goroutine, or, while a call
+// is in flight, right after it: a consumer calls it when a message whose
+// claim is still queued comes to its turn.
+func (s *Store) Flush() { s.batch.flush() }
 
 // Close closes the Store's Pub/Sub connection, if open, and waits for its
 // reader. A Claim waiting meanwhile waits for its claim's TTL. Close is
@@ -288,4 +349,22 @@ func (s *Store) wake(rkey string) {
 
 func ms(d time.Duration) string {
 	return strconv.FormatInt(max(d.Milliseconds(), 1), 10)
+}
+
+// noTTL is the TTL argument of a release.
+var noTTL any = ""
+
+// msArg returns ms(d) as a script argument, boxed once for the few TTLs a
+// Store is given (the claim's and the window).
+func (s *Store) msArg(d time.Duration) any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v, ok := s.msArgs[d]; ok {
+		return v
+	}
+	var v any = ms(d)
+	if len(s.msArgs) < 8 {
+		s.msArgs[d] = v
+	}
+	return v
 }

@@ -32,6 +32,8 @@ type Processor struct {
 	// consumer has one or two (a topic and its delay topic).
 	spanNames sync.Map
 	dedupe    *deduper // nil without Options.Dedupe
+	// marksLater: the backend waits for Outcome.Marking (MarksLater).
+	marksLater bool
 }
 
 // ProcessorOption is an option of NewProcessor, for the backend.
@@ -42,6 +44,12 @@ type ProcessorOption func(*Processor)
 // handler's consumer.SetAside error as Outcome.SetAside at once. Without
 // it, Process waits the delay in the handler and tries again.
 func SetsAside() ProcessorOption { return func(p *Processor) { p.setAside = true } }
+
+// MarksLater tells the Processor that its backend commits or acks a
+// delivered message only once its Outcome.Marking ran: with
+// Options.Dedupe, the mark after a send then goes out while the backend
+// goes on with its next message, instead of before Process returns.
+func MarksLater() ProcessorOption { return func(p *Processor) { p.marksLater = true } }
 
 // NewProcessor validates o (WithDefaults) and returns a Processor that
 // calls h, wrapped in the middleware o asks for.
@@ -60,6 +68,9 @@ func NewProcessor(o consumer.Options, h consumer.Handler, opts ...ProcessorOptio
 	p.handler = consumer.Chain(h, middleware(o, p.dedupe)...)
 	for _, opt := range opts {
 		opt(p)
+	}
+	if p.dedupe != nil {
+		p.dedupe.later = p.marksLater
 	}
 	if o.TracerProvider != nil {
 		p.tracer = o.TracerProvider.Tracer(consumer.TracerName)
@@ -100,17 +111,51 @@ func (p *Processor) Options() consumer.Options { return p.opts }
 // the limiter's wait), marked sent after the call that succeeded, and
 // released when the message ends otherwise (Outcome.Delivered false). A
 // message already sent ends with Outcome.Deduplicated, to be committed or
-// acked like a delivered one.
+// acked like a delivered one. With MarksLater, a delivered message whose
+// mark is under way has Outcome.Marking set: the backend commits or acks
+// it in Marking.Then.
 func (p *Processor) Process(ctx context.Context, msg consumer.Message) Outcome {
+	return p.ProcessAhead(ctx, msg, nil)
+}
+
+// ClaimAhead starts the dedupe claim of msg (Options.Dedupe) before its
+// turn, when the store can queue it with others (redisdedupe.Store): a
+// backend calls it as it fetches msg, in the order of its messages, and
+// hands the result to ProcessAhead, or to DropAhead when msg is not
+// handled. It returns nil when there is nothing to claim ahead (no
+// dedupe, no such store, the store failing, no key). A claim ahead that is
+// older than ClaimTTL − SendTimeout at msg's turn is made again then.
+func (p *Processor) ClaimAhead(msg consumer.Message) *Ahead {
+	if p.dedupe == nil {
+		return nil
+	}
+	return p.dedupe.claimAhead(msg)
+}
+
+// DropAhead releases a's claim (ClaimAhead; nil does nothing): its
+// message was not handled, and the next owner claims it at once.
+func (p *Processor) DropAhead(a *Ahead) {
+	if a != nil {
+		p.dedupe.dropAhead(a)
+	}
+}
+
+// ProcessAhead is Process for a message claimed ahead (ClaimAhead; a may
+// be nil): its first attempt uses that claim's answer instead of
+// claiming then.
+func (p *Processor) ProcessAhead(ctx context.Context, msg consumer.Message, a *Ahead) Outcome {
 	var dl *delivery
 	pctx := ctx
 	if p.dedupe != nil {
-		dl = p.dedupe.newDelivery()
+		dl = p.dedupe.deliveryAhead(a)
 		pctx = context.WithValue(ctx, dedupeKey{}, dl)
 	}
 	out := process(pctx, p.opts.Retry, p.handler, msg, p.obs, p.setAside)
 	if dl != nil && !out.Delivered() {
 		p.dedupe.release(ctx, dl)
+	}
+	if dl != nil && out.Delivered() {
+		out.Marking = dl.marking
 	}
 	if out.Abandoned {
 		SpanAbandoned(ctx, out.Attempts)

@@ -37,6 +37,10 @@ type Outcome struct {
 	// dedupe key was already marked sent (consumer.Options.Dedupe): Err
 	// is nil and the backend commits or acks it as delivered.
 	Deduplicated bool
+	// Marking is set, for a delivered message, when its dedupe mark is
+	// still under way (a Processor made with MarksLater): the backend
+	// commits or acks the message in Marking.Then, once it is marked.
+	Marking *Marking
 }
 
 // Delivered reports whether the handler succeeded, or the message was
