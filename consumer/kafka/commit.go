@@ -17,6 +17,9 @@ import (
 // partState is one assigned partition during one generation.
 type partState struct {
 	topicPartition
+	// index is the partition's position among the generation's
+	// partitions: the source it takes fetch slots for (genRun.slots).
+	index int
 	// delay is set for a partition of the delay topic: the fetcher waits
 	// for each message to be due (genRun.waitDue).
 	delay bool

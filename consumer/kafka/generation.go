@@ -85,7 +85,9 @@ type genRun struct {
 	hctx, rctx context.Context
 	// slots bounds the messages fetched and not finished, by class
 	// (dispatch.Slots): a message of a higher class is read while lower
-	// ones fill the window.
+	// ones fill the window. Each partition takes its slots as the source
+	// partState.index, so that a freed slot goes to the partition holding
+	// the fewest: each one's handler finds its next message queued.
 	slots *dispatch.Slots
 	sched *scheduler
 	com   *committer
@@ -119,6 +121,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 	var ids, delayIDs []int
 	for i, a := range g.partitions {
 		parts[i] = newPartState(a.topicPartition)
+		parts[i].index = i
 		parts[i].skip = g.skips[a.topicPartition]
 		if a.topic == c.cfg.DelayTopic && delay != nil {
 			parts[i].delay = true
@@ -178,7 +181,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 		closing.Go(closeReader)
 	}
 	for _, w := range r.sched.stop() {
-		r.slots.Release(w.class)
+		r.slots.Release(w.class, w.p.index)
 		r.dropped.Add(1)
 	}
 
@@ -272,7 +275,7 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 			delete(w.msg.Headers, setaside.HeaderPaid)
 		}
 		w.class = dispatch.ClassOf(c.proc.Class(w.msg))
-		if r.slots.Acquire(r.rctx, w.class) != nil {
+		if r.slots.Acquire(r.rctx, w.class, p.index) != nil {
 			r.dropped.Add(1)
 			return
 		}
@@ -284,7 +287,7 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 		}
 		kit.ObserveReceived(c.cfg.Observer, w.msg)
 		if !r.sched.enqueue(w) {
-			r.slots.Release(w.class)
+			r.slots.Release(w.class, p.index)
 			r.dropped.Add(1)
 			return
 		}
@@ -296,7 +299,7 @@ func (r *genRun) newWorker() func(work) {
 	gate := &firstWait{revoke: r.rctx}
 	ctx := context.WithValue(r.hctx, firstWaitKey{}, gate)
 	return func(w work) {
-		defer r.slots.Release(w.class)
+		defer r.slots.Release(w.class, w.p.index)
 		if r.rctx.Err() != nil {
 			r.dropped.Add(1) // revoked before it started
 			return
