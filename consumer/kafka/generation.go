@@ -86,8 +86,10 @@ type genRun struct {
 	// slots bounds the messages fetched and not finished, by class
 	// (dispatch.Slots): a message of a higher class is read while lower
 	// ones fill the window. Each partition takes its slots as the source
-	// partState.index, so that a freed slot goes to the partition holding
-	// the fewest: each one's handler finds its next message queued.
+	// partState.index, up to partitionShare, and a freed slot goes to the
+	// partition holding the fewest: one partition's backlog, or its stuck
+	// message, does not fill the window while the handlers of the others
+	// find nothing queued.
 	slots *dispatch.Slots
 	sched *scheduler
 	com   *committer
@@ -140,7 +142,8 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 
 	workers, queue := c.cfg.Concurrency, c.cfg.QueueSize
 	classes := c.proc.Classes()
-	r := &genRun{c: c, hctx: hctx, rctx: rctx, slots: dispatch.NewSlots(dispatch.NewRule(workers+queue, classes)), dl: dl, delay: delay}
+	r := &genRun{c: c, hctx: hctx, rctx: rctx, dl: dl, delay: delay,
+		slots: dispatch.NewSlots(dispatch.NewRule(workers+queue, classes), partitionShare(c.cfg.Ordering, workers+queue, len(parts)))}
 	r.com = newCommitter(g.commit, parts, c.cfg.Ordering != consumer.OrderPartition, log)
 	r.sched = newScheduler(c.cfg.Ordering, workers, classes, r.newWorker)
 
@@ -228,6 +231,18 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 		log.Info("partitions revoked", args...)
 	}
 	close(g.drained)
+}
+
+// partitionShare returns the most fetch slots one of n partitions may hold
+// in a window of window slots: under OrderPartition, whose partitions run
+// one message at a time, its share of the window, and at least 2 (the
+// message running and the next one, queued); under the other orderings,
+// which run a partition's messages side by side, the whole window.
+func partitionShare(o consumer.Ordering, window, n int) int {
+	if o != consumer.OrderPartition || n == 0 {
+		return 0
+	}
+	return max(2, (window+n-1)/n)
 }
 
 // fetch reads the messages of one partition and queues them until the

@@ -343,6 +343,51 @@ func TestGenerationCommits(t *testing.T) {
 	}
 }
 
+// TestStuckPartitionLeavesOthersTheWindow: under OrderPartition, while
+// one partition's message is stuck in its handler, that partition's
+// fetcher may not fill the window of fetched messages (Concurrency +
+// QueueSize) with messages that cannot start: the other partition's
+// messages go on being fetched and handled. Then the stuck one finishes,
+// and both partitions are committed to their ends.
+func TestStuckPartitionLeavesOthersTheWindow(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var handled [2]atomic.Int32
+	c := newTestConsumer(t, Config{
+		Options: consumer.Options{Concurrency: 2, Retry: consumer.RetryPolicy{MaxAttempts: 1}, DrainTimeout: time.Second},
+		// A window of 4: partition 0 may hold 2 (its share), so that
+		// partition 1 always has room.
+		QueueSize: 2,
+	}, func(ctx context.Context, m consumer.Message) error {
+		if m.Source.Partition == 0 && m.Source.Offset == 0 {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		handled[m.Source.Partition].Add(1)
+		return nil
+	})
+	offsets := func(n int) []int64 {
+		out := make([]int64, n)
+		for i := range out {
+			out[i] = int64(i)
+		}
+		return out
+	}
+	f := newFakeGroup(map[int]partitionReader{0: newFakeReader(msgs(0, offsets(20)...)...), 1: newFakeReader(msgs(1, offsets(50)...)...)})
+	rg := startGeneration(t, c, f, &fakeWriter{})
+	waitFor(t, "partition 1 handled while partition 0 is stuck", func() bool { return handled[1].Load() == 50 })
+	if n := handled[0].Load(); n != 0 {
+		t.Fatalf("partition 0 handled %d messages past its stuck first one", n)
+	}
+	close(release)
+	want := map[int]int64{0: 20, 1: 50}
+	waitFor(t, "both partitions committed", func() bool { return maps.Equal(f.committed(), want) })
+	rg.finish(t, true)
+}
+
 // TestFetchStopsOnFatalError: a fetch error that retrying cannot fix stops
 // Run with that error; a transient one is retried.
 func TestFetchStopsOnFatalError(t *testing.T) {

@@ -169,7 +169,7 @@ func TestQueueWithoutClasses(t *testing.T) {
 // freed slot goes to the waiting high before the waiting low, which waits
 // until fewer than its cap are taken; a cancelled wait holds nothing.
 func TestSlots(t *testing.T) {
-	s := NewSlots(NewRule(5, true))
+	s := NewSlots(NewRule(5, true), 0)
 	ctx := context.Background()
 	for range 3 {
 		if err := s.Acquire(ctx, low, 0); err != nil {
