@@ -86,6 +86,10 @@ type Config struct {
 	// all partitions, on top of the messages being handled
 	// (Options.Concurrency); when it is reached, fetching blocks. A larger queue
 	// keeps more workers busy when one partition or key has a backlog.
+	// A freed place goes to the partition holding the fewest; under
+	// consumer.OrderPartition one partition holds at most its share,
+	// (Concurrency + QueueSize) / partitions assigned, rounded up, and at
+	// least 2 (one handled, the next queued).
 	// Queued messages are dropped, not handled, when their partition is
 	// revoked. Each partition reader also reads ahead up to QueueSize
 	// messages (kafka-go's ReaderConfig.QueueCapacity). A throttled
