@@ -309,10 +309,21 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 	}
 }
 
-// newWorker returns the function a worker goroutine handles messages with.
-func (r *genRun) newWorker() func(work) {
-	gate := &firstWait{revoke: r.rctx}
-	ctx := context.WithValue(r.hctx, firstWaitKey{}, gate)
+// newWorker returns the function a worker goroutine handles messages
+// with, and the function that releases the worker's contexts when it
+// ends. Each worker derives contexts of its own from the handlers' and
+// the revocation's, which end with them: the contexts a message derives
+// (a request's timeout, a limiter wait) then register with their worker's,
+// instead of all workers' with one, under its lock.
+func (r *genRun) newWorker() (func(work), func()) {
+	hctx, cancelHandler := context.WithCancel(r.hctx)
+	revoke, cancelRevoke := context.WithCancel(r.rctx)
+	gate := &firstWait{revoke: revoke}
+	ctx := context.WithValue(hctx, firstWaitKey{}, gate)
+	done := func() {
+		cancelRevoke()
+		cancelHandler()
+	}
 	return func(w work) {
 		defer r.slots.Release(w.class, w.p.index)
 		if r.rctx.Err() != nil {
@@ -332,7 +343,7 @@ func (r *genRun) newWorker() func(work) {
 			r.dropped.Add(1)
 		case abandoned:
 		}
-	}
+	}, done
 }
 
 // firstWait is a worker's record of the message it handles, which
