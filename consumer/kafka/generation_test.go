@@ -649,6 +649,9 @@ func BenchmarkGeneration(b *testing.B) {
 		time.Sleep(100 * time.Microsecond)
 	}
 	b.StopTimer()
+	f.mu.Lock()
+	b.ReportMetric(float64(f.calls)/float64(partitions*per), "commits/msg")
+	f.mu.Unlock()
 	end()
 	<-done
 }
