@@ -17,6 +17,9 @@ import (
 // partState is one assigned partition during one generation.
 type partState struct {
 	topicPartition
+	// index is the partition's position among the generation's
+	// partitions: the source it takes fetch slots for (genRun.slots).
+	index int
 	// delay is set for a partition of the delay topic: the fetcher waits
 	// for each message to be due (genRun.waitDue).
 	delay bool
@@ -39,7 +42,8 @@ func newPartState(tp topicPartition) *partState {
 
 // commitFunc commits offsets (partition → next offset to read) of the
 // consumer's topic and delay topic in the current generation, with
-// metadata (partition → finishedMetadata) when it is not nil.
+// metadata (partition → finishedMetadata) when it is not nil. It must not
+// keep the maps: the committer reuses them.
 type commitFunc func(offsets map[topicPartition]int64, metadata map[topicPartition]string) error
 
 // committer commits, for each partition of a generation, the end of the
@@ -58,10 +62,15 @@ type committer struct {
 	// after it (finishedMetadata), for orderings that finish out of order;
 	// a partition of the delay topic always does (dueReader).
 	withMeta bool
+	// offsets and metadata are commitMoved's maps, reused from one
+	// commit to the next.
+	offsets  map[topicPartition]int64
+	metadata map[topicPartition]string
 }
 
 func newCommitter(commit commitFunc, parts []*partState, withMeta bool, log *slog.Logger) *committer {
-	return &committer{commit: commit, parts: parts, withMeta: withMeta, log: log, wakeC: make(chan struct{}, 1)}
+	return &committer{commit: commit, parts: parts, withMeta: withMeta, log: log, wakeC: make(chan struct{}, 1),
+		offsets: make(map[topicPartition]int64), metadata: make(map[topicPartition]string)}
 }
 
 // wake asks run to commit.
@@ -131,10 +140,9 @@ func retriableCommit(err error) bool {
 // commitMoved makes one commit call for the partitions whose position, or
 // the set of messages finished after it, changed since their last commit.
 func (c *committer) commitMoved() error {
-	var (
-		offsets  map[topicPartition]int64
-		metadata map[topicPartition]string
-	)
+	offsets := c.offsets
+	clear(offsets)
+	var metadata map[topicPartition]string
 	for _, p := range c.parts {
 		p.mu.Lock()
 		pos, ok := p.tracker.position()
@@ -153,13 +161,11 @@ func (c *committer) commitMoved() error {
 			}
 		}
 		if ok && (pos > p.committed || meta != p.meta) && (pos != p.tracker.first || meta != "") {
-			if offsets == nil {
-				offsets = make(map[topicPartition]int64)
-			}
 			offsets[p.topicPartition] = pos
 			if withMeta {
 				if metadata == nil {
-					metadata = make(map[topicPartition]string)
+					metadata = c.metadata
+					clear(metadata)
 				}
 				metadata[p.topicPartition] = meta
 			}

@@ -86,6 +86,10 @@ type Config struct {
 	// all partitions, on top of the messages being handled
 	// (Options.Concurrency); when it is reached, fetching blocks. A larger queue
 	// keeps more workers busy when one partition or key has a backlog.
+	// A freed place goes to the partition holding the fewest; under
+	// consumer.OrderPartition one partition holds at most its share,
+	// (Concurrency + QueueSize) / partitions assigned, rounded up, and at
+	// least 2 (one handled, the next queued).
 	// Queued messages are dropped, not handled, when their partition is
 	// revoked. Each partition reader also reads ahead up to QueueSize
 	// messages (kafka-go's ReaderConfig.QueueCapacity). A throttled
@@ -578,16 +582,24 @@ func (c *Consumer) newGeneration(ctx context.Context, client *kafkago.Client, ge
 			parts = append(parts, assignment{topicPartition{topic, a.ID}, c.startOffset(topic, a.Offset)})
 		}
 	}
+	byTopic := make(map[string]map[int]int64) // reused by each commit
 	g := &generation{
 		id:         gen.ID,
 		partitions: parts,
 		commit: func(offsets map[topicPartition]int64, _ map[topicPartition]string) error {
-			byTopic := make(map[string]map[int]int64)
+			for _, ps := range byTopic {
+				clear(ps)
+			}
 			for tp, o := range offsets {
 				if byTopic[tp.topic] == nil {
 					byTopic[tp.topic] = make(map[int]int64)
 				}
 				byTopic[tp.topic][tp.partition] = o
+			}
+			for topic, ps := range byTopic {
+				if len(ps) == 0 {
+					delete(byTopic, topic) // a topic without partitions is not for the request
+				}
 			}
 			return gen.CommitOffsets(byTopic)
 		},

@@ -12,7 +12,11 @@
 // next rebalance. For each owned partition a kafka-go partition reader
 // fetches messages from the committed offset. Each fetched message takes a
 // slot (at most Options.Concurrency + Config.QueueSize messages are
-// fetched and not finished; then fetching blocks) and goes to a scheduler
+// fetched and not finished; then fetching blocks; a freed slot goes to the
+// waiting partition that holds the fewest, and under
+// consumer.OrderPartition one partition holds at most its share of the
+// slots, at least 2, so that a partition whose message is slow or stuck
+// leaves the others room) and goes to a scheduler
 // that keeps the order Options.Ordering asks for, with at most
 // Options.Concurrency messages handled at once:
 //

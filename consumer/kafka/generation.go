@@ -85,7 +85,11 @@ type genRun struct {
 	hctx, rctx context.Context
 	// slots bounds the messages fetched and not finished, by class
 	// (dispatch.Slots): a message of a higher class is read while lower
-	// ones fill the window.
+	// ones fill the window. Each partition takes its slots as the source
+	// partState.index, up to partitionShare, and a freed slot goes to the
+	// partition holding the fewest: one partition's backlog, or its stuck
+	// message, does not fill the window while the handlers of the others
+	// find nothing queued.
 	slots *dispatch.Slots
 	sched *scheduler
 	com   *committer
@@ -145,6 +149,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 	var ids, delayIDs []int
 	for i, a := range g.partitions {
 		parts[i] = newPartState(a.topicPartition)
+		parts[i].index = i
 		parts[i].skip = g.skips[a.topicPartition]
 		if a.topic == c.cfg.DelayTopic && delay != nil {
 			parts[i].delay = true
@@ -163,7 +168,8 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 
 	workers, queue := c.cfg.Concurrency, c.cfg.QueueSize
 	classes := c.proc.Classes()
-	r := &genRun{c: c, hctx: hctx, rctx: rctx, slots: dispatch.NewSlots(dispatch.NewRule(workers+queue, classes)), dl: dl, delay: delay,
+	r := &genRun{c: c, hctx: hctx, rctx: rctx, dl: dl, delay: delay,
+		slots:      dispatch.NewSlots(dispatch.NewRule(workers+queue, classes), partitionShare(c.cfg.Ordering, workers+queue, len(parts))),
 		claimAhead: aheadSafe(c.cfg.Ordering, workers, queue, len(parts), classes)}
 	r.com = newCommitter(g.commit, parts, c.cfg.Ordering != consumer.OrderPartition, log)
 	r.sched = newScheduler(c.cfg.Ordering, workers, classes, r.newWorker)
@@ -206,7 +212,7 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 	}
 	for _, w := range r.sched.stop() {
 		c.proc.DropAhead(w.ahead)
-		r.slots.Release(w.class)
+		r.slots.Release(w.class, w.p.index)
 		r.dropped.Add(1)
 	}
 
@@ -256,6 +262,18 @@ func (c *Consumer) runGeneration(gctx context.Context, g *generation, dl, delay 
 	close(g.drained)
 }
 
+// partitionShare returns the most fetch slots one of n partitions may hold
+// in a window of window slots: under OrderPartition, whose partitions run
+// one message at a time, its share of the window, and at least 2 (the
+// message running and the next one, queued); under the other orderings,
+// which run a partition's messages side by side, the whole window.
+func partitionShare(o consumer.Ordering, window, n int) int {
+	if o != consumer.OrderPartition || n == 0 {
+		return 0
+	}
+	return max(2, (window+n-1)/n)
+}
+
 // fetch reads the messages of one partition and queues them until the
 // partition is revoked. It blocks while every slot is taken.
 func (r *genRun) fetch(p *partState, rd partitionReader) {
@@ -301,7 +319,7 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 			delete(w.msg.Headers, setaside.HeaderPaid)
 		}
 		w.class = dispatch.ClassOf(c.proc.Class(w.msg))
-		if r.slots.Acquire(r.rctx, w.class) != nil {
+		if r.slots.Acquire(r.rctx, w.class, p.index) != nil {
 			r.dropped.Add(1)
 			return
 		}
@@ -319,21 +337,32 @@ func (r *genRun) fetch(p *partState, rd partitionReader) {
 		kit.ObserveReceived(c.cfg.Observer, w.msg)
 		if !r.sched.enqueue(w) {
 			c.proc.DropAhead(w.ahead)
-			r.slots.Release(w.class)
+			r.slots.Release(w.class, p.index)
 			r.dropped.Add(1)
 			return
 		}
 	}
 }
 
-// newWorker returns the function a worker goroutine handles messages with.
-func (r *genRun) newWorker() func(work) {
-	gate := &firstWait{revoke: r.rctx}
-	ctx := context.WithValue(r.hctx, firstWaitKey{}, gate)
+// newWorker returns the function a worker goroutine handles messages
+// with, and the function that releases the worker's contexts when it
+// ends. Each worker derives contexts of its own from the handlers' and
+// the revocation's, which end with them: the contexts a message derives
+// (a request's timeout, a limiter wait) then register with their worker's,
+// instead of all workers' with one, under its lock.
+func (r *genRun) newWorker() (func(work), func()) {
+	hctx, cancelHandler := context.WithCancel(r.hctx)
+	revoke, cancelRevoke := context.WithCancel(r.rctx)
+	gate := &firstWait{revoke: revoke}
+	ctx := context.WithValue(hctx, firstWaitKey{}, gate)
+	done := func() {
+		cancelRevoke()
+		cancelHandler()
+	}
 	return func(w work) {
 		if r.rctx.Err() != nil {
 			r.c.proc.DropAhead(w.ahead)
-			r.slots.Release(w.class)
+			r.slots.Release(w.class, w.p.index)
 			r.dropped.Add(1) // revoked before it started
 			return
 		}
@@ -353,8 +382,8 @@ func (r *genRun) newWorker() func(work) {
 		case res == dropped:
 			r.dropped.Add(1)
 		}
-		r.slots.Release(w.class)
-	}
+		r.slots.Release(w.class, w.p.index)
+	}, done
 }
 
 // finish marks w finished in its partition's tracker, so that the commit

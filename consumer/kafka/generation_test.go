@@ -343,6 +343,51 @@ func TestGenerationCommits(t *testing.T) {
 	}
 }
 
+// TestStuckPartitionLeavesOthersTheWindow: under OrderPartition, while
+// one partition's message is stuck in its handler, that partition's
+// fetcher may not fill the window of fetched messages (Concurrency +
+// QueueSize) with messages that cannot start: the other partition's
+// messages go on being fetched and handled. Then the stuck one finishes,
+// and both partitions are committed to their ends.
+func TestStuckPartitionLeavesOthersTheWindow(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var handled [2]atomic.Int32
+	c := newTestConsumer(t, Config{
+		Options: consumer.Options{Concurrency: 2, Retry: consumer.RetryPolicy{MaxAttempts: 1}, DrainTimeout: time.Second},
+		// A window of 4: partition 0 may hold 2 (its share), so that
+		// partition 1 always has room.
+		QueueSize: 2,
+	}, func(ctx context.Context, m consumer.Message) error {
+		if m.Source.Partition == 0 && m.Source.Offset == 0 {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		handled[m.Source.Partition].Add(1)
+		return nil
+	})
+	offsets := func(n int) []int64 {
+		out := make([]int64, n)
+		for i := range out {
+			out[i] = int64(i)
+		}
+		return out
+	}
+	f := newFakeGroup(map[int]partitionReader{0: newFakeReader(msgs(0, offsets(20)...)...), 1: newFakeReader(msgs(1, offsets(50)...)...)})
+	rg := startGeneration(t, c, f, &fakeWriter{})
+	waitFor(t, "partition 1 handled while partition 0 is stuck", func() bool { return handled[1].Load() == 50 })
+	if n := handled[0].Load(); n != 0 {
+		t.Fatalf("partition 0 handled %d messages past its stuck first one", n)
+	}
+	close(release)
+	want := map[int]int64{0: 20, 1: 50}
+	waitFor(t, "both partitions committed", func() bool { return maps.Equal(f.committed(), want) })
+	rg.finish(t, true)
+}
+
 // TestFetchStopsOnFatalError: a fetch error that retrying cannot fix stops
 // Run with that error; a transient one is retried.
 func TestFetchStopsOnFatalError(t *testing.T) {
@@ -558,4 +603,55 @@ func TestGenerationSkipsFinished(t *testing.T) {
 	if !slices.Equal(handled, []int64{1}) {
 		t.Fatalf("the next generation handled %v, want only offset 1", handled)
 	}
+}
+
+// BenchmarkGeneration measures the per-message cost of a generation's
+// path, fetch to commit, with 16 partitions handled side by side
+// (OrderPartition, Concurrency 16, the default QueueSize) and a handler
+// that returns at once: b.N messages spread over the partitions, from
+// the first fetch until every partition is committed to its end.
+func BenchmarkGeneration(b *testing.B) {
+	const partitions = 16
+	per := max(1, b.N/partitions)
+	c, err := New(Config{
+		Options: consumer.Options{Concurrency: partitions, Retry: consumer.RetryPolicy{MaxAttempts: 1}, Logger: discardLogger()},
+		Brokers: []string{"127.0.0.1:1"}, Topic: "t", Group: "g", CommitTimeout: time.Second,
+	}, func(context.Context, consumer.Message) error { return nil })
+	if err != nil {
+		b.Fatal(err)
+	}
+	readers := map[int]partitionReader{}
+	want := map[int]int64{}
+	for p := range partitions {
+		ms := make([]kafkago.Message, per)
+		for i := range ms {
+			ms[i] = kafkago.Message{Topic: "t", Partition: p, Offset: int64(i), Value: []byte(`{"to":"+15550000000"}`)}
+		}
+		readers[p] = newFakeReader(ms...)
+		want[p] = int64(per)
+	}
+	f := newFakeGroup(readers)
+	b.ReportAllocs()
+	b.ResetTimer()
+	gctx, end := context.WithCancel(context.Background())
+	defer end()
+	g := &generation{id: 1, commit: f.commit, shutdown: make(chan struct{}), drained: make(chan struct{}),
+		open: func(tp topicPartition, _ int64) (partitionReader, func()) { return f.readers[tp.partition], func() {} }}
+	for p := range partitions {
+		g.partitions = append(g.partitions, assignment{topicPartition{"t", p}, kafkago.FirstOffset})
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.runGeneration(gctx, g, &deadLetterer{w: &fakeWriter{}, topic: "t.dlq", log: discardLogger()}, nil)
+	}()
+	for !maps.Equal(f.committed(), want) {
+		time.Sleep(100 * time.Microsecond)
+	}
+	b.StopTimer()
+	f.mu.Lock()
+	b.ReportMetric(float64(f.calls)/float64(partitions*per), "commits/msg")
+	f.mu.Unlock()
+	end()
+	<-done
 }

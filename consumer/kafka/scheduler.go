@@ -53,8 +53,9 @@ type scheduler struct {
 	ordering   consumer.Ordering
 	maxWorkers int
 	// newWorker returns the function a new worker goroutine runs each
-	// message with; it may keep per-worker state.
-	newWorker func() func(work)
+	// message with, which may keep per-worker state, and the function
+	// the goroutine calls when it ends.
+	newWorker func() (run func(work), done func())
 
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled when work may start, or at stop
@@ -68,7 +69,7 @@ type scheduler struct {
 // newScheduler returns a scheduler of up to maxWorkers workers. With
 // classes, messages start by their class (work.class) and each class
 // leaves the rule's reserve of workers free for the classes above it.
-func newScheduler(o consumer.Ordering, maxWorkers int, classes bool, newWorker func() func(work)) *scheduler {
+func newScheduler(o consumer.Ordering, maxWorkers int, classes bool, newWorker func() (func(work), func())) *scheduler {
 	s := &scheduler{ordering: o, maxWorkers: maxWorkers, newWorker: newWorker,
 		queue: dispatch.NewQueue[laneID, work](dispatch.NewRule(maxWorkers, classes))}
 	s.cond = sync.NewCond(&s.mu)
@@ -114,7 +115,8 @@ func (s *scheduler) wakeWorker() {
 // work runs messages until stop.
 func (s *scheduler) work() {
 	defer s.wg.Done()
-	run := s.newWorker()
+	run, done := s.newWorker()
+	defer done()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {

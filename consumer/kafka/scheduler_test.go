@@ -22,7 +22,7 @@ func TestSchedulerWakesAnotherWorker(t *testing.T) {
 		barrier.Wait()
 		close(opened)
 	}()
-	s := newScheduler(consumer.OrderNone, 2, false, func() func(work) {
+	s := newScheduler(consumer.OrderNone, 2, false, func() (func(work), func()) {
 		return func(w work) {
 			if w.m.Offset == 0 {
 				return // the warm-up message
@@ -32,7 +32,7 @@ func TestSchedulerWakesAnotherWorker(t *testing.T) {
 			case <-opened:
 			case <-time.After(5 * time.Second):
 			}
-		}
+		}, func() {}
 	})
 	msg := func(o int64) work { return work{m: kafkago.Message{Offset: o}} }
 	s.enqueue(msg(0))
@@ -60,13 +60,13 @@ func TestSchedulerLanes(t *testing.T) {
 		order   []string
 		release = make(chan struct{})
 	)
-	s := newScheduler(consumer.OrderKey, 1, false, func() func(work) {
+	s := newScheduler(consumer.OrderKey, 1, false, func() (func(work), func()) {
 		return func(w work) {
 			mu.Lock()
 			order = append(order, string(w.m.Key)+string(w.m.Value))
 			mu.Unlock()
 			<-release
-		}
+		}, func() {}
 	})
 	enq := func(key, v string) {
 		s.enqueue(work{m: kafkago.Message{Key: []byte(key), Value: []byte(v)}, key: key})
@@ -120,13 +120,13 @@ func TestSchedulerClasses(t *testing.T) {
 		running []string
 		release = make(chan struct{})
 	)
-	s := newScheduler(consumer.OrderKey, 5, true, func() func(work) {
+	s := newScheduler(consumer.OrderKey, 5, true, func() (func(work), func()) {
 		return func(w work) {
 			mu.Lock()
 			running = append(running, string(w.m.Key))
 			mu.Unlock()
 			<-release
-		}
+		}, func() {}
 	})
 	enq := func(key string, class int) {
 		s.enqueue(work{m: kafkago.Message{Key: []byte(key)}, key: key, class: class})

@@ -169,48 +169,48 @@ func TestQueueWithoutClasses(t *testing.T) {
 // freed slot goes to the waiting high before the waiting low, which waits
 // until fewer than its cap are taken; a cancelled wait holds nothing.
 func TestSlots(t *testing.T) {
-	s := NewSlots(NewRule(5, true))
+	s := NewSlots(NewRule(5, true), 0)
 	ctx := context.Background()
 	for range 3 {
-		if err := s.Acquire(ctx, low); err != nil {
+		if err := s.Acquire(ctx, low, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := s.Acquire(ctx, high); err != nil {
+	if err := s.Acquire(ctx, high, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Acquire(ctx, high); err != nil {
+	if err := s.Acquire(ctx, high, 0); err != nil {
 		t.Fatal(err)
 	}
 	// Full: a low and a high wait.
 	got := make(chan int, 2)
 	for _, c := range []int{low, high} {
 		go func() {
-			if err := s.Acquire(ctx, c); err == nil {
+			if err := s.Acquire(ctx, c, 0); err == nil {
 				got <- c
 			}
 		}()
 	}
 	waitWaiting(t, s, 1, 1)
-	s.Release(high)
+	s.Release(high, 0)
 	if c := <-got; c != high {
 		t.Fatalf("a freed slot went to class %d, want high", c)
 	}
 	// The low waits until fewer than its cap of 3 are taken in all.
-	s.Release(low)
-	s.Release(high)
+	s.Release(low, 0)
+	s.Release(high, 0)
 	select {
 	case c := <-got:
 		t.Fatalf("class %d took a slot with 3 of 5 taken, want none (the reserve)", c)
 	case <-time.After(20 * time.Millisecond):
 	}
-	s.Release(high)
+	s.Release(high, 0)
 	if c := <-got; c != low {
 		t.Fatalf("then class %d took the slot, want low", c)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
-	if err := s.Acquire(cctx, low); !errors.Is(err, context.DeadlineExceeded) {
+	if err := s.Acquire(cctx, low, 0); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Acquire on a full semaphore returned %v, want the context's error", err)
 	}
 	s.mu.Lock()

@@ -16,7 +16,13 @@ type Queue[L comparable, T any] struct {
 	ready [NumClasses]fifo[entry[L, T]]
 	held  [NumClasses]int
 	lanes map[L]*lane[L, T]
+	// free keeps up to maxFreeLanes emptied lanes for reuse: a partition's
+	// lane empties and comes back all the time.
+	free []*lane[L, T]
 }
+
+// maxFreeLanes bounds Queue.free.
+const maxFreeLanes = 64
 
 // Started is a message that Pop handed out; give it back to Done.
 type Started[L comparable, T any] struct {
@@ -56,7 +62,12 @@ func (q *Queue[L, T]) Push(v T, class int, id L, inLane bool) (ready bool) {
 	}
 	l := q.lanes[id]
 	if l == nil {
-		l = &lane[L, T]{id: id}
+		if n := len(q.free); n > 0 {
+			l, q.free = q.free[n-1], q.free[:n-1]
+			l.id = id
+		} else {
+			l = &lane[L, T]{id: id}
+		}
 		q.lanes[id] = l
 	}
 	l.items.push(it)
@@ -110,7 +121,7 @@ func (q *Queue[L, T]) Done(s Started[L, T]) (ready bool) {
 	}
 	l.running = false
 	if l.items.len() == 0 {
-		delete(q.lanes, l.id)
+		q.release(l)
 		return false
 	}
 	q.ready[l.items.peek().class].push(entry[L, T]{lane: l})
@@ -128,12 +139,23 @@ func (q *Queue[L, T]) Drain(f func(T)) {
 		})
 		q.ready[c].clear()
 	}
-	for id, l := range q.lanes {
+	for _, l := range q.lanes {
 		l.items.each(func(it item[T]) { f(it.v) })
 		l.items.clear()
 		if !l.running {
-			delete(q.lanes, id)
+			q.release(l)
 		}
+	}
+}
+
+// release removes the empty lane l, which runs nothing, and keeps it for
+// reuse.
+func (q *Queue[L, T]) release(l *lane[L, T]) {
+	delete(q.lanes, l.id)
+	if len(q.free) < maxFreeLanes && cap(l.items.items) <= maxFreeLanes {
+		var zero L
+		l.id = zero
+		q.free = append(q.free, l)
 	}
 }
 
