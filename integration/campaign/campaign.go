@@ -694,7 +694,8 @@ func (r *run) spec(dead map[int]int) Spec {
 		Rate: Rate, Burst: Burst, ArrivalAllowance: ArrivalAllowance,
 		Overrides: r.overrides, Disturbances: r.disturbances,
 		Keyed: []KeyedLayer{
-			{Name: "per-sender", Key: func(a Arrival) string { return a.From }, Rate: SenderRate, Burst: 1},
+			{Name: "per-sender", Key: func(a Arrival) string { return a.From }, Rate: SenderRate, Burst: 1,
+				Open: "a wait layer's pair too close under the full suite's load, cause not found yet, docs/campaign.md", HardFraction: 0.5},
 			{Name: "per-recipient", Key: func(a Arrival) string { return a.To }, Rate: RecipRate, Burst: 1,
 				Open: "a delay layer's pair too close under the campaign's mix, cause not found yet, docs/campaign.md"},
 		},

@@ -194,6 +194,10 @@ type KeyedLayer struct {
 	// open finding with this text instead of failing the check. Every
 	// other promise about the layer still fails it.
 	Open string
+	// HardFraction, when set with Open, still fails a pair closer than
+	// this fraction of the spacing, less the stall around it: the open
+	// finding covers pairs between it and GapFraction only.
+	HardFraction float64
 }
 
 // QuotaLayer is a calendar quota keyed by a field of the message, with
@@ -429,6 +433,9 @@ func Check(arrivals []Arrival, spec Spec) *Report {
 			}
 		}
 		if g.N >= 2 && g.D < g.Want {
+			if l.Open != "" && l.HardFraction > 0 && g.D < g.Want-time.Duration((frac-l.HardFraction)*float64(spacing)) {
+				report = r.failf // beyond what the open finding covers
+			}
 			report("%s: arrivals of key %s %d apart only %v apart from %s, want >= %v (%.0f%% of %v, less the %v stall around them)%s; its shortest gaps %v",
 				l.Name, g.Key, max(l.Burst, 1), g.D.Round(time.Millisecond), g.At.Format("15:04:05.000"), g.Want.Round(time.Millisecond),
 				100*frac, spacing, (time.Duration(frac*float64(spacing)) - g.Want).Round(time.Millisecond), spec.near(g.At), Gaps(perKey[g.Key]))

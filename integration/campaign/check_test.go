@@ -135,6 +135,20 @@ func TestCheck(t *testing.T) {
 		{"duplicate within the bound", []Arrival{arr(0, "a", 0), arr(0, "a", 2000), arr(1, "b", 10), arr(2, "c", 20), arr(3, "d", 30), arr(4, "e", 40), arr(5, "f", 50)},
 			map[int]int{9: 1}, 1, nil},
 	}
+	// An open finding with a hard fraction of 0.5 (1 s at 0.5/s): a pair
+	// 1.5 s apart is logged, one 0.9 s apart still fails.
+	open := []KeyedLayer{{Name: "per-recipient", Key: func(a Arrival) string { return a.To }, Rate: 0.5, Burst: 1, Open: "known", HardFraction: 0.5}}
+	for _, c := range []struct {
+		ms   int
+		fail bool
+	}{{1500, false}, {900, true}} {
+		r := Check([]Arrival{arr(0, "a", 0), arr(1, "a", c.ms), arr(2, "b", 10), arr(3, "c", 20), arr(4, "d", 30), arr(5, "e", 40)},
+			Spec{Rate: 20, Burst: 5, Keyed: open, Published: pub, DeadLettered: map[int]int{9: 1},
+				MayDeadLetter: func(a Arrival) bool { return a.Acct == CappedAccount }})
+		if failed := len(r.Violations) > 0; failed != c.fail {
+			t.Errorf("open finding, a pair %d ms apart: violations %q, want failing %v", c.ms, r.Violations, c.fail)
+		}
+	}
 	for _, st := range steps {
 		r := Check(st.arrivals, Spec{Rate: 20, Burst: 5, Keyed: layer, Published: pub, DeadLettered: st.dead,
 			MayDeadLetter: func(a Arrival) bool { return a.Acct == CappedAccount }, DupBound: st.dups})
