@@ -137,3 +137,49 @@ func TestDedupeAckAfterMark(t *testing.T) {
 		t.Errorf("in flight after all settled: %d", n)
 	}
 }
+
+// TestDedupeAckAfterMarkChannelClosed: the channel closes while a
+// delivery's mark is under way; once the mark landed, its ack is tried,
+// fails (the broker redelivers the message, which finds its key marked),
+// and the delivery is settled for the drain; the redelivered copy is
+// acked without a send.
+func TestDedupeAckAfterMarkChannelClosed(t *testing.T) {
+	st := &heldMarks{local: consumer.NewLocalDedupeStore()}
+	var mu sync.Mutex
+	sends := 0
+	h := func(context.Context, consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		sends++
+		return nil
+	}
+	p := newTestRun(t, context.Background(), Config{Options: consumer.Options{
+		Dedupe: &consumer.Dedupe{Store: st,
+			Key: func(m consumer.Message) (string, error) { return m.Source.MessageID, nil }},
+	}}, h, &fakePublisher{})
+	closed := &fakeAck{err: amqp.ErrClosed}
+	p.deliverForTest(amqp.Delivery{Acknowledger: closed, DeliveryTag: 1, MessageId: "m1"})
+	waitFor(t, func() bool { return st.held() == 1 })
+	if got := closed.of(1); len(got) != 0 {
+		t.Fatalf("acknowledger calls %q before the mark landed, want none", got)
+	}
+	st.land()
+	p.wg.Wait()
+	if got := closed.of(1); len(got) != 1 || got[0] != "ack multiple=false" {
+		t.Fatalf("acknowledger calls %q after the mark landed, want one ack (failed)", got)
+	}
+	ack := &fakeAck{}
+	p.deliverForTest(amqp.Delivery{Acknowledger: ack, DeliveryTag: 1, MessageId: "m1", Redelivered: true})
+	p.wg.Wait()
+	if got := ack.of(1); len(got) != 1 || got[0] != "ack multiple=false" {
+		t.Errorf("redelivery: acknowledger calls %q, want one ack", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if sends != 1 {
+		t.Errorf("sent %d times, want 1", sends)
+	}
+	if n := p.inflight.Load(); n != 0 {
+		t.Errorf("in flight after all settled: %d", n)
+	}
+}
