@@ -82,7 +82,9 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	opts.Logger = log
 	// The consumers that share a queue compete for its messages: the
 	// queue is their group.
-	popts := []kit.ProcessorOption{kit.ConsumerGroup(cfg.Queue)}
+	// A delivered message is acked once its dedupe mark is written
+	// (run.handleOnce): the handler goes on meanwhile.
+	popts := []kit.ProcessorOption{kit.ConsumerGroup(cfg.Queue), kit.MarksLater()}
 	if cfg.SetAside {
 		popts = append(popts, kit.SetsAside())
 	}

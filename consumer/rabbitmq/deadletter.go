@@ -133,7 +133,9 @@ func deadLetter(d *amqp.Delivery, dlh map[string]string) amqp.Publishing {
 }
 
 // handle runs the handler for it under the retry policy, then settles the
-// delivery with exactly one call: Ack when it was delivered, set aside (see
+// delivery with exactly one call: Ack when it was delivered (with
+// Options.Dedupe on a store that queues its marks, once the mark ended:
+// see kit.MarksLater; handle returns before), set aside (see
 // setAside) or dead-lettered by publishing; Nack without requeue when it
 // failed and no dead-letter exchange is known; Nack with requeue when it was
 // not finished (ctx ended). A call that fails because the channel closed is
@@ -173,11 +175,23 @@ func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bo
 		r.requeue(d, attrs)
 	case out.SetAside > 0:
 		return r.setAside(ctx, it, out, pub, attrs)
+	case out.Err == nil && out.Marking != nil:
+		// Acked once its dedupe mark is written (or its failure handled
+		// as Dedupe.OnStoreError says), while the handler goes on with
+		// the next delivery; it holds its prefetch slot and counts as in
+		// flight, for the drain, until then.
+		r.wg.Add(1)
+		r.inflight.Add(1)
+		dv := *d
+		out.Marking.Then(func() {
+			r.acks.push(func() {
+				defer r.wg.Done()
+				defer r.inflight.Add(-1)
+				r.ack(context.Background(), &dv, attrs)
+			})
+		})
 	case out.Err == nil:
-		if err := d.Ack(false); err != nil {
-			r.log.LogAttrs(ctx, slog.LevelWarn, "ack failed; the broker will redeliver the message",
-				append(attrs, slog.String("err", err.Error()))...)
-		}
+		r.ack(ctx, d, attrs)
 	case r.cfg.DeadLetterExchange == "":
 		if err := d.Nack(false, false); err != nil {
 			r.log.LogAttrs(ctx, slog.LevelWarn, "nack failed; the broker will redeliver the message",
@@ -295,6 +309,15 @@ func (r *run) publishThenAck(ctx context.Context, d *amqp.Delivery, pub publishe
 			append(attrs, slog.String("err", err.Error()))...)
 	}
 	return true
+}
+
+// ack acks d; a failure is logged: the channel closed, and the broker
+// redelivers the message.
+func (r *run) ack(ctx context.Context, d *amqp.Delivery, attrs []slog.Attr) {
+	if err := d.Ack(false); err != nil {
+		r.log.LogAttrs(ctx, slog.LevelWarn, "ack failed; the broker will redeliver the message",
+			append(attrs, slog.String("err", err.Error()))...)
+	}
 }
 
 // requeue gives d back to the broker, for this or another consumer.

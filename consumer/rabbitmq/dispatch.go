@@ -27,6 +27,8 @@ type run struct {
 	classes bool
 	wg      sync.WaitGroup // deliveries dispatched and not settled or requeued
 	workers sync.WaitGroup
+	// acks acks the deliveries whose dedupe mark ended (kit.MarksLater).
+	acks *ackQueue
 	// inflight counts the deliveries taken and not yet settled.
 	inflight atomic.Int64
 
@@ -43,7 +45,8 @@ type run struct {
 func newRun(c *Consumer, hctx context.Context, cancelHandlers context.CancelFunc) *run {
 	classes := c.proc.Classes() && c.cfg.Ordering != consumer.OrderPartition
 	r := &run{Consumer: c, hctx: hctx, cancelHandlers: cancelHandlers, classes: classes,
-		queue: dispatch.NewQueue[string, task](dispatch.NewRule(c.cfg.Concurrency, classes))}
+		queue: dispatch.NewQueue[string, task](dispatch.NewRule(c.cfg.Concurrency, classes)),
+		acks:  newAckQueue()}
 	r.cond = sync.NewCond(&r.mu)
 	return r
 }
@@ -62,16 +65,77 @@ func (r *run) startWorkers() {
 	for range r.cfg.Concurrency {
 		r.workers.Go(r.work)
 	}
+	r.workers.Go(r.acks.run)
 }
 
 func (r *run) stopWorkers() {
-	r.wg.Wait()
+	r.wg.Wait() // counts the acks queued too
 	r.mu.Lock()
 	r.stopped = true
 	r.cond.Broadcast()
 	r.mu.Unlock()
+	r.acks.stop()
 	r.workers.Wait()
 }
+
+// ackQueue runs the acks of the deliveries whose dedupe mark ended, in
+// the order queued, on a goroutine of its own: kit.Marking.Then calls
+// back on the dedupe store's goroutine, which must not wait on the
+// broker. It holds at most the deliveries in flight, which the prefetch
+// bounds. push is safe for concurrent use.
+type ackQueue struct {
+	mu      sync.Mutex
+	pending []func()
+	wake    chan struct{} // a push since the last run; capacity 1
+	done    chan struct{} // closed by stop
+}
+
+func newAckQueue() *ackQueue {
+	return &ackQueue{wake: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// push queues ack to run.
+func (q *ackQueue) push(ack func()) {
+	q.mu.Lock()
+	q.pending = append(q.pending, ack)
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run runs the acks as they are queued until stop, and those queued
+// before it.
+func (q *ackQueue) run() {
+	var spare []func()
+	for {
+		select {
+		case <-q.wake:
+		case <-q.done:
+			q.mu.Lock()
+			acks := q.pending
+			q.pending = nil
+			q.mu.Unlock()
+			for _, ack := range acks {
+				ack()
+			}
+			return
+		}
+		q.mu.Lock()
+		acks := q.pending
+		q.pending = spare[:0]
+		q.mu.Unlock()
+		for i, ack := range acks {
+			ack()
+			acks[i] = nil
+		}
+		spare = acks
+	}
+}
+
+// stop ends run once the acks queued ran.
+func (q *ackQueue) stop() { close(q.done) }
 
 // work runs deliveries as the queue hands them out, until stopWorkers.
 func (r *run) work() {
