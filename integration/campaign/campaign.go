@@ -394,6 +394,7 @@ sink:
   http:
     url: %q
     timeout: 5s
+    headers: {x-campaign-replica: "${THROTTLE_CAMPAIGN_REPLICA}"}
 delivery:
   drain_timeout: 5s
 metrics:
@@ -415,6 +416,8 @@ func (r *run) logLevel() string {
 func (r *run) startReplica() error {
 	r.started++
 	cmd := exec.Command(r.cfg.Bin, "run", "--config", r.config)
+	// The sink records which replica sent each request (ReplicaHeader).
+	cmd.Env = append(os.Environ(), fmt.Sprintf("THROTTLE_CAMPAIGN_REPLICA=%d", r.started))
 	p, err := StartProc(fmt.Sprintf("replica %d", r.started), cmd)
 	if err != nil {
 		return err

@@ -17,6 +17,9 @@ type Arrival struct {
 	Acct  string // the account, the key of a quota layer
 	Class string // the priority class the message was published with
 	At    time.Time
+	// Replica is the replica that sent it (ReplicaHeader), "" when
+	// unknown.
+	Replica string
 }
 
 // Window is a window of arrivals.
@@ -433,11 +436,15 @@ func Check(arrivals []Arrival, spec Spec) *Report {
 			}
 		}
 		if g.N >= 2 && g.D < g.Want {
+			who := ""
+			if by := senders(firsts, l.Key, g); by != "" {
+				who = " (" + by + ")"
+			}
 			if l.Open != "" && l.HardFraction > 0 && g.D < g.Want-time.Duration((frac-l.HardFraction)*float64(spacing)) {
 				report = r.failf // beyond what the open finding covers
 			}
-			report("%s: arrivals of key %s %d apart only %v apart from %s, want >= %v (%.0f%% of %v, less the %v stall around them)%s; its shortest gaps %v",
-				l.Name, g.Key, max(l.Burst, 1), g.D.Round(time.Millisecond), g.At.Format("15:04:05.000"), g.Want.Round(time.Millisecond),
+			report("%s: arrivals of key %s%s %d apart only %v apart from %s, want >= %v (%.0f%% of %v, less the %v stall around them)%s; its shortest gaps %v",
+				l.Name, g.Key, who, max(l.Burst, 1), g.D.Round(time.Millisecond), g.At.Format("15:04:05.000"), g.Want.Round(time.Millisecond),
 				100*frac, spacing, (time.Duration(frac*float64(spacing)) - g.Want).Round(time.Millisecond), spec.near(g.At), Gaps(perKey[g.Key]))
 		}
 		for _, d := range spec.Disturbances {
@@ -552,4 +559,26 @@ func ids(xs []int) string {
 		parts = append(parts, fmt.Sprint(x))
 	}
 	return strings.Join(parts, " ")
+}
+
+// senders names the replicas that sent the pair g of layer key's arrivals
+// (its first at g.At, its last g.D later), in order: "sent by replicas 2
+// and 3", or "" when the arrivals do not say.
+func senders(arrivals []Arrival, key func(Arrival) string, g Gap) string {
+	var first, last string
+	for _, a := range arrivals {
+		if key(a) != g.Key || a.Replica == "" {
+			continue
+		}
+		switch {
+		case a.At.Equal(g.At) && first == "":
+			first = a.Replica
+		case a.At.Equal(g.At.Add(g.D)):
+			last = a.Replica
+		}
+	}
+	if first == "" || last == "" {
+		return ""
+	}
+	return "sent by replicas " + first + " and " + last
 }

@@ -149,6 +149,15 @@ func TestCheck(t *testing.T) {
 			t.Errorf("open finding, a pair %d ms apart: violations %q, want failing %v", c.ms, r.Violations, c.fail)
 		}
 	}
+	// The report names the replicas that sent the pair.
+	a, b := arr(0, "a", 0), arr(1, "a", 900)
+	a.Replica, b.Replica = "2", "3"
+	r := Check([]Arrival{a, b, arr(2, "b", 10), arr(3, "c", 20), arr(4, "d", 30), arr(5, "e", 40)},
+		Spec{Rate: 20, Burst: 5, Keyed: open, Published: pub, DeadLettered: map[int]int{9: 1},
+			MayDeadLetter: func(a Arrival) bool { return a.Acct == CappedAccount }})
+	if len(r.Violations) != 1 || !strings.Contains(r.Violations[0], "key a (sent by replicas 2 and 3) 1 apart") {
+		t.Errorf("violations %q, want one naming replicas 2 and 3", r.Violations)
+	}
 	for _, st := range steps {
 		r := Check(st.arrivals, Spec{Rate: 20, Burst: 5, Keyed: layer, Published: pub, DeadLettered: st.dead,
 			MayDeadLetter: func(a Arrival) bool { return a.Acct == CappedAccount }, DupBound: st.dups})

@@ -28,6 +28,11 @@ func (m Message) Arrival(t time.Time) Arrival {
 	return Arrival{ID: m.ID, To: m.To, From: m.From, Acct: m.Acct, Class: m.Class, At: t}
 }
 
+// ReplicaHeader is the request header in which each replica of a run
+// names itself (its number), so that a report can say which replicas sent
+// a pair too close.
+const ReplicaHeader = "x-campaign-replica"
+
 // Sink is an HTTP sink on a free loopback port that records the time and
 // the fields of every message it receives, and answers 200. It is safe for
 // concurrent use; Close stops it.
@@ -62,9 +67,10 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	now := time.Now()
+	a := m.Arrival(time.Now())
+	a.Replica = r.Header.Get(ReplicaHeader)
 	s.mu.Lock()
-	s.arrivals = append(s.arrivals, m.Arrival(now))
+	s.arrivals = append(s.arrivals, a)
 	s.seen[m.ID]++
 	s.mu.Unlock()
 	w.WriteHeader(http.StatusOK)
