@@ -109,6 +109,21 @@ func TestFairBucketShares(t *testing.T) {
 	}
 }
 
+// tenantBurstSpent returns a fair bucket of 10/s, burst 1, whose 100 ms
+// horizon gives tenant a a share of 1 token, on a fake clock, with the
+// burst's token already spent by a's request req (FairWaiting waiting).
+func tenantBurstSpent(t *testing.T, waiting int) (*clocktest.Clock, *fairClocked, *limiter.Bucket, limiter.Request) {
+	t.Helper()
+	clk := clocktest.New(storetest.Base)
+	s := newFairClocked(t, clk, 10, 1, limiter.Fair{Horizon: 100 * time.Millisecond})
+	b := newLayeredBucket(t, clk, s)
+	req := limiter.Request{Cost: 1, Tenant: "a", FairWaiting: waiting}
+	if err := b.WaitN(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	return clk, s, b, req
+}
+
 // TestFairGrantedLeavesTenantWaiting: a request that waited for its
 // tenant's share and is then granted, waiting for its reservation, no
 // longer counts among the tenant's FairWaiting, so that the tenant's next
@@ -116,15 +131,8 @@ func TestFairBucketShares(t *testing.T) {
 // until it went out, and a tenant could book only FairWaiting
 // reservations at a time per replica, below its share).
 func TestFairGrantedLeavesTenantWaiting(t *testing.T) {
-	clk := clocktest.New(storetest.Base)
-	// 10/s, burst 1; a's share of a 100 ms horizon is 1 token.
-	s := newFairClocked(t, clk, 10, 1, limiter.Fair{Horizon: 100 * time.Millisecond})
-	b := newLayeredBucket(t, clk, s)
+	clk, _, b, req := tenantBurstSpent(t, 1)
 	ctx := context.Background()
-	req := limiter.Request{Cost: 1, Tenant: "a", FairWaiting: 1}
-	if err := b.WaitN(ctx, req); err != nil { // the burst's token
-		t.Fatal(err)
-	}
 	first := waitN(b, ctx, req) // reserved, due at 100 ms
 	clk.WaitTimers(t, 1)
 	second := waitN(b, ctx, req) // over a's share: waits for it until 100 ms
@@ -244,15 +252,8 @@ func TestFairHeldBackWithoutStore(t *testing.T) {
 // calls for their 4 grants, where every waiting request asked at every
 // room (up to 4 + 3 + 2 + 1 = 10).
 func TestFairWaitersAskInTurn(t *testing.T) {
-	clk := clocktest.New(storetest.Base)
-	// 10/s, burst 1; a's share of a 100 ms horizon is 1 token.
-	s := newFairClocked(t, clk, 10, 1, limiter.Fair{Horizon: 100 * time.Millisecond})
-	b := newLayeredBucket(t, clk, s)
+	clk, s, b, req := tenantBurstSpent(t, 4)
 	ctx := context.Background()
-	req := limiter.Request{Cost: 1, Tenant: "a", FairWaiting: 4}
-	if err := b.WaitN(ctx, req); err != nil { // the burst's token
-		t.Fatal(err)
-	}
 	s.asked = make(chan struct{}, 100)
 	done := make(chan error, 5)
 	for i := range 5 { // the first reserved, due at 100 ms; then 4 wait for a's share
@@ -305,15 +306,8 @@ func TestFairWaitersAskInTurn(t *testing.T) {
 // room, so the store could only make it wait too), and goes out in its
 // turn. Before, each such request asked once to be told to wait.
 func TestFairJoinsWaitersWithoutAsking(t *testing.T) {
-	clk := clocktest.New(storetest.Base)
-	// 10/s, burst 1; a's share of a 100 ms horizon is 1 token.
-	s := newFairClocked(t, clk, 10, 1, limiter.Fair{Horizon: 100 * time.Millisecond})
-	b := newLayeredBucket(t, clk, s)
+	clk, s, b, req := tenantBurstSpent(t, 4)
 	ctx := context.Background()
-	req := limiter.Request{Cost: 1, Tenant: "a", FairWaiting: 4}
-	if err := b.WaitN(ctx, req); err != nil { // the burst's token
-		t.Fatal(err)
-	}
 	r1 := waitN(b, ctx, req) // reserved, due at 100 ms
 	clk.WaitTimers(t, 1)
 	r2 := waitN(b, ctx, req) // over a's share until 100 ms: waits for it
