@@ -536,6 +536,7 @@ func (b *Bucket) allow(ctx context.Context, cost int) (bool, error) {
 			}
 			continue
 		}
+		sent := b.clock.Now()
 		res, err := b.store.Take(ctx, backend.TakeRequest{Cost: cost, Priority: p, MinShare: b.opts.MinShare})
 		if err != nil {
 			if cerr := ctx.Err(); cerr != nil {
@@ -547,6 +548,7 @@ func (b *Bucket) allow(ctx context.Context, cost int) (bool, error) {
 			b.storeFailed(err)
 			continue
 		}
+		b.skew.observeTrip(sent, b.clock.Now(), res.At)
 		b.observeTake(res)
 		return res.Granted, nil
 	}
@@ -663,8 +665,9 @@ func (b *Bucket) refundClass(ctx context.Context, tokens int, class Priority) {
 	}
 }
 
+// observeTake records what a shared bucket's answer says of it. The caller
+// records the answer's round trip in b.skew (observeTrip).
 func (b *Bucket) observeTake(res backend.TakeResult) {
-	b.skew.observe(b.clock.Now(), res.At)
 	debt := max(0, -res.Remaining)
 	b.lastDebt.Store(math.Float64bits(debt))
 	if res.Rate > 0 { // a paused bucket reports 0: keep the rate to fall back to

@@ -507,11 +507,11 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 // may have been slow too (the first answer of a Bucket is its own
 // quickest, however slow it was). It is 0 when that is unknown.
 func (b *Bucket) answerLate(at time.Time) time.Duration {
-	skew, ok := b.skew.get()
+	skew, spread, ok := b.skew.estimate()
 	if !ok || at.IsZero() {
 		return 0
 	}
-	return b.clock.Now().Sub(at.Add(skew)) + b.skew.spread()
+	return b.clock.Now().Sub(at.Add(skew)) + spread
 }
 
 // layersMove returns how a layered grant res of the store ls for lr pays
@@ -608,6 +608,7 @@ func (b *Bucket) allowLayers(ctx context.Context, ls backend.LayeredStore, cost 
 			}
 			return err == nil && res.Granted, err
 		}
+		sent := b.clock.Now()
 		res, err := ls.TakeLayers(ctx, lr)
 		if err != nil {
 			if cerr := ctx.Err(); cerr != nil {
@@ -619,6 +620,7 @@ func (b *Bucket) allowLayers(ctx context.Context, ls backend.LayeredStore, cost 
 			b.storeFailed(err)
 			continue
 		}
+		b.skew.observeTrip(sent, b.clock.Now(), res.At)
 		if !lr.SkipShared {
 			b.observeTake(res.TakeResult)
 		}

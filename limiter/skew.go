@@ -36,20 +36,7 @@ const timerSlack = time.Millisecond
 
 // observe records an answer that ran at store (the store's clock) and
 // arrived at local.
-func (m *skewMeter) observe(local, store time.Time) {
-	if store.IsZero() {
-		return
-	}
-	d := local.Sub(store)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.rollLocked(local)
-	if m.have == 0 {
-		m.start, m.cur, m.prev, m.have = local, d, d, 1
-		return
-	}
-	m.cur = min(m.cur, d)
-}
+func (m *skewMeter) observe(local, store time.Time) { m.observeTrip(time.Time{}, local, store) }
 
 // rollLocked starts a new window at local when the current one is over.
 func (m *skewMeter) rollLocked(local time.Time) {
@@ -62,16 +49,24 @@ func (m *skewMeter) rollLocked(local time.Time) {
 }
 
 // observeTrip records an answer that ran at store (the store's clock),
-// asked at sent and arrived at local.
+// asked at sent (zero when unknown) and arrived at local.
 func (m *skewMeter) observeTrip(sent, local, store time.Time) {
 	if store.IsZero() {
 		return
 	}
-	m.observe(local, store)
-	lo := sent.Sub(store)
+	d := local.Sub(store)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !m.loHave[0] || lo > m.curLo {
+	m.rollLocked(local)
+	if m.have == 0 {
+		m.start, m.cur, m.prev, m.have = local, d, d, 1
+	} else {
+		m.cur = min(m.cur, d)
+	}
+	if sent.IsZero() {
+		return
+	}
+	if lo := sent.Sub(store); !m.loHave[0] || lo > m.curLo {
 		m.curLo, m.loHave[0] = lo, true
 	}
 }
@@ -84,6 +79,21 @@ func (m *skewMeter) observeTrip(sent, local, store time.Time) {
 func (m *skewMeter) spread() time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.spreadLocked()
+}
+
+// estimate returns get's estimate and spread together, under one lock.
+func (m *skewMeter) estimate() (skew, spread time.Duration, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.have == 0 {
+		return 0, 0, false
+	}
+	return min(m.cur, m.prev), m.spreadLocked(), true
+}
+
+// spreadLocked is spread; m.mu must be held.
+func (m *skewMeter) spreadLocked() time.Duration {
 	if m.have == 0 || !m.loHave[0] && !m.loHave[1] {
 		return 0
 	}
