@@ -227,8 +227,10 @@ func WindowSpans(l Layer, key string, p Priority, t time.Time) ([]int64, error) 
 		if err != nil {
 			return nil, &LimitError{Layer: l.Name, Action: ActionDeadLetter, Reason: "the key is not a telephone number: " + err.Error(), err: err}
 		}
-		if c, ok := w.Countries[info.Region]; ok {
-			cal = c
+		if len(w.Countries) > 0 { // the country only when it matters: it may cost a validation
+			if c, ok := w.Countries[info.Region()]; ok {
+				cal = c
+			}
 		}
 		if w.ByNumber {
 			locs = zonesOf(info.Zones, w.DefaultLocation)

@@ -2,8 +2,15 @@ package phone
 
 import (
 	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/nyaruka/phonenumbers"
 )
 
 func TestLookup(t *testing.T) {
@@ -24,7 +31,7 @@ func TestLookup(t *testing.T) {
 			t.Errorf("%q: %v", c.in, err)
 			continue
 		}
-		if got.E164 != c.e164 || got.Region != c.region || !slices.Equal(got.Zones, c.zones) {
+		if got.E164 != c.e164 || got.Region() != c.region || !slices.Equal(got.Zones, c.zones) {
 			t.Errorf("%q: got %+v, want %s %s %v", c.in, got, c.e164, c.region, c.zones)
 		}
 	}
@@ -41,8 +48,170 @@ func TestLookup(t *testing.T) {
 
 func BenchmarkLookupUncached(b *testing.B) {
 	for i := range b.N {
-		if _, err := lookup("+1212555" + string(rune('0'+i%10)) + "100"); err != nil {
+		if _, err := Lookup("+1212555" + string(rune('0'+i%10)) + "100"); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// reference is Lookup as libphonenumber's own functions give it, with no
+// shortcut: the number built from the digits, IsPossibleNumber, Format,
+// GetRegionCodeForNumber and GetTimezonesForNumber. Lookup must agree
+// with it on every input.
+func reference(s string) (e164, region string, zones []string, err error) {
+	d := digits(s)
+	if d == "" || len(d) > 16 {
+		return "", "", nil, ErrNotNumber
+	}
+	var cc int
+	for n := 1; n <= 3 && n < len(d)-1; n++ {
+		c, _ := strconv.Atoi(d[1 : 1+n])
+		if phonenumbers.GetRegionCodeForCountryCode(c) != phonenumbers.UNKNOWN_REGION {
+			cc = c
+			break
+		}
+	}
+	if cc == 0 {
+		return "", "", nil, ErrNotNumber
+	}
+	nd := d[1+len(strconv.Itoa(cc)):]
+	national, _ := strconv.ParseUint(nd, 10, 64)
+	num := &phonenumbers.PhoneNumber{CountryCode: new(int32(cc)), NationalNumber: new(national)}
+	if strings.HasPrefix(nd, "0") {
+		num.ItalianLeadingZero = new(true)
+	}
+	if !phonenumbers.IsPossibleNumber(num) {
+		return "", "", nil, ErrNotNumber
+	}
+	e164 = phonenumbers.Format(num, phonenumbers.E164)
+	if regions := phonenumbers.GetRegionCodesForCountryCode(cc); len(regions) == 1 {
+		region = regions[0]
+		if region == "001" {
+			region = ""
+		}
+	} else if r := phonenumbers.GetRegionCodeForNumber(num); r != phonenumbers.UNKNOWN_REGION {
+		region = r
+	}
+	if zs, zerr := phonenumbers.GetTimezonesForNumber(num); zerr == nil {
+		for _, z := range zs {
+			if z != phonenumbers.UNKNOWN_TIMEZONE {
+				zones = append(zones, z)
+			}
+		}
+	}
+	return e164, region, zones, nil
+}
+
+// sample returns numbers to compare Lookup with the library on: every
+// NANP area code with exchanges of each first digit, the end-to-end
+// benchmark's numbers, each supported region's example numbers of every
+// type (as E.164, with separators, with a digit changed, a digit more and
+// a digit fewer, with a leading zero), and random digits after every
+// country code.
+func sample() []string {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var out []string
+	for area := 200; area <= 999; area++ {
+		for ex := range 10 {
+			out = append(out, fmt.Sprintf("+1%03d%d%02d%04d", area, ex, rng.IntN(100), rng.IntN(10000)))
+		}
+		out = append(out, fmt.Sprintf("+1%03d%03d%03d", area, rng.IntN(1000), rng.IntN(1000)), // 9 digits
+			fmt.Sprintf("1 (%03d) 555-%04d", area, rng.IntN(10000)))
+	}
+	for i := range 2000 {
+		out = append(out, fmt.Sprintf("+15550%06d", i*499))
+	}
+	types := []phonenumbers.PhoneNumberType{
+		phonenumbers.FIXED_LINE, phonenumbers.MOBILE, phonenumbers.TOLL_FREE, phonenumbers.PREMIUM_RATE,
+		phonenumbers.SHARED_COST, phonenumbers.VOIP, phonenumbers.PERSONAL_NUMBER, phonenumbers.PAGER,
+		phonenumbers.UAN, phonenumbers.VOICEMAIL,
+	}
+	var examples []*phonenumbers.PhoneNumber
+	for _, r := range slices.Sorted(maps.Keys(phonenumbers.GetSupportedRegions())) {
+		for _, t := range types {
+			if n := phonenumbers.GetExampleNumberForType(r, t); n != nil {
+				examples = append(examples, n)
+			}
+		}
+	}
+	for _, cc := range slices.Sorted(maps.Keys(phonenumbers.GetSupportedGlobalNetworkCallingCodes())) {
+		if n := phonenumbers.GetExampleNumberForNonGeoEntity(cc); n != nil {
+			examples = append(examples, n)
+		}
+	}
+	for _, n := range examples {
+		e := phonenumbers.Format(n, phonenumbers.E164)
+		cc := strconv.Itoa(int(n.GetCountryCode()))
+		nsn := e[1+len(cc):]
+		changed := []byte(e)
+		changed[len(changed)-1-rng.IntN(len(nsn))] = byte('0' + rng.IntN(10))
+		out = append(out, e, phonenumbers.Format(n, phonenumbers.INTERNATIONAL), "00"+e[1:], string(changed),
+			e+strconv.Itoa(rng.IntN(10)), e[:len(e)-1], "+"+cc+"0"+nsn, "+"+cc+"00"+nsn)
+	}
+	for cc := 1; cc < 1000; cc++ {
+		if phonenumbers.GetRegionCodeForCountryCode(cc) == phonenumbers.UNKNOWN_REGION {
+			continue
+		}
+		for n := 1; n <= 14; n++ {
+			d := make([]byte, n)
+			for i := range d {
+				d[i] = byte('0' + rng.IntN(10))
+			}
+			out = append(out, "+"+strconv.Itoa(cc)+string(d))
+		}
+	}
+	return out
+}
+
+// TestLookupMatchesLibrary checks Lookup (its shortcuts: an E.164 input
+// read as it is, possibility by length, zones by prefix, the country only
+// on demand) against libphonenumber's own functions on a large sample:
+// the same error or none, E.164, country and zones.
+func TestLookupMatchesLibrary(t *testing.T) {
+	nums := sample()
+	fails, ok := 0, 0
+	for _, s := range nums {
+		e164, region, zones, rerr := reference(s)
+		got, err := Lookup(s)
+		if (err != nil) != (rerr != nil) {
+			t.Errorf("%q: error %v, library %v", s, err, rerr)
+			fails++
+		} else if err == nil {
+			ok++
+			if got.E164 != e164 || got.Region() != region || !slices.Equal(got.Zones, zones) {
+				t.Errorf("%q: got %s %q %v, library %s %q %v", s, got.E164, got.Region(), got.Zones, e164, region, zones)
+				fails++
+			}
+			if isE164(s) && e164 == s && got.E164 != s {
+				t.Errorf("%q: not itself", s)
+			}
+		}
+		if fails > 20 {
+			t.Fatal("too many differences")
+		}
+	}
+	if ok < len(nums)/3 {
+		t.Errorf("only %d of %d numbers parse: the sample tests little", ok, len(nums))
+	}
+	t.Logf("%d numbers, %d placed", len(nums), ok)
+}
+
+// TestLookupE164NoAllocs: a number already in E.164 is read without an
+// allocation, its country included when its country code is its own.
+func TestLookupE164NoAllocs(t *testing.T) {
+	for _, s := range []string{"+15550000123", "+12125550100", "+33612345678"} {
+		Lookup(s) // the tables, once
+		if n := testing.AllocsPerRun(100, func() {
+			info, err := Lookup(s)
+			if err != nil || info.E164 != s {
+				t.Fatal(info, err)
+			}
+		}); n != 0 {
+			t.Errorf("%s: %v allocations", s, n)
+		}
+	}
+	info, _ := Lookup("+33612345678")
+	if n := testing.AllocsPerRun(100, func() { _ = info.Region() }); n != 0 {
+		t.Errorf("Region of a French number: %v allocations", n)
 	}
 }
