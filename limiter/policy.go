@@ -105,7 +105,7 @@ func (p Prices) Price(recipient string, cost int, budget string) (Amount, error)
 		if err != nil {
 			return 0, &LimitError{Layer: budget, Action: ActionDeadLetter, Reason: "cannot price the recipient: " + err.Error()}
 		}
-		if c, ok := p.Countries[info.Region()]; ok {
+		if c, ok := phone.ByCountry(info, p.Countries); ok {
 			price = c
 		}
 	}

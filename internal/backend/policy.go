@@ -221,58 +221,112 @@ func WindowSpans(l Layer, key string, p Priority, t time.Time) ([]int64, error) 
 	if w == nil || w.exempt(p) {
 		return nil, nil
 	}
-	cal, locs := w.Calendar, []*time.Location{w.Location}
+	cal := w.Calendar
+	var zs *zoneSet
 	if w.needsNumber() {
 		info, err := phone.Lookup(key)
 		if err != nil {
 			return nil, &LimitError{Layer: l.Name, Action: ActionDeadLetter, Reason: "the key is not a telephone number: " + err.Error(), err: err}
 		}
-		if len(w.Countries) > 0 { // the country only when it matters: it may cost a validation
-			if c, ok := w.Countries[info.Region()]; ok {
-				cal = c
-			}
+		if c, ok := phone.ByCountry(info, w.Countries); ok {
+			cal = c
 		}
 		if w.ByNumber {
-			locs = zonesOf(info.Zones, w.DefaultLocation)
+			zs = zonesOf(info.Zones, w.DefaultLocation)
 		}
 	}
-	return spansFor(cal, locs, w.DefaultLocation, t), nil
+	if zs == nil {
+		zs = zonesOf(nil, w.Location)
+	}
+	return spansFor(cal, zs, w.DefaultLocation, t), nil
 }
 
-// zonesOf loads the zones names, cached; DefaultLocation when there are
-// none or none loads.
-func zonesOf(names []string, def *time.Location) []*time.Location {
-	var out []*time.Location
+// zoneSet is a list of zone names loaded: the zones that load, in order,
+// or the default zone when none does.
+type zoneSet struct {
+	names []string         // the list, as given
+	def   *time.Location   // the default it was loaded with
+	locs  []*time.Location // never empty
+	key   string           // the names of locs, joined by spaces
+}
+
+// zonesOf returns names loaded, def when there are none or none loads. A
+// list is loaded once: the sets are cached by the list's backing array
+// (phone.Info.Zones shares one per prefix) and checked against its
+// contents, up to zoneSetsMax of them (then the cache starts over).
+func zonesOf(names []string, def *time.Location) *zoneSet {
+	id := zoneSetID{n: len(names), def: def}
+	if len(names) > 0 {
+		id.first = &names[0]
+	}
+	zoneSets.mu.RLock()
+	zs, ok := zoneSets.m[id]
+	zoneSets.mu.RUnlock()
+	if ok && slices.Equal(zs.names, names) {
+		return zs
+	}
+	zs = &zoneSet{names: names, def: def}
 	for _, n := range names {
-		if v, ok := zoneCache.Load(n); ok {
-			if loc := v.(*time.Location); loc != nil {
-				out = append(out, loc)
-			}
-			continue
-		}
-		loc, err := time.LoadLocation(n)
-		if err != nil {
-			loc = nil
-		}
-		zoneCache.Store(n, loc)
-		if loc != nil {
-			out = append(out, loc)
+		if loc := loadZone(n); loc != nil {
+			zs.locs = append(zs.locs, loc)
 		}
 	}
-	if len(out) == 0 {
-		out = []*time.Location{def}
+	if len(zs.locs) == 0 {
+		zs.locs = []*time.Location{def}
 	}
-	return out
+	locNames := make([]string, len(zs.locs))
+	for i, l := range zs.locs {
+		locNames[i] = l.String()
+	}
+	zs.key = strings.Join(locNames, " ")
+	zoneSets.mu.Lock()
+	if len(zoneSets.m) >= zoneSetsMax {
+		clear(zoneSets.m)
+	}
+	zoneSets.m[id] = zs
+	zoneSets.mu.Unlock()
+	return zs
+}
+
+// zoneSetsMax bounds the cache of zoneSets.
+const zoneSetsMax = 4096
+
+type zoneSetID struct {
+	first *string // the list's first element; nil for an empty one
+	n     int
+	def   *time.Location
+}
+
+// loadZone loads the zone named n, cached; nil when it does not load.
+func loadZone(n string) *time.Location {
+	if v, ok := zoneCache.Load(n); ok {
+		return v.(*time.Location)
+	}
+	loc, err := time.LoadLocation(n)
+	if err != nil {
+		loc = nil
+	}
+	zoneCache.Store(n, loc)
+	return loc
 }
 
 var (
 	zoneCache sync.Map // zone name → *time.Location (nil: not loadable)
-	spanCache sync.Map // spanKey → *spanEntry
+	zoneSets  = struct {
+		mu sync.RWMutex
+		m  map[zoneSetID]*zoneSet
+	}{m: map[zoneSetID]*zoneSet{}}
+	spanCache = struct {
+		mu sync.RWMutex
+		m  map[spanKey]*spanEntry
+	}{m: map[spanKey]*spanEntry{}}
 )
 
+// spanKey names the spans of a calendar in a set of zones (by their names)
+// with a default zone (by its name).
 type spanKey struct {
-	cal  Calendar
-	locs string
+	cal       Calendar
+	locs, def string
 }
 
 type spanEntry struct {
@@ -280,24 +334,21 @@ type spanEntry struct {
 	spans []int64
 }
 
-// spansFor returns the open intervals of cal in every zone of locs (the
+// spansFor returns the open intervals of cal in every zone of zs (the
 // instants open in all of them) around t, cached for a minute of t; those
 // of def when the zones share no open time (a prefix spanning the
-// Pacific).
-func spansFor(cal Calendar, locs []*time.Location, def *time.Location, t time.Time) []int64 {
-	names := make([]string, len(locs))
-	for i, l := range locs {
-		names[i] = l.String()
-	}
-	k := spanKey{cal, strings.Join(names, " ") + "|" + def.String()}
+// Pacific). The spans returned are shared: read them, never write.
+func spansFor(cal Calendar, zs *zoneSet, def *time.Location, t time.Time) []int64 {
+	k := spanKey{cal, zs.key, def.String()}
 	us := t.UnixMicro()
-	if v, ok := spanCache.Load(k); ok {
-		if e := v.(*spanEntry); us >= e.at && us < e.at+int64(time.Minute/time.Microsecond) {
-			return e.spans
-		}
+	spanCache.mu.RLock()
+	e, ok := spanCache.m[k]
+	spanCache.mu.RUnlock()
+	if ok && us >= e.at && us < e.at+int64(time.Minute/time.Microsecond) {
+		return e.spans
 	}
 	var spans []int64
-	for i, loc := range locs {
+	for i, loc := range zs.locs {
 		s := calendarSpans(cal, loc, t)
 		if i == 0 {
 			spans = s
@@ -305,13 +356,15 @@ func spansFor(cal Calendar, locs []*time.Location, def *time.Location, t time.Ti
 			spans = intersect(spans, s)
 		}
 	}
-	if len(spans) == 0 && len(locs) > 1 { // no time open in all: the default zone
+	if len(spans) == 0 && len(zs.locs) > 1 { // no time open in all: the default zone
 		spans = calendarSpans(cal, def, t)
 	}
 	if len(spans) > 2*windowSpans {
 		spans = spans[:2*windowSpans]
 	}
-	spanCache.Store(k, &spanEntry{at: us, spans: spans})
+	spanCache.mu.Lock()
+	spanCache.m[k] = &spanEntry{at: us, spans: spans}
+	spanCache.mu.Unlock()
 	return spans
 }
 

@@ -78,6 +78,28 @@ func (i Info) Region() string {
 	return r
 }
 
+// ByCountry returns m's value for the number's country (Region) and
+// whether m holds one, as m[i.Region()] does, but runs the country's
+// validation only when m could hold it: when m has a value for one of the
+// countries that share the number's country code. So a window with a
+// calendar for France reads a US number's country for nothing. Safe for
+// concurrent use (m is only read).
+func ByCountry[V any](i Info, m map[string]V) (V, bool) {
+	if len(m) == 0 {
+		var zero V
+		return zero, false
+	}
+	if _, unplaced := m[""]; !unplaced {
+		candidates := phonenumbers.GetRegionCodesForCountryCode(i.cc)
+		if !slices.ContainsFunc(candidates, func(r string) bool { _, ok := m[r]; return ok }) {
+			var zero V
+			return zero, false
+		}
+	}
+	v, ok := m[i.Region()]
+	return v, ok
+}
+
 // number is i as libphonenumber's type.
 func (i Info) number() *phonenumbers.PhoneNumber {
 	num := &phonenumbers.PhoneNumber{}
@@ -105,7 +127,7 @@ var regionCache = struct {
 // too long for its country). It returns s itself, without allocating,
 // when s already is E.164. Safe for concurrent use.
 func Normalize(s string) (string, error) {
-	info, err := Lookup(s)
+	info, err := parse(s)
 	if err != nil {
 		return "", err
 	}
@@ -116,6 +138,20 @@ func Normalize(s string) (string, error) {
 // its country is Info.Region). It is safe for concurrent use, and does
 // not allocate when s already is E.164.
 func Lookup(s string) (Info, error) {
+	info, err := parse(s)
+	if err != nil {
+		return Info{}, err
+	}
+	// What phonenumbers.GetTimezonesForNumber does: its E.164 looked up
+	// in the prefix table.
+	if zones, err := phonenumbers.GetTimezonesForPrefix(info.E164); err == nil {
+		info.Zones = placed(zones)
+	}
+	return info, nil
+}
+
+// parse is Lookup without the zones.
+func parse(s string) (Info, error) {
 	d := s
 	if !isE164(s) {
 		if d = digits(s); d == "" {
@@ -170,11 +206,6 @@ func Lookup(s string) (Info, error) {
 			return Info{}, fmt.Errorf("%q: not a possible number for country code %d: %w", s, cc, ErrNotNumber)
 		}
 		info.E164 = phonenumbers.Format(num, phonenumbers.E164)
-	}
-	// What phonenumbers.GetTimezonesForNumber does: its E.164 looked up
-	// in the prefix table.
-	if zones, err := phonenumbers.GetTimezonesForPrefix(info.E164); err == nil {
-		info.Zones = placed(zones)
 	}
 	return info, nil
 }

@@ -215,3 +215,30 @@ func TestLookupE164NoAllocs(t *testing.T) {
 		t.Errorf("Region of a French number: %v allocations", n)
 	}
 }
+
+// TestByCountry: ByCountry gives what m[Region()] gives, for maps that
+// hold a country of a shared code, one of a code of its own, several, the
+// unplaced "" and none, on the sample of TestLookupMatchesLibrary.
+func TestByCountry(t *testing.T) {
+	tables := []map[string]int{
+		nil, {"FR": 1}, {"US": 1}, {"CA": 1, "FR": 2}, {"JE": 1}, {"GB": 1, "KZ": 2}, {"": 1}, {"VI": 1, "PR": 2},
+	}
+	n := 0
+	for _, s := range sample() {
+		info, err := Lookup(s)
+		if err != nil {
+			continue
+		}
+		for _, m := range tables {
+			want, wantOK := m[info.Region()]
+			if got, ok := ByCountry(info, m); got != want || ok != wantOK {
+				t.Errorf("%s in %v: got %d %v, want %d %v", s, m, got, ok, want, wantOK)
+			}
+			n++
+		}
+	}
+	if _, ok := ByCountry(Info{}, map[string]int{"US": 1}); ok {
+		t.Error("the zero Info has a country")
+	}
+	t.Logf("%d look-ups", n)
+}
