@@ -66,9 +66,7 @@ func (i Info) Region() string {
 	if ok {
 		return r
 	}
-	if r = phonenumbers.GetRegionCodeForNumber(i.number()); r == phonenumbers.UNKNOWN_REGION {
-		r = ""
-	}
+	r = regionOf(i.cc, i.E164[len(i.E164)-i.nsnLen():])
 	regionCache.mu.Lock()
 	if len(regionCache.m) >= cacheMax {
 		clear(regionCache.m)
@@ -98,6 +96,19 @@ func ByCountry[V any](i Info, m map[string]V) (V, bool) {
 	}
 	v, ok := m[i.Region()]
 	return v, ok
+}
+
+// nsnLen is the length of the national significant number: the national
+// number's digits, after a leading zero when it has one.
+func (i Info) nsnLen() int {
+	n := 1
+	for v := i.national; v >= 10; v /= 10 {
+		n++
+	}
+	if i.zero {
+		n++
+	}
+	return n
 }
 
 // number is i as libphonenumber's type.

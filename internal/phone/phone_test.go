@@ -148,6 +148,22 @@ func sample() []string {
 		out = append(out, e, phonenumbers.Format(n, phonenumbers.INTERNATIONAL), "00"+e[1:], string(changed),
 			e+strconv.Itoa(rng.IntN(10)), e[:len(e)-1], "+"+cc+"0"+nsn, "+"+cc+"00"+nsn)
 	}
+	// The countries of a shared code by their example numbers with the
+	// last digits drawn at random: mostly valid numbers, in each of them.
+	for _, n := range examples {
+		if len(phonenumbers.GetRegionCodesForCountryCode(int(n.GetCountryCode()))) < 2 {
+			continue
+		}
+		e := []byte(phonenumbers.Format(n, phonenumbers.E164))
+		for k := 1; k <= 6 && k < len(e)-4; k++ {
+			for range 5 {
+				for i := len(e) - k; i < len(e); i++ {
+					e[i] = byte('0' + rng.IntN(10))
+				}
+				out = append(out, string(e))
+			}
+		}
+	}
 	for cc := 1; cc < 1000; cc++ {
 		if phonenumbers.GetRegionCodeForCountryCode(cc) == phonenumbers.UNKNOWN_REGION {
 			continue

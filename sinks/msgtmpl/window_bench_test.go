@@ -15,9 +15,11 @@ import (
 // country and open intervals for that key (backend.WindowSpans). New:
 // every message its own recipient (the numbers of the end-to-end
 // benchmark, +1 555 0xx xxxx, 131,072 of them in turn, more than the
-// look-up cache holds); Same: one recipient again and again. Zones: the
+// country cache holds); Same: one recipient again and again. Zones: the
 // window by number alone (timezone: e164); Countries: with a calendar of
-// its own for FR, so the number's country is needed too.
+// its own for FR (which a +1 number cannot be in); CountriesUS: with one
+// for US, so that every +1 number's country is needed (libphonenumber's
+// validation against each country of +1).
 func BenchmarkWindowMessage(b *testing.B) {
 	const distinct = 1 << 17
 	fresh := make([]consumer.Message, distinct)
@@ -38,6 +40,8 @@ func BenchmarkWindowMessage(b *testing.B) {
 		{"Zones", backend.Window{Calendar: day, ByNumber: true, DefaultLocation: time.UTC}},
 		{"Countries", backend.Window{Calendar: day, ByNumber: true, DefaultLocation: time.UTC,
 			Countries: map[string]backend.Calendar{"FR": {From: 8 * time.Hour, To: 20 * time.Hour}}}},
+		{"CountriesUS", backend.Window{Calendar: day, ByNumber: true, DefaultLocation: time.UTC,
+			Countries: map[string]backend.Calendar{"US": day}}},
 	} {
 		layer := backend.Layer{Name: "quiet-hours", Keyed: true, Window: &w.win}
 		for _, src := range []struct {
