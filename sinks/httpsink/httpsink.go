@@ -490,11 +490,19 @@ func (s *Sink) send(ctx context.Context, target string, body []byte) (int, error
 	if err != nil {
 		return 0, s.transportError(ctx, err)
 	}
-	defer func() {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
-		_ = resp.Body.Close()
-	}()
+	defer drain(resp.Body)
 	return resp.StatusCode, s.classify(resp)
+}
+
+// drain reads what is left of a response body, up to drainLimit, so that
+// its connection can serve the next request, and closes it. A body known
+// to be empty (http.NoBody: a Content-Length of 0, or a HEAD) has nothing
+// to read.
+func drain(body io.ReadCloser) {
+	if body != http.NoBody {
+		_, _ = io.Copy(io.Discard, io.LimitReader(body, drainLimit))
+	}
+	_ = body.Close()
 }
 
 // traceContext is the W3C Trace Context propagator: traceparent and
@@ -565,7 +573,7 @@ func (s *Sink) classify(resp *http.Response) error {
 		raw, _ = io.ReadAll(io.LimitReader(resp.Body, snippetLen+1))
 	}
 	d := s.rules.decide(&response{status: resp.StatusCode, header: resp.Header, body: raw},
-		time.Now(), s.defaultRetryAfter, s.maxRetryAfter)
+		time.Now, s.defaultRetryAfter, s.maxRetryAfter)
 	if d.rule.Action == Delivered {
 		return nil
 	}
