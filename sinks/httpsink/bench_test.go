@@ -18,7 +18,8 @@ import (
 // sink does: "sink" through a Sink with the default configuration,
 // "bare" with the plain POST of integration/bench's bare loops (a
 // keep-alive client, a timeout, one header). Their difference is the
-// sink's own cost per message.
+// sink's own cost per message. "readme" is the sink of README.md's
+// configuration.
 func BenchmarkSend(b *testing.B) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -41,6 +42,21 @@ func BenchmarkSend(b *testing.B) {
 	}
 	b.Run("sink", func(b *testing.B) {
 		s, err := httpsink.New(httpsink.Config{URL: srv.URL + "/throttle"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		run(b, func(ctx context.Context) bool { return s.Send(ctx, msg) == nil })
+	})
+	b.Run("readme", func(b *testing.B) {
+		// README.md's "Run the binary" sink: a header, a form body from
+		// a template.
+		s, err := httpsink.New(httpsink.Config{
+			URL:          srv.URL + "/throttle",
+			Headers:      map[string]string{"Authorization": "Bearer token"},
+			ContentType:  "application/x-www-form-urlencoded",
+			BodyTemplate: `{{form "To" .JSON.to "Body" .JSON.text}}`,
+		})
 		if err != nil {
 			b.Fatal(err)
 		}
