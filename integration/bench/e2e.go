@@ -551,7 +551,9 @@ func writeTemp(yaml string) (string, error) {
 // loop once under a CPU and an allocation profile (bare-cpu, bare-allocs),
 // and with -e2e-layer throttle with the keyed layer too (layer-cpu,
 // layer-allocs), likewise with -e2e-dedupe, -e2e-window and
-// -e2e-concurrency (dedupe-cpu, window-cpu, conc-cpu, ...).
+// -e2e-concurrency (dedupe-cpu, window-cpu, conc-cpu, ...), and with
+// -e2e-readme throttle in the README's configuration without its layer
+// (readme-plain-cpu, ...).
 func (b *e2eBench) profile(ctx context.Context, src source) error {
 	if err := os.MkdirAll(b.cfg.profileDir, 0o755); err != nil {
 		return err
@@ -584,7 +586,8 @@ func (b *e2eBench) profile(ctx context.Context, src source) error {
 	for _, c := range []struct {
 		on         bool
 		name, kind string
-	}{{b.cfg.dedupe, consDedupe, "dedupe"}, {b.cfg.window, consWindow, "window"}, {b.cfg.concurrency, consConc, "conc"}} {
+	}{{b.cfg.dedupe, consDedupe, "dedupe"}, {b.cfg.window, consWindow, "window"}, {b.cfg.concurrency, consConc, "conc"},
+		{b.cfg.readme, consReadmePlain, "readme-plain"}} {
 		if !c.on {
 			continue
 		}

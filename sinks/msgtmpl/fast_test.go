@@ -300,7 +300,7 @@ func FuzzFastPathMatchesTemplate(f *testing.F) {
 
 // BenchmarkKey renders the common key and cost templates of a message,
 // as a keyed layer, a fair share, dedupe or a cost does for every
-// message: by the fast path (the key, tenant, dedupe and cost functions)
+// message, and a form body as an HTTP sink does: by the fast path (the key, tenant, dedupe and cost functions)
 // and by the template (Render on NewData, as before it).
 func BenchmarkKey(b *testing.B) {
 	msg := consumer.Message{
@@ -313,6 +313,7 @@ func BenchmarkKey(b *testing.B) {
 		{"Header", `{{index .Headers "x-tenant"}}`},
 		{"SMSSegments", `{{sms_segments .JSON.text}}`},
 		{"Slice", `{{slice .JSON.to 8}}`},
+		{"Form", `{{form "To" .JSON.to "Body" .JSON.text}}`}, // a sink's form body
 	} {
 		c, err := compile("key", bm.text)
 		if err != nil {
