@@ -60,8 +60,15 @@ func (e *retryAfterError) RetryAfter() time.Duration { return e.after }
 // with RetryAfter. Any error type with a method RetryAfter() time.Duration
 // counts.
 func RetryAfterOf(err error) (time.Duration, bool) {
-	var ra interface{ RetryAfter() time.Duration }
-	if errors.As(err, &ra) {
+	if err == nil {
+		// Every delivered message comes here (PushBack): no target
+		// for errors.As to allocate.
+		return 0, false
+	}
+	if ra, ok := errors.AsType[interface {
+		error
+		RetryAfter() time.Duration
+	}](err); ok {
 		return ra.RetryAfter(), true
 	}
 	return 0, false

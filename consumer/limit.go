@@ -114,16 +114,16 @@ func NewLimiter(bucket *limiter.Bucket, opts LimitOptions) (MessageLimiter, erro
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, &FieldError{Field: field, Err: fmt.Errorf(format, args...)})
 	}
-	budget := ""
+	budget, slots := "", false
 	if bucket == nil {
 		bad("bucket", "must not be nil")
 	} else {
 		errs = append(errs, opts.ValidateLayers(bucket.Layers()))
 		for _, l := range bucket.Layers() {
-			if l.IsBudget() {
+			if l.IsBudget() && budget == "" {
 				budget = l.Name
-				break
 			}
+			slots = slots || l.IsConcurrency()
 		}
 		if opts.Tenant == nil && bucket.Fair() != nil {
 			bad("Tenant", "is required: the bucket has fair shares")
@@ -135,7 +135,7 @@ func NewLimiter(bucket *limiter.Bucket, opts LimitOptions) (MessageLimiter, erro
 	if opts.TenantWaiting == 0 {
 		opts.TenantWaiting = DefaultTenantWaiting
 	}
-	return &messageLimiter{b: bucket, opts: opts, tenants: map[string]*tenantPace{}, budget: budget}, nil
+	return &messageLimiter{b: bucket, opts: opts, tenants: map[string]*tenantPace{}, budget: budget, slots: slots}, nil
 }
 
 // Validate returns nil or every problem of o that needs no bucket, each a
@@ -186,6 +186,11 @@ type messageLimiter struct {
 	// budget names the bucket's first budget layer, "" for none: the
 	// layer a message that cannot be priced is dead-lettered under.
 	budget string
+	// slots is set when the bucket has a concurrency layer: a grant
+	// then holds slots (limiter.Bucket.Acquire). Without one,
+	// AcquireMessage waits with WaitGrant, which holds nothing and
+	// allocates no Held.
+	slots bool
 
 	mu      sync.Mutex
 	tenants map[string]*tenantPace
@@ -261,7 +266,7 @@ func (l *messageLimiter) waitMessage(ctx context.Context, msg Message, cost int,
 	if err != nil {
 		return err
 	}
-	now := time.Now()
+	now := l.requestedAt(req)
 	return l.paced(req, now, l.wait(ctx, cost, func(ctx context.Context) error {
 		if g == nil {
 			return l.b.WaitN(ctx, req)
@@ -272,11 +277,23 @@ func (l *messageLimiter) waitMessage(ctx context.Context, msg Message, cost int,
 	}))
 }
 
+// requestedAt returns the time req is made, for paced: now for a request
+// with a tenant, the zero time otherwise (paced does not read it then,
+// and the clock is not read for every message).
+func (l *messageLimiter) requestedAt(req limiter.Request) time.Time {
+	if req.Tenant == "" {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
 // paced returns err, a refusal by the fair share of a request made at now
 // moved to the tenant's pace (setAside).
 func (l *messageLimiter) paced(req limiter.Request, now time.Time, err error) error {
-	var le *limiter.LimitError
-	if req.Tenant != "" && errors.As(err, &le) && le.Layer == limiter.FairLayer && !le.Reserved {
+	if req.Tenant == "" || err == nil {
+		return err
+	}
+	if le, ok := errors.AsType[*limiter.LimitError](err); ok && le.Layer == limiter.FairLayer && !le.Reserved {
 		le.Wait = l.setAside(req.Tenant, now, le.Wait, le.Spacing)
 		le.RetryAt = now.Add(le.Wait)
 	}
@@ -289,28 +306,44 @@ func (l *messageLimiter) paced(req limiter.Request, now time.Time, err error) er
 // does nothing after a failure, on a bucket without concurrency layers,
 // and when called again.
 func (l *messageLimiter) AcquireMessage(ctx context.Context, msg Message, cost int) (release func(), err error) {
-	held, err := l.acquire(ctx, msg, cost)
+	g, held, err := l.acquire(ctx, msg, cost)
 	if err == nil {
-		grant.Set(ctx, held.Grant()) // for a throttle wait span (tracing.go)
+		grant.Set(ctx, g) // for a throttle wait span (tracing.go)
+	}
+	if held == nil {
+		return noRelease, err
 	}
 	return held.Release, err
 }
 
-// acquire is AcquireMessage, returning the limiter's Held (nil after a
-// failure), which also says how the wait was granted.
-func (l *messageLimiter) acquire(ctx context.Context, msg Message, cost int) (*limiter.Held, error) {
+// noRelease is the release of a grant that holds no slot.
+func noRelease() {}
+
+// acquire is AcquireMessage: it returns how the wait was granted and, on
+// a bucket with a concurrency layer, the limiter's Held (nil after a
+// failure, and without such a layer).
+func (l *messageLimiter) acquire(ctx context.Context, msg Message, cost int) (limiter.Grant, *limiter.Held, error) {
 	req, err := l.request(msg, cost)
 	if err != nil {
-		return nil, err
+		return limiter.Grant{}, nil, err
 	}
-	var held *limiter.Held
-	now := time.Now()
+	var (
+		g    limiter.Grant
+		held *limiter.Held
+	)
+	now := l.requestedAt(req)
 	err = l.paced(req, now, l.wait(ctx, cost, func(ctx context.Context) error {
 		var err error
-		held, err = l.b.Acquire(ctx, req)
+		if !l.slots {
+			g, err = l.b.WaitGrant(ctx, req)
+			return err
+		}
+		if held, err = l.b.Acquire(ctx, req); err == nil {
+			g = held.Grant()
+		}
 		return err
 	}))
-	return held, err
+	return g, held, err
 }
 
 // request returns the bucket request for msg.

@@ -141,7 +141,7 @@ func Throttle(l Limiter, cost CostFunc) Middleware {
 			if err != nil {
 				return err
 			}
-			if err := awaitPaidSlots(ctx, msg, time.Now()); err != nil {
+			if err := awaitPaidSlots(ctx, msg, time.Now); err != nil {
 				return err
 			}
 			var release func()

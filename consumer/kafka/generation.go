@@ -371,10 +371,13 @@ func (r *genRun) newWorker() (func(work), func()) {
 		switch {
 		case res == finished && marking != nil:
 			// Committed once its dedupe mark is written; the worker goes
-			// on meanwhile.
+			// on meanwhile. The callback captures a copy, so that w
+			// itself stays on the stack for the messages without a
+			// mark.
+			marked := w
 			r.marks.Add(1)
 			marking.Then(func() {
-				r.finish(w)
+				r.finish(marked)
 				r.marks.Done()
 			})
 		case res == finished:

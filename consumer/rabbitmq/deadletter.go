@@ -157,7 +157,7 @@ func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bo
 		out = r.proc.KeyFailed(it.keyErr)
 	case ctx.Err() != nil:
 		out = kit.Outcome{Abandoned: true} // not started: requeued quietly
-	case r.back(ctx, it, pub, requeueAttrs(d)):
+	case r.back(ctx, it, pub):
 		return false
 	default:
 		out = r.proc.Process(ctx, it.msg)
@@ -169,12 +169,13 @@ func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bo
 			r.log.LogAttrs(ctx, slog.LevelWarn, kit.LogAbandoned, attrs...)
 		}
 	}
-	attrs := requeueAttrs(d)
+	// The log attributes are made where a line may be logged: a
+	// delivered message's ack makes them only when it fails.
 	switch {
 	case out.Abandoned:
-		r.requeue(d, attrs)
+		r.requeue(d, nil)
 	case out.SetAside > 0:
-		return r.setAside(ctx, it, out, pub, attrs)
+		return r.setAside(ctx, it, out, pub, requeueAttrs(d))
 	case out.Err == nil && out.Marking != nil:
 		// Acked once its dedupe mark is written (or its failure handled
 		// as Dedupe.OnStoreError says), while the handler goes on with
@@ -187,12 +188,13 @@ func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bo
 			r.acks.push(func() {
 				defer r.wg.Done()
 				defer r.inflight.Add(-1)
-				r.ack(context.Background(), &dv, attrs)
+				r.ack(context.Background(), &dv, nil)
 			})
 		})
 	case out.Err == nil:
-		r.ack(ctx, d, attrs)
+		r.ack(ctx, d, nil)
 	case r.cfg.DeadLetterExchange == "":
+		attrs := requeueAttrs(d)
 		if err := d.Nack(false, false); err != nil {
 			r.log.LogAttrs(ctx, slog.LevelWarn, "nack failed; the broker will redeliver the message",
 				append(attrs, slog.String("err", err.Error()))...)
@@ -202,7 +204,7 @@ func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bo
 	default:
 		dlx := r.cfg.DeadLetterExchange
 		msg := deadLetter(d, out.DeadLetterHeaders(position(d, r.cfg.Queue)))
-		attrs = append(attrs, slog.String(kit.KeyDestination, dlx))
+		attrs := append(requeueAttrs(d), slog.String(kit.KeyDestination, dlx))
 		if r.publishThenAck(ctx, d, pub, dlx, d.RoutingKey, msg, attrs) {
 			r.proc.DeadLettered(ctx, it.msg, out, attrs...)
 		}
@@ -311,10 +313,13 @@ func (r *run) publishThenAck(ctx context.Context, d *amqp.Delivery, pub publishe
 	return true
 }
 
-// ack acks d; a failure is logged: the channel closed, and the broker
-// redelivers the message.
+// ack acks d; a failure is logged, with attrs (requeueAttrs when nil):
+// the channel closed, and the broker redelivers the message.
 func (r *run) ack(ctx context.Context, d *amqp.Delivery, attrs []slog.Attr) {
 	if err := d.Ack(false); err != nil {
+		if attrs == nil {
+			attrs = requeueAttrs(d)
+		}
 		r.log.LogAttrs(ctx, slog.LevelWarn, "ack failed; the broker will redeliver the message",
 			append(attrs, slog.String("err", err.Error()))...)
 	}

@@ -265,11 +265,12 @@ func headerTime(d *amqp.Delivery, name string) (time.Time, bool) {
 // until it is, or sets it aside again when that is further away than
 // maxHold. A wait that ctx ends requeues the delivery. Any other delivery
 // is left alone.
-func (r *run) back(ctx context.Context, it *item, pub publisher, attrs []slog.Attr) (settled bool) {
+func (r *run) back(ctx context.Context, it *item, pub publisher) (settled bool) {
 	d := &it.d
 	if !fromDelayLevels(*d, r.cfg.Queue) {
 		return false
 	}
+	attrs := requeueAttrs(d)
 	if v, ok := d.Headers[setaside.HeaderPaid].(string); ok && v != "" && it.msg.Headers[setaside.HeaderPaid] == "" {
 		if it.msg.Headers == nil {
 			it.msg.Headers = map[string]string{}

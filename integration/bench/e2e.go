@@ -38,13 +38,15 @@ type e2eConfig struct {
 	// concurrency runs throttle and consConc only, as policy does: the
 	// cost of a concurrency layer.
 	concurrency bool
-	tracing     bool    // also run consTrace1 and consTrace001 in each round
-	inReach     float64 // the limit of the in-reach runs
-	inReachFor  time.Duration
-	scenarios   []string
-	out         string
-	profileDir  string
-	flags       string
+	tracing     bool // also run consTrace1 and consTrace001 in each round
+	// readme also runs consReadme and consReadmePlain in each round.
+	readme     bool
+	inReach    float64 // the limit of the in-reach runs
+	inReachFor time.Duration
+	scenarios  []string
+	out        string
+	profileDir string
+	flags      string
 }
 
 // source is a broker scenario: RabbitMQ or Kafka.
@@ -91,7 +93,48 @@ const (
 	// OTLP/HTTP to the child process, which decodes and counts the spans.
 	consTrace1   = "throttle + tracing 1.0"
 	consTrace001 = "throttle + tracing 0.01"
+	// consReadme is throttle in the configuration README.md's "Run the
+	// binary" gives (readmeYAML): a cost template, a per-recipient layer
+	// (5/h, burst 5, dead_letter), an Authorization header, a form body
+	// from a template, and the defaults for the rest (metrics on, log
+	// level info, drain timeout), with the limit out of reach.
+	consReadme = "throttle, README config"
+	// consReadmePlain is consReadme without its per-recipient layer: the
+	// README's plain path (cost template, header, form body).
+	consReadmePlain = "throttle, README config without the layer"
 )
+
+// readmeYAML is the configuration of README.md's "Run the binary" for
+// consReadme and consReadmePlain, with the benchmark's Redis, bucket,
+// rate (out of reach), source and sink: %s are the Redis address, the
+// bucket, the rate, the burst, limit.extra, the source section, the
+// sink's URL and the metrics port. The source keeps the benchmark's
+// settings (prefetch, concurrency) so that the consumers compare on the
+// same footing; metrics listen on a free port rather than 9464 so that
+// concurrent runs do not collide.
+const readmeYAML = `redis: {addr: "%s"}
+limit:
+  bucket: %s
+  rate: %s
+  burst: %d
+  cost_template: '{{sms_segments .JSON.text}}'
+%ssource:
+%s
+sink:
+  http:
+    url: "%s/throttle"
+    headers: {Authorization: "Bearer ${SMS_TOKEN}"}
+    content_type: application/x-www-form-urlencoded
+    body_template: '{{form "To" .JSON.to "Body" .JSON.text}}'
+metrics:
+  listen: 127.0.0.1:%d
+`
+
+// readmeLayerYAML is limit.extra of consReadme: README.md's per-recipient
+// layer. Every message has its own recipient, so it refuses none.
+const readmeLayerYAML = `  extra:
+    - {name: per-recipient, key: '{{.JSON.to}}', rate: 5/h, burst: 5, on_exceed: dead_letter}
+`
 
 // sampleRatio returns the tracing.sample_ratio of consumer, or -1 for a
 // consumer without tracing.
@@ -232,6 +275,12 @@ func runE2E(ctx context.Context, cfg e2eConfig) error {
 	if err != nil {
 		return err
 	}
+	if cfg.readme && os.Getenv("SMS_TOKEN") == "" {
+		// The README's header reads the token from the environment.
+		if err := os.Setenv("SMS_TOKEN", "bench-token"); err != nil {
+			return err
+		}
+	}
 	if cfg.tracing {
 		// The tracing runs export to the child process; the batch
 		// processor keeps its defaults (OTEL_BSP_*).
@@ -274,6 +323,9 @@ func runE2E(ctx context.Context, cfg e2eConfig) error {
 			}
 			if cfg.tracing {
 				order = append(order, consTrace1, consTrace001)
+			}
+			if cfg.readme {
+				order = append(order, consReadme, consReadmePlain)
 			}
 			if round%2 == 0 {
 				slices.Reverse(order)
@@ -339,7 +391,7 @@ func (b *e2eBench) run(ctx context.Context, src source, consumer string, round i
 	var logs bytes.Buffer
 	done := make(chan error, 1)
 	switch consumer {
-	case consThrottle, consLayer, consConc, consDedupe, consWindow, consTrace1, consTrace001:
+	case consThrottle, consLayer, consConc, consDedupe, consWindow, consTrace1, consTrace001, consReadme, consReadmePlain:
 		path, err := b.writeConfig(p, rate, burst, consumer, sampleRatio(consumer))
 		if err != nil {
 			return r, err
@@ -436,6 +488,14 @@ func (b *e2eBench) writeConfig(p prepared, rate float64, burst int, consumer str
 	if err != nil {
 		return "", err
 	}
+	if consumer == consReadme || consumer == consReadmePlain {
+		extra := ""
+		if consumer == consReadme {
+			extra = readmeLayerYAML
+		}
+		return writeTemp(fmt.Sprintf(readmeYAML, b.redis.addr, fmt.Sprintf("e2e-%s-%d", b.runID, b.seq),
+			strconv.FormatFloat(rate, 'f', -1, 64), burst, extra, p.throttleConfig(), b.svc.Sink, port))
+	}
 	extra, delivery := "", ""
 	switch consumer {
 	case consLayer:
@@ -468,6 +528,11 @@ log:
 	if sampleRatio >= 0 {
 		yaml += fmt.Sprintf("tracing:\n  enabled: true\n  sample_ratio: %s\n", strconv.FormatFloat(sampleRatio, 'f', -1, 64))
 	}
+	return writeTemp(yaml)
+}
+
+// writeTemp writes a config to a temporary file and returns its path.
+func writeTemp(yaml string) (string, error) {
 	f, err := os.CreateTemp("", "throttle-e2e-*.yaml")
 	if err != nil {
 		return "", err
@@ -486,7 +551,9 @@ log:
 // loop once under a CPU and an allocation profile (bare-cpu, bare-allocs),
 // and with -e2e-layer throttle with the keyed layer too (layer-cpu,
 // layer-allocs), likewise with -e2e-dedupe, -e2e-window and
-// -e2e-concurrency (dedupe-cpu, window-cpu, conc-cpu, ...).
+// -e2e-concurrency (dedupe-cpu, window-cpu, conc-cpu, ...), and with
+// -e2e-readme throttle in the README's configuration without its layer
+// (readme-plain-cpu, ...).
 func (b *e2eBench) profile(ctx context.Context, src source) error {
 	if err := os.MkdirAll(b.cfg.profileDir, 0o755); err != nil {
 		return err
@@ -519,7 +586,8 @@ func (b *e2eBench) profile(ctx context.Context, src source) error {
 	for _, c := range []struct {
 		on         bool
 		name, kind string
-	}{{b.cfg.dedupe, consDedupe, "dedupe"}, {b.cfg.window, consWindow, "window"}, {b.cfg.concurrency, consConc, "conc"}} {
+	}{{b.cfg.dedupe, consDedupe, "dedupe"}, {b.cfg.window, consWindow, "window"}, {b.cfg.concurrency, consConc, "conc"},
+		{b.cfg.readme, consReadmePlain, "readme-plain"}} {
 		if !c.on {
 			continue
 		}

@@ -35,7 +35,7 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 	p("|---|---|--:|---|--:|--:|--:|--:|--:|\n")
 	for _, src := range cfg.scenarios {
 		var bareMed float64
-		for _, c := range []string{consBare, consThrottle, consLayer, consDedupe, consWindow, consConc} {
+		for _, c := range []string{consBare, consThrottle, consLayer, consDedupe, consWindow, consConc, consReadme, consReadmePlain} {
 			var rates []float64
 			var sel []e2eRun
 			for _, r := range runs {
@@ -69,8 +69,8 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 				src, c, med, strings.Join(each, ", "), ratio, cpu/n, allocs/n, calls/n, left)
 		}
 	}
-	for _, c := range []string{consThrottle, consLayer} {
-		if (c == consLayer && !cfg.layer) || cfg.againstThrottle() {
+	for _, c := range []string{consThrottle, consLayer, consReadme, consReadmePlain} {
+		if (c == consLayer && !cfg.layer) || ((c == consReadme || c == consReadmePlain) && !cfg.readme) || cfg.againstThrottle() {
 			continue
 		}
 		p("\nPer round, %s ÷ the bare run of the same round:", c)
@@ -126,6 +126,9 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 	}
 	if cfg.concurrency {
 		p("`%s`: limit.extra holds a concurrency layer, 3 slots per key (`key: '{{slice .JSON.to 8}}'`, the recipient's last 4 digits: %s keys; the default lease), so each message takes a slot with its grant and gives it back when its sink call returned. Each key has a message every %s, so the cap never makes one wait: this is the layer's cost.\n\n", consConc, fmtThousands(concKeys), fmtThousands(concKeys))
+	}
+	if cfg.readme {
+		p("`%s`: the configuration of README.md's \"Run the binary\" with the benchmark's Redis, bucket, limit (out of reach), source and sink: `cost_template: '{{sms_segments .JSON.text}}'`, the per-recipient layer (`rate: 5/h, burst: 5, on_exceed: dead_letter`; every message has its own recipient, so it refuses none), an `Authorization` header, a form body from `body_template`, and the defaults for the rest (metrics on a free port, log level info). `%s`: the same without the layer.\n\n", consReadme, consReadmePlain)
 	}
 	if cfg.layer {
 		p("`%s`: limit.extra holds a keyed layer, one bucket per recipient (`key: '{{.JSON.to}}'`, rate 1000, burst 1000), and every message has its own recipient, so each run creates as many layer keys in Redis as it has messages.\n\n", consLayer)

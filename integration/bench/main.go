@@ -210,6 +210,7 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&e2e.dedupe, "e2e-dedupe", false, "(e2e) also run throttle with delivery.dedupe (a claim and a mark in Redis per message) in each round")
 	fs.BoolVar(&e2e.window, "e2e-window", false, "(e2e) also run throttle with a send window by number (limit.extra window, timezone e164, open all day) in each round")
 	fs.BoolVar(&e2e.policy, "e2e-policy", false, "run the sending policy's cost instead: throttle alone, with delivery.dedupe and with a send window, alternating, no bare loop (implies -e2e, -e2e-dedupe, -e2e-window)")
+	fs.BoolVar(&e2e.readme, "e2e-readme", false, "(e2e) also run throttle in README.md's configuration (\"Run the binary\": cost template, per-recipient layer, header, form body, defaults for the rest), and without its layer, in each round")
 	fs.BoolVar(&e2e.tracing, "e2e-tracing", false, "(e2e) also run throttle with tracing on, at sample_ratio 1 and 0.01, exporting over OTLP/HTTP to the child process, in each round")
 	fs.Float64Var(&e2e.inReach, "e2e-rate", 5000, "(e2e) the limit of the run with the limit in reach")
 	fs.DurationVar(&e2e.inReachFor, "e2e-reach-for", 5*time.Second, "(e2e) how long the run with the limit in reach lasts")

@@ -266,7 +266,7 @@ var scriptCommands = map[string]bool{
 	"time": true, "hmget": true, "hset": true, "pexpire": true, "get": true, "set": true,
 	"zadd": true, "zremrangebyscore": true, "zcard": true, "zcount": true, "pttl": true,
 	"exists": true, "hgetall": true, "hget": true, "hexists": true, "hdel": true, "del": true,
-	"publish": true, "zrangebyscore": true, "zrem": true, "zscore": true, "zrange": true,
+	"publish": true, "zrangebyscore": true, "zrem": true, "zscore": true, "zrange": true, "hlen": true,
 }
 
 // redisStats are Redis's own counters, from INFO.

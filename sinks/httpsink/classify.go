@@ -343,9 +343,10 @@ type decision struct {
 }
 
 // decide classifies r with rs. The delay comes from the Retry-After header
-// (seconds or an HTTP date, relative to now), else the rule's Delay, else,
-// for PushBack, defaultDelay; it is capped at maxDelay.
-func (rs *ruleSet) decide(r *response, now time.Time, defaultDelay, maxDelay time.Duration) decision {
+// (seconds or an HTTP date, relative to now(), which is read only for a
+// rule that retries or pushes back), else the rule's Delay, else, for
+// PushBack, defaultDelay; it is capped at maxDelay.
+func (rs *ruleSet) decide(r *response, now func() time.Time, defaultDelay, maxDelay time.Duration) decision {
 	rule := rs.match(r)
 	if rule == nil { // DefaultRules end with a catch-all, so not expected
 		rule = &compiledRule{Rule: Rule{Name: "no rule", Action: Permanent}}
@@ -354,7 +355,7 @@ func (rs *ruleSet) decide(r *response, now time.Time, defaultDelay, maxDelay tim
 	if rule.Action != Retry && rule.Action != PushBack {
 		return d
 	}
-	if ra, ok := retryAfter(r.header.Get("Retry-After"), now); ok {
+	if ra, ok := retryAfter(r.header.Get("Retry-After"), now()); ok {
 		d.delay, d.hasDelay = ra, true
 	} else if rule.Delay > 0 {
 		d.delay, d.hasDelay = rule.Delay, true

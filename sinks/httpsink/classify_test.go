@@ -44,7 +44,7 @@ func TestDefaultRulesKeepTheClassification(t *testing.T) {
 		if tt.retryAfter != "" {
 			h.Set("Retry-After", tt.retryAfter)
 		}
-		d := rs.decide(&response{status: tt.status, header: h}, now, def, maxd)
+		d := rs.decide(&response{status: tt.status, header: h}, func() time.Time { return now }, def, maxd)
 		if d.rule.Action != tt.action || d.delay != tt.delay || d.hasDelay != tt.hasDelay {
 			t.Errorf("%d Retry-After %q: %s %v %v; want %s %v %v", tt.status, tt.retryAfter,
 				d.rule.Action, d.delay, d.hasDelay, tt.action, tt.delay, tt.hasDelay)
@@ -94,7 +94,7 @@ func TestRulesMatchBodyAndHeaders(t *testing.T) {
 		if h == nil {
 			h = http.Header{}
 		}
-		d := rs.decide(&response{status: tt.status, header: h, body: []byte(tt.body)}, time.Now(), time.Second, time.Minute)
+		d := rs.decide(&response{status: tt.status, header: h, body: []byte(tt.body)}, time.Now, time.Second, time.Minute)
 		if d.rule.Name != tt.rule || d.delay != tt.delay {
 			t.Errorf("%s: rule %q delay %v; want %q %v", tt.name, d.rule.Name, d.delay, tt.rule, tt.delay)
 		}
@@ -187,7 +187,7 @@ func TestPresetRules(t *testing.T) {
 			t.Errorf("%s: no cases", name)
 		}
 		for _, a := range cases[name] {
-			d := rs.decide(&response{status: a.status, header: http.Header{}, body: []byte(a.body)}, time.Now(), time.Second, time.Minute)
+			d := rs.decide(&response{status: a.status, header: http.Header{}, body: []byte(a.body)}, time.Now, time.Second, time.Minute)
 			if d.rule.Action != a.action || d.rule.RecipientGone != a.gone {
 				t.Errorf("%s %d %s: rule %q: %s gone=%v; want %s gone=%v", name, a.status, a.body, d.rule.Name, d.rule.Action, d.rule.RecipientGone, a.action, a.gone)
 			}

@@ -14,7 +14,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"text/template"
 	"time"
 	"unicode"
 
@@ -156,14 +155,14 @@ type Sink struct {
 	client            *http.Client
 	transport         *http.Transport
 	method            string
-	url               string             // the URL, unless urlTmpl is set
-	urlTmpl           *template.Template // the URL when it holds template actions
-	endpoint          string             // method and URL without userinfo and query, for errors
-	serverAddr        string             // the URL's host, for spans, when it is not a template
-	serverPort        int                // the URL's port, or its scheme's default
-	header            http.Header        // never modified after New
+	url               string            // the URL, unless urlTmpl is set
+	urlTmpl           *msgtmpl.Template // the URL when it holds template actions
+	endpoint          string            // method and URL without userinfo and query, for errors
+	serverAddr        string            // the URL's host, for spans, when it is not a template
+	serverPort        int               // the URL's port, or its scheme's default
+	header            http.Header       // never modified after New
 	timeout           time.Duration
-	tmpl              *template.Template
+	tmpl              *msgtmpl.Template
 	rules             *ruleSet
 	auth              Authorizer
 	checker           Checker
@@ -183,8 +182,8 @@ func (cfg Config) Validate() error {
 
 // parsed is what parse makes of a Config.
 type parsed struct {
-	tmpl  *template.Template // the body template, nil for the raw payload
-	rules *ruleSet           // Rules, the preset's rules, DefaultRules
+	tmpl  *msgtmpl.Template // the body template, nil for the raw payload
+	rules *ruleSet          // Rules, the preset's rules, DefaultRules
 }
 
 // parse validates cfg, with a preset's parts where cfg leaves them zero.
@@ -261,7 +260,7 @@ func (cfg Config) parse() (*parsed, error) {
 	}
 	if body != "" {
 		var err error
-		if p.tmpl, err = msgtmpl.Parse(templateName, body); err != nil {
+		if p.tmpl, err = msgtmpl.Compile(templateName, body); err != nil {
 			bad("BodyTemplate", "", "%w", err)
 		}
 	}
@@ -370,7 +369,7 @@ func New(cfg Config) (*Sink, error) {
 		s.endpoint += "{{" + rest
 	}
 	if strings.Contains(target, "{{") {
-		if s.urlTmpl, err = msgtmpl.Parse("url", target); err != nil {
+		if s.urlTmpl, err = msgtmpl.Compile("url", target); err != nil {
 			return nil, fmt.Errorf("httpsink: url: %w", err)
 		}
 	} else {
@@ -490,11 +489,19 @@ func (s *Sink) send(ctx context.Context, target string, body []byte) (int, error
 	if err != nil {
 		return 0, s.transportError(ctx, err)
 	}
-	defer func() {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainLimit))
-		_ = resp.Body.Close()
-	}()
+	defer drain(resp.Body)
 	return resp.StatusCode, s.classify(resp)
+}
+
+// drain reads what is left of a response body, up to drainLimit, so that
+// its connection can serve the next request, and closes it. A body known
+// to be empty (http.NoBody: a Content-Length of 0, or a HEAD) has nothing
+// to read.
+func drain(body io.ReadCloser) {
+	if body != http.NoBody {
+		_, _ = io.Copy(io.Discard, io.LimitReader(body, drainLimit))
+	}
+	_ = body.Close()
 }
 
 // traceContext is the W3C Trace Context propagator: traceparent and
@@ -520,20 +527,22 @@ func (s *Sink) render(msg consumer.Message) (string, []byte, error) {
 	if s.tmpl == nil && s.urlTmpl == nil {
 		return s.url, msg.Body, nil
 	}
-	data := msgtmpl.NewData(msg)
+	// The templates decode the message at most once between them, and
+	// not at all when they take the fast path (msgtmpl.Template).
+	var data *msgtmpl.Data
 	target, body := s.url, msg.Body
 	if s.urlTmpl != nil {
-		b, err := msgtmpl.Render(s.urlTmpl, data)
+		var err error
+		if target, err = s.urlTmpl.Execute(msg, &data); err != nil {
+			return "", nil, consumer.Permanent(err)
+		}
+	}
+	if s.tmpl != nil {
+		b, err := s.tmpl.Execute(msg, &data)
 		if err != nil {
 			return "", nil, consumer.Permanent(err)
 		}
-		target = string(b)
-	}
-	if s.tmpl != nil {
-		var err error
-		if body, err = msgtmpl.Render(s.tmpl, data); err != nil {
-			return "", nil, consumer.Permanent(err)
-		}
+		body = []byte(b)
 	}
 	return target, body, nil
 }
@@ -565,7 +574,7 @@ func (s *Sink) classify(resp *http.Response) error {
 		raw, _ = io.ReadAll(io.LimitReader(resp.Body, snippetLen+1))
 	}
 	d := s.rules.decide(&response{status: resp.StatusCode, header: resp.Header, body: raw},
-		time.Now(), s.defaultRetryAfter, s.maxRetryAfter)
+		time.Now, s.defaultRetryAfter, s.maxRetryAfter)
 	if d.rule.Action == Delivered {
 		return nil
 	}

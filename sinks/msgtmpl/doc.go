@@ -17,7 +17,11 @@
 //
 // [CostFunc] turns a template into a consumer.CostFunc ({{sms_segments
 // .JSON.text}}), and [KeysFunc] turns the key templates of a bucket's keyed
-// layers into consumer.LimitOptions.Keys.
+// layers into consumer.LimitOptions.Keys. [Compile] makes a [Template] that
+// renders message after message, as the HTTP sink's body and URL do. All
+// three read a template of simple fields ({{.JSON.to}}, {{form "To"
+// .JSON.to "Body" .JSON.text}}, ...) straight from the raw message, and
+// run any other as Render does, with the same output and errors.
 //
 // # Failures and bounds
 //

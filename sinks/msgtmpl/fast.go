@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"text/template"
@@ -17,7 +19,9 @@ import (
 // The fast path. Most templates that run for every message before it is
 // sent (a layer key, the fair tenant, a dedupe key, a cost) are one action
 // that reads a field, such as {{.JSON.to}}, {{e164 .JSON.to}},
-// {{index .Headers "x-tenant"}} or {{sms_segments .JSON.text}}. Decoding
+// {{index .Headers "x-tenant"}} or {{sms_segments .JSON.text}}, and so is
+// the body of a form request, {{form "To" .JSON.to "Body" .JSON.text}}
+// (keys that are constants, values that are fields). Decoding
 // the whole body into maps and executing text/template for them costs
 // several times what the rest of the message's wait does, so such a
 // template is recognised when it is compiled and evaluated straight from
@@ -83,6 +87,7 @@ const (
 	srcHeader                // index .Headers "name", .Headers.name: name
 	srcKey                   // .Key
 	srcBody                  // .Body
+	srcForm                  // form "k" source "k2" source ...: pairs
 )
 
 // fastFunc is a function a simple action may pass its value through:
@@ -114,6 +119,15 @@ type fastPart struct {
 	header     string
 	mustHeader bool // .Headers.name: a missing header fails (missingkey=error)
 	calls      []fastCall
+	// pairs are the keys and values of a form call (srcForm), in the
+	// order Encode writes them: by key, those of one key as given.
+	pairs []formPair
+}
+
+// formPair is a key of a form call, escaped, and the source of its value.
+type formPair struct {
+	key string
+	val fastPart
 }
 
 // recognise returns the fast path of t, which comes from Parse, or nil
@@ -141,6 +155,9 @@ func recognise(t *template.Template) *fastTemplate {
 				return nil
 			}
 			f.readsJSON = f.readsJSON || p.src == srcJSON
+			for _, fp := range p.pairs {
+				f.readsJSON = f.readsJSON || fp.val.src == srcJSON
+			}
 			f.parts = append(f.parts, p)
 		default:
 			return nil
@@ -168,6 +185,12 @@ func simpleAction(p *parse.PipeNode) (fastPart, bool) {
 	}
 	cmds := p.Cmds[:len(p.Cmds)-1]
 	args := cmds[0].Args
+	if id, ok := args[0].(*parse.IdentifierNode); ok && id.Ident == "form" {
+		if len(cmds) != 1 {
+			return part, false
+		}
+		return formAction(args[1:])
+	}
 	// A function called with the source: {{e164 .JSON.to}},
 	// {{slice .JSON.to 8}}.
 	if id, ok := args[0].(*parse.IdentifierNode); ok && id.Ident == "slice" && (len(args) == 3 || len(args) == 4) {
@@ -206,6 +229,33 @@ func simpleAction(p *parse.PipeNode) (fastPart, bool) {
 			return part, false
 		}
 		part.calls = append(part.calls, fastCall{fn: fn})
+	}
+	return part, true
+}
+
+// formAction recognises the arguments of a form call that are constant
+// keys and simple sources in turn, {{form "To" .JSON.to "Body"
+// .JSON.text}}, as a srcForm part. The pairs are sorted by key once here,
+// stably, as url.Values.Encode writes them.
+func formAction(args []parse.Node) (fastPart, bool) {
+	part := fastPart{src: srcForm}
+	if len(args) == 0 || len(args)%2 != 0 {
+		return part, false
+	}
+	for i := 0; i < len(args); i += 2 {
+		k, ok := args[i].(*parse.StringNode)
+		if !ok {
+			return part, false
+		}
+		var v fastPart
+		if !source(&v, args[i+1:i+2]) {
+			return part, false
+		}
+		part.pairs = append(part.pairs, formPair{key: k.Text, val: v})
+	}
+	slices.SortStableFunc(part.pairs, func(a, b formPair) int { return strings.Compare(a.key, b.key) })
+	for i := range part.pairs {
+		part.pairs[i].key = url.QueryEscape(part.pairs[i].key)
 	}
 	return part, true
 }
@@ -311,6 +361,8 @@ func (p *fastPart) eval(msg consumer.Message) (string, bool) {
 	switch p.src {
 	case srcText:
 		return p.text, true
+	case srcForm:
+		return p.evalForm(msg)
 	case srcKey:
 		s = string(msg.Key)
 	case srcBody:
@@ -365,6 +417,40 @@ func (p *fastPart) eval(msg consumer.Message) (string, bool) {
 		return strconv.FormatBool(b), true
 	}
 	return fmt.Sprint(other), true // as text/template prints it
+}
+
+// evalForm returns what form prints for the pairs of p, a srcForm part,
+// as formFunc encodes them, or false when a value is not a string or a
+// number (form formats those by fmt.Sprint, and a slice value repeats its
+// key: the template renders them).
+func (p *fastPart) evalForm(msg consumer.Message) (string, bool) {
+	var b strings.Builder
+	for i := range p.pairs {
+		fp := &p.pairs[i]
+		var v string
+		switch fp.val.src {
+		case srcJSON:
+			raw, ok := jsonLookup(msg.Body, fp.val.path)
+			if !ok || (raw[0] != '"' && raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
+				return "", false
+			}
+			if v, _, ok = jsonValue(raw); !ok {
+				return "", false
+			}
+		default:
+			var ok bool
+			if v, ok = fp.val.eval(msg); !ok {
+				return "", false
+			}
+		}
+		if i > 0 {
+			b.WriteByte('&')
+		}
+		b.WriteString(fp.key)
+		b.WriteByte('=')
+		b.WriteString(url.QueryEscape(v))
+	}
+	return b.String(), true
 }
 
 // jsonLookup returns the raw value at path in body, valid JSON: the
@@ -523,4 +609,30 @@ func valueEnd(b []byte, i int) int {
 		i++
 	}
 	return i
+}
+
+// Template is a message template compiled for rendering message after
+// message, such as a sink's request body: a template of text and simple
+// actions (see the fast path above: fields, e164, sms_segments, a form
+// of fields, ...) renders straight from the raw message, any other by
+// Render on NewData. Both render the same bytes and fail alike. Compile
+// makes one; it is safe for concurrent use.
+type Template struct{ c *compiled }
+
+// Compile parses text as Parse does, as a template called name, and
+// recognises its fast path.
+func Compile(name, text string) (*Template, error) {
+	c, err := compile(name, text)
+	if err != nil {
+		return nil, err
+	}
+	return &Template{c: c}, nil
+}
+
+// Execute renders t for msg, as Render renders t's template on
+// NewData(msg), with Render's errors. data holds the message's Data for
+// the templates rendered on it: point it at a nil *Data for the first
+// one; it is built (once) only when a template cannot take the fast path.
+func (t *Template) Execute(msg consumer.Message, data **Data) (string, error) {
+	return t.c.render(msg, data)
 }

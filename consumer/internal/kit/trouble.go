@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,6 +25,11 @@ const troubleInterval = 10 * time.Second
 type troubleLog struct {
 	log *slog.Logger
 	now func() time.Time
+
+	// reported mirrors failing for delivered, which reads it without
+	// the lock: every delivered message comes by, while failing is set
+	// only after a failure. Written under mu.
+	reported atomic.Bool
 
 	mu       sync.Mutex
 	failing  bool      // a "sink failing" line was logged and no delivery followed
@@ -59,6 +65,7 @@ func (l *troubleLog) failed(err error) {
 	}
 	n, window, errText := l.n, now.Sub(l.first), l.lastErr
 	l.failing, l.lastLine, l.n = true, now, 0
+	l.reported.Store(true)
 	l.mu.Unlock()
 
 	msg := "sink failing: " + errText + ", retrying"
@@ -71,14 +78,20 @@ func (l *troubleLog) failed(err error) {
 
 // delivered records a delivered message.
 func (l *troubleLog) delivered() {
+	if !l.reported.Load() {
+		// Nothing to recover from: no line was logged since the last
+		// recovery. Failures not reported yet stay counted for the next
+		// line.
+		return
+	}
 	l.mu.Lock()
 	if !l.failing {
-		// Failures not reported yet stay counted for the next line.
 		l.mu.Unlock()
 		return
 	}
 	total, d := l.total, l.now().Sub(l.since)
 	l.failing, l.total, l.n = false, 0, 0
+	l.reported.Store(false)
 	l.mu.Unlock()
 	l.log.LogAttrs(context.Background(), slog.LevelInfo, "sink recovered after "+roundDuration(d).String(),
 		slog.Int("failures", total), slog.String("outage", roundDuration(d).String()))
