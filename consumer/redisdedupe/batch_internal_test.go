@@ -1,6 +1,7 @@
 package redisdedupe
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -109,5 +110,62 @@ func TestBatcherLater(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("a full batch did not go out without the linger")
 		}
+	}
+}
+
+// noScript is the error Redis answers EVALSHA with when it lacks the
+// script.
+type noScript struct{}
+
+func (noScript) Error() string { return "NOSCRIPT No matching script. Please use EVAL." }
+func (noScript) RedisError()   {}
+
+// noScriptHook answers the first EVALSHA with NOSCRIPT, as a Redis that
+// lost its scripts, and records the commands' names.
+type noScriptHook struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (h *noScriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *noScriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *noScriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		name := cmd.Name()
+		if name != "evalsha" && name != "eval" {
+			return next(ctx, cmd) // the connection's HELLO, CLIENT
+		}
+		h.mu.Lock()
+		h.names = append(h.names, name)
+		first := len(h.names) == 1
+		h.mu.Unlock()
+		if first {
+			cmd.SetErr(noScript{})
+			return noScript{}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestBatcherNoScript: a batch whose EVALSHA finds no script goes again
+// as EVAL, and gets its replies.
+func TestBatcherNoScript(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { c.Close() })
+	h := &noScriptHook{}
+	c.AddHook(h)
+	prefix := testenv.Name(t, "ddn") + ":"
+	b := newBatcher(c, prefix+"ch")
+	if v, err := b.do(kindClaim, prefix+"{k}", "a", any("60000")); err != nil || v != "c" {
+		t.Fatalf("claim: %v, %v; want c", v, err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.names) != 2 || h.names[0] != "evalsha" || h.names[1] != "eval" {
+		t.Errorf("commands %q, want [evalsha eval]", h.names)
 	}
 }
