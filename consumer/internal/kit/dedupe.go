@@ -131,8 +131,9 @@ type delivery struct {
 	store  bool // the token holds a claim in Dedupe.Store
 	local  bool // the token holds a claim in the local fallback
 	noSend bool // skipped: reported once
-	// marking is the mark under way after the send (deduper.later).
+	// marking is the mark under way after the send (deduper.later): mk.
 	marking *Marking
+	mk      Marking
 	// ahead is the claim made before the message's turn, until the
 	// first attempt used it.
 	ahead *Ahead
@@ -157,6 +158,7 @@ type laterStore interface {
 // DropAhead when the message is not handled.
 type Ahead struct {
 	key, token string
+	dl         delivery      // its message's, at its turn (deliveryAhead)
 	start      time.Time     // before the claim went out
 	done       chan struct{} // closed once st and err are set
 	st         consumer.DedupeState
@@ -294,7 +296,8 @@ func (d *deduper) deliveryAhead(a *Ahead) *delivery {
 	if a == nil {
 		return d.newDelivery()
 	}
-	return &delivery{token: a.token, key: a.key, keyed: true, ahead: a}
+	a.dl = delivery{token: a.token, key: a.key, keyed: true, ahead: a}
+	return &a.dl
 }
 
 // middleware is the dedupe step, between the limiter's wait and the
@@ -454,7 +457,7 @@ func (d *deduper) mark(ctx context.Context, dl *delivery) {
 // markLater marks dl's key sent in the store's queue (MarksLater), and
 // in the local store as mark does; dl.marking ends when it is done.
 func (d *deduper) markLater(dl *delivery) {
-	m, key, token, local := &Marking{}, dl.key, dl.token, dl.local
+	m, key, token, local := &dl.mk, dl.key, dl.token, dl.local
 	dl.marking, dl.store, dl.local = m, false, false
 	d.lstore.MarkSentLater(key, token, d.opts.Window, func(err error) {
 		if err != nil {
