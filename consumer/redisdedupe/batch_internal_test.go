@@ -36,15 +36,15 @@ func TestBatcherBothWays(t *testing.T) {
 							errs <- fmt.Errorf("%s %s %s: %v %v, want %v", kind, key, token, v, err, want)
 						}
 					}
-					check("c", "a", "60000", "c")
+					check("c", "a", "60000", int64(0))
 					check("r", "b", "", int64(0))
 					if i%2 == 0 {
 						check("r", "a", "", int64(1))
-						check("c", "b", "60000", "c")
+						check("c", "b", "60000", int64(0))
 						return
 					}
 					check("m", "", "60000", int64(1))
-					check("c", "b", "60000", "s")
+					check("c", "b", "60000", int64(1))
 				})
 			}
 			wg.Wait()
@@ -74,7 +74,7 @@ func TestBatcherLater(t *testing.T) {
 	b.later("c", key, "a", "60000", record("claim a"))
 	b.later("r", key, "a", "", record("release a"))
 	b.later("c", key, "b", "60000", record("claim b"))
-	for _, want := range []string{"claim a c <nil>", "release a 1 <nil>", "claim b c <nil>"} {
+	for _, want := range []string{"claim a 0 <nil>", "release a 1 <nil>", "claim b 0 <nil>"} {
 		select {
 		case got := <-replies:
 			if got != want {
@@ -90,8 +90,8 @@ func TestBatcherLater(t *testing.T) {
 	b.flush() // sends from this goroutine: the reply is in
 	select {
 	case got := <-replies:
-		// b holds the claim: c gets its remaining TTL (ms).
-		if !strings.HasPrefix(got, "claim c ") || !strings.HasSuffix(got, " <nil>") || strings.HasPrefix(got, "claim c c") {
+		// b holds the claim: c gets 4 + its remaining TTL (ms).
+		if !strings.HasPrefix(got, "claim c ") || !strings.HasSuffix(got, " <nil>") || strings.HasPrefix(got, "claim c 0 ") || strings.HasPrefix(got, "claim c 1 ") {
 			t.Fatalf("flushed claim: %q, want the remaining TTL of b's claim", got)
 		}
 	default:
@@ -160,8 +160,8 @@ func TestBatcherNoScript(t *testing.T) {
 	c.AddHook(h)
 	prefix := testenv.Name(t, "ddn") + ":"
 	b := newBatcher(c, prefix+"ch")
-	if v, err := b.do(kindClaim, prefix+"{k}", "a", any("60000")); err != nil || v != "c" {
-		t.Fatalf("claim: %v, %v; want c", v, err)
+	if v, err := b.do(kindClaim, prefix+"{k}", "a", any("60000")); err != nil || v != int64(0) {
+		t.Fatalf("claim: %v, %v; want 0 (claimed)", v, err)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -133,18 +133,17 @@ func claimReply(v any, err error) (consumer.DedupeState, time.Duration, error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("redisdedupe: claim: %w", err)
 	}
-	switch v := v.(type) {
-	case string:
-		switch v {
-		case "c":
+	if v, ok := v.(int64); ok {
+		switch {
+		case v == 0:
 			return consumer.DedupeClaimed, 0, nil
-		case "s":
+		case v == 1:
 			return consumer.DedupeSent, 0, nil
+		case v >= 2:
+			// 4 + the remaining TTL; below 4, PTTL's -1 (no TTL, written
+			// by something else) or -2 (gone meanwhile): ask again soon.
+			return 0, max(time.Duration(v-4)*time.Millisecond, time.Millisecond), nil
 		}
-	case int64:
-		// -1 (no TTL, written by something else) or -2 (gone meanwhile):
-		// ask again soon.
-		return 0, max(time.Duration(v)*time.Millisecond, time.Millisecond), nil
 	}
 	return 0, 0, fmt.Errorf("redisdedupe: claim: unexpected reply %v", v)
 }
