@@ -14,17 +14,21 @@ import (
 )
 
 // TestBatcherBothWays: concurrent claims, marks and releases get their
-// own replies both as one script call (a single node) and as a pipeline of
-// one call per operation (what a Cluster's batcher sends).
+// own replies both as one script call (a single node; through Process, or
+// through Script.Run with a Client that has no Process) and as a pipeline
+// of one call per operation (what a Cluster's batcher sends).
 func TestBatcherBothWays(t *testing.T) {
 	t.Parallel()
 	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { c.Close() })
-	for _, cluster := range []bool{false, true} {
-		t.Run(fmt.Sprint("cluster=", cluster), func(t *testing.T) {
+	for _, way := range []string{"script", "script without Process", "cluster"} {
+		t.Run(way, func(t *testing.T) {
 			prefix := testenv.Name(t, "ddb") + ":"
 			b := newBatcher(c, prefix+"ch")
-			b.cluster = cluster
+			b.cluster = way == "cluster"
+			if way == "script without Process" {
+				b.proc = nil
+			}
 			const n = 150
 			var wg sync.WaitGroup
 			errs := make(chan error, n)
