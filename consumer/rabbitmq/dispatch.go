@@ -292,7 +292,7 @@ func (r *run) serve(ctx context.Context, s *session) error {
 			deliveries = nil
 		}
 		select {
-		case <-r.freed: // a handler returned: full again
+		case <-r.freed: // a handler returned: ask full again
 		case d, ok := <-deliveries:
 			if !ok {
 				return broken(s.deliveriesClosed())
