@@ -373,7 +373,9 @@ type RabbitMQ struct {
 	Queue string `yaml:"queue"`
 	// Prefetch is the consumer prefetch count, at most 65535. Zero means
 	// the consumer's default (rabbitmq.DefaultPrefetch, 50); not 0 in
-	// YAML.
+	// YAML. With delivery.dedupe the broker is asked for twice as many,
+	// the deliveries that only wait for their mark not counted
+	// (rabbitmq.Config.Prefetch).
 	Prefetch int `yaml:"prefetch,omitempty" check:"nonzero"`
 	// Concurrency is how many messages are handled in parallel. Zero
 	// means the consumer's default, Prefetch; not 0 in YAML.

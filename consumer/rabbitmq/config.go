@@ -75,6 +75,15 @@ type Config struct {
 	// Prefetch is the QoS prefetch count: how many unacknowledged
 	// deliveries the broker sends ahead. It bounds the messages in flight
 	// and the redeliveries after a crash. Default 50, at most 65535.
+	//
+	// With Options.Dedupe on a store that queues its marks
+	// (redisdedupe.Store), a delivery whose handler is done and that waits
+	// only for its mark before its ack does not count against it: the
+	// Consumer asks the broker for twice Prefetch (at most 65535), and
+	// takes deliveries from it only while fewer than Prefetch are being
+	// handled or wait for a handler. Up to twice Prefetch are then
+	// unacknowledged, and redelivered after a crash (those already marked
+	// are acked without a send).
 	Prefetch int
 	// Declare makes the Consumer declare its topology on every connect: the
 	// queue, durable, with x-dead-letter-exchange set to

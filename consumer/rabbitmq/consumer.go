@@ -186,7 +186,9 @@ func (c *Consumer) loop(ctx context.Context, r *run) error {
 		}
 		guesses = 0
 		c.setConn(s.conn)
-		st.Up(slog.Int("prefetch", c.cfg.Prefetch), slog.Int("concurrency", c.cfg.Concurrency),
+		// qos: the broker's prefetch count, twice prefetch with dedupe's
+		// queued marks (Config.Prefetch).
+		st.Up(slog.Int("prefetch", c.cfg.Prefetch), slog.Int("qos", c.qos()), slog.Int("concurrency", c.cfg.Concurrency),
 			slog.String("ordering", string(c.cfg.Ordering)), slog.String("dead_letter_exchange", c.cfg.DeadLetterExchange))
 		lost := r.serve(ctx, s)
 		c.setConn(nil)

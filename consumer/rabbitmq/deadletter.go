@@ -179,8 +179,9 @@ func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bo
 	case out.Err == nil && out.Marking != nil:
 		// Acked once its dedupe mark is written (or its failure handled
 		// as Dedupe.OnStoreError says), while the handler goes on with
-		// the next delivery; it holds its prefetch slot and counts as in
-		// flight, for the drain, until then.
+		// the next delivery; it stays unacked and counts as in flight,
+		// for the drain, until then, but not against Prefetch: the
+		// broker's QoS leaves room for it (Consumer.qos, run.full).
 		r.wg.Add(1)
 		r.inflight.Add(1)
 		dv := *d

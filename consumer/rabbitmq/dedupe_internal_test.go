@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/internal/testenv"
 )
 
 // heldMarks is a DedupeStore with the queued operations of
@@ -181,5 +183,173 @@ func TestDedupeAckAfterMarkChannelClosed(t *testing.T) {
 	}
 	if n := p.inflight.Load(); n != 0 {
 		t.Errorf("in flight after all settled: %d", n)
+	}
+}
+
+// TestDedupeMarksLeavePrefetchFree: with a store that queues its marks,
+// the broker's QoS leaves room beside Prefetch for the deliveries that
+// only wait for their mark (Consumer.qos), and the consumer takes
+// deliveries only while fewer than Prefetch are being handled or waiting
+// for a handler (run.full), step by step.
+func TestDedupeMarksLeavePrefetchFree(t *testing.T) {
+	held := func() *consumer.Dedupe {
+		return &consumer.Dedupe{Store: &heldMarks{local: consumer.NewLocalDedupeStore()},
+			Key: func(m consumer.Message) (string, error) { return m.Source.MessageID, nil }}
+	}
+	for _, tt := range []struct {
+		name     string
+		prefetch int
+		dedupe   *consumer.Dedupe
+		want     int
+	}{
+		{"no dedupe", 10, nil, 10},
+		{"a store without queued marks", 10, &consumer.Dedupe{Store: consumer.NewLocalDedupeStore(),
+			Key: func(consumer.Message) (string, error) { return "k", nil }}, 10},
+		{"queued marks", 10, held(), 20},
+		{"queued marks, capped", 40000, held(), 65535},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := New(Config{URL: "amqp://guest:guest@127.0.0.1:1/", Queue: "sms", Prefetch: tt.prefetch,
+				Options: consumer.Options{Dedupe: tt.dedupe, Logger: testenv.Logger(t, -8)}},
+				func(context.Context, consumer.Message) error { return nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.qos(); got != tt.want {
+				t.Errorf("qos with Prefetch %d: %d, want %d", tt.prefetch, got, tt.want)
+			}
+		})
+	}
+
+	// The gate: Prefetch 2, one handler, held marks.
+	st := &heldMarks{local: consumer.NewLocalDedupeStore()}
+	release := make(chan struct{})
+	h := func(ctx context.Context, _ consumer.Message) error {
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	p := newTestRun(t, context.Background(), Config{Prefetch: 2, Options: consumer.Options{
+		Concurrency: 1,
+		Dedupe: &consumer.Dedupe{Store: st,
+			Key: func(m consumer.Message) (string, error) { return m.Source.MessageID, nil }},
+	}}, h, &fakePublisher{})
+	ack := &fakeAck{}
+	steps := []struct {
+		do         func()
+		held, busy int  // marks waiting, deliveries handled or waiting for the handler
+		full       bool // run.full: no delivery taken from the broker
+	}{
+		{func() {}, 0, 0, false},
+		{func() { p.deliverForTest(amqp.Delivery{Acknowledger: ack, DeliveryTag: 1, MessageId: "m1"}) }, 0, 1, false},
+		// m1 handled (blocked), m2 waits for the handler: Prefetch busy.
+		{func() { p.deliverForTest(amqp.Delivery{Acknowledger: ack, DeliveryTag: 2, MessageId: "m2"}) }, 0, 2, true},
+		// m1 sent, its mark held: it no longer counts; m2 is handled.
+		{func() { release <- struct{}{} }, 1, 1, false},
+		{func() { p.deliverForTest(amqp.Delivery{Acknowledger: ack, DeliveryTag: 3, MessageId: "m3"}) }, 1, 2, true},
+		{func() { release <- struct{}{} }, 2, 1, false},
+		{func() { release <- struct{}{} }, 3, 0, false},
+	}
+	for i, s := range steps {
+		s.do()
+		waitFor(t, func() bool { return st.held() == s.held && p.busy.Load() == int64(s.busy) })
+		if got := p.full(); got != s.full {
+			t.Errorf("step %d: full %v, want %v (busy %d, in flight %d)", i, got, s.full, p.busy.Load(), p.inflight.Load())
+		}
+	}
+	if n := p.inflight.Load(); n != 3 {
+		t.Errorf("in flight with three marks held: %d, want 3", n)
+	}
+	st.land()
+	p.wg.Wait()
+	for tag := range uint64(3) {
+		if got := ack.of(tag + 1); len(got) != 1 || got[0] != "ack multiple=false" {
+			t.Errorf("delivery %d: acknowledger calls %q, want one ack", tag+1, got)
+		}
+	}
+}
+
+// TestDedupeMarksLeavePrefetchFreeBroker: against RabbitMQ, Prefetch 2
+// and two handlers that send at once, the marks held: the broker sends
+// two more deliveries while the first two wait for their marks (it sent
+// only two before), and every message is acked once its mark landed.
+func TestDedupeMarksLeavePrefetchFreeBroker(t *testing.T) {
+	url := testenv.AMQPURL(t)
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := testenv.Name(t, "throttle-test")
+	if _, err := ch.QueueDeclare(q, false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = ch.QueueDelete(q, false, false, false) })
+	ready := func() int {
+		info, err := ch.QueueDeclarePassive(q, false, false, false, false, nil)
+		if err != nil {
+			t.Fatalf("inspecting %s: %v", q, err)
+		}
+		return info.Messages
+	}
+	const n = 6
+	for i := range n {
+		if err := ch.PublishWithContext(context.Background(), "", q, false, false,
+			amqp.Publishing{MessageId: fmt.Sprintf("m%d", i), Body: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, "the messages ready", func() bool { return ready() == n })
+
+	st := &heldMarks{local: consumer.NewLocalDedupeStore()}
+	var mu sync.Mutex
+	sent := 0
+	c, err := New(Config{URL: url, Queue: q, Prefetch: 2, Options: consumer.Options{
+		Concurrency: 2, Logger: testenv.Logger(t, -8),
+		Dedupe: &consumer.Dedupe{Store: st,
+			Key: func(m consumer.Message) (string, error) { return m.Source.MessageID, nil }},
+	}}, func(context.Context, consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		sent++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	sentN := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return sent
+	}
+	// Four sent and their marks held: two within Prefetch, two in the
+	// room beside it; two left in the queue.
+	testenv.Eventually(t, 10*time.Second, "4 sent, 4 marks held, 2 ready", func() bool {
+		return sentN() == 4 && st.held() == 4 && ready() == 2
+	})
+	st.land()
+	testenv.Eventually(t, 10*time.Second, "6 sent, 2 marks held", func() bool {
+		return sentN() == n && st.held() == 2 && ready() == 0
+	})
+	st.land()
+	// The drain waits for the last acks; a delivery left unacked would
+	// be back in the queue once Run closed its channel.
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, ok, err := ch.Get(q, true); err != nil || ok {
+		t.Errorf("a message back in the queue after Run (%v): not acked", err)
 	}
 }

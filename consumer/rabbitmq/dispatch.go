@@ -31,6 +31,13 @@ type run struct {
 	acks *ackQueue
 	// inflight counts the deliveries taken and not yet settled.
 	inflight atomic.Int64
+	// busy counts the deliveries taken whose handler has not returned
+	// (inflight without those waiting for their dedupe mark). With
+	// markRoom, serve takes a delivery only while busy is under Prefetch
+	// (full), and freed (capacity 1) wakes it when a handler returns.
+	busy     atomic.Int64
+	markRoom bool
+	freed    chan struct{}
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled when a delivery may start, or at stop
@@ -46,7 +53,7 @@ func newRun(c *Consumer, hctx context.Context, cancelHandlers context.CancelFunc
 	classes := c.proc.Classes() && c.cfg.Ordering != consumer.OrderPartition
 	r := &run{Consumer: c, hctx: hctx, cancelHandlers: cancelHandlers, classes: classes,
 		queue: dispatch.NewQueue[string, task](dispatch.NewRule(c.cfg.Concurrency, classes)),
-		acks:  newAckQueue()}
+		acks:  newAckQueue(), markRoom: c.qos() > c.cfg.Prefetch, freed: make(chan struct{}, 1)}
 	r.cond = sync.NewCond(&r.mu)
 	return r
 }
@@ -210,6 +217,7 @@ type dispatcher struct {
 // dispatch queues it for a worker.
 func (p *dispatcher) dispatch(it item) {
 	p.inflight.Add(1)
+	p.busy.Add(1)
 	kit.ObserveReceived(p.cfg.Observer, it.msg)
 	p.wg.Add(1)
 	p.mu.Lock()
@@ -231,12 +239,33 @@ func (r *run) queued() (keys, waiting int) {
 // run1 handles it, or requeues it when the session is shutting down.
 func (p *dispatcher) run1(it item) {
 	defer p.wg.Done()
-	defer p.inflight.Add(-1)
+	defer p.handled()
 	if p.stopping.Load() {
 		p.requeue(&it.d, nil)
 		return
 	}
 	p.handle(p.ctx, it, p.pub)
+}
+
+// handled counts a delivery's handler done (settled, or waiting for its
+// mark: in flight still), and wakes serve's gate (markRoom).
+func (r *run) handled() {
+	r.inflight.Add(-1)
+	r.busy.Add(-1)
+	if r.markRoom {
+		select {
+		case r.freed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// full reports whether Prefetch deliveries are being handled or waiting
+// for a handler, those waiting only for their mark not counted: with
+// markRoom the broker may send more (Consumer.qos), which serve leaves
+// unread meanwhile.
+func (r *run) full() bool {
+	return r.markRoom && r.busy.Load() >= int64(r.cfg.Prefetch)
 }
 
 // serve dispatches the deliveries of s to handlers until ctx ends, in which
@@ -255,9 +284,16 @@ func (r *run) serve(ctx context.Context, s *session) error {
 	}
 	for {
 		// Every delivery is read at once: the broker's prefetch bounds
-		// them, and the queue starts them by class.
+		// them, and the queue starts them by class. With markRoom, only
+		// while fewer than Prefetch are being handled or wait for a
+		// handler (full): the others the broker sent wait unread.
+		deliveries := s.deliveries
+		if r.full() {
+			deliveries = nil
+		}
 		select {
-		case d, ok := <-s.deliveries:
+		case <-r.freed: // a handler returned: ask full again
+		case d, ok := <-deliveries:
 			if !ok {
 				return broken(s.deliveriesClosed())
 			}

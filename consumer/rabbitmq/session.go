@@ -128,8 +128,8 @@ func (c *Consumer) connect(ctx context.Context) (_ *session, err error) {
 		return nil, fmt.Errorf("opening channel: %w", err)
 	}
 	s.chClosed = s.ch.NotifyClose(make(chan *amqp.Error, 1))
-	if err := s.ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
-		return nil, fmt.Errorf("setting prefetch %d: %w", c.cfg.Prefetch, err)
+	if err := s.ch.Qos(c.qos(), 0, false); err != nil {
+		return nil, fmt.Errorf("setting prefetch %d: %w", c.qos(), err)
 	}
 	if c.cfg.Declare {
 		if err := c.declare(s.ch); err != nil {
@@ -180,4 +180,17 @@ func (c *Consumer) declare(ch *amqp.Channel) error {
 		return fmt.Errorf("declaring queue %q: %w", c.cfg.Queue, err)
 	}
 	return nil
+}
+
+// qos is the QoS prefetch count the Consumer asks the broker for:
+// Prefetch, or, when a delivered message may wait for its dedupe mark
+// before its ack (kit.Processor.QueuesMarks), twice Prefetch (at most
+// 65535), so that the deliveries waiting only for their mark do not
+// starve the handlers; run.full keeps those being handled or waiting for
+// a handler within Prefetch.
+func (c *Consumer) qos() int {
+	if c.proc.QueuesMarks() {
+		return min(2*c.cfg.Prefetch, 65535)
+	}
+	return c.cfg.Prefetch
 }

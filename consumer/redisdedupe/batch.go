@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/throttlehq/throttle/consumer"
 )
 
 // The kinds of operations, as lua/dedupe.lua reads them.
@@ -22,8 +24,9 @@ const (
 
 // op is one claim, mark or release waiting in a batcher: kind 'c', 'm' or
 // 'r', its key, token and TTL (ms), as lua/dedupe.lua reads them.
-// (kind and ttl are boxed once, not at each call: a script argument is an
-// interface.)
+// (kind and ttl are boxed once, not at each call, and key and token go to
+// the script as *string, which go-redis writes without boxing a copy: a
+// script argument is an interface.)
 type op struct {
 	kind  any // kindClaim, kindMark or kindRelease
 	key   string
@@ -31,10 +34,19 @@ type op struct {
 	ttl   any // a string, boxed once (Store.msArg)
 	res   any
 	err   error
-	done  chan struct{}    // closed when res and err are set; nil for later
-	lead  chan struct{}    // receives when this op's caller is to send the next batch; nil for later
-	cb    func(any, error) // later: called with the reply
+	done  chan struct{} // closed when res and err are set; nil for later
+	lead  chan struct{} // receives when this op's caller is to send the next batch; nil for later
+	// later: one of these is called with the reply (laterOp), and the op
+	// goes back to opPool.
+	cb      func(any, error)
+	claimed func(consumer.DedupeState, error) // the reply read by claimReply
+	ended   func(error)                       // the error, wrapped with what
+	what    string                            // "mark" or "release", for ended's error
 }
+
+// opPool recycles the ops of later, which nobody references once their
+// callback returned.
+var opPool = sync.Pool{New: func() any { return new(op) }}
 
 // batcher sends the operations of concurrent callers together: while one
 // call is in flight, the operations that arrive queue, and the caller of
@@ -52,6 +64,11 @@ type batcher struct {
 	channel string
 	cluster bool
 	linger  time.Duration
+	// proc runs a script call built by send (args, reused: one send at a
+	// time); nil on a client without it, which goes through
+	// dedupeScript.Run.
+	proc processor
+	args []any
 
 	mu    sync.Mutex
 	queue []*op
@@ -69,6 +86,7 @@ func newBatcher(client Client, channel string) *batcher {
 		cluster = true
 	}
 	b := &batcher{client: client, channel: channel, cluster: cluster, linger: linger}
+	b.proc, _ = client.(processor)
 	b.timer = time.AfterFunc(time.Hour, b.fire)
 	b.timer.Stop()
 	return b
@@ -78,7 +96,14 @@ func newBatcher(client Client, channel string) *batcher {
 // operations of other callers, and calls cb with its reply, from the
 // goroutine that sent it: cb must not block.
 func (b *batcher) later(kind any, key, token string, ttl any, cb func(any, error)) {
-	o := &op{kind: kind, key: key, token: token, ttl: ttl, cb: cb}
+	o := opPool.Get().(*op)
+	o.kind, o.key, o.token, o.ttl, o.cb = kind, key, token, ttl, cb
+	b.laterOp(o)
+}
+
+// laterOp is later for an op of opPool with its kind, key, token, ttl and
+// one callback set (cb, claimed, or ended with what).
+func (b *batcher) laterOp(o *op) {
 	b.mu.Lock()
 	b.queue = append(b.queue, o)
 	send := false
@@ -175,14 +200,7 @@ func (b *batcher) send() {
 			o.res, o.err = first(v, err)
 		}
 	} else {
-		keys := make([]string, len(batch))
-		args := make([]any, 0, 1+3*len(batch))
-		args = append(args, b.channel)
-		for i, o := range batch {
-			keys[i] = o.key
-			args = append(args, o.kind, o.token, o.ttl)
-		}
-		v, err := dedupeScript.Run(ctx, b.client, keys, args...).Slice()
+		v, err := b.call(ctx, batch)
 		if err == nil && len(v) != len(batch) {
 			err = fmt.Errorf("%d replies to %d operations", len(v), len(batch))
 		}
@@ -195,11 +213,24 @@ func (b *batcher) send() {
 		}
 	}
 	for _, o := range batch {
-		if o.cb != nil {
-			o.cb(o.res, o.err)
-		} else {
+		switch {
+		case o.done != nil:
 			close(o.done)
+			continue
+		case o.claimed != nil:
+			st, _, err := claimReply(o.res, o.err)
+			o.claimed(st, err)
+		case o.ended != nil:
+			err := o.err
+			if err != nil {
+				err = fmt.Errorf("redisdedupe: %s: %w", o.what, err)
+			}
+			o.ended(err)
+		default:
+			o.cb(o.res, o.err)
 		}
+		*o = op{}
+		opPool.Put(o)
 	}
 
 	// The next batch: sent by the first caller of do still queued (with
@@ -238,4 +269,52 @@ func first(v any, err error) (any, error) {
 		return s[0], nil
 	}
 	return nil, fmt.Errorf("unexpected reply %v", v)
+}
+
+// processor is what a go-redis client has besides Client: running a
+// command built by the caller.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// call runs dedupeScript once for batch on a single node: EVALSHA, and
+// EVAL when Redis does not have the script. With a client that has
+// Process (every go-redis client), its keys and tokens go as *string and
+// the argument slice is reused, so that an operation allocates nothing
+// here.
+func (b *batcher) call(ctx context.Context, batch []*op) ([]any, error) {
+	if b.proc == nil {
+		keys := make([]string, len(batch))
+		args := make([]any, 0, 1+3*len(batch))
+		args = append(args, b.channel)
+		for i, o := range batch {
+			keys[i] = o.key
+			args = append(args, o.kind, o.token, o.ttl)
+		}
+		return dedupeScript.Run(ctx, b.client, keys, args...).Slice()
+	}
+	args := append(b.args[:0], "evalsha", dedupeSHA, len(batch))
+	for _, o := range batch {
+		args = append(args, &o.key)
+	}
+	args = append(args, &b.channel)
+	for _, o := range batch {
+		args = append(args, o.kind, &o.token, o.ttl)
+	}
+	defer func() {
+		clear(args)
+		b.args = args[:0]
+	}()
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	_ = b.proc.Process(ctx, cmd)
+	v, err := cmd.Slice()
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		args[0], args[1] = "eval", dedupeLua
+		cmd = redis.NewCmd(ctx, args...)
+		cmd.SetFirstKeyPos(3)
+		_ = b.proc.Process(ctx, cmd)
+		v, err = cmd.Slice()
+	}
+	return v, err
 }

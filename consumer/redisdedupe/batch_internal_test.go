@@ -1,6 +1,7 @@
 package redisdedupe
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -13,17 +14,21 @@ import (
 )
 
 // TestBatcherBothWays: concurrent claims, marks and releases get their
-// own replies both as one script call (a single node) and as a pipeline of
-// one call per operation (what a Cluster's batcher sends).
+// own replies both as one script call (a single node; through Process, or
+// through Script.Run with a Client that has no Process) and as a pipeline
+// of one call per operation (what a Cluster's batcher sends).
 func TestBatcherBothWays(t *testing.T) {
 	t.Parallel()
 	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { c.Close() })
-	for _, cluster := range []bool{false, true} {
-		t.Run(fmt.Sprint("cluster=", cluster), func(t *testing.T) {
+	for _, way := range []string{"script", "script without Process", "cluster"} {
+		t.Run(way, func(t *testing.T) {
 			prefix := testenv.Name(t, "ddb") + ":"
 			b := newBatcher(c, prefix+"ch")
-			b.cluster = cluster
+			b.cluster = way == "cluster"
+			if way == "script without Process" {
+				b.proc = nil
+			}
 			const n = 150
 			var wg sync.WaitGroup
 			errs := make(chan error, n)
@@ -35,15 +40,15 @@ func TestBatcherBothWays(t *testing.T) {
 							errs <- fmt.Errorf("%s %s %s: %v %v, want %v", kind, key, token, v, err, want)
 						}
 					}
-					check("c", "a", "60000", "c")
+					check("c", "a", "60000", int64(0))
 					check("r", "b", "", int64(0))
 					if i%2 == 0 {
 						check("r", "a", "", int64(1))
-						check("c", "b", "60000", "c")
+						check("c", "b", "60000", int64(0))
 						return
 					}
 					check("m", "", "60000", int64(1))
-					check("c", "b", "60000", "s")
+					check("c", "b", "60000", int64(1))
 				})
 			}
 			wg.Wait()
@@ -73,7 +78,7 @@ func TestBatcherLater(t *testing.T) {
 	b.later("c", key, "a", "60000", record("claim a"))
 	b.later("r", key, "a", "", record("release a"))
 	b.later("c", key, "b", "60000", record("claim b"))
-	for _, want := range []string{"claim a c <nil>", "release a 1 <nil>", "claim b c <nil>"} {
+	for _, want := range []string{"claim a 0 <nil>", "release a 1 <nil>", "claim b 0 <nil>"} {
 		select {
 		case got := <-replies:
 			if got != want {
@@ -89,8 +94,8 @@ func TestBatcherLater(t *testing.T) {
 	b.flush() // sends from this goroutine: the reply is in
 	select {
 	case got := <-replies:
-		// b holds the claim: c gets its remaining TTL (ms).
-		if !strings.HasPrefix(got, "claim c ") || !strings.HasSuffix(got, " <nil>") || strings.HasPrefix(got, "claim c c") {
+		// b holds the claim: c gets 4 + its remaining TTL (ms).
+		if !strings.HasPrefix(got, "claim c ") || !strings.HasSuffix(got, " <nil>") || strings.HasPrefix(got, "claim c 0 ") || strings.HasPrefix(got, "claim c 1 ") {
 			t.Fatalf("flushed claim: %q, want the remaining TTL of b's claim", got)
 		}
 	default:
@@ -109,5 +114,62 @@ func TestBatcherLater(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("a full batch did not go out without the linger")
 		}
+	}
+}
+
+// noScript is the error Redis answers EVALSHA with when it lacks the
+// script.
+type noScript struct{}
+
+func (noScript) Error() string { return "NOSCRIPT No matching script. Please use EVAL." }
+func (noScript) RedisError()   {}
+
+// noScriptHook answers the first EVALSHA with NOSCRIPT, as a Redis that
+// lost its scripts, and records the commands' names.
+type noScriptHook struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (h *noScriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *noScriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *noScriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		name := cmd.Name()
+		if name != "evalsha" && name != "eval" {
+			return next(ctx, cmd) // the connection's HELLO, CLIENT
+		}
+		h.mu.Lock()
+		h.names = append(h.names, name)
+		first := len(h.names) == 1
+		h.mu.Unlock()
+		if first {
+			cmd.SetErr(noScript{})
+			return noScript{}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestBatcherNoScript: a batch whose EVALSHA finds no script goes again
+// as EVAL, and gets its replies.
+func TestBatcherNoScript(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { c.Close() })
+	h := &noScriptHook{}
+	c.AddHook(h)
+	prefix := testenv.Name(t, "ddn") + ":"
+	b := newBatcher(c, prefix+"ch")
+	if v, err := b.do(kindClaim, prefix+"{k}", "a", any("60000")); err != nil || v != int64(0) {
+		t.Fatalf("claim: %v, %v; want 0 (claimed)", v, err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.names) != 2 || h.names[0] != "evalsha" || h.names[1] != "eval" {
+		t.Errorf("commands %q, want [evalsha eval]", h.names)
 	}
 }

@@ -77,6 +77,7 @@ var (
 	dedupeLua string
 
 	dedupeScript = redis.NewScript(dedupeLua)
+	dedupeSHA    = dedupeScript.Hash()
 )
 
 // Store is a consumer.DedupeStore in Redis. It is safe for concurrent
@@ -132,18 +133,17 @@ func claimReply(v any, err error) (consumer.DedupeState, time.Duration, error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("redisdedupe: claim: %w", err)
 	}
-	switch v := v.(type) {
-	case string:
-		switch v {
-		case "c":
+	if v, ok := v.(int64); ok {
+		switch {
+		case v == 0:
 			return consumer.DedupeClaimed, 0, nil
-		case "s":
+		case v == 1:
 			return consumer.DedupeSent, 0, nil
+		case v >= 2:
+			// 4 + the remaining TTL; below 4, PTTL's -1 (no TTL, written
+			// by something else) or -2 (gone meanwhile): ask again soon.
+			return 0, max(time.Duration(v-4)*time.Millisecond, time.Millisecond), nil
 		}
-	case int64:
-		// -1 (no TTL, written by something else) or -2 (gone meanwhile):
-		// ask again soon.
-		return 0, max(time.Duration(v)*time.Millisecond, time.Millisecond), nil
 	}
 	return 0, 0, fmt.Errorf("redisdedupe: claim: unexpected reply %v", v)
 }
@@ -206,10 +206,9 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 // from another goroutine, and must not block. The client's timeouts bound
 // the call.
 func (s *Store) ClaimLater(key, token string, ttl time.Duration, done func(consumer.DedupeState, error)) {
-	s.batch.later(kindClaim, s.Key(key), token, s.msArg(ttl), func(v any, err error) {
-		st, _, err := claimReply(v, err)
-		done(st, err)
-	})
+	o := opPool.Get().(*op)
+	o.kind, o.key, o.token, o.ttl, o.claimed = kindClaim, s.Key(key), token, s.msArg(ttl), done
+	s.batch.laterOp(o)
 }
 
 // MarkSentLater is MarkSent, sent with the other operations queued within
@@ -217,12 +216,9 @@ func (s *Store) ClaimLater(key, token string, ttl time.Duration, done func(consu
 // once the key is marked. done is called once, from another goroutine, and
 // must not block.
 func (s *Store) MarkSentLater(key, token string, window time.Duration, done func(error)) {
-	s.batch.later(kindMark, s.Key(key), "", s.msArg(window), func(_ any, err error) {
-		if err != nil {
-			err = fmt.Errorf("redisdedupe: mark: %w", err)
-		}
-		done(err)
-	})
+	o := opPool.Get().(*op)
+	o.kind, o.key, o.ttl, o.ended, o.what = kindMark, s.Key(key), s.msArg(window), done, "mark"
+	s.batch.laterOp(o)
 }
 
 // ReleaseLater is Release, sent with the other operations queued within a
@@ -230,12 +226,9 @@ func (s *Store) MarkSentLater(key, token string, window time.Duration, done func
 // (a ClaimLater of the same token): it calls done with its error. done is
 // called once, from another goroutine, and must not block.
 func (s *Store) ReleaseLater(key, token string, done func(error)) {
-	s.batch.later(kindRelease, s.Key(key), token, noTTL, func(_ any, err error) {
-		if err != nil {
-			err = fmt.Errorf("redisdedupe: release: %w", err)
-		}
-		done(err)
-	})
+	o := opPool.Get().(*op)
+	o.kind, o.key, o.token, o.ttl, o.ended, o.what = kindRelease, s.Key(key), token, noTTL, done, "release"
+	s.batch.laterOp(o)
 }
 
 // Flush sends the operations that ClaimLater, MarkSentLater and

@@ -131,8 +131,9 @@ type delivery struct {
 	store  bool // the token holds a claim in Dedupe.Store
 	local  bool // the token holds a claim in the local fallback
 	noSend bool // skipped: reported once
-	// marking is the mark under way after the send (deduper.later).
+	// marking is the mark under way after the send (deduper.later): mk.
 	marking *Marking
+	mk      Marking
 	// ahead is the claim made before the message's turn, until the
 	// first attempt used it.
 	ahead *Ahead
@@ -157,10 +158,16 @@ type laterStore interface {
 // DropAhead when the message is not handled.
 type Ahead struct {
 	key, token string
-	start      time.Time     // before the claim went out
-	done       chan struct{} // closed once st and err are set
-	st         consumer.DedupeState
-	err        error
+	dl         delivery  // its message's, at its turn (deliveryAhead)
+	start      time.Time // before the claim went out
+	// Under mu: answered once st and err are set; wait, made by a
+	// waiter that came first (ready), is closed then. (Most claims are
+	// answered before their message's turn: no channel for them.)
+	mu       sync.Mutex
+	answered bool
+	wait     chan struct{}
+	st       consumer.DedupeState
+	err      error
 	// Under deduper.aheadMu: started once its message's turn came;
 	// stolen once another message took its claim over (its message
 	// claims again with a token of its own).
@@ -179,12 +186,11 @@ func (d *deduper) claimAhead(msg consumer.Message) *Ahead {
 	if err != nil || k == "" {
 		return nil
 	}
-	a := &Ahead{key: k, token: d.newToken(), start: d.now(), done: make(chan struct{})}
+	a := &Ahead{key: k, token: d.newToken(), start: d.now()}
 	d.lstore.ClaimLater(k, a.token, d.opts.ClaimTTL, func(st consumer.DedupeState, err error) {
 		if err != nil {
 			d.failed(err)
 		}
-		a.st, a.err = st, err
 		if err == nil && st == consumer.DedupeClaimed {
 			d.aheadMu.Lock()
 			if !a.started && d.holders[a.key] == nil {
@@ -192,9 +198,34 @@ func (d *deduper) claimAhead(msg consumer.Message) *Ahead {
 			}
 			d.aheadMu.Unlock()
 		}
-		close(a.done)
+		a.answer(st, err)
 	})
 	return a
+}
+
+// answer sets a's claim's answer and wakes its waiter, if any.
+func (a *Ahead) answer(st consumer.DedupeState, err error) {
+	a.mu.Lock()
+	a.st, a.err, a.answered = st, err, true
+	w := a.wait
+	a.mu.Unlock()
+	if w != nil {
+		close(w)
+	}
+}
+
+// ready returns nil once a's claim is answered (st and err are then
+// set), or a channel closed when it is.
+func (a *Ahead) ready() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.answered {
+		return nil
+	}
+	if a.wait == nil {
+		a.wait = make(chan struct{})
+	}
+	return a.wait
 }
 
 // start records that a's message came to its turn; it reports false when
@@ -294,7 +325,8 @@ func (d *deduper) deliveryAhead(a *Ahead) *delivery {
 	if a == nil {
 		return d.newDelivery()
 	}
-	return &delivery{token: a.token, key: a.key, keyed: true, ahead: a}
+	a.dl = delivery{token: a.token, key: a.key, keyed: true, ahead: a}
+	return &a.dl
 }
 
 // middleware is the dedupe step, between the limiter's wait and the
@@ -377,16 +409,14 @@ func (d *deduper) claimFirst(ctx context.Context, dl *delivery) (consumer.Dedupe
 		dl.token = d.newToken()
 		return d.claim(ctx, dl)
 	}
-	select {
-	case <-a.done:
-	default:
+	if w := a.ready(); w != nil {
 		d.lstore.Flush() // its turn came: the claim goes now
-	}
-	select {
-	case <-a.done:
-	case <-ctx.Done():
-		dl.store = true // it may be claimed: Process releases it
-		return 0, nil, ctx.Err()
+		select {
+		case <-w:
+		case <-ctx.Done():
+			dl.store = true // it may be claimed: Process releases it
+			return 0, nil, ctx.Err()
+		}
 	}
 	if a.err == nil {
 		switch {
@@ -454,7 +484,7 @@ func (d *deduper) mark(ctx context.Context, dl *delivery) {
 // markLater marks dl's key sent in the store's queue (MarksLater), and
 // in the local store as mark does; dl.marking ends when it is done.
 func (d *deduper) markLater(dl *delivery) {
-	m, key, token, local := &Marking{}, dl.key, dl.token, dl.local
+	m, key, token, local := &dl.mk, dl.key, dl.token, dl.local
 	dl.marking, dl.store, dl.local = m, false, false
 	d.lstore.MarkSentLater(key, token, d.opts.Window, func(err error) {
 		if err != nil {

@@ -95,6 +95,13 @@ func NewProcessor(o consumer.Options, h consumer.Handler, opts ...ProcessorOptio
 // Options returns the options with their defaults filled in.
 func (p *Processor) Options() consumer.Options { return p.opts }
 
+// QueuesMarks reports whether a delivered message may end with its dedupe
+// mark still under way (Outcome.Marking): Options.Dedupe on a store that
+// queues its marks (redisdedupe.Store), with MarksLater.
+func (p *Processor) QueuesMarks() bool {
+	return p.dedupe != nil && p.dedupe.later && p.dedupe.lstore != nil
+}
+
 // Process handles msg under the retry policy (see the function Process):
 // it numbers the attempts from 1, waits on the limiter before each,
 // reports each event to the MessageObserver, and returns how the message

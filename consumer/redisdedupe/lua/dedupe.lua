@@ -7,10 +7,12 @@
 -- release).
 -- Values: "c"..token (claimed), "w"..token (claimed, someone waits: the
 -- mark or release publishes the key on the channel), "s" (sent).
--- Reply: one value per operation. A claim: "c" claimed (new, or the
--- token's own, extended), "s" sent, or the held claim's remaining TTL (ms,
--- integer). A mark (whoever holds the claim): 1. A release (the token's
--- claim only): 1 released, 0 the token held no claim.
+-- Reply: one integer per operation, small ones (a client boxes them
+-- without allocating). A claim: 0 claimed (new, or the token's own,
+-- extended), 1 sent, or 4 + the held claim's remaining TTL in ms (PTTL:
+-- 2 and 3 for its -2 and -1). A mark (whoever holds the claim): 1. A
+-- release (the token's claim only): 1 released, 0 the token held no
+-- claim.
 local channel = ARGV[1]
 local out = {}
 
@@ -18,21 +20,21 @@ local function claim(key, token, ttl)
   local v = redis.call('GET', key)
   if not v then
     redis.call('SET', key, 'c' .. token, 'PX', ttl)
-    return 'c'
+    return 0
   end
   local kind = string.sub(v, 1, 1)
   if kind == 's' then
-    return 's'
+    return 1
   end
   local holder = string.sub(v, 2)
   if holder == token then
     redis.call('PEXPIRE', key, ttl)
-    return 'c'
+    return 0
   end
   if kind == 'c' then
     redis.call('SET', key, 'w' .. holder, 'KEEPTTL')
   end
-  return redis.call('PTTL', key)
+  return 4 + redis.call('PTTL', key)
 end
 
 local function mark(key, window)
