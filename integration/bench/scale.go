@@ -123,7 +123,11 @@ type scaleFigures struct {
 	shareLo      float64 // least replica's grants / mean, steady part
 	shareHi      float64
 	worstWait    time.Duration
-	waitsOver1s  int64
+	// worstSteadyWait is the worst wait begun 1 s or more into the
+	// phase, after the start-up wave (every caller's first call at once)
+	// has reached the store.
+	worstSteadyWait time.Duration
+	waitsOver1s     int64
 	// utilisation parts (unequal phase)
 	satPerReplica   float64 // grants/s of each saturated replica
 	pacedPerReplica float64 // grants/s of each paced replica
@@ -197,8 +201,8 @@ func scaleOne(ctx context.Context, cfg scaleConfig, rate float64, n int) (scaleR
 				return run, fmt.Errorf("%s: %w", ph, err)
 			}
 			run.sat = &f.scaleFigures
-			fmt.Fprintf(os.Stderr, "  steady %.0f/s, worst window %d (bound %d), shares %.2f–%.2f, worst wait %v, scripts/s %.0f\n",
-				f.steadyRate, f.worstWindow, int64(rate)+int64(run.burst), f.shareLo, f.shareHi, f.worstWait.Round(time.Millisecond),
+			fmt.Fprintf(os.Stderr, "  steady %.0f/s, worst window %d (bound %d), shares %.2f–%.2f, worst wait %v (begun after 1 s %v), scripts/s %.0f\n",
+				f.steadyRate, f.worstWindow, int64(rate)+int64(run.burst), f.shareLo, f.shareHi, f.worstWait.Round(time.Millisecond), f.worstSteadyWait.Round(time.Millisecond),
 				float64(f.scripts)/f.steadyFor.Seconds())
 		case "unequal":
 			sat := max(1, n/10)
@@ -248,8 +252,10 @@ type scaleCaller struct {
 	rep       int
 	bins      []uint32 // grants received in each millisecond since the start
 	worstWait time.Duration
-	over1s    int64
-	err       error
+	// steadyWait is worstWait of the waits begun 1 s or more after start.
+	steadyWait time.Duration
+	over1s     int64
+	err        error
 }
 
 // phaseFigures are a phase's figures with its recovery part, if any.
@@ -396,6 +402,7 @@ func scalePhase(ctx context.Context, addr string, admin *redis.Client, cfg scale
 			}
 		}
 		f.worstWait = max(f.worstWait, c.worstWait)
+		f.worstSteadyWait = max(f.worstSteadyWait, c.steadyWait)
 		f.waitsOver1s += c.over1s
 	}
 	for _, v := range bins {
@@ -531,6 +538,9 @@ func (c *scaleCaller) loop(ctx context.Context, w waiter, start time.Time, d, ev
 		c.bins[since/time.Millisecond]++
 		wait := now.Sub(t0)
 		c.worstWait = max(c.worstWait, wait)
+		if t0.Sub(start) >= time.Second {
+			c.steadyWait = max(c.steadyWait, wait)
+		}
 		if wait > time.Second {
 			c.over1s++
 		}
@@ -543,17 +553,17 @@ func scaleMarkdown(cfg scaleConfig, runs []scaleRun, load string) string {
 	fmt.Fprintf(&b, "# Scale\n\nCommand: `go run .%s` (integration/bench). Load average %s.\n\n", cfg.flags, load)
 	fmt.Fprintf(&b, "Each replica: its own go-redis client and limiter.Bucket; burst = rate/10; saturated replicas run %d callers in a tight loop. Grants counted when Wait returns.\n\n", cfg.callers)
 	b.WriteString("## Saturated: every replica wants more than its share\n\n")
-	b.WriteString("| rate/s | N | lease | steady grants/s | worst 1 s window (bound rate+burst) | 1st s, 2nd s | share min–max of mean | worst wait | waits > 1 s | scripts/s | scripts per 1k grants | Redis CPU µs/grant | process CPU µs/grant | retimed |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| rate/s | N | lease | steady grants/s | worst 1 s window (bound rate+burst) | 1st s, 2nd s | share min–max of mean | worst wait | worst wait begun after 1 s | waits > 1 s | scripts/s | scripts per 1k grants | Redis CPU µs/grant | process CPU µs/grant | retimed |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
 		f := r.sat
 		if f == nil {
 			continue
 		}
 		tok := float64(max(1, f.steadyTokens))
-		fmt.Fprintf(&b, "| %s | %d | %s | %.0f (%.2f×) | %d (%d) | %d, %d | %.2f–%.2f | %v | %d | %.0f | %.2f | %.2f | %.2f | %d |\n",
+		fmt.Fprintf(&b, "| %s | %d | %s | %.0f (%.2f×) | %d (%d) | %d, %d | %.2f–%.2f | %v | %v | %d | %.0f | %.2f | %.2f | %.2f | %d |\n",
 			fmtRate(r.rate), r.n, onOff(r.leased), f.steadyRate, f.steadyRate/r.rate, f.worstWindow, int64(r.rate)+int64(r.burst),
-			f.firstSecond, f.secondSecond, f.shareLo, f.shareHi, f.worstWait.Round(time.Millisecond), f.waitsOver1s,
+			f.firstSecond, f.secondSecond, f.shareLo, f.shareHi, f.worstWait.Round(time.Millisecond), f.worstSteadyWait.Round(time.Millisecond), f.waitsOver1s,
 			float64(f.scripts)/f.steadyFor.Seconds(), float64(f.scripts)/tok*1000,
 			float64(f.redisCPU.Microseconds())/tok, float64(f.processCPU.Microseconds())/tok, f.retimed)
 	}
