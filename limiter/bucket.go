@@ -459,6 +459,15 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		}
 		rate, burst := math.Float64frombits(b.lastRate.Load()), int(b.lastBurst.Load())
 		fits, refund := lateFits(late, res.Tokens, spare, rate, burst)
+		if !fits && lead != nil {
+			// A late batch keeps what the bucket could still have held
+			// for a hold more, if that serves its caller, and gives back
+			// the rest: asking again would cost a call and a wait.
+			if keep := min(res.Tokens, int(float64(refund)-rate*hold.Seconds())); keep >= cost {
+				b.refund(ctx, res.Tokens-keep)
+				res.Tokens, fits = keep, true
+			}
+		}
 		if !fits && !retimed {
 			// Too late to go out with the slots after its own: give
 			// back what the bucket could have held, and ask again,
