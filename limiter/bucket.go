@@ -464,7 +464,9 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 			// for a hold more, if that serves its caller, and gives back
 			// the rest: asking again would cost a call and a wait.
 			if keep := min(res.Tokens, int(float64(refund)-rate*hold.Seconds())); keep >= cost {
-				b.refund(ctx, res.Tokens-keep)
+				if keep < res.Tokens {
+					b.refund(ctx, res.Tokens-keep)
+				}
 				res.Tokens, fits = keep, true
 			}
 		}

@@ -283,3 +283,34 @@ func TestLeasePastItsDeadlineGoesBack(t *testing.T) {
 		t.Fatalf("%d store calls, want 2: the lease's tokens past its deadline do not go out", n)
 	}
 }
+
+// TestLateLeaseKeepsWhatFits: at 1,000/s, burst 100, one replica, a hold
+// of 2 ms, another replica leaves 40 tokens; a lease of 10 takes them down
+// to 30, and its answer comes back 66 ms late. Past its grant by that much,
+// the bucket holding the 10 would have refilled past its burst (30 + 10 +
+// 65 > 100): only 5 could still go out, 3 of them for the hold. It keeps
+// those 3 (its caller's 1 among them) and gives back the other 7, without
+// asking again. A lease's late answer used to go out whole.
+func TestLateLeaseKeepsWhatFits(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	cs := newClockedStore(t, clk, 1000, 100, 1)
+	s := &slowStore{clockedStore: cs, lags: answerLags{d: []time.Duration{66 * time.Millisecond}}}
+	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour, Hold: 2 * time.Millisecond}}, cs.watched)
+	ctx := context.Background()
+	if _, err := b.State(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.mem().TakeAt(clk.Now(), limiter.TakeRequest{Cost: 60}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Wait(ctx, 1) }()
+	clk.WaitTimers(t, 1) // the answer on its way back
+	clk.Advance(66 * time.Millisecond)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n, r, left := cs.takes.Load(), cs.refunded.Load(), limiter.LeaseTokens(b); n != 1 || r != 7 || left != 2 {
+		t.Fatalf("%d store calls, %d tokens given back, %d leased; want 1, 7 and 2", n, r, left)
+	}
+}
