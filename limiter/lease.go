@@ -21,8 +21,9 @@ import (
 // runs dry soon after a refill is short of tokens, not of demand: its next
 // batch doubles, and covers at least its fair share (rate ÷ replicas) over
 // the last refill's round trip, so that slow answers do not hold it to a
-// batch per round trip. It is capped at MaxBatch and the burst. Before the first second of demand is measured a replica
-// assumes its fair share, rate ÷ replicas. All replicas together thus hold
+// batch per round trip. It is capped at MaxBatch and the burst less what
+// the bucket refills within Hold. Before the first second of demand is
+// measured a replica assumes its fair share, rate ÷ replicas. All replicas together thus hold
 // at most the tokens the fleet spends in max(Fraction s, replicas ÷ Calls
 // s). Leasing is off while the batch would be below MinBatch, unless the
 // fleet's demand (this replica's times the replicas) exceeds Calls, where
@@ -41,8 +42,10 @@ import (
 // at that instant, so that every window the sink sees holds at most
 // rate·W + burst, the leased tokens included. What the deadline finds
 // unspent goes back to the bucket, and a caller after it leads a new
-// refill; a refill whose answer comes back past its deadline is given
-// back as a late reservation is (its callers ask again, once). The price
+// refill; a refill whose answer comes back past its deadline keeps what
+// the bucket could still have held for another Hold, when that covers its
+// caller, and gives back the rest, else it is given back as a late
+// reservation is (its caller asks again, once). The price
 // is the refill the bucket loses to its burst within Hold: a lease taken
 // from a full bucket lowers its burst by rate·Hold, once. Tokens that
 // sit unused for Idle go back too, and all on Close; a Pause drops them.
