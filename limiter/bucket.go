@@ -386,9 +386,13 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		// The caller leading a refill asks for a whole lease: taken now if
 		// the bucket has it, else reserved like any other request, so that
 		// a saturated bucket still costs one store call per lease.
-		extra := 0
+		// Its batch is charged as of its grant plus the hold, within which
+		// its tokens may go out (LeaseOptions).
+		extra, hold := 0, time.Duration(0)
 		if lead != nil {
-			extra = b.lease.extra(cost)
+			if extra = b.lease.extra(cost); extra > 0 {
+				hold = b.lease.hold()
+			}
 		}
 		if !head { // behind the class's head, if a floor holds it back
 			if head, err = b.floor.enter(ctx, b.done, p); err != nil {
@@ -397,7 +401,7 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		}
 		gen, seen := b.gen.Load(), b.pushes.heard()
 		sent := b.clock.Now()
-		res, err := b.store.Take(ctx, backend.TakeRequest{Cost: cost + extra, MaxWait: b.horizon(), Priority: p, MinShare: b.opts.MinShare})
+		res, err := b.store.Take(ctx, backend.TakeRequest{Cost: cost + extra, Hold: hold, MaxWait: b.horizon(), Priority: p, MinShare: b.opts.MinShare})
 		if err == nil {
 			b.skew.observeTrip(sent, b.clock.Now(), res.At)
 			if lead != nil {
@@ -446,15 +450,27 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 			// Late against the store's clock, at worst: the skew's
 			// estimate may place the slot later than it was.
 			late = l + b.skew.spread()
-		} else if lead == nil {
+		} else {
 			// A grant for now whose answer came back late goes out late
-			// too, beside the tokens the bucket refilled meanwhile. (A
-			// lease's tokens are spent after its grant in any case, over
-			// up to LeaseOptions.Idle; a retry would only add calls to a
-			// store that is slow to answer.)
+			// too, beside the tokens the bucket refilled meanwhile; a
+			// lease's tokens as late as its deadline, which the hold
+			// keeps at least that far past its grant.
 			late, spare = b.answerLate(res.At), res.Remaining
 		}
-		if fits, refund := lateFits(late, res.Tokens, spare, math.Float64frombits(b.lastRate.Load()), int(b.lastBurst.Load())); !fits && !retimed {
+		rate, burst := math.Float64frombits(b.lastRate.Load()), int(b.lastBurst.Load())
+		fits, refund := lateFits(late, res.Tokens, spare, rate, burst)
+		if !fits && lead != nil {
+			// A late batch keeps what the bucket could still have held
+			// for a hold more, if that serves its caller, and gives back
+			// the rest: asking again would cost a call and a wait.
+			if keep := min(res.Tokens, int(float64(refund)-rate*hold.Seconds())); keep >= cost {
+				if keep < res.Tokens {
+					b.refund(ctx, res.Tokens-keep)
+				}
+				res.Tokens, fits = keep, true
+			}
+		}
+		if !fits && !retimed {
 			// Too late to go out with the slots after its own: give
 			// back what the bucket could have held, and ask again,
 			// once, so that a machine too slow to wake anyone in time
@@ -467,7 +483,15 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 			continue
 		}
 		if lead != nil {
-			b.lease.fill(lead, res.Tokens)
+			window := spendWindow(late, res.Tokens, spare, rate, burst)
+			if !fits {
+				// Late again after asking again: it goes out as a late
+				// reservation does, and its batch lasts the hold, as if
+				// granted now, so that a store too slow to answer within
+				// any deadline still leases.
+				window = max(window, hold)
+			}
+			b.lease.fill(lead, res.Tokens, b.clock.Now().Add(window))
 			lead = nil
 		} else {
 			b.lease.put(res.Tokens - cost)

@@ -334,7 +334,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		}
 		switch {
 		case lead != nil && err == nil && res.Granted:
-			b.lease.fill(lead, res.Tokens)
+			b.lease.fill(lead, res.Tokens, time.Time{}) // charged at the grant: no deadline (LeaseOptions)
 		case lead != nil:
 			b.lease.abandon(lead)
 		case err == nil && res.Granted && res.Tokens > req.Cost:

@@ -376,11 +376,11 @@ func TestLeasingSwitchesOffAtLowRates(t *testing.T) {
 // TestLeasedTokensGoBackWhenIdle: the tokens a Bucket leased go back to
 // the store once they sat unused for a whole Lease.Idle (on the Bucket's
 // clock: at +40 ms with Idle 20 ms, the lease taken at +0), not before
-// Idle.
+// Idle. Its hold, 100 ms, puts its deadline past the test's end.
 func TestLeasedTokensGoBackWhenIdle(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	s := newClockedStore(t, clk, 1e5, 1e5, 1)
-	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: ms(20)}}, s.watched)
+	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: ms(20), Hold: ms(100)}}, s.watched)
 	for range 3 {
 		if err := b.Wait(context.Background(), 1); err != nil {
 			t.Fatal(err)

@@ -21,8 +21,9 @@ import (
 // runs dry soon after a refill is short of tokens, not of demand: its next
 // batch doubles, and covers at least its fair share (rate ÷ replicas) over
 // the last refill's round trip, so that slow answers do not hold it to a
-// batch per round trip. It is capped at MaxBatch and the burst. Before the first second of demand is measured a replica
-// assumes its fair share, rate ÷ replicas. All replicas together thus hold
+// batch per round trip. It is capped at MaxBatch and the burst less what
+// the bucket refills within Hold. Before the first second of demand is
+// measured a replica assumes its fair share, rate ÷ replicas. All replicas together thus hold
 // at most the tokens the fleet spends in max(Fraction s, replicas ÷ Calls
 // s). Leasing is off while the batch would be below MinBatch, unless the
 // fleet's demand (this replica's times the replicas) exceeds Calls, where
@@ -30,8 +31,26 @@ import (
 // without strain, and calls keep the bucket exact and fair across
 // replicas); it also waits for the first
 // heartbeat, so that a batch is never sized for one replica when there
-// are many. Unused tokens go back to the bucket after Idle without use,
-// and on Close; a Pause drops them.
+// are many.
+//
+// A batch's tokens go out from its grant until a deadline that the store's
+// answer fixes, and never after it: the store charges the batch as of its
+// grant plus Hold (TakeRequest.Hold), and the batch may go out as late as
+// the bucket could have held it without refilling past its burst, at
+// least Hold after the grant (Hold past the instant the tokens were due,
+// for a reserved batch). Tokens spent anywhere in between are as if taken
+// at that instant, so that every window the sink sees holds at most
+// rate·W + burst, the leased tokens included. What the deadline finds
+// unspent goes back to the bucket, and a caller after it leads a new
+// refill; a refill whose answer comes back past its deadline keeps what
+// the bucket could still have held for another Hold, when that covers its
+// caller, and gives back the rest, else it is given back as a late
+// reservation is (its caller asks again, once). The price
+// is the refill the bucket loses to its burst within Hold: a lease taken
+// from a full bucket lowers its burst by rate·Hold, once. Tokens that
+// sit unused for Idle go back too, and all on Close; a Pause drops them.
+// A store with layers (LayeredStore) charges its lease at the grant: its
+// tokens go back only after Idle without use.
 //
 // The callers of one replica are served first come, first served: a
 // caller that finds the lease short queues, and the tokens of each refill
@@ -62,6 +81,11 @@ type LeaseOptions struct {
 	// Idle is how long leased tokens may sit unused before they go back.
 	// Default 100ms.
 	Idle time.Duration
+	// Hold is how long after its grant a batch may go out at least (see
+	// above). Default: the lease period, max(Fraction, replicas ÷ Calls)
+	// seconds, plus the last refill's round trip, at most a quarter of
+	// burst ÷ rate.
+	Hold time.Duration
 }
 
 func (o *LeaseOptions) validate() error {
@@ -76,6 +100,9 @@ func (o *LeaseOptions) validate() error {
 	}
 	if o.MaxBatch < 0 {
 		return &ParamError{Param: "Lease.MaxBatch", Msg: "must be >= 0 (0 for the default)", Value: o.MaxBatch}
+	}
+	if o.Hold < 0 {
+		return &ParamError{Param: "Lease.Hold", Msg: "must be >= 0 (0 for the default)", Value: o.Hold}
 	}
 	if o.Fraction == 0 {
 		o.Fraction = 0.01
@@ -105,8 +132,17 @@ type leasePool struct {
 	opts   LeaseOptions
 	mu     sync.Mutex
 	tokens int
-	used   bool          // spent from or refilled since the idle timer last fired
-	idle   backend.Timer // gives unused tokens back; nil until the first lease
+	// batches holds the tokens by refill, oldest first (their n add up
+	// to tokens), each with its deadline; lapsed counts the tokens whose
+	// deadline passed, which the due timer gives back.
+	batches []leaseBatch
+	lapsed  int
+	used    bool          // spent from or refilled since the idle timer last fired
+	idle    backend.Timer // gives unused tokens back; nil until the first lease
+	// due fires at dueAt, the earliest deadline (or at once, for lapsed
+	// tokens); nil while none is armed.
+	due   backend.Timer
+	dueAt time.Time
 	// queue holds the callers waiting for tokens, in arrival order. While
 	// it is not empty its head leads a refill (refilling).
 	queue     []*leaseWaiter
@@ -120,9 +156,18 @@ type leasePool struct {
 	lastTrip time.Duration
 }
 
+// leaseBatch is one refill's tokens still leased, and the instant on the
+// Bucket's clock from which they must not go out (zero: none).
+type leaseBatch struct {
+	n     int
+	until time.Time
+}
+
 // leaseWaiter is a caller queued in the pool.
 type leaseWaiter struct {
 	cost int
+	// until is the earliest deadline of the tokens it was served.
+	until time.Time
 	// state is set under leasePool.mu; signal has room for one send.
 	state  leaseState
 	signal chan struct{}
@@ -153,21 +198,126 @@ func (p *leasePool) take(c Priority, cost int) bool {
 	if !p.serves(c) {
 		return false
 	}
-	p.demand.add(p.b.clock.Now(), cost)
+	now := p.b.clock.Now()
+	p.demand.add(now, cost)
 	p.mu.Lock()
-	ok := len(p.queue) == 0 && p.spendLocked(cost)
+	ok := false
+	if len(p.queue) == 0 {
+		_, ok = p.spendLocked(now, cost)
+	}
 	p.mu.Unlock()
 	return ok
 }
 
-// spendLocked spends cost tokens if the pool has them; p.mu is held.
-func (p *leasePool) spendLocked(cost int) bool {
+// spendLocked spends cost tokens if the pool has them at now, the oldest
+// batches' first, and returns the earliest deadline among them; p.mu is
+// held.
+func (p *leasePool) spendLocked(now time.Time, cost int) (until time.Time, ok bool) {
+	p.pruneLocked(now)
 	if p.tokens < cost {
-		return false
+		return time.Time{}, false
 	}
 	p.tokens -= cost
 	p.used = true
-	return true
+	for cost > 0 {
+		b := &p.batches[0]
+		k := min(b.n, cost)
+		b.n -= k
+		cost -= k
+		if !b.until.IsZero() && (until.IsZero() || b.until.Before(until)) {
+			until = b.until
+		}
+		if b.n == 0 {
+			p.batches = append(p.batches[:0], p.batches[1:]...)
+		}
+	}
+	return until, true
+}
+
+// pruneLocked moves the tokens whose deadline is at or before now out of
+// the pool, to be given back by the due timer; p.mu is held.
+func (p *leasePool) pruneLocked(now time.Time) {
+	kept := p.batches[:0]
+	for _, b := range p.batches {
+		if !b.until.IsZero() && !now.Before(b.until) {
+			p.tokens -= b.n
+			p.lapsed += b.n
+			continue
+		}
+		kept = append(kept, b)
+	}
+	clear(p.batches[len(kept):])
+	p.batches = kept
+	if p.lapsed > 0 {
+		p.armDueLocked(now)
+	}
+}
+
+// addLocked adds n tokens that must not go out from until (zero: no
+// deadline); p.mu is held.
+func (p *leasePool) addLocked(n int, until time.Time) {
+	if n <= 0 {
+		return
+	}
+	p.tokens += n
+	p.batches = append(p.batches, leaseBatch{n: n, until: until})
+	if !until.IsZero() {
+		p.armDueLocked(p.b.clock.Now())
+	}
+}
+
+// armDueLocked arms the due timer for the earliest deadline in the pool,
+// or at once when tokens lapsed, unless it is armed for that already or
+// sooner; p.mu is held.
+func (p *leasePool) armDueLocked(now time.Time) {
+	at := time.Time{}
+	if p.lapsed > 0 {
+		at = now
+	}
+	for _, b := range p.batches {
+		if !b.until.IsZero() && (at.IsZero() || b.until.Before(at)) {
+			at = b.until
+		}
+	}
+	if at.IsZero() || (!p.dueAt.IsZero() && !at.Before(p.dueAt)) {
+		return
+	}
+	p.dueAt = at
+	if p.due == nil {
+		p.due = p.b.clock.AfterFunc(at.Sub(now), p.lapse)
+		return
+	}
+	p.due.Reset(at.Sub(now))
+}
+
+// lapse runs at the earliest deadline: it gives back the tokens whose
+// deadline passed, and arms itself for the next one.
+func (p *leasePool) lapse() {
+	p.mu.Lock()
+	now := p.b.clock.Now()
+	p.dueAt = time.Time{}
+	p.pruneLocked(now)
+	n := p.lapsed
+	p.lapsed = 0
+	p.armDueLocked(now)
+	p.mu.Unlock()
+	p.giveBack(n)
+}
+
+// giveBack returns n unused tokens to the store, unless the Bucket is
+// closed (Close gives back what the pool holds) or not on the store.
+func (p *leasePool) giveBack(n int) {
+	if n <= 0 {
+		return
+	}
+	select {
+	case <-p.b.done:
+		return
+	default:
+	}
+	if p.b.Mode() == ModeShared {
+		p.b.refund(context.Background(), n)
+	}
 }
 
 // acquire is called when take failed for a request of class c. While
@@ -181,9 +331,11 @@ func (p *leasePool) acquire(ctx context.Context, done <-chan struct{}, c Priorit
 		return false, nil, nil
 	}
 	p.mu.Lock()
-	if len(p.queue) == 0 && p.spendLocked(cost) {
-		p.mu.Unlock()
-		return true, nil, nil
+	if len(p.queue) == 0 {
+		if _, ok := p.spendLocked(p.b.clock.Now(), cost); ok {
+			p.mu.Unlock()
+			return true, nil, nil
+		}
 	}
 	w = &leaseWaiter{cost: cost, signal: make(chan struct{}, 1)}
 	p.queue = append(p.queue, w)
@@ -207,7 +359,7 @@ func (p *leasePool) acquire(ctx context.Context, done <-chan struct{}, c Priorit
 	switch w.state {
 	case waiterServed:
 		if cerr != nil { // served as it gave up: the tokens stay leased
-			p.tokens += cost
+			p.addLocked(cost, w.until)
 			p.serveLocked()
 			return false, nil, cerr
 		}
@@ -226,13 +378,14 @@ func (p *leasePool) acquire(ctx context.Context, done <-chan struct{}, c Priorit
 }
 
 // fill ends the refill that w led: the tokens the store granted, w's cost
-// among them, go to the queue in order, w first, and the rest stay leased.
-func (p *leasePool) fill(w *leaseWaiter, tokens int) {
+// among them, go to the queue in order, w first, and the rest stay leased
+// until their deadline (zero: none).
+func (p *leasePool) fill(w *leaseWaiter, tokens int, until time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.removeLocked(w)
 	p.refilling = false
-	p.tokens += tokens - w.cost
+	p.addLocked(tokens-w.cost, until)
 	p.used = true
 	p.lastFill, p.lastBatch = p.b.clock.Now(), tokens
 	p.armIdleLocked()
@@ -265,7 +418,13 @@ func (p *leasePool) abandonLocked(w *leaseWaiter) {
 // they go, and makes the new head lead the next refill. When leasing went
 // off meanwhile, it releases the whole queue to ask the store itself.
 func (p *leasePool) serveLocked() {
-	for len(p.queue) > 0 && p.spendLocked(p.queue[0].cost) {
+	now := p.b.clock.Now()
+	for len(p.queue) > 0 {
+		until, ok := p.spendLocked(now, p.queue[0].cost)
+		if !ok {
+			break
+		}
+		p.queue[0].until = until
 		p.wake(p.queue[0], waiterServed)
 		p.queue[0] = nil
 		p.queue = p.queue[1:]
@@ -328,7 +487,8 @@ func (p *leasePool) extra(cost int) int {
 // what it could spend): its batch doubles, and covers at least its fair
 // share (rate ÷ replicas) over the last refill's round trip, since a
 // replica that waits a round trip for each batch gets at most a batch per
-// round trip; all up to the cap, rate × period, MaxBatch and the burst.
+// round trip; all up to the cap, rate × period, MaxBatch and the burst
+// less what the bucket refills within the hold.
 func (p *leasePool) extraLocked(cost int) int {
 	if p.opts.Disabled || !p.b.countKnown.Load() {
 		return 0
@@ -352,8 +512,34 @@ func (p *leasePool) extraLocked(cost int) int {
 	if batch < floor {
 		return 0
 	}
-	batch = min(batch, rate*period, float64(p.opts.MaxBatch), float64(p.b.lastBurst.Load()))
+	// A full bucket holds the batch with what it refills within the hold
+	// (LeaseOptions.Hold): a larger batch would be reserved.
+	room := float64(p.b.lastBurst.Load()) - math.Floor(rate*p.holdLocked().Seconds())
+	batch = min(batch, rate*period, float64(p.opts.MaxBatch), max(room, 1))
 	return max(0, int(batch)-cost)
+}
+
+// hold returns how long after its grant a batch may go out at least
+// (LeaseOptions.Hold): the option, else the lease period plus the last
+// refill's round trip, at most a quarter of burst ÷ rate.
+func (p *leasePool) hold() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.holdLocked()
+}
+
+// holdLocked is hold with p.mu held.
+func (p *leasePool) holdLocked() time.Duration {
+	if p.opts.Hold > 0 {
+		return p.opts.Hold
+	}
+	rate := math.Float64frombits(p.b.lastRate.Load())
+	replicas := float64(max(1, p.b.replicas.Load()))
+	h := time.Duration(max(p.opts.Fraction, replicas/p.opts.Calls)*float64(time.Second)) + p.lastTrip
+	if burst := p.b.lastBurst.Load(); rate > 0 && burst > 0 {
+		h = min(h, time.Duration(float64(burst)/rate/4*float64(time.Second)))
+	}
+	return max(h, time.Microsecond)
 }
 
 // demandMeter counts the tokens asked for in the current and the last
@@ -403,15 +589,15 @@ func (m *demandMeter) rate(now time.Time) (float64, bool) {
 	return r, ok
 }
 
-// put adds n leased tokens, serving the queue first, and arms the idle
-// timer that gives them back if they sit unused.
+// put adds n leased tokens without a deadline, serving the queue first,
+// and arms the idle timer that gives them back if they sit unused.
 func (p *leasePool) put(n int) {
 	if n <= 0 {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.tokens += n
+	p.addLocked(n, time.Time{})
 	p.used = true
 	p.armIdleLocked()
 	p.serveLocked()
@@ -437,21 +623,13 @@ func (p *leasePool) expire() {
 		p.mu.Unlock()
 		return
 	}
-	n := p.tokens
-	p.tokens = 0
+	n := p.tokens + p.lapsed
+	p.tokens, p.lapsed = 0, 0
+	clear(p.batches)
+	p.batches = p.batches[:0]
 	p.idle = nil
 	p.mu.Unlock()
-	if n == 0 {
-		return
-	}
-	select {
-	case <-p.b.done:
-		return
-	default:
-	}
-	if p.b.Mode() == ModeShared {
-		p.b.refund(context.Background(), n)
-	}
+	p.giveBack(n)
 }
 
 // drop forgets the leased tokens, as when the bucket is paused.
@@ -461,11 +639,17 @@ func (p *leasePool) drop() { p.drain() }
 func (p *leasePool) drain() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := p.tokens
-	p.tokens = 0
+	n := p.tokens + p.lapsed
+	p.tokens, p.lapsed = 0, 0
+	clear(p.batches)
+	p.batches = p.batches[:0]
 	if p.idle != nil {
 		p.idle.Stop()
 		p.idle = nil
+	}
+	if p.due != nil {
+		p.due.Stop()
+		p.due, p.dueAt = nil, time.Time{}
 	}
 	return n
 }

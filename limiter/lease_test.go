@@ -14,8 +14,10 @@ import (
 )
 
 // TestLeaseServesCallersInOrder: the callers of one replica are served in
-// arrival order, leased or not. At 1000/s, burst 10, one replica, the
-// lease batch is 10 tokens. Eight Waits of 1 leave 2 leased tokens; A
+// arrival order, leased or not. At 1000/s, burst 40, one replica, a hold
+// of 30 ms (the first batch, from the full bucket, charged as of +30 ms:
+// the bucket is empty after it, and no batch's deadline comes before +30
+// ms), the lease batch is 10 tokens. Eight Waits of 1 leave 2 leased tokens; A
 // (cost 3) finds them short and leads a refill, reserved 10 ms ahead; B
 // (cost 1), arriving after A, used to be served at once from the 2 left,
 // ahead of A. Now B queues behind A and both go at +10 ms; C (cost 9)
@@ -23,8 +25,8 @@ import (
 // 1), behind C, is not served before it.
 func TestLeaseServesCallersInOrder(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
-	s := newClockedStore(t, clk, 1000, 10, 1)
-	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, s.watched)
+	s := newClockedStore(t, clk, 1000, 40, 1)
+	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour, Hold: 30 * time.Millisecond}}, s.watched)
 	ctx := context.Background()
 	for range 8 {
 		if err := b.Wait(ctx, 1); err != nil {
@@ -56,9 +58,9 @@ func TestLeaseServesCallersInOrder(t *testing.T) {
 			mu.Unlock()
 		}()
 	}
-	// The idle timer, then A asleep on its reservation.
+	// The idle and the deadline timers, then A asleep on its reservation.
 	start("A", 3)
-	clk.WaitTimers(t, 2)
+	clk.WaitTimers(t, 3)
 	start("B", 1)
 	if !testenv.Within(5*time.Second, func() bool { return returned("B") || limiter.LeaseWaiting(b) == 1 }) {
 		t.Fatal("B neither returned nor queued")
@@ -93,33 +95,42 @@ func TestLeaseServesCallersInOrder(t *testing.T) {
 // TestLeaseFollowsDemand: at 1,000,000/s with 100 replicas, a replica
 // that asks for 400 tokens/s leases what it spends in the lease period,
 // max(10 ms, 100 ÷ 4000 s = 25 ms): 10 tokens, not the 1% of rate ÷
-// replicas (100) it used to lease whatever it asked. Its first lease,
+// replicas (100) it used to lease whatever it asked. Until the demand's
+// first 100 ms are measured it leases the fair share's batch, which its
+// deadline, 25 ms after the grant (the hold, from a full bucket), cuts
+// short: the rest goes back. Its first lease,
 // before any demand is measured, is the fair share's: 10,000/s × 25 ms.
 func TestLeaseFollowsDemand(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
-	s := newClockedStore(t, clk, 1e6, 1e5, 100)
-	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, s.watched)
+	cs := newClockedStore(t, clk, 1e6, 1e5, 100)
+	s := &slowStore{clockedStore: cs}
+	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, cs.watched)
 	ctx := context.Background()
 	if _, err := b.State(ctx); err != nil { // learns the 100 replicas
 		t.Fatal(err)
 	}
-	var batches []int
 	for range 100 { // 1 s: 4 tokens every 10 ms
 		for range 4 {
-			takes, before := s.takes.Load(), s.mem().StatusAt(clk.Now()).Tokens
 			if err := b.Wait(ctx, 1); err != nil {
 				t.Fatal(err)
-			}
-			if s.takes.Load() != takes {
-				batches = append(batches, int(math.Round(before-s.mem().StatusAt(clk.Now()).Tokens)))
 			}
 		}
 		clk.Advance(10 * time.Millisecond)
 	}
-	if len(batches) < 3 || batches[0] != 250 {
+	s.mu.Lock()
+	batches := append([]int(nil), s.costs...)
+	s.mu.Unlock()
+	if len(batches) < 6 || batches[0] != 250 {
 		t.Fatalf("leases %v: want the fair share's 250 first, then more", batches)
 	}
-	for _, n := range batches[2:] { // the second is sized on the demand's first 100 ms
+	first := 0 // the leases before the demand was measured
+	for first < len(batches) && batches[first] == 250 {
+		first++
+	}
+	if first > 4 {
+		t.Fatalf("leases %v: want at most 4 of 250 (100 ms ÷ 25 ms)", batches)
+	}
+	for _, n := range batches[first:] {
 		if n < 9 || n > 11 {
 			t.Fatalf("leases %v: want about 10 tokens (400/s × 25 ms) once the demand is measured", batches)
 		}
@@ -153,9 +164,11 @@ func TestLeaseStaysOnWhereItHelps(t *testing.T) {
 // TestLeaseCoversTheRoundTrip: at 1,000,000/s with 1,000 replicas, whose
 // store calls take 2 s to come back, a replica waits a round trip for each
 // batch. Its first lease is the fair share's, 1,000/s × 250 ms = 250
-// tokens, spent at once; the next used to double (500), so that the
-// replica got 250 tokens/s for seconds while its batches grew. Now it
-// covers the fair share over the round trip: 2,000 tokens.
+// tokens. The next used to double (500), so that the replica got 250
+// tokens/s for seconds while its batches grew; now it covers the fair
+// share over the round trip: 2,000 tokens. Each answer, 2 s past its
+// deadline, is given back and its caller asks again, without a batch (its
+// demand over 2 s is too low for one), and goes out with that answer.
 func TestLeaseCoversTheRoundTrip(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	cs := newClockedStore(t, clk, 1e6, 1e5, 1000)
@@ -166,14 +179,17 @@ func TestLeaseCoversTheRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.lags.mu.Lock()
-	s.lags.d = []time.Duration{2 * time.Second, 2 * time.Second}
+	s.lags.d = []time.Duration{2 * time.Second, 2 * time.Second, 2 * time.Second}
 	s.lags.mu.Unlock()
-	for range 2 {
-		timers := clk.Timers()
+	for _, answers := range []int{2, 1} { // the second's retry has no lag
+		armed := clk.Armed()
 		done := make(chan error, 1)
 		go func() { done <- b.Wait(ctx, 1) }()
-		clk.WaitTimers(t, timers+1) // the answer on its way back
-		clk.Advance(2 * time.Second)
+		for range answers {
+			clk.WaitArmed(t, armed+1) // the answer on its way back
+			armed = clk.Armed()
+			clk.Advance(2 * time.Second)
+		}
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
@@ -185,7 +201,116 @@ func TestLeaseCoversTheRoundTrip(t *testing.T) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.costs) != 2 || s.costs[0] != 250 || s.costs[1] != 2000 {
-		t.Fatalf("leases %v, want 250 then 2000", s.costs)
+	if len(s.costs) != 4 || s.costs[0] != 250 || s.costs[1] != 1 || s.costs[2] != 2000 || s.costs[3] != 1 {
+		t.Fatalf("costs asked %v, want 250, 1 (asked again), 2000, 1", s.costs)
+	}
+}
+
+// TestLeaseSpentLateKeepsTheWindow: at 1,000/s, burst 100, one replica,
+// the lease batch is 10 tokens and its hold 10 ms (the lease period). A
+// lease taken at +0 from the full bucket spends 1 token then, and its
+// other 9 at +9 ms, while another replica takes every token the bucket
+// holds, at +9 ms and every 10 ms after. The tokens out in the second from
+// +9 ms used to be 1,108, above rate + burst (the lease was charged at +0,
+// and the bucket refilled to its burst meanwhile): 9 + 99 + 1,000. Charged
+// as of +10 ms, the lease leaves the other replica 89: 1,098.
+func TestLeaseSpentLateKeepsTheWindow(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := newClockedStore(t, clk, 1000, 100, 1)
+	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, s.watched)
+	ctx := context.Background()
+	if _, err := b.State(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Wait(ctx, 1); err != nil { // the lease, at +0
+		t.Fatal(err)
+	}
+	clk.Advance(9 * time.Millisecond)
+	out := 0 // tokens out from +9 ms to +1009 ms
+	for range 9 {
+		if err := b.Wait(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		out++
+	}
+	if n := s.takes.Load(); n != 1 {
+		t.Fatalf("%d store calls, want 1: the 9 tokens come from the lease", n)
+	}
+	other := func() int { // the other replica takes what the bucket holds
+		m := s.mem()
+		n := int(math.Floor(m.StatusAt(clk.Now()).Tokens + 1e-9))
+		if n < 1 {
+			return 0
+		}
+		res, err := m.TakeAt(clk.Now(), limiter.TakeRequest{Cost: n})
+		if err != nil || !res.Granted {
+			t.Fatalf("take %d: %+v, %v", n, res, err)
+		}
+		return n
+	}
+	out += other()
+	for range 100 {
+		clk.Advance(10 * time.Millisecond)
+		out += other()
+	}
+	if out > 1100 {
+		t.Fatalf("%d tokens out in the second from +9 ms, want at most rate + burst = 1100", out)
+	}
+}
+
+// TestLeasePastItsDeadlineGoesBack: the lease of
+// TestLeaseSpentLateKeepsTheWindow (10 tokens at +0 from the full bucket,
+// 1 spent, a hold of 10 ms) has its other 9 tokens given back at +10 ms,
+// its deadline, and a caller at +15 ms asks the store: they used to stay
+// leased, without use, for Idle.
+func TestLeasePastItsDeadlineGoesBack(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := newClockedStore(t, clk, 1000, 100, 1)
+	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, s.watched)
+	ctx := context.Background()
+	if _, err := b.State(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Wait(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(15 * time.Millisecond)
+	testenv.Eventually(t, 5*time.Second, "the 9 leased tokens given back", func() bool { return s.refunded.Load() == 9 })
+	if err := b.Wait(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.takes.Load(); n != 2 {
+		t.Fatalf("%d store calls, want 2: the lease's tokens past its deadline do not go out", n)
+	}
+}
+
+// TestLateLeaseKeepsWhatFits: at 1,000/s, burst 100, one replica, a hold
+// of 2 ms, another replica leaves 40 tokens; a lease of 10 takes them down
+// to 30, and its answer comes back 66 ms late. Past its grant by that much,
+// the bucket holding the 10 would have refilled past its burst (30 + 10 +
+// 65 > 100): only 5 could still go out, 3 of them for the hold. It keeps
+// those 3 (its caller's 1 among them) and gives back the other 7, without
+// asking again. A lease's late answer used to go out whole.
+func TestLateLeaseKeepsWhatFits(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	cs := newClockedStore(t, clk, 1000, 100, 1)
+	s := &slowStore{clockedStore: cs, lags: answerLags{d: []time.Duration{66 * time.Millisecond}}}
+	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour, Hold: 2 * time.Millisecond}}, cs.watched)
+	ctx := context.Background()
+	if _, err := b.State(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.mem().TakeAt(clk.Now(), limiter.TakeRequest{Cost: 60}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Wait(ctx, 1) }()
+	clk.WaitTimers(t, 1) // the answer on its way back
+	clk.Advance(66 * time.Millisecond)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n, r, left := cs.takes.Load(), cs.refunded.Load(), limiter.LeaseTokens(b); n != 1 || r != 7 || left != 2 {
+		t.Fatalf("%d store calls, %d tokens given back, %d leased; want 1, 7 and 2", n, r, left)
 	}
 }

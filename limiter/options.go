@@ -125,7 +125,7 @@ func (o Options) Validate() error {
 		v    time.Duration
 	}{
 		{"MaxReserve", o.MaxReserve}, {"ProbeInterval", o.ProbeInterval},
-		{"HeartbeatInterval", o.HeartbeatInterval}, {"MaxPause", o.MaxPause}, {"Lease.Idle", o.Lease.Idle},
+		{"HeartbeatInterval", o.HeartbeatInterval}, {"MaxPause", o.MaxPause}, {"Lease.Idle", o.Lease.Idle}, {"Lease.Hold", o.Lease.Hold},
 	} {
 		if d.v < 0 {
 			errs = append(errs, &ParamError{Param: d.name, Msg: "must be >= 0 (0 for the default)", Value: d.v})

@@ -164,3 +164,18 @@ func lateFits(late time.Duration, tokens int, spare, rate float64, burst int) (f
 	}
 	return false, max(0, int(room))
 }
+
+// spendWindow returns how much longer tokens granted as lateFits judges
+// them may still go out: until the bucket, holding them, would refill past
+// its burst (late is how late they are now past their grant or slot, spare
+// what the grant left in the bucket; see lateFits). It is negative when
+// that is already past, and a year at a rate of 0 (nothing refills). A
+// lease's batch goes out within it: every window then holds at most
+// rate·W + burst, whenever in it each token goes out.
+func spendWindow(late time.Duration, tokens int, spare, rate float64, burst int) time.Duration {
+	if rate <= 0 {
+		return 365 * 24 * time.Hour
+	}
+	room := float64(burst) - max(0, spare) - float64(tokens)
+	return time.Duration(room/rate*float64(time.Second)) - (late - timerSlack)
+}

@@ -213,10 +213,13 @@ func (m *Memory) takeAt(now int64, req TakeRequest) (TakeResult, []Push, error) 
 	defer m.mu.Unlock()
 	tokens, ts, rate, wts := m.takeAdvance(now) // adaptive.go, warmup.go
 	pr := m.loaded(tokens)
+	// charge is what the take costs the bucket: its cost, plus the refill
+	// the bucket loses to its cap before the end of a hold (holdLoss).
 	cost := float64(req.Cost)
+	charge := cost + holdLoss(tokens, ts, now, req.Hold, rate, m.burst)
 	sh := req.MinShare.byRank()
 	c := Rank(req.Priority)
-	pushed, visible, q1, need := pr.class(tokens, c, cost, sh, m.burst)
+	pushed, visible, q1, need := pr.class(tokens, c, charge, sh, m.burst)
 	res := TakeResult{Rate: rate, Burst: m.burst, Remaining: tokens, At: time.UnixMicro(now), Class: PriorityOfRank(c), Pushed: pr.p[c]}
 	if ts > now {
 		res.Rate = 0
@@ -229,12 +232,12 @@ func (m *Memory) takeAt(now int64, req TakeRequest) (TakeResult, []Push, error) 
 		res.Wait = time.Duration(min(ts-now+waitUS(need, rate), maxWaitUS)) * time.Microsecond
 		return res, nil, nil
 	}
-	after := visible - cost
+	after := visible - charge
 	wait := ts - now
 	if after < 0 {
 		wait = min(wait+waitUS(-after, rate), maxWaitUS)
 	}
-	got, left := req.Cost, tokens-cost // left: the real tokens after the take
+	got, left := req.Cost, tokens-charge // left: the real tokens after the take
 	if wait <= 0 {
 		wait = 0
 		if req.Extra > 0 && left >= 1 {
@@ -262,6 +265,20 @@ func (m *Memory) takeAt(now int64, req TakeRequest) (TakeResult, []Push, error) 
 		pushes = pr.pushes(moved, pushed, res.At)
 	}
 	return res, pushes, nil
+}
+
+// holdLoss returns the refill a bucket holding tokens at ts (µs; the
+// refill starts at ts, later than now while paused) loses to its cap of
+// burst by the end of a hold from now: charged as of now+hold, a take
+// costs the bucket this much more than at now (TakeRequest.Hold). It is
+// the send_charge of the Redis scripts (take.lua) for a take at the
+// configured rate.
+func holdLoss(tokens float64, ts, now int64, hold time.Duration, rate float64, burst int) float64 {
+	if hold <= 0 {
+		return 0
+	}
+	ahead := float64(now+hold.Microseconds()-ts) * rate / 1e6
+	return max(0, tokens+max(0, ahead)-float64(burst))
 }
 
 // RefundAt is Refund at an explicit instant.

@@ -133,6 +133,16 @@ type TakeRequest struct {
 	// its whole batch as Cost instead, so that a saturated bucket still
 	// costs one call per batch.)
 	Extra int
+	// Hold, when positive, says the tokens go out at any instant from the
+	// grant up to Hold after it (a Bucket's lease, spent locally): the
+	// take is charged as of the grant plus Hold, as if taken then, so that
+	// tokens spent anywhere in between keep every window within rate·W +
+	// burst. A bucket that would refill past its burst within Hold loses
+	// that refill (TakeResult.Remaining is lower by it): as the tokens may
+	// go out as late as then, the bucket cannot count them as spent
+	// earlier. The grant's condition is unchanged otherwise: granted now
+	// when the bucket holds the cost now, after that loss.
+	Hold time.Duration
 	// MaxWait is the reservation horizon. If the tokens are not available
 	// now but will be within max(MaxWait, Cost/rate), they are reserved and
 	// TakeResult.Wait says when they are due. If MaxWait is 0, tokens are

@@ -242,7 +242,7 @@ func (s *Store) takeArgs(req backend.TakeRequest, nowUS int64) []any {
 }
 
 // takeArgc is the number of takeScript's ARGV.
-const takeArgc = 11
+const takeArgc = 12
 
 // appendTakeArgs appends the ARGV of takeScript for req to args.
 func (s *Store) appendTakeArgs(args []any, req backend.TakeRequest, nowUS int64) []any {
@@ -254,13 +254,17 @@ func (s *Store) appendTakeArgs(args []any, req backend.TakeRequest, nowUS int64)
 		return args
 	}
 	sh := s.sharesArg(req.MinShare)
-	return append(args, nowUS, s.warmArg, rankArgs[backend.Rank(req.Priority)], sh.boxed[1], sh.boxed[2], s.channelArg)
+	args = append(args, nowUS, s.warmArg, rankArgs[backend.Rank(req.Priority)], sh.boxed[1], sh.boxed[2], s.channelArg)
+	if req.Hold > 0 {
+		args = append(args, req.Hold.Microseconds())
+	}
+	return args
 }
 
 // shortTake reports whether a take of req at Redis's clock sends only the
 // first five arguments (appendTakeArgs).
 func (s *Store) shortTake(req backend.TakeRequest) bool {
-	return s.cfg.Warmup == 0 && req.Priority == limiter.PriorityNormal && req.MinShare == (limiter.Shares{})
+	return s.cfg.Warmup == 0 && req.Priority == limiter.PriorityNormal && req.MinShare == (limiter.Shares{}) && req.Hold <= 0
 }
 
 // rankArgs are the ranks 0, 1, 2, boxed.

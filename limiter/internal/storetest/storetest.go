@@ -43,9 +43,11 @@ type step struct {
 	at   time.Duration
 	op   op
 	cost int
-	// extra and maxWait for take; n for refund and drain; d for pause.
+	// extra, maxWait and hold for take; n for refund and drain; d for
+	// pause.
 	extra   int
 	maxWait time.Duration
+	hold    time.Duration
 	n       int
 	d       time.Duration
 
@@ -158,6 +160,22 @@ var cases = []struct {
 		{op: drain, n: 2},
 		{op: status, remaining: -2, rate: 0, paused: time.Second},
 	}},
+	// A take with a hold (a lease, spent up to the hold after its grant)
+	// is charged as of the hold's end: what the bucket would refill past
+	// its burst by then is lost, as it would be if the tokens went out
+	// then.
+	{"a hold charges the take as of its end", 10, 5, []step{
+		// Full: 5 + 1 refilled by +100 ms is 1 past the burst.
+		{op: take, cost: 2, hold: 100 * time.Millisecond, granted: true, tokens: 2, remaining: 2, rate: 10},
+		// 2 + 1 stays within it: nothing lost.
+		{op: take, cost: 1, hold: 100 * time.Millisecond, granted: true, tokens: 1, remaining: 1, rate: 10},
+		{at: 400 * time.Millisecond, op: status, remaining: 5, rate: 10},
+		// Full again, a hold of 3 tokens' refill: 5 - 3 - 3 < 0, not now.
+		{at: 400 * time.Millisecond, op: take, cost: 3, hold: 300 * time.Millisecond, wait: 100 * time.Millisecond, remaining: 5, rate: 10},
+		{at: 400 * time.Millisecond, op: take, cost: 3, hold: 300 * time.Millisecond, maxWait: time.Second, granted: true, tokens: 3, wait: 100 * time.Millisecond, remaining: -1, rate: 10},
+		// Extra tokens come from what is left after the loss.
+		{at: 1500 * time.Millisecond, op: take, cost: 1, extra: 10, hold: 100 * time.Millisecond, granted: true, tokens: 4, remaining: 0, rate: 10},
+	}},
 	{"fractional rate: one token every two seconds", 0.5, 1, []step{
 		{op: take, cost: 1, granted: true, tokens: 1, remaining: 0, rate: 0.5},
 		{op: take, cost: 1, wait: 2 * time.Second, remaining: 0, rate: 0.5},
@@ -175,7 +193,7 @@ func Run(t *testing.T, newStore Factory) {
 				now := Base.Add(st.at)
 				switch st.op {
 				case take:
-					res, err := s.TakeAt(now, backend.TakeRequest{Cost: st.cost, Extra: st.extra, MaxWait: st.maxWait})
+					res, err := s.TakeAt(now, backend.TakeRequest{Cost: st.cost, Extra: st.extra, MaxWait: st.maxWait, Hold: st.hold})
 					if st.err != nil {
 						if !errors.Is(err, st.err) {
 							t.Fatalf("step %d: err = %v, want %v", i, err, st.err)
@@ -187,8 +205,8 @@ func Run(t *testing.T, newStore Factory) {
 					}
 					if res.Granted != st.granted || res.Tokens != st.tokens || res.Wait != st.wait ||
 						!near(res.Remaining, st.remaining) || !near(res.Rate, st.rate) || res.Burst != c.burst {
-						t.Fatalf("step %d: take(cost %d, extra %d, maxWait %v) at +%v = %+v\nwant granted %v tokens %d wait %v remaining %v rate %v burst %d",
-							i, st.cost, st.extra, st.maxWait, st.at, res, st.granted, st.tokens, st.wait, st.remaining, st.rate, c.burst)
+						t.Fatalf("step %d: take(cost %d, extra %d, maxWait %v, hold %v) at +%v = %+v\nwant granted %v tokens %d wait %v remaining %v rate %v burst %d",
+							i, st.cost, st.extra, st.maxWait, st.hold, st.at, res, st.granted, st.tokens, st.wait, st.remaining, st.rate, c.burst)
 					}
 				case refund:
 					if err := s.RefundAt(now, st.n); err != nil {

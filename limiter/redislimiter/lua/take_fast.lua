@@ -3,7 +3,8 @@
 -- and decides the plain takes without the prelude. A take on a bucket with no
 -- override hash, no warm-up configured, no class fields in its state (no
 -- reservation of a class to jump) and no pause, whose cost is within the burst,
--- is decided here exactly as the full take below would decide it: granted at
+-- and no hold (ARGV[12], a lease's: the full take charges it), is decided
+-- here exactly as the full take below would decide it: granted at
 -- once (any class), or, for the normal class, reserved or refused by the
 -- horizon. The script then returns before the prelude runs; anything else goes
 -- on to the full take, which uses TAKE_NOW as its time, TAKE_ST as the state
@@ -44,6 +45,7 @@ do
   if n > 0 then h = redis.call('HGETALL', KEYS[1]) else h = {} end
   TAKE_NOOV = n == 0 or (n == 1 and #h > 0)
   if ARGV[8] then rank = tonumber(ARGV[8]) or 1 end
+  if ARGV[12] and ARGV[12] ~= '0' then plain = false end -- a hold: the full take
   for i = 1, #h, 2 do
     local f = h[i]
     if f == 'tokens' then st[1] = h[i + 1]
