@@ -19,9 +19,7 @@ import (
 // that is longer, so that the whole fleet's refills stay near Calls per
 // second however many replicas share the bucket. A replica whose lease
 // runs dry soon after a refill is short of tokens, not of demand: its next
-// batch doubles (while the bucket reserves its refills, up to twice its
-// fair share of the period, so that the fleet's reservations queued ahead
-// of a caller stay short), and covers at least its fair share (rate ÷ replicas) over
+// batch doubles, and covers at least its fair share (rate ÷ replicas) over
 // the last refill's round trip, so that slow answers do not hold it to a
 // batch per round trip. It is capped at MaxBatch and the burst less what
 // the bucket refills within Hold. Before the first second of demand is
@@ -156,10 +154,6 @@ type leasePool struct {
 	lastBatch int
 	// lastTrip is how long the last refill's answer took to come back.
 	lastTrip time.Duration
-	// lastWaited is set when the last refill was reserved: the bucket
-	// had no tokens for it, every replica's refills queue behind each
-	// other's.
-	lastWaited bool
 }
 
 // leaseBatch is one refill's tokens still leased, and the instant on the
@@ -399,11 +393,10 @@ func (p *leasePool) fill(w *leaseWaiter, tokens int, until time.Time) {
 }
 
 // tripped records how long a refill's answer took to come back from the
-// store, and whether the store reserved it (waited: the bucket had no
-// tokens for it).
-func (p *leasePool) tripped(d time.Duration, waited bool) {
+// store.
+func (p *leasePool) tripped(d time.Duration) {
 	p.mu.Lock()
-	p.lastTrip, p.lastWaited = d, waited
+	p.lastTrip = d
 	p.mu.Unlock()
 }
 
@@ -491,8 +484,7 @@ func (p *leasePool) extra(cost int) int {
 // demand over the lease period, max(Fraction s, replicas ÷ Calls s). A
 // replica whose lease ran dry less than half a period after the last
 // refill is short of tokens, not of demand (its demand is measured by
-// what it could spend): its batch doubles (up to twice its fair share of
-// a period when the last refill was reserved), and covers at least its fair
+// what it could spend): its batch doubles, and covers at least its fair
 // share (rate ÷ replicas) over the last refill's round trip, since a
 // replica that waits a round trip for each batch gets at most a batch per
 // round trip; all up to the cap, rate × period, MaxBatch and the burst
@@ -511,15 +503,7 @@ func (p *leasePool) extraLocked(cost int) int {
 	}
 	batch := min(demand, rate) * period
 	if p.lastBatch > 0 && now.Sub(p.lastFill).Seconds() < period/2 {
-		grown := 2 * float64(p.lastBatch)
-		if p.lastWaited {
-			// A saturated bucket reserves every replica's refill behind
-			// the others': a batch past twice the fair share of a
-			// period would make every caller of the fleet wait for the
-			// others' large batches (the reservations ahead of its own).
-			grown = min(grown, 2*rate/replicas*period)
-		}
-		batch = max(batch, grown, rate/replicas*p.lastTrip.Seconds())
+		batch = max(batch, 2*float64(p.lastBatch), rate/replicas*p.lastTrip.Seconds())
 	}
 	floor := float64(p.opts.MinBatch)
 	if min(demand, rate)*replicas >= p.opts.Calls {
