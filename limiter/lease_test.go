@@ -101,14 +101,8 @@ func TestLeaseServesCallersInOrder(t *testing.T) {
 // short: the rest goes back. Its first lease,
 // before any demand is measured, is the fair share's: 10,000/s × 25 ms.
 func TestLeaseFollowsDemand(t *testing.T) {
-	clk := clocktest.New(storetest.Base)
-	cs := newClockedStore(t, clk, 1e6, 1e5, 100)
-	s := &slowStore{clockedStore: cs}
-	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, cs.watched)
+	clk, s, b := leasedBucket(t, 1e6, 1e5, 100, limiter.LeaseOptions{Idle: time.Hour}) // learns the 100 replicas
 	ctx := context.Background()
-	if _, err := b.State(ctx); err != nil { // learns the 100 replicas
-		t.Fatal(err)
-	}
 	for range 100 { // 1 s: 4 tokens every 10 ms
 		for range 4 {
 			if err := b.Wait(ctx, 1); err != nil {
@@ -144,13 +138,8 @@ func TestLeaseFollowsDemand(t *testing.T) {
 // since ten Waits at one instant run each lease dry at once, the next
 // doubles: leases of 2, 4 and 8, three calls for ten tokens.
 func TestLeaseStaysOnWhereItHelps(t *testing.T) {
-	clk := clocktest.New(storetest.Base)
-	s := newClockedStore(t, clk, 1e4, 1e3, 100)
-	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, s.watched)
+	_, s, b := leasedBucket(t, 1e4, 1e3, 100, limiter.LeaseOptions{Idle: time.Hour}) // learns the 100 replicas
 	ctx := context.Background()
-	if _, err := b.State(ctx); err != nil { // learns the 100 replicas
-		t.Fatal(err)
-	}
 	for range 10 {
 		if err := b.Wait(ctx, 1); err != nil {
 			t.Fatal(err)
@@ -170,14 +159,8 @@ func TestLeaseStaysOnWhereItHelps(t *testing.T) {
 // deadline, is given back and its caller asks again, without a batch (its
 // demand over 2 s is too low for one), and goes out with that answer.
 func TestLeaseCoversTheRoundTrip(t *testing.T) {
-	clk := clocktest.New(storetest.Base)
-	cs := newClockedStore(t, clk, 1e6, 1e5, 1000)
-	s := &slowStore{clockedStore: cs}
-	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, cs.watched)
+	clk, s, b := leasedBucket(t, 1e6, 1e5, 1000, limiter.LeaseOptions{Idle: time.Hour}) // learns the 1,000 replicas
 	ctx := context.Background()
-	if _, err := b.State(ctx); err != nil { // learns the 1,000 replicas
-		t.Fatal(err)
-	}
 	s.lags.mu.Lock()
 	s.lags.d = []time.Duration{2 * time.Second, 2 * time.Second, 2 * time.Second}
 	s.lags.mu.Unlock()
@@ -215,13 +198,8 @@ func TestLeaseCoversTheRoundTrip(t *testing.T) {
 // and the bucket refilled to its burst meanwhile): 9 + 99 + 1,000. Charged
 // as of +10 ms, the lease leaves the other replica 89: 1,098.
 func TestLeaseSpentLateKeepsTheWindow(t *testing.T) {
-	clk := clocktest.New(storetest.Base)
-	s := newClockedStore(t, clk, 1000, 100, 1)
-	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, s.watched)
+	clk, s, b := leasedBucket(t, 1000, 100, 1, limiter.LeaseOptions{Idle: time.Hour})
 	ctx := context.Background()
-	if _, err := b.State(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if err := b.Wait(ctx, 1); err != nil { // the lease, at +0
 		t.Fatal(err)
 	}
@@ -264,13 +242,8 @@ func TestLeaseSpentLateKeepsTheWindow(t *testing.T) {
 // its deadline, and a caller at +15 ms asks the store: they used to stay
 // leased, without use, for Idle.
 func TestLeasePastItsDeadlineGoesBack(t *testing.T) {
-	clk := clocktest.New(storetest.Base)
-	s := newClockedStore(t, clk, 1000, 100, 1)
-	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, s.watched)
+	clk, s, b := leasedBucket(t, 1000, 100, 1, limiter.LeaseOptions{Idle: time.Hour})
 	ctx := context.Background()
-	if _, err := b.State(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if err := b.Wait(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -292,15 +265,9 @@ func TestLeasePastItsDeadlineGoesBack(t *testing.T) {
 // those 3 (its caller's 1 among them) and gives back the other 7, without
 // asking again. A lease's late answer used to go out whole.
 func TestLateLeaseKeepsWhatFits(t *testing.T) {
-	clk := clocktest.New(storetest.Base)
-	cs := newClockedStore(t, clk, 1000, 100, 1)
-	s := &slowStore{clockedStore: cs, lags: answerLags{d: []time.Duration{66 * time.Millisecond}}}
-	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour, Hold: 2 * time.Millisecond}}, cs.watched)
+	clk, s, b := leasedBucket(t, 1000, 100, 1, limiter.LeaseOptions{Idle: time.Hour, Hold: 2 * time.Millisecond}, 66*time.Millisecond)
 	ctx := context.Background()
-	if _, err := b.State(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cs.mem().TakeAt(clk.Now(), limiter.TakeRequest{Cost: 60}); err != nil {
+	if _, err := s.mem().TakeAt(clk.Now(), limiter.TakeRequest{Cost: 60}); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -310,7 +277,22 @@ func TestLateLeaseKeepsWhatFits(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if n, r, left := cs.takes.Load(), cs.refunded.Load(), limiter.LeaseTokens(b); n != 1 || r != 7 || left != 2 {
+	if n, r, left := s.takes.Load(), s.refunded.Load(), limiter.LeaseTokens(b); n != 1 || r != 7 || left != 2 {
 		t.Fatalf("%d store calls, %d tokens given back, %d leased; want 1, 7 and 2", n, r, left)
 	}
+}
+
+// leasedBucket returns a Bucket leasing with opts on a clocked store of
+// rate, burst and replicas whose answers lag by lags in turn (slowStore),
+// once its State has learnt the replicas.
+func leasedBucket(t *testing.T, rate float64, burst int, replicas int, opts limiter.LeaseOptions, lags ...time.Duration) (*clocktest.Clock, *slowStore, *limiter.Bucket) {
+	t.Helper()
+	clk := clocktest.New(storetest.Base)
+	cs := newClockedStore(t, clk, rate, burst, replicas)
+	s := &slowStore{clockedStore: cs, lags: answerLags{d: lags}}
+	b := newClockedBucket(t, clk, s, limiter.Options{Lease: opts}, cs.watched)
+	if _, err := b.State(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return clk, s, b
 }
