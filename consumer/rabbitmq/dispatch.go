@@ -31,9 +31,9 @@ type run struct {
 	acks *ackQueue
 	// inflight counts the deliveries taken and not yet settled.
 	inflight atomic.Int64
-	// busy counts the deliveries taken whose handler has not returned
-	// (inflight without those waiting for their dedupe mark). With
-	// markRoom, serve takes a delivery only while busy is under Prefetch
+	// busy counts, with markRoom, the deliveries taken whose handler has
+	// not returned (inflight without those waiting for their dedupe
+	// mark); serve takes a delivery only while busy is under Prefetch
 	// (full), and freed (capacity 1) wakes it when a handler returns.
 	busy     atomic.Int64
 	markRoom bool
@@ -217,7 +217,9 @@ type dispatcher struct {
 // dispatch queues it for a worker.
 func (p *dispatcher) dispatch(it item) {
 	p.inflight.Add(1)
-	p.busy.Add(1)
+	if p.markRoom {
+		p.busy.Add(1)
+	}
 	kit.ObserveReceived(p.cfg.Observer, it.msg)
 	p.wg.Add(1)
 	p.mu.Lock()
@@ -251,8 +253,8 @@ func (p *dispatcher) run1(it item) {
 // mark: in flight still), and wakes serve's gate (markRoom).
 func (r *run) handled() {
 	r.inflight.Add(-1)
-	r.busy.Add(-1)
 	if r.markRoom {
+		r.busy.Add(-1)
 		select {
 		case r.freed <- struct{}{}:
 		default:
