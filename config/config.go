@@ -380,6 +380,11 @@ type RabbitMQ struct {
 	// Concurrency is how many messages are handled in parallel. Zero
 	// means the consumer's default, Prefetch; not 0 in YAML.
 	Concurrency int `yaml:"concurrency,omitempty" check:"nonzero"`
+	// AckDelay is how long a settled delivery's ack may wait to go out
+	// with others as one multiple ack (rabbitmq.Config.AckDelay). Zero
+	// means the consumer's default, 1ms; not 0 in YAML; negative, such as
+	// -1ms, acks each delivery on its own at once.
+	AckDelay Duration `yaml:"ack_delay,omitempty" check:"nonzero"`
 	// Declare makes the consumer declare the queue (durable) and a
 	// dead-letter exchange and queue.
 	Declare bool `yaml:"declare"`

@@ -458,6 +458,7 @@ func (r *RabbitMQ) consumerConfig(ps *problems, opts consumer.Options, readFiles
 		TLS:                r.TLS.clientConfig(ps, key+".tls", readFiles),
 		Queue:              r.Queue,
 		Prefetch:           r.Prefetch,
+		AckDelay:           time.Duration(r.AckDelay),
 		Declare:            r.Declare,
 		DeadLetterExchange: r.DeadLetterExchange,
 		Options:            opts,

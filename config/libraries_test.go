@@ -92,11 +92,11 @@ delivery: {max_attempts: 3, backoff: 1s, drain_timeout: 5s, max_set_aside: 2m}
 func TestLibrariesRabbitMQAndPostgres(t *testing.T) {
 	lib := libs(t, mustParse(t, `
 limit: {bucket: b, rate: 5, cost_header: x-cost}
-source: {rabbitmq: {url: "amqps://u:p@h/", queue: q, prefetch: 20, declare: true, ordering: none, tls: {enabled: true}}}
+source: {rabbitmq: {url: "amqps://u:p@h/", queue: q, prefetch: 20, ack_delay: -1ms, declare: true, ordering: none, tls: {enabled: true}}}
 sink: {postgres: {dsn: "postgres://h/db", table: sent, create_table: true, id_header: x-id}}
 `, nil))
 	q := lib.RabbitMQ
-	if q == nil || lib.Kafka != nil || q.URL != "amqps://u:p@h/" || q.Queue != "q" || q.Prefetch != 20 || !q.Declare ||
+	if q == nil || lib.Kafka != nil || q.URL != "amqps://u:p@h/" || q.Queue != "q" || q.Prefetch != 20 || q.AckDelay != -time.Millisecond || !q.Declare ||
 		q.Concurrency != 0 || q.TLS == nil || q.Ordering != consumer.OrderNone || q.Cost == nil {
 		t.Fatalf("RabbitMQ = %+v", q)
 	}

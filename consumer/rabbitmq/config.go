@@ -85,6 +85,19 @@ type Config struct {
 	// unacknowledged, and redelivered after a crash (those already marked
 	// are acked without a send).
 	Prefetch int
+	// AckDelay is how long the ack of a settled delivery may wait, so
+	// that the acks of the deliveries settled meanwhile go out together,
+	// as one Ack with multiple set: one frame and one write for many
+	// messages, on this process and on the broker. A delivery is acked
+	// only once it is settled (delivered, dead-lettered or set aside), as
+	// without it; one settled while a lower one is still being handled
+	// is acked on its own after one to two AckDelays. The price: a
+	// delivery holds its place of Prefetch until its ack, and a crash
+	// redelivers, and so sends again, the messages settled in the last
+	// AckDelay or two (at 1,000 messages a second and the default, about
+	// 2). Default DefaultAckDelay (1ms), at most 1s; negative: each
+	// delivery is acked on its own at once.
+	AckDelay time.Duration
 	// Declare makes the Consumer declare its topology on every connect: the
 	// queue, durable, with x-dead-letter-exchange set to
 	// DeadLetterExchange; that exchange, fanout and durable; and the queue
@@ -161,6 +174,9 @@ func (c Config) check() (amqp.URI, []error) {
 	if c.Prefetch < 0 || c.Prefetch > 65535 {
 		bad("Prefetch", "%d must be between 1 and 65535 (0: default %d)", c.Prefetch, DefaultPrefetch)
 	}
+	if c.AckDelay > maxAckDelay {
+		bad("AckDelay", "%v is over %v (negative: each delivery acked on its own at once)", c.AckDelay, maxAckDelay)
+	}
 	if c.ReconnectBackoff < 0 {
 		bad("ReconnectBackoff", "%v must not be negative", c.ReconnectBackoff)
 	}
@@ -194,6 +210,7 @@ func (c Config) withDefaults() (Config, amqp.URI, string, error) {
 	if c.DeadLetterExchange == "" && c.Declare {
 		c.DeadLetterExchange = c.Queue + ".dlx"
 	}
+	c.AckDelay = cmp.Or(c.AckDelay, DefaultAckDelay)
 	c.ReconnectBackoff = cmp.Or(c.ReconnectBackoff, DefaultReconnectBackoff)
 	c.MaxReconnectBackoff = cmp.Or(c.MaxReconnectBackoff, DefaultMaxReconnectBackoff)
 	opts, err := kit.WithDefaults(c.Options)

@@ -201,6 +201,7 @@ func (r *run) handleOnce(ctx context.Context, it *item, pub publisher) (again bo
 				append(attrs, slog.String("err", err.Error()))...)
 			return
 		}
+		r.settledAlone(d)
 		r.proc.DeadLettered(ctx, it.msg, out, append(attrs, slog.String(kit.KeyDestination, "the queue's own dead-letter exchange (nack)"))...)
 	default:
 		dlx := r.cfg.DeadLetterExchange
@@ -305,7 +306,7 @@ func (r *run) publishThenAck(ctx context.Context, d *amqp.Delivery, pub publishe
 			return false
 		}
 	}
-	if err := d.Ack(false); err != nil {
+	if err := r.settle(d); err != nil {
 		// The copy is out; the broker redelivers the original, which may
 		// then be published twice.
 		r.log.LogAttrs(ctx, slog.LevelWarn, "ack after writing failed; the broker will redeliver the message",
@@ -317,12 +318,34 @@ func (r *run) publishThenAck(ctx context.Context, d *amqp.Delivery, pub publishe
 // ack acks d; a failure is logged, with attrs (requeueAttrs when nil):
 // the channel closed, and the broker redelivers the message.
 func (r *run) ack(ctx context.Context, d *amqp.Delivery, attrs []slog.Attr) {
-	if err := d.Ack(false); err != nil {
+	if err := r.settle(d); err != nil {
 		if attrs == nil {
 			attrs = requeueAttrs(d)
 		}
 		r.log.LogAttrs(ctx, slog.LevelWarn, "ack failed; the broker will redeliver the message",
 			append(attrs, slog.String("err", err.Error()))...)
+	}
+}
+
+// settle acks d: through the session's ackBatcher when d came on its
+// channel (a failure is then logged by the batcher, and settle reports
+// nil), or on its own at once.
+func (r *run) settle(d *amqp.Delivery) error {
+	if b := r.batch.Load(); b != nil && b.ch == d.Acknowledger && b.add(d.DeliveryTag) {
+		return nil
+	}
+	if err := d.Ack(false); err != nil {
+		return err
+	}
+	r.settledAlone(d)
+	return nil
+}
+
+// settledAlone tells the session's ackBatcher that d was settled by a
+// call of its own, so that its multiple acks may pass it.
+func (r *run) settledAlone(d *amqp.Delivery) {
+	if b := r.batch.Load(); b != nil && b.ch == d.Acknowledger {
+		b.settled(d.DeliveryTag)
 	}
 }
 
@@ -336,5 +359,6 @@ func (r *run) requeue(d *amqp.Delivery, attrs []slog.Attr) {
 			append(attrs, slog.String("err", err.Error()))...)
 		return
 	}
+	r.settledAlone(d)
 	r.log.LogAttrs(context.Background(), slog.LevelDebug, "message requeued unfinished", attrs...)
 }

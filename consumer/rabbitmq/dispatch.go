@@ -38,6 +38,9 @@ type run struct {
 	busy     atomic.Int64
 	markRoom bool
 	freed    chan struct{}
+	// batch batches the acks of the current session's channel (nil with
+	// a negative AckDelay, or between sessions).
+	batch atomic.Pointer[ackBatcher]
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled when a delivery may start, or at stop
@@ -277,6 +280,14 @@ func (r *run) serve(ctx context.Context, s *session) error {
 	sctx, cancel := context.WithCancel(r.hctx)
 	defer cancel()
 	p := &dispatcher{run: r, ctx: sctx, pub: s.pub}
+	if b := newAckBatcher(s.ch, r.cfg.AckDelay, r.log); b != nil {
+		go b.run()
+		r.batch.Store(b)
+		// The acks still waiting go out before the channel closes (on a
+		// broken one they fail, and the broker redelivers them).
+		defer b.stop()
+		defer r.batch.CompareAndSwap(b, nil)
+	}
 	broken := func(err error) error {
 		// The deliveries that wait are the broker's again: none starts.
 		p.stopping.Store(true)
@@ -350,6 +361,9 @@ func (r *run) shutdown(s *session, p *dispatcher, cancelSession context.CancelFu
 	r.drain()
 	close(stopWatch)
 	<-watchDone
+	if b := r.batch.Load(); b != nil {
+		b.stop() // the acks still waiting, before the channel closes
+	}
 	s.close()
 	<-cancelled
 	r.log.Info(kit.LogStopped, "url", r.url)

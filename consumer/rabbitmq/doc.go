@@ -33,7 +33,11 @@
 //     closed): Nack with requeue, so that the broker delivers it again.
 //
 // Acks go to the channel the delivery came from. When that channel has
-// closed they fail, and the broker redelivers the message anyway.
+// closed they fail, and the broker redelivers the message anyway. They go
+// out in batches (Config.AckDelay, default 1ms): the acks of deliveries
+// settled within about a millisecond of one another are one Ack with
+// multiple set, up to the highest delivery tag below which every delivery
+// is settled; nothing is acked before it is settled.
 //
 // # Connection
 //

@@ -1,0 +1,99 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/rabbitmq"
+)
+
+// TestBatchedAcksOnTheBroker runs deliveries that settle out of order
+// (handlers of random lengths, every seventh message dead-lettered, which
+// publishes a copy and then acks) with the default AckDelay: every
+// message is handled once, none is redelivered (a batched ack naming a
+// tag the broker no longer knows would close the channel and redeliver
+// the rest), and the queue is empty once Run returned; with acks one by
+// one (a negative AckDelay) the same holds.
+func TestBatchedAcksOnTheBroker(t *testing.T) {
+	for _, delay := range []time.Duration{0, -1} {
+		name := "batched"
+		if delay < 0 {
+			name = "one by one"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			const n = 600
+			b := newBroker(t)
+			q := b.declareQueue(t)
+			ids := b.publish(t, q, n)
+			var (
+				mu       sync.Mutex
+				calls    = map[string]int{}
+				redeliv  int
+				endedAll = make(chan struct{})
+				ended    int
+			)
+			end := func() {
+				mu.Lock()
+				defer mu.Unlock()
+				if ended++; ended == n {
+					close(endedAll)
+				}
+			}
+			obs := &consumer.MessageObserver{
+				Delivered:    func(consumer.Message) { end() },
+				DeadLettered: func(consumer.Message, error) { end() },
+			}
+			errPoison := errors.New("poison")
+			h := func(_ context.Context, msg consumer.Message) error {
+				mu.Lock()
+				calls[msg.Source.MessageID]++
+				if msg.Source.Redelivered {
+					redeliv++
+				}
+				mu.Unlock()
+				time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+				if strings.HasSuffix(msg.Source.MessageID, "7") {
+					return consumer.Permanent(errPoison)
+				}
+				return nil
+			}
+			c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Declare: true, Prefetch: 60, AckDelay: delay,
+				Options: consumer.Options{Concurrency: 40, Observer: obs}}, h)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			wait := runAll(t, ctx, c.Run)
+			select {
+			case <-endedAll:
+			case <-time.After(30 * time.Second):
+				mu.Lock()
+				defer mu.Unlock()
+				t.Fatalf("%d of %d messages ended after 30s", ended, n)
+			}
+			cancel()
+			wait()
+			mu.Lock()
+			defer mu.Unlock()
+			for _, id := range ids {
+				if calls[id] != 1 {
+					t.Errorf("%s handled %d times, want once", id, calls[id])
+				}
+			}
+			if redeliv != 0 {
+				t.Errorf("%d redeliveries, want 0", redeliv)
+			}
+			if got := b.waitReady(t, q, 0); got != 0 {
+				t.Errorf("%d messages back in the queue after Run returned, want 0 (all acked)", got)
+			}
+			if got := b.waitReady(t, q+".dlq", n/10); got != n/10 {
+				t.Errorf("%d dead letters, want %d", got, n/10)
+			}
+		})
+	}
+}
