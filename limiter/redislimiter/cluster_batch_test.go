@@ -31,7 +31,7 @@ type testCluster struct {
 // test's own on free loopback ports, joins them with `redis-cli --cluster
 // create` and waits until each reports cluster_state:ok. The servers go
 // with the test.
-func privateCluster(t *testing.T) *testCluster {
+func privateCluster(t testing.TB) *testCluster {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -93,7 +93,7 @@ func privateCluster(t *testing.T) *testCluster {
 
 // master returns the index of the master that holds key now, as the
 // nodes' slot map has it (not the client's).
-func (c *testCluster) master(t *testing.T, key string) int {
+func (c *testCluster) master(t testing.TB, key string) int {
 	t.Helper()
 	ctx := context.Background()
 	slot := c.masters[0].ClusterKeySlot(ctx, key).Val()
@@ -148,7 +148,7 @@ func (c *testCluster) moveSlot(t *testing.T, key string, from, to int) {
 
 // scriptCalls returns the calls of EVALSHA and EVAL on each master since
 // the last CONFIG RESETSTAT (INFO commandstats).
-func (c *testCluster) scriptCalls(t *testing.T) []int64 {
+func (c *testCluster) scriptCalls(t testing.TB) []int64 {
 	t.Helper()
 	out := make([]int64, len(c.masters))
 	for i, m := range c.masters {
@@ -168,7 +168,29 @@ func (c *testCluster) scriptCalls(t *testing.T) []int64 {
 	return out
 }
 
-func (c *testCluster) resetStats(t *testing.T) {
+// usedCPU returns the CPU time the masters have used (used_cpu_user and
+// used_cpu_sys of INFO cpu, summed).
+func (c *testCluster) usedCPU(t testing.TB) time.Duration {
+	t.Helper()
+	var sec float64
+	for _, m := range c.masters {
+		info, err := m.Info(context.Background(), "cpu").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			for _, f := range []string{"used_cpu_user:", "used_cpu_sys:"} {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), f); ok {
+					x, _ := strconv.ParseFloat(v, 64)
+					sec += x
+				}
+			}
+		}
+	}
+	return time.Duration(sec * float64(time.Second))
+}
+
+func (c *testCluster) resetStats(t testing.TB) {
 	t.Helper()
 	for _, m := range c.masters {
 		if err := m.ConfigResetStat(context.Background()).Err(); err != nil {
@@ -179,7 +201,7 @@ func (c *testCluster) resetStats(t *testing.T) {
 
 // clusterKeyed returns a Layered of its own bucket on c's client with
 // layer, its only layer: a Cluster batch's step (clusterStep).
-func clusterKeyed(t *testing.T, c *testCluster, layer limiter.Layer) *Layered {
+func clusterKeyed(t testing.TB, c *testCluster, layer limiter.Layer) *Layered {
 	t.Helper()
 	s, err := New(c.client, Config{Bucket: fmt.Sprintf("test-%d", time.Now().UnixNano()), Rate: 1000, Burst: 1000})
 	if err != nil {
@@ -198,7 +220,7 @@ func clusterKeyed(t *testing.T, c *testCluster, layer limiter.Layer) *Layered {
 // pendings returns one leased request (SkipShared) per key, of cost 1,
 // ready for the batcher's send; with a holder, the i-th request's holder is
 // holder-i.
-func pendings(t *testing.T, l *Layered, holder string, keys ...string) []*layerPending {
+func pendings(t testing.TB, l *Layered, holder string, keys ...string) []*layerPending {
 	t.Helper()
 	out := make([]*layerPending, len(keys))
 	for i, k := range keys {
@@ -469,5 +491,57 @@ func TestKeyedClusterScriptStandalone(t *testing.T) {
 		if got != want {
 			t.Fatalf("step %d: %q, layersKeyedScript %q", step, got, want)
 		}
+	}
+}
+
+// BenchmarkClusterBatch sends batches of 40 leased requests, over 100,000
+// keys, on a private 3-master Cluster: one script call per master (what a
+// batch sends) against one call per request (what a batch sent before, and
+// its fallback). It reports Redis's CPU per request (used_cpu_user and
+// used_cpu_sys, summed over the masters) and script calls per request.
+func BenchmarkClusterBatch(b *testing.B) {
+	c := privateCluster(b)
+	ctx := context.Background()
+	const per, keys = 40, 100000
+	for _, grouped := range []bool{false, true} {
+		b.Run(map[bool]string{false: "one-call-each", true: "one-call-per-master"}[grouped], func(b *testing.B) {
+			l := clusterKeyed(b, c, limiter.Layer{Name: "per-key", Keyed: true, Rate: 1000, Burst: 1000})
+			next := 0
+			batch := func() []*layerPending {
+				ks := make([]string, per)
+				for i := range ks {
+					ks[i] = fmt.Sprint("+1555", next%keys)
+					next += 7919 // prime: every key in turn
+				}
+				return pendings(b, l, "", ks...)
+			}
+			send := func(qs []*layerPending) {
+				if !grouped {
+					l.batch.sendEach(ctx, time.Time{}, c.client.Pipeline(), nil, qs)
+				} else if rest := l.batch.sendByMaster(ctx, time.Time{}, c.client, c.client.Pipeline(), nil, qs); len(rest) > 0 {
+					b.Fatalf("%d requests not run", len(rest))
+				}
+				for _, q := range qs {
+					if q.err != nil || !q.res.Granted {
+						b.Fatalf("%+v, %v; want granted", q.res, q.err)
+					}
+				}
+			}
+			send(batch()) // loads the script
+			c.resetStats(b)
+			cpu := c.usedCPU(b)
+			n := 0
+			for b.Loop() {
+				send(batch())
+				n++
+			}
+			cpu = c.usedCPU(b) - cpu
+			var calls int64
+			for _, v := range c.scriptCalls(b) {
+				calls += v
+			}
+			b.ReportMetric(float64(cpu.Microseconds())/float64(n*per), "redis-µs/req")
+			b.ReportMetric(float64(calls)/float64(n*per), "scripts/req")
+		})
 	}
 }

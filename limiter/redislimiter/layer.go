@@ -89,8 +89,9 @@ type Layered struct {
 	batch *layerBatcher
 	// clusterStep, on a Cluster, is the one step of a request that leaves
 	// the shared bucket out (leased), when that step is keyedOnly: its
-	// calls go through batch, one script call each in a pipeline split by
-	// master. nil when there is no such step.
+	// calls go through batch, one script call per master for the requests
+	// whose keys it holds (layerBatcher.sendCluster). nil when there is no
+	// such step.
 	clusterStep *step
 	// noCrossSlot is set once a Cluster's master refused
 	// layersKeyedClusterScript for its flags (a Redis before 7): the
