@@ -494,54 +494,63 @@ func TestKeyedClusterScriptStandalone(t *testing.T) {
 	}
 }
 
-// BenchmarkClusterBatch sends batches of 40 leased requests, over 100,000
-// keys, on a private 3-master Cluster: one script call per master (what a
-// batch sends) against one call per request (what a batch sent before, and
-// its fallback). It reports Redis's CPU per request (used_cpu_user and
-// used_cpu_sys, summed over the masters) and script calls per request.
+// BenchmarkClusterBatch sends batches of 6 and of 40 leased requests (6:
+// about what 8 callers on a replica queue behind a call in flight), over
+// 100,000 keys, on a private 3-master Cluster: one script call per master
+// (what a batch sends) against one call per request (what a batch sent
+// before, and its fallback). It reports Redis's CPU per request
+// (used_cpu_user and used_cpu_sys, summed over the masters) and script
+// calls per request.
 func BenchmarkClusterBatch(b *testing.B) {
 	c := privateCluster(b)
-	ctx := context.Background()
-	const per, keys = 40, 100000
-	for _, grouped := range []bool{false, true} {
-		b.Run(map[bool]string{false: "one-call-each", true: "one-call-per-master"}[grouped], func(b *testing.B) {
-			l := clusterKeyed(b, c, limiter.Layer{Name: "per-key", Keyed: true, Rate: 1000, Burst: 1000})
-			next := 0
-			batch := func() []*layerPending {
-				ks := make([]string, per)
-				for i := range ks {
-					ks[i] = fmt.Sprint("+1555", next%keys)
-					next += 7919 // prime: every key in turn
-				}
-				return pendings(b, l, "", ks...)
-			}
-			send := func(qs []*layerPending) {
-				if !grouped {
-					l.batch.sendEach(ctx, time.Time{}, c.client.Pipeline(), nil, qs)
-				} else if rest := l.batch.sendByMaster(ctx, time.Time{}, c.client, c.client.Pipeline(), nil, qs); len(rest) > 0 {
-					b.Fatalf("%d requests not run", len(rest))
-				}
-				for _, q := range qs {
-					if q.err != nil || !q.res.Granted {
-						b.Fatalf("%+v, %v; want granted", q.res, q.err)
-					}
-				}
-			}
-			send(batch()) // loads the script
-			c.resetStats(b)
-			cpu := c.usedCPU(b)
-			n := 0
-			for b.Loop() {
-				send(batch())
-				n++
-			}
-			cpu = c.usedCPU(b) - cpu
-			var calls int64
-			for _, v := range c.scriptCalls(b) {
-				calls += v
-			}
-			b.ReportMetric(float64(cpu.Microseconds())/float64(n*per), "redis-µs/req")
-			b.ReportMetric(float64(calls)/float64(n*per), "scripts/req")
-		})
+	for _, per := range []int{6, 40} {
+		for _, grouped := range []bool{false, true} {
+			name := fmt.Sprintf("batch-%d/%s", per, map[bool]string{false: "one-call-each", true: "one-call-per-master"}[grouped])
+			b.Run(name, func(b *testing.B) { benchClusterBatch(b, c, per, grouped) })
+		}
 	}
+}
+
+// benchClusterBatch is BenchmarkClusterBatch with batches of per
+// requests, grouped by master or not.
+func benchClusterBatch(b *testing.B, c *testCluster, per int, grouped bool) {
+	const keys = 100000
+	ctx := context.Background()
+	l := clusterKeyed(b, c, limiter.Layer{Name: "per-key", Keyed: true, Rate: 1000, Burst: 1000})
+	next := 0
+	batch := func() []*layerPending {
+		ks := make([]string, per)
+		for i := range ks {
+			ks[i] = fmt.Sprint("+1555", next%keys)
+			next += 7919 // prime: every key in turn
+		}
+		return pendings(b, l, "", ks...)
+	}
+	send := func(qs []*layerPending) {
+		if !grouped {
+			l.batch.sendEach(ctx, time.Time{}, c.client.Pipeline(), nil, qs)
+		} else if rest := l.batch.sendByMaster(ctx, time.Time{}, c.client, c.client.Pipeline(), nil, qs); len(rest) > 0 {
+			b.Fatalf("%d requests not run", len(rest))
+		}
+		for _, q := range qs {
+			if q.err != nil || !q.res.Granted {
+				b.Fatalf("%+v, %v; want granted", q.res, q.err)
+			}
+		}
+	}
+	send(batch()) // loads the script
+	c.resetStats(b)
+	cpu := c.usedCPU(b)
+	n := 0
+	for b.Loop() {
+		send(batch())
+		n++
+	}
+	cpu = c.usedCPU(b) - cpu
+	var calls int64
+	for _, v := range c.scriptCalls(b) {
+		calls += v
+	}
+	b.ReportMetric(float64(cpu.Microseconds())/float64(n*per), "redis-µs/req")
+	b.ReportMetric(float64(calls)/float64(n*per), "scripts/req")
 }
