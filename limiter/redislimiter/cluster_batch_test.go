@@ -297,6 +297,34 @@ func TestClusterBatch(t *testing.T) {
 		}
 	})
 
+	// A master that cannot compile the flagged script (a Redis before 7
+	// reads no shebang; here a body that does not compile): the batch
+	// decides every request one call each, and from then on sends no
+	// call per master.
+	t.Run("script not compiled", func(t *testing.T) {
+		l := clusterKeyed(t, c, limiter.Layer{Name: "per-key", Keyed: true, Rate: 100, Burst: 100})
+		l.batch.byMaster = redis.NewScript("return (")
+		batch := pendings(t, l, "", keys...)
+		l.batch.send(ctx, batch, nil)
+		for i, q := range batch {
+			if q.err != nil || !q.res.Granted {
+				t.Fatalf("request %d: %+v, %v; want granted", i, q.res, q.err)
+			}
+		}
+		if !l.noCrossSlot.Load() {
+			t.Fatal("one call per master still on")
+		}
+		c.resetStats(t)
+		l.batch.send(ctx, pendings(t, l, "", keys...), nil)
+		var calls int64
+		for _, n := range c.scriptCalls(t) {
+			calls += n
+		}
+		if calls != int64(len(keys)) {
+			t.Errorf("%d script calls for %d requests, want one each", calls, len(keys))
+		}
+	})
+
 	// The same requests, at the same instants, batched by master on one
 	// bucket and one call each on another: the same results and states.
 	// Some keys come twice or more in a batch; the bucket refuses past its

@@ -191,7 +191,7 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 		noCrossSlot: new(atomic.Bool),
 	}
 	if !s.cfg.NoBatching {
-		l.batch = &layerBatcher{l: l}
+		l.batch = &layerBatcher{l: l, byMaster: layersKeyedClusterScript}
 	}
 	l.slots = backend.HasConcurrency(layers)
 	for i, ly := range layers {

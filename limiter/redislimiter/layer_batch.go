@@ -35,6 +35,9 @@ import (
 // A layerBatcher is safe for concurrent use.
 type layerBatcher struct {
 	l *Layered
+	// byMaster is the script of a Cluster's call per master:
+	// layersKeyedClusterScript (tests set another).
+	byMaster *redis.Script
 
 	mu       sync.Mutex
 	flushing bool // a call is in flight or the head of the queue leads next
@@ -319,7 +322,7 @@ func (b *layerBatcher) sendByMaster(ctx context.Context, at time.Time, cc *redis
 	}
 	for _, g := range groups {
 		g.rkeys, g.args = b.l.keyedArgs(at, st.layers, g.reqs, g.keys, 0, true)
-		g.cmd = layersKeyedClusterScript.EvalSha(ctx, pipe, g.rkeys, g.args...)
+		g.cmd = b.byMaster.EvalSha(ctx, pipe, g.rkeys, g.args...)
 	}
 	_, _ = pipe.Exec(ctx)
 	_ = b.l.releaseReplies(ctx, rel) // a failure leaves the slots to their leases
@@ -327,7 +330,7 @@ func (b *layerBatcher) sendByMaster(ctx context.Context, at time.Time, cc *redis
 	for _, g := range groups {
 		s, err := g.cmd.Text()
 		if redis.HasErrorPrefix(err, "NOSCRIPT") { // this master lost the script: Run loads it
-			s, err = layersKeyedClusterScript.Run(ctx, b.l.client, g.rkeys, g.args...).Text()
+			s, err = b.byMaster.Run(ctx, b.l.client, g.rkeys, g.args...).Text()
 		}
 		if notRun(err) {
 			if err != nil && strings.Contains(err.Error(), "Error compiling script") {
