@@ -18,8 +18,9 @@ import (
 // none in flight is sent at once, alone; calls that arrive meanwhile queue
 // up, and when the flight returns the head of the queue sends them all (up
 // to maxBatch) as one pipeline (see send: on a Cluster, one script call
-// per master). Each request is still decided atomically on its own. A batch is sent on a context without its callers' deadlines, so it
-// is bounded by the client's timeouts; a caller whose ctx ends while queued
+// per master). Each request is still decided atomically on its own. A
+// batch is sent on a context without its callers' deadlines, so it is
+// bounded by the client's timeouts; a caller whose ctx ends while queued
 // leaves the queue at once, and one whose ctx ends while its batch is in
 // flight gets ctx.Err() when the batch returns, its tokens refunded.
 //
@@ -186,8 +187,8 @@ func (b *layerBatcher) recycleLocked(rs []backend.SlotRelease) {
 // takes every layer, in one call of layersKeyedScript; each other request
 // in its own call of layersScript. On a Cluster, one call per master
 // carries the requests whose keys it holds (sendCluster), and the pipeline
-// goes to every master at once. The releases rs go first, in the same pipeline (releaseCmds); their
-// failure leaves the slots to their leases.
+// goes to every master at once. The releases rs go first, in the same
+// pipeline (releaseCmds); their failure leaves the slots to their leases.
 func (b *layerBatcher) send(ctx context.Context, batch []*layerPending, rs []backend.SlotRelease) {
 	pipe := b.l.client.Pipeline()
 	rel := b.l.releaseCmds(ctx, pipe, rs)
