@@ -91,6 +91,19 @@ func privateCluster(t testing.TB) *testCluster {
 	return c
 }
 
+// withNewClient returns c with a cluster client of its own, closed when
+// the test ends.
+func (c *testCluster) withNewClient(t testing.TB) *testCluster {
+	var addrs []string
+	for _, m := range c.masters {
+		addrs = append(addrs, m.Options().Addr)
+	}
+	n := *c
+	n.client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { n.client.Close() })
+	return &n
+}
+
 // master returns the index of the master that holds key now, as the
 // nodes' slot map has it (not the client's).
 func (c *testCluster) master(t testing.TB, key string) int {
@@ -392,6 +405,9 @@ func TestClusterBatch(t *testing.T) {
 	// master's requests, then first (the call is MOVED). Each time every
 	// request is answered, granted, and charged once (its key's tokens).
 	t.Run("slot moved", func(t *testing.T) {
+		// A client of its own, whose slot map is fresh: go-redis reloads
+		// a map 10 s old by itself, which would learn the moves.
+		c := c.withNewClient(t)
 		l := clusterKeyed(t, c, limiter.Layer{Name: "per-key", Keyed: true, Rate: 0.001, Burst: 10, OnExceed: limiter.ActionDeadLetter})
 		at := time.UnixMicro(1_800_000_000_000_000)
 		check := func(round int, batch []*layerPending) {
