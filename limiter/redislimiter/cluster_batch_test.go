@@ -6,6 +6,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -544,7 +545,8 @@ func TestKeyedClusterScriptStandalone(t *testing.T) {
 // (what a batch sends) against one call per request (what a batch sent
 // before, and its fallback). It reports Redis's CPU per request
 // (used_cpu_user and used_cpu_sys, summed over the masters) and script
-// calls per request.
+// calls per request. The parallel-16 runs take through TakeLayers from
+// 16 goroutines, batched as in production, and report msg/s too.
 func BenchmarkClusterBatch(b *testing.B) {
 	c := privateCluster(b)
 	for _, per := range []int{6, 40} {
@@ -553,6 +555,46 @@ func BenchmarkClusterBatch(b *testing.B) {
 			b.Run(name, func(b *testing.B) { benchClusterBatch(b, c, per, grouped) })
 		}
 	}
+	for _, grouped := range []bool{false, true} {
+		b.Run("parallel-16/"+map[bool]string{false: "one-call-each", true: "one-call-per-master"}[grouped], func(b *testing.B) {
+			benchClusterParallel(b, c, grouped)
+		})
+	}
+}
+
+// benchClusterParallel is BenchmarkClusterBatch's parallel-16 run: the
+// batch's call per master on or off (Layered.noCrossSlot).
+func benchClusterParallel(b *testing.B, c *testCluster, grouped bool) {
+	ctx := context.Background()
+	l := clusterKeyed(b, c, limiter.Layer{Name: "per-key", Keyed: true, Rate: 1000, Burst: 1000})
+	l.noCrossSlot.Store(!grouped)
+	var n atomic.Int64
+	take := func() {
+		i := n.Add(7919) // prime: every key in turn
+		res, err := l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, SkipShared: true, Keys: map[string]string{"per-key": fmt.Sprint("+1555", i%100000)}})
+		if err != nil || !res.Granted {
+			b.Fatalf("%+v, %v; want granted", res, err)
+		}
+	}
+	take() // loads the script
+	c.resetStats(b)
+	cpu := c.usedCPU(b)
+	start := time.Now()
+	b.SetParallelism(16 / runtime.GOMAXPROCS(0))
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			take()
+		}
+	})
+	took := time.Since(start)
+	cpu = c.usedCPU(b) - cpu
+	var calls int64
+	for _, v := range c.scriptCalls(b) {
+		calls += v
+	}
+	b.ReportMetric(float64(b.N)/took.Seconds(), "msg/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "redis-µs/req")
+	b.ReportMetric(float64(calls)/float64(b.N), "scripts/req")
 }
 
 // benchClusterBatch is BenchmarkClusterBatch with batches of per
