@@ -134,6 +134,19 @@ func (c *testCluster) master(t testing.TB, key string) int {
 // client is not told: its slot map still names from.
 func (c *testCluster) moveSlot(t *testing.T, key string, from, to int) {
 	t.Helper()
+	slot := c.migrate(t, key, from, to)
+	for _, m := range []*redis.Client{c.masters[to], c.masters[from], c.masters[3-from-to]} {
+		if err := m.Do(context.Background(), "CLUSTER", "SETSLOT", slot, "NODE", c.ids[to]).Err(); err != nil {
+			t.Fatalf("moving slot %d: %v", slot, err)
+		}
+	}
+}
+
+// migrate starts moving the slot of Redis key key from master from to
+// master to, and moves its keys, but leaves the slot from's: from answers
+// ASK for a key it no longer has. It returns the slot.
+func (c *testCluster) migrate(t *testing.T, key string, from, to int) int64 {
+	t.Helper()
 	ctx := context.Background()
 	src, dst := c.masters[from], c.masters[to]
 	slot := src.ClusterKeySlot(ctx, key).Val()
@@ -155,9 +168,7 @@ func (c *testCluster) moveSlot(t *testing.T, key string, from, to int) {
 		}
 		must(src.Do(ctx, args...).Err())
 	}
-	for _, m := range []*redis.Client{dst, src, c.masters[3-from-to]} {
-		must(m.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", c.ids[to]).Err())
-	}
+	return slot
 }
 
 // scriptCalls returns the calls of EVALSHA and EVAL on each master since
@@ -410,6 +421,12 @@ func TestClusterBatch(t *testing.T) {
 		// a map 10 s old by itself, which would learn the moves.
 		c := c.withNewClient(t)
 		l := clusterKeyed(t, c, limiter.Layer{Name: "per-key", Keyed: true, Rate: 0.001, Burst: 10, OnExceed: limiter.ActionDeadLetter})
+		// Every master knows both scripts: a NOSCRIPT would count calls.
+		for _, s := range []*redis.Script{layersKeyedScript, layersKeyedClusterScript} {
+			if err := s.Load(ctx, c.client).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
 		at := time.UnixMicro(1_800_000_000_000_000)
 		check := func(round int, batch []*layerPending) {
 			t.Helper()
@@ -492,6 +509,34 @@ func TestClusterBatch(t *testing.T) {
 		// then "m"); master 2: the rest of its requests one by one.
 		if calls[0] != 2 || calls[1] != 1 || calls[2] != int64(on2) {
 			t.Errorf("script calls per master %v, want [2 1 %d]", calls, on2)
+		}
+
+		// The second request of master 1's: its slot migrating to master
+		// 2, its keys already there, the slot still master 1's, which
+		// answers ASK for them; go-redis follows it to master 2.
+		testenv.Eventually(t, 10*time.Second, "the client's slot map learning the second move", func() bool {
+			m, err := c.client.MasterForKey(ctx, firstLoc)
+			return err == nil && m.Options().Addr == c.masters[0].Options().Addr
+		})
+		batch = pendings(t, l, "", keys[:30]...)
+		var on1 []*layerPending
+		for _, q := range batch {
+			if c.masterOf(t, l, q) == 1 {
+				on1 = append(on1, q)
+			}
+		}
+		if len(on1) < 3 {
+			t.Fatalf("%d of 30 keys on master 1", len(on1))
+		}
+		migLoc, _ := l.bucketLoc(0, on1[1].keys[0])
+		c.migrate(t, migLoc, 1, 2)
+		c.resetStats(t)
+		l.batch.sendCluster(ctx, at, c.client.Pipeline(), nil, batch)
+		calls = c.scriptCalls(t)
+		check(4, batch)
+		// Master 2: its call and, by ASK, the migrating request.
+		if calls[2] < 2 {
+			t.Errorf("script calls per master %v, want master 2 to decide the migrating request", calls)
 		}
 	})
 }
