@@ -89,9 +89,15 @@ type Layered struct {
 	batch *layerBatcher
 	// clusterStep, on a Cluster, is the one step of a request that leaves
 	// the shared bucket out (leased), when that step is keyedOnly: its
-	// calls go through batch, one script call each in a pipeline split by
-	// master. nil when there is no such step.
+	// calls go through batch, one script call per master for the requests
+	// whose keys it holds (layerBatcher.sendCluster). nil when there is no
+	// such step.
 	clusterStep *step
+	// noCrossSlot is set once a Cluster's master refused
+	// layersKeyedClusterScript for its flags (a Redis before 7): the
+	// batch then sends one call per request. Shared by the copies of
+	// WithFair.
+	noCrossSlot *atomic.Bool
 	// fair is nil without fair shares (WithFair); fairShards[fairShard(
 	// TENANT)] holds a tenant's state, fairTotals the class totals and
 	// the bins.
@@ -173,18 +179,19 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 	}
 	_, cluster := s.client.(*redis.ClusterClient)
 	l := &Layered{
-		Store:     s,
-		layers:    layers,
-		cluster:   cluster,
-		keyPrefix: make([]string, len(layers)),
-		keyName:   make([]string, len(layers)),
-		unkeyed:   make([]string, len(layers)),
-		spec:      make([][]any, len(layers)),
-		windows:   make([]atomic.Pointer[[4]int64], len(layers)),
-		shadowKey: newKeys(s.cfg.Prefix, s.cfg.Bucket).shadow,
+		Store:       s,
+		layers:      layers,
+		cluster:     cluster,
+		keyPrefix:   make([]string, len(layers)),
+		keyName:     make([]string, len(layers)),
+		unkeyed:     make([]string, len(layers)),
+		spec:        make([][]any, len(layers)),
+		windows:     make([]atomic.Pointer[[4]int64], len(layers)),
+		shadowKey:   newKeys(s.cfg.Prefix, s.cfg.Bucket).shadow,
+		noCrossSlot: new(atomic.Bool),
 	}
 	if !s.cfg.NoBatching {
-		l.batch = &layerBatcher{l: l}
+		l.batch = &layerBatcher{l: l, byMaster: layersKeyedClusterScript}
 	}
 	l.slots = backend.HasConcurrency(layers)
 	for i, ly := range layers {

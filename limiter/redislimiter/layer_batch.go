@@ -3,6 +3,7 @@ package redislimiter
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,9 +17,10 @@ import (
 // the leased requests of Layered.clusterStep): a call that finds
 // none in flight is sent at once, alone; calls that arrive meanwhile queue
 // up, and when the flight returns the head of the queue sends them all (up
-// to maxBatch) as one pipeline. Each script still runs atomically on its
-// own. A batch is sent on a context without its callers' deadlines, so it
-// is bounded by the client's timeouts; a caller whose ctx ends while queued
+// to maxBatch) as one pipeline (see send: on a Cluster, one script call
+// per master). Each request is still decided atomically on its own. A
+// batch is sent on a context without its callers' deadlines, so it is
+// bounded by the client's timeouts; a caller whose ctx ends while queued
 // leaves the queue at once, and one whose ctx ends while its batch is in
 // flight gets ctx.Err() when the batch returns, its tokens refunded.
 //
@@ -34,6 +36,9 @@ import (
 // A layerBatcher is safe for concurrent use.
 type layerBatcher struct {
 	l *Layered
+	// byMaster is the script of a Cluster's call per master:
+	// layersKeyedClusterScript (tests set another).
+	byMaster *redis.Script
 
 	mu       sync.Mutex
 	flushing bool // a call is in flight or the head of the queue leads next
@@ -180,15 +185,15 @@ func (b *layerBatcher) recycleLocked(rs []backend.SlotRelease) {
 // send decides the requests of batch in one pipeline and sets their
 // answers: the requests that leave the shared bucket out, when keyedOnly
 // takes every layer, in one call of layersKeyedScript; each other request
-// in its own call of layersScript. On a Cluster each request is a call of
-// its own (its key's slot), and the pipeline goes to every master at once.
-// The releases rs go first, in the same pipeline (releaseCmds); their
-// failure leaves the slots to their leases.
+// in its own call of layersScript. On a Cluster, one call per master
+// carries the requests whose keys it holds (sendCluster), and the pipeline
+// goes to every master at once. The releases rs go first, in the same
+// pipeline (releaseCmds); their failure leaves the slots to their leases.
 func (b *layerBatcher) send(ctx context.Context, batch []*layerPending, rs []backend.SlotRelease) {
 	pipe := b.l.client.Pipeline()
 	rel := b.l.releaseCmds(ctx, pipe, rs)
 	if b.l.cluster {
-		b.sendCluster(ctx, pipe, rel, batch)
+		b.sendCluster(ctx, time.Time{}, pipe, rel, batch)
 		return
 	}
 	keyedOnly := b.l.keyedOnly(step{layers: b.l.allLayers})
@@ -215,7 +220,7 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending, rs []bac
 		for j, q := range keyed {
 			kreqs[j], kkeys[j] = q.req, q.keys
 		}
-		krkeys, kargs = b.l.keyedArgs(time.Time{}, b.l.allLayers, kreqs, kkeys, 0)
+		krkeys, kargs = b.l.keyedArgs(time.Time{}, b.l.allLayers, kreqs, kkeys, 0, false)
 		kcmd = layersKeyedScript.EvalSha(ctx, pipe, krkeys, kargs...)
 	}
 	_, _ = pipe.Exec(ctx)
@@ -247,16 +252,124 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending, rs []bac
 	}
 }
 
-// sendCluster is send on a Cluster: one call of layersKeyedScript per
-// request of clusterStep, in pipe, after the releases rel, which go-redis
-// splits by master.
-func (b *layerBatcher) sendCluster(ctx context.Context, pipe redis.Pipeliner, rel []releaseCall, batch []*layerPending) {
+// sendCluster is send on a Cluster, after the releases rel queued on pipe
+// (which go-redis splits by master): the requests of clusterStep grouped
+// by the master that holds their keys, as the client's slot map has it,
+// one call of layersKeyedClusterScript per master, carrying all its
+// requests, as a single node's batch does (sendByMaster). A group that
+// the slot map put on the wrong master (a slot moved or migrating) stops
+// at its first request whose key is not there; those requests, not run,
+// then go one call each, routed by go-redis, which follows MOVED and ASK
+// (sendEach), after the slot map is reloaded. Every request is decided
+// once. The requests are decided at the instant at, or at Redis TIME when
+// at is zero.
+func (b *layerBatcher) sendCluster(ctx context.Context, at time.Time, pipe redis.Pipeliner, rel []releaseCall, batch []*layerPending) {
+	cc, _ := b.l.client.(*redis.ClusterClient)
+	if cc == nil || b.l.noCrossSlot.Load() {
+		b.sendEach(ctx, at, pipe, rel, batch)
+		return
+	}
+	rest := b.sendByMaster(ctx, at, cc, pipe, rel, batch)
+	if len(rest) > 0 {
+		cc.ReloadState(ctx)
+		b.sendEach(ctx, at, b.l.client.Pipeline(), nil, rest)
+	}
+}
+
+// clusterGroup is the requests of a batch whose keys one master holds,
+// and their call.
+type clusterGroup struct {
+	master *redis.Client
+	reqs   []backend.LayerRequest
+	qs     []*layerPending
+	keys   [][]string
+	rkeys  []string
+	args   []any
+	cmd    *redis.Cmd
+}
+
+// sendByMaster sends, in pipe after rel, one call of
+// layersKeyedClusterScript per master for the requests of batch whose
+// keys it holds, sets their answers, and returns the requests that were
+// not run: those that a master did not hold, those that the slot map
+// could not place, and every one when Redis does not know script flags
+// (before Redis 7; Layered.noCrossSlot is then set).
+func (b *layerBatcher) sendByMaster(ctx context.Context, at time.Time, cc *redis.ClusterClient, pipe redis.Pipeliner, rel []releaseCall, batch []*layerPending) []*layerPending {
+	st := *b.l.clusterStep
+	first := st.layers[0]
+	var (
+		groups []*clusterGroup
+		rest   []*layerPending
+	)
+	for _, q := range batch {
+		loc, _ := b.l.bucketLoc(first, q.keys[first])
+		m, err := cc.MasterForKey(ctx, loc)
+		if err != nil {
+			rest = append(rest, q)
+			continue
+		}
+		var g *clusterGroup
+		for _, h := range groups {
+			if h.master == m {
+				g = h
+				break
+			}
+		}
+		if g == nil {
+			g = &clusterGroup{master: m}
+			groups = append(groups, g)
+		}
+		g.qs, g.reqs, g.keys = append(g.qs, q), append(g.reqs, q.req), append(g.keys, q.keys)
+	}
+	for _, g := range groups {
+		g.rkeys, g.args = b.l.keyedArgs(at, st.layers, g.reqs, g.keys, 0, true)
+		g.cmd = b.byMaster.EvalSha(ctx, pipe, g.rkeys, g.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	_ = b.l.releaseReplies(ctx, rel) // a failure leaves the slots to their leases
+	res, errs := make([]backend.LayerResult, len(batch)), make([]error, len(batch))
+	for _, g := range groups {
+		s, err := g.cmd.Text()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") { // this master lost the script: Run loads it
+			s, err = b.byMaster.Run(ctx, b.l.client, g.rkeys, g.args...).Text()
+		}
+		if notRun(err) {
+			if err != nil && strings.Contains(err.Error(), "Error compiling script") {
+				// A Redis before 7 reads no shebang: one call per
+				// request from now on.
+				b.l.noCrossSlot.Store(true)
+			}
+			rest = append(rest, g.qs...)
+			continue
+		}
+		n := b.l.keyedReplies(g.reqs, 0, s, err, res[:len(g.reqs)], errs[:len(g.reqs)])
+		for j, q := range g.qs[:n] {
+			q.res, q.err = res[j], errs[j]
+		}
+		rest = append(rest, g.qs[n:]...)
+	}
+	return rest
+}
+
+// notRun reports whether err is a reply that Redis gives before it runs a
+// script: a redirection that go-redis did not follow to its end, or a
+// script that does not compile.
+func notRun(err error) bool {
+	return redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") ||
+		redis.HasErrorPrefix(err, "CROSSSLOT") || redis.HasErrorPrefix(err, "TRYAGAIN") ||
+		(err != nil && strings.Contains(err.Error(), "Error compiling script"))
+}
+
+// sendEach decides each request of batch in a call of its own (its key's
+// slot), in pipe after the releases rel; go-redis splits the pipeline by
+// master and follows MOVED and ASK.
+func (b *layerBatcher) sendEach(ctx context.Context, at time.Time, pipe redis.Pipeliner, rel []releaseCall, batch []*layerPending) {
 	st := *b.l.clusterStep
 	cmds := make([]*redis.Cmd, len(batch))
 	args := make([][]any, len(batch))
 	rkeys := make([][]string, len(batch))
 	for i, q := range batch {
-		rkeys[i], args[i] = b.l.keyedArgs(time.Time{}, st.layers, []backend.LayerRequest{q.req}, [][]string{q.keys}, 0)
+		rkeys[i], args[i] = b.l.keyedArgs(at, st.layers, []backend.LayerRequest{q.req}, [][]string{q.keys}, 0, false)
 		cmds[i] = layersKeyedScript.EvalSha(ctx, pipe, rkeys[i], args[i]...)
 	}
 	_, _ = pipe.Exec(ctx)

@@ -27,6 +27,18 @@ var layersKeyedScript = redis.NewScript(layersKeyedSrc)
 
 var layersKeyedSrc = mathLua + luaSource("layer_prelude.lua") + luaSource("layers_keyed.lua")
 
+// layersKeyedClusterScript is layersKeyedScript, the same Lua, declaring
+// allow-cross-slot-keys (Redis 7): what a Cluster's batch sends to a
+// master, the requests whose keys it holds, in many slots, in one call
+// (layerBatcher.sendCluster). Redis refuses declared KEYS of several slots
+// (CROSSSLOT) even with the flag, so the call declares one key, which
+// routes it to its master, and carries the requests' keys in ARGV; the
+// script checks, before each request, that this node serves its keys
+// (lua/layers_keyed.lua). A script without flags may touch undeclared keys
+// of other slots too, for compatibility; the flag states it and does not
+// depend on that.
+var layersKeyedClusterScript = redis.NewScript("#!lua flags=allow-cross-slot-keys\n" + layersKeyedSrc)
+
 // keyedOnly reports whether a step can go to layersKeyedScript: it leaves
 // the shared bucket out, its layers are token buckets, concurrency layers
 // and send windows only (no quota or budget, which that script does not
@@ -45,7 +57,10 @@ func (l *Layered) keyedOnly(st step) bool {
 
 // keyedArgs returns the KEYS and ARGV of layersKeyedScript for the requests
 // reqs, whose keys (by layer index) are keys, on the layers of one step.
-func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []backend.LayerRequest, keys [][]string, base time.Duration) ([]string, []any) {
+// With inArgv the keys go in ARGV, each request's after its values, and
+// KEYS is the first of them alone, which routes the call to its master
+// (layersKeyedClusterScript).
+func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []backend.LayerRequest, keys [][]string, base time.Duration, inArgv bool) ([]string, []any) {
 	nowUS, clock := int64(0), at
 	if at.IsZero() {
 		clock = time.Now()
@@ -53,12 +68,17 @@ func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []backend.LayerRequ
 		nowUS = at.UnixMicro()
 	}
 	var rk layerKeys
-	args := make([]any, 0, 3+6*len(layers)+4*len(reqs))
-	args = append(args, nowUS, len(layers))
+	per, mode := 4, ""
+	if inArgv {
+		per, mode = 4+len(layers), "a"
+	}
+	args := make([]any, 0, 4+6*len(layers)+per*len(reqs))
+	args = append(args, nowUS, len(layers), mode)
 	for _, i := range layers {
 		args = append(args, l.spec[i]...) // index, kind, rate, burst, action, max_wait_us
 	}
 	for j, req := range reqs {
+		k0 := len(rk.keys)
 		for _, i := range layers {
 			rk.addLayer(l, i, keys[j][i])
 		}
@@ -71,26 +91,39 @@ func (l *Layered) keyedArgs(at time.Time, layers []int, reqs []backend.LayerRequ
 				args = append(args, backend.FormatSpans(spans))
 			}
 		}
+		if inArgv {
+			for _, k := range rk.keys[k0:] {
+				args = append(args, k)
+			}
+		}
 	}
 	args = append(args, string(rk.fields)) // lua/layers_keyed.lua: last
+	if inArgv && len(rk.keys) > 0 {
+		return rk.keys[:1], args
+	}
 	return rk.keys, args
 }
 
 // keyedReplies turns layersKeyedScript's reply s, or its error, into the
-// results of reqs, in out and errs (of len(reqs)). Without the shared
-// bucket a result's Remaining, Rate and Burst are 0, as layersScript
-// replies then.
-func (l *Layered) keyedReplies(reqs []backend.LayerRequest, base time.Duration, s string, err error, out []backend.LayerResult, errs []error) {
+// results of reqs, in out and errs (of len(reqs)), and returns how many
+// requests it set: all of them, but for a reply that ends with "m" (the
+// keys in ARGV, lua/layers_keyed.lua), after which the requests were not
+// run. Without the shared bucket a result's Remaining, Rate and Burst
+// are 0, as layersScript replies then.
+func (l *Layered) keyedReplies(reqs []backend.LayerRequest, base time.Duration, s string, err error, out []backend.LayerResult, errs []error) int {
 	if err != nil {
 		err = l.fail("take layers", err)
 		for j := range reqs {
 			out[j], errs[j] = backend.LayerResult{}, err
 		}
-		return
+		return len(reqs)
 	}
 	reply := s
 	now, s, ok := nextInt(s)
 	for j, req := range reqs {
+		if ok && s == "m" {
+			return j
+		}
 		var status, wait, idx int64
 		if ok {
 			status, s, ok = nextInt(s)
@@ -107,6 +140,7 @@ func (l *Layered) keyedReplies(reqs []backend.LayerRequest, base time.Duration, 
 		}
 		out[j], errs[j] = l.keyedResult(req, base, status, wait, idx, now)
 	}
+	return len(reqs)
 }
 
 // keyedResult is one request's result from layersKeyedScript, decided
@@ -158,7 +192,7 @@ func nextInt(s string) (int64, string, bool) {
 // takeKeyed decides one request on a step that keyedOnly accepts.
 func (l *Layered) takeKeyed(ctx context.Context, at time.Time, req backend.LayerRequest, keys []string, st step, base time.Duration) (backend.LayerResult, error) {
 	reqs, ks := []backend.LayerRequest{req}, [][]string{keys}
-	rkeys, args := l.keyedArgs(at, st.layers, reqs, ks, base)
+	rkeys, args := l.keyedArgs(at, st.layers, reqs, ks, base, false)
 	s, err := layersKeyedScript.Run(ctx, l.client, rkeys, args...).Text()
 	var (
 		out  [1]backend.LayerResult

@@ -180,6 +180,20 @@ func TestKeyedScriptReplies(t *testing.T) {
 	if errs[0] == nil || !errors.Is(errs[1], backend.ErrMalformedReply) {
 		t.Errorf("a short reply: %v, %v; want ErrMalformedReply", errs[0], errs[1])
 	}
+	// "m": the script stopped at a key this node does not serve; the
+	// requests from there on were not run and keep their zero answers.
+	clear(out)
+	clear(errs)
+	if n := l.keyedReplies(reqs[:3], 0, "1800000000000000 1 0 0 m", nil, out[:3], errs[:3]); n != 1 || !out[0].Granted || errs[0] != nil ||
+		out[1].Granted || errs[1] != nil || out[2].Exceeded != nil {
+		t.Errorf("a reply stopped after one request: %d set, %+v, %v; want 1, the first granted", n, out[:3], errs[:3])
+	}
+	if n := l.keyedReplies(reqs[:2], 0, "1800000000000000 m", nil, out[:2], errs[:2]); n != 0 {
+		t.Errorf("a reply stopped at the first request: %d set, want 0", n)
+	}
+	if n := l.keyedReplies(reqs[:2], 0, "", errors.New("ERR boom"), out[:2], errs[:2]); n != 2 || errs[1] == nil {
+		t.Errorf("an error: %d set, %v; want 2 with the error", n, errs[1])
+	}
 }
 
 // TestLayeredBatchedKeyedConcurrent is TestLayeredBatchedConcurrent for

@@ -51,7 +51,7 @@ func takeKeysPipelined(t *testing.T, c redis.UniversalClient, l *Layered, at tim
 			reqs[k] = backend.LayerRequest{Cost: cost, SkipShared: true, Keys: map[string]string{l.layers[0].Name: key}}
 			ks[k] = []string{key}
 		}
-		rkeys, args := l.keyedArgs(at, []int{0}, reqs, ks, 0)
+		rkeys, args := l.keyedArgs(at, []int{0}, reqs, ks, 0, false)
 		cmds = append(cmds, layersKeyedScript.Eval(ctx, pipe, rkeys, args...))
 	}
 	if _, err := pipe.Exec(ctx); err != nil {

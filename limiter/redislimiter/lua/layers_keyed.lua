@@ -16,8 +16,11 @@
 -- per call; and the reply is one string. A batch of concurrent requests is
 -- one call (see layerBatcher).
 --
--- KEYS: each request's key of every layer, request by request. ARGV: now_us
--- (0: TIME), n (layers per request); then 6 values per layer: index
+-- KEYS: each request's key of every layer, request by request; or, when
+-- the keys come in ARGV (below), one key that routes the call to its
+-- master on a Cluster. ARGV: now_us (0: TIME), n (layers per request),
+-- where the keys are ("": KEYS; "a": in ARGV, at the end of each request's
+-- values); then 6 values per layer: index
 -- (1-based, named in the reply), kind (b: bucket, c: concurrency, o: send
 -- window, as in layersScript), rate (a concurrency layer's limit), burst
 -- (its lease in µs), action (w: wait, d: dead_letter, y: delay),
@@ -28,12 +31,23 @@
 -- instant in µs at which it passes on a paid slot, or 0; "" for none),
 -- and each send window's open intervals for this request, in layer order
 -- (backend.FormatSpans; "" always open; its key is never read, and it is
--- charged nothing). Every layer is decided and charged for now+base_us, as
--- layersScript does. Last, each key's field (key_fields: a keyed token
--- bucket's in its shard, none for the others).
+-- charged nothing), then, with the keys in ARGV, its n keys. Every layer
+-- is decided and charged for now+base_us, as layersScript does. Last, each
+-- key's field (key_fields: a keyed token bucket's in its shard, none for
+-- the others).
+--
+-- With the keys in ARGV (a Cluster's batch: the requests whose keys one
+-- master holds, over many slots; layersKeyedClusterScript, which declares
+-- allow-cross-slot-keys), each request's keys are checked, just before the
+-- request is decided, to be served by this node (an EXISTS under pcall,
+-- which fails where the request's own commands would: a slot moved or
+-- migrating); at the first that is not, the script stops, having decided
+-- only the requests before it, and the reply ends with "m". Nothing of the
+-- requests from there on was run.
 --
 -- Reply: one string, "now_us" followed by "status wait_us layer" for each
--- request, separated by spaces; status and layer as in layersScript
+-- request decided (every request, but for the "m" above), separated by
+-- spaces; status and layer as in layersScript
 -- (status 1 granted, 0 not granted, 2 refused, 4 refused with the slot
 -- booked on the delay layer, -2 cost above the layer's burst, -3 a send
 -- window's intervals end before send: a clock skew); wait_us as
@@ -46,10 +60,11 @@ if not (now and now > 0) then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local n = tonumber(ARGV[2])
+local inargv = ARGV[3] == 'a'
 local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
 local win, nw = {}, 0 -- a send window's place among the request's spans
 for i = 1, n do
-  local a = 2 + (i - 1) * 6
+  local a = 3 + (i - 1) * 6
   idx[i], kind[i], rate[i], burst[i] = tonumber(ARGV[a + 1]), ARGV[a + 2], tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   action[i], maxw[i] = ARGV[a + 5], tonumber(ARGV[a + 6])
   if kind[i] == 'o' then
@@ -62,14 +77,29 @@ local tok, lts, w = {}, {}, {}
 local out = {string.format('%d', now)}
 local k0 = 0
 local F = key_fields(ARGV[#ARGV])
-for a = 3 + 6 * n, #ARGV - 1, 4 + nw do
+local K, nk = KEYS, 0
+if inargv then K, nk = {}, n end
+for a = 4 + 6 * n, #ARGV - 1, 4 + nw + nk do
+  if inargv then
+    local here = true
+    for i = 1, n do
+      K[k0 + i] = ARGV[a + 3 + nw + i]
+      if here and kind[i] ~= 'o' and type(redis.pcall('EXISTS', K[k0 + i])) == 'table' then
+        here = false
+      end
+    end
+    if not here then
+      out[#out + 1] = 'm'
+      break
+    end
+  end
   local holder, cost, base = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local send = now + base
   local paid = paid_flags(ARGV[a + 3], send)
   local status, wait, limiting = nil, 0, 0
   for i = 1, n do
     if kind[i] == 'c' then
-      w[i] = slot_wait(KEYS[k0 + i], holder, rate[i], now)
+      w[i] = slot_wait(K[k0 + i], holder, rate[i], now)
     elseif kind[i] == 'o' then
       w[i] = window_wait(ARGV[a + 3 + win[i]], send, now)
       if not w[i] then
@@ -77,19 +107,19 @@ for a = 3 + 6 * n, #ARGV - 1, 4 + nw do
         break
       end
     elseif paid[i] then
-      tok[i], lts[i] = bucket_load(KEYS[k0 + i], F[k0 + i], now, rate[i], burst[i])
+      tok[i], lts[i] = bucket_load(K[k0 + i], F[k0 + i], now, rate[i], burst[i])
       w[i] = 0
     elseif cost > burst[i] then
       status, limiting = -2, idx[i]
       break
     else
-      tok[i], lts[i], w[i] = bucket_wait(KEYS[k0 + i], F[k0 + i], now, cost, rate[i], burst[i])
+      tok[i], lts[i], w[i] = bucket_wait(K[k0 + i], F[k0 + i], now, cost, rate[i], burst[i])
     end
   end
   if not status then
     local r = refusal(n, action, w, maxw)
     if r > 0 then
-      status = refused_status(r, KEYS[k0 + r], F[k0 + r], kind[r], action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r])
+      status = refused_status(r, K[k0 + r], F[k0 + r], kind[r], action[r], w[r], tok[r], lts[r], cost, now, rate[r], burst[r])
       wait, limiting = w[r], idx[r]
     else
       wait = base
@@ -106,12 +136,12 @@ for a = 3 + 6 * n, #ARGV - 1, 4 + nw do
         end
         for i = 1, n do
           if kind[i] == 'c' then
-            slot_take(KEYS[k0 + i], holder, send + burst[i], now)
+            slot_take(K[k0 + i], holder, send + burst[i], now)
           elseif kind[i] == 'o' then
             -- a window charges nothing
           else
             local after = send_charge(tok[i], lts[i], send, cost, paid[i], rate[i], burst[i])
-            bucket_save(KEYS[k0 + i], F[k0 + i], after, lts[i], now, rate[i], burst[i], send)
+            bucket_save(K[k0 + i], F[k0 + i], after, lts[i], now, rate[i], burst[i], send)
           end
         end
       end
