@@ -42,8 +42,12 @@ import (
 // at that instant, so that every window the sink sees holds at most
 // rate·W + burst, the leased tokens included. What the deadline finds
 // unspent goes back to the bucket, and a caller after it leads a new
-// refill; a refill whose answer comes back past its deadline keeps what
-// the bucket could still have held for another Hold, when that covers its
+// refill. Tokens past their instant go back only while no reservation
+// queues in the bucket (backend.PastRefunder): those queued keep their
+// instants, and tokens put back among them would go out beside them, past
+// the burst; a bucket in debt loses them. A refill whose
+// answer comes back past its deadline keeps what the bucket could still
+// have held for another Hold, when that covers its
 // caller, and gives back the rest, else it is given back as a late
 // reservation is (its caller asks again, once). The price
 // is the refill the bucket loses to its burst within Hold: a lease taken
