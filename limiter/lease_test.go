@@ -296,3 +296,35 @@ func leasedBucket(t *testing.T, rate float64, burst int, replicas int, opts limi
 	}
 	return clk, s, b
 }
+
+// TestWastedLeaseDoesNotDouble: at 1,000,000/s with 1,000 replicas (a
+// lease period of 250 ms, a hold of 25 ms), a replica asks for a token
+// every 50 ms. Its first lease, the fair share's 250 tokens, goes back
+// but 1 at its deadline, +25 ms; the caller at +50 ms finds the lease
+// empty, 50 ms after the refill. Taking that for a lease short of tokens,
+// its batches used to double while they went back unspent: 250, 500,
+// 1,000, ... 10,000 (given back while a saturated bucket queues, such
+// tokens are lost). A lease whose tokens went back unspent since its last
+// refill now covers its demand: the fair share's until the demand is
+// measured (+100 ms), then 20 to 30 tokens/s × 250 ms.
+func TestWastedLeaseDoesNotDouble(t *testing.T) {
+	t.Parallel()
+	clk, s, b := leasedBucket(t, 1e6, 1e5, 1000, limiter.LeaseOptions{Idle: time.Hour})
+	ctx := context.Background()
+	for range 10 {
+		if err := b.Wait(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(50 * time.Millisecond)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.costs) != 10 || s.costs[0] != 250 || s.costs[1] != 250 {
+		t.Fatalf("leases %v: want one per Wait, the first two of 250", s.costs)
+	}
+	for _, n := range s.costs[2:] {
+		if n < 5 || n > 8 {
+			t.Fatalf("leases %v: want 5 to 8 tokens (20 to 30/s × 250 ms) once the demand is measured", s.costs)
+		}
+	}
+}
