@@ -19,8 +19,10 @@ import (
 // that is longer, so that the whole fleet's refills stay near Calls per
 // second however many replicas share the bucket. A replica whose lease
 // runs dry soon after a refill, with none of its tokens given back unspent
-// since, is short of tokens, not of demand: its next batch doubles, and
-// covers at least its fair share (rate ÷ replicas) over
+// since, is short of tokens, not of demand: its next batch doubles (while
+// the bucket reserves its refills, up to twice its fair share of the
+// period, so that the fleet's reservations queued ahead of a caller stay
+// short), and covers at least its fair share (rate ÷ replicas) over
 // the last refill's round trip, so that slow answers do not hold it to a
 // batch per round trip. It is capped at MaxBatch and the burst less what
 // the bucket refills within Hold. Before the first second of demand is
@@ -164,6 +166,10 @@ type leasePool struct {
 	// passed, or they sat unused for Idle) since the last refill: the
 	// lease is not short of tokens, whenever it runs out.
 	wasted bool
+	// lastWaited is set when the last refill was reserved: the bucket
+	// had no tokens for it, every replica's refills queue behind each
+	// other's.
+	lastWaited bool
 }
 
 // leaseBatch is one refill's tokens still leased, and the instant on the
@@ -405,10 +411,11 @@ func (p *leasePool) fill(w *leaseWaiter, tokens int, until time.Time) {
 }
 
 // tripped records how long a refill's answer took to come back from the
-// store.
-func (p *leasePool) tripped(d time.Duration) {
+// store, and whether the store reserved it (waited: the bucket had no
+// tokens for it).
+func (p *leasePool) tripped(d time.Duration, waited bool) {
 	p.mu.Lock()
-	p.lastTrip = d
+	p.lastTrip, p.lastWaited = d, waited
 	p.mu.Unlock()
 }
 
@@ -497,7 +504,8 @@ func (p *leasePool) extra(cost int) int {
 // replica whose lease ran dry less than half a period after the last
 // refill is short of tokens, not of demand (its demand is measured by
 // what it could spend), unless tokens went back unspent since that
-// refill (at their deadline, or idle): its batch doubles, and covers at
+// refill (at their deadline, or idle): its batch doubles (up to twice its
+// fair share of a period when the last refill was reserved), and covers at
 // least its fair
 // share (rate ÷ replicas) over the last refill's round trip, since a
 // replica that waits a round trip for each batch gets at most a batch per
@@ -517,7 +525,15 @@ func (p *leasePool) extraLocked(cost int) int {
 	}
 	batch := min(demand, rate) * period
 	if p.lastBatch > 0 && !p.wasted && now.Sub(p.lastFill).Seconds() < period/2 {
-		batch = max(batch, 2*float64(p.lastBatch), rate/replicas*p.lastTrip.Seconds())
+		grown := 2 * float64(p.lastBatch)
+		if p.lastWaited {
+			// A saturated bucket reserves every replica's refill behind
+			// the others': a batch past twice the fair share of a
+			// period would make every caller of the fleet wait for the
+			// others' large batches (the reservations ahead of its own).
+			grown = min(grown, 2*rate/replicas*period)
+		}
+		batch = max(batch, grown, rate/replicas*p.lastTrip.Seconds())
 	}
 	floor := float64(p.opts.MinBatch)
 	if min(demand, rate)*replicas >= p.opts.Calls {

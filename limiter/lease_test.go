@@ -328,3 +328,58 @@ func TestWastedLeaseDoesNotDouble(t *testing.T) {
 		}
 	}
 }
+
+// TestSaturatedLeaseStaysNearItsShare: while the store reserves every
+// refill (the other replicas keep the bucket in debt), a lease that runs
+// dry at once grows to twice its fair share of a period and no further:
+// at 1,000,000/s among 100 replicas, 10,000/s × 25 ms × 2 = 500 tokens.
+// Doubling up to MaxBatch instead had every replica reserve 10,000-token
+// batches, a second of reservations queued ahead of each caller.
+func TestSaturatedLeaseStaysNearItsShare(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	cs := newClockedStore(t, clk, 1e6, 1e5, 100)
+	s := &slowStore{clockedStore: cs}
+	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, cs.watched)
+	ctx := context.Background()
+	if _, err := b.State(ctx); err != nil { // learns the 100 replicas
+		t.Fatal(err)
+	}
+	const debt = 1000 // what the other replicas reserved ahead of each refill
+	for range 8 {
+		m := cs.mem()
+		for _, n := range []int{int(math.Floor(m.StatusAt(clk.Now()).Tokens + 1e-9)), debt} {
+			if n == 0 {
+				continue
+			}
+			if res, err := m.TakeAt(clk.Now(), limiter.TakeRequest{Cost: n, MaxWait: time.Second}); err != nil || !res.Granted {
+				t.Fatalf("the others' take of %d: %+v, %v", n, res, err)
+			}
+		}
+		armed := clk.Armed()
+		done := make(chan error, 1)
+		go func() { done <- b.Wait(ctx, 1) }()
+		clk.WaitArmed(t, armed+1) // the refill reserved, its caller asleep
+		s.mu.Lock()
+		asked := s.costs[len(s.costs)-1]
+		s.mu.Unlock()
+		clk.Advance(time.Duration(debt+asked) * time.Microsecond) // its slot, at 1 token/µs
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		for range limiter.LeaseTokens(b) { // dry at once
+			if err := b.Wait(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.costs[0] != 250 {
+		t.Fatalf("leases asked %v: want the fair share's 250 first", s.costs)
+	}
+	for _, n := range s.costs {
+		if n > 500 {
+			t.Fatalf("leases asked %v: want none above 500 (twice the fair share of 25 ms) while the store reserves them", s.costs)
+		}
+	}
+}
