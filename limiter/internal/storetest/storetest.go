@@ -143,6 +143,18 @@ var cases = []struct {
 		{at: 300 * time.Millisecond, op: refundPast, n: 3},
 		{at: 300 * time.Millisecond, op: status, remaining: 5, rate: 10},
 	}},
+	// Tokens past their slot given back behind a queue are dropped, not
+	// fitted in behind it up to the burst: the bucket at the queue's end
+	// would then hold them plus the refill accrued toward the reservation
+	// due there, and the take at +100 ms would go out at +300 ms beside
+	// the reservation of 3, 8 tokens at one instant against a burst of 5.
+	{"a refund past the slot behind a queue slots no take beside it", 10, 5, []step{
+		{op: take, cost: 5, granted: true, tokens: 5, remaining: 0, rate: 10},
+		{op: take, cost: 3, maxWait: time.Second, granted: true, tokens: 3, wait: 300 * time.Millisecond, remaining: -3, rate: 10},
+		{op: refundPast, n: 5},
+		{op: status, remaining: -3, rate: 10},
+		{at: 100 * time.Millisecond, op: take, cost: 5, maxWait: time.Second, granted: true, tokens: 5, wait: 700 * time.Millisecond, remaining: -7, rate: 10},
+	}},
 	{"pause stops granting for every caller, then recovers", 10, 5, []step{
 		{op: pause, d: 2 * time.Second},
 		{op: status, remaining: 0, rate: 0, paused: 2 * time.Second},
