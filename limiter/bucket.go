@@ -405,7 +405,7 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		if err == nil {
 			b.skew.observeTrip(sent, b.clock.Now(), res.At)
 			if lead != nil {
-				b.lease.tripped(b.clock.Now().Sub(sent))
+				b.lease.tripped(b.clock.Now().Sub(sent), !res.Granted || res.Wait > 0)
 			}
 		}
 		if err != nil {
@@ -655,7 +655,7 @@ func (b *Bucket) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		if n := b.lease.drain(); n > 0 && b.Mode() == ModeShared {
-			err = b.store.Refund(ctx, n)
+			err = b.refundPast(ctx, n)
 		}
 		if rt, ok := b.store.(backend.ReplicaTracker); ok && b.Mode() == ModeShared {
 			err = errors.Join(err, rt.Leave(ctx, b.opts.ReplicaID))
@@ -664,26 +664,39 @@ func (b *Bucket) Close() error {
 	return err
 }
 
-// refund gives back tokens of no class, such as unused leased tokens.
+// refund gives back tokens whose instant has passed, such as unused
+// leased tokens or those of a reservation woken too late: with RefundPast
+// where the store has it (backend.PastRefunder), else with Refund. It
+// logs a failure.
 func (b *Bucket) refund(ctx context.Context, tokens int) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
 	defer cancel()
-	if err := b.store.Refund(ctx, tokens); err != nil {
+	if err := b.refundPast(ctx, tokens); err != nil {
 		b.log.Debug("refunding unused tokens failed", "tokens", tokens, "error", err)
 	}
+}
+
+// refundPast is refund's call of the store.
+func (b *Bucket) refundPast(ctx context.Context, tokens int) error {
+	if pr, ok := b.store.(backend.PastRefunder); ok {
+		return pr.RefundPast(ctx, tokens)
+	}
+	return b.store.Refund(ctx, tokens)
 }
 
 // refundClass gives back the tokens of a cancelled reservation that the
 // store holds in class's queue (TakeResult.Class), so that a store with
 // classes forgets them there.
 func (b *Bucket) refundClass(ctx context.Context, tokens int, class Priority) {
-	cr, ok := b.store.(backend.ClassRefunder)
-	if !ok {
-		b.refund(ctx, tokens)
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
 	defer cancel()
+	cr, ok := b.store.(backend.ClassRefunder)
+	if !ok { // a store without classes: its reservation goes back as any
+		if err := b.store.Refund(ctx, tokens); err != nil {
+			b.log.Debug("refunding a cancelled reservation failed", "tokens", tokens, "error", err)
+		}
+		return
+	}
 	if err := cr.RefundClass(ctx, tokens, class); err != nil {
 		b.log.Debug("refunding a cancelled reservation failed", "tokens", tokens, "class", class, "error", err)
 	}

@@ -115,3 +115,19 @@ func FairQueued(b *Bucket, tenant string) int {
 	}
 	return 0
 }
+
+// LeaseTimers returns how many of the lease's timers of b are armed: the
+// idle timer and the deadline timer, for the tests that drive many
+// Buckets at fixed instants and wait until every one is asleep.
+func LeaseTimers(b *Bucket) int {
+	b.lease.mu.Lock()
+	defer b.lease.mu.Unlock()
+	n := 0
+	if b.lease.idle != nil {
+		n++
+	}
+	if !b.lease.dueAt.IsZero() {
+		n++
+	}
+	return n
+}

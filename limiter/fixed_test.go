@@ -77,6 +77,15 @@ func (s *clockedStore) Refund(_ context.Context, n int) error {
 	return nil
 }
 
+func (s *clockedStore) RefundPast(_ context.Context, n int) error {
+	if err := s.fail(); err != nil {
+		return err
+	}
+	s.mem().RefundPastAt(s.clk.Now(), n)
+	s.refunded.Add(int64(n))
+	return nil
+}
+
 func (s *clockedStore) Pause(_ context.Context, d time.Duration) error {
 	if err := s.fail(); err != nil {
 		return err

@@ -18,8 +18,11 @@ import (
 // the demand of Fraction of a second, or of replicas ÷ Calls seconds when
 // that is longer, so that the whole fleet's refills stay near Calls per
 // second however many replicas share the bucket. A replica whose lease
-// runs dry soon after a refill is short of tokens, not of demand: its next
-// batch doubles, and covers at least its fair share (rate ÷ replicas) over
+// runs dry soon after a refill, with none of its tokens given back unspent
+// since, is short of tokens, not of demand: its next batch doubles (while
+// the bucket reserves its refills, up to twice its fair share of the
+// period, so that the fleet's reservations queued ahead of a caller stay
+// short), and covers at least its fair share (rate ÷ replicas) over
 // the last refill's round trip, so that slow answers do not hold it to a
 // batch per round trip. It is capped at MaxBatch and the burst less what
 // the bucket refills within Hold. Before the first second of demand is
@@ -42,8 +45,13 @@ import (
 // at that instant, so that every window the sink sees holds at most
 // rate·W + burst, the leased tokens included. What the deadline finds
 // unspent goes back to the bucket, and a caller after it leads a new
-// refill; a refill whose answer comes back past its deadline keeps what
-// the bucket could still have held for another Hold, when that covers its
+// refill. Tokens past their instant go back only while no reservation
+// queues in the bucket (backend.PastRefunder): those queued keep their
+// instants, and tokens put back among them would go out beside them, past
+// the burst; a bucket in debt loses them, so a lease follows its demand
+// and does not grow while its tokens go back unspent. A refill whose
+// answer comes back past its deadline keeps what the bucket could still
+// have held for another Hold, when that covers its
 // caller, and gives back the rest, else it is given back as a late
 // reservation is (its caller asks again, once). The price
 // is the refill the bucket loses to its burst within Hold: a lease taken
@@ -154,6 +162,14 @@ type leasePool struct {
 	lastBatch int
 	// lastTrip is how long the last refill's answer took to come back.
 	lastTrip time.Duration
+	// wasted is set when leased tokens went back unspent (their deadline
+	// passed, or they sat unused for Idle) since the last refill: the
+	// lease is not short of tokens, whenever it runs out.
+	wasted bool
+	// lastWaited is set when the last refill was reserved: the bucket
+	// had no tokens for it, every replica's refills queue behind each
+	// other's.
+	lastWaited bool
 }
 
 // leaseBatch is one refill's tokens still leased, and the instant on the
@@ -242,6 +258,7 @@ func (p *leasePool) pruneLocked(now time.Time) {
 		if !b.until.IsZero() && !now.Before(b.until) {
 			p.tokens -= b.n
 			p.lapsed += b.n
+			p.wasted = p.wasted || b.n > 0
 			continue
 		}
 		kept = append(kept, b)
@@ -385,6 +402,7 @@ func (p *leasePool) fill(w *leaseWaiter, tokens int, until time.Time) {
 	defer p.mu.Unlock()
 	p.removeLocked(w)
 	p.refilling = false
+	p.wasted = false
 	p.addLocked(tokens-w.cost, until)
 	p.used = true
 	p.lastFill, p.lastBatch = p.b.clock.Now(), tokens
@@ -393,10 +411,11 @@ func (p *leasePool) fill(w *leaseWaiter, tokens int, until time.Time) {
 }
 
 // tripped records how long a refill's answer took to come back from the
-// store.
-func (p *leasePool) tripped(d time.Duration) {
+// store, and whether the store reserved it (waited: the bucket had no
+// tokens for it).
+func (p *leasePool) tripped(d time.Duration, waited bool) {
 	p.mu.Lock()
-	p.lastTrip = d
+	p.lastTrip, p.lastWaited = d, waited
 	p.mu.Unlock()
 }
 
@@ -484,7 +503,10 @@ func (p *leasePool) extra(cost int) int {
 // demand over the lease period, max(Fraction s, replicas ÷ Calls s). A
 // replica whose lease ran dry less than half a period after the last
 // refill is short of tokens, not of demand (its demand is measured by
-// what it could spend): its batch doubles, and covers at least its fair
+// what it could spend), unless tokens went back unspent since that
+// refill (at their deadline, or idle): its batch doubles (up to twice its
+// fair share of a period when the last refill was reserved), and covers at
+// least its fair
 // share (rate ÷ replicas) over the last refill's round trip, since a
 // replica that waits a round trip for each batch gets at most a batch per
 // round trip; all up to the cap, rate × period, MaxBatch and the burst
@@ -502,8 +524,16 @@ func (p *leasePool) extraLocked(cost int) int {
 		demand = rate / replicas // not measured yet: the fair share
 	}
 	batch := min(demand, rate) * period
-	if p.lastBatch > 0 && now.Sub(p.lastFill).Seconds() < period/2 {
-		batch = max(batch, 2*float64(p.lastBatch), rate/replicas*p.lastTrip.Seconds())
+	if p.lastBatch > 0 && !p.wasted && now.Sub(p.lastFill).Seconds() < period/2 {
+		grown := 2 * float64(p.lastBatch)
+		if p.lastWaited {
+			// A saturated bucket reserves every replica's refill behind
+			// the others': a batch past twice the fair share of a
+			// period would make every caller of the fleet wait for the
+			// others' large batches (the reservations ahead of its own).
+			grown = min(grown, 2*rate/replicas*period)
+		}
+		batch = max(batch, grown, rate/replicas*p.lastTrip.Seconds())
 	}
 	floor := float64(p.opts.MinBatch)
 	if min(demand, rate)*replicas >= p.opts.Calls {
@@ -624,6 +654,7 @@ func (p *leasePool) expire() {
 		return
 	}
 	n := p.tokens + p.lapsed
+	p.wasted = p.wasted || n > 0
 	p.tokens, p.lapsed = 0, 0
 	clear(p.batches)
 	p.batches = p.batches[:0]

@@ -296,3 +296,90 @@ func leasedBucket(t *testing.T, rate float64, burst int, replicas int, opts limi
 	}
 	return clk, s, b
 }
+
+// TestWastedLeaseDoesNotDouble: at 1,000,000/s with 1,000 replicas (a
+// lease period of 250 ms, a hold of 25 ms), a replica asks for a token
+// every 50 ms. Its first lease, the fair share's 250 tokens, goes back
+// but 1 at its deadline, +25 ms; the caller at +50 ms finds the lease
+// empty, 50 ms after the refill. Taking that for a lease short of tokens,
+// its batches used to double while they went back unspent: 250, 500,
+// 1,000, ... 10,000 (given back while a saturated bucket queues, such
+// tokens are lost). A lease whose tokens went back unspent since its last
+// refill now covers its demand: the fair share's until the demand is
+// measured (+100 ms), then 20 to 30 tokens/s × 250 ms.
+func TestWastedLeaseDoesNotDouble(t *testing.T) {
+	t.Parallel()
+	clk, s, b := leasedBucket(t, 1e6, 1e5, 1000, limiter.LeaseOptions{Idle: time.Hour})
+	ctx := context.Background()
+	for range 10 {
+		if err := b.Wait(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(50 * time.Millisecond)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.costs) != 10 || s.costs[0] != 250 || s.costs[1] != 250 {
+		t.Fatalf("leases %v: want one per Wait, the first two of 250", s.costs)
+	}
+	for _, n := range s.costs[2:] {
+		if n < 5 || n > 8 {
+			t.Fatalf("leases %v: want 5 to 8 tokens (20 to 30/s × 250 ms) once the demand is measured", s.costs)
+		}
+	}
+}
+
+// TestSaturatedLeaseStaysNearItsShare: while the store reserves every
+// refill (the other replicas keep the bucket in debt), a lease that runs
+// dry at once grows to twice its fair share of a period and no further:
+// at 1,000,000/s among 100 replicas, 10,000/s × 25 ms × 2 = 500 tokens.
+// Doubling up to MaxBatch instead had every replica reserve 10,000-token
+// batches, a second of reservations queued ahead of each caller.
+func TestSaturatedLeaseStaysNearItsShare(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	cs := newClockedStore(t, clk, 1e6, 1e5, 100)
+	s := &slowStore{clockedStore: cs}
+	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, cs.watched)
+	ctx := context.Background()
+	if _, err := b.State(ctx); err != nil { // learns the 100 replicas
+		t.Fatal(err)
+	}
+	const debt = 1000 // what the other replicas reserved ahead of each refill
+	for range 8 {
+		m := cs.mem()
+		for _, n := range []int{int(math.Floor(m.StatusAt(clk.Now()).Tokens + 1e-9)), debt} {
+			if n == 0 {
+				continue
+			}
+			if res, err := m.TakeAt(clk.Now(), limiter.TakeRequest{Cost: n, MaxWait: time.Second}); err != nil || !res.Granted {
+				t.Fatalf("the others' take of %d: %+v, %v", n, res, err)
+			}
+		}
+		armed := clk.Armed()
+		done := make(chan error, 1)
+		go func() { done <- b.Wait(ctx, 1) }()
+		clk.WaitArmed(t, armed+1) // the refill reserved, its caller asleep
+		s.mu.Lock()
+		asked := s.costs[len(s.costs)-1]
+		s.mu.Unlock()
+		clk.Advance(time.Duration(debt+asked) * time.Microsecond) // its slot, at 1 token/µs
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		for range limiter.LeaseTokens(b) { // dry at once
+			if err := b.Wait(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.costs[0] != 250 {
+		t.Fatalf("leases asked %v: want the fair share's 250 first", s.costs)
+	}
+	for _, n := range s.costs {
+		if n > 500 {
+			t.Fatalf("leases asked %v: want none above 500 (twice the fair share of 25 ms) while the store reserves them", s.costs)
+		}
+	}
+}

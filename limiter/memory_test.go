@@ -26,6 +26,11 @@ func (m clockedMemory) RefundAt(now time.Time, n int) error {
 	return nil
 }
 
+func (m clockedMemory) RefundPastAt(now time.Time, n int) error {
+	m.Memory.RefundPastAt(now, n)
+	return nil
+}
+
 func (m clockedMemory) PauseAt(now time.Time, d time.Duration) error {
 	m.Memory.PauseAt(now, d)
 	return nil

@@ -70,6 +70,12 @@ func (m *Memory) Refund(_ context.Context, tokens int) error {
 	return nil
 }
 
+// RefundPast implements PastRefunder.
+func (m *Memory) RefundPast(_ context.Context, tokens int) error {
+	m.RefundPastAt(m.now(), tokens)
+	return nil
+}
+
 // RefundClass implements ClassRefunder.
 func (m *Memory) RefundClass(_ context.Context, tokens int, class Priority) error {
 	m.RefundClassAt(m.now(), tokens, class)
@@ -284,6 +290,24 @@ func holdLoss(tokens float64, ts, now int64, hold time.Duration, rate float64, b
 // RefundAt is Refund at an explicit instant.
 func (m *Memory) RefundAt(t time.Time, tokens int) {
 	m.RefundClassAt(t, tokens, PriorityHigh)
+}
+
+// RefundPastAt is RefundPast at an explicit instant: the tokens go back,
+// up to burst, only while no reservation is queued (the bucket holds 0
+// tokens or more); else they are dropped.
+func (m *Memory) RefundPastAt(t time.Time, tokens int) {
+	if tokens <= 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cur, ts, pr := m.refundLoad(t.UnixMicro()) // along a ramp in progress (warmup.go)
+	if cur < 0 {
+		return
+	}
+	cur = math.Min(float64(m.burst), cur+float64(tokens))
+	pr.refund(Rank(PriorityHigh), float64(tokens))
+	m.store(cur, ts, pr)
 }
 
 // RefundClassAt is RefundClass at an explicit instant. A refund of class

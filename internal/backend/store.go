@@ -227,6 +227,27 @@ type Store interface {
 	Limits() (rate float64, burst int)
 }
 
+// PastRefunder is implemented by stores that take back tokens whose
+// instant has passed: a lease's tokens that went unused until their
+// deadline or for Idle, or a reservation woken too late to go out. A
+// Bucket gives those back with RefundPast when its store implements it,
+// else with Refund.
+//
+// Refund suits a cancelled reservation, whose slot is still ahead: the
+// bucket's level and its queue go back together. Tokens past their slot
+// are different: the reservations queued after them keep their instants,
+// so tokens put back into a bucket in debt would be granted again among
+// those reservations, and the bucket, counted at the instants its tokens
+// go out, would hold more than its burst. Given back while many
+// reservations queue, such refunds used to let a fleet exceed rate·W +
+// burst in a window. RefundPast therefore puts the tokens back, up to the
+// burst, only while no reservation is queued (the bucket holds 0 tokens or
+// more), and drops them otherwise.
+type PastRefunder interface {
+	// RefundPast gives back tokens whose instant has passed (see above).
+	RefundPast(ctx context.Context, tokens int) error
+}
+
 // AttributedPauser is implemented by stores that record which replica set
 // a pause, for State.PausedBy. A Bucket pauses with PauseBy, naming itself,
 // when its store implements it.

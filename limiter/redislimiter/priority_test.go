@@ -92,7 +92,7 @@ func (w *watchedStore) Pushes(t *testing.T) []backend.Push {
 }
 
 func (w *watchedStore) RefundClassAt(now time.Time, tokens int, class limiter.Priority) error {
-	return w.s.refund(context.Background(), now.UnixMicro(), tokens, class)
+	return w.s.refund(context.Background(), now.UnixMicro(), tokens, class, false)
 }
 
 func TestRedisPrioritySteps(t *testing.T) {

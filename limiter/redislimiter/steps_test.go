@@ -24,7 +24,11 @@ func (c clocked) TakeAt(now time.Time, req backend.TakeRequest) (backend.TakeRes
 }
 
 func (c clocked) RefundAt(now time.Time, n int) error {
-	return c.s.refund(context.Background(), now.UnixMicro(), n, limiter.PriorityHigh)
+	return c.s.refund(context.Background(), now.UnixMicro(), n, limiter.PriorityHigh, false)
+}
+
+func (c clocked) RefundPastAt(now time.Time, n int) error {
+	return c.s.refund(context.Background(), now.UnixMicro(), n, limiter.PriorityHigh, true)
 }
 
 func (c clocked) PauseAt(now time.Time, d time.Duration) error {

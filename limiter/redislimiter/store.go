@@ -391,22 +391,35 @@ func parseInts(s string, v []int64) bool {
 	return i == len(s)
 }
 
-// Refund implements limiter.Store: the tokens of no class, such as an
-// unused lease, repay the front of the queue.
+// Refund implements limiter.Store: the tokens of no class repay the
+// front of the queue.
 func (s *Store) Refund(ctx context.Context, tokens int) error {
-	return s.refund(ctx, 0, tokens, limiter.PriorityHigh)
+	return s.refund(ctx, 0, tokens, limiter.PriorityHigh, false)
+}
+
+// RefundPast implements backend.PastRefunder: tokens whose instant has
+// passed, such as an unused lease's, go back only while no reservation is
+// queued, up to the burst.
+func (s *Store) RefundPast(ctx context.Context, tokens int) error {
+	return s.refund(ctx, 0, tokens, limiter.PriorityHigh, true)
 }
 
 // RefundClass implements backend.ClassRefunder.
 func (s *Store) RefundClass(ctx context.Context, tokens int, class limiter.Priority) error {
-	return s.refund(ctx, 0, tokens, class)
+	return s.refund(ctx, 0, tokens, class, false)
 }
 
-func (s *Store) refund(ctx context.Context, nowUS int64, tokens int, class limiter.Priority) error {
+// refund runs refundScript; past drops the tokens while a reservation is
+// queued (RefundPast).
+func (s *Store) refund(ctx context.Context, nowUS int64, tokens int, class limiter.Priority, past bool) error {
 	if tokens <= 0 {
 		return nil
 	}
-	if err := refundScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, tokens, nowUS, rankArgs[backend.Rank(class)], s.warmArg).Err(); err != nil {
+	pastArg := 0
+	if past {
+		pastArg = 1
+	}
+	if err := refundScript.Run(ctx, s.client, s.stateKeys, s.rateArg, s.burstArg, tokens, nowUS, rankArgs[backend.Rank(class)], s.warmArg, pastArg).Err(); err != nil {
 		return s.fail("refund", err)
 	}
 	return nil
@@ -617,6 +630,7 @@ var _ backend.AttributedPauser = (*Store)(nil)
 var _ backend.ReportingTracker = (*Store)(nil)
 var _ backend.ConsumerTracker = (*Store)(nil)
 var _ backend.ClassRefunder = (*Store)(nil)
+var _ backend.PastRefunder = (*Store)(nil)
 
 // Buckets returns the names of the buckets that have keys in Redis under
 // prefix (DefaultPrefix when empty), sorted. A bucket has keys while it is

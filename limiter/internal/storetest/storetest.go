@@ -17,6 +17,7 @@ import (
 type ClockedStore interface {
 	TakeAt(now time.Time, req backend.TakeRequest) (backend.TakeResult, error)
 	RefundAt(now time.Time, tokens int) error
+	RefundPastAt(now time.Time, tokens int) error
 	PauseAt(now time.Time, d time.Duration) error
 	DrainAt(now time.Time, debt int) error
 	StatusAt(now time.Time) (limiter.State, error)
@@ -33,6 +34,7 @@ type op int
 const (
 	take op = iota
 	refund
+	refundPast
 	pause
 	status
 	drain
@@ -43,7 +45,7 @@ type step struct {
 	at   time.Duration
 	op   op
 	cost int
-	// extra, maxWait and hold for take; n for refund and drain; d for
+	// extra, maxWait and hold for take; n for refund, refundPast and drain; d for
 	// pause.
 	extra   int
 	maxWait time.Duration
@@ -125,6 +127,33 @@ var cases = []struct {
 		{op: take, cost: 1, maxWait: time.Second, granted: true, tokens: 1, wait: 100 * time.Millisecond, remaining: -1, rate: 10},
 		{op: refund, n: 1},
 		{op: take, cost: 1, maxWait: time.Second, granted: true, tokens: 1, wait: 100 * time.Millisecond, remaining: -1, rate: 10},
+	}},
+	// Tokens past their slot (an unused lease) go back only into a bucket
+	// with no reservation queued: the reservation due at +100 ms keeps its
+	// instant, and the take after the refund queues behind it, at +200 ms,
+	// not beside it. Without a queue they go back up to the burst.
+	{"a refund past the slot waits for no queue", 10, 5, []step{
+		{op: take, cost: 5, granted: true, tokens: 5, remaining: 0, rate: 10},
+		{op: take, cost: 1, maxWait: time.Second, granted: true, tokens: 1, wait: 100 * time.Millisecond, remaining: -1, rate: 10},
+		{op: refundPast, n: 3},
+		{op: status, remaining: -1, rate: 10},
+		{op: take, cost: 1, maxWait: time.Second, granted: true, tokens: 1, wait: 200 * time.Millisecond, remaining: -2, rate: 10},
+		{at: 300 * time.Millisecond, op: refundPast, n: 3},
+		{at: 300 * time.Millisecond, op: status, remaining: 4, rate: 10},
+		{at: 300 * time.Millisecond, op: refundPast, n: 3},
+		{at: 300 * time.Millisecond, op: status, remaining: 5, rate: 10},
+	}},
+	// Tokens past their slot given back behind a queue are dropped, not
+	// fitted in behind it up to the burst: the bucket at the queue's end
+	// would then hold them plus the refill accrued toward the reservation
+	// due there, and the take at +100 ms would go out at +300 ms beside
+	// the reservation of 3, 8 tokens at one instant against a burst of 5.
+	{"a refund past the slot behind a queue slots no take beside it", 10, 5, []step{
+		{op: take, cost: 5, granted: true, tokens: 5, remaining: 0, rate: 10},
+		{op: take, cost: 3, maxWait: time.Second, granted: true, tokens: 3, wait: 300 * time.Millisecond, remaining: -3, rate: 10},
+		{op: refundPast, n: 5},
+		{op: status, remaining: -3, rate: 10},
+		{at: 100 * time.Millisecond, op: take, cost: 5, maxWait: time.Second, granted: true, tokens: 5, wait: 700 * time.Millisecond, remaining: -7, rate: 10},
 	}},
 	{"pause stops granting for every caller, then recovers", 10, 5, []step{
 		{op: pause, d: 2 * time.Second},
@@ -211,6 +240,10 @@ func Run(t *testing.T, newStore Factory) {
 				case refund:
 					if err := s.RefundAt(now, st.n); err != nil {
 						t.Fatalf("step %d: refund: %v", i, err)
+					}
+				case refundPast:
+					if err := s.RefundPastAt(now, st.n); err != nil {
+						t.Fatalf("step %d: refund past: %v", i, err)
 					}
 				case pause:
 					if err := s.PauseAt(now, st.d); err != nil {
