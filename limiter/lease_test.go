@@ -336,17 +336,11 @@ func TestWastedLeaseDoesNotDouble(t *testing.T) {
 // Doubling up to MaxBatch instead had every replica reserve 10,000-token
 // batches, a second of reservations queued ahead of each caller.
 func TestSaturatedLeaseStaysNearItsShare(t *testing.T) {
-	clk := clocktest.New(storetest.Base)
-	cs := newClockedStore(t, clk, 1e6, 1e5, 100)
-	s := &slowStore{clockedStore: cs}
-	b := newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Idle: time.Hour}}, cs.watched)
+	clk, s, b := leasedBucket(t, 1e6, 1e5, 100, limiter.LeaseOptions{Idle: time.Hour}) // learns the 100 replicas
 	ctx := context.Background()
-	if _, err := b.State(ctx); err != nil { // learns the 100 replicas
-		t.Fatal(err)
-	}
 	const debt = 1000 // what the other replicas reserved ahead of each refill
 	for range 8 {
-		m := cs.mem()
+		m := s.mem()
 		for _, n := range []int{int(math.Floor(m.StatusAt(clk.Now()).Tokens + 1e-9)), debt} {
 			if n == 0 {
 				continue
