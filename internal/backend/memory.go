@@ -296,29 +296,28 @@ func (m *Memory) RefundAt(t time.Time, tokens int) {
 // up to burst, only while no reservation is queued (the bucket holds 0
 // tokens or more); else they are dropped.
 func (m *Memory) RefundPastAt(t time.Time, tokens int) {
-	if tokens <= 0 {
-		return
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	cur, ts, pr := m.refundLoad(t.UnixMicro()) // along a ramp in progress (warmup.go)
-	if cur < 0 {
-		return
-	}
-	cur = math.Min(float64(m.burst), cur+float64(tokens))
-	pr.refund(Rank(PriorityHigh), float64(tokens))
-	m.store(cur, ts, pr)
+	m.refund(t, tokens, PriorityHigh, true)
 }
 
 // RefundClassAt is RefundClass at an explicit instant. A refund of class
 // PriorityHigh is a refund of no class: it repays the front of the queue.
 func (m *Memory) RefundClassAt(t time.Time, tokens int, class Priority) {
+	m.refund(t, tokens, class, false)
+}
+
+// refund puts tokens back at t, up to burst, and takes them off class's
+// queue; past drops them while a reservation is queued (RefundPastAt), as
+// refund.lua does.
+func (m *Memory) refund(t time.Time, tokens int, class Priority, past bool) {
 	if tokens <= 0 {
 		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	cur, ts, pr := m.refundLoad(t.UnixMicro()) // along a ramp in progress (warmup.go)
+	if past && cur < 0 {
+		return
+	}
 	cur = math.Min(float64(m.burst), cur+float64(tokens))
 	pr.refund(Rank(class), float64(tokens))
 	m.store(cur, ts, pr)
