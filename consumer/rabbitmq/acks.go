@@ -190,10 +190,17 @@ func (b *ackBatcher) flush(final bool) (more bool) {
 			b.log.Warn("ack failed; the broker will redeliver the messages", "up_to_delivery_tag", last, "err", err.Error())
 		}
 	}
+	// On a closed channel every ack fails: one line for the flush.
+	failed, firstTag, firstErr := 0, uint64(0), error(nil)
 	for _, tag := range singles {
 		if err := b.ch.Ack(tag, false); err != nil {
-			b.log.Warn("ack failed; the broker will redeliver the message", "delivery_tag", tag, "err", err.Error())
+			if failed++; failed == 1 {
+				firstTag, firstErr = tag, err
+			}
 		}
+	}
+	if failed > 0 {
+		b.log.Warn("ack failed; the broker will redeliver the messages", "delivery_tag", firstTag, "failed", failed, "err", firstErr.Error())
 	}
 	b.singles = singles
 	return more
