@@ -1,11 +1,11 @@
 package redislimiter
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -50,23 +50,51 @@ func privateCluster(t testing.TB) *testCluster {
 		defer ln.Close()
 		return ln.Addr().(*net.TCPAddr).Port
 	}
-	c := &testCluster{}
-	var addrs []string
-	for i := range 3 {
-		dir := filepath.Join(t.TempDir(), strconv.Itoa(i))
+	// start starts node i on ports found free and returns its client,
+	// or nil when the server exited first: another process took a port
+	// in between (both ports are picked again then, up to 5 times).
+	start := func(i, attempt int) *redis.Client {
+		dir := t.TempDir()
 		port := freePort()
 		cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-			"--dir", filepath.Dir(dir), "--cluster-enabled", "yes", "--cluster-config-file", "nodes-"+strconv.Itoa(i)+".conf",
+			"--dir", dir, "--cluster-enabled", "yes", "--cluster-config-file", "nodes-"+strconv.Itoa(i)+".conf",
 			"--cluster-node-timeout", "5000", "--cluster-port", strconv.Itoa(freePort()), "--loglevel", "warning")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		m := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		exited := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(exited) }()
+		t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+		m := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), MaxRetries: -1})
 		t.Cleanup(func() { m.Close() })
-		testenv.Eventually(t, 10*time.Second, addr+" answering", func() bool { return m.Ping(context.Background()).Err() == nil })
-		addrs = append(addrs, addr)
+		testenv.Eventually(t, 10*time.Second, m.Options().Addr+" answering", func() bool {
+			select {
+			case <-exited:
+				return true
+			default:
+				return m.Ping(context.Background()).Err() == nil
+			}
+		})
+		select {
+		case <-exited:
+			if !strings.Contains(out.String(), "Address already in use") || attempt == 5 {
+				t.Fatalf("redis-server on port %d exited:\n%s", port, out.String())
+			}
+			return nil
+		default:
+			return m
+		}
+	}
+	c := &testCluster{}
+	var addrs []string
+	for i := range 3 {
+		var m *redis.Client
+		for attempt := 1; m == nil; attempt++ {
+			m = start(i, attempt)
+		}
+		addrs = append(addrs, m.Options().Addr)
 		c.masters = append(c.masters, m)
 		c.ids = append(c.ids, m.ClusterMyID(context.Background()).Val())
 	}
