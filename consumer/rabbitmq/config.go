@@ -94,8 +94,8 @@ type Config struct {
 	// is acked on its own after one to two AckDelays. The price: a
 	// delivery holds its place of Prefetch until its ack, and a crash
 	// redelivers, and so sends again, the messages settled in the last
-	// AckDelay or two (at 1,000 messages a second and the default, about
-	// 2). Default DefaultAckDelay (1ms), at most 1s; negative: each
+	// AckDelay or two (at 1,000 messages a second and the default, at most
+	// 1,000/s × 2ms = 2). Default DefaultAckDelay (1ms), at most 1s; negative: each
 	// delivery is acked on its own at once.
 	AckDelay time.Duration
 	// Declare makes the Consumer declare its topology on every connect: the
