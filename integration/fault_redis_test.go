@@ -52,7 +52,7 @@ func TestFaultRedisKilledLocalFallback(t *testing.T) {
 	const (
 		rate    = 60.0
 		outage  = 5 * time.Second
-		perRep  = 4
+		perRep  = 8
 		reps    = 3
 		shared  = 2 * time.Second
 		settled = 1500 * time.Millisecond
@@ -234,7 +234,11 @@ func TestFaultRedisLatency(t *testing.T) {
 		// CI machine does not turn the slow Redis into a failed one.
 		timeout = time.Second
 		reps    = 3
-		perRep  = 4
+		// 24 callers keep 240 ms of reservations queued at 100/s, so
+		// the bucket stays saturated while load stretches the 40 ms
+		// round trip several times over: with 4 a replica, the full
+		// suite's load once let the queue run dry (94.8/s).
+		perRep = 8
 	)
 	srv := faultStartRedis(t)
 	ctx := context.Background()
