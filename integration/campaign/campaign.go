@@ -693,6 +693,12 @@ func (r *run) read(queue string) (map[int]int, error) {
 func (r *run) spec(dead map[int]int) Spec {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// The replicas' own stalls count as the checker's (LoggedStalls).
+	var outs []string
+	for _, rep := range r.replicas {
+		outs = append(outs, rep.proc.Output())
+	}
+	logged := LoggedStalls(outs...)
 	return Spec{
 		Rate: Rate, Burst: Burst, ArrivalAllowance: ArrivalAllowance,
 		Overrides: r.overrides, Disturbances: r.disturbances,
@@ -705,8 +711,8 @@ func (r *run) spec(dead map[int]int) Spec {
 		Quotas: []QuotaLayer{
 			{Name: "per-account", Key: func(a Arrival) string { return a.Acct }, Quota: Quota, Per: time.Hour},
 		},
-		Stall:         r.stalls.Max(),
-		StallIn:       r.stalls.MaxIn,
+		Stall:         max(r.stalls.Max(), logged.Max()),
+		StallIn:       LongestIn(r.stalls, logged),
 		Published:     r.published,
 		DeadLettered:  dead,
 		MayDeadLetter: func(a Arrival) bool { return a.Acct == CappedAccount },

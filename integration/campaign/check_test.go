@@ -251,3 +251,39 @@ func TestStallsMaxIn(t *testing.T) {
 		}
 	}
 }
+
+// TestLoggedStalls reads the stall warnings of replicas' JSON logs: each
+// line stands for its longest stall at its end (and at its start, when its
+// span is longer), other lines are skipped, and LongestIn takes the
+// longest of the checker's and the replicas'.
+func TestLoggedStalls(t *testing.T) {
+	at := func(ms int) string { return t0.Add(time.Duration(ms) * time.Millisecond).Format(time.RFC3339Nano) }
+	r1 := `{"time":"x","level":"INFO","msg":"starting"}
+{"time":"x","level":"WARN","msg":"` + StallLine + `: messages granted just before went out that late","longest":"130ms","stalls":1,"from":"` + at(1000) + `","to":"` + at(1130) + `"}
+not json ` + StallLine + `
+`
+	r2 := `{"time":"x","level":"WARN","msg":"` + StallLine + `: x","longest":"60ms","stalls":3,"from":"` + at(5000) + `","to":"` + at(5800) + `"}`
+	logged := LoggedStalls(r1, r2)
+	if logged.Max() != 130*time.Millisecond {
+		t.Fatalf("Max = %v, want 130ms", logged.Max())
+	}
+	own := &Stalls{events: []stall{{Wake: t0.Add(3 * time.Second), Over: 40 * time.Millisecond}}}
+	in := LongestIn(own, logged)
+	steps := []struct {
+		from, to int // ms
+		want     time.Duration
+	}{
+		{0, 900, 5 * time.Millisecond},       // none: the least recorded
+		{1100, 1120, 130 * time.Millisecond}, // within the replica's stall
+		{2000, 3000, 40 * time.Millisecond},  // the checker's own
+		{4000, 4990, 5 * time.Millisecond},   // r2's first stall began at 5000 at the earliest
+		{5050, 5070, 60 * time.Millisecond},  // r2's line, at its start
+		{5750, 5790, 60 * time.Millisecond},  // and at its end
+		{0, 10000, 130 * time.Millisecond},   // all
+	}
+	for _, st := range steps {
+		if got := in(t0.Add(time.Duration(st.from)*time.Millisecond), t0.Add(time.Duration(st.to)*time.Millisecond)); got != st.want {
+			t.Errorf("LongestIn(%d ms, %d ms) = %v, want %v", st.from, st.to, got, st.want)
+		}
+	}
+}

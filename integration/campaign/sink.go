@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -190,4 +191,59 @@ func (s *Stalls) Stop() {
 		close(s.stop)
 	}
 	<-s.stopped
+}
+
+// StallLine is the message of the warning a replica logs when its process
+// stalled (internal/cli, throttle_process_stall_seconds): the line gives
+// the longest stall, the count, and the span from the first one's start to
+// the last one's end.
+const StallLine = "the process stalled"
+
+// LoggedStalls returns the stalls replicas logged in outputs (their JSON
+// logs), for MaxIn: a line stands for a stall of its longest at its end,
+// and another at its start when its span is longer. A message granted just
+// before a replica's stall goes out that much late, so a pair of a key
+// around it may reach the sink closer than the layer's spacing by as much,
+// as a late timestamp of the checker's own shortens a gap.
+func LoggedStalls(outputs ...string) *Stalls {
+	s := &Stalls{}
+	for _, out := range outputs {
+		for _, line := range strings.Split(out, "\n") {
+			if !strings.Contains(line, StallLine) {
+				continue
+			}
+			var rec struct {
+				Msg      string
+				Longest  string
+				From, To time.Time
+			}
+			if json.Unmarshal([]byte(line), &rec) != nil || !strings.HasPrefix(rec.Msg, StallLine) {
+				continue
+			}
+			d, err := time.ParseDuration(rec.Longest)
+			if err != nil {
+				continue
+			}
+			s.events = append(s.events, stall{Wake: rec.To, Over: d})
+			if start := rec.From.Add(d); start.Before(rec.To) {
+				s.events = append(s.events, stall{Wake: start, Over: d})
+			}
+			if time.Duration(s.max.Load()) < d {
+				s.max.Store(int64(d))
+			}
+		}
+	}
+	sort.Slice(s.events, func(i, j int) bool { return s.events[i].Wake.Before(s.events[j].Wake) })
+	return s
+}
+
+// LongestIn returns a StallIn (Spec) that is the longest of each's MaxIn.
+func LongestIn(each ...*Stalls) func(from, to time.Time) time.Duration {
+	return func(from, to time.Time) time.Duration {
+		var d time.Duration
+		for _, s := range each {
+			d = max(d, s.MaxIn(from, to))
+		}
+		return d
+	}
 }

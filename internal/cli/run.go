@@ -244,6 +244,14 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 			g.watch(runCtx, ls, monitorInterval)
 		}()
 	}
+	{
+		h := stallHistogram(m.reg)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			watchStalls(runCtx, log, h, time.Now)
+		}()
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
