@@ -680,8 +680,7 @@ type LayeredStore interface {
 	// DelayLayers moves a granted request's send from the instant from,
 	// which its token-bucket layers (but one passed on a paid slot) were
 	// charged for, to from+by: it takes from each what the move costs the
-	// key's next message, min(by·rate, cost) tokens (DelayCharge), and
-	// reports true. When a key was charged meanwhile for a message that
+	// key's next message (DelayCharge), and reports true. When a key was charged meanwhile for a message that
 	// goes out after from, and the layer would not hold the debit at that
 	// message's instant, the two cannot be kept apart: it takes nothing
 	// and reports false, and the request must be decided again. A quota
@@ -690,12 +689,24 @@ type LayeredStore interface {
 }
 
 // DelayCharge returns the tokens a layer l charged cost for one instant
-// owes when the request goes out later by: the refill between the two
-// instants, which the key's next message must not spend, at most the cost.
-// A charge moved later by that much can never leave the layer holding more
-// than it would have with the charge at the later instant.
-func DelayCharge(l Layer, cost int, by time.Duration) float64 {
-	return min(by.Seconds()*l.Rate, float64(cost))
+// owes when the request goes out later by, the layer holding tokens now
+// (after its refill to now, at most its burst) and the new instant being
+// ahead after now (0 when it is past): the refill between the two
+// instants, which the key's next message must not spend, at most the
+// cost; and at least what leaves the layer at the new instant with no
+// more than burst - cost, as it holds right after a charge there. The
+// second term matters when the new instant is still ahead: the layer
+// holds its state as of now and caps it at its burst only when read, so
+// a refill that the cap would have cut between the two instants still
+// counts when the key's next message asks at the new one. (Capped at the
+// cost alone, a reservation moved 400 ms later on a layer of 5/s, burst 1,
+// left the layer a token at its new instant, and the key's next message
+// went out 100 ms after it in TestCampaignSim.) A charge moved later by
+// that much never leaves the layer holding more than it would have with
+// the charge at the later instant.
+func DelayCharge(l Layer, cost int, by time.Duration, tokens float64, ahead time.Duration) float64 {
+	c := min(by.Seconds()*l.Rate, float64(cost))
+	return max(c, tokens+max(ahead, 0).Seconds()*l.Rate-float64(l.Burst-cost))
 }
 
 // LayerState is the state of one key of one layer.

@@ -536,18 +536,20 @@ func (m *LayeredMemory) DelayLayersAt(t time.Time, req LayerRequest, res LayerRe
 	defer m.mu.Unlock()
 	paid := PaidLayers(m.layers, keys, req.Paid, res.At.Add(res.Wait)) // as the take decided
 	delayed := func(i int, l Layer) bool { return l.IsBucket() && !l.Shadow && (paid == nil || !paid[i]) }
+	charge := make([]float64, len(m.layers))
 	for i, l := range m.layers {
 		if !delayed(i, l) {
 			continue
 		}
 		b := m.buckets[i][keys[i]]
+		tokens, ts := advanceLayer(b, now, l)
+		charge[i] = DelayCharge(l, req.Cost, by, tokens, time.Duration(toUS-ts)*time.Microsecond)
 		if last := lastOf(b); last > fromUS {
 			// A message of the key charged for after this one's first
 			// instant: the move is possible only if the layer still
 			// holds the debit at that message's instant.
-			tokens, ts := advanceLayer(b, now, l)
 			at := math.Min(float64(l.Burst), tokens+float64(max(last-ts, 0))*l.Rate/1e6)
-			if at-DelayCharge(l, req.Cost, by) < 0 {
+			if at-charge[i] < 0 {
 				return false, nil // decide again
 			}
 		}
@@ -558,7 +560,7 @@ func (m *LayeredMemory) DelayLayersAt(t time.Time, req LayerRequest, res LayerRe
 		}
 		b := m.buckets[i][keys[i]]
 		tokens, ts := advanceLayer(b, now, l)
-		m.buckets[i][keys[i]] = &memLayerBucket{tokens: tokens - DelayCharge(l, req.Cost, by), ts: ts, last: max(lastOf(b), toUS)}
+		m.buckets[i][keys[i]] = &memLayerBucket{tokens: tokens - charge[i], ts: ts, last: max(lastOf(b), toUS)}
 	}
 	return true, nil
 }

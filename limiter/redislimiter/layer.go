@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -769,12 +770,12 @@ func (l *Layered) delayLayers(ctx context.Context, at time.Time, req backend.Lay
 				continue
 			}
 			rk.addLayer(l, i, keys[i])
-			args = append(args, l.spec[i][2], l.spec[i][3], backend.DelayCharge(ly, req.Cost, by))
+			args = append(args, l.spec[i][2], l.spec[i][3], backend.DelayCharge(ly, req.Cost, by, math.Inf(-1), 0))
 		}
 		if len(rk.keys) == 0 {
 			continue
 		}
-		args = append(args, string(rk.fields))
+		args = append(args, string(rk.fields), req.Cost)
 		moved, err := layersDelayScript.Run(ctx, l.client, rk.keys, args...).Int()
 		if err != nil {
 			return false, l.fail("delay layers", err)

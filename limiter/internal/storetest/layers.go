@@ -177,7 +177,7 @@ var layerCases = []struct {
 			{at: 10 * time.Millisecond, op: lstatus, layer: "per-key", key: "b", tokens: 0.91},
 			{at: 10 * time.Millisecond, op: lstatus, layer: "daily", used: 1, windowEnd: utc("2026-01-03T00:00:00Z")},
 		}},
-	{"a reservation moved back charges its layers the refill it delays, at most its cost", 10, 1,
+	{"a reservation moved back charges its layers the refill it delays, at most its cost, and what leaves a layer at most burst - cost at the new instant", 10, 1,
 		[]limiter.Layer{
 			{Name: "per-key", Keyed: true, Rate: 5, Burst: 1},
 			{Name: "wide", Keyed: true, Rate: 1000, Burst: 100},
@@ -188,12 +188,14 @@ var layerCases = []struct {
 			// Due in 100 ms; the key holds 0 then, -0.5 now.
 			{op: ltake, cost: 1, keys: map[string]string{"per-key": "a", "wide": "w"}, maxWait: time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -1},
 			{op: lstatus, layer: "per-key", key: "a", tokens: -0.5},
-			// Moved back by 100 ms: 0.5 more taken from per-key, one (its
-			// cost, not 100) from wide (-1 after the charge for +100 ms,
-			// 9 at +10 ms); the quota is left as charged.
+			// Moved back by 100 ms: 0.5 more taken from per-key; from
+			// wide, which holds 9 at +10 ms and would hold 199 at +200
+			// ms but for its cap, what leaves it 99 there (burst - cost,
+			// as a take charged for +200 ms would): 100, so that it holds
+			// -91 now; the quota is left as charged.
 			{at: 10 * time.Millisecond, op: ldelay, refundOf: 1, delay: 100 * time.Millisecond, granted: true},
 			{at: 10 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: -0.95},
-			{at: 10 * time.Millisecond, op: lstatus, layer: "wide", key: "w", tokens: 8},
+			{at: 10 * time.Millisecond, op: lstatus, layer: "wide", key: "w", tokens: -91},
 			{at: 10 * time.Millisecond, op: lstatus, layer: "daily", used: 2, windowEnd: utc("2026-01-03T00:00:00Z")},
 			// a's next message comes back when a has room, +400 ms, and
 			// goes out then: the first cannot be moved back past it, so
@@ -202,6 +204,22 @@ var layerCases = []struct {
 			{at: 400 * time.Millisecond, op: ltake, cost: 1, keys: map[string]string{"per-key": "a", "wide": "w"}, maxWait: time.Second, granted: true, remaining: 0},
 			{at: 410 * time.Millisecond, op: ldelay, refundOf: 1, delay: 400 * time.Millisecond, granted: false},
 			{at: 410 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: 0.05},
+		}},
+	{"a reservation moved back past the refill its layer's cap would cut leaves the layer empty at the new instant", 10, 1,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 5, Burst: 1}},
+		[]lstep{
+			{op: ltake, cost: 1, keys: k("x"), granted: true, remaining: 0},
+			// Due in 100 ms: the key holds 0 then, -0.5 now.
+			{op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, granted: true, wait: 100 * time.Millisecond, remaining: -1},
+			// Moved back by 400 ms, to +500 ms: the key would hold
+			// -0.45 + 2.45 = 2 there, capped to 1 when read; 2 are taken,
+			// not 1 (the cost), so that it holds 0 there, as after a
+			// charge at +500 ms. With 1 taken, a's next message went out
+			// at +500 ms beside it.
+			{at: 10 * time.Millisecond, op: ldelay, refundOf: 1, delay: 400 * time.Millisecond, granted: true},
+			{at: 10 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: -2.45},
+			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, wait: 200 * time.Millisecond, limiting: "per-key", remaining: 1},
+			{at: 700 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), maxWait: time.Second, granted: true, remaining: 0},
 		}},
 	{"a cost above a layer's burst is refused at once, nothing charged", 10, 5,
 		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 2}},
