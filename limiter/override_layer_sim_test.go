@@ -20,6 +20,50 @@ import (
 type watchedLayered struct {
 	*layeredClocked
 	watching atomic.Int64
+	// trip, when set, returns how long a request takes to reach the
+	// store and its answer to come back, slept on the fake clock.
+	trip func() (there, back time.Duration)
+	// trace, when set, is told of every TakeLayers and DelayLayers.
+	trace func(string)
+}
+
+// legs returns how long a call's request and answer travel: trip's, or
+// nothing.
+func (s *watchedLayered) legs() (there, back time.Duration) {
+	if s.trip == nil {
+		return 0, 0
+	}
+	return s.trip()
+}
+
+// travel sleeps d on the store's fake clock.
+func (s *watchedLayered) travel(d time.Duration) {
+	if d > 0 {
+		<-s.clk.NewTimer(d).C()
+	}
+}
+
+func (s *watchedLayered) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
+	there, back := s.legs()
+	s.travel(there)
+	res, err := s.layeredClocked.TakeLayers(ctx, req)
+	if s.trace != nil {
+		s.trace(fmt.Sprintf("+%v take %v class=%v paid=%d skip=%v: granted=%v wait=%v layersDue=%v limiting=%q class=%v rem=%.2f exceeded=%v err=%v",
+			s.clk.Now().Sub(storetest.Base), req.Keys, req.Priority, len(req.Paid), req.SkipShared, res.Granted, res.Wait, res.LayersDue, res.Limiting, res.Class, res.Remaining, res.Exceeded != nil, err))
+	}
+	s.travel(back)
+	return res, err
+}
+
+func (s *watchedLayered) DelayLayers(ctx context.Context, req limiter.LayerRequest, res limiter.LayerResult, from time.Time, by time.Duration) (bool, error) {
+	there, back := s.legs()
+	s.travel(there)
+	ok, err := s.layeredClocked.DelayLayers(ctx, req, res, from, by)
+	if s.trace != nil {
+		s.trace(fmt.Sprintf("+%v delay %v from +%v by %v: %v %v", s.clk.Now().Sub(storetest.Base), req.Keys, from.Sub(storetest.Base), by, ok, err))
+	}
+	s.travel(back)
+	return ok, err
 }
 
 func (s *watchedLayered) Watch(ctx context.Context, changed func(), pushed func(limiter.Push)) {

@@ -135,6 +135,23 @@ func (c *Clock) Advance(d time.Duration) {
 	}
 }
 
+// Next returns the instant of the earliest timer pending, and false when
+// none is.
+func (c *Clock) Next() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.timers) == 0 {
+		return time.Time{}, false
+	}
+	next := c.timers[0].at
+	for _, t := range c.timers[1:] {
+		if t.at.Before(next) {
+			next = t.at
+		}
+	}
+	return next, true
+}
+
 // Timers returns the number of timers pending.
 func (c *Clock) Timers() int {
 	c.mu.Lock()
