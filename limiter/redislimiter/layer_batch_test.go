@@ -113,8 +113,9 @@ func TestLayerFlights(t *testing.T) {
 			t.Fatalf("%s did not return", what)
 		}
 	}
-	granted("take(a, h1)", take("a", "h1")) // loads the script; h1 holds a's slot
-	if err := l.ReleaseSlots(ctx, backend.Slots(layers, []string{"z"}, "h9")); err != nil { // loads the release's
+	// Load the scripts of the take and the release; h1 holds a's slot.
+	granted("take(a, h1)", take("a", "h1"))
+	if err := l.ReleaseSlots(ctx, backend.Slots(layers, []string{"z"}, "h9")); err != nil {
 		t.Fatal(err)
 	}
 	rig := &flightRig{started: make(chan heldFlight)}
