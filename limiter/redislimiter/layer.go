@@ -136,7 +136,7 @@ func (l *Layered) WithFair(f limiter.Fair) (*Layered, error) {
 	f.Weights = ws
 	c := *l
 	if l.batch != nil {
-		c.batch = &layerBatcher{l: &c, flights: layerFlights}
+		c.batch = &layerBatcher{l: &c}
 	}
 	c.fair = &f
 	base := l.cfg.Prefix + "{" + l.cfg.Bucket + "}:fair"
@@ -191,7 +191,7 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 		noCrossSlot: new(atomic.Bool),
 	}
 	if !s.cfg.NoBatching {
-		l.batch = &layerBatcher{l: l, byMaster: layersKeyedClusterScript, flights: layerFlights}
+		l.batch = &layerBatcher{l: l, byMaster: layersKeyedClusterScript}
 	}
 	l.slots = backend.HasConcurrency(layers)
 	for i, ly := range layers {

@@ -14,27 +14,24 @@ import (
 
 // layerBatcher combines the concurrent TakeLayers of one Layered store on a
 // single node into pipelines, as batcher does for Take (on a Cluster, only
-// the leased requests of Layered.clusterStep). Up to flights pipelines
-// (layerFlights) are in flight at once: a call that finds fewer in flight
-// is sent at once, alone; calls that arrive while all are in flight queue
-// up, and when a flight returns the head of the queue sends them all (up
+// the leased requests of Layered.clusterStep): a call that finds
+// none in flight is sent at once, alone; calls that arrive meanwhile queue
+// up, and when the flight returns the head of the queue sends them all (up
 // to maxBatch) as one pipeline (see send: on a Cluster, one script call
-// per master). Each request is still decided atomically on its own, and
-// in one script call; requests in different flights are decided in the
-// order Redis runs their calls. A batch is sent on a context without its
-// callers' deadlines, so it is bounded by the client's timeouts; a caller
-// whose ctx ends while queued leaves the queue at once, and one whose ctx
-// ends while its batch is in flight gets ctx.Err() when the batch
-// returns, its tokens refunded.
+// per master). Each request is still decided atomically on its own. A
+// batch is sent on a context without its callers' deadlines, so it is
+// bounded by the client's timeouts; a caller whose ctx ends while queued
+// leaves the queue at once, and one whose ctx ends while its batch is in
+// flight gets ctx.Err() when the batch returns, its tokens refunded.
 //
 // The concurrency slots' releases (ReleaseSlots) share the flights: a
 // release that finds one in flight is queued and its caller returns at
-// once; the next flight to leave sends every release queued, in one script
-// call, ahead of its takes in the same pipeline, so that a take queued
-// after a release sees the slot free. When a flight returns with releases
-// queued and no take, its caller sends them before it returns. A release
-// that finds none in flight is sent at once by its caller. On a Cluster
-// the releases are one call per key in the pipeline.
+// once; the next flight sends every release queued, in one script call,
+// ahead of its takes in the same pipeline, so that a take queued after a
+// release sees the slot free. When a flight returns with releases queued
+// and no take, its caller sends them before it returns. A release that
+// finds none in flight is sent at once by its caller. On a Cluster the
+// releases are one call per key in the pipeline.
 //
 // A layerBatcher is safe for concurrent use.
 type layerBatcher struct {
@@ -43,33 +40,14 @@ type layerBatcher struct {
 	// layersKeyedClusterScript (tests set another).
 	byMaster *redis.Script
 
-	// flights bounds the pipelines in flight at once (layerFlights; 1
-	// when 0).
-	flights int
-
-	mu sync.Mutex
-	// inflight counts the calls in flight, each head of the queue told to
-	// lead the next one included. The queue is empty while inflight is
-	// below the bound.
-	inflight int
+	mu       sync.Mutex
+	flushing bool // a call is in flight or the head of the queue leads next
 	queue    []*layerPending
 	// releases are the slots released while a call was in flight, for the
-	// next one to leave; set only while inflight > 0. spare is the slice
-	// of the last releases sent, reused.
+	// next one; set only while flushing. spare is the slice of the last
+	// releases sent, reused.
 	releases, spare []backend.SlotRelease
 }
-
-// layerFlights is how many pipelines a layerBatcher keeps in flight at
-// once. With one, a caller that arrives while a flight is out waits for
-// it to return, then for its own: about one and a half round trips, in
-// series with the sink call of a consumer that handles its messages one
-// at a time (a Kafka partition). With two, a caller finds a free flight
-// more often and waits for its own round trip only; the batches are
-// smaller, so there are more calls per message.
-const layerFlights = 2
-
-// maxFlights returns the bound on the flights in flight.
-func (b *layerBatcher) maxFlights() int { return max(b.flights, 1) }
 
 type layerPending struct {
 	req   backend.LayerRequest
@@ -92,29 +70,11 @@ func (p *layerPending) release() {
 
 func (b *layerBatcher) take(ctx context.Context, req backend.LayerRequest, keys []string) (backend.LayerResult, error) {
 	b.mu.Lock()
-	if b.inflight < b.maxFlights() {
-		b.inflight++
-		rs := b.releases
-		b.releases = nil
+	if !b.flushing {
+		b.flushing = true
 		b.mu.Unlock()
-		var (
-			res backend.LayerResult
-			err error
-		)
-		if len(rs) == 0 {
-			res, err = b.l.takeStep(ctx, time.Time{}, req, keys, b.l.batchStep(req), 0)
-		} else {
-			// Releases queued while the other flights were out: they go
-			// ahead of this take, in its pipeline, on a context without
-			// its deadline since they are not its own.
-			p := layerPendingPool.Get().(*layerPending)
-			p.req, p.keys = req, keys
-			b.send(context.WithoutCancel(ctx), []*layerPending{p}, rs)
-			res, err = b.answer(ctx, p)
-			p.release()
-		}
+		res, err := b.l.takeStep(ctx, time.Time{}, req, keys, b.l.batchStep(req), 0)
 		b.mu.Lock()
-		b.recycleLocked(rs)
 		b.handOffLocked(ctx)
 		b.mu.Unlock()
 		return res, err
@@ -140,16 +100,10 @@ func (b *layerBatcher) take(ctx context.Context, req backend.LayerRequest, keys 
 	if p.state == leading {
 		b.lead(ctx, p)
 	}
-	return b.answer(ctx, p)
-}
-
-// answer returns p's answer to its caller, whose context is ctx: ctx.Err()
-// when it ended, the tokens p was granted refunded.
-func (b *layerBatcher) answer(ctx context.Context, p *layerPending) (backend.LayerResult, error) {
 	if err := ctx.Err(); err != nil {
 		if p.err == nil && p.res.Granted {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
-			_ = b.l.RefundLayers(rctx, p.req, p.res)
+			_ = b.l.RefundLayers(rctx, req, p.res)
 			cancel()
 		}
 		return backend.LayerResult{}, err
@@ -199,7 +153,7 @@ func (l *Layered) batchStep(req backend.LayerRequest) step {
 // error of a call it sent itself.
 func (b *layerBatcher) release(ctx context.Context, slots []backend.SlotRelease) error {
 	b.mu.Lock()
-	if b.inflight > 0 {
+	if b.flushing {
 		// The next flight sends it: its caller need not wait for it (a
 		// failure leaves the slot to its lease), so that its handler is
 		// free at once.
@@ -210,7 +164,7 @@ func (b *layerBatcher) release(ctx context.Context, slots []backend.SlotRelease)
 		b.mu.Unlock()
 		return nil
 	}
-	b.inflight++
+	b.flushing = true
 	b.mu.Unlock()
 	err := b.l.releaseSlots(ctx, slots)
 	b.mu.Lock()
@@ -432,10 +386,9 @@ func (b *layerBatcher) sendEach(ctx context.Context, at time.Time, pipe redis.Pi
 	}
 }
 
-// handOffLocked passes the lead of a flight that returned to the head of
-// the queue, or ends the flight. With releases queued and no take, it
-// sends them first, on ctx without its deadline, unlocking b.mu
-// meanwhile. b.mu must be held.
+// handOffLocked passes the lead to the head of the queue, or ends the
+// flight. With releases queued and no take, it sends them first, on ctx
+// without its deadline, unlocking b.mu meanwhile. b.mu must be held.
 func (b *layerBatcher) handOffLocked(ctx context.Context) {
 	for len(b.queue) == 0 && len(b.releases) > 0 {
 		rs := b.releases
@@ -446,7 +399,7 @@ func (b *layerBatcher) handOffLocked(ctx context.Context) {
 		b.recycleLocked(rs)
 	}
 	if len(b.queue) == 0 {
-		b.inflight--
+		b.flushing = false
 		return
 	}
 	head := b.queue[0]

@@ -298,7 +298,6 @@ func TestKeyedBatchRecoversFromNoScript(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { c.Close() })
 	l := newLayered(t, c, 1000, 1000, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 0.001, Burst: 5}})
-	l.batch.flights = 1 // so that the takes queue behind the one held
 	ctx := context.Background()
 	take := func(key string) (backend.LayerResult, error) {
 		return l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": key}, SkipShared: true})

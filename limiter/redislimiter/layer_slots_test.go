@@ -102,7 +102,6 @@ func TestReleasesRideWithTheNextTakes(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	layers := []limiter.Layer{{Name: "conc", Keyed: true, Concurrency: 1, Lease: time.Minute}}
 	l := newLayered(t, c, 1000, 1000, layers)
-	l.batch.flights = 1 // so that the take queues behind the one held (TestLayerFlights: two)
 	ctx := context.Background()
 	take := func(key, holder string) (backend.LayerResult, error) {
 		return l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Keys: map[string]string{"conc": key}, SkipShared: true, Holder: holder})
