@@ -336,8 +336,8 @@ func runE2E(ctx context.Context, cfg e2eConfig) error {
 				if err != nil {
 					return fmt.Errorf("%s, %s, round %d: %w", name, c, round, err)
 				}
-				fmt.Fprintf(os.Stderr, "%-9s %-9s round %d: %8.0f msg/s, %.4f Redis calls/msg, CPU %.1f µs/msg (services %.1f, Redis %.1f), left %d, load %s\n",
-					name, c, round, r.perSecond(), float64(r.redis.calls)/float64(r.n), perMsg(r.cpu, r.n), perMsg(r.svcCPU, r.n), perMsg(r.redis.cpu, r.n), r.left, r.load)
+				fmt.Fprintf(os.Stderr, "%-9s %-9s round %d: %8.0f msg/s, %.4f Redis calls/msg, CPU %.1f µs/msg (services %.1f, Redis %.1f, its scripts %.1f), left %d, load %s\n",
+					name, c, round, r.perSecond(), float64(r.redis.calls)/float64(r.n), perMsg(r.cpu, r.n), perMsg(r.svcCPU, r.n), perMsg(r.redis.cpu, r.n), perMsg(r.redis.scriptTime, r.n), r.left, r.load)
 				runs = append(runs, r)
 			}
 		}
