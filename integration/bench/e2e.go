@@ -558,8 +558,9 @@ func writeTemp(yaml string) (string, error) {
 // the run down), into cfg.profileDir, named after the source; and the bare
 // loop once under a CPU and an allocation profile (bare-cpu, bare-allocs),
 // and with -e2e-layer throttle with the keyed layer too (layer-cpu,
-// layer-allocs, and in a run of its own layer-block, layer-mutex), likewise with -e2e-dedupe, -e2e-window and
-// -e2e-concurrency (dedupe-cpu, window-cpu, conc-cpu, ...), and with
+// layer-allocs, and in a run of its own layer-block, layer-mutex),
+// likewise with -e2e-dedupe, -e2e-window and -e2e-concurrency
+// (dedupe-cpu, window-cpu, conc-cpu, ...), and with
 // -e2e-readme throttle in the README's configuration without its layer
 // (readme-plain-cpu, ...).
 func (b *e2eBench) profile(ctx context.Context, src source) error {
