@@ -199,6 +199,7 @@ type e2eRun struct {
 	arrivals []time.Duration // at the sink, sorted, since the sink's reset
 	redis    redisStats      // delta over the run, private Redis
 	cpu      time.Duration   // this process, over the run
+	svcCPU   time.Duration   // the child process (sink, kfake), over the run
 	mallocs  uint64
 	left     int64
 	spans    int64  // spans the OTLP receiver counted (tracing runs)
@@ -335,8 +336,8 @@ func runE2E(ctx context.Context, cfg e2eConfig) error {
 				if err != nil {
 					return fmt.Errorf("%s, %s, round %d: %w", name, c, round, err)
 				}
-				fmt.Fprintf(os.Stderr, "%-9s %-9s round %d: %8.0f msg/s, %.4f Redis calls/msg, CPU %.1f µs/msg, left %d, load %s\n",
-					name, c, round, r.perSecond(), float64(r.redis.calls)/float64(r.n), float64(r.cpu.Microseconds())/float64(r.n), r.left, r.load)
+				fmt.Fprintf(os.Stderr, "%-9s %-9s round %d: %8.0f msg/s, %.4f Redis calls/msg, CPU %.1f µs/msg (services %.1f, Redis %.1f, its scripts %.1f), left %d, load %s\n",
+					name, c, round, r.perSecond(), float64(r.redis.calls)/float64(r.n), perMsg(r.cpu, r.n), perMsg(r.svcCPU, r.n), perMsg(r.redis.cpu, r.n), perMsg(r.redis.scriptTime, r.n), r.left, r.load)
 				runs = append(runs, r)
 			}
 		}
@@ -381,6 +382,7 @@ func (b *e2eBench) run(ctx context.Context, src source, consumer string, round i
 	if err != nil {
 		return r, err
 	}
+	svc0 := b.svc.cpu()
 	if b.onStart != nil {
 		if err := b.onStart(); err != nil {
 			return r, err
@@ -425,6 +427,7 @@ func (b *e2eBench) run(ctx context.Context, src source, consumer string, round i
 	if err != nil {
 		return r, err
 	}
+	r.svcCPU = b.svc.cpu() - svc0
 	st, err := b.svc.sinkStats(ctx)
 	if err != nil {
 		return r, err
@@ -447,6 +450,11 @@ func (b *e2eBench) run(ctx context.Context, src source, consumer string, round i
 		}
 	}
 	return r, nil
+}
+
+// perMsg is d per message, in µs.
+func perMsg(d time.Duration, n int) float64 {
+	return float64(d.Nanoseconds()) / 1e3 / float64(n)
 }
 
 // usage reads the private Redis's counters and this process's CPU.
@@ -550,8 +558,9 @@ func writeTemp(yaml string) (string, error) {
 // the run down), into cfg.profileDir, named after the source; and the bare
 // loop once under a CPU and an allocation profile (bare-cpu, bare-allocs),
 // and with -e2e-layer throttle with the keyed layer too (layer-cpu,
-// layer-allocs), likewise with -e2e-dedupe, -e2e-window and
-// -e2e-concurrency (dedupe-cpu, window-cpu, conc-cpu, ...), and with
+// layer-allocs, and in a run of its own layer-block, layer-mutex),
+// likewise with -e2e-dedupe, -e2e-window and -e2e-concurrency
+// (dedupe-cpu, window-cpu, conc-cpu, ...), and with
 // -e2e-readme throttle in the README's configuration without its layer
 // (readme-plain-cpu, ...).
 func (b *e2eBench) profile(ctx context.Context, src source) error {
@@ -600,6 +609,27 @@ func (b *e2eBench) profile(ctx context.Context, src source) error {
 		}
 		fmt.Fprintf(os.Stderr, "%-9s %s, CPU profile: %8.0f msg/s\n", src.name(), c.name, r.perSecond())
 	}
+	b.blockProfiled(func(kind string) string { return path(kind) })
+	if r, err = b.run(ctx, src, consThrottle, 0, 1e6, 1_000_000, n); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "%-9s throttle, block profile: %8.0f msg/s\n", src.name(), r.perSecond())
+	if b.cfg.layer {
+		// Where the keyed layer's handlers wait (layer-block,
+		// layer-mutex).
+		b.blockProfiled(func(kind string) string { return path("layer-" + kind) })
+		if r, err = b.run(ctx, src, consLayer, 0, 1e6, 1_000_000, n); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "%-9s throttle + layer, block profile: %8.0f msg/s\n", src.name(), r.perSecond())
+	}
+	return nil
+}
+
+// blockProfiled makes the next run write a block and a mutex profile to
+// path("block") and path("mutex"), from path("block-base") and
+// path("mutex-base").
+func (b *e2eBench) blockProfiled(path func(kind string) string) {
 	b.onStart = func() error {
 		// The block and mutex profiles count from the start of the
 		// process: the bases let pprof -base show this run alone.
@@ -621,11 +651,6 @@ func (b *e2eBench) profile(ctx context.Context, src source) error {
 		}
 		return writeProfile("mutex", path("mutex"))
 	}
-	if r, err = b.run(ctx, src, consThrottle, 0, 1e6, 1_000_000, n); err != nil {
-		return err
-	}
-	fmt.Fprintf(os.Stderr, "%-9s throttle, block profile: %8.0f msg/s\n", src.name(), r.perSecond())
-	return nil
 }
 
 // cpuProfiled makes the next run write a CPU profile to path("cpu") and

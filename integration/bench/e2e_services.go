@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -160,6 +161,25 @@ func startServices(ctx context.Context) (*services, error) {
 		return nil, fmt.Errorf("reading the services' addresses: %w", err)
 	}
 	return s, nil
+}
+
+// cpu is the user and system time the child process has used, from
+// /proc (0 where that cannot be read).
+func (s *services) cpu() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command's name, in parentheses: utime and
+	// stime are the 12th and 13th, in clock ticks (100 a second).
+	_, rest, ok := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+st) * 10 * time.Millisecond
 }
 
 func (s *services) stop() {

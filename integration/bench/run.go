@@ -226,7 +226,7 @@ type usage struct {
 
 func (u usage) sub(v usage) usage {
 	return usage{
-		redis:       redisStats{calls: u.redis.calls - v.redis.calls, cmds: u.redis.cmds - v.redis.cmds, scripts: u.redis.scripts - v.redis.scripts, cpu: u.redis.cpu - v.redis.cpu},
+		redis:       redisStats{calls: u.redis.calls - v.redis.calls, cmds: u.redis.cmds - v.redis.cmds, scripts: u.redis.scripts - v.redis.scripts, cpu: u.redis.cpu - v.redis.cpu, scriptTime: u.redis.scriptTime - v.redis.scriptTime},
 		clientCalls: u.clientCalls - v.clientCalls,
 		cpu:         u.cpu - v.cpu,
 		mallocs:     u.mallocs - v.mallocs,
@@ -280,6 +280,10 @@ type redisStats struct {
 	scripts int64
 	// cpu is used_cpu_sys + used_cpu_user.
 	cpu time.Duration
+	// scriptTime is the time Redis spent running EVAL and EVALSHA, the
+	// commands the scripts run included (commandstats usec): cpu less
+	// scriptTime is the rest of Redis's work (the network, the event loop).
+	scriptTime time.Duration
 }
 
 func readRedisStats(ctx context.Context, c *redis.Client) (redisStats, error) {
@@ -304,6 +308,13 @@ func readRedisStats(ctx context.Context, c *redis.Client) (redisStats, error) {
 			s.cmds += n
 			if cmd == "evalsha" || cmd == "eval" {
 				s.scripts += n
+				_, us, _ := strings.Cut(rest, "usec=")
+				us, _, _ = strings.Cut(us, ",")
+				v, err := strconv.ParseInt(us, 10, 64)
+				if err != nil {
+					return redisStats{}, fmt.Errorf("parsing INFO line %q: %w", line, err)
+				}
+				s.scriptTime += time.Duration(v) * time.Microsecond
 			}
 			if !scriptCommands[cmd] {
 				s.calls += n
