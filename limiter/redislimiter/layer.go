@@ -137,7 +137,7 @@ func (l *Layered) WithFair(f limiter.Fair) (*Layered, error) {
 	f.Weights = ws
 	c := *l
 	if l.batch != nil {
-		c.batch = &layerBatcher{l: &c}
+		c.batch = &layerBatcher{l: &c, byMaster: l.batch.byMaster}
 	}
 	c.fair = &f
 	base := l.cfg.Prefix + "{" + l.cfg.Bucket + "}:fair"

@@ -227,3 +227,21 @@ func TestRedisPolicySteps(t *testing.T) {
 		return clockedLayers{newLayered(t, c, rate, burst, layers)}
 	})
 }
+
+// TestWithFairKeepsTheClusterBatchScript: the store WithFair returns
+// batches with its own batcher, which must keep the script of a Cluster's
+// call per master. It had none, so a leased request of a fair store on a
+// Cluster (one without a tenant) would have called a nil script.
+func TestWithFairKeepsTheClusterBatchScript(t *testing.T) {
+	l := newLayered(t, newClient(t), 10, 5, []limiter.Layer{{Name: "per-key", Keyed: true, Rate: 1, Burst: 1}})
+	f, err := l.WithFair(limiter.Fair{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.batch == nil || f.batch == nil || f.batch.byMaster == nil || f.batch.byMaster != l.batch.byMaster {
+		t.Fatalf("the fair store's batcher has script %p, want the store's %p", f.batch.byMaster, l.batch.byMaster)
+	}
+	if f.batch.l != f {
+		t.Fatal("the fair store's batcher sends through the store it was copied from")
+	}
+}
