@@ -25,13 +25,15 @@ import (
 // flight gets ctx.Err() when the batch returns, its tokens refunded.
 //
 // The concurrency slots' releases (ReleaseSlots) share the flights: a
-// release that finds one in flight is queued and its caller returns at
-// once; the next flight sends every release queued, in one script call,
-// ahead of its takes in the same pipeline, so that a take queued after a
-// release sees the slot free. When a flight returns with releases queued
-// and no take, its caller sends them before it returns. A release that
-// finds none in flight is sent at once by its caller. On a Cluster the
-// releases are one call per key in the pipeline.
+// release is queued and its caller returns at once; the next flight sends
+// every release queued, in one script call, ahead of its takes in the
+// same pipeline, so that a take queued after a release sees the slot
+// free. When a flight returns with releases queued and no take, its
+// caller sends them before it returns. A release that finds none in
+// flight starts one, sent by a goroutine of its own that ends when the
+// flight does: a take queued meanwhile leads it instead, the releases
+// ahead of it. On a Cluster the releases are one call per key in the
+// pipeline.
 //
 // A layerBatcher is safe for concurrent use.
 type layerBatcher struct {
@@ -184,29 +186,28 @@ func (l *Layered) batchStep(req backend.LayerRequest) step {
 	return l.firstStep(req)
 }
 
-// release gives back slots: in the flight after the one in flight, or at
-// once, by its caller, when none is (see layerBatcher). It returns the
-// error of a call it sent itself.
-func (b *layerBatcher) release(ctx context.Context, slots []backend.SlotRelease) error {
+// release gives back slots: in the flight after the one in flight, or,
+// when none is, in a flight of their own that a goroutine sends, which
+// ends with it (see layerBatcher). Its caller never waits for a call (a
+// failure leaves the slots to their leases), so that its handler is free
+// at once; a take that comes meanwhile queues behind the releases and
+// takes them along, as behind any flight.
+func (b *layerBatcher) release(ctx context.Context, slots []backend.SlotRelease) {
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.releases == nil {
+		b.releases, b.spare = b.spare, nil
+	}
+	b.releases = append(b.releases, slots...)
 	if b.flushing {
-		// The next flight sends it: its caller need not wait for it (a
-		// failure leaves the slot to its lease), so that its handler is
-		// free at once.
-		if b.releases == nil {
-			b.releases, b.spare = b.spare, nil
-		}
-		b.releases = append(b.releases, slots...)
-		b.mu.Unlock()
-		return nil
+		return // the next flight sends them
 	}
 	b.flushing = true
-	b.mu.Unlock()
-	err := b.l.releaseSlots(ctx, slots)
-	b.mu.Lock()
-	b.handOffLocked(ctx)
-	b.mu.Unlock()
-	return err
+	go func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.handOffLocked(context.WithoutCancel(ctx))
+	}()
 }
 
 // recycleLocked keeps rs, sent, for the releases of a later flight.

@@ -3,6 +3,7 @@ package redislimiter
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -217,5 +218,70 @@ func TestSlotKeyTTL(t *testing.T) {
 	}
 	if ttl := c.PTTL(ctx, k2).Val(); ttl <= 10*time.Second || ttl > 11*time.Second {
 		t.Fatalf("TTL of k2, new to c's take = %v, want 11 s", ttl)
+	}
+}
+
+// pipeGate holds the first pipeline sent once armed until open is closed.
+type pipeGate struct {
+	armed, held atomic.Bool
+	open        chan struct{}
+}
+
+func (g *pipeGate) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (g *pipeGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (g *pipeGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if g.armed.Load() && g.held.CompareAndSwap(false, true) {
+			<-g.open
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestReleaseNeverWaits: a release that finds no call in flight returns
+// before its own call is answered (its handler is free at once), and a
+// take made right after it goes out behind it and gets the slot it freed.
+func TestReleaseNeverWaits(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { c.Close() })
+	layers := []limiter.Layer{{Name: "conc", Keyed: true, Concurrency: 1, Lease: time.Minute}}
+	l := newLayered(t, c, 1000, 1000, layers)
+	ctx := context.Background()
+	take := func(holder string) (backend.LayerResult, error) {
+		return l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Keys: map[string]string{"conc": "a"}, SkipShared: true, Holder: holder})
+	}
+	if res, err := take("h1"); err != nil || !res.Granted {
+		t.Fatalf("take(h1) = %+v, %v", res, err)
+	}
+	g := &pipeGate{open: make(chan struct{})}
+	c.AddHook(g)
+	g.armed.Store(true)
+	released := make(chan error, 1)
+	go func() { released <- l.ReleaseSlots(ctx, backend.Slots(layers, []string{"a"}, "h1")) }()
+	select {
+	case err := <-released:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		close(g.open)
+		t.Fatal("ReleaseSlots with nothing in flight waited for its call")
+	}
+	testenv.Eventually(t, 5*time.Second, "the release's call sent", g.held.Load)
+	type outcome struct {
+		res backend.LayerResult
+		err error
+	}
+	second := make(chan outcome, 1)
+	go func() { res, err := take("h2"); second <- outcome{res, err} }()
+	testenv.Eventually(t, 5*time.Second, "h2's take queued behind the release", func() bool {
+		l.batch.mu.Lock()
+		defer l.batch.mu.Unlock()
+		return len(l.batch.queue) == 1
+	})
+	close(g.open)
+	if o := <-second; o.err != nil || !o.res.Granted {
+		t.Fatalf("take(h2) after h1's release = %+v, %v; want granted", o.res, o.err)
 	}
 }
