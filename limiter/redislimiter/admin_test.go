@@ -165,7 +165,7 @@ func TestAdminWithoutLimits(t *testing.T) {
 
 // privateRedis starts a redis-server of this test's own, listening only on
 // a unix socket (no port to pick), with extra config lines.
-func privateRedis(t *testing.T, conf ...string) string {
+func privateRedis(t testing.TB, conf ...string) string {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {

@@ -253,14 +253,18 @@ func (l *Layered) layerKey(i int, key string) string {
 	if !l.layers[i].Keyed || l.layers[i].IsWindow() { // a window keeps no state
 		return l.unkeyed[i]
 	}
-	h := sha256.New()
-	h.Write([]byte(l.keyName[i]))
-	h.Write([]byte(key))
-	h.Write([]byte{'}'})
-	var sum [sha256.Size]byte
-	b := make([]byte, 0, len(l.keyPrefix[i])+layerHashLen)
-	b = append(b, l.keyPrefix[i]...)
-	return string(append(b, h.Sum(sum[:0])[:layerHashLen]...))
+	sum := l.keyHash(i, key)
+	var buf [64]byte
+	return string(append(append(buf[:0], l.keyPrefix[i]...), sum[:layerHashLen]...))
+}
+
+// keyHash returns the SHA-256 of key's readable name in layer i (see
+// layerKey), hashed from a buffer on the stack for a name of up to 128
+// bytes: no allocation.
+func (l *Layered) keyHash(i int, key string) [sha256.Size]byte {
+	var buf [128]byte
+	b := append(append(append(buf[:0], l.keyName[i]...), key...), '}')
+	return sha256.Sum256(b)
 }
 
 // layerShardBits is how many bits of a keyed token bucket's hash name its
@@ -291,12 +295,10 @@ func (l *Layered) bucketLoc(i int, key string) (string, string) {
 	if !l.sharded(i) {
 		return l.layerKey(i, key), ""
 	}
-	k := l.layerKey(i, key)
-	h := k[len(l.keyPrefix[i]):]
-	b := make([]byte, 0, len(l.keyPrefix[i])+2)
-	b = append(b, l.keyPrefix[i]...)
-	b = append(b, h[0]&(1<<(layerShardBits-8)-1), h[1])
-	return string(b), h[2:]
+	h := l.keyHash(i, key)
+	var buf [64]byte
+	b := append(append(buf[:0], l.keyPrefix[i]...), h[0]&(1<<(layerShardBits-8)-1), h[1])
+	return string(b), string(h[2:layerHashLen])
 }
 
 // layerKeys are the KEYS of a layer script and, in fields, the field of

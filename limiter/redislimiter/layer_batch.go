@@ -25,13 +25,15 @@ import (
 // flight gets ctx.Err() when the batch returns, its tokens refunded.
 //
 // The concurrency slots' releases (ReleaseSlots) share the flights: a
-// release that finds one in flight is queued and its caller returns at
-// once; the next flight sends every release queued, in one script call,
-// ahead of its takes in the same pipeline, so that a take queued after a
-// release sees the slot free. When a flight returns with releases queued
-// and no take, its caller sends them before it returns. A release that
-// finds none in flight is sent at once by its caller. On a Cluster the
-// releases are one call per key in the pipeline.
+// release is queued and its caller returns at once; the next flight sends
+// every release queued, in one script call, ahead of its takes in the
+// same pipeline, so that a take queued after a release sees the slot
+// free. When a flight returns with releases queued and no take, its
+// caller sends them before it returns. A release that finds none in
+// flight starts one, sent by a goroutine of its own that ends when the
+// flight does: a take queued meanwhile leads it instead, the releases
+// ahead of it. On a Cluster the releases are one call per key in the
+// pipeline.
 //
 // A layerBatcher is safe for concurrent use.
 type layerBatcher struct {
@@ -47,6 +49,42 @@ type layerBatcher struct {
 	// next one; set only while flushing. spare is the slice of the last
 	// releases sent, reused.
 	releases, spare []backend.SlotRelease
+	// scratch holds send's slices, reused from flight to flight: one
+	// flight at a time sends.
+	scratch sendScratch
+}
+
+// sendScratch is what send builds for a single node's batch, kept to be
+// reused (cleared after each flight, so that it holds no request).
+type sendScratch struct {
+	cmds   []*redis.Cmd
+	clocks []time.Time
+	keyed  []*layerPending
+	kreqs  []backend.LayerRequest
+	kkeys  [][]string
+	res    []backend.LayerResult
+	errs   []error
+}
+
+// reset returns sc's slices emptied, of at least n elements' capacity
+// for cmds and clocks.
+func (sc *sendScratch) reset(n int) {
+	if cap(sc.cmds) < n {
+		sc.cmds, sc.clocks = make([]*redis.Cmd, n), make([]time.Time, n)
+	}
+	sc.cmds, sc.clocks = sc.cmds[:n], sc.clocks[:n]
+	sc.keyed, sc.kreqs, sc.kkeys = sc.keyed[:0], sc.kreqs[:0], sc.kkeys[:0]
+}
+
+// clear drops what sc refers to, so that the requests of a flight sent
+// are not kept alive.
+func (sc *sendScratch) clear() {
+	clear(sc.cmds)
+	clear(sc.keyed)
+	clear(sc.kreqs)
+	clear(sc.kkeys)
+	clear(sc.res)
+	clear(sc.errs)
 }
 
 type layerPending struct {
@@ -148,29 +186,28 @@ func (l *Layered) batchStep(req backend.LayerRequest) step {
 	return l.firstStep(req)
 }
 
-// release gives back slots: in the flight after the one in flight, or at
-// once, by its caller, when none is (see layerBatcher). It returns the
-// error of a call it sent itself.
-func (b *layerBatcher) release(ctx context.Context, slots []backend.SlotRelease) error {
+// release gives back slots: in the flight after the one in flight, or,
+// when none is, in a flight of their own that a goroutine sends, which
+// ends with it (see layerBatcher). Its caller never waits for a call (a
+// failure leaves the slots to their leases), so that its handler is free
+// at once; a take that comes meanwhile queues behind the releases and
+// takes them along, as behind any flight.
+func (b *layerBatcher) release(ctx context.Context, slots []backend.SlotRelease) {
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.releases == nil {
+		b.releases, b.spare = b.spare, nil
+	}
+	b.releases = append(b.releases, slots...)
 	if b.flushing {
-		// The next flight sends it: its caller need not wait for it (a
-		// failure leaves the slot to its lease), so that its handler is
-		// free at once.
-		if b.releases == nil {
-			b.releases, b.spare = b.spare, nil
-		}
-		b.releases = append(b.releases, slots...)
-		b.mu.Unlock()
-		return nil
+		return // the next flight sends them
 	}
 	b.flushing = true
-	b.mu.Unlock()
-	err := b.l.releaseSlots(ctx, slots)
-	b.mu.Lock()
-	b.handOffLocked(ctx)
-	b.mu.Unlock()
-	return err
+	go func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.handOffLocked(context.WithoutCancel(ctx))
+	}()
 }
 
 // recycleLocked keeps rs, sent, for the releases of a later flight.
@@ -197,30 +234,29 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending, rs []bac
 		return
 	}
 	keyedOnly := b.l.keyedOnly(step{layers: b.l.allLayers})
-	var keyed []*layerPending
-	cmds := make([]*redis.Cmd, len(batch))
-	clocks := make([]time.Time, len(batch))
+	sc := &b.scratch
+	sc.reset(len(batch))
+	defer sc.clear()
+	cmds, clocks := sc.cmds, sc.clocks
 	for i, q := range batch {
 		if q.req.SkipShared && !q.req.ShadowShared && keyedOnly {
-			keyed = append(keyed, q)
+			sc.keyed = append(sc.keyed, q)
 			continue
 		}
 		rkeys, args, clock := b.l.takeArgs(time.Time{}, q.req, q.keys, b.l.firstStep(q.req), 0)
 		cmds[i], clocks[i] = layersScript.EvalSha(ctx, pipe, rkeys, args...), clock
 	}
+	keyed := sc.keyed
 	var (
-		kreqs  []backend.LayerRequest
 		krkeys []string
 		kargs  []any
 		kcmd   *redis.Cmd
 	)
 	if len(keyed) > 0 {
-		kreqs = make([]backend.LayerRequest, len(keyed))
-		kkeys := make([][]string, len(keyed))
-		for j, q := range keyed {
-			kreqs[j], kkeys[j] = q.req, q.keys
+		for _, q := range keyed {
+			sc.kreqs, sc.kkeys = append(sc.kreqs, q.req), append(sc.kkeys, q.keys)
 		}
-		krkeys, kargs = b.l.keyedArgs(time.Time{}, b.l.allLayers, kreqs, kkeys, 0, false)
+		krkeys, kargs = b.l.keyedArgs(time.Time{}, b.l.allLayers, sc.kreqs, sc.kkeys, 0, false)
 		kcmd = layersKeyedScript.EvalSha(ctx, pipe, krkeys, kargs...)
 	}
 	_, _ = pipe.Exec(ctx)
@@ -245,8 +281,11 @@ func (b *layerBatcher) send(ctx context.Context, batch []*layerPending, rs []bac
 	if redis.HasErrorPrefix(err, "NOSCRIPT") {
 		s, err = layersKeyedScript.Run(ctx, b.l.client, krkeys, kargs...).Text()
 	}
-	res, errs := make([]backend.LayerResult, len(keyed)), make([]error, len(keyed))
-	b.l.keyedReplies(kreqs, 0, s, err, res, errs)
+	if cap(sc.res) < len(keyed) {
+		sc.res, sc.errs = make([]backend.LayerResult, len(keyed)), make([]error, len(keyed))
+	}
+	res, errs := sc.res[:len(keyed)], sc.errs[:len(keyed)]
+	b.l.keyedReplies(sc.kreqs, 0, s, err, res, errs)
 	for j, q := range keyed {
 		q.res, q.err = res[j], errs[j]
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -212,4 +214,115 @@ func BenchmarkLayersRatio(b *testing.B) {
 	b.ReportMetric(median(ratios[bucket]), "bucket-ratio")
 	b.ReportMetric(float64(h.n.Load()-calls0)/float64(bucketMsgs), "bucket-round-trips/msg")
 	b.Logf("bucket/shared per round: %.2f", ratios[bucket])
+}
+
+// BenchmarkLayerRedisCPU measures what the keyed-only layer calls cost a
+// private redis-server (nothing else runs on it), through the batcher as a
+// Bucket sends them while its lease pays the shared bucket
+// (LayerRequest.SkipShared), from 64 goroutines:
+//
+//   - keyed-100k: one token bucket per key (rate 1000, burst 1000) over
+//     100,000 keys, every message a key of its own in turn;
+//   - concurrency-10k: a concurrency layer of 3 slots per key over 10,000
+//     keys, each message taking its slot and giving it back
+//     (ReleaseSlots) once granted.
+//
+// It reports the server's CPU (INFO cpu, user and system) and the commands
+// it ran (INFO commandstats, those of the scripts included) per message,
+// and the script calls per message.
+//
+//	go test ./limiter/redislimiter/ -run XXX -bench BenchmarkLayerRedisCPU -benchtime 100000x
+func BenchmarkLayerRedisCPU(b *testing.B) {
+	c := redis.NewClient(&redis.Options{Network: "unix", Addr: privateRedis(b), PoolSize: 64, MaxRetries: -1})
+	b.Cleanup(func() { c.Close() })
+	for _, bc := range []struct {
+		name  string
+		layer limiter.Layer
+		keys  int
+	}{
+		{"keyed-100k", limiter.Layer{Name: "per-key", Keyed: true, Rate: 1000, Burst: 1000}, 100_000},
+		{"concurrency-10k", limiter.Layer{Name: "per-key", Keyed: true, Concurrency: 3, Lease: time.Minute}, 10_000},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			s, err := New(c, Config{Bucket: uniqueBucket(b, c), Rate: 1e9, Burst: 1e9})
+			if err != nil {
+				b.Fatal(err)
+			}
+			l, err := s.WithLayers([]limiter.Layer{bc.layer})
+			if err != nil {
+				b.Fatal(err)
+			}
+			names := make([]string, bc.keys)
+			for i := range names {
+				names[i] = fmt.Sprintf("+1555%07d", i)
+			}
+			slots := bc.layer.Concurrency > 0
+			ctx := context.Background()
+			var n atomic.Int64
+			one := func() error {
+				i := n.Add(1)
+				req := backend.LayerRequest{Cost: 1, SkipShared: true, Keys: map[string]string{"per-key": names[i%int64(bc.keys)]}}
+				if slots {
+					req.Holder = "h" + strconv.FormatInt(i, 10)
+				}
+				res, err := l.TakeLayers(ctx, req)
+				if err != nil || !res.Granted {
+					return fmt.Errorf("granted %v: %v", res.Granted, err)
+				}
+				if slots {
+					return l.ReleaseSlots(ctx, []backend.SlotRelease{{Layer: "per-key", Key: req.Keys["per-key"], Holder: req.Holder}})
+				}
+				return nil
+			}
+			if err := one(); err != nil { // loads the scripts
+				b.Fatal(err)
+			}
+			h := &countingHook{}
+			c.AddHook(h)
+			cpu0, cmds0 := redisCPU(b, c)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := one(); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			cpu1, cmds1 := redisCPU(b, c)
+			b.ReportMetric((cpu1-cpu0)*1e6/float64(b.N), "redis-µs/msg")
+			b.ReportMetric(float64(cmds1-cmds0-2)/float64(b.N), "redis-cmds/msg") // less this pair of INFO
+			b.ReportMetric(float64(h.n.Load())/float64(b.N), "calls/msg")
+		})
+	}
+}
+
+// redisCPU returns the server's CPU in seconds (user and system) and the
+// commands it ran (INFO commandstats, scripts' included).
+func redisCPU(b *testing.B, c *redis.Client) (float64, int64) {
+	b.Helper()
+	info, err := c.Info(context.Background(), "cpu", "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var cpu float64
+	var cmds int64
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "used_cpu_user:"); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			cpu += f
+		} else if v, ok := strings.CutPrefix(line, "used_cpu_sys:"); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			cpu += f
+		} else if strings.HasPrefix(line, "cmdstat_") {
+			_, rest, _ := strings.Cut(line, "calls=")
+			v, _, _ := strings.Cut(rest, ",")
+			k, _ := strconv.ParseInt(v, 10, 64)
+			cmds += k
+		}
+	}
+	return cpu, cmds
 }

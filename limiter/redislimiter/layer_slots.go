@@ -23,10 +23,11 @@ func (l *Layered) slotsChannel() string {
 // ReleaseSlots implements backend.SlotStore: it gives back the slots in
 // one script call on a single node (one per key on a Cluster, pipelined),
 // batched with the releases and takes of concurrent callers (see
-// layerBatcher): while a call is in flight, the slots are queued for the
-// next one and ReleaseSlots returns at once (a failure then leaves them
-// to their leases); else it sends them and returns the call's error. With
-// Config.NoBatching every release is its own call. A release that frees a
+// layerBatcher): the slots are queued for the next call, or for a call of
+// their own when none is in flight, and ReleaseSlots returns at once, nil
+// (a failure leaves them to their leases); a take made after it returns
+// is sent after the release. With Config.NoBatching every release is its
+// own call, and ReleaseSlots returns its error. A release that frees a
 // slot of a key whose slots were all held is announced on
 // PREFIX{NAME}:slots, which wakes the requests that wait for that key on
 // every replica (WatchSlots).
@@ -35,7 +36,8 @@ func (l *Layered) ReleaseSlots(ctx context.Context, slots []backend.SlotRelease)
 		return nil
 	}
 	if l.batch != nil {
-		return l.batch.release(ctx, slots)
+		l.batch.release(ctx, slots)
+		return nil
 	}
 	return l.releaseSlots(ctx, slots)
 }

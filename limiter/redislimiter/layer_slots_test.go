@@ -2,6 +2,8 @@ package redislimiter
 
 import (
 	"context"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,5 +179,109 @@ func TestReleasesRideWithTheNextTakes(t *testing.T) {
 	}
 	if u := used("a"); u != 0 {
 		t.Errorf("slots of a held after the flight returned: %d, want 0 (h2's release sent by its caller)", u)
+	}
+}
+
+// TestSlotKeyTTL: a slot taken on a key that holds none sets the key's TTL
+// to a second past its lease without reading it first, and a later take
+// on the same key in the same script call, whose lease ends earlier,
+// leaves the longer TTL in place: the key goes with its last lease, not
+// with the latest taken.
+func TestSlotKeyTTL(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	l := newLayered(t, c, 1000, 1000, []limiter.Layer{{Name: "conc", Keyed: true, Concurrency: 3, Lease: 10 * time.Second}})
+	ctx := context.Background()
+	req := func(holder, key string) backend.LayerRequest {
+		return backend.LayerRequest{Cost: 1, Holder: holder, SkipShared: true, Keys: map[string]string{"conc": key}}
+	}
+	// One call: a on k, then b on k, then c on k2. a goes out 20 s
+	// after now (its base), so that its lease ends 30 s from now; b and c
+	// go out now, their leases ending 10 s from now.
+	rkeys, args := l.keyedArgs(time.Time{}, l.allLayers, []backend.LayerRequest{req("a", "k"), req("b", "k"), req("c", "k2")},
+		[][]string{{"k"}, {"k"}, {"k2"}}, 0, false)
+	const baseArg = 3 + 6 + 2 // now_us, n, mode, the layer's 6, then holder, cost, base_us
+	args[baseArg] = (20 * time.Second).Microseconds()
+	s, err := layersKeyedScript.Run(ctx, c, rkeys, args...).Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := strings.Fields(s); len(f) != 10 || f[1] != "1" || f[4] != "1" || f[7] != "1" {
+		t.Fatalf("reply %q, want all three granted", s)
+	}
+	k, k2 := l.layerKey(0, "k"), l.layerKey(0, "k2")
+	if ttl := c.PTTL(ctx, k).Val(); ttl <= 29*time.Second || ttl > 31*time.Second {
+		t.Fatalf("TTL of k = %v, want a's lease and a second, 31 s", ttl)
+	}
+	if n := c.ZCard(ctx, k).Val(); n != 2 {
+		t.Fatalf("%d holders of k, want a and b", n)
+	}
+	if ttl := c.PTTL(ctx, k2).Val(); ttl <= 10*time.Second || ttl > 11*time.Second {
+		t.Fatalf("TTL of k2, new to c's take = %v, want 11 s", ttl)
+	}
+}
+
+// pipeGate holds the first pipeline sent once armed until open is closed.
+type pipeGate struct {
+	armed, held atomic.Bool
+	open        chan struct{}
+}
+
+func (g *pipeGate) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (g *pipeGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (g *pipeGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if g.armed.Load() && g.held.CompareAndSwap(false, true) {
+			<-g.open
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestReleaseNeverWaits: a release that finds no call in flight returns
+// before its own call is answered (its handler is free at once), and a
+// take made right after it goes out behind it and gets the slot it freed.
+func TestReleaseNeverWaits(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { c.Close() })
+	layers := []limiter.Layer{{Name: "conc", Keyed: true, Concurrency: 1, Lease: time.Minute}}
+	l := newLayered(t, c, 1000, 1000, layers)
+	ctx := context.Background()
+	take := func(holder string) (backend.LayerResult, error) {
+		return l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Keys: map[string]string{"conc": "a"}, SkipShared: true, Holder: holder})
+	}
+	if res, err := take("h1"); err != nil || !res.Granted {
+		t.Fatalf("take(h1) = %+v, %v", res, err)
+	}
+	g := &pipeGate{open: make(chan struct{})}
+	c.AddHook(g)
+	g.armed.Store(true)
+	released := make(chan error, 1)
+	go func() { released <- l.ReleaseSlots(ctx, backend.Slots(layers, []string{"a"}, "h1")) }()
+	select {
+	case err := <-released:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		close(g.open)
+		t.Fatal("ReleaseSlots with nothing in flight waited for its call")
+	}
+	testenv.Eventually(t, 5*time.Second, "the release's call sent", g.held.Load)
+	type outcome struct {
+		res backend.LayerResult
+		err error
+	}
+	second := make(chan outcome, 1)
+	go func() { res, err := take("h2"); second <- outcome{res, err} }()
+	testenv.Eventually(t, 5*time.Second, "h2's take queued behind the release", func() bool {
+		l.batch.mu.Lock()
+		defer l.batch.mu.Unlock()
+		return len(l.batch.queue) == 1
+	})
+	close(g.open)
+	if o := <-second; o.err != nil || !o.res.Granted {
+		t.Fatalf("take(h2) after h1's release = %+v, %v; want granted", o.res, o.err)
 	}
 }

@@ -17,11 +17,11 @@ local channel = ARGV[1]
 local out = {}
 
 local function claim(key, token, ttl)
-  local v = redis.call('GET', key)
-  if not v then
-    redis.call('SET', key, 'c' .. token, 'PX', ttl)
+  -- A key seen for the first time, most of them: one command.
+  if redis.call('SET', key, 'c' .. token, 'PX', ttl, 'NX') then
     return 0
   end
+  local v = redis.call('GET', key)
   local kind = string.sub(v, 1, 1)
   if kind == 's' then
     return 1

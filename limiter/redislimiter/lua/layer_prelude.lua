@@ -272,12 +272,18 @@ end
 -- matter, when the set holds the limit: below it the slot is free however
 -- many of its members ended, and the set never grows past the limit.
 
+-- SLOT_NEW holds, by key, whether slot_wait found the key absent (no
+-- member, so no TTL): slot_take then sets its TTL without reading it.
+local SLOT_NEW = {}
+
 -- slot_wait returns the µs a request of holder waits at now for a slot of
 -- key, of which limit may be held: 0 when one is free or holder holds one
 -- already, else until the earliest lease ends. It drops the ended leases
 -- when every slot looks held (backend.LayeredMemory's slotWait).
 local function slot_wait(key, holder, limit, now)
-  if redis.call('ZCARD', key) < limit then return 0 end
+  local held = redis.call('ZCARD', key)
+  SLOT_NEW[key] = held == 0
+  if held < limit then return 0 end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   if redis.call('ZCARD', key) < limit then return 0 end
   if redis.call('ZSCORE', key, holder) then return 0 end
@@ -288,11 +294,18 @@ local function slot_wait(key, holder, limit, now)
 end
 
 -- slot_take gives holder a slot of key whose lease ends at ends (µs), and
--- keeps the key until a second after its last lease ends.
+-- keeps the key until a second after its last lease ends. slot_wait read
+-- the key just before: a key it found absent has no TTL to compare with.
 local function slot_take(key, holder, ends, now)
+  local ms = math.ceil((ends - now) / 1000) + 1000
+  if SLOT_NEW[key] then
+    SLOT_NEW[key] = false
+    redis.call('ZADD', key, ends, holder)
+    redis.call('PEXPIRE', key, ms)
+    return
+  end
   local ttl = redis.call('PTTL', key)
   redis.call('ZADD', key, ends, holder)
-  local ms = math.ceil((ends - now) / 1000) + 1000
   if ttl < ms then redis.call('PEXPIRE', key, ms) end
 end
 
