@@ -540,6 +540,23 @@ func PaidLateness(l Layer) time.Duration {
 // returns nil when no layer has one. A store that decides on a clock of
 // its own compares them there (PaidLayers does it for a given instant).
 func PaidUntil(layers []Layer, keys []string, paid []PaidSlot) []time.Time {
+	return paidInstants(layers, keys, paid, true)
+}
+
+// PaidDue returns, in the order of layers, the latest Due of the slots the
+// request whose keys are keys paid for on each (as PaidUntil, without the
+// lateness), or nil when no layer has one. A store honours a slot only
+// while the layer's state for its key still holds a booking that late
+// (its last send instant at or after Due, less a millisecond): a slot
+// booked in a state the store has lost since (Redis restarted empty, a
+// replica's local fallback) is decided as usual, or the key would get its
+// fresh burst and the old slot both.
+func PaidDue(layers []Layer, keys []string, paid []PaidSlot) []time.Time {
+	return paidInstants(layers, keys, paid, false)
+}
+
+// paidInstants is PaidUntil (late) or PaidDue.
+func paidInstants(layers []Layer, keys []string, paid []PaidSlot, late bool) []time.Time {
 	if len(paid) == 0 {
 		return nil
 	}
@@ -555,7 +572,11 @@ func PaidUntil(layers []Layer, keys []string, paid []PaidSlot) []time.Time {
 			if out == nil {
 				out = make([]time.Time, len(layers))
 			}
-			if u := s.Due.Add(PaidLateness(l)); u.After(out[i]) {
+			u := s.Due
+			if late {
+				u = u.Add(PaidLateness(l))
+			}
+			if u.After(out[i]) {
 				out[i] = u
 			}
 		}

@@ -241,6 +241,13 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 	send := now + wait0
 	st := make([]layerState, len(m.layers))
 	paid := PaidLayers(m.layers, keys, req.Paid, time.UnixMicro(send))
+	if paid != nil {
+		for i, due := range PaidDue(m.layers, keys, req.Paid) {
+			if paid[i] && lastOf(m.buckets[i][keys[i]]) < due.UnixMicro()-1000 {
+				paid[i] = false // a slot the layer no longer holds (PaidDue)
+			}
+		}
+	}
 	for i, l := range m.layers {
 		s := &st[i]
 		if paid != nil && paid[i] {

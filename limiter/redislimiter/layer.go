@@ -548,7 +548,9 @@ func (l *Layered) checkWindows(at time.Time, req backend.LayerRequest, keys []st
 // paidArg returns the paid layers' argument of the layer scripts for the
 // layers of one step: for each layer, separated by spaces, the last
 // instant in µs on Redis's clock at which the request passes it on a slot
-// it paid for (backend.PaidUntil), or 0; "" when no layer has one. The
+// it paid for (backend.PaidUntil) and, after a colon, the slot's Due
+// (backend.PaidDue: the layer's state must still hold it), or 0; "" when
+// no layer has one. The
 // script compares them with its own time, as it does every decision: the
 // slot's Due is on Redis's clock, and a replica's clock may be off by more
 // than the lateness a slot is allowed.
@@ -557,16 +559,19 @@ func (l *Layered) paidArg(layers []int, keys []string, paid []limiter.PaidSlot) 
 	if u == nil {
 		return ""
 	}
-	b := make([]byte, 0, 17*len(layers))
+	due := backend.PaidDue(l.layers, keys, paid)
+	b := make([]byte, 0, 34*len(layers))
 	for j, i := range layers {
 		if j > 0 {
 			b = append(b, ' ')
 		}
-		us := int64(0)
-		if !u[i].IsZero() {
-			us = u[i].UnixMicro()
+		if u[i].IsZero() {
+			b = append(b, '0')
+			continue
 		}
-		b = strconv.AppendInt(b, us, 10)
+		b = strconv.AppendInt(b, u[i].UnixMicro(), 10)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, due[i].UnixMicro(), 10)
 	}
 	return string(b)
 }

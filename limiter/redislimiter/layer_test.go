@@ -176,10 +176,13 @@ func TestLayeredBatchedConcurrent(t *testing.T) {
 }
 
 // TestPaidSlotOnRedisClock: at Redis's time, both layer scripts let a
-// request pass a delay layer on a slot whose lateness allowance has not
-// ended by the script's clock, and decide the layer as usual (here: book a
-// new slot) once it has. The instant goes to the script (paidArg), which
-// compares it with its own TIME: the slot's Due is on Redis's clock.
+// request pass a delay layer on a slot the layer booked whose lateness
+// allowance has not ended by the script's clock, and decide the layer as
+// usual (here: book a new slot) once it has, or for a slot the layer's
+// state does not hold (never booked, or booked in a state Redis lost
+// since). The instants go to the script (paidArg), which compares them
+// with its own TIME and the key's state: the slot's Due is on Redis's
+// clock.
 func TestPaidSlotOnRedisClock(t *testing.T) {
 	c := newClient(t)
 	ctx := context.Background()
@@ -190,17 +193,22 @@ func TestPaidSlotOnRedisClock(t *testing.T) {
 		if err != nil || !first.Granted {
 			t.Fatalf("first take = %+v, %v", first, err)
 		}
+		booked, err := l.TakeLayers(ctx, req)
+		if err != nil || booked.Exceeded == nil || !booked.Exceeded.Reserved {
+			t.Fatalf("second take = %+v, %v; want a slot booked", booked, err)
+		}
+		slot := booked.Exceeded.Slot().Due
 		for _, tc := range []struct {
-			due  time.Duration // after the first take, on Redis's clock
+			due  time.Time
 			pass bool
-		}{{time.Hour, true}, {-time.Hour, false}} {
-			req.Paid = []limiter.PaidSlot{{Layer: "per-key", Key: "k", Due: first.At.Add(tc.due)}}
+		}{{slot, true}, {first.At.Add(-time.Hour), false}, {slot.Add(time.Hour), false}} {
+			req.Paid = []limiter.PaidSlot{{Layer: "per-key", Key: "k", Due: tc.due}}
 			res, err := l.TakeLayers(ctx, req)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if passed := res.Granted && res.Exceeded == nil; passed != tc.pass {
-				t.Errorf("skip shared %v, slot due %v after the first take: %+v, passed %v, want %v", skipShared, tc.due, res, passed, tc.pass)
+				t.Errorf("skip shared %v, slot due %v after the first take: %+v, passed %v, want %v", skipShared, tc.due.Sub(first.At), res, passed, tc.pass)
 			}
 			if !tc.pass && (res.Exceeded == nil || !res.Exceeded.Reserved) {
 				t.Errorf("skip shared %v, slot late: %+v, want a new slot booked", skipShared, res.Exceeded)

@@ -305,6 +305,19 @@ var layerCases = []struct {
 			{at: 10600 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), paid: pd("per-key", "a", 10500*time.Millisecond), wait: 400 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 10},
 			{at: 10600 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: -0.8},
 		}},
+	{"delay: a slot the layer's state does not hold counts for nothing (a state Redis lost since)", 100, 10,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 2, Burst: 1, OnExceed: limiter.ActionDelay}},
+		[]lstep{
+			// Key z holds a slot due at +400 ms booked in a state lost
+			// since (Redis restarted empty): its fresh state lets another
+			// message through at once.
+			{op: ltake, cost: 1, keys: k("z"), granted: true, remaining: 9},
+			// Back on its slot, the first is decided as any other (100 ms
+			// more, booked): before, it passed on the lost slot, 400 ms
+			// after the other against the layer's 500.
+			{at: 400 * time.Millisecond, op: ltake, cost: 1, keys: k("z"), paid: pd("per-key", "z", 400*time.Millisecond), wait: 100 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 10},
+			{at: 400 * time.Millisecond, op: lstatus, layer: "per-key", key: "z", tokens: -0.2},
+		}},
 	{"delay: a paid marker for an unknown layer, or a layer that does not delay, is ignored", 100, 10,
 		[]limiter.Layer{
 			{Name: "per-key", Keyed: true, Rate: 1, Burst: 1},

@@ -162,21 +162,34 @@ local function bucket_wait(key, field, now, cost, rate, burst)
   return tokens, ts, wt
 end
 
--- paid_flags returns, from a string of one instant in µs per layer
--- separated by spaces (see paidArg), which layers the request passes on a
--- slot it already paid for at now: those whose instant is not 0 nor before
--- now. Such a layer waits 0 and is charged paid_charge. A request without
--- paid slots ("", most of them) gets the shared empty table.
+-- paid_flags returns, from a string of one "until:due" pair of instants
+-- in µs (or 0) per layer separated by spaces (see paidArg), which layers
+-- the request passes on a slot it already paid for at now: those whose
+-- until is not 0 nor before now; and, by layer, the slot's due. Such a
+-- layer waits 0 and is charged paid_charge, once paid_held found its
+-- state still holding the slot. A request without paid slots ("", most of
+-- them) gets the shared empty tables.
 local NO_PAID = {}
 local function paid_flags(s, now)
-  if not s or s == '' then return NO_PAID end
-  local p, i = {}, 0
-  for d in string.gmatch(s, '%d+') do
+  if not s or s == '' then return NO_PAID, NO_PAID end
+  local p, due, i = {}, {}, 0
+  for f in string.gmatch(s, '[^ ]+') do
     i = i + 1
-    local u = tonumber(d)
+    local u, d = string.match(f, '^(%d+):?(%d*)$')
+    u = tonumber(u) or 0
     p[i] = u > 0 and now <= u
+    due[i] = tonumber(d) or 0
   end
-  return p
+  return p, due
+end
+
+-- paid_held reports whether the state of a layer bucket (loaded by
+-- bucket_load) still holds a slot due at due: its last send instant at or
+-- after it, less a millisecond. A slot booked in a state Redis has lost
+-- since (a restart without persistence) is not: the message is decided as
+-- any other, or the key would get its fresh burst and the old slot both.
+local function paid_held(key, field, due)
+  return (LAST[key .. (field or '')] or 0) >= due - 1000
 end
 
 -- send_charge returns a layer bucket's tokens, as of ts, after a request

@@ -116,7 +116,7 @@ local send = now + wait0
 local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
 local tok, lts, wend, used, w = {}, {}, {}, {}, {}
 local sact, never = {}, {} -- a shadow layer's action; a cost it can never grant
-local paid = paid_flags(ARGV[14 + 10 * n], send)
+local paid, pdue = paid_flags(ARGV[14 + 10 * n], send)
 local F = key_fields(ARGV[18 + 10 * n])
 for i = 1, n do
   local a = 12 + (i - 1) * 10
@@ -129,12 +129,15 @@ for i = 1, n do
   local cap, c = burst[i], cost
   if kind[i] == 'q' then cap = rate[i] end
   if kind[i] == 'm' then cap, c = rate[i], burst[i] end -- a budget: its price
+  if paid[i] then -- loaded here; a slot the state no longer holds does not count
+    tok[i], lts[i] = bucket_load(key, field, now, rate[i], burst[i])
+    if not paid_held(key, field, pdue[i]) then paid[i] = false end
+  end
   if sact[i] and kind[i] ~= 'o' and c > cap then -- a window has no cap
     never[i], w[i] = true, 0
   elseif kind[i] == 'c' then
     w[i] = slot_wait(key, ARGV[a + 7], rate[i], now)
   elseif paid[i] then
-    tok[i], lts[i] = bucket_load(key, field, now, rate[i], burst[i])
     w[i] = 0
   elseif kind[i] == 'o' then
     local ww = window_wait(ARGV[a + 7], send, now)
