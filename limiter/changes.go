@@ -260,14 +260,12 @@ const maxLatePays = 3
 // not past forfeitAt, and, once that is more than after, with its layers
 // charged for the move (pay). Paying is a store call, during which the
 // message grows later still, by as much as the call takes: keeps then pays
-// for what it grew, up to maxLatePays calls, and reports false beyond
-// that, so that the message never goes out more than after past the
-// instant its layers were charged for. (Before, what the call itself took
-// went unpaid: with answers 100 to 300 ms slow now and then, a per-sender
-// pair at 5/s came 10 ms apart in TestCampaignSim.)
+// for what it grew, up to maxLatePays calls, and reports false when it
+// still grew too much after them, so that the message never goes out more
+// than after past the instant its layers were charged for.
 func (l *lateness) keeps(charged time.Time, lateBy func() time.Duration) bool {
 	var paid time.Duration
-	for range maxLatePays {
+	for pays := 0; ; pays++ {
 		by := lateBy()
 		if !l.forfeitAt.IsZero() && charged.Add(by).After(l.forfeitAt) {
 			return false
@@ -275,12 +273,11 @@ func (l *lateness) keeps(charged time.Time, lateBy func() time.Duration) bool {
 		if l.after <= 0 || by-paid <= l.after {
 			return true
 		}
-		if !l.pay(charged.Add(paid), by-paid) {
+		if pays == maxLatePays || !l.pay(charged.Add(paid), by-paid) {
 			return false
 		}
 		paid = by
 	}
-	return false
 }
 
 // errMovedLate is sleepReserved's answer for a reservation moved back past

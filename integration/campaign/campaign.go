@@ -706,7 +706,7 @@ func (r *run) spec(dead map[int]int) Spec {
 			{Name: "per-sender", Key: func(a Arrival) string { return a.From }, Rate: SenderRate, Burst: 1,
 				Open: "a wait layer's pair too close under load: two causes fixed, a stall beyond what replicas log not ruled out, docs/campaign.md", HardFraction: 0.5},
 			{Name: "per-recipient", Key: func(a Arrival) string { return a.To }, Rate: RecipRate, Burst: 1,
-				Open: "a delay layer's pair too close after a Redis state loss, its likely cause fixed, docs/campaign.md", HardFraction: 0.5},
+				Open: "a delay layer's pair too close under the campaign's mix, one cause fixed, another open, docs/campaign.md"},
 		},
 		Quotas: []QuotaLayer{
 			{Name: "per-account", Key: func(a Arrival) string { return a.Acct }, Quota: Quota, Per: time.Hour},

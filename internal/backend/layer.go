@@ -719,12 +719,10 @@ type LayeredStore interface {
 // second term matters when the new instant is still ahead: the layer
 // holds its state as of now and caps it at its burst only when read, so
 // a refill that the cap would have cut between the two instants still
-// counts when the key's next message asks at the new one. (Capped at the
-// cost alone, a reservation moved 400 ms later on a layer of 5/s, burst 1,
-// left the layer a token at its new instant, and the key's next message
-// went out 100 ms after it in TestCampaignSim.) A charge moved later by
-// that much never leaves the layer holding more than it would have with
-// the charge at the later instant.
+// counts when the key's next message asks at the new one
+// (docs/design.md). A charge moved later by that much never leaves the
+// layer holding more than it would have with the charge at the later
+// instant.
 func DelayCharge(l Layer, cost int, by time.Duration, tokens float64, ahead time.Duration) float64 {
 	c := min(by.Seconds()*l.Rate, float64(cost))
 	return max(c, tokens+max(ahead, 0).Seconds()*l.Rate-float64(l.Burst-cost))
