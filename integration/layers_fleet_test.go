@@ -108,11 +108,11 @@ var recipientLayer = campaign.KeyedLayer{Name: "per-recipient", Key: func(a camp
 // senderLayer is the per-sender layer (5/s, burst 1, wait) at the sink. A
 // pair closer than its spacing but not than half of it is the open
 // finding the campaign logs too (docs/campaign.md: a wait layer's pair
-// too close under load, two causes since fixed, a stall of a replica
-// beyond what it logs not ruled out); a closer
+// too close under load, one cause fixed, one found and open, a stall
+// of a replica beyond what it logs not ruled out); a closer
 // pair still fails.
 var senderLayer = campaign.KeyedLayer{Name: "per-sender", Key: func(a campaign.Arrival) string { return a.From }, Rate: 5, Burst: 1,
-	Open: "a wait layer's pair too close under load: two causes fixed, a stall beyond what replicas log not ruled out, docs/campaign.md", HardFraction: 0.5}
+	Open: "a wait layer's pair too close under load: one cause fixed, one found and open, docs/campaign.md", HardFraction: 0.5}
 
 // TestLayersFleet runs the cases, each on its own fleet, queue, bucket and
 // Redis, in parallel.

@@ -485,7 +485,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			// for an instant after this one's: as a reservation woken
 			// late, it charges its layers for the move, or is decided
 			// again. An answer on time builds nothing.
-			if late := b.layersMove(ctx, ls, lr, res); late != nil && !late.keeps(res.At, func() time.Duration { return b.answerLate(res.At) }) {
+			if late := b.layersMove(ctx, ls, lr, res); late != nil && !late.keeps(res.At, res.At.Add(by)) {
 				req.Paid = nil
 				continue
 			}

@@ -204,15 +204,9 @@ func (b *Bucket) sleepUntilDue(ctx context.Context, gen *generation, pushes *pus
 			// (a Bucket whose first answers were all slow wakes every
 			// reservation that much late).
 			if late != nil {
-				// How much later than charged it goes out, at worst against
-				// the store's clock (see above), as of now.
-				outLate := func() time.Duration {
-					return r.due.Sub(charged) + b.clock.Now().Sub(localAt) - r.due.Sub(storeAt) + b.skew.spread()
-				}
-				if outLate() > r.due.Sub(charged) && !late.keeps(charged, outLate) {
+				if by := lateBy + b.skew.spread(); by > 0 && !late.keeps(charged, r.due.Add(by)) {
 					return 0, errMovedLate
 				}
-				lateBy = b.clock.Now().Sub(localAt) - r.due.Sub(storeAt)
 			}
 			return lateBy, nil
 		}
@@ -251,33 +245,15 @@ type lateness struct {
 	forfeitAt time.Time
 }
 
-// maxLatePays is how many times keeps pays for a message that grows later
-// while it pays before it gives up (decided again).
-const maxLatePays = 3
-
 // keeps reports whether a reservation whose layers were charged for the
-// instant charged may go out lateBy() after it (lateBy reads the clock):
-// not past forfeitAt, and, once that is more than after, with its layers
-// charged for the move (pay). Paying is a store call, during which the
-// message grows later still, by as much as the call takes: keeps then pays
-// for what it grew, up to maxLatePays calls, and reports false when it
-// still grew too much after them, so that the message never goes out more
-// than after past the instant its layers were charged for.
-func (l *lateness) keeps(charged time.Time, lateBy func() time.Duration) bool {
-	var paid time.Duration
-	for pays := 0; ; pays++ {
-		by := lateBy()
-		if !l.forfeitAt.IsZero() && charged.Add(by).After(l.forfeitAt) {
-			return false
-		}
-		if l.after <= 0 || by-paid <= l.after {
-			return true
-		}
-		if pays == maxLatePays || !l.pay(charged.Add(paid), by-paid) {
-			return false
-		}
-		paid = by
+// instant charged may go out at out: not past forfeitAt, and, once out is
+// more than after past charged, with its layers charged for the move
+// (pay).
+func (l *lateness) keeps(charged, out time.Time) bool {
+	if !l.forfeitAt.IsZero() && out.After(l.forfeitAt) {
+		return false
 	}
+	return l.after <= 0 || out.Sub(charged) <= l.after || l.pay(charged, out.Sub(charged))
 }
 
 // errMovedLate is sleepReserved's answer for a reservation moved back past
