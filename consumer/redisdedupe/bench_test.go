@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -61,9 +60,9 @@ func BenchmarkStoreRedisCPU(b *testing.B) {
 	if err := one(); err != nil { // loads the script
 		b.Fatal(err)
 	}
-	h := &countingHook{}
+	h := &testenv.CallCounter{}
 	c.AddHook(h)
-	cpu0, cmds0 := redisCPU(b, c)
+	cpu0, cmds0 := testenv.RedisCPU(b, c)
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
@@ -76,55 +75,8 @@ func BenchmarkStoreRedisCPU(b *testing.B) {
 		}
 	})
 	b.StopTimer()
-	cpu1, cmds1 := redisCPU(b, c)
+	cpu1, cmds1 := testenv.RedisCPU(b, c)
 	b.ReportMetric((cpu1-cpu0)*1e6/float64(b.N), "redis-µs/msg")
 	b.ReportMetric(float64(cmds1-cmds0-2)/float64(b.N), "redis-cmds/msg") // less this pair of INFO
-	b.ReportMetric(float64(h.n.Load())/float64(b.N), "calls/msg")
-}
-
-// countingHook counts the commands and pipelines a client sends: its
-// round trips.
-type countingHook struct{ n atomic.Int64 }
-
-func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
-// redisCPU returns the server's CPU in seconds (user and system) and the
-// commands it ran (INFO commandstats, the scripts' included).
-func redisCPU(b *testing.B, c *redis.Client) (float64, int64) {
-	b.Helper()
-	info, err := c.Info(context.Background(), "cpu", "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var cpu float64
-	var cmds int64
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "used_cpu_user:"); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			cpu += f
-		} else if v, ok := strings.CutPrefix(line, "used_cpu_sys:"); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			cpu += f
-		} else if strings.HasPrefix(line, "cmdstat_") {
-			_, rest, _ := strings.Cut(line, "calls=")
-			v, _, _ := strings.Cut(rest, ",")
-			k, _ := strconv.ParseInt(v, 10, 64)
-			cmds += k
-		}
-	}
-	return cpu, cmds
+	b.ReportMetric(float64(h.N.Load())/float64(b.N), "calls/msg")
 }

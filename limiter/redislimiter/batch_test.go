@@ -261,7 +261,7 @@ func TestConcurrentTakesGrantExactlyTheBurst(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			t.Logf("%d Takes in %d round trips", workers*each, h.n.Load())
+			t.Logf("%d Takes in %d round trips", workers*each, h.N.Load())
 			if granted.Load() != burst || denied.Load() != workers*each-burst {
 				t.Errorf("granted %d, denied %d; want %d and %d", granted.Load(), denied.Load(), burst, workers*each-burst)
 			}

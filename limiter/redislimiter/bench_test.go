@@ -3,35 +3,18 @@ package redislimiter
 import (
 	"context"
 	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttlehq/throttle/internal/backend"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
 
-// countingHook counts the commands a client sends, which is its round trips
-// when nothing is pipelined.
-type countingHook struct{ n atomic.Int64 }
-
-func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
+// countingHook counts a client's round trips.
+type countingHook = testenv.CallCounter
 
 func benchBucket(b *testing.B, rate float64, burst int, opts limiter.Options) (*limiter.Bucket, *countingHook) {
 	return benchBucketConfig(b, Config{Rate: rate, Burst: burst}, opts)
@@ -76,7 +59,7 @@ func BenchmarkWaitPlentiful(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(h.n.Load())/float64(b.N), "round-trips/op")
+	b.ReportMetric(float64(h.N.Load())/float64(b.N), "round-trips/op")
 }
 
 // BenchmarkWaitLeased is Wait with leasing on at a high rate: most
@@ -91,7 +74,7 @@ func BenchmarkWaitLeased(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(h.n.Load())/float64(b.N), "round-trips/op")
+	b.ReportMetric(float64(h.N.Load())/float64(b.N), "round-trips/op")
 }
 
 // BenchmarkWaitSaturated is Wait from 8 goroutines on a bucket they keep
@@ -119,7 +102,7 @@ func benchSaturated(b *testing.B, opts limiter.Options) {
 			}
 		}
 	})
-	b.ReportMetric(float64(h.n.Load())/float64(b.N), "round-trips/token")
+	b.ReportMetric(float64(h.N.Load())/float64(b.N), "round-trips/token")
 }
 
 // BenchmarkTakeParallel is Wait without leasing from 64 goroutines on a
@@ -144,7 +127,7 @@ func BenchmarkTakeParallel(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tokens/s")
-			b.ReportMetric(float64(h.n.Load())/float64(b.N), "round-trips/token")
+			b.ReportMetric(float64(h.N.Load())/float64(b.N), "round-trips/token")
 		})
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttlehq/throttle/internal/backend"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -194,7 +194,7 @@ func BenchmarkLayersRatio(b *testing.B) {
 		round(mode)
 	}
 	bucketMsgs = 0
-	calls0 := h.n.Load()
+	calls0 := h.N.Load()
 	var rates, ratios [modes][]float64
 	for range 10 {
 		var r [modes]float64
@@ -212,7 +212,7 @@ func BenchmarkLayersRatio(b *testing.B) {
 	b.ReportMetric(median(ratios[oneCall]), "one-call-ratio")
 	b.ReportMetric(median(ratios[keyedAlone]), "keyed-alone-ratio")
 	b.ReportMetric(median(ratios[bucket]), "bucket-ratio")
-	b.ReportMetric(float64(h.n.Load()-calls0)/float64(bucketMsgs), "bucket-round-trips/msg")
+	b.ReportMetric(float64(h.N.Load()-calls0)/float64(bucketMsgs), "bucket-round-trips/msg")
 	b.Logf("bucket/shared per round: %.2f", ratios[bucket])
 }
 
@@ -279,7 +279,7 @@ func BenchmarkLayerRedisCPU(b *testing.B) {
 			}
 			h := &countingHook{}
 			c.AddHook(h)
-			cpu0, cmds0 := redisCPU(b, c)
+			cpu0, cmds0 := testenv.RedisCPU(b, c)
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
@@ -292,37 +292,10 @@ func BenchmarkLayerRedisCPU(b *testing.B) {
 				}
 			})
 			b.StopTimer()
-			cpu1, cmds1 := redisCPU(b, c)
+			cpu1, cmds1 := testenv.RedisCPU(b, c)
 			b.ReportMetric((cpu1-cpu0)*1e6/float64(b.N), "redis-µs/msg")
 			b.ReportMetric(float64(cmds1-cmds0-2)/float64(b.N), "redis-cmds/msg") // less this pair of INFO
-			b.ReportMetric(float64(h.n.Load())/float64(b.N), "calls/msg")
+			b.ReportMetric(float64(h.N.Load())/float64(b.N), "calls/msg")
 		})
 	}
-}
-
-// redisCPU returns the server's CPU in seconds (user and system) and the
-// commands it ran (INFO commandstats, scripts' included).
-func redisCPU(b *testing.B, c *redis.Client) (float64, int64) {
-	b.Helper()
-	info, err := c.Info(context.Background(), "cpu", "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var cpu float64
-	var cmds int64
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "used_cpu_user:"); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			cpu += f
-		} else if v, ok := strings.CutPrefix(line, "used_cpu_sys:"); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			cpu += f
-		} else if strings.HasPrefix(line, "cmdstat_") {
-			_, rest, _ := strings.Cut(line, "calls=")
-			v, _, _ := strings.Cut(rest, ",")
-			k, _ := strconv.ParseInt(v, 10, 64)
-			cmds += k
-		}
-	}
-	return cpu, cmds
 }
