@@ -710,22 +710,25 @@ type LayeredStore interface {
 }
 
 // DelayCharge returns the tokens a layer l charged cost for one instant
-// owes when the request goes out later by, the layer holding tokens now
-// (after its refill to now, at most its burst) and the new instant being
-// ahead after now (0 when it is past): the refill between the two
-// instants, which the key's next message must not spend, at most the
-// cost; and at least what leaves the layer at the new instant with no
-// more than burst - cost, as it holds right after a charge there. The
-// second term matters when the new instant is still ahead: the layer
-// holds its state as of now and caps it at its burst only when read, so
-// a refill that the cap would have cut between the two instants still
-// counts when the key's next message asks at the new one
-// (docs/design.md). A charge moved later by that much never leaves the
-// layer holding more than it would have with the charge at the later
-// instant.
-func DelayCharge(l Layer, cost int, by time.Duration, tokens float64, ahead time.Duration) float64 {
-	c := min(by.Seconds()*l.Rate, float64(cost))
-	return max(c, tokens+max(ahead, 0).Seconds()*l.Rate-float64(l.Burst-cost))
+// owes when the request goes out later by: the refill between the two
+// instants, which the key's next message must not spend, at most the cost
+// (the least a store takes; see DelayChargeAt).
+func DelayCharge(l Layer, cost int, by time.Duration) float64 {
+	return min(by.Seconds()*l.Rate, float64(cost))
+}
+
+// DelayChargeAt is DelayCharge for a layer holding tokens now (after its
+// refill to now, at most its burst), the new instant being ahead after
+// now (0 when it is past): at least what leaves the layer with burst -
+// cost at the new instant, as it holds right after a charge there. That
+// matters when the new instant is still ahead: the layer holds its state
+// as of now and caps it at its burst only when read, so a refill that the
+// cap would have cut between the two instants still counts when the key's
+// next message asks at the new one (docs/design.md). A charge moved later
+// by that much never leaves the layer holding more than it would have
+// with the charge at the later instant. layers_delay.lua takes alike.
+func DelayChargeAt(l Layer, cost int, by time.Duration, tokens float64, ahead time.Duration) float64 {
+	return max(DelayCharge(l, cost, by), tokens+max(ahead, 0).Seconds()*l.Rate-float64(l.Burst-cost))
 }
 
 // LayerState is the state of one key of one layer.

@@ -550,7 +550,7 @@ func (m *LayeredMemory) DelayLayersAt(t time.Time, req LayerRequest, res LayerRe
 		}
 		b := m.buckets[i][keys[i]]
 		tokens, ts := advanceLayer(b, now, l)
-		charge[i] = DelayCharge(l, req.Cost, by, tokens, time.Duration(toUS-ts)*time.Microsecond)
+		charge[i] = DelayChargeAt(l, req.Cost, by, tokens, time.Duration(toUS-ts)*time.Microsecond)
 		if last := lastOf(b); last > fromUS {
 			// A message of the key charged for after this one's first
 			// instant: the move is possible only if the layer still

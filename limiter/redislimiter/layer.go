@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -777,7 +776,7 @@ func (l *Layered) delayLayers(ctx context.Context, at time.Time, req backend.Lay
 				continue
 			}
 			rk.addLayer(l, i, keys[i])
-			args = append(args, l.spec[i][2], l.spec[i][3], backend.DelayCharge(ly, req.Cost, by, math.Inf(-1), 0))
+			args = append(args, l.spec[i][2], l.spec[i][3], backend.DelayCharge(ly, req.Cost, by))
 		}
 		if len(rk.keys) == 0 {
 			continue
