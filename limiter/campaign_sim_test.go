@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -185,20 +184,13 @@ func (c *campaignSim) settle() {
 	}
 }
 
-// closest returns, for each key of layer, its closest pair of sends and
-// when the first went out.
+// closest returns layer's closest pair of sends over every key: its key,
+// gap, and when the first went out.
 func (c *campaignSim) closest(layer string) (key string, gap, at time.Duration) {
-	by := map[string][]time.Duration{}
-	for _, s := range c.sends {
-		by[s.keys[layer]] = append(by[s.keys[layer]], s.at)
-	}
 	gap = time.Hour
-	for k, ats := range by {
-		sort.Slice(ats, func(i, j int) bool { return ats[i] < ats[j] })
-		for i := 1; i < len(ats); i++ {
-			if d := ats[i] - ats[i-1]; d < gap {
-				key, gap, at = k, d, ats[i-1]
-			}
+	for k, p := range closestPairs(c.sends, layer) {
+		if p[0] < gap {
+			key, gap, at = k, p[0], p[1]
 		}
 	}
 	return key, gap, at

@@ -138,20 +138,19 @@ func (f *layerFleet) setRate(rate float64, burst int) {
 	f.settle()
 }
 
-// closest returns each key's closest pair of sends of one layer.
-func (f *layerFleet) closest(layer string) map[string]time.Duration {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+// closestPairs returns, for each key of layer, its closest pair of sends
+// (the gap, and when the first of the two went out).
+func closestPairs(sends []fleetSend, layer string) map[string][2]time.Duration {
 	by := map[string][]time.Duration{}
-	for _, s := range f.sends {
+	for _, s := range sends {
 		by[s.keys[layer]] = append(by[s.keys[layer]], s.at)
 	}
-	out := map[string]time.Duration{}
+	out := map[string][2]time.Duration{}
 	for k, ats := range by {
 		sort.Slice(ats, func(i, j int) bool { return ats[i] < ats[j] })
 		for i := 1; i < len(ats); i++ {
-			if d := ats[i] - ats[i-1]; i == 1 || d < out[k] {
-				out[k] = d
+			if d := ats[i] - ats[i-1]; i == 1 || d < out[k][0] {
+				out[k] = [2]time.Duration{d, ats[i-1]}
 			}
 		}
 	}
@@ -203,7 +202,11 @@ func TestOverrideClearedKeepsTheWaitLayerSpacing(t *testing.T) {
 		}
 	}
 	t.Logf("%d sends, last at +%v", len(f.sends), f.sends[len(f.sends)-1].at)
-	for k, d := range f.closest("per-sender") {
+	f.mu.Lock()
+	pairs := closestPairs(f.sends, "per-sender")
+	f.mu.Unlock()
+	for k, p := range pairs {
+		d := p[0]
 		t.Logf("sender %s: closest %v", k, d)
 		if d < 199*time.Millisecond {
 			t.Errorf("sender %s: closest pair %v apart, want the layer's 200ms", k, d)
