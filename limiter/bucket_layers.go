@@ -75,8 +75,10 @@ type Request struct {
 // as the sink sees them, not only as the store decided them. A pending
 // reservation moves with the shared bucket's queue (a push of a higher
 // class, a rate change, a pause), never before every layer had room; moved
-// back, it charges its layers for the move, and a slot it paid for on a
-// delay layer is forfeit past that slot's lateness (PaidSlot). If ctx ends
+// back, it charges its layers for the move (a slot it paid for on a delay
+// layer moves with it), and is decided again if a layer cannot keep it
+// apart from its key's next message. The move is paid before the message
+// goes out, including the time the payment itself takes. If ctx ends
 // while it is pending, the shared bucket gets its tokens back; the layers
 // keep theirs, since a token refunded on a key charged again after this
 // one would go out next to that later message.
@@ -485,7 +487,8 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			// for an instant after this one's: as a reservation woken
 			// late, it charges its layers for the move, or is decided
 			// again. An answer on time builds nothing.
-			if late := b.layersMove(ctx, ls, lr, res); late != nil && !late.keeps(res.At, res.At.Add(by)) {
+			out := func() time.Time { return res.At.Add(b.answerLate(res.At)) }
+			if late := b.layersMove(ctx, ls, lr, res); late != nil && !late.keeps(b.clock, res.At, out) {
 				req.Paid = nil
 				continue
 			}
@@ -518,27 +521,18 @@ func (b *Bucket) answerLate(at time.Time) time.Duration {
 // its layers when it goes out later than charged (see sleepReserved), or
 // nil when no layer cares.
 func (b *Bucket) layersMove(ctx context.Context, ls backend.LayeredStore, lr backend.LayerRequest, res backend.LayerResult) *lateness {
-	late := &lateness{after: b.layered.lateness, pay: func(from time.Time, by time.Duration) bool {
+	if b.layered.lateness <= 0 {
+		return nil
+	}
+	return &lateness{after: b.layered.lateness, pay: func(from time.Time, by time.Duration) (bool, error) {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
 		defer cancel()
 		moved, err := ls.DelayLayers(dctx, lr, res, from, by)
 		if err != nil {
 			b.log.Debug("charging the layers for a reservation moved back failed", "by", by, "error", err)
-			return true // the store is failing: go out at the new instant
 		}
-		return moved
+		return moved, err
 	}}
-	// A slot paid for on a delay layer cannot move: the next one is
-	// booked a spacing behind it. Moved back past the slot's Due plus its
-	// lateness, the message forfeits it and takes again as if it had come
-	// back that late (see Request.Paid).
-	if len(lr.Paid) > 0 {
-		late.forfeitAt = paidUntil(b.layered.layers, lr.Keys, lr.Paid)
-	}
-	if late.after <= 0 && late.forfeitAt.IsZero() {
-		return nil
-	}
-	return late
 }
 
 // layersLateness returns how much later than first due a layered
@@ -556,24 +550,6 @@ func layersLateness(layers []Layer) time.Duration {
 		}
 	}
 	return d
-}
-
-// paidUntil returns the earliest instant, on the store's clock, past which
-// a slot that paid names for keys on a delay layer is forfeit (its Due
-// plus backend.PaidLateness), or the zero time when it names none.
-func paidUntil(layers []Layer, keys map[string]string, paid []backend.PaidSlot) time.Time {
-	var until time.Time
-	for _, s := range paid {
-		for _, l := range layers {
-			if l.Name != s.Layer || l.OnExceed != ActionDelay || !l.IsBucket() || (l.Keyed && keys[l.Name] != s.Key) {
-				continue
-			}
-			if u := s.Due.Add(backend.PaidLateness(l)); until.IsZero() || u.Before(until) {
-				until = u
-			}
-		}
-	}
-	return until
 }
 
 // allowLayers is Allow on a layered store: the shared bucket and every
@@ -1138,9 +1114,8 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 		// (see WaitN).
 		var late *lateness
 		if after := layersLateness(lm.Layers()); after > 0 {
-			late = &lateness{after: after, pay: func(from time.Time, by time.Duration) bool {
-				moved, err := lm.DelayLayersAt(b.clock.Now(), lr, res, from, by)
-				return moved || err != nil
+			late = &lateness{after: after, pay: func(from time.Time, by time.Duration) (bool, error) {
+				return lm.DelayLayersAt(b.clock.Now(), lr, res, from, by)
 			}}
 		}
 		if err := b.sleepReserved(ctx, nil, pushes, heard, res.TakeResult, localRate, 0, late); err != nil {

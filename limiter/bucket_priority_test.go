@@ -787,6 +787,25 @@ func (r *paidSlotRig) highs(n int) {
 	r.clk.WaitTimers(r.t, n)
 }
 
+// sent advances the clock a millisecond at a time until the paid message
+// returns, checks it was granted, and returns the instant it went out.
+func (r *paidSlotRig) sent(done <-chan error, within time.Duration) time.Time {
+	for range within / time.Millisecond {
+		time.Sleep(time.Millisecond) // let the sleeper hear the pushes
+		r.clk.Advance(time.Millisecond)
+		select {
+		case err := <-done:
+			if err != nil {
+				r.t.Fatalf("the pushed paid message: %v, want it sent", err)
+			}
+			return r.clk.Now()
+		default:
+		}
+	}
+	r.t.Fatalf("the pushed paid message was not sent within %v", within)
+	return time.Time{}
+}
+
 // refusedAgain advances the clock a millisecond at a time until the paid
 // message returns, and checks it was refused with a new slot.
 func (r *paidSlotRig) refusedAgain(done <-chan error, within time.Duration, what string) {
@@ -806,29 +825,40 @@ func (r *paidSlotRig) refusedAgain(done <-chan error, within time.Duration, what
 	r.t.Fatal(what)
 }
 
-// TestPushedPaidSlotIsForfeit: a message back on the slot a delay layer
+// TestPushedPaidSlotMovesWithIt: a message back on the slot a delay layer
 // booked for it (Request.Paid) waits on the shared bucket, and two high
-// requests push it back 200 ms, past the slot's lateness (100 ms at 1/s):
-// the next slot of its key is booked 1 s after its own, so going out that
-// late would put the two 800 ms apart. It forfeits the slot and is refused
-// again with a new one. Without that, a fleet with classes sent
-// per-recipient messages 772–834 ms apart against 2 s when a rate cut
-// moved them back.
-func TestPushedPaidSlotIsForfeit(t *testing.T) {
+// requests push it back 200 ms, past the layer's lateness (100 ms at 1/s).
+// No other message of its key was charged after it, so the slot moves with
+// it: the layer is charged for the move, and the key's next message is
+// booked a full second after the moved one went out. Without the charge,
+// a fleet with classes sent per-recipient messages 772–834 ms apart
+// against 2 s when a rate cut moved them back; forfeiting the slot
+// instead cost the key a slot each time, and a message late on every
+// slot under load waited in the limiter for a minute.
+func TestPushedPaidSlotMovesWithIt(t *testing.T) {
 	r, done := newPaidSlotRig(t, 10, 0) // due 100 ms after its slot
 	r.highs(2)
-	r.refusedAgain(done, 300*time.Millisecond, "the pushed paid message went out 200 ms past its slot, want it refused again")
+	sent := r.sent(done, 400*time.Millisecond)
+	var le *limiter.LimitError
+	if err := r.wait(limiter.PriorityLow, "r", nil); !errors.As(err, &le) || !le.Reserved {
+		t.Fatalf("the next message to r: %v, want refused with a booked slot", err)
+	}
+	if gap := r.clk.Now().Add(le.Wait).Sub(sent); gap < time.Second-time.Millisecond { // sent is seen on the next 1 ms step
+		t.Errorf("the next message to r is booked %v after the moved one went out, want the layer's 1 s", gap)
+	}
 }
 
-// TestPaidSlotLatenessCountsFromItsDue: a message back 60 ms after its
-// slot's Due, granted on it (its send, 40 ms later, is within the slot's
-// 100 ms lateness), and then pushed 40 ms further by a high request, is
-// past Due+100 ms: it forfeits the slot although the push alone was
-// small. Counting the lateness from the grant instead let such a message
-// go out up to twice the lateness after its slot, 1.6 s after the key's
-// previous message against 2 s.
-func TestPaidSlotLatenessCountsFromItsDue(t *testing.T) {
-	r, done := newPaidSlotRig(t, 25, 60*time.Millisecond) // due 40 ms on
-	r.highs(1)
-	r.refusedAgain(done, 200*time.Millisecond, "the paid message went out 140 ms after its slot, past its 100 ms lateness, want it refused again")
+// TestPushedPaidSlotBehindABookedSlotIsForfeit: as above, but a third
+// message of the key was refused meanwhile and booked the slot after the
+// paid one. Pushed back 200 ms, the paid message would go out 800 ms
+// before that slot against 1 s: it forfeits its slot and is refused again
+// with a new one.
+func TestPushedPaidSlotBehindABookedSlotIsForfeit(t *testing.T) {
+	r, done := newPaidSlotRig(t, 10, 0)
+	var le *limiter.LimitError
+	if err := r.wait(limiter.PriorityLow, "r", nil); !errors.As(err, &le) || !le.Reserved {
+		t.Fatalf("a third message to r: %v, want refused with a booked slot", err)
+	}
+	r.highs(2)
+	r.refusedAgain(done, 400*time.Millisecond, "the pushed paid message went out 800 ms before the slot booked after it, want it refused again")
 }

@@ -173,11 +173,8 @@ func (b *Bucket) sleepUntilDue(ctx context.Context, gen *generation, pushes *pus
 				r = r.push(p)
 			}
 		}
-		if late != nil && !late.forfeitAt.IsZero() && r.due.After(late.forfeitAt) {
-			return 0, errMovedLate
-		}
 		if late != nil && late.after > 0 && r.due.Sub(charged) > late.after {
-			if !late.pay(charged, r.due.Sub(charged)) {
+			if moved, err := late.pay(charged, r.due.Sub(charged)); err == nil && !moved {
 				return 0, errMovedLate
 			}
 			charged = r.due
@@ -204,9 +201,15 @@ func (b *Bucket) sleepUntilDue(ctx context.Context, gen *generation, pushes *pus
 			// (a Bucket whose first answers were all slow wakes every
 			// reservation that much late).
 			if late != nil {
-				if by := lateBy + b.skew.spread(); by > 0 && !late.keeps(charged, r.due.Add(by)) {
+				// The instant it goes out, on the store's clock at worst,
+				// as long as paying for the move takes.
+				out := func() time.Time {
+					return storeAt.Add(b.clock.Now().Sub(localAt) + b.skew.spread())
+				}
+				if !late.keeps(b.clock, charged, out) {
 					return 0, errMovedLate
 				}
+				lateBy = b.clock.Now().Sub(localAt) - r.due.Sub(storeAt)
 			}
 			return lateBy, nil
 		}
@@ -235,25 +238,45 @@ func (b *Bucket) sleepUntilDue(ctx context.Context, gen *generation, pushes *pus
 // (see sleepReserved): pay is called with the instant it was charged for
 // and how much later it goes out now, once that is more than after; it
 // reports false when the layers cannot keep the reservation apart from a
-// message charged after it, and the sleep ends with errMovedLate.
+// message charged after it, and the sleep ends with errMovedLate. An error
+// (the store failing) lets the reservation go out as it is.
 type lateness struct {
 	after time.Duration
-	pay   func(from time.Time, by time.Duration) bool
-	// forfeitAt, when not zero, ends the sleep with errMovedLate once the
-	// reservation moved back past it (the store's clock): the lateness of
-	// a slot paid for on a delay layer, which cannot move.
-	forfeitAt time.Time
+	pay   func(from time.Time, by time.Duration) (bool, error)
 }
 
+// payTries is how many payments keeps makes for one late send before the
+// request is decided again: each pays for the time the one before took.
+const payTries = 4
+
 // keeps reports whether a reservation whose layers were charged for the
-// instant charged may go out at out: not past forfeitAt, and, once out is
-// more than after past charged, with its layers charged for the move
-// (pay).
-func (l *lateness) keeps(charged, out time.Time) bool {
-	if !l.forfeitAt.IsZero() && out.After(l.forfeitAt) {
-		return false
+// instant charged may go out now; out tells, each time it is called, the
+// instant it would go out at (the store's clock, at worst). Once that is
+// more than after past charged, the layers are charged for the move
+// (pay). A payment takes a store call, and the reservation goes out only
+// when it is answered: so each payment also covers as long as the one
+// before took, and one answered too late for what it paid is followed by
+// another for the rest, up to payTries. A payment that could not be made
+// (pay's error) lets the reservation go out.
+func (l *lateness) keeps(clock backend.Clock, charged time.Time, out func() time.Time) bool {
+	var took time.Duration
+	for range payTries {
+		by := out().Sub(charged)
+		if l.after <= 0 || by <= l.after {
+			return true
+		}
+		by += took
+		start := clock.Now()
+		moved, err := l.pay(charged, by)
+		if err != nil {
+			return true
+		}
+		if !moved {
+			return false
+		}
+		charged, took = charged.Add(by), clock.Now().Sub(start)
 	}
-	return l.after <= 0 || out.Sub(charged) <= l.after || l.pay(charged, out.Sub(charged))
+	return l.after <= 0 || out().Sub(charged) <= l.after
 }
 
 // errMovedLate is sleepReserved's answer for a reservation moved back past

@@ -305,6 +305,30 @@ var layerCases = []struct {
 			{at: 10600 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), paid: pd("per-key", "a", 10500*time.Millisecond), wait: 400 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 10},
 			{at: 10600 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: -0.8},
 		}},
+	{"delay: a paid take moved later charges its layer for the move, unless a slot was booked after it", 100, 10,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 2, Burst: 1, OnExceed: limiter.ActionDelay}},
+		[]lstep{
+			{op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 9},
+			{op: ltake, cost: 1, keys: k("a"), wait: 500 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), paid: pd("per-key", "a", 500*time.Millisecond), granted: true, remaining: 9},
+			// Pushed 200 ms later: the layer is charged the refill of the
+			// move, so the key's next message is booked 500 ms after +700
+			// ms, not after +500 ms. Before, a layer passed on a paid slot
+			// was left as it was.
+			{at: 510 * time.Millisecond, op: ldelay, refundOf: 2, delay: 200 * time.Millisecond, granted: true},
+			{at: 510 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: -0.38},
+			{at: 510 * time.Millisecond, op: ltake, cost: 1, keys: k("b"), granted: true, remaining: 9},
+			{at: 510 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), wait: 690 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			// Key c: a paid take, then a slot booked right behind it. Moved
+			// 200 ms later, the paid take would go out 300 ms before that
+			// slot against 500: the move is refused, nothing charged.
+			{at: 10 * time.Second, op: ltake, cost: 1, keys: k("c"), granted: true, remaining: 9},
+			{at: 10 * time.Second, op: ltake, cost: 1, keys: k("c"), wait: 500 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			{at: 10500 * time.Millisecond, op: ltake, cost: 1, keys: k("c"), paid: pd("per-key", "c", 10500*time.Millisecond), granted: true, remaining: 9},
+			{at: 10500 * time.Millisecond, op: ltake, cost: 1, keys: k("c"), wait: 500 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			{at: 10510 * time.Millisecond, op: ldelay, refundOf: 9, delay: 200 * time.Millisecond, granted: false},
+			{at: 10510 * time.Millisecond, op: lstatus, layer: "per-key", key: "c", tokens: -0.98},
+		}},
 	{"delay: a slot the layer's state does not hold counts for nothing (a state Redis lost since)", 100, 10,
 		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 2, Burst: 1, OnExceed: limiter.ActionDelay}},
 		[]lstep{
