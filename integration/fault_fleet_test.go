@@ -20,6 +20,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/throttlehq/throttle/integration/campaign"
 	"github.com/throttlehq/throttle/internal/testenv"
 )
 
@@ -130,6 +131,17 @@ func faultNewFleet(t *testing.T) *faultFleet {
 // measured so far.
 func (f *faultFleet) WindowBound(bound int, rate float64) int {
 	return testenv.WindowBound(bound, rate, f.Stalls.Max())
+}
+
+// ReplicaStalls returns the longest stall any replica logged so far
+// (campaign.LoggedStalls): a replica stalled that long delivered that
+// late.
+func (f *faultFleet) ReplicaStalls() time.Duration {
+	var outs []string
+	for _, p := range f.Procs {
+		outs = append(outs, p.out.String())
+	}
+	return campaign.LoggedStalls(outs...).Max()
 }
 
 // Name returns the fleet's bucket and queue name.
