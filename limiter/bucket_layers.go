@@ -524,15 +524,46 @@ func (b *Bucket) layersMove(ctx context.Context, ls backend.LayeredStore, lr bac
 	if b.layered.lateness <= 0 {
 		return nil
 	}
-	return &lateness{after: b.layered.lateness, pay: func(from time.Time, by time.Duration) (bool, error) {
+	late := &lateness{after: b.layered.lateness, pay: func(from time.Time, by time.Duration, withPaid bool) (bool, error) {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.opts.ProbeInterval)
 		defer cancel()
-		moved, err := ls.DelayLayers(dctx, lr, res, from, by)
+		req := lr
+		if withPaid {
+			req.Paid = nil // moves the layers passed on a paid slot too
+		}
+		moved, err := ls.DelayLayers(dctx, req, res, from, by)
 		if err != nil {
 			b.log.Debug("charging the layers for a reservation moved back failed", "by", by, "error", err)
 		}
 		return moved, err
 	}}
+	// A slot paid for on a delay layer takes the slot's lateness as its
+	// own; moved later than that, it moves with the message, charged for
+	// the move, unless the key's next slot is booked too close behind
+	// it: then the message is decided again (see Request.Paid).
+	if len(lr.Paid) > 0 {
+		late.paidUntil = paidUntil(b.layered.layers, lr.Keys, lr.Paid)
+		late.paidFrom = res.At.Add(res.Wait)
+	}
+	return late
+}
+
+// paidUntil returns the earliest instant, on the store's clock, past which
+// a slot that paid names for keys on a delay layer is late (its Due plus
+// backend.PaidLateness), or the zero time when it names none.
+func paidUntil(layers []Layer, keys map[string]string, paid []backend.PaidSlot) time.Time {
+	var until time.Time
+	for _, s := range paid {
+		for _, l := range layers {
+			if l.Name != s.Layer || l.OnExceed != ActionDelay || !l.IsBucket() || (l.Keyed && keys[l.Name] != s.Key) {
+				continue
+			}
+			if u := s.Due.Add(backend.PaidLateness(l)); until.IsZero() || u.Before(until) {
+				until = u
+			}
+		}
+	}
+	return until
 }
 
 // layersLateness returns how much later than first due a layered
@@ -1114,7 +1145,7 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 		// (see WaitN).
 		var late *lateness
 		if after := layersLateness(lm.Layers()); after > 0 {
-			late = &lateness{after: after, pay: func(from time.Time, by time.Duration) (bool, error) {
+			late = &lateness{after: after, pay: func(from time.Time, by time.Duration, _ bool) (bool, error) {
 				return lm.DelayLayersAt(b.clock.Now(), lr, res, from, by)
 			}}
 		}

@@ -743,16 +743,16 @@ func TestPushKeepsLayeredSpacing(t *testing.T) {
 
 // paidSlotRig is a Bucket on a shared bucket of sharedRate (burst 1) with
 // a per-recipient delay layer (1/s, burst 1, lateness 100 ms) whose key r
-// holds a booked slot: the clock is late past the slot's Due, and a low
-// message to x took the shared token, so that the paid message to r, sent
-// by paid, waits on the shared bucket.
+// holds a booked slot, and behind more booked after it: the clock is late
+// past the slot's Due, and a low message to x took the shared token, so
+// that the paid message to r, sent by paid, waits on the shared bucket.
 type paidSlotRig struct {
 	t   *testing.T
 	clk *clocktest.Clock
 	b   *limiter.Bucket
 }
 
-func newPaidSlotRig(t *testing.T, sharedRate float64, late time.Duration) (*paidSlotRig, <-chan error) {
+func newPaidSlotRig(t *testing.T, sharedRate float64, late time.Duration, behind int) (*paidSlotRig, <-chan error) {
 	clk := clocktest.New(storetest.Base)
 	lm := newLayeredMemory(t, sharedRate, 1, []limiter.Layer{{Name: "per-recipient", Keyed: true, Rate: 1, Burst: 1, OnExceed: limiter.ActionDelay}})
 	s := layeredClassStore{memClassStore{lm.Memory, clk, new(atomic.Bool)}, lm}
@@ -763,6 +763,12 @@ func newPaidSlotRig(t *testing.T, sharedRate float64, late time.Duration) (*paid
 	var le *limiter.LimitError
 	if err := r.wait(limiter.PriorityLow, "r", nil); !errors.As(err, &le) || !le.Reserved {
 		t.Fatalf("second message to r: %v, want refused with a booked slot", err)
+	}
+	for i := range behind {
+		var next *limiter.LimitError
+		if err := r.wait(limiter.PriorityLow, "r", nil); !errors.As(err, &next) || !next.Reserved {
+			t.Fatalf("message %d to r: %v, want refused with a booked slot", i+3, err)
+		}
 	}
 	clk.Advance(le.Wait + late)
 	if err := r.wait(limiter.PriorityLow, "x", nil); err != nil {
@@ -836,29 +842,32 @@ func (r *paidSlotRig) refusedAgain(done <-chan error, within time.Duration, what
 // instead cost the key a slot each time, and a message late on every
 // slot under load waited in the limiter for a minute.
 func TestPushedPaidSlotMovesWithIt(t *testing.T) {
-	r, done := newPaidSlotRig(t, 10, 0) // due 100 ms after its slot
+	r, done := newPaidSlotRig(t, 10, 0, 0) // due 100 ms after its slot
 	r.highs(2)
 	sent := r.sent(done, 400*time.Millisecond)
 	var le *limiter.LimitError
 	if err := r.wait(limiter.PriorityLow, "r", nil); !errors.As(err, &le) || !le.Reserved {
 		t.Fatalf("the next message to r: %v, want refused with a booked slot", err)
 	}
-	if gap := r.clk.Now().Add(le.Wait).Sub(sent); gap < time.Second-time.Millisecond { // sent is seen on the next 1 ms step
-		t.Errorf("the next message to r is booked %v after the moved one went out, want the layer's 1 s", gap)
+	// The layer's 1 s, less its lateness (100 ms), less the 1 ms step on
+	// which the send is seen. Left as it was, the layer booked the next
+	// slot 800 ms after it.
+	if gap := r.clk.Now().Add(le.Wait).Sub(sent); gap < 899*time.Millisecond {
+		t.Errorf("the next message to r is booked %v after the moved one went out, want at least 900 ms (1 s less its lateness)", gap)
 	}
 }
 
-// TestPushedPaidSlotBehindABookedSlotIsForfeit: as above, but a third
-// message of the key was refused meanwhile and booked the slot after the
-// paid one. Pushed back 200 ms, the paid message would go out 800 ms
-// before that slot against 1 s: it forfeits its slot and is refused again
-// with a new one.
-func TestPushedPaidSlotBehindABookedSlotIsForfeit(t *testing.T) {
-	r, done := newPaidSlotRig(t, 10, 0)
-	var le *limiter.LimitError
-	if err := r.wait(limiter.PriorityLow, "r", nil); !errors.As(err, &le) || !le.Reserved {
-		t.Fatalf("a third message to r: %v, want refused with a booked slot", err)
-	}
-	r.highs(2)
-	r.refusedAgain(done, 400*time.Millisecond, "the pushed paid message went out 800 ms before the slot booked after it, want it refused again")
+// TestPaidSlotLatenessCountsFromItsDue: a message back 60 ms after its
+// slot's Due, granted on it (its send, 40 ms later, is within the slot's
+// 100 ms lateness), with the key's next slot booked a second after its
+// own, and then pushed 40 ms further by a high request: it would go out
+// 140 ms after its slot, 860 ms before the next. Past Due+100 ms, its slot
+// cannot move without coming too close to the next one, so it is refused
+// again with a new slot, although the push alone was small. Counting the
+// lateness from the grant instead let such a message go out up to twice
+// the lateness after its slot, 1.6 s before the key's next against 2 s.
+func TestPaidSlotLatenessCountsFromItsDue(t *testing.T) {
+	r, done := newPaidSlotRig(t, 25, 60*time.Millisecond, 1) // due 40 ms on
+	r.highs(1)
+	r.refusedAgain(done, 200*time.Millisecond, "the paid message went out 140 ms after its slot, 860 ms before the next slot of its key, want it refused again")
 }

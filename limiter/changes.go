@@ -173,8 +173,8 @@ func (b *Bucket) sleepUntilDue(ctx context.Context, gen *generation, pushes *pus
 				r = r.push(p)
 			}
 		}
-		if late != nil && late.after > 0 && r.due.Sub(charged) > late.after {
-			if moved, err := late.pay(charged, r.due.Sub(charged)); err == nil && !moved {
+		if late != nil && late.owes(charged, r.due) {
+			if moved, err := late.payTo(charged, r.due); err == nil && !moved {
 				return 0, errMovedLate
 			}
 			charged = r.due
@@ -240,9 +240,50 @@ func (b *Bucket) sleepUntilDue(ctx context.Context, gen *generation, pushes *pus
 // reports false when the layers cannot keep the reservation apart from a
 // message charged after it, and the sleep ends with errMovedLate. An error
 // (the store failing) lets the reservation go out as it is.
+//
+// A layer the request passed on a slot it paid for (a delay layer's
+// booking) was charged for paidFrom, and takes going out up to paidUntil
+// (the slot's Due plus its lateness, backend.PaidLateness; the earliest of
+// such layers) as the slot's own lateness: pay leaves it out (withPaid
+// false) until the reservation goes out past paidUntil, and then moves it
+// too, from paidFrom. Counted from the Due, not from paidFrom: the key's
+// next slot was booked a spacing after the Due, and a message taken a
+// little late on its slot and then moved as much again went out twice the
+// lateness after its slot, 1.6 s before the next one against 2 s.
 type lateness struct {
-	after time.Duration
-	pay   func(from time.Time, by time.Duration) (bool, error)
+	after     time.Duration
+	pay       func(from time.Time, by time.Duration, withPaid bool) (bool, error)
+	paidUntil time.Time
+	paidFrom  time.Time
+	paidMoved bool // the paid layers were moved: every payment moves them
+}
+
+// owes reports whether a reservation charged for the instant charged must
+// pay its layers to go out at to.
+func (l *lateness) owes(charged, to time.Time) bool {
+	return l.after > 0 && to.Sub(charged) > l.after || l.paidLate(to)
+}
+
+// paidLate reports whether going out at to is past the paid layers'
+// lateness while they are still where the take left them.
+func (l *lateness) paidLate(to time.Time) bool {
+	return !l.paidUntil.IsZero() && !l.paidMoved && to.After(l.paidUntil)
+}
+
+// payTo pays the layers of a reservation charged for the instant charged
+// for going out at to (see pay).
+func (l *lateness) payTo(charged, to time.Time) (bool, error) {
+	from, withPaid := charged, l.paidMoved
+	if l.paidLate(to) {
+		// Over-charges the other layers for what an earlier payment
+		// covered since paidFrom, at most their cost: safe.
+		from, withPaid = l.paidFrom, true
+	}
+	moved, err := l.pay(from, to.Sub(from), withPaid)
+	if err == nil && moved && withPaid {
+		l.paidMoved = true
+	}
+	return moved, err
 }
 
 // payTries is how many payments keeps makes for one late send before the
@@ -251,36 +292,36 @@ const payTries = 4
 
 // keeps reports whether a reservation whose layers were charged for the
 // instant charged may go out now; out tells, each time it is called, the
-// instant it would go out at (the store's clock, at worst). Once that is
-// more than after past charged, the layers are charged for the move
-// (pay). A payment takes a store call, and the reservation goes out only
-// when it is answered: so each payment also covers as long as the one
-// before took, and one answered too late for what it paid is followed by
-// another for the rest, up to payTries. A payment that could not be made
-// (pay's error) lets the reservation go out.
+// instant it would go out at (the store's clock, at worst). Once it owes
+// its layers for the move (owes), they are charged for it (payTo). A
+// payment takes a store call, and the reservation goes out only when it is
+// answered: so each payment also covers as long as the one before took,
+// and one answered too late for what it paid is followed by another for
+// the rest, up to payTries. A payment that could not be made (pay's error)
+// lets the reservation go out.
 func (l *lateness) keeps(clock backend.Clock, charged time.Time, out func() time.Time) bool {
 	var took time.Duration
 	for range payTries {
-		by := out().Sub(charged)
-		if l.after <= 0 || by <= l.after {
+		to := out()
+		if !l.owes(charged, to) {
 			return true
 		}
-		by += took
+		to = to.Add(took)
 		start := clock.Now()
-		moved, err := l.pay(charged, by)
+		moved, err := l.payTo(charged, to)
 		if err != nil {
 			return true
 		}
 		if !moved {
 			return false
 		}
-		charged, took = charged.Add(by), clock.Now().Sub(start)
+		charged, took = to, clock.Now().Sub(start)
 	}
-	return l.after <= 0 || out().Sub(charged) <= l.after
+	return !l.owes(charged, out())
 }
 
-// errMovedLate is sleepReserved's answer for a reservation moved back past
-// late.forfeitAt, or that its layers could not pay for moving back.
+// errMovedLate is sleepReserved's answer for a reservation whose layers
+// could not pay for moving back (see lateness).
 var errMovedLate = errors.New("reservation moved back past its paid slot")
 
 // retime returns r moved to where the bucket st puts it. Its position is

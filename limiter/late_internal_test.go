@@ -41,7 +41,7 @@ func TestLatenessPaysForItsOwnTime(t *testing.T) {
 			clk := clocktest.New(base)
 			var paid []time.Duration
 			from := base
-			l := &lateness{after: ms(25), pay: func(f time.Time, by time.Duration) (bool, error) {
+			l := &lateness{after: ms(25), pay: func(f time.Time, by time.Duration, _ bool) (bool, error) {
 				if !f.Equal(from) {
 					t.Errorf("payment %d from +%v, want +%v (where the last one left it)", len(paid)+1, f.Sub(base), from.Sub(base))
 				}
@@ -66,6 +66,53 @@ func TestLatenessPaysForItsOwnTime(t *testing.T) {
 				if unpaid := clk.Now().Sub(from); unpaid > l.after {
 					t.Errorf("goes out at +%v, charged for +%v: %v unpaid, want at most %v", clk.Now().Sub(base), from.Sub(base), unpaid, l.after)
 				}
+			}
+		})
+	}
+}
+
+// TestLatenessMovesAPaidSlotPastItsLateness: a reservation passed a delay
+// layer on a paid slot due at +0 and charged for +0, with a lateness of
+// 100 ms there, and a wait layer whose lateness is 25 ms. A move past
+// 25 ms pays the wait layer only; one past +100 ms moves the paid layer
+// too, from +0, and every payment after that moves it along.
+func TestLatenessMovesAPaidSlotPastItsLateness(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	type payment struct {
+		from, by time.Duration
+		withPaid bool
+	}
+	for _, tc := range []struct {
+		name  string
+		moves []time.Duration // successive instants it goes out at, from +0
+		paid  []payment
+	}{
+		{name: "within both", moves: []time.Duration{ms(20)}},
+		{name: "past the wait layer's only", moves: []time.Duration{ms(60)}, paid: []payment{{0, ms(60), false}}},
+		{name: "past the slot's", moves: []time.Duration{ms(150)}, paid: []payment{{0, ms(150), true}}},
+		{name: "past the wait layer's, then the slot's", moves: []time.Duration{ms(60), ms(120), ms(180)},
+			paid: []payment{{0, ms(60), false}, {0, ms(120), true}, {ms(120), ms(60), true}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := time.Unix(1_700_000_000, 0)
+			var paid []payment
+			l := &lateness{after: ms(25), paidUntil: base.Add(ms(100)), paidFrom: base, pay: func(f time.Time, by time.Duration, withPaid bool) (bool, error) {
+				paid = append(paid, payment{f.Sub(base), by, withPaid})
+				return true, nil
+			}}
+			charged := base
+			for _, m := range tc.moves {
+				to := base.Add(m)
+				if !l.owes(charged, to) {
+					continue
+				}
+				if moved, err := l.payTo(charged, to); !moved || err != nil {
+					t.Fatalf("payTo +%v: %v, %v", m, moved, err)
+				}
+				charged = to
+			}
+			if !slices.Equal(paid, tc.paid) {
+				t.Errorf("paid %v, want %v", paid, tc.paid)
 			}
 		})
 	}

@@ -699,11 +699,12 @@ type LayeredStore interface {
 	// charged.
 	RefundLayers(ctx context.Context, req LayerRequest, res LayerResult) error
 	// DelayLayers moves a granted request's send from the instant from,
-	// which its token-bucket layers were charged for, to from+by: it takes
-	// from each what the move costs the key's next message
-	// (DelayChargeAt), and reports true. A layer passed on a paid slot is
-	// charged alike: the slot moves with the request, as long as no
-	// message of its key was charged after it. When a key was charged meanwhile for a message that
+	// which its token-bucket layers (but one passed on a paid slot) were
+	// charged for, to from+by: it takes from each what the move costs the
+	// key's next message (DelayChargeAt), and reports true. A request
+	// without its Paid slots moves every token-bucket layer, those it
+	// passed on a slot included: so a caller moves a slot with its
+	// message once the move is past the slot's lateness. When a key was charged meanwhile for a message that
 	// goes out after from, and the layer would not hold the debit at that
 	// message's instant, the two cannot be kept apart: it takes nothing
 	// and reports false, and the request must be decided again. A quota

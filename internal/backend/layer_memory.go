@@ -541,9 +541,8 @@ func (m *LayeredMemory) DelayLayersAt(t time.Time, req LayerRequest, res LayerRe
 	now, fromUS, toUS := t.UnixMicro(), from.UnixMicro(), from.Add(by).UnixMicro()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	// A layer passed on a paid slot is charged as any other: its slot
-	// moves unless a later message of its key was charged meanwhile.
-	delayed := func(_ int, l Layer) bool { return l.IsBucket() && !l.Shadow }
+	paid := PaidLayers(m.layers, keys, req.Paid, res.At.Add(res.Wait)) // as the take decided
+	delayed := func(i int, l Layer) bool { return l.IsBucket() && !l.Shadow && (paid == nil || !paid[i]) }
 	charge := make([]float64, len(m.layers))
 	for i, l := range m.layers {
 		if !delayed(i, l) {

@@ -766,12 +766,13 @@ func (l *Layered) delayLayers(ctx context.Context, at time.Time, req backend.Lay
 	if !at.IsZero() {
 		nowUS = at.UnixMicro()
 	}
+	paid := backend.PaidLayers(l.layers, keys, req.Paid, res.At.Add(res.Wait)) // as the take decided
 	for _, st := range l.steps(true, false) {
 		var rk layerKeys
 		args := []any{nowUS, from.UnixMicro(), from.Add(by).UnixMicro()}
 		for _, i := range st.layers {
 			ly := l.layers[i]
-			if !ly.IsBucket() || ly.Shadow { // a paid slot moves as the rest (backend.LayeredStore)
+			if !ly.IsBucket() || ly.Shadow || (paid != nil && paid[i]) {
 				continue
 			}
 			rk.addLayer(l, i, keys[i])

@@ -47,6 +47,9 @@ type lstep struct {
 	refundOf   int           // lrefund, ldelay: the index of the take step
 	delay      time.Duration // ldelay
 	paid       []limiter.PaidSlot
+	// withPaid: ldelay moves the layers the take passed on a paid slot
+	// too (the take's request without its Paid slots).
+	withPaid bool
 
 	granted  bool
 	got      int // granted tokens, when not cost (extra)
@@ -305,17 +308,22 @@ var layerCases = []struct {
 			{at: 10600 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), paid: pd("per-key", "a", 10500*time.Millisecond), wait: 400 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 10},
 			{at: 10600 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: -0.8},
 		}},
-	{"delay: a paid take moved later charges its layer for the move, unless a slot was booked after it", 100, 10,
+	{"delay: a paid take moved later, with its paid layers, charges them for the move, unless a slot was booked after it", 100, 10,
 		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 2, Burst: 1, OnExceed: limiter.ActionDelay}},
 		[]lstep{
 			{op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 9},
 			{op: ltake, cost: 1, keys: k("a"), wait: 500 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
 			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), paid: pd("per-key", "a", 500*time.Millisecond), granted: true, remaining: 9},
-			// Pushed 200 ms later: the layer is charged the refill of the
-			// move, so the key's next message is booked 500 ms after +700
-			// ms, not after +500 ms. Before, a layer passed on a paid slot
-			// was left as it was.
-			{at: 510 * time.Millisecond, op: ldelay, refundOf: 2, delay: 200 * time.Millisecond, granted: true},
+			// Moved 30 ms, within the slot's lateness: the layer passed on
+			// the slot is left as it is.
+			{at: 505 * time.Millisecond, op: ldelay, refundOf: 2, delay: 30 * time.Millisecond, granted: true},
+			{at: 505 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: 0.01},
+			// Pushed 200 ms later, past the slot's lateness (50 ms at 2/s):
+			// moved with its paid layers, the layer is charged the refill
+			// of the move, so the key's next message is booked 500 ms after
+			// +700 ms, not after +500 ms. Before, a move never charged a
+			// layer passed on a paid slot.
+			{at: 510 * time.Millisecond, op: ldelay, refundOf: 2, delay: 200 * time.Millisecond, withPaid: true, granted: true},
 			{at: 510 * time.Millisecond, op: lstatus, layer: "per-key", key: "a", tokens: -0.38},
 			{at: 510 * time.Millisecond, op: ltake, cost: 1, keys: k("b"), granted: true, remaining: 9},
 			{at: 510 * time.Millisecond, op: ltake, cost: 1, keys: k("a"), wait: 690 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
@@ -326,7 +334,7 @@ var layerCases = []struct {
 			{at: 10 * time.Second, op: ltake, cost: 1, keys: k("c"), wait: 500 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
 			{at: 10500 * time.Millisecond, op: ltake, cost: 1, keys: k("c"), paid: pd("per-key", "c", 10500*time.Millisecond), granted: true, remaining: 9},
 			{at: 10500 * time.Millisecond, op: ltake, cost: 1, keys: k("c"), wait: 500 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
-			{at: 10510 * time.Millisecond, op: ldelay, refundOf: 9, delay: 200 * time.Millisecond, granted: false},
+			{at: 10510 * time.Millisecond, op: ldelay, refundOf: 11, delay: 200 * time.Millisecond, withPaid: true, granted: false},
 			{at: 10510 * time.Millisecond, op: lstatus, layer: "per-key", key: "c", tokens: -0.98},
 		}},
 	{"delay: a slot the layer's state does not hold counts for nothing (a state Redis lost since)", 100, 10,
@@ -576,8 +584,11 @@ func RunLayers(t *testing.T, newStore LayeredFactory) {
 						t.Fatalf("step %d: refund: %v", i, err)
 					}
 				case ldelay:
-					res := results[st.refundOf]
-					moved, err := s.DelayLayersAt(now, reqs[st.refundOf], res, res.At.Add(res.Wait), st.delay)
+					res, req := results[st.refundOf], reqs[st.refundOf]
+					if st.withPaid {
+						req.Paid = nil
+					}
+					moved, err := s.DelayLayersAt(now, req, res, res.At.Add(res.Wait), st.delay)
 					if err != nil {
 						t.Fatalf("step %d: delay: %v", i, err)
 					}
