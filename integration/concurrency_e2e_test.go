@@ -107,7 +107,7 @@ func TestConcurrencyFleet(t *testing.T) {
 	sink := newConcSink(t, 200*time.Millisecond)
 	f := faultNewFleet(t)
 	spec := faultFleetSpec{
-		Redis:      "  addr: " + testenv.RedisAddr(t) + "\n",
+		Redis:      faultSharedRedis(t),
 		Burst:      1000,
 		LimitExtra: concLayer(""),
 		Prefetch:   20,
@@ -151,7 +151,7 @@ func TestConcurrencySIGKILL(t *testing.T) {
 	sink.block = make(chan struct{})
 	f := faultNewFleet(t)
 	spec := faultFleetSpec{
-		Redis:      "  addr: " + testenv.RedisAddr(t) + "\n",
+		Redis:      faultSharedRedis(t),
 		Burst:      1000,
 		LimitExtra: concLayer("      lease: 3s\n"),
 		SinkURL:    sink.srv.URL + "/send",

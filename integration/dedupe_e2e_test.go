@@ -51,7 +51,11 @@ func dedupeRabbitMQ(t *testing.T, bin string, dedupe bool) {
 		delivery = dedupeYAML
 	}
 	conf := filepath.Join(t.TempDir(), "throttle.yaml")
-	yaml := fmt.Sprintf(`redis: {addr: %s}
+	// A 2 s timeout: a loaded machine answers slower than the 250 ms
+	// default now and then, and a replica whose dedupe store failed then
+	// dedupes locally (on_store_error local), which lets another replica
+	// send a copy (5 duplicate sends in one full suite).
+	yaml := fmt.Sprintf(`redis: {addr: %s, timeout: 2s}
 limit: {bucket: %s, rate: %d, burst: 10}
 source:
   rabbitmq: {url: "${DEDUPE_AMQP_URL}", queue: %s, prefetch: 10}

@@ -107,6 +107,17 @@ func faultStartFleet(t *testing.T, spec faultFleetSpec) *faultFleet {
 	return f
 }
 
+// faultSharedRedis is the redis: block (lines indented two spaces) of a
+// fleet on the shared Redis whose test is not about Redis failing: a 2 s
+// timeout, since a loaded machine answers slower than the 250 ms default
+// now and then, and a replica then limits locally, where its fleet's
+// promises hold per replica only (full suites logged such i/o timeouts
+// on the shared Redis, and after them pauses of 1 to 1.6 s while replicas
+// started limiting locally, and duplicate sends under dedupe).
+func faultSharedRedis(t testing.TB) string {
+	return "  addr: " + testenv.RedisAddr(t) + "\n  timeout: 2s\n"
+}
+
 // faultNewFleet prepares a fleet without replicas: the binary, a unique
 // name, the queue's connection and the sink.
 func faultNewFleet(t *testing.T) *faultFleet {

@@ -194,7 +194,7 @@ func faultRateCut(t *testing.T, rates []float64, burst int, cut float64, reps in
 		stallSlack = 600 * time.Millisecond
 	)
 	f := faultStartFleet(t, faultFleetSpec{
-		Redis: "  addr: " + testenv.RedisAddr(t) + "\n", Rates: rates, Burst: burst,
+		Redis: faultSharedRedis(t), Rates: rates, Burst: burst,
 	})
 	t.Cleanup(func() { f.Admin("reset") })
 	var sum float64

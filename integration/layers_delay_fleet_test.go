@@ -119,7 +119,7 @@ func delayFleetCheck(t *testing.T, sink *cliSink, start time.Time) {
 func delayFleetRabbitMQ(t *testing.T) {
 	f := faultNewFleet(t)
 	spec := faultFleetSpec{
-		Redis:      "  addr: " + testenv.RedisAddr(t) + "\n",
+		Redis:      faultSharedRedis(t),
 		Burst:      1000,
 		LimitExtra: delayFleetLayer,
 		Prefetch:   50,

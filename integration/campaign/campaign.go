@@ -704,7 +704,7 @@ func (r *run) spec(dead map[int]int) Spec {
 		Overrides: r.overrides, Disturbances: r.disturbances,
 		Keyed: []KeyedLayer{
 			{Name: "per-sender", Key: func(a Arrival) string { return a.From }, Rate: SenderRate, Burst: 1,
-				Open: "a wait layer's pair too close under load: one cause fixed, one found and open, docs/campaign.md", HardFraction: 0.5},
+				Open: "a wait layer's pair too close under load: the causes found are fixed, a replica stalled or limiting locally can still shorten one, docs/campaign.md", HardFraction: 0.5},
 			{Name: "per-recipient", Key: func(a Arrival) string { return a.To }, Rate: RecipRate, Burst: 1,
 				Open: "a delay layer's pair too close under the campaign's mix, one cause fixed, another open, docs/campaign.md"},
 		},
