@@ -59,10 +59,14 @@ func TestFairRefusalSpacingPerReplica(t *testing.T) {
 		// ends a request that came before the 4th and waits.
 		tctx, cancel := context.WithCancel(ctx)
 		stop := time.AfterFunc(300*time.Millisecond, cancel)
+		before := b.Stats().Replicas
 		err := b.WaitN(tctx, req)
 		stop.Stop()
 		cancel()
-		if errors.As(err, &le) && le.Layer == limiter.FairLayer {
+		// A refusal counts when both replicas were live around it: on a
+		// loaded machine, r2's heartbeat may come late, and a refusal
+		// decided meanwhile spaces by one replica (9.994 s once).
+		if errors.As(err, &le) && le.Layer == limiter.FairLayer && before == 2 && b.Stats().Replicas == 2 {
 			break
 		}
 		if time.Now().After(deadline) {
