@@ -76,9 +76,10 @@ type Request struct {
 // reservation moves with the shared bucket's queue (a push of a higher
 // class, a rate change, a pause), never before every layer had room; moved
 // back, it charges its layers for the move (a slot it paid for on a delay
-// layer moves with it), and is decided again if a layer cannot keep it
-// apart from its key's next message. The move is paid before the message
-// goes out, including the time the payment itself takes. If ctx ends
+// layer moves with it once the move takes it past the slot's lateness),
+// and is decided again if a layer cannot keep it apart from its key's next
+// message. The move is paid before the message goes out, including the
+// time the payment itself takes. If ctx ends
 // while it is pending, the shared bucket gets its tokens back; the layers
 // keep theirs, since a token refunded on a key charged again after this
 // one would go out next to that later message.
