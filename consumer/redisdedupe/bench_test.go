@@ -3,9 +3,6 @@ package redisdedupe_test
 import (
 	"context"
 	"fmt"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -28,21 +25,10 @@ import (
 //
 //	go test ./consumer/redisdedupe/ -run XXX -bench BenchmarkStoreRedisCPU -benchtime 100000x
 func BenchmarkStoreRedisCPU(b *testing.B) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		testenv.Missing(b, "redis-server", "install redis", err)
-	}
-	dir := b.TempDir()
-	sock := filepath.Join(dir, "redis.sock")
-	cmd := exec.Command(bin, "--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no", "--dir", dir)
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	sock := testenv.PrivateRedis(b)
 	c := redis.NewClient(&redis.Options{Network: "unix", Addr: sock, PoolSize: 64, MaxRetries: -1})
 	b.Cleanup(func() { c.Close() })
 	ctx := context.Background()
-	testenv.Eventually(b, 10*time.Second, "the private redis-server answering", func() bool { return c.Ping(ctx).Err() == nil })
 	s, err := redisdedupe.New(c, redisdedupe.Config{Namespace: "bench"})
 	if err != nil {
 		b.Fatal(err)
@@ -60,23 +46,5 @@ func BenchmarkStoreRedisCPU(b *testing.B) {
 	if err := one(); err != nil { // loads the script
 		b.Fatal(err)
 	}
-	h := &testenv.CallCounter{}
-	c.AddHook(h)
-	cpu0, cmds0 := testenv.RedisCPU(b, c)
-	b.ReportAllocs()
-	b.ResetTimer()
-	b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if err := one(); err != nil {
-				b.Error(err)
-				return
-			}
-		}
-	})
-	b.StopTimer()
-	cpu1, cmds1 := testenv.RedisCPU(b, c)
-	b.ReportMetric((cpu1-cpu0)*1e6/float64(b.N), "redis-µs/msg")
-	b.ReportMetric(float64(cmds1-cmds0-2)/float64(b.N), "redis-cmds/msg") // less this pair of INFO
-	b.ReportMetric(float64(h.N.Load())/float64(b.N), "calls/msg")
+	testenv.MeasureRedis(b, c, one)
 }

@@ -2,10 +2,14 @@ package testenv
 
 import (
 	"context"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -60,4 +64,71 @@ func RedisCPU(tb testing.TB, c redis.UniversalClient) (float64, int64) {
 		}
 	}
 	return cpu, cmds
+}
+
+// PrivateRedis starts a redis-server of tb's own, listening only on a unix
+// socket (no port to pick), keeping nothing on disk, with extra config
+// lines (such as "--requirepass", "pw"), and returns the socket's path
+// once the server answers. The server is killed when tb ends. Without a
+// redis-server on the PATH it calls Missing.
+func PrivateRedis(tb testing.TB, conf ...string) string {
+	tb.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		Missing(tb, "redis-server", "install redis", err)
+	}
+	dir := tb.TempDir()
+	sock := filepath.Join(dir, "redis.sock")
+	args := append([]string{"--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no", "--dir", dir}, conf...)
+	cmd := exec.Command(bin, args...)
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	c := redis.NewClient(&redis.Options{Network: "unix", Addr: sock, Password: passwordOf(conf), MaxRetries: -1})
+	defer c.Close()
+	Eventually(tb, 10*time.Second, "the private redis-server answering", func() bool { return c.Ping(context.Background()).Err() == nil })
+	return sock
+}
+
+// passwordOf returns the --requirepass of conf, or "".
+func passwordOf(conf []string) string {
+	for i, c := range conf {
+		if c == "--requirepass" && i+1 < len(conf) {
+			return conf[i+1]
+		}
+	}
+	return ""
+}
+
+// RunParallel runs one b.N times from 64 goroutines in all (whatever
+// GOMAXPROCS), timing only that, and fails b on the first error.
+func RunParallel(b *testing.B, one func() error) {
+	b.ReportAllocs()
+	b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := one(); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+}
+
+// MeasureRedis is RunParallel that also reports, per operation, what the
+// server behind c (a private one: it counts every client's work) spent:
+// redis-µs/msg (CPU, RedisCPU), redis-cmds/msg (commands, scripts' own
+// included), and calls/msg (this client's round trips, CallCounter).
+func MeasureRedis(b *testing.B, c *redis.Client, one func() error) {
+	h := &CallCounter{}
+	c.AddHook(h)
+	cpu0, cmds0 := RedisCPU(b, c)
+	RunParallel(b, one)
+	cpu1, cmds1 := RedisCPU(b, c)
+	b.ReportMetric((cpu1-cpu0)*1e6/float64(b.N), "redis-µs/msg")
+	b.ReportMetric(float64(cmds1-cmds0-2)/float64(b.N), "redis-cmds/msg") // less this pair of INFO
+	b.ReportMetric(float64(h.N.Load())/float64(b.N), "calls/msg")
 }

@@ -3,7 +3,6 @@ package redislimiter
 import (
 	"context"
 	"errors"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -163,42 +162,11 @@ func TestAdminWithoutLimits(t *testing.T) {
 	}
 }
 
-// privateRedis starts a redis-server of this test's own, listening only on
-// a unix socket (no port to pick), with extra config lines.
-func privateRedis(t testing.TB, conf ...string) string {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		testenv.Missing(t, "redis-server", "install redis", err)
-	}
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "redis.sock")
-	args := append([]string{"--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no", "--dir", dir}, conf...)
-	cmd := exec.Command(bin, args...)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	c := redis.NewClient(&redis.Options{Network: "unix", Addr: sock, Password: passwordOf(conf), MaxRetries: -1})
-	defer c.Close()
-	testenv.Eventually(t, 10*time.Second, "the private redis-server answering", func() bool { return c.Ping(context.Background()).Err() == nil })
-	return sock
-}
-
-func passwordOf(conf []string) string {
-	for i, c := range conf {
-		if c == "--requirepass" {
-			return conf[i+1]
-		}
-	}
-	return ""
-}
-
 // TestConfigurationErrorsAreNotOutages: a wrong password, a missing one, a
 // user without permission for scripts, and a wrong db are ErrMisconfigured
 // (and ErrStore); a server that is down is only ErrStore.
 func TestConfigurationErrorsAreNotOutages(t *testing.T) {
-	sock := privateRedis(t, "--requirepass", "right")
+	sock := testenv.PrivateRedis(t, "--requirepass", "right")
 	admin := redis.NewClient(&redis.Options{Network: "unix", Addr: sock, Password: "right"})
 	defer admin.Close()
 	ctx := context.Background()

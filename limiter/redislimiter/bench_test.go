@@ -2,7 +2,6 @@ package redislimiter
 
 import (
 	"context"
-	"runtime"
 	"testing"
 	"time"
 
@@ -114,18 +113,8 @@ func BenchmarkTakeParallel(b *testing.B) {
 			bk, h := benchBucketConfig(b, Config{Rate: 1e9, Burst: 1e9, NoBatching: noBatching},
 				limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}})
 			ctx := context.Background()
-			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
-			b.ReportAllocs()
-			b.ResetTimer()
 			start := time.Now()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					if err := bk.Wait(ctx, 1); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
+			testenv.RunParallel(b, func() error { return bk.Wait(ctx, 1) })
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tokens/s")
 			b.ReportMetric(float64(h.N.Load())/float64(b.N), "round-trips/token")
 		})

@@ -3,7 +3,6 @@ package redislimiter
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -60,20 +59,11 @@ func BenchmarkLayers(b *testing.B) {
 				if err := one(); err != nil { // loads the script
 					b.Fatal(err)
 				}
-				b.ReportAllocs()
-				b.ResetTimer()
 				start := time.Now()
 				if parallel {
-					b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
-					b.RunParallel(func(pb *testing.PB) {
-						for pb.Next() {
-							if err := one(); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					})
+					testenv.RunParallel(b, one)
 				} else {
+					b.ReportAllocs()
 					for b.Loop() {
 						if err := one(); err != nil {
 							b.Fatal(err)
@@ -233,7 +223,7 @@ func BenchmarkLayersRatio(b *testing.B) {
 //
 //	go test ./limiter/redislimiter/ -run XXX -bench BenchmarkLayerRedisCPU -benchtime 100000x
 func BenchmarkLayerRedisCPU(b *testing.B) {
-	c := redis.NewClient(&redis.Options{Network: "unix", Addr: privateRedis(b), PoolSize: 64, MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Network: "unix", Addr: testenv.PrivateRedis(b), PoolSize: 64, MaxRetries: -1})
 	b.Cleanup(func() { c.Close() })
 	for _, bc := range []struct {
 		name  string
@@ -277,25 +267,7 @@ func BenchmarkLayerRedisCPU(b *testing.B) {
 			if err := one(); err != nil { // loads the scripts
 				b.Fatal(err)
 			}
-			h := &countingHook{}
-			c.AddHook(h)
-			cpu0, cmds0 := testenv.RedisCPU(b, c)
-			b.ReportAllocs()
-			b.ResetTimer()
-			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					if err := one(); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-			b.StopTimer()
-			cpu1, cmds1 := testenv.RedisCPU(b, c)
-			b.ReportMetric((cpu1-cpu0)*1e6/float64(b.N), "redis-µs/msg")
-			b.ReportMetric(float64(cmds1-cmds0-2)/float64(b.N), "redis-cmds/msg") // less this pair of INFO
-			b.ReportMetric(float64(h.N.Load())/float64(b.N), "calls/msg")
+			testenv.MeasureRedis(b, c, one)
 		})
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttlehq/throttle/internal/backend"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 )
 
@@ -118,7 +119,7 @@ func usedMemory(t *testing.T, c redis.UniversalClient) int64 {
 // full again out of it, and a shard whose buckets are all full again is
 // gone.
 func TestLayerKeyMemory(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Network: "unix", Addr: privateRedis(t), MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Network: "unix", Addr: testenv.PrivateRedis(t), MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	ctx := context.Background()
 	l := privateLayered(t, c, limiter.Layer{Name: "per-recipient", Keyed: true, Rate: 5.0 / 3600, Burst: 5})
@@ -241,7 +242,7 @@ func TestLayerKeyMemory(t *testing.T) {
 // 40 buckets full an hour ago and one drained now, then 20 keys of the
 // same shard taken at 5/h, leave exactly the 21 live ones.
 func TestShardSweep(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Network: "unix", Addr: privateRedis(t), MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Network: "unix", Addr: testenv.PrivateRedis(t), MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	ctx := context.Background()
 	l := privateLayered(t, c, limiter.Layer{Name: "per-recipient", Keyed: true, Rate: 5.0 / 3600, Burst: 5})
