@@ -31,10 +31,12 @@ func TestBucketStatusClasses(t *testing.T) {
 			t.Fatalf("take %v: %+v, %v", p, res, err)
 		}
 	}
+	// The refill counts from the first take (the bucket's tokens are kept
+	// as of each take), so the clock starts before it.
+	took := time.Now()
 	for _, p := range []limiter.Priority{limiter.PriorityLow, limiter.PriorityLow, limiter.PriorityLow, limiter.PriorityLow, limiter.PriorityLow, limiter.PriorityHigh} {
 		take(p)
 	}
-	took := time.Now()
 	var w1, w2 [limiter.NumPriorities]int
 	w1[limiter.PriorityLow], w1[limiter.PriorityHigh] = 3, 1
 	w2[limiter.PriorityLow] = 2
