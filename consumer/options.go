@@ -47,7 +47,7 @@ type Options struct {
 	// is due (HeaderDue), to be throttled and handled again. It costs a
 	// destination of its own: consumer/kafka's delay topic, which Run
 	// creates and the group consumes; consumer/rabbitmq's delay queues,
-	// declared at the first message set aside. Default false: the handler
+	// declared each time Run connects. Default false: the handler
 	// waits out the delay itself, holding its slot, and is called again.
 	SetAside bool
 	// MaxSetAside caps how long a message stays in a backend's delay

@@ -149,12 +149,18 @@ console: {token: %q}
 	if err := chromedp.Do(ctx, chromedp.WaitVisible(css(card+" .delivered"))); err != nil {
 		t.Fatalf("the console at %s shows no bucket %s: %v", url, name, err)
 	}
+	// text waits for sel and reads it in one evaluation: the page
+	// renders its tables anew each second, and reading a node found by an
+	// earlier call (as TextContent does) failed once with "No node with
+	// given id found".
 	text := func(sel string) string {
-		s, err := chromedp.Run(ctx, chromedp.TextContent(css(sel)))
-		if err != nil {
-			t.Fatalf("reading %s: %v", sel, err)
+		s, err := chromedp.Run(ctx, chromedp.Poll[[]string](
+			fmt.Sprintf(`(e => e ? [e.textContent] : null)(document.querySelector(%q))`, sel),
+			chromedp.WithPollingInterval(50*time.Millisecond)))
+		if err != nil || len(s) != 1 {
+			t.Fatalf("reading %s: %q, %v", sel, s, err)
 		}
-		return s
+		return s[0]
 	}
 	// sinkRate is what the sink counted over the window w that ended lag
 	// ago. The page's rate is over the heartbeats (3 s apart) of the last

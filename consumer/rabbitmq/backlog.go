@@ -35,8 +35,8 @@ func (c *Consumer) Backlog(ctx context.Context) (int64, error) {
 // the channel: it never dials, and it leaves the consuming channel alone.
 // It costs a round trip for opening the channel, one per declare (the
 // queue and, with the default Options.MaxSetAside of a minute, 13 delay
-// levels) and one for closing the channel. The delay queues exist from
-// the first message set aside; while they do not, SetAside is 0, and after
+// levels) and one for closing the channel. The delay queues exist once a
+// Consumer with Options.SetAside connected; while they do not, SetAside is 0, and after
 // the broker said so BacklogParts does not ask again for 30 seconds, since
 // the broker logs each such refusal. Delay queues that another replica
 // has just created may so be counted up to 30 seconds late. It is safe for

@@ -18,6 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/throttlehq/throttle/consumer"
+	"github.com/throttlehq/throttle/consumer/internal/kit"
 	"github.com/throttlehq/throttle/consumer/internal/setaside"
 	"github.com/throttlehq/throttle/consumer/rabbitmq"
 	"github.com/throttlehq/throttle/internal/testenv"
@@ -858,5 +859,37 @@ func TestDeadLetterExchangeMissing(t *testing.T) {
 	}
 	if ctx.Err() != nil {
 		t.Fatal("Run retried until the test deadline instead of failing at once")
+	}
+}
+
+// TestDelayQueuesDeclaredOnConnect: a Consumer with Options.SetAside
+// declares its delay queues when it connects, before any message asks to
+// be set aside (declared at the first set-aside, on a loaded broker the
+// declares held that message up to seconds past its booked slot); one
+// without it declares none.
+func TestDelayQueuesDeclaredOnConnect(t *testing.T) {
+	b := newBroker(t)
+	exists := func(q string) bool {
+		conn, err := amqp.Dial(b.url)
+		must(t, err)
+		defer conn.Close()
+		ch, err := conn.Channel()
+		must(t, err)
+		_, err = ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		return err == nil
+	}
+	for _, setAside := range []bool{true, false} {
+		q := b.declareQueue(t)
+		c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Options: consumer.Options{SetAside: setAside}}, nop)
+		ctx, cancel := context.WithCancel(context.Background())
+		wait := runAll(t, ctx, c.Run)
+		eventually(t, "connected", func() bool { return c.Connected() == nil })
+		for _, dq := range rabbitmq.DelayQueues(q, kit.DefaultMaxSetAside) {
+			if got := exists(dq); got != setAside {
+				t.Errorf("SetAside %v: delay queue %s exists: %v, want %v", setAside, dq, got, setAside)
+			}
+		}
+		cancel()
+		wait()
 	}
 }

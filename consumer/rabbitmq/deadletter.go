@@ -226,7 +226,8 @@ func (c *Consumer) delayQueue() string { return c.cfg.Queue + ".delay" }
 // setaside.HeaderPaid), consumer.HeaderDue and headerBack. It asks for it back a
 // lead ahead of its due time (returnLag), rounded down to delayUnit, and
 // the handler waits the rest when it comes back (run.back). The delay
-// queues are declared at the first message set aside on each connection.
+// queues are declared when Run connects (Options.SetAside), or at the
+// first message set aside on the connection if that failed.
 // Once the broker confirmed the copy, the delivery is acked. If the delay
 // queues cannot be declared, the handler waits out the delay and setAside
 // reports true: the delivery is to be handled again, as it.msg, now with

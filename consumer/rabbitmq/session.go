@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"time"
@@ -153,6 +154,20 @@ func (c *Consumer) connect(ctx context.Context) (_ *session, err error) {
 		return nil, fmt.Errorf("enabling publisher confirms: %w", err)
 	}
 	s.pub = &confirmPublisher{conn: conn, ch: pch}
+	if o := c.proc.Options(); o.SetAside {
+		// Declared before the first delivery, not at the first message
+		// set aside: on a loaded broker the declares take up to seconds,
+		// which that message's booked slot would have waited for. A
+		// failure is no reason not to consume; the first set-aside tries
+		// again (and, failing, waits the delay in its handler).
+		if err := s.pub.declareDelay(c.cfg.Queue, delayLevels(o.MaxSetAside)); err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			c.log.LogAttrs(ctx, slog.LevelWarn, "declaring the delay queues failed; the first message set aside tries again",
+				slog.String("err", err.Error()))
+		}
+	}
 	s.deliveries, err = s.ch.Consume(c.cfg.Queue, c.tag, false, false, false, false, nil)
 	if err != nil {
 		return nil, fmt.Errorf("consuming queue %q: %w", c.cfg.Queue, err)
