@@ -132,3 +132,38 @@ func MeasureRedis(b *testing.B, c *redis.Client, one func() error) {
 	b.ReportMetric(float64(cmds1-cmds0-2)/float64(b.N), "redis-cmds/msg") // less this pair of INFO
 	b.ReportMetric(float64(h.N.Load())/float64(b.N), "calls/msg")
 }
+
+// MeasureRedisStalls measures, until t ends, the longest a PING to the
+// Redis at addr took, one every 20 ms on a connection of its own: a
+// server held up that long (by a long script of another client, or by
+// the machine under it) held every replica's calls up as long. Timing
+// bounds of a test on a shared Redis may be widened by it, and only by
+// what it measured. A PING that fails counts for as long as it took.
+func MeasureRedisStalls(t testing.TB, addr string) *Stalls {
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1, MaxRetries: -1, ReadTimeout: 10 * time.Second})
+	s := &Stalls{done: make(chan struct{})}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-s.done:
+				return
+			case <-tick.C:
+			}
+			start := time.Now()
+			_ = c.Ping(context.Background()).Err()
+			if took := time.Since(start); took > time.Duration(s.max.Load()) {
+				s.max.Store(int64(took))
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(s.done)
+		<-stopped
+		_ = c.Close()
+	})
+	return s
+}
