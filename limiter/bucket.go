@@ -639,9 +639,10 @@ func (b *Bucket) Pause(ctx context.Context, d time.Duration) error {
 	return nil
 }
 
-// Close stops the background goroutines, gives back leased tokens and
-// removes this replica from the heartbeat set. Wait calls in progress return
-// ErrClosed. Close is safe to call more than once.
+// Close stops the background goroutines, waits (up to a second) for the
+// concurrency slots released before it to be sent to the store, gives back
+// leased tokens and removes this replica from the heartbeat set. Wait calls
+// in progress return ErrClosed. Close is safe to call more than once.
 func (b *Bucket) Close() error {
 	var err error
 	b.closeOnce.Do(func() {
@@ -654,8 +655,12 @@ func (b *Bucket) Close() error {
 		b.wg.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
+		if rw, ok := b.layeredStore().(backend.ReleaseWaiter); ok {
+			// Releases the store sends on goroutines of its own.
+			err = rw.WaitReleases(ctx)
+		}
 		if n := b.lease.drain(); n > 0 && b.Mode() == ModeShared {
-			err = b.refundPast(ctx, n)
+			err = errors.Join(err, b.refundPast(ctx, n))
 		}
 		if rt, ok := b.store.(backend.ReplicaTracker); ok && b.Mode() == ModeShared {
 			err = errors.Join(err, rt.Leave(ctx, b.opts.ReplicaID))

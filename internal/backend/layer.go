@@ -470,6 +470,15 @@ type SlotStore interface {
 	ReleaseSlots(ctx context.Context, slots []SlotRelease) error
 }
 
+// ReleaseWaiter is a SlotStore whose ReleaseSlots may return before the
+// release is sent, by a goroutine of the store's: WaitReleases waits until
+// every such goroutine ended (its call answered or failed), or ctx ends.
+// Bucket.Close calls it, so that nothing the Bucket's callers started
+// outlives the Bucket.
+type ReleaseWaiter interface {
+	WaitReleases(ctx context.Context) error
+}
+
 // SlotNotifier is a SlotStore that announces releases to every replica:
 // WatchSlots calls released with the layer and key of each release that
 // freed a slot of a key whose slots were all held, until ctx ends, and all

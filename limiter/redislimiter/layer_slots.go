@@ -42,6 +42,17 @@ func (l *Layered) ReleaseSlots(ctx context.Context, slots []backend.SlotRelease)
 	return l.releaseSlots(ctx, slots)
 }
 
+// WaitReleases implements backend.ReleaseWaiter: it waits until the
+// releases that ReleaseSlots left to a goroutine of their own were sent
+// (their call answered or failed: at most the client's timeouts), or ctx
+// ends. limiter.Bucket.Close calls it.
+func (l *Layered) WaitReleases(ctx context.Context) error {
+	if l.batch == nil {
+		return nil
+	}
+	return l.batch.waitReleases(ctx)
+}
+
 // maxReleaseBatch bounds the slots of one release script call.
 const maxReleaseBatch = 256
 

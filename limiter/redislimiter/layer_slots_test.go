@@ -285,3 +285,46 @@ func TestReleaseNeverWaits(t *testing.T) {
 		t.Fatalf("take(h2) after h1's release = %+v, %v; want granted", o.res, o.err)
 	}
 }
+
+// TestBucketCloseWaitsForReleases: a slot released with nothing in flight
+// is sent by a goroutine of the store's (TestReleaseNeverWaits); Close
+// waits for it to be sent, so that no goroutine outlives the Bucket, and
+// the slot is free in Redis when Close returns. Close used to return at
+// once, the release still on its way.
+func TestBucketCloseWaitsForReleases(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { c.Close() })
+	layers := []limiter.Layer{{Name: "conc", Keyed: true, Concurrency: 1, Lease: time.Minute}}
+	l := newLayered(t, c, 1000, 1000, layers)
+	b, err := limiter.New(l, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testenv.Context(t, 10*time.Second)
+	req := limiter.Request{Cost: 1, Keys: map[string]string{"conc": "a"}}
+	h, err := b.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &pipeGate{open: make(chan struct{})}
+	c.AddHook(g)
+	g.armed.Store(true)
+	h.Release() // returns at once; its call is held at the gate
+	testenv.Eventually(t, 5*time.Second, "the release's call sent", g.held.Load)
+	closed := make(chan error, 1)
+	go func() { closed <- b.Close() }()
+	select {
+	case err := <-closed:
+		close(g.open)
+		t.Fatalf("Close returned (%v) while the release was still being sent", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(g.open)
+	if err := <-closed; err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	res, err := l.TakeLayers(ctx, backend.LayerRequest{Cost: 1, Keys: req.Keys, SkipShared: true, Holder: "other"})
+	if err != nil || !res.Granted {
+		t.Errorf("a take of the key's one slot after Close = %+v, %v; want granted: the release was sent", res, err)
+	}
+}
