@@ -61,6 +61,9 @@ type Bucket struct {
 	lease leasePool
 	// skew measures the store's clock against the Bucket's (skew.go).
 	skew skewMeter
+	// trips keeps the round trips of the recent layered calls, by which
+	// a request on a paid slot asks ahead of it (waitPaid).
+	trips tripMeter
 	// layered is the local fallback's layer state (bucket_layers.go).
 	layered layeredFallback
 

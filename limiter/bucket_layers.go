@@ -167,6 +167,9 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		return fmt.Errorf("cost %d: %w", req.Cost, ErrInvalidCost)
 	}
 	req.Paid = b.verifyPaid(ctx, req.Paid) // paidsig.go
+	if err := b.waitPaid(ctx, req.Paid); err != nil {
+		return err
+	}
 	var (
 		sw     *slotWaiter
 		sks    []slotKey
@@ -330,7 +333,9 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			// Every answer places the store's clock, a leased one's too
 			// (it ran the layers at the store's instant): answerLate and
 			// the reservation's wake-up judge lateness by it.
-			b.skew.observeTrip(sent, b.clock.Now(), res.At)
+			now := b.clock.Now()
+			b.skew.observeTrip(sent, now, res.At)
+			b.trips.observe(now.Sub(sent))
 		}
 		if lr.SkipShared && !lr.ShadowShared && (err != nil || !res.Granted) {
 			b.lease.put(req.Cost) // not used: back to the lease
@@ -476,6 +481,17 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 					req.Paid = nil
 					continue
 				}
+				if !lr.SkipShared {
+					b.refundClass(ctx, req.Cost, res.Class)
+				}
+				release(slots, lr)
+				return err
+			}
+		} else if early := b.paidAhead(lr.Paid, res.At); early > 0 {
+			// Granted ahead of a slot it paid for (waitPaid asked a round
+			// trip early): it goes out at the slot, not before, since its
+			// key's message before it went out a spacing ahead of it.
+			if err := b.sleep(ctx, nil, early); err != nil {
 				if !lr.SkipShared {
 					b.refundClass(ctx, req.Cost, res.Class)
 				}

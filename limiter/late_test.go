@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -289,5 +290,61 @@ func TestLayeredReservationOfSlowReplicaKeepsItsKeyApart(t *testing.T) {
 	r.advance(ms(300))
 	if got, want := r.grants(), []time.Duration{ms(100), ms(100), ms(300), ms(400)}; !equalDurations(got, want) {
 		t.Errorf("grants at %v, want %v", got, want)
+	}
+}
+
+// TestPaidSlotAskedOneTripAhead: a per-key delay layer of 5/s, burst 1;
+// key k's first message goes out at 0 and its second is refused, with a
+// slot booked at +200 ms. A backend hands the second on ahead of its slot
+// (100 ms before it) so that the store's answer is not late for it. It
+// used to ask the store at once and go out when the answer came, 100 ms
+// (70 ms with answers 30 ms slow) closer to the key's first message than
+// the layer's 200 ms. It now waits until one recent round trip before the
+// slot, asks, and goes out at the slot. (With answers 30 ms slow, the
+// first message's grant came 30 ms late and paid its layer for the move:
+// the slot is at +230 ms, which the Bucket places at +260.)
+func TestPaidSlotAskedOneTripAhead(t *testing.T) {
+	for _, lag := range []time.Duration{0, ms(30)} {
+		clk := clocktest.New(storetest.Base)
+		layer := limiter.Layer{Name: "per-key", Keyed: true, Rate: 5, Burst: 1, OnExceed: limiter.ActionDelay}
+		s := &slowLayered{
+			layeredClocked: newLayeredClocked(t, clk, 1000, 1000, 1, layer),
+			lags:           answerLags{d: []time.Duration{lag, lag, lag}},
+		}
+		r := &rig{t: t, clk: clk}
+		var err error
+		r.b, err = limiter.New(s, limiter.Options{Clock: clk, Lease: limiter.LeaseOptions{Disabled: true}, Logger: discardLogger(), ProbeInterval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.waitN(keyReq("k")) // out at 0, answered at +lag
+		r.advance(lag)
+		booked := make(chan error, 1)
+		r.open.Add(1)
+		go func() {
+			defer r.open.Add(-1)
+			booked <- r.b.WaitN(context.Background(), keyReq("k"))
+		}()
+		r.settle()
+		r.advance(lag)
+		var le *limiter.LimitError
+		if err := <-booked; !errors.As(err, &le) || !le.Reserved {
+			t.Fatalf("answers %v slow: the key's second message = %v, want a slot booked", lag, err)
+		}
+		slot := le.Slot()
+		due := slot.Due.Sub(storetest.Base) // +200ms, +230 with the first answer late (paid for)
+		r.grants()
+		r.advance(due - ms(100) - 2*lag)
+		req := keyReq("k")
+		req.Paid = []limiter.PaidSlot{slot}
+		r.waitN(req)
+		r.advance(ms(300))
+		// At its slot as the Bucket places it: its answers all came lag
+		// after the store's instant, which it counts as the clocks'
+		// offset (skewMeter).
+		if got, want := r.grants(), due+lag; !equalDurations(got, []time.Duration{want}) {
+			t.Errorf("answers %v slow, handed on 100ms before its slot at +%v: went out at %v, want %v", lag, due, got, want)
+		}
+		r.b.Close()
 	}
 }

@@ -51,12 +51,7 @@ func (realClock) SleepUntil(ctx context.Context, t time.Time) error {
 // dueOf returns the due time of a message of the delay topic (consumer.HeaderDue).
 // Of several such headers the last one counts, as in ToMessage.
 func dueOf(m kafkago.Message) (time.Time, bool) {
-	var v []byte
-	for _, h := range m.Headers {
-		if h.Key == consumer.HeaderDue {
-			v = h.Value
-		}
-	}
+	v := lastHeader(m, consumer.HeaderDue)
 	if v == nil {
 		return time.Time{}, false
 	}
@@ -64,16 +59,34 @@ func dueOf(m kafkago.Message) (time.Time, bool) {
 	return t, err == nil
 }
 
+// handOnAt returns when m, a message of the delay topic, is handed on: its
+// due time (dueOf), or setaside.PaidLead before it when it comes back with
+// a paid slot (setaside.HandOnAt), which the limiter waits for itself.
+func handOnAt(m kafkago.Message) (time.Time, bool) {
+	due, ok := dueOf(m)
+	if !ok {
+		return due, false
+	}
+	return setaside.HandOnAt(due, string(lastHeader(m, setaside.HeaderPaid))), true
+}
+
+// lastHeader returns the value of m's last header named key, nil when it
+// has none.
+func lastHeader(m kafkago.Message, key string) []byte {
+	var v []byte
+	for _, h := range m.Headers {
+		if h.Key == key {
+			v = h.Value
+		}
+	}
+	return v
+}
+
 // groupOf returns the group that set m aside (HeaderGroup); of several
 // such headers the last one counts, as in dueOf. It reports false for a
 // copy without the header.
 func groupOf(m kafkago.Message) (string, bool) {
-	var v []byte
-	for _, h := range m.Headers {
-		if h.Key == HeaderGroup {
-			v = h.Value
-		}
-	}
+	v := lastHeader(m, HeaderGroup)
 	return string(v), v != nil
 }
 
@@ -101,14 +114,15 @@ func (r *genRun) skipOtherGroup(p *partState, m kafkago.Message) bool {
 	return true
 }
 
-// waitDue waits until m, a message of the delay topic, is due, and
-// reports false when the partition was revoked first. The fetcher calls it
+// waitDue waits until m, a message of the delay topic, is due (handOnAt:
+// a little ahead with a paid slot), and reports false when the partition
+// was revoked first. The fetcher calls it
 // for each message its dueReader hands it, which is due already, except
 // when the replica's clock went back. A message without a valid due time
 // is due at once.
 func (r *genRun) waitDue(p *partState, m kafkago.Message) bool {
 	c := r.c
-	due, ok := dueOf(m)
+	due, ok := handOnAt(m)
 	if !ok {
 		c.log.Warn("message of the delay topic without a valid due time; handling it now",
 			"topic", p.topic, "partition", p.partition, "offset", m.Offset, "header", consumer.HeaderDue)
@@ -351,8 +365,8 @@ func (h *dueHeap) Pop() any {
 	return c
 }
 
-// FetchMessage returns the copy due first once it is due, reading on
-// meanwhile. It returns ctx's error when ctx ends, and the underlying
+// FetchMessage returns the copy due first once it is due (handOnAt),
+// reading on meanwhile. It returns ctx's error when ctx ends, and the underlying
 // reader's error as it comes.
 func (d *dueReader) FetchMessage(ctx context.Context) (kafkago.Message, error) {
 	clock := d.r.c.clock
@@ -388,7 +402,7 @@ func (d *dueReader) FetchMessage(ctx context.Context) (kafkago.Message, error) {
 		if d.r.skipOtherGroup(d.p, m) {
 			continue
 		}
-		due, ok := dueOf(m)
+		due, ok := handOnAt(m)
 		if !ok {
 			due = time.Time{} // due at once; waitDue logs it
 		}

@@ -170,6 +170,33 @@ func TestDueOf(t *testing.T) {
 	}
 }
 
+// TestHandOnAt: a copy of the delay topic is handed on when it is due,
+// or setaside.PaidLead before with a paid slot (the limiter waits for the
+// slot itself and asks the store a round trip ahead of it); it used to be
+// handed on at its due time alone, and its store call answered past the
+// slot lost it under load.
+func TestHandOnAt(t *testing.T) {
+	at := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
+	due := kafkago.Header{Key: consumer.HeaderDue, Value: []byte(at.Format(time.RFC3339Nano))}
+	paid := kafkago.Header{Key: setaside.HeaderPaid, Value: []byte(`[{"layer":"per-recipient","key":"a","due":"2026-12-01T06:00:00Z"}]`)}
+	for _, tc := range []struct {
+		name    string
+		headers []kafkago.Header
+		want    time.Time
+		ok      bool
+	}{
+		{"due", []kafkago.Header{due}, at, true},
+		{"due with a paid slot", []kafkago.Header{due, paid}, at.Add(-setaside.PaidLead), true},
+		{"an empty paid header", []kafkago.Header{due, {Key: setaside.HeaderPaid}}, at, true},
+		{"no due time", []kafkago.Header{paid}, time.Time{}, false},
+	} {
+		got, ok := handOnAt(kafkago.Message{Headers: tc.headers})
+		if ok != tc.ok || !got.Equal(tc.want) {
+			t.Errorf("%s: handOnAt = %v, %v; want %v, %v", tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
 // TestDelayDueTiming steps a fake clock through fixed instants over two
 // partitions of the delay topic and checks, at each, which messages were
 // handled, which due time each partition's reader waits for, and what was

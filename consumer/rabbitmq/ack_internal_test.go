@@ -218,19 +218,21 @@ func TestAckPaths(t *testing.T) {
 			}
 			if tt.setAside {
 				m := pub.published[0]
-				// What is left of 250 ms when it is published, rounded down
-				// to 10 ms units, is 24 units: 0.0.0.1.1, from level 4.
-				if pub.exchanges[0] != "sms.delay.04" || pub.keys[0] != "0.0.0.1.1" || m.Expiration != "" ||
+				// It holds a paid slot, so it is asked back PaidLead (100
+				// ms) before it is due: what is left of 150 ms when it is
+				// published, rounded down to 10 ms units, is 14 units:
+				// 0.1.1.1, from level 3.
+				if pub.exchanges[0] != "sms.delay.03" || pub.keys[0] != "0.1.1.1" || m.Expiration != "" ||
 					m.Headers[consumer.HeaderSetAsideReason] != "limit per-recipient: no room" || m.Headers["trace"] != "abc" ||
 					m.Headers[setaside.HeaderPaid] != paidSlot ||
 					string(m.Body) != "hello" || m.DeliveryMode != amqp.Persistent {
-					t.Errorf("set aside as %+v to exchange %q key %q; want the message to sms.delay.04 with key 0.0.0.1.1, without expiration, with the reason and the paid slot",
+					t.Errorf("set aside as %+v to exchange %q key %q; want the message to sms.delay.03 with key 0.1.1.1, without expiration, with the reason and the paid slot",
 						m, pub.exchanges[0], pub.keys[0])
 				}
 				due, err1 := time.Parse(time.RFC3339Nano, fmt.Sprint(m.Headers[consumer.HeaderDue]))
 				back, err2 := time.Parse(time.RFC3339Nano, fmt.Sprint(m.Headers[headerBack]))
-				if err1 != nil || err2 != nil || due.Sub(back) <= 0 || due.Sub(back) > delayUnit {
-					t.Errorf("due %v, back %v: want back up to one unit before due (no lead without a measured lag)", m.Headers[consumer.HeaderDue], m.Headers[headerBack])
+				if lead := due.Sub(back) - setaside.PaidLead; err1 != nil || err2 != nil || lead <= 0 || lead > delayUnit {
+					t.Errorf("due %v, back %v: want back PaidLead and up to one unit before due (no lead without a measured lag)", m.Headers[consumer.HeaderDue], m.Headers[headerBack])
 				}
 				// The default MaxSetAside, 1 min, is 6000 units: 13 levels.
 				if got := pub.declared["sms"]; got != 13 {

@@ -253,16 +253,18 @@ func (r *run) setAside(ctx context.Context, it *item, out kit.Outcome, pub publi
 		return true
 	}
 	// What is left of the delay after the declare (about 60 calls, the
-	// first time on a connection), less the lead.
-	now := time.Now()
-	exchange, key, after := delayRoute(r.cfg.Queue, due.Sub(now)-r.lag.lead(now), levels)
-	attrs = append(attrs, slog.String(kit.KeyDestination, exchange))
-	msg := deadLetter(d, nil)
-	dropDelayDeaths(msg.Headers, r.cfg.Queue)
+	// first time on a connection), less the lead; with a paid slot, until
+	// it is handed on (setaside.HandOnAt).
 	// The copy carries setaside.HeaderPaid as it.msg does, not as d does:
 	// item dropped a publisher's.
 	h := map[string]string{setaside.HeaderPaid: it.msg.Headers[setaside.HeaderPaid]}
 	maps.Copy(h, out.SetAsideHeaders()) // such as setaside.HeaderPaid
+	now := time.Now()
+	back := setaside.HandOnAt(due, h[setaside.HeaderPaid])
+	exchange, key, after := delayRoute(r.cfg.Queue, back.Sub(now)-r.lag.lead(now), levels)
+	attrs = append(attrs, slog.String(kit.KeyDestination, exchange))
+	msg := deadLetter(d, nil)
+	dropDelayDeaths(msg.Headers, r.cfg.Queue)
 	for k, v := range h {
 		if v == "" {
 			delete(msg.Headers, k)

@@ -261,9 +261,9 @@ func headerTime(d *amqp.Delivery, name string) (time.Time, bool) {
 // handler runs, and reports whether it settled the delivery. It gives
 // it.msg back setaside.HeaderPaid, which item drops from a delivery it
 // does not know came from the delay queue, records how late the delivery
-// came back (returnLag), and, when it is not due yet (consumer.HeaderDue), waits
-// until it is, or sets it aside again when that is further away than
-// maxHold. A wait that ctx ends requeues the delivery. Any other delivery
+// came back (returnLag), and, when it is not due yet (consumer.HeaderDue;
+// setaside.HandOnAt with a paid slot), waits until it is, or sets it aside
+// again when that is further away than maxHold. A wait that ctx ends requeues the delivery. Any other delivery
 // is left alone.
 func (r *run) back(ctx context.Context, it *item, pub publisher) (settled bool) {
 	d := &it.d
@@ -286,7 +286,8 @@ func (r *run) back(ctx context.Context, it *item, pub publisher) (settled bool) 
 	if !ok {
 		return false
 	}
-	early := due.Sub(now)
+	// A paid slot is handed on a little ahead: the limiter waits for it.
+	early := setaside.HandOnAt(due, it.msg.Headers[setaside.HeaderPaid]).Sub(now)
 	switch {
 	case early <= 0:
 		return false
@@ -299,6 +300,8 @@ func (r *run) back(ctx context.Context, it *item, pub publisher) (settled bool) 
 	}
 	r.log.LogAttrs(ctx, slog.LevelDebug, "message back from the delay queues early; set aside again",
 		append(attrs, slog.String("early", early.String()))...)
-	// Without delay queues, setAside waited for it: it is handled now.
-	return !r.setAside(ctx, it, kit.Outcome{SetAside: early}, pub, attrs)
+	// Set aside until its due time (setAside asks it back ahead of that
+	// again). Without delay queues, setAside waited for it: it is handled
+	// now.
+	return !r.setAside(ctx, it, kit.Outcome{SetAside: due.Sub(now)}, pub, attrs)
 }

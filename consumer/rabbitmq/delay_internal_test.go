@@ -116,8 +116,9 @@ func TestReturnLag(t *testing.T) {
 // TestBackFromDelayQueues drives a delivery back from the delay queues
 // through handle: one due is handled, with setaside.HeaderPaid restored
 // (item drops it, not knowing the levels); one due within maxHold waits
-// in its handler until due; one due later is set aside again, without a
-// handler call, keeping its headers.
+// in its handler until due, less setaside.PaidLead for its paid slot; one
+// due later is set aside again, without a handler call, keeping its
+// headers and its due time.
 func TestBackFromDelayQueues(t *testing.T) {
 	death := []any{amqp.Table{"queue": "sms.delay.03", "reason": "expired", "count": int64(1)}}
 	tests := []struct {
@@ -128,7 +129,8 @@ func TestBackFromDelayQueues(t *testing.T) {
 		minWaited time.Duration
 	}{
 		{name: "due", due: -time.Millisecond, handled: true},
-		{name: "due soon: waits", due: 120 * time.Millisecond, handled: true, minWaited: 120 * time.Millisecond},
+		// With a paid slot it is handed on setaside.PaidLead ahead.
+		{name: "due soon: waits", due: 220 * time.Millisecond, handled: true, minWaited: 220*time.Millisecond - setaside.PaidLead},
 		{name: "due later: set aside again", due: 2 * time.Second, setAside: true},
 	}
 	for _, tt := range tests {
