@@ -42,7 +42,9 @@ func TestFairRefusalSpacingPerReplica(t *testing.T) {
 	// at 0.1/s, 10 s apart), then one more waits for its share.
 	req := limiter.Request{Cost: 1, Tenant: "a", FairWaiting: 100}
 	for range 4 {
-		go func() { _ = b.WaitN(ctx, req) }()
+		// Each its own copy: req changes below while a goroutine may
+		// not have read it yet (the race detector caught one).
+		go func(req limiter.Request) { _ = b.WaitN(ctx, req) }(req)
 	}
 	for deadline := time.Now().Add(5 * time.Second); b.Stats().Waiting < 3; {
 		if time.Now().After(deadline) {
