@@ -213,6 +213,13 @@ type Stats struct {
 	// refused since New for a missing or wrong signature: forged by a
 	// producer, or signed with a secret the store no longer keeps.
 	PaidRefused int64
+	// PaidForfeit is the number of paid slots (Request.Paid) that WaitN
+	// could not honour since New: the message came back later than the
+	// slot's lateness (backend PaidLateness) or moved past it with its
+	// key's next slot booked too close, or the store no longer held the
+	// booking (Redis restarted empty, the local fallback). Its layer then
+	// decided as usual, most often booking the message again.
+	PaidForfeit int64
 	// Retimed is the number of reservations of the shared bucket given
 	// back and asked for again since New, because their caller woke too
 	// late past their slot to go out without joining the slots after
@@ -234,6 +241,7 @@ func (b *Bucket) Stats() Stats {
 		Waiting:     int(b.waiting.Load()),
 		Exceeded:    b.exceeded(),
 		PaidRefused: b.layered.paid.refused.Load(),
+		PaidForfeit: b.layered.paid.forfeit.Load(),
 		Retimed:     b.retimed.Load(),
 		Replicas:    b.replicaCount(),
 		Idle:        b.fb.idle.Load(),

@@ -365,6 +365,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			b.observeTake(res.TakeResult)
 		}
 		if res.Exceeded != nil {
+			b.paidForfeit(req.Paid, res.Exceeded.Layer)
 			b.signPaid(ctx, res.Exceeded) // paidsig.go
 			b.observeLayered(start, req, limiting, res.Exceeded)
 			return res.Exceeded
@@ -478,6 +479,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 					// charged for meanwhile. Nothing is refunded: a
 					// token refunded before a later reservation would go
 					// out next to it. A paid slot is forfeit.
+					b.paidForfeit(req.Paid, "")
 					req.Paid = nil
 					continue
 				}
@@ -506,6 +508,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			// again. An answer on time builds nothing.
 			out := func() time.Time { return res.At.Add(b.answerLate(res.At)) }
 			if late := b.layersMove(ctx, ls, lr, res); late != nil && !late.keeps(b.clock, res.At, out) {
+				b.paidForfeit(req.Paid, "")
 				req.Paid = nil
 				continue
 			}
@@ -1142,6 +1145,7 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 			return err
 		}
 		if res.Exceeded != nil {
+			b.paidForfeit(req.Paid, res.Exceeded.Layer)
 			b.signPaid(ctx, res.Exceeded) // paidsig.go
 			return res.Exceeded
 		}

@@ -234,6 +234,9 @@ type Observer struct {
 	// the layer it names if the store has that layer, else ""; the layer
 	// then decided as usual.
 	PaidRefused func(layer string)
+	// PaidForfeit is called for each paid slot that WaitN could not
+	// honour (see Stats.PaidForfeit), with the layer it names.
+	PaidForfeit func(layer string)
 	// PriorityWaited is called after each successful Wait or WaitN
 	// (besides Waited) with the request's class and the time it blocked.
 	PriorityWaited func(p Priority, d time.Duration)

@@ -86,6 +86,8 @@ type paidSigner struct {
 	// nanoseconds), guarded by lock.
 	lastRead int64
 	refused  atomic.Int64
+	// forfeit counts the paid slots not honoured (paidForfeit).
+	forfeit atomic.Int64
 }
 
 // paidKey returns the Bucket's secret, reading it from the store (one round

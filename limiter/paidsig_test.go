@@ -186,3 +186,54 @@ func TestPaidSlotSecretOfTheStore(t *testing.T) {
 		t.Errorf("replica d, its own unsigned slot: %v (%d refused), want per-key's refusal", err, d.PaidRefused())
 	}
 }
+
+// TestPaidSlotForfeitCounted: a per-key delay layer of 5/s, burst 1. Key
+// k's first message goes out at 0; the next two are refused with slots
+// booked at +200 and +400 ms. The one of +200 comes back on its slot at
+// +300, later than the slot's lateness (25 ms): its layer refuses it, and
+// books it again at +600. The slot counts as forfeit (Stats.PaidForfeit,
+// Observer.PaidForfeit with its layer); one back on time passes and
+// counts nothing.
+func TestPaidSlotForfeitCounted(t *testing.T) {
+	clk := clocktest.New(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	var mu sync.Mutex
+	var forfeit []string
+	obs := &limiter.Observer{PaidForfeit: func(layer string) { mu.Lock(); forfeit = append(forfeit, layer); mu.Unlock() }}
+	layer := limiter.Layer{Name: "per-key", Keyed: true, Rate: 5, Burst: 1, OnExceed: limiter.ActionDelay}
+	b := newLayeredBucket(t, clk, newLayeredClocked(t, clk, 1e6, 1e6, 1, layer), obs)
+	ctx := context.Background()
+	req := func(paid ...limiter.PaidSlot) limiter.Request {
+		return limiter.Request{Cost: 1, Keys: map[string]string{"per-key": "k"}, Paid: paid}
+	}
+	if err := b.WaitN(ctx, req()); err != nil {
+		t.Fatal(err)
+	}
+	var slots []limiter.PaidSlot
+	for range 2 {
+		var le *limiter.LimitError
+		if err := b.WaitN(ctx, req()); !errors.As(err, &le) || !le.Reserved {
+			t.Fatalf("WaitN on a spent key = %v, want a slot booked", err)
+		}
+		slots = append(slots, le.Slot())
+	}
+	clk.Advance(300 * time.Millisecond) // 100 ms past the first slot
+	var le *limiter.LimitError
+	if err := b.WaitN(ctx, req(slots[0])); !errors.As(err, &le) || le.Layer != "per-key" {
+		t.Fatalf("WaitN on a slot 100 ms late = %v, want per-key's refusal", err)
+	}
+	if got := b.Stats().PaidForfeit; got != 1 {
+		t.Errorf("Stats().PaidForfeit = %d after a slot 100 ms late, want 1", got)
+	}
+	clk.Advance(slots[1].Due.Sub(clk.Now()))
+	if err := b.WaitN(ctx, req(slots[1])); err != nil {
+		t.Errorf("WaitN on its slot = %v, want it through", err)
+	}
+	if got := b.Stats().PaidForfeit; got != 1 {
+		t.Errorf("Stats().PaidForfeit = %d after a slot on time, want still 1", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(forfeit, []string{"per-key"}) {
+		t.Errorf("Observer.PaidForfeit got %v, want [per-key]", forfeit)
+	}
+}

@@ -52,6 +52,25 @@ func (b *Bucket) waitPaid(ctx context.Context, paid []PaidSlot) error {
 	return b.sleep(ctx, nil, ahead-b.trips.estimate())
 }
 
+// paidForfeit counts as forfeit (Stats.PaidForfeit, Observer.PaidForfeit)
+// the slots of paid on layer, or all of them when layer is "": a slot
+// that named the layer that refused its message was not honoured (back
+// later than its lateness, or a booking the store no longer holds), and a
+// message decided again after a move past its lateness lost every slot it
+// came with. Each costs its key a spacing and its message one more
+// set-aside.
+func (b *Bucket) paidForfeit(paid []PaidSlot, layer string) {
+	for _, s := range paid {
+		if layer != "" && s.Layer != layer {
+			continue
+		}
+		b.layered.paid.forfeit.Add(1)
+		if o := b.opts.Observer; o != nil && o.PaidForfeit != nil {
+			o.PaidForfeit(s.Layer)
+		}
+	}
+}
+
 // paidAhead returns how long from now, on the Bucket's clock, until the
 // latest Due of the paid slots, for an answer the store ran at at: 0 when
 // they are due by then or more than maxPaidAhead later, or without paid

@@ -18,7 +18,8 @@ import (
 // that set them ("bucket" for the shared bucket), and
 // throttle_paid_slots_refused_total{layer}, the paid slots (x-throttle-paid)
 // refused for a missing or wrong signature ("other" for a layer that is not
-// configured). Labels name layers, never keys, so their number is bounded
+// configured), and throttle_paid_slots_forfeit_total{layer}, those not
+// honoured (Stats.PaidForfeit). Labels name layers, never keys, so their number is bounded
 // by the configuration.
 func layerObserver(m *metrics, obs *limiter.Observer, layers []limiter.Layer, fair, shadow bool) *limiter.Observer {
 	if len(layers) == 0 && !fair && !shadow {
@@ -42,7 +43,11 @@ func layerObserver(m *metrics, obs *limiter.Observer, layers []limiter.Layer, fa
 		Name: "throttle_paid_slots_refused_total",
 		Help: "Paid slots (x-throttle-paid) refused for a missing or wrong signature, by layer (other: not a configured layer); the layer then decided as usual.",
 	}, []string{"layer"})
-	m.reg.MustRegister(exceeded, waits, refused)
+	forfeit := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "throttle_paid_slots_forfeit_total",
+		Help: "Paid slots (x-throttle-paid) not honoured, by layer: the message came back later than the slot's lateness, or the store no longer held the booking; the layer then decided as usual, most often setting the message aside again.",
+	}, []string{"layer"})
+	m.reg.MustRegister(exceeded, waits, refused, forfeit)
 	o := *obs
 	o.LimitExceeded = func(layer string, action limiter.Action) {
 		exceeded.WithLabelValues(layer, string(action), "false").Inc()
@@ -69,6 +74,7 @@ func layerObserver(m *metrics, obs *limiter.Observer, layers []limiter.Layer, fa
 		}
 		refused.WithLabelValues(layer).Inc()
 	}
+	o.PaidForfeit = func(layer string) { forfeit.WithLabelValues(layer).Inc() }
 	o.LayerWaited = func(layer string, d time.Duration) {
 		if layer == "" {
 			layer = "bucket"
