@@ -22,10 +22,9 @@ const maxPaidAhead = time.Second
 // (tripMeter) before the latest slot's Due, placed on the Bucket's clock
 // by the skew estimate; it returns at once when the slots are due sooner
 // or more than maxPaidAhead later, or when the store's clock is not known
-// yet. A backend hands such a
-// message on a little ahead of its slot (a delay queue's return is late by
-// tens of ms under load), so that the store's answer is not late for the
-// slot: one answered past the slot's lateness (backend.PaidLateness, 25 ms
+// yet. A backend hands such a message on a little ahead of its slot (a
+// delay queue's return is late by tens of ms under load), so that the
+// store's answer is not late for the slot: one answered past the slot's lateness (backend.PaidLateness, 25 ms
 // at 5/s) pays its layers for the move or, with the key's next slot booked
 // a spacing after it, loses its slot and is set aside again. Asking the
 // store right away instead would take the shared bucket's token early, and
@@ -39,17 +38,23 @@ func (b *Bucket) waitPaid(ctx context.Context, paid []PaidSlot) error {
 	if !ok {
 		return nil
 	}
+	due := latestDue(paid)
+	ahead := due.Add(skew).Sub(b.clock.Now())
+	if ahead > maxPaidAhead {
+		return nil
+	}
+	return b.sleep(ctx, nil, ahead-b.trips.estimate())
+}
+
+// latestDue returns the latest Due of paid, the zero time for none.
+func latestDue(paid []PaidSlot) time.Time {
 	var due time.Time
 	for _, s := range paid {
 		if s.Due.After(due) {
 			due = s.Due
 		}
 	}
-	ahead := due.Add(skew).Sub(b.clock.Now())
-	if ahead > maxPaidAhead {
-		return nil
-	}
-	return b.sleep(ctx, nil, ahead-b.trips.estimate())
+	return due
 }
 
 // paidForfeit counts as forfeit (Stats.PaidForfeit, Observer.PaidForfeit)
@@ -76,12 +81,7 @@ func (b *Bucket) paidForfeit(paid []PaidSlot, layer string) {
 // they are due by then or more than maxPaidAhead later, or without paid
 // slots.
 func (b *Bucket) paidAhead(paid []PaidSlot, at time.Time) time.Duration {
-	var due time.Time
-	for _, s := range paid {
-		if s.Due.After(due) {
-			due = s.Due
-		}
-	}
+	due := latestDue(paid)
 	if !due.After(at) {
 		return 0
 	}

@@ -109,7 +109,8 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 func (p *Proxy) Target() string { return p.target }
 
 // Accepted returns how many client connections the proxy has accepted so
-// far, which tells a test that a client reconnected.
+// far, which tells a test that a client reconnected. A connection counts
+// once it is live: a Cut after Accepted saw it closes it.
 func (p *Proxy) Accepted() int64 { return p.accepted.Load() }
 
 // Live returns how many connections are open through the proxy now,
@@ -221,7 +222,6 @@ func (p *Proxy) acceptLoop() {
 			}
 			return // closed
 		}
-		p.accepted.Add(1)
 		l := &link{client: c, done: make(chan struct{})}
 		p.mu.Lock()
 		if p.closed {
@@ -230,6 +230,9 @@ func (p *Proxy) acceptLoop() {
 			continue
 		}
 		p.links[l] = struct{}{}
+		// Counted once it is live: a Cut after Accepted saw it cuts it
+		// (counted before, a Cut in between missed the connection).
+		p.accepted.Add(1)
 		p.mu.Unlock()
 		p.wg.Add(1)
 		go p.serve(l)

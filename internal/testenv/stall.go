@@ -13,8 +13,9 @@ import (
 // be widened by what it measured, and only by that. Start it with
 // MeasureStalls; it stops when the test ends.
 type Stalls struct {
-	max  atomic.Int64 // time.Duration
-	done chan struct{}
+	max   atomic.Int64 // time.Duration
+	total atomic.Int64 // time.Duration: the overshoots above 1 ms, summed
+	done  chan struct{}
 }
 
 // MeasureStalls starts measuring until t ends.
@@ -30,8 +31,12 @@ func MeasureStalls(t testing.TB) *Stalls {
 				return
 			case <-time.After(5 * time.Millisecond):
 			}
-			if late := time.Since(start) - 5*time.Millisecond; late > time.Duration(s.max.Load()) {
+			late := time.Since(start) - 5*time.Millisecond
+			if late > time.Duration(s.max.Load()) {
 				s.max.Store(int64(late))
+			}
+			if late > time.Millisecond {
+				s.total.Add(int64(late))
 			}
 		}
 	}()
@@ -44,6 +49,11 @@ func MeasureStalls(t testing.TB) *Stalls {
 
 // Max returns the longest stall measured so far.
 func (s *Stalls) Max() time.Duration { return time.Duration(s.max.Load()) }
+
+// Total returns the stalls measured so far summed: each overshoot of the
+// 5 ms sleep above a millisecond (a timer's own lateness). A limiter
+// whose callers stood still that long may have handed out that much less.
+func (s *Stalls) Total() time.Duration { return time.Duration(s.total.Load()) }
 
 // WindowBound returns the most events a limiter at rate may show in any
 // window, given bound for a machine that never stalls: a stall longer

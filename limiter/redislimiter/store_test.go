@@ -467,14 +467,19 @@ func TestAccuracyAcrossReplicas(t *testing.T) {
 		b, rec := newRecordingBucket(t, name, rate, burst, limiter.Options{})
 		bs, recs = append(bs, b), append(recs, rec)
 	}
+	stalls := testenv.MeasureStalls(t)
 	saturate(t, bs, 2, run)
 	granted, per := schedule(recs, run)
 	total := len(granted)
 	want := float64(rate*run/time.Second + burst)
 	worst := maxInWindow(granted, time.Second)
-	t.Logf("granted %d in %v (want %.0f ±2%%), shares %v, max in any 1 s window %d", total, run, want, per, worst)
-	if math.Abs(float64(total)-want) > 0.02*want {
-		t.Errorf("granted %d, want %.0f ±2%%", total, want)
+	// Callers that stood still hand out less: the floor is lowered by
+	// the stalls measured, summed, at the rate (1,608 and 1,885 of 2,020
+	// in full suites on 2 loaded cores), never the ceiling.
+	short := rate * stalls.Total().Seconds()
+	t.Logf("granted %d in %v (want %.0f ±2%%, less %.0f for %v of stalls), shares %v, max in any 1 s window %d", total, run, want, short, stalls.Total().Round(time.Millisecond), per, worst)
+	if float64(total) > 1.02*want || float64(total) < 0.98*want-short {
+		t.Errorf("granted %d, want %.0f ±2%% (the floor less %.0f for the stalls)", total, want, short)
 	}
 	if worst > rate+burst {
 		t.Errorf("max grants in a 1 s window = %d, want <= %d", worst, rate+burst)
