@@ -470,8 +470,8 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			// Nor before a slot it paid for: the key's message before it
 			// went out a spacing ahead of that slot.
 			notBefore := res.LayersDue
-			for _, s := range lr.Paid {
-				notBefore = max(notBefore, s.Due.Sub(res.At))
+			if due := latestDue(lr.Paid); !due.IsZero() {
+				notBefore = max(notBefore, due.Sub(res.At))
 			}
 			if err := b.sleepReserved(ctx, changes, pushes, seen, res.TakeResult, math.Float64frombits(b.lastRate.Load()), notBefore, b.layersMove(ctx, ls, lr, res)); err != nil {
 				if errors.Is(err, errMovedLate) {
@@ -562,25 +562,25 @@ func (b *Bucket) layersMove(ctx context.Context, ls backend.LayeredStore, lr bac
 	// the move, unless the key's next slot is booked too close behind
 	// it: then the message is decided again (see Request.Paid).
 	if len(lr.Paid) > 0 {
-		late.paidUntil = paidUntil(b.layered.layers, lr.Keys, lr.Paid)
+		late.paidUntil = paidUntil(b.layered.layers, lr)
 		late.paidFrom = res.At.Add(res.Wait)
 	}
 	return late
 }
 
 // paidUntil returns the earliest instant, on the store's clock, past which
-// a slot that paid names for keys on a delay layer is late (its Due plus
-// backend.PaidLateness), or the zero time when it names none.
-func paidUntil(layers []Layer, keys map[string]string, paid []backend.PaidSlot) time.Time {
+// a slot of lr.Paid is late, as the stores judge it (backend.PaidUntil: its
+// Due plus backend.PaidLateness, on a delay layer of the request's key), or
+// the zero time when none counts.
+func paidUntil(layers []Layer, lr backend.LayerRequest) time.Time {
+	keys, err := backend.LayerKeys(layers, lr)
+	if err != nil {
+		return time.Time{}
+	}
 	var until time.Time
-	for _, s := range paid {
-		for _, l := range layers {
-			if l.Name != s.Layer || l.OnExceed != ActionDelay || !l.IsBucket() || (l.Keyed && keys[l.Name] != s.Key) {
-				continue
-			}
-			if u := s.Due.Add(backend.PaidLateness(l)); until.IsZero() || u.Before(until) {
-				until = u
-			}
+	for _, u := range backend.PaidUntil(layers, keys, lr.Paid) {
+		if !u.IsZero() && (until.IsZero() || u.Before(until)) {
+			until = u
 		}
 	}
 	return until

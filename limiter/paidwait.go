@@ -2,7 +2,7 @@ package limiter
 
 import (
 	"context"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -96,29 +96,23 @@ func (b *Bucket) paidAhead(paid []PaidSlot, at time.Time) time.Duration {
 }
 
 // tripMeter keeps the last tripSamples round trips of the store's layered
-// calls; its estimate is the longest of them, at most maxPaidAsk. Safe for
-// concurrent use.
+// calls; its estimate is the longest of them, at most maxPaidAsk. observe,
+// on every layered call, takes no lock. Safe for concurrent use.
 type tripMeter struct {
-	mu   sync.Mutex
-	last [tripSamples]time.Duration
-	next int
+	last [tripSamples]atomic.Int64 // time.Duration
+	next atomic.Uint64
 }
 
 const tripSamples = 16
 
 func (m *tripMeter) observe(d time.Duration) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.last[m.next] = max(d, 0)
-	m.next = (m.next + 1) % tripSamples
+	m.last[(m.next.Add(1)-1)%tripSamples].Store(int64(max(d, 0)))
 }
 
 func (m *tripMeter) estimate() time.Duration {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	var longest time.Duration
-	for _, d := range m.last {
-		longest = max(longest, d)
+	for i := range m.last {
+		longest = max(longest, time.Duration(m.last[i].Load()))
 	}
 	return min(longest, maxPaidAsk)
 }

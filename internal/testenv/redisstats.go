@@ -141,29 +141,14 @@ func MeasureRedis(b *testing.B, c *redis.Client, one func() error) {
 // what it measured. A PING that fails counts for as long as it took.
 func MeasureRedisStalls(t testing.TB, addr string) *Stalls {
 	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1, MaxRetries: -1, ReadTimeout: 10 * time.Second})
-	s := &Stalls{done: make(chan struct{})}
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-s.done:
-				return
-			case <-tick.C:
-			}
-			start := time.Now()
-			_ = c.Ping(context.Background()).Err()
-			if took := time.Since(start); took > time.Duration(s.max.Load()) {
-				s.max.Store(int64(took))
-			}
+	return measure(t, func(done <-chan struct{}) (time.Duration, bool) {
+		select {
+		case <-done:
+			return 0, false
+		case <-time.After(20 * time.Millisecond):
 		}
-	}()
-	t.Cleanup(func() {
-		close(s.done)
-		<-stopped
-		_ = c.Close()
-	})
-	return s
+		start := time.Now()
+		_ = c.Ping(context.Background()).Err()
+		return time.Since(start), true
+	}, func() { _ = c.Close() })
 }

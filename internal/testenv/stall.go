@@ -20,29 +20,43 @@ type Stalls struct {
 
 // MeasureStalls starts measuring until t ends.
 func MeasureStalls(t testing.TB) *Stalls {
+	return measure(t, func(done <-chan struct{}) (time.Duration, bool) {
+		start := time.Now()
+		select {
+		case <-done:
+			return 0, false
+		case <-time.After(5 * time.Millisecond):
+		}
+		return time.Since(start) - 5*time.Millisecond, true
+	}, nil)
+}
+
+// measure records what probe returns, again and again until t ends (probe
+// reports false once done is closed), and then calls stop, if not nil.
+func measure(t testing.TB, probe func(done <-chan struct{}) (time.Duration, bool), stop func()) *Stalls {
 	s := &Stalls{done: make(chan struct{})}
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
 		for {
-			start := time.Now()
-			select {
-			case <-s.done:
+			d, ok := probe(s.done)
+			if !ok {
 				return
-			case <-time.After(5 * time.Millisecond):
 			}
-			late := time.Since(start) - 5*time.Millisecond
-			if late > time.Duration(s.max.Load()) {
-				s.max.Store(int64(late))
+			if d > time.Duration(s.max.Load()) {
+				s.max.Store(int64(d))
 			}
-			if late > time.Millisecond {
-				s.total.Add(int64(late))
+			if d > time.Millisecond {
+				s.total.Add(int64(d))
 			}
 		}
 	}()
 	t.Cleanup(func() {
 		close(s.done)
 		<-stopped
+		if stop != nil {
+			stop()
+		}
 	})
 	return s
 }
@@ -50,9 +64,10 @@ func MeasureStalls(t testing.TB) *Stalls {
 // Max returns the longest stall measured so far.
 func (s *Stalls) Max() time.Duration { return time.Duration(s.max.Load()) }
 
-// Total returns the stalls measured so far summed: each overshoot of the
-// 5 ms sleep above a millisecond (a timer's own lateness). A limiter
-// whose callers stood still that long may have handed out that much less.
+// Total returns the stalls measured so far summed: each measure above a
+// millisecond (for MeasureStalls, an overshoot of its 5 ms sleep beyond a
+// timer's own lateness). A limiter whose callers stood still that long
+// may have handed out that much less.
 func (s *Stalls) Total() time.Duration { return time.Duration(s.total.Load()) }
 
 // WindowBound returns the most events a limiter at rate may show in any
