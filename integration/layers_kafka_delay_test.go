@@ -89,7 +89,7 @@ func TestLayersKafkaDelayEndToEnd(t *testing.T) {
 				t.Errorf("%d writes to the delay topic for %d messages to one recipient, want at most %d: each set aside about once, and again for each of its %d slots forfeit", delayed, hot, want, forfeit)
 			}
 			if forfeit > hot-1 {
-				t.Errorf("%d paid slots forfeit for %d messages set aside: most slots lost", forfeit, hot-1)
+				t.Errorf("%d paid slots forfeit, more than the %d first booked: slots lost again and again", forfeit, hot-1)
 			}
 			e.checkCommittedToEnd(e.topic + ".delay")
 			// Under wait the cold messages come after the hot recipient's

@@ -116,10 +116,9 @@ func (r *genRun) skipOtherGroup(p *partState, m kafkago.Message) bool {
 
 // waitDue waits until m, a message of the delay topic, is due (handOnAt:
 // a little ahead with a paid slot), and reports false when the partition
-// was revoked first. The fetcher calls it
-// for each message its dueReader hands it, which is due already, except
-// when the replica's clock went back. A message without a valid due time
-// is due at once.
+// was revoked first. The fetcher calls it for each message its dueReader
+// hands it, which is due already, except when the replica's clock went
+// back. A message without a valid due time is due at once.
 func (r *genRun) waitDue(p *partState, m kafkago.Message) bool {
 	c := r.c
 	due, ok := handOnAt(m)
@@ -366,8 +365,8 @@ func (h *dueHeap) Pop() any {
 }
 
 // FetchMessage returns the copy due first once it is due (handOnAt),
-// reading on meanwhile. It returns ctx's error when ctx ends, and the underlying
-// reader's error as it comes.
+// reading on meanwhile. It returns ctx's error when ctx ends, and the
+// underlying reader's error as it comes.
 func (d *dueReader) FetchMessage(ctx context.Context) (kafkago.Message, error) {
 	clock := d.r.c.clock
 	for {

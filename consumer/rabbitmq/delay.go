@@ -66,8 +66,8 @@ func delayLevels(maxSetAside time.Duration) int {
 
 // DelayQueues returns the names of the delay queues of queue, lowest
 // level first, that a Consumer with Options.SetAside and
-// Options.MaxSetAside maxSetAside declares when it connects: "<queue>.delay.00" and up,
-// 13 with the default of a minute, at most 28. Each is also the name of a
+// Options.MaxSetAside maxSetAside declares when it connects:
+// "<queue>.delay.00" and up, 13 with the default of a minute, at most 28. Each is also the name of a
 // topic exchange. They are durable and stay when the consumer stops;
 // delete them with the queue.
 func DelayQueues(queue string, maxSetAside time.Duration) []string {
@@ -263,8 +263,8 @@ func headerTime(d *amqp.Delivery, name string) (time.Time, bool) {
 // does not know came from the delay queue, records how late the delivery
 // came back (returnLag), and, when it is not due yet (consumer.HeaderDue;
 // setaside.HandOnAt with a paid slot), waits until it is, or sets it aside
-// again when that is further away than maxHold. A wait that ctx ends requeues the delivery. Any other delivery
-// is left alone.
+// again when that is further away than maxHold. A wait that ctx ends
+// requeues the delivery. Any other delivery is left alone.
 func (r *run) back(ctx context.Context, it *item, pub publisher) (settled bool) {
 	d := &it.d
 	if !fromDelayLevels(*d, r.cfg.Queue) {

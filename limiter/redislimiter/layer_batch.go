@@ -32,8 +32,8 @@ import (
 // caller sends them before it returns. A release that finds none in
 // flight starts one, sent by a goroutine of its own that ends when the
 // flight does (Layered.WaitReleases waits for it): a take queued
-// meanwhile leads it instead, the releases ahead of it. On a Cluster the releases are one call per key in the
-// pipeline.
+// meanwhile leads it instead, the releases ahead of it. On a Cluster the
+// releases are one call per key in the pipeline.
 //
 // A layerBatcher is safe for concurrent use.
 type layerBatcher struct {
@@ -49,11 +49,10 @@ type layerBatcher struct {
 	// next one; set only while flushing. spare is the slice of the last
 	// releases sent, reused.
 	releases, spare []backend.SlotRelease
-	// senders counts the goroutines that release started and that have
-	// not ended; quiet, made when senders leaves 0, is closed when it
-	// comes back to 0 (waitReleases).
-	senders int
-	quiet   chan struct{}
+	// sender is closed when the goroutine that release started ends
+	// (waitReleases); nil when none runs. There is at most one: release
+	// starts it only while nothing flies, and it flies until it ends.
+	sender chan struct{}
 	// scratch holds send's slices, reused from flight to flight: one
 	// flight at a time sends.
 	scratch sendScratch
@@ -208,31 +207,28 @@ func (b *layerBatcher) release(ctx context.Context, slots []backend.SlotRelease)
 		return // the next flight sends them
 	}
 	b.flushing = true
-	if b.senders == 0 {
-		b.quiet = make(chan struct{})
-	}
-	b.senders++
+	done := make(chan struct{})
+	b.sender = done
 	go func() {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		b.handOffLocked(context.WithoutCancel(ctx))
-		if b.senders--; b.senders == 0 {
-			close(b.quiet)
-		}
+		close(done)
+		b.sender = nil
 	}()
 }
 
-// waitReleases waits until every goroutine that release started ended,
-// or ctx ends.
+// waitReleases waits until the goroutine that release started ended, or
+// ctx ends.
 func (b *layerBatcher) waitReleases(ctx context.Context) error {
 	b.mu.Lock()
-	n, quiet := b.senders, b.quiet
+	sender := b.sender
 	b.mu.Unlock()
-	if n == 0 {
+	if sender == nil {
 		return nil
 	}
 	select {
-	case <-quiet:
+	case <-sender:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
