@@ -157,9 +157,9 @@ func (c *Consumer) connect(ctx context.Context) (_ *session, err error) {
 	if o := c.proc.Options(); o.SetAside {
 		// Declared before the first delivery, not at the first message
 		// set aside: on a loaded broker the messages set aside while they
-		// ran missed their booked slots by about 110 ms. A
-		// failure is no reason not to consume; the first set-aside tries
-		// again (and, failing, waits the delay in its handler).
+		// ran missed their booked slots by about 110 ms. A failure is no
+		// reason not to consume; the first set-aside tries again (and,
+		// failing, waits the delay in its handler).
 		if err := s.pub.declareDelay(c.cfg.Queue, delayLevels(o.MaxSetAside)); err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
