@@ -416,7 +416,7 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		if err == nil {
 			b.skew.observeTrip(sent, b.clock.Now(), res.At)
 			if lead != nil {
-				b.lease.tripped(b.clock.Now().Sub(sent), !res.Granted || res.Wait > 0)
+				b.lease.tripped(b.clock.Now().Sub(sent), !res.Granted || res.Wait > 0, res.Remaining)
 			}
 		}
 		if err != nil {

@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -374,6 +375,59 @@ func TestSaturatedLeaseStaysNearItsShare(t *testing.T) {
 	for _, n := range s.costs {
 		if n > 500 {
 			t.Fatalf("leases asked %v: want none above 500 (twice the fair share of 25 ms) while the store reserves them", s.costs)
+		}
+	}
+}
+
+// TestDrainingBucketLeaseStaysNearItsShare: while a bucket still grants
+// refills at once but is nearly drained, a lease that runs dry at once
+// grows only as far as its share of what the bucket held after its last
+// refill, and at least to twice its fair share of a period: at
+// 1,000,000/s among 100 replicas, with the other replicas leaving 3,000
+// tokens before each refill, 500 tokens. Its batches used to double,
+// 250, 500, 1,000, 2,000 and then 4,000, reserved once the bucket no
+// longer held them: at a fleet's start, where every replica's batches
+// doubled while the full bucket drained, every caller then waited 75 to
+// 123 ms behind the others' large reservations (the scale benchmark, 100
+// replicas: worst wait 103 to 123 ms before, 54 to 98 ms after).
+func TestDrainingBucketLeaseStaysNearItsShare(t *testing.T) {
+	clk, s, b := leasedBucket(t, 1e6, 1e5, 100, limiter.LeaseOptions{Idle: time.Hour}) // learns the 100 replicas
+	ctx := context.Background()
+	const left = 3000 // what the other replicas leave before each refill
+	done := make(chan error, 1)
+	go func() {
+		for range 6 {
+			m := s.mem()
+			if n := int(math.Floor(m.StatusAt(clk.Now()).Tokens+1e-9)) - left; n > 0 {
+				if res, err := m.TakeAt(clk.Now(), limiter.TakeRequest{Cost: n, MaxWait: time.Second}); err != nil || !res.Granted {
+					done <- fmt.Errorf("the others' take of %d: %+v, %v", n, res, err)
+					return
+				}
+			}
+			for range 1 + limiter.LeaseTokens(b) { // what is left, then one more: a refill
+				if err := b.Wait(ctx, 1); err != nil {
+					done <- err
+					return
+				}
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second): // a refill reserved: it sleeps on the test's clock
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.costs) != 6 || s.costs[0] != 250 {
+		t.Fatalf("leases asked %v: want 6, the fair share's 250 first", s.costs)
+	}
+	for _, n := range s.costs {
+		if n > 500 {
+			t.Fatalf("leases asked %v: want none above 500 (twice the fair share of 25 ms, more than 3,000 ÷ 100 replicas) while the bucket nearly drained", s.costs)
 		}
 	}
 }
