@@ -331,6 +331,11 @@ func TestKeyOrdering(t *testing.T) {
 		p.deliverForTest(amqp.Delivery{Acknowledger: ack, DeliveryTag: uint64(i + 1), MessageId: id,
 			Headers: amqp.Table{"from": id[:1]}})
 	}
+	// A failure below must not leave the held handlers blocking the
+	// run's cleanup (it waits for them): the test used to hang until its
+	// timeout when a check failed.
+	release := sync.OnceFunc(func() { close(hold) })
+	t.Cleanup(release)
 	// All of b is handled while a1 and c1 are held.
 	waitFor(t, func() bool {
 		mu.Lock()
@@ -342,11 +347,14 @@ func TestKeyOrdering(t *testing.T) {
 		t.Fatalf("while a1 and c1 are held, handled %v; want b1 b2 b3", order)
 	}
 	mu.Unlock()
-	if keys, queued := p.queued(); keys != 2 || queued != 3 {
-		t.Fatalf("the queue holds %d keys and %d queued deliveries, want 2 and 3 (a2 a3 c2)", keys, queued)
-	}
+	// b3's worker marks its key done after its handler returns: wait for
+	// the queue to settle rather than read it once.
+	waitFor(t, func() bool {
+		keys, queued := p.queued()
+		return keys == 2 && queued == 3 // a2 a3 c2
+	})
 	p.stopping.Store(true) // shutdown: c2, a2, a3 must not start
-	close(hold)
+	release()
 	p.wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()
