@@ -167,12 +167,9 @@ type leasePool struct {
 	// passed, or they sat unused for Idle) since the last refill: the
 	// lease is not short of tokens, whenever it runs out.
 	wasted bool
-	// lastWaited is set when the last refill was reserved: the bucket
-	// had no tokens for it, every replica's refills queue behind each
-	// other's.
-	lastWaited bool
-	// lastSpare is what the bucket held after the last refill's grant (0
-	// for a reserved one).
+	// lastSpare is what the bucket held after the last refill's grant: 0
+	// when the refill was reserved (the bucket had no tokens for it, and
+	// every replica's refills queue behind each other's).
 	lastSpare float64
 }
 
@@ -418,11 +415,11 @@ func (p *leasePool) fill(w *leaseWaiter, tokens int, until time.Time) {
 // store, whether the store reserved it (waited: the bucket had no tokens
 // for it) and, granted at once, what the bucket held after it (spare).
 func (p *leasePool) tripped(d time.Duration, waited bool, spare float64) {
-	p.mu.Lock()
-	p.lastTrip, p.lastWaited, p.lastSpare = d, waited, 0
-	if !waited {
-		p.lastSpare = max(spare, 0)
+	if waited {
+		spare = 0
 	}
+	p.mu.Lock()
+	p.lastTrip, p.lastSpare = d, max(spare, 0)
 	p.mu.Unlock()
 }
 

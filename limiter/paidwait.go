@@ -24,11 +24,11 @@ const maxPaidAhead = time.Second
 // or more than maxPaidAhead later, or when the store's clock is not known
 // yet. A backend hands such a message on a little ahead of its slot (a
 // delay queue's return is late by tens of ms under load), so that the
-// store's answer is not late for the slot: one answered past the slot's lateness (backend.PaidLateness, 25 ms
-// at 5/s) pays its layers for the move or, with the key's next slot booked
-// a spacing after it, loses its slot and is set aside again. Asking the
-// store right away instead would take the shared bucket's token early, and
-// hold it until the slot. The request then goes out at the slot, not
+// store's answer is not late for the slot: one answered past the slot's
+// lateness (backend.PaidLateness, 25 ms at 5/s) pays its layers for the
+// move or, with the key's next slot booked a spacing after it, loses its
+// slot and is set aside again. Asking the store right away instead would
+// take the shared bucket's token early, and hold it until the slot. The request then goes out at the slot, not
 // before: paidAhead for a grant, sleepReserved for a reservation.
 func (b *Bucket) waitPaid(ctx context.Context, paid []PaidSlot) error {
 	if len(paid) == 0 {

@@ -67,9 +67,9 @@ func delayLevels(maxSetAside time.Duration) int {
 // DelayQueues returns the names of the delay queues of queue, lowest
 // level first, that a Consumer with Options.SetAside and
 // Options.MaxSetAside maxSetAside declares when it connects:
-// "<queue>.delay.00" and up, 13 with the default of a minute, at most 28. Each is also the name of a
-// topic exchange. They are durable and stay when the consumer stops;
-// delete them with the queue.
+// "<queue>.delay.00" and up, 13 with the default of a minute, at most 28.
+// Each is also the name of a topic exchange. They are durable and stay
+// when the consumer stops; delete them with the queue.
 func DelayQueues(queue string, maxSetAside time.Duration) []string {
 	out := make([]string, delayLevels(maxSetAside))
 	for n := range out {

@@ -19,8 +19,8 @@ import (
 // throttle_paid_slots_refused_total{layer}, the paid slots (x-throttle-paid)
 // refused for a missing or wrong signature ("other" for a layer that is not
 // configured), and throttle_paid_slots_forfeit_total{layer}, those not
-// honoured (Stats.PaidForfeit). Labels name layers, never keys, so their number is bounded
-// by the configuration.
+// honoured (Stats.PaidForfeit). Labels name layers, never keys, so their
+// number is bounded by the configuration.
 func layerObserver(m *metrics, obs *limiter.Observer, layers []limiter.Layer, fair, shadow bool) *limiter.Observer {
 	if len(layers) == 0 && !fair && !shadow {
 		return obs
