@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttlehq/throttle/internal/backend"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/redislimiter"
 )
@@ -88,6 +89,21 @@ func TestLayersFallbackWhenRedisDies(t *testing.T) {
 	}
 	if n := grants(buckets[0], "y"); n != 2 {
 		t.Errorf("recipient y on one replica in fallback: %d granted, want 2 (its share)", n)
+	}
+
+	// Redis comes back empty (no persistence). The replicas charge it
+	// with what they sent locally: x used its burst, y half of it. Before,
+	// Redis knew none of it, and x and y got their whole burst again
+	// (8 sends to x where 4 were allowed, counting the fallback's extra).
+	srv.Start()
+	testenv.Eventually(t, 20*time.Second, "both replicas sharing the bucket again", func() bool {
+		return buckets[0].Mode() == limiter.ModeShared && buckets[1].Mode() == limiter.ModeShared
+	})
+	if ax, bx := grants(buckets[0], "x"), grants(buckets[1], "x"); ax+bx != 0 {
+		t.Errorf("recipient x after Redis came back empty: %d and %d granted, want 0 (its burst spent: 4 in Redis before, 2 + 2 locally)", ax, bx)
+	}
+	if n := grants(buckets[1], "y"); n != 2 {
+		t.Errorf("recipient y after Redis came back empty: %d granted, want 2 (burst 4, 2 sent locally)", n)
 	}
 }
 

@@ -108,7 +108,10 @@ type Request struct {
 // bucket's burst once per key, and a quota's whole allowance once in the
 // window the outage starts in, since the tokens used in Redis before it are
 // not known locally. A key whose messages all go to one replica gets only
-// that replica's share of its rate (under-granting).
+// that replica's share of its rate (under-granting). When the store is
+// back, the Bucket charges its token-bucket layers with what it sent
+// locally on each key (backend.LayerCharger) before it decides there
+// again, so that a key's spacing holds across the return.
 //
 // On a store with a concurrency layer WaitN fails with ErrNeedsAcquire:
 // use Acquire, whose Held gives the slots back.
@@ -632,6 +635,7 @@ func (b *Bucket) allowLayers(ctx context.Context, ls backend.LayeredStore, cost 
 			res, err := lm.TakeLayersAt(b.clock.Now(), lr)
 			if err == nil && res.Granted {
 				b.observeShadow(Request{Cost: cost}, res.Shadow)
+				b.layered.sends.record(b.clock.Now(), b.layered.layers, nil, cost)
 			}
 			return err == nil && res.Granted, err
 		}
@@ -835,6 +839,9 @@ type layeredFallback struct {
 	// tenantTokens counts the tokens granted to each tenant.
 	refusedKeys  sync.Map
 	tenantTokens *topk.Window
+	// sends holds what the local fallback granted on the layers' keys,
+	// charged to the store when it is back (chargeLocalSends).
+	sends localSends
 }
 
 // fairQueue is a tenant's requests waiting for its share in a Bucket, in
@@ -1188,6 +1195,7 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 			}
 			return err
 		}
+		b.layered.sends.record(b.clock.Now(), b.layered.layers, req.Keys, req.Cost)
 		if granted != nil {
 			*granted = lm
 		}

@@ -103,6 +103,14 @@ func (s *layeredClocked) DelayLayers(_ context.Context, req limiter.LayerRequest
 	return s.m.DelayLayersAt(s.clk.Now(), req, res, from, by)
 }
 
+func (s *layeredClocked) ChargeLayers(_ context.Context, charges []limiter.LayerCharge) error {
+	if err := s.fail(); err != nil {
+		return err
+	}
+	s.m.ChargeLayersAt(s.clk.Now(), charges)
+	return nil
+}
+
 func (s *layeredClocked) layer(t *testing.T, layer, key string) limiter.LayerState {
 	t.Helper()
 	st, err := s.m.LayerStatusAt(s.clk.Now(), layer, key)
@@ -332,5 +340,72 @@ func TestWaitNLeasesTheSharedBucket(t *testing.T) {
 	}
 	if got := s.layer(t, "per-key", "k3"); !nearTokens(got.Tokens, 9) {
 		t.Errorf("per-key k3 = %v, want 9: the layer is charged per message", got.Tokens)
+	}
+}
+
+// TestRecoveryChargesTheKeysSentLocally: a key sent while the store was
+// down (decided by the local fallback) must not go again through the
+// store right after it is back, within the key's spacing: the store never
+// saw the local send. Before, the store's key was full after the recovery
+// and the key's next message went out at once, a second burst per key
+// per outage (a campaign saw a per-recipient pair 394 ms apart against
+// 2 s, both from one replica).
+func TestRecoveryChargesTheKeysSentLocally(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := newLayeredClocked(t, clk, 100, 10, 1,
+		limiter.Layer{Name: "per-key", Keyed: true, Rate: 0.5, Burst: 1, OnExceed: limiter.ActionDeadLetter})
+	b, err := limiter.New(s, limiter.Options{Clock: clk, Lease: limiter.LeaseOptions{Disabled: true}, Logger: discardLogger(), ProbeInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx := context.Background()
+	if err := b.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.down.Store(true)
+	done := waitN(b, ctx, keyReq("a"))
+	clk.WaitTimers(t, 2)
+	clk.Advance(20 * time.Millisecond)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if m := b.Mode(); m != limiter.ModeLocal {
+		t.Fatalf("mode = %s, want local", m)
+	}
+	s.down.Store(false)
+	for range 20 {
+		if b.Mode() == limiter.ModeShared {
+			break
+		}
+		clk.Advance(100 * time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+	if m := b.Mode(); m != limiter.ModeShared {
+		t.Fatalf("mode = %s after the store came back, want shared", m)
+	}
+	if got := s.layer(t, "per-key", "a"); got.Tokens > 0.5 {
+		t.Errorf("store's per-key a after the recovery = %v tokens, want charged for the local send (at most 0.5)", got.Tokens)
+	}
+	// The shared bucket, charged on the recovery, may make the request
+	// wait on the clock: advance it, within the key's spacing.
+	sentAgo := clk.Now().Sub(storetest.Base)
+	done = waitN(b, ctx, keyReq("a"))
+	err = nil
+	for i := 0; ; i++ {
+		select {
+		case err = <-done:
+		case <-time.After(20 * time.Millisecond):
+			if i < 10 {
+				clk.Advance(10 * time.Millisecond)
+				continue
+			}
+			t.Fatalf("WaitN on key a right after the recovery still blocked after %v on the clock", clk.Now().Sub(storetest.Base))
+		}
+		break
+	}
+	var le *limiter.LimitError
+	if !errors.As(err, &le) || le.Layer != "per-key" {
+		t.Fatalf("WaitN on key a right after the recovery (sent locally %v before it) = %v, want refused by per-key (spacing 2 s)", sentAgo, err)
 	}
 }

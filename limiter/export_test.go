@@ -23,6 +23,7 @@ type (
 	Clock            = backend.Clock
 	ConsumerTracker  = backend.ConsumerTracker
 	LayerRequest     = backend.LayerRequest
+	LayerCharge      = backend.LayerCharge
 	LayerResult      = backend.LayerResult
 	LayerState       = backend.LayerState
 	LayeredMemory    = backend.LayeredMemory

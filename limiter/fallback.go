@@ -32,7 +32,8 @@ import (
 // lag behind what was spent. So the Bucket drains it and charges it with the
 // tokens its local bucket has booked ahead, times the live replicas (the
 // others booked about as much, and may come back later), before it takes
-// from it again.
+// from it again. Before that it charges the store's token-bucket layers
+// with what its fallback sent on each key (localsends.go).
 //
 // With a warm-up (a store that is a WarmupStore), the local bucket ramps
 // as the shared one would, at this replica's share, and never above the
@@ -375,13 +376,22 @@ func (b *Bucket) probe() {
 
 // tryRecover asks the store whether it is back and, if it is, switches to
 // ModeShared. A failed probe is reported to Observer.StoreError, so that an
-// error count keeps rising through an outage. Coming from ModeLocal or ModeOpen it first drains the shared
-// bucket and charges it with what the local bucket has booked ahead. It
-// reports whether the probe is done.
+// error count keeps rising through an outage. Coming from ModeLocal or
+// ModeOpen it first charges the store's layers with the keys the local
+// fallback sent (chargeLocalSends), then drains the shared bucket and
+// charges it with what the local bucket has booked ahead. It reports
+// whether the probe is done.
 func (b *Bucket) tryRecover() bool {
 	ctx, cancel := context.WithTimeout(context.Background(), b.opts.ProbeInterval)
 	defer cancel()
 	st, err := b.store.Status(ctx)
+	if err == nil && b.Mode() != ModeClosed {
+		// The keys the local fallback sent, first: on an error the
+		// Bucket stays in its fallback, with nothing drained twice.
+		cctx, ccancel := context.WithTimeout(context.Background(), max(b.opts.ProbeInterval, 5*time.Second))
+		err = b.chargeLocalSends(cctx)
+		ccancel()
+	}
 	if err == nil && b.Mode() != ModeClosed { // a closed replica granted nothing
 		// The other replicas fell back too, most likely, and booked about
 		// as much as this one: charge the fleet's estimate, since the

@@ -34,6 +34,17 @@ func TestLayeredMemorySteps(t *testing.T) {
 	storetest.RunLayers(t, newClockedLayered)
 }
 
+func (m clockedLayered) ChargeLayersAt(now time.Time, charges []limiter.LayerCharge) error {
+	m.LayeredMemory.ChargeLayersAt(now, charges)
+	return nil
+}
+
+func TestLayeredMemoryCharge(t *testing.T) {
+	storetest.RunChargeLayers(t, func(t *testing.T, rate float64, burst int, layers []limiter.Layer) storetest.ChargeClockedStore {
+		return clockedLayered{newLayeredMemory(t, rate, burst, layers)}
+	})
+}
+
 func TestFairMemorySteps(t *testing.T) {
 	storetest.RunFair(t, func(t *testing.T, rate float64, burst int, fair limiter.Fair) storetest.LayeredClockedStore {
 		m := newLayeredMemory(t, rate, burst, nil)

@@ -13,6 +13,7 @@ import (
 
 // campaignConfig is the command line of the -campaign mode.
 type campaignConfig struct {
+	logDir   string        // where each replica's log is written at the end ("": nowhere)
 	duration time.Duration // how long the nemesis acts
 	seed     int64         // 0: a random seed, printed
 	root     string        // the throttle module, to build the binary from
@@ -41,7 +42,7 @@ func runCampaign(ctx context.Context, cfg campaignConfig) error {
 		fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 	}
 	out, err := campaign.Run(ctx, campaign.Config{
-		Seed: cfg.seed, Duration: cfg.duration, Bin: bin, AMQPURL: cfg.amqpURL, Dir: dir, Logf: logf,
+		Seed: cfg.seed, Duration: cfg.duration, Bin: bin, AMQPURL: cfg.amqpURL, Dir: dir, Logf: logf, LogDir: cfg.logDir,
 	})
 	if err != nil {
 		return fmt.Errorf("seed %d: the campaign could not run: %w", cfg.seed, err)

@@ -221,6 +221,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&camp.duration, "campaign", 0, "run the seeded fault campaign (integration/campaign, docs/campaign.md) with this long a fault schedule instead")
 	fs.Int64Var(&camp.seed, "seed", 0, "(campaign) the schedule's seed; 0 for a random one, printed")
 	fs.StringVar(&camp.root, "campaign-root", "../..", "(campaign) the throttle module to build the binary from")
+	fs.StringVar(&camp.logDir, "campaign-logs", "", "(campaign) a directory to write each replica's log to at the end")
 	fs.StringVar(&camp.amqpURL, "amqp", "amqp://guest:guest@127.0.0.1:5672/", "(campaign) RabbitMQ")
 	var sc scaleConfig
 	var scaleOn bool

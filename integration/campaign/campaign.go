@@ -111,6 +111,9 @@ func (o *Outcome) OK() bool { return len(o.Violations) == 0 }
 type replica struct {
 	n    int // 1, 2, ... in start order
 	proc *Proc
+	// ended is set when the campaign stops or kills it: a replica that
+	// exits without it ended on its own, which is a broken promise.
+	ended bool
 }
 
 // run is one campaign in progress.
@@ -530,11 +533,12 @@ func (r *run) inject(ctx context.Context, s Step) error {
 			return errors.New("no replica running")
 		}
 		rep := live[s.Pick%len(live)]
+		rep.ended = true
 		if s.Kind == ReplicaKill {
 			rep.proc.Kill()
 			span(Prefetch)
 		} else if code := rep.proc.Stop(syscall.SIGTERM, 20*time.Second); code != 0 {
-			r.note("%s exited %d after SIGTERM at +%.1fs, want 0 (drained):\n%s", rep.proc.Name, code, at.Sub(r.start).Seconds(), Tail(rep.proc.Output(), 20))
+			r.note("%s exited %d after SIGTERM at +%.1fs, want 0 (drained); it ended: %s:\n%s", rep.proc.Name, code, at.Sub(r.start).Seconds(), rep.proc.Ended(), Tail(rep.proc.Output(), 20))
 		}
 		if err := hold(); err != nil {
 			return err
@@ -655,9 +659,15 @@ func (r *run) drain(ctx context.Context) error {
 
 // stopFleet stops every replica with SIGTERM; each must exit 0.
 func (r *run) stopFleet() {
+	for _, rep := range r.replicas {
+		if !rep.ended && rep.proc.Exited() {
+			r.note("%s ended on its own (%s), not by a step:\n%s", rep.proc.Name, rep.proc.Ended(), Tail(rep.proc.Output(), 20))
+		}
+	}
 	for _, rep := range r.running() {
+		rep.ended = true
 		if code := rep.proc.Stop(syscall.SIGTERM, 20*time.Second); code != 0 {
-			r.note("%s exited %d after the final SIGTERM, want 0:\n%s", rep.proc.Name, code, Tail(rep.proc.Output(), 20))
+			r.note("%s exited %d after the final SIGTERM, want 0; it ended: %s:\n%s", rep.proc.Name, code, rep.proc.Ended(), Tail(rep.proc.Output(), 20))
 		}
 	}
 	for _, rep := range r.replicas {

@@ -35,6 +35,12 @@ func (b *buffer) Write(p []byte) (int, error) {
 	return b.b.Write(p)
 }
 
+func (b *buffer) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Len()
+}
+
 func (b *buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -48,6 +54,8 @@ type Proc struct {
 	cmd  *exec.Cmd
 	out  *buffer
 	exit chan struct{}
+	// exitedAt is when Wait returned; read only after exit is closed.
+	exitedAt time.Time
 }
 
 // StartProc starts cmd, collecting its output.
@@ -60,6 +68,7 @@ func StartProc(name string, cmd *exec.Cmd) (*Proc, error) {
 	}
 	go func() {
 		_ = cmd.Wait()
+		p.exitedAt = time.Now()
 		close(p.exit)
 	}()
 	return p, nil
@@ -69,8 +78,13 @@ func StartProc(name string, cmd *exec.Cmd) (*Proc, error) {
 func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
 
 // Stop sends sig and waits up to d for the process to exit, returning its
-// exit code, or -1 when it did not exit in time (it is then killed).
+// exit code, or -1 when it did not exit in time (it is then killed). It
+// first waits, up to d, for the process's first output: a signal sent in
+// the instant after the exec, before the program installed its handlers,
+// ends it with the signal's default action (a step that picked a replica
+// started 1 ms before saw "signal: terminated" instead of a drain).
 func (p *Proc) Stop(sig os.Signal, d time.Duration) int {
+	p.waitOutput(d)
 	_ = p.cmd.Process.Signal(sig)
 	timer := time.NewTimer(d)
 	defer timer.Stop()
@@ -80,6 +94,21 @@ func (p *Proc) Stop(sig os.Signal, d time.Duration) int {
 	case <-timer.C:
 		p.Kill()
 		return -1
+	}
+}
+
+// waitOutput waits until the process has written something, has exited,
+// or d has passed.
+func (p *Proc) waitOutput(d time.Duration) {
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for p.out.Len() == 0 && time.Now().Before(deadline) {
+		select {
+		case <-p.exit:
+			return
+		case <-tick.C:
+		}
 	}
 }
 
@@ -101,6 +130,15 @@ func (p *Proc) Exited() bool {
 	default:
 		return false
 	}
+}
+
+// Ended describes how the process ended and when ("signal: killed at
+// 15:04:05.000"), or "running".
+func (p *Proc) Ended() string {
+	if !p.Exited() {
+		return "running"
+	}
+	return fmt.Sprintf("%v at %s", p.cmd.ProcessState, p.exitedAt.Format("15:04:05.000"))
 }
 
 // Output returns what the process wrote so far (its last 8 MiB or more).

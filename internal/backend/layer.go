@@ -479,6 +479,27 @@ type ReleaseWaiter interface {
 	WaitReleases(ctx context.Context) error
 }
 
+// LayerCharge is what a key of a token-bucket layer owes the store:
+// Tokens that a Bucket's local fallback granted on it while the store was
+// down (LayerCharger). Key is "" for a layer without keys.
+type LayerCharge struct {
+	Layer  string
+	Key    string
+	Tokens float64
+}
+
+// LayerCharger is a LayeredStore that takes tokens from layer keys without
+// deciding anything: ChargeLayers takes each charge's Tokens from its key as
+// of now (the key may go below zero, and waits the longer), and skips a
+// charge of a layer that is not a token bucket, a shadow layer, or no
+// layer of the store. A Bucket that comes back from its local fallback
+// charges it with what the fallback granted, so that a key sent locally
+// does not go again through the store within its spacing (the store never
+// saw the local send).
+type LayerCharger interface {
+	ChargeLayers(ctx context.Context, charges []LayerCharge) error
+}
+
 // SlotNotifier is a SlotStore that announces releases to every replica:
 // WatchSlots calls released with the layer and key of each release that
 // freed a slot of a key whose slots were all held, until ctx ends, and all

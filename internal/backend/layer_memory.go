@@ -572,6 +572,36 @@ func (m *LayeredMemory) DelayLayersAt(t time.Time, req LayerRequest, res LayerRe
 	return true, nil
 }
 
+// ChargeLayers implements LayerCharger.
+func (m *LayeredMemory) ChargeLayers(_ context.Context, charges []LayerCharge) error {
+	m.ChargeLayersAt(m.now(), charges)
+	return nil
+}
+
+// ChargeLayersAt is ChargeLayers at an explicit instant.
+func (m *LayeredMemory) ChargeLayersAt(t time.Time, charges []LayerCharge) {
+	now := t.UnixMicro()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, c := range charges {
+		i, ok := m.index[c.Layer]
+		if !ok || c.Tokens <= 0 {
+			continue
+		}
+		l := m.layers[i]
+		if !l.IsBucket() || l.Shadow {
+			continue
+		}
+		key := c.Key
+		if !l.Keyed {
+			key = ""
+		}
+		b := m.buckets[i][key]
+		tokens, ts := advanceLayer(b, now, l)
+		m.buckets[i][key] = &memLayerBucket{tokens: tokens - c.Tokens, ts: ts, last: lastOf(b)}
+	}
+}
+
 // sweep drops the states that a missing key means anyway: full buckets and
 // ended quota windows. It walks every state once per as many calls as there
 // are states, so its cost per call stays constant. m.mu must be held.

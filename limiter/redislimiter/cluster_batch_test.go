@@ -18,6 +18,7 @@ import (
 	"github.com/throttlehq/throttle/internal/backend"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/limiter/internal/storetest"
 )
 
 // testCluster is a private Redis Cluster of three masters without
@@ -329,6 +330,13 @@ func TestClusterBatch(t *testing.T) {
 				t.Errorf("request %d: %+v, %v; want granted", i, q.res, q.err)
 			}
 		}
+	})
+
+	// Charges of keys on every master, one call per shard.
+	t.Run("charge", func(t *testing.T) {
+		storetest.RunChargeLayers(t, func(t *testing.T, rate float64, burst int, layers []limiter.Layer) storetest.ChargeClockedStore {
+			return clockedLayers{newLayered(t, c.client, rate, burst, layers)}
+		})
 	})
 
 	// A master that lost the scripts (a restart, SCRIPT FLUSH): the

@@ -30,6 +30,10 @@ func (c clockedLayers) DelayLayersAt(now time.Time, req backend.LayerRequest, re
 	return c.l.delayLayers(context.Background(), now, req, res, from, by)
 }
 
+func (c clockedLayers) ChargeLayersAt(now time.Time, charges []backend.LayerCharge) error {
+	return c.l.chargeLayers(context.Background(), now, charges)
+}
+
 func (c clockedLayers) LayerStatusAt(now time.Time, layer, key string) (backend.LayerState, error) {
 	return c.l.layerStatus(context.Background(), now, layer, key)
 }
@@ -69,6 +73,13 @@ func deleteLayerKeys(t testing.TB, c redis.UniversalClient, l *Layered) {
 func TestRedisLayerSteps(t *testing.T) {
 	c := newClient(t)
 	storetest.RunLayers(t, func(t *testing.T, rate float64, burst int, layers []limiter.Layer) storetest.LayeredClockedStore {
+		return clockedLayers{newLayered(t, c, rate, burst, layers)}
+	})
+}
+
+func TestRedisLayerCharge(t *testing.T) {
+	c := newClient(t)
+	storetest.RunChargeLayers(t, func(t *testing.T, rate float64, burst int, layers []limiter.Layer) storetest.ChargeClockedStore {
 		return clockedLayers{newLayered(t, c, rate, burst, layers)}
 	})
 }
