@@ -427,6 +427,10 @@ func (b *Bucket) tryRecover() bool {
 	b.fb.probing = false
 	b.fb.mu.Unlock()
 	b.log.Info("bucket store is back, sharing the bucket again", "previous_mode", from)
+	// Sends the fallback granted while the charge above was under way.
+	if err := b.chargeLocalSends(ctx); err != nil {
+		b.log.Warn("could not charge the bucket store's layers with the last keys sent while limiting locally", "error", err)
+	}
 	if o := b.opts.Observer; o != nil && o.ModeChanged != nil {
 		o.ModeChanged(from, ModeShared, nil)
 	}
