@@ -109,9 +109,10 @@ type Request struct {
 // window the outage starts in, since the tokens used in Redis before it are
 // not known locally. A key whose messages all go to one replica gets only
 // that replica's share of its rate (under-granting). When the store is
-// back, the Bucket charges its token-bucket layers with what it sent
-// locally on each key (backend.LayerCharger) before it decides there
-// again, so that a key's spacing holds across the return.
+// back, the Bucket charges its layers with what it sent locally on each
+// key (backend.LayerCharger) before it decides there again, so that a
+// key's spacing holds across the return and a quota or budget counts what
+// was used locally in its current window.
 //
 // On a store with a concurrency layer WaitN fails with ErrNeedsAcquire:
 // use Acquire, whose Held gives the slots back.
@@ -635,7 +636,7 @@ func (b *Bucket) allowLayers(ctx context.Context, ls backend.LayeredStore, cost 
 			res, err := lm.TakeLayersAt(b.clock.Now(), lr)
 			if err == nil && res.Granted {
 				b.observeShadow(Request{Cost: cost}, res.Shadow)
-				b.layered.sends.record(b.clock.Now(), b.layered.layers, nil, cost)
+				b.layered.sends.record(b.clock.Now(), b.layered.layers, nil, cost, 0)
 			}
 			return err == nil && res.Granted, err
 		}
@@ -1195,7 +1196,7 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 			}
 			return err
 		}
-		b.layered.sends.record(b.clock.Now(), b.layered.layers, req.Keys, req.Cost)
+		b.layered.sends.record(b.clock.Now(), b.layered.layers, req.Keys, req.Cost, req.Price)
 		if granted != nil {
 			*granted = lm
 		}

@@ -390,22 +390,76 @@ func TestRecoveryChargesTheKeysSentLocally(t *testing.T) {
 	// The shared bucket, charged on the recovery, may make the request
 	// wait on the clock: advance it, within the key's spacing.
 	sentAgo := clk.Now().Sub(storetest.Base)
-	done = waitN(b, ctx, keyReq("a"))
-	err = nil
-	for i := 0; ; i++ {
-		select {
-		case err = <-done:
-		case <-time.After(20 * time.Millisecond):
-			if i < 10 {
-				clk.Advance(10 * time.Millisecond)
-				continue
-			}
-			t.Fatalf("WaitN on key a right after the recovery still blocked after %v on the clock", clk.Now().Sub(storetest.Base))
-		}
-		break
-	}
+	err = waitNAdvancing(t, clk, b, ctx, keyReq("a"), 100*time.Millisecond)
 	var le *limiter.LimitError
 	if !errors.As(err, &le) || le.Layer != "per-key" {
 		t.Fatalf("WaitN on key a right after the recovery (sent locally %v before it) = %v, want refused by per-key (spacing 2 s)", sentAgo, err)
+	}
+}
+
+// TestRecoveryChargesTheBudgetSpentLocally: a budget spent by the local
+// fallback is charged to the store when it is back. Before, the store knew
+// only what was spent before the outage, and allowed the rest of the
+// budget again: 1.60 spent of 1.00 here, where now the overspend is the
+// 0.20 that the local share could not know of.
+func TestRecoveryChargesTheBudgetSpentLocally(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := newLayeredClocked(t, clk, 100, 10, 1,
+		limiter.Layer{Name: "spend", Budget: 1_000_000, Per: limiter.PerDay, OnExceed: limiter.ActionDeadLetter})
+	b, err := limiter.New(s, limiter.Options{Clock: clk, Lease: limiter.LeaseOptions{Disabled: true}, Logger: discardLogger(), ProbeInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx := context.Background()
+	req := limiter.Request{Cost: 1, Price: 400_000} // 0.40
+	if err := b.WaitN(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	s.down.Store(true)
+	for range 2 { // 0.80 more, locally: the local share is the whole budget
+		if err := waitNAdvancing(t, clk, b, ctx, req, 200*time.Millisecond); err != nil {
+			t.Fatalf("local WaitN: %v", err)
+		}
+	}
+	if m := b.Mode(); m != limiter.ModeLocal {
+		t.Fatalf("mode = %s, want local", m)
+	}
+	s.down.Store(false)
+	for range 20 {
+		if b.Mode() == limiter.ModeShared {
+			break
+		}
+		clk.Advance(100 * time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+	if m := b.Mode(); m != limiter.ModeShared {
+		t.Fatalf("mode = %s after the store came back, want shared", m)
+	}
+	if got := s.layer(t, "spend", ""); got.Spent != 1_200_000 {
+		t.Errorf("store's spend after the recovery = %d millionths, want 1,200,000 (0.40 before the outage, 0.80 locally)", got.Spent)
+	}
+	var le *limiter.LimitError
+	if err := waitNAdvancing(t, clk, b, ctx, req, 200*time.Millisecond); !errors.As(err, &le) || le.Layer != "spend" {
+		t.Fatalf("WaitN after the recovery = %v, want refused by the spent budget", err)
+	}
+}
+
+// waitNAdvancing runs WaitN while it waits on the clock, advancing the
+// clock 10 ms at a time, up to limit; it fails the test if WaitN is still
+// blocked then, instead of hanging.
+func waitNAdvancing(t *testing.T, clk *clocktest.Clock, b *limiter.Bucket, ctx context.Context, req limiter.Request, limit time.Duration) error {
+	t.Helper()
+	done := waitN(b, ctx, req)
+	for waited := time.Duration(0); ; waited += 10 * time.Millisecond {
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(20 * time.Millisecond):
+			if waited >= limit {
+				t.Fatalf("WaitN still blocked after %v on the clock", waited)
+			}
+			clk.Advance(10 * time.Millisecond)
+		}
 	}
 }

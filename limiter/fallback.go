@@ -32,8 +32,8 @@ import (
 // lag behind what was spent. So the Bucket drains it and charges it with the
 // tokens its local bucket has booked ahead, times the live replicas (the
 // others booked about as much, and may come back later), before it takes
-// from it again. Before that it charges the store's token-bucket layers
-// with what its fallback sent on each key (localsends.go).
+// from it again. Before that it charges the store's layers with what its
+// fallback sent on each key (localsends.go).
 //
 // With a warm-up (a store that is a WarmupStore), the local bucket ramps
 // as the shared one would, at this replica's share, and never above the

@@ -9,16 +9,18 @@ import (
 )
 
 // localSends remembers what a Bucket's local fallback granted on each key
-// of the store's token-bucket layers, so that the store is charged with it
-// when it is back (Bucket.chargeLocalSends). The store never saw those
-// sends: without the charge, a key sent locally could go again through the
-// store at once, within its spacing, as if the burst of every key touched
-// during the outage were given twice.
+// of the store's layers, so that the store is charged with it when it is
+// back (Bucket.chargeLocalSends). The store never saw those sends: without
+// the charge, a key sent locally could go again through the store at once,
+// within its spacing, as if the burst of every key touched during the
+// outage were given twice, and a quota or budget spent locally could be
+// spent once more.
 //
-// Each key holds what the layer's bucket would owe for this replica's
-// sends alone, at the layer's full rate: the debt at the last send, less
-// the refill since, never below zero. A key whose debt has refilled is
-// forgotten.
+// A token bucket's key holds what the layer's bucket would owe for this
+// replica's sends alone, at the layer's full rate: the debt at the last
+// send, less the refill since, never below zero. A quota's or budget's
+// key holds what was used in its current window, until the window ends.
+// A key that owes nothing is forgotten.
 type localSends struct {
 	mu   sync.Mutex
 	keys map[localSendKey]localDebt
@@ -29,29 +31,53 @@ type localSends struct {
 type localSendKey struct {
 	layer string
 	key   string
+	end   time.Time // a quota's or budget's window end; zero for a bucket
 }
 
 type localDebt struct {
 	tokens float64
-	at     time.Time
-	rate   float64
+	at     time.Time // the last send
+	rate   float64   // a bucket's refill; 0 for a quota or budget
 }
 
-// owed returns d's debt at now.
-func (d localDebt) owed(now time.Time) float64 {
+// owed returns d's debt at now, for a key that ends (a window) at end.
+func (d localDebt) owed(now, end time.Time) float64 {
+	if !end.IsZero() {
+		if !now.Before(end) {
+			return 0
+		}
+		return d.tokens
+	}
 	return max(0, d.tokens-d.rate*now.Sub(d.at).Seconds())
 }
 
-// record adds a local send of cost at now on every token-bucket layer of
-// layers, each at the key keys gives it ("" for a layer without keys).
-func (s *localSends) record(now time.Time, layers []Layer, keys map[string]string, cost int) {
+// record adds a local send of cost tokens and price at now on every layer
+// of layers that keeps a count (token buckets, quotas, budgets; not a
+// shadow), each at the key keys gives it ("" for a layer without keys).
+func (s *localSends) record(now time.Time, layers []Layer, keys map[string]string, cost int, price Amount) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, l := range layers {
-		if !l.IsBucket() || l.Shadow || l.Rate <= 0 {
+		if l.Shadow {
 			continue
 		}
 		k := localSendKey{layer: l.Name}
+		add, rate := float64(cost), 0.0
+		switch {
+		case l.IsBudget():
+			add = float64(price)
+		case l.IsQuota():
+		case l.IsBucket() && l.Rate > 0:
+			rate = l.Rate
+		default:
+			continue
+		}
+		if add <= 0 {
+			continue
+		}
+		if rate == 0 {
+			k.end = backend.QuotaWindows(l.Per, now, l.Location)[2]
+		}
 		if l.Keyed {
 			if k.key = keys[l.Name]; k.key == "" {
 				continue
@@ -60,11 +86,11 @@ func (s *localSends) record(now time.Time, layers []Layer, keys map[string]strin
 		if s.keys == nil {
 			s.keys = map[localSendKey]localDebt{}
 		}
-		s.keys[k] = localDebt{tokens: s.keys[k].owed(now) + float64(cost), at: now, rate: l.Rate}
+		s.keys[k] = localDebt{tokens: s.keys[k].owed(now, k.end) + add, at: now, rate: rate}
 	}
 	if len(s.keys) >= 2*max(s.swept, 512) {
 		for k, d := range s.keys {
-			if d.owed(now) == 0 {
+			if d.owed(now, k.end) == 0 {
 				delete(s.keys, k)
 			}
 		}
@@ -78,8 +104,8 @@ func (s *localSends) take(now time.Time) []backend.LayerCharge {
 	defer s.mu.Unlock()
 	var out []backend.LayerCharge
 	for k, d := range s.keys {
-		if t := d.owed(now); t > 0 {
-			out = append(out, backend.LayerCharge{Layer: k.layer, Key: k.key, Tokens: t})
+		if t := d.owed(now, k.end); t > 0 {
+			out = append(out, backend.LayerCharge{Layer: k.layer, Key: k.key, Tokens: t, At: d.at})
 		}
 	}
 	s.keys, s.swept = nil, 0
@@ -89,10 +115,6 @@ func (s *localSends) take(now time.Time) []backend.LayerCharge {
 // giveBack returns charges that the store did not take to s, as owed at
 // now, beside what was recorded since.
 func (s *localSends) giveBack(now time.Time, charges []backend.LayerCharge, layers []Layer) {
-	rates := map[string]float64{}
-	for _, l := range layers {
-		rates[l.Name] = l.Rate
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.keys == nil {
@@ -100,7 +122,17 @@ func (s *localSends) giveBack(now time.Time, charges []backend.LayerCharge, laye
 	}
 	for _, c := range charges {
 		k := localSendKey{layer: c.Layer, key: c.Key}
-		s.keys[k] = localDebt{tokens: s.keys[k].owed(now) + c.Tokens, at: now, rate: rates[c.Layer]}
+		for _, l := range layers {
+			if l.Name != c.Layer {
+				continue
+			}
+			if l.IsBucket() {
+				s.keys[k] = localDebt{tokens: s.keys[k].owed(now, k.end) + c.Tokens, at: now, rate: l.Rate}
+				continue
+			}
+			k.end = backend.QuotaWindows(l.Per, c.At, l.Location)[2]
+			s.keys[k] = localDebt{tokens: s.keys[k].owed(now, k.end) + c.Tokens, at: c.At}
+		}
 	}
 }
 

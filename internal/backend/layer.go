@@ -479,23 +479,29 @@ type ReleaseWaiter interface {
 	WaitReleases(ctx context.Context) error
 }
 
-// LayerCharge is what a key of a token-bucket layer owes the store:
-// Tokens that a Bucket's local fallback granted on it while the store was
-// down (LayerCharger). Key is "" for a layer without keys.
+// LayerCharge is what a key of a layer owes the store: what a Bucket's
+// local fallback granted on it while the store was down (LayerCharger).
+// Key is "" for a layer without keys. Tokens are a token bucket's tokens,
+// a quota's, or a budget's money in millionths of a unit (Amount). At is
+// when the last of them went out: a quota or budget is charged in the
+// window holding At, and only while that window lasts.
 type LayerCharge struct {
 	Layer  string
 	Key    string
 	Tokens float64
+	At     time.Time
 }
 
-// LayerCharger is a LayeredStore that takes tokens from layer keys without
-// deciding anything: ChargeLayers takes each charge's Tokens from its key as
-// of now (the key may go below zero, and waits the longer), and skips a
-// charge of a layer that is not a token bucket, a shadow layer, or no
-// layer of the store. A Bucket that comes back from its local fallback
-// charges it with what the fallback granted, so that a key sent locally
-// does not go again through the store within its spacing (the store never
-// saw the local send).
+// LayerCharger is a LayeredStore that charges layer keys without deciding
+// anything: ChargeLayers takes each charge's Tokens from its token bucket as
+// of now (the key may go below zero, and waits the longer), or adds them to
+// its quota's or budget's use in the window holding At while that window
+// is the store's current one; it skips a charge of a shadow layer, of a
+// layer without state (a concurrency layer, a send window) or of no layer
+// of the store. A Bucket that comes back from its local fallback charges it
+// with what the fallback granted, so that a key sent locally does not go
+// again through the store within its spacing, and a quota or budget spent
+// locally is not spent again (the store never saw the local sends).
 type LayerCharger interface {
 	ChargeLayers(ctx context.Context, charges []LayerCharge) error
 }

@@ -589,12 +589,26 @@ func (m *LayeredMemory) ChargeLayersAt(t time.Time, charges []LayerCharge) {
 			continue
 		}
 		l := m.layers[i]
-		if !l.IsBucket() || l.Shadow {
+		if l.Shadow || !(l.IsBucket() || l.counted()) {
 			continue
 		}
 		key := c.Key
 		if !l.Keyed {
 			key = ""
+		}
+		if l.counted() {
+			w := QuotaWindows(l.Per, c.At, l.Location)
+			end := w[2].UnixMicro()
+			if now < w[1].UnixMicro() || now >= end {
+				continue // not the store's current window
+			}
+			q := m.quotas[i][key]
+			if q == nil || q.end != end {
+				q = &memLayerQuota{end: end}
+				m.quotas[i][key] = q
+			}
+			q.used += int64(math.Round(c.Tokens))
+			continue
 		}
 		b := m.buckets[i][key]
 		tokens, ts := advanceLayer(b, now, l)
