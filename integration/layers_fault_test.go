@@ -16,15 +16,20 @@ import (
 )
 
 // TestLayersFallbackWhenRedisDies kills the Redis of two replicas that share
-// a bucket with a per-recipient layer (burst 4, on_exceed dead_letter): both
-// fall back to their local stores, where the layer keeps refusing at each
-// replica's share (2 per recipient each). A recipient that had used its
-// burst in Redis gets it once more across the replicas, as docs/layers.md says.
+// a bucket with a per-recipient layer (burst 4, on_exceed dead_letter) and a
+// daily quota: both fall back to their local stores, where the layer keeps
+// refusing at each replica's share (2 per recipient each). A recipient that
+// had used its burst in Redis gets it once more across the replicas, as
+// docs/layers.md says. Redis then restarts empty, and the replicas charge
+// it with what they sent locally.
 func TestLayersFallbackWhenRedisDies(t *testing.T) {
 	t.Parallel()
 	srv := faultStartRedis(t)
 	name := faultName(t)
-	layers := []limiter.Layer{{Name: "per-recipient", Keyed: true, Rate: 0.001, Burst: 4, OnExceed: limiter.ActionDeadLetter}}
+	layers := []limiter.Layer{
+		{Name: "per-recipient", Keyed: true, Rate: 0.001, Burst: 4, OnExceed: limiter.ActionDeadLetter},
+		{Name: "daily", Quota: 10, Per: limiter.PerDay, OnExceed: limiter.ActionDeadLetter},
+	}
 	var buckets []*limiter.Bucket
 	for i := range 2 {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond,
@@ -59,13 +64,16 @@ func TestLayersFallbackWhenRedisDies(t *testing.T) {
 	if a, b := buckets[0].Stats().Replicas, buckets[1].Stats().Replicas; a != 2 || b != 2 {
 		t.Fatalf("replica counts %d and %d, want 2", a, b)
 	}
+	// refusedBy is the layer that refused the last WaitN of grants.
+	var refusedBy string
 	// grants counts the WaitNs granted for key on b until one is refused.
 	grants := func(b *limiter.Bucket, key string) int {
 		n := 0
 		for ; n < 10; n++ {
 			err := b.WaitN(ctx, limiter.Request{Cost: 1, Keys: map[string]string{"per-recipient": key}})
 			var le *limiter.LimitError
-			if errors.As(err, &le) && le.Layer == "per-recipient" {
+			if errors.As(err, &le) {
+				refusedBy = le.Layer
 				return n
 			}
 			if err != nil {
@@ -104,6 +112,12 @@ func TestLayersFallbackWhenRedisDies(t *testing.T) {
 	}
 	if n := grants(buckets[1], "y"); n != 2 {
 		t.Errorf("recipient y after Redis came back empty: %d granted, want 2 (burst 4, 2 sent locally)", n)
+	}
+	// The daily quota of 10 counts the 6 sent locally and y's 2: a new
+	// recipient gets 2, then the quota refuses (before, it counted y's 2
+	// alone, and z got its whole burst of 4).
+	if n := grants(buckets[0], "z"); n != 2 || refusedBy != "daily" {
+		t.Errorf("recipient z after Redis came back empty: %d granted, then refused by %q; want 2, then the daily quota (10: 6 sent locally, 2 to y)", n, refusedBy)
 	}
 }
 
