@@ -463,3 +463,63 @@ func waitNAdvancing(t *testing.T, clk *clocktest.Clock, b *limiter.Bucket, ctx c
 		}
 	}
 }
+
+// failingCharges is a layeredClocked whose ChargeLayers fails on its
+// failAt-th call.
+type failingCharges struct {
+	*layeredClocked
+	calls, failAt int
+}
+
+func (s *failingCharges) ChargeLayers(ctx context.Context, charges []limiter.LayerCharge) error {
+	s.calls++
+	if s.calls == s.failAt {
+		return errLayersDown
+	}
+	return s.layeredClocked.ChargeLayers(ctx, charges)
+}
+
+// TestRecoveryChargesInChunks: the keys an outage touched are charged a
+// chunk at a time; when a chunk fails, the Bucket stays in its fallback and
+// charges the rest, and only the rest, at its next probe.
+func TestRecoveryChargesInChunks(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := &failingCharges{layeredClocked: newLayeredClocked(t, clk, 1e6, 1e6, 1,
+		limiter.Layer{Name: "per-key", Keyed: true, Rate: 0.5, Burst: 1, OnExceed: limiter.ActionDeadLetter}), failAt: 2}
+	b, err := limiter.New(s, limiter.Options{Clock: clk, Lease: limiter.LeaseOptions{Disabled: true}, Logger: discardLogger(), ProbeInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx := context.Background()
+	if err := b.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.down.Store(true)
+	const keys = 5000 // two chunks
+	for i := range keys {
+		if err := waitNAdvancing(t, clk, b, ctx, keyReq(fmt.Sprint("k", i)), 200*time.Millisecond); err != nil {
+			t.Fatalf("local WaitN %d: %v", i, err)
+		}
+	}
+	s.down.Store(false)
+	for range 20 {
+		if b.Mode() == limiter.ModeShared {
+			break
+		}
+		clk.Advance(100 * time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+	if m := b.Mode(); m != limiter.ModeShared {
+		t.Fatalf("mode = %s after the store came back, want shared", m)
+	}
+	if s.calls != 3 {
+		t.Errorf("ChargeLayers called %d times, want 3 (a chunk, a failed one, then the rest at the next probe)", s.calls)
+	}
+	for i := range keys {
+		k := fmt.Sprint("k", i)
+		if got := s.layer(t, "per-key", k).Tokens; got < -0.5 || got > 0.5 {
+			t.Fatalf("per-key %s after the recovery = %v tokens, want charged once (about 0)", k, got)
+		}
+	}
+}

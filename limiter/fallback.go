@@ -388,9 +388,7 @@ func (b *Bucket) tryRecover() bool {
 	if err == nil && b.Mode() != ModeClosed {
 		// The keys the local fallback sent, first: on an error the
 		// Bucket stays in its fallback, with nothing drained twice.
-		cctx, ccancel := context.WithTimeout(context.Background(), max(b.opts.ProbeInterval, 5*time.Second))
-		err = b.chargeLocalSends(cctx)
-		ccancel()
+		err = b.chargeLocalSends(max(b.opts.ProbeInterval, 5*time.Second))
 	}
 	if err == nil && b.Mode() != ModeClosed { // a closed replica granted nothing
 		// The other replicas fell back too, most likely, and booked about
@@ -428,7 +426,7 @@ func (b *Bucket) tryRecover() bool {
 	b.fb.mu.Unlock()
 	b.log.Info("bucket store is back, sharing the bucket again", "previous_mode", from)
 	// Sends the fallback granted while the charge above was under way.
-	if err := b.chargeLocalSends(ctx); err != nil {
+	if err := b.chargeLocalSends(max(b.opts.ProbeInterval, 5*time.Second)); err != nil {
 		b.log.Warn("could not charge the bucket store's layers with the last keys sent while limiting locally", "error", err)
 	}
 	if o := b.opts.Observer; o != nil && o.ModeChanged != nil {

@@ -136,15 +136,22 @@ func (s *localSends) giveBack(now time.Time, charges []backend.LayerCharge, laye
 	}
 }
 
+// chargeChunk is how many charges one ChargeLayers call of
+// chargeLocalSends carries, each with its own deadline: the time a charge
+// takes grows with the keys an outage touched (about 170 ms for 20,000
+// on one Redis), and one deadline for all of them could fail every probe
+// after a long outage.
+const chargeChunk = 4096
+
 // chargeLocalSends charges the store with what the local fallback granted
 // on its layers' keys (localSends), when the store can take it
-// (backend.LayerCharger); a store that cannot is not charged. On an error
-// the debts stay, to be charged on the next probe, and the Bucket stays in
-// its fallback.
-func (b *Bucket) chargeLocalSends(ctx context.Context) error {
+// (backend.LayerCharger); a store that cannot is not charged. It sends
+// chargeChunk charges at a time, each batch given timeout. On an error the
+// debts not yet charged stay, to be charged on the next probe, and the
+// Bucket stays in its fallback.
+func (b *Bucket) chargeLocalSends(timeout time.Duration) error {
 	lf := b.layeredState()
-	now := b.clock.Now()
-	charges := lf.sends.take(now)
+	charges := lf.sends.take(b.clock.Now())
 	if len(charges) == 0 {
 		return nil
 	}
@@ -152,9 +159,15 @@ func (b *Bucket) chargeLocalSends(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
-	if err := charger.ChargeLayers(ctx, charges); err != nil {
-		lf.sends.giveBack(b.clock.Now(), charges, lf.layers)
-		return err
+	for i := 0; i < len(charges); i += chargeChunk {
+		batch := charges[i:min(i+chargeChunk, len(charges))]
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		err := charger.ChargeLayers(ctx, batch)
+		cancel()
+		if err != nil {
+			lf.sends.giveBack(b.clock.Now(), charges[i:], lf.layers)
+			return err
+		}
 	}
 	b.log.Info("charged the bucket store's layers with the keys sent while limiting locally", "keys", len(charges))
 	return nil
