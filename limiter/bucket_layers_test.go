@@ -271,19 +271,8 @@ func TestWaitNFallbackKeepsLayersAtShare(t *testing.T) {
 	if err := b.Check(ctx); err != nil {
 		t.Fatal(err)
 	}
-	s.down.Store(true)
-	done := waitN(b, ctx, keyReq("a"))
-	// The local bucket starts empty and refills at 50/s: 20ms. Two
-	// timers: the caller's sleep and the probe of the store (waiting for
-	// one alone could advance the clock before the caller slept).
-	clk.WaitTimers(t, 2)
-	clk.Advance(20 * time.Millisecond)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if m := b.Mode(); m != limiter.ModeLocal {
-		t.Fatalf("mode = %s, want local", m)
-	}
+	// The local bucket starts empty and refills at 50/s: 20ms.
+	takeDownFirstLocal(t, clk, s, b, keyReq("a"))
 	var le *limiter.LimitError
 	if err := b.WaitN(ctx, keyReq("a")); !errors.As(err, &le) || le.Layer != "per-key" {
 		t.Fatalf("second WaitN on key a in fallback = %v, want refused by per-key (burst 2 at a share of 1/2)", err)
@@ -354,43 +343,21 @@ func TestRecoveryChargesTheKeysSentLocally(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	s := newLayeredClocked(t, clk, 100, 10, 1,
 		limiter.Layer{Name: "per-key", Keyed: true, Rate: 0.5, Burst: 1, OnExceed: limiter.ActionDeadLetter})
-	b, err := limiter.New(s, limiter.Options{Clock: clk, Lease: limiter.LeaseOptions{Disabled: true}, Logger: discardLogger(), ProbeInterval: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
+	b := newProbingBucket(t, clk, s)
 	ctx := context.Background()
 	if err := b.Check(ctx); err != nil {
 		t.Fatal(err)
 	}
-	s.down.Store(true)
-	done := waitN(b, ctx, keyReq("a"))
-	clk.WaitTimers(t, 2)
-	clk.Advance(20 * time.Millisecond)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if m := b.Mode(); m != limiter.ModeLocal {
-		t.Fatalf("mode = %s, want local", m)
-	}
+	takeDownFirstLocal(t, clk, s, b, keyReq("a"))
 	s.down.Store(false)
-	for range 20 {
-		if b.Mode() == limiter.ModeShared {
-			break
-		}
-		clk.Advance(100 * time.Millisecond)
-		time.Sleep(time.Millisecond)
-	}
-	if m := b.Mode(); m != limiter.ModeShared {
-		t.Fatalf("mode = %s after the store came back, want shared", m)
-	}
+	awaitShared(t, clk, b)
 	if got := s.layer(t, "per-key", "a"); got.Tokens > 0.5 {
 		t.Errorf("store's per-key a after the recovery = %v tokens, want charged for the local send (at most 0.5)", got.Tokens)
 	}
 	// The shared bucket, charged on the recovery, may make the request
 	// wait on the clock: advance it, within the key's spacing.
 	sentAgo := clk.Now().Sub(storetest.Base)
-	err = waitNAdvancing(t, clk, b, ctx, keyReq("a"), 100*time.Millisecond)
+	err := waitNAdvancing(t, clk, b, ctx, keyReq("a"), 100*time.Millisecond)
 	var le *limiter.LimitError
 	if !errors.As(err, &le) || le.Layer != "per-key" {
 		t.Fatalf("WaitN on key a right after the recovery (sent locally %v before it) = %v, want refused by per-key (spacing 2 s)", sentAgo, err)
@@ -406,11 +373,7 @@ func TestRecoveryChargesTheBudgetSpentLocally(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	s := newLayeredClocked(t, clk, 100, 10, 1,
 		limiter.Layer{Name: "spend", Budget: 1_000_000, Per: limiter.PerDay, OnExceed: limiter.ActionDeadLetter})
-	b, err := limiter.New(s, limiter.Options{Clock: clk, Lease: limiter.LeaseOptions{Disabled: true}, Logger: discardLogger(), ProbeInterval: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
+	b := newProbingBucket(t, clk, s)
 	ctx := context.Background()
 	req := limiter.Request{Cost: 1, Price: 400_000} // 0.40
 	if err := b.WaitN(ctx, req); err != nil {
@@ -426,16 +389,7 @@ func TestRecoveryChargesTheBudgetSpentLocally(t *testing.T) {
 		t.Fatalf("mode = %s, want local", m)
 	}
 	s.down.Store(false)
-	for range 20 {
-		if b.Mode() == limiter.ModeShared {
-			break
-		}
-		clk.Advance(100 * time.Millisecond)
-		time.Sleep(time.Millisecond)
-	}
-	if m := b.Mode(); m != limiter.ModeShared {
-		t.Fatalf("mode = %s after the store came back, want shared", m)
-	}
+	awaitShared(t, clk, b)
 	if got := s.layer(t, "spend", ""); got.Spent != 1_200_000 {
 		t.Errorf("store's spend after the recovery = %d millionths, want 1,200,000 (0.40 before the outage, 0.80 locally)", got.Spent)
 	}
@@ -486,11 +440,7 @@ func TestRecoveryChargesInChunks(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	s := &failingCharges{layeredClocked: newLayeredClocked(t, clk, 1e6, 1e6, 1,
 		limiter.Layer{Name: "per-key", Keyed: true, Rate: 0.5, Burst: 1, OnExceed: limiter.ActionDeadLetter}), failAt: 2}
-	b, err := limiter.New(s, limiter.Options{Clock: clk, Lease: limiter.LeaseOptions{Disabled: true}, Logger: discardLogger(), ProbeInterval: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
+	b := newProbingBucket(t, clk, s)
 	ctx := context.Background()
 	if err := b.Check(ctx); err != nil {
 		t.Fatal(err)
@@ -503,16 +453,7 @@ func TestRecoveryChargesInChunks(t *testing.T) {
 		}
 	}
 	s.down.Store(false)
-	for range 20 {
-		if b.Mode() == limiter.ModeShared {
-			break
-		}
-		clk.Advance(100 * time.Millisecond)
-		time.Sleep(time.Millisecond)
-	}
-	if m := b.Mode(); m != limiter.ModeShared {
-		t.Fatalf("mode = %s after the store came back, want shared", m)
-	}
+	awaitShared(t, clk, b)
 	if s.calls != 3 {
 		t.Errorf("ChargeLayers called %d times, want 3 (a chunk, a failed one, then the rest at the next probe)", s.calls)
 	}
@@ -521,5 +462,53 @@ func TestRecoveryChargesInChunks(t *testing.T) {
 		if got := s.layer(t, "per-key", k).Tokens; got < -0.5 || got > 0.5 {
 			t.Fatalf("per-key %s after the recovery = %v tokens, want charged once (about 0)", k, got)
 		}
+	}
+}
+
+// newProbingBucket is a Bucket on s without leasing that probes a failed
+// store every 100 ms of clk.
+func newProbingBucket(t *testing.T, clk *clocktest.Clock, s limiter.Store) *limiter.Bucket {
+	t.Helper()
+	b, err := limiter.New(s, limiter.Options{Clock: clk, Lease: limiter.LeaseOptions{Disabled: true}, Logger: discardLogger(), ProbeInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// awaitShared advances clk a probe interval at a time until b shares the
+// bucket again, and fails the test if it does not within 2 s of clk.
+func awaitShared(t *testing.T, clk *clocktest.Clock, b *limiter.Bucket) {
+	t.Helper()
+	for range 20 {
+		if b.Mode() == limiter.ModeShared {
+			return
+		}
+		clk.Advance(100 * time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+	if m := b.Mode(); m != limiter.ModeShared {
+		t.Fatalf("mode = %s after the store came back, want shared", m)
+	}
+}
+
+// takeDownFirstLocal takes s down and runs req on b, the first request of
+// the local fallback, whose bucket starts empty: it advances clk 20 ms
+// once b's caller sleeps, which serves a local share of 50/s or more, and
+// checks that req was granted and b limits locally.
+func takeDownFirstLocal(t *testing.T, clk *clocktest.Clock, s *layeredClocked, b *limiter.Bucket, req limiter.Request) {
+	t.Helper()
+	s.down.Store(true)
+	done := waitN(b, context.Background(), req)
+	// Two timers: the caller's sleep and the probe of the store (waiting
+	// for one alone could advance the clock before the caller slept).
+	clk.WaitTimers(t, 2)
+	clk.Advance(20 * time.Millisecond)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if m := b.Mode(); m != limiter.ModeLocal {
+		t.Fatalf("mode = %s, want local", m)
 	}
 }
