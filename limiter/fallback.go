@@ -385,16 +385,17 @@ func (b *Bucket) tryRecover() bool {
 	ctx, cancel := context.WithTimeout(context.Background(), b.opts.ProbeInterval)
 	defer cancel()
 	st, err := b.store.Status(ctx)
-	if err == nil && b.Mode() != ModeClosed {
+	if err == nil && b.Mode() != ModeClosed { // a closed replica granted nothing
 		// The keys the local fallback sent, first: on an error the
 		// Bucket stays in its fallback, with nothing drained twice.
-		err = b.chargeLocalSends(max(b.opts.ProbeInterval, 5*time.Second))
+		err = b.chargeLocalSends()
 	}
-	if err == nil && b.Mode() != ModeClosed { // a closed replica granted nothing
+	if err == nil && b.Mode() != ModeClosed {
 		// The other replicas fell back too, most likely, and booked about
 		// as much as this one: charge the fleet's estimate, since the
 		// first replica back takes from the shared bucket while the
-		// others still serve their local bookings.
+		// others still serve their local bookings. The drain has a
+		// probe interval of its own, whatever the charge took.
 		debt := 0
 		b.fb.mu.Lock()
 		local, replicas := b.fb.local, max(b.fb.replicas, float64(b.shareReplicas()))
@@ -403,7 +404,9 @@ func (b *Bucket) tryRecover() bool {
 			ls := local.StatusAt(b.clock.Now())
 			debt = int(math.Ceil(max(0, -ls.Tokens) * replicas))
 		}
-		err = b.store.Drain(ctx, debt)
+		dctx, dcancel := context.WithTimeout(context.Background(), b.opts.ProbeInterval)
+		err = b.store.Drain(dctx, debt)
+		dcancel()
 	}
 	if err != nil {
 		if errors.Is(err, ErrMisconfigured) {
@@ -426,7 +429,7 @@ func (b *Bucket) tryRecover() bool {
 	b.fb.mu.Unlock()
 	b.log.Info("bucket store is back, sharing the bucket again", "previous_mode", from)
 	// Sends the fallback granted while the charge above was under way.
-	if err := b.chargeLocalSends(max(b.opts.ProbeInterval, 5*time.Second)); err != nil {
+	if err := b.chargeLocalSends(); err != nil {
 		b.log.Warn("could not charge the bucket store's layers with the last keys sent while limiting locally", "error", err)
 	}
 	if o := b.opts.Observer; o != nil && o.ModeChanged != nil {

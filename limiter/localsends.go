@@ -52,41 +52,33 @@ func (d localDebt) owed(now, end time.Time) float64 {
 }
 
 // record adds a local send of cost tokens and price at now on every layer
-// of layers that keeps a count (token buckets, quotas, budgets; not a
-// shadow), each at the key keys gives it ("" for a layer without keys).
+// of layers that a store charges (backend.Charged: token buckets, quotas,
+// budgets), each at the key keys gives it ("" for a layer without keys).
 func (s *localSends) record(now time.Time, layers []Layer, keys map[string]string, cost int, price Amount) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, l := range layers {
-		if l.Shadow {
+		counted, charged := backend.Charged(l)
+		if !charged {
 			continue
 		}
 		k := localSendKey{layer: l.Name}
-		add, rate := float64(cost), 0.0
-		switch {
-		case l.IsBudget():
-			add = float64(price)
-		case l.IsQuota():
-		case l.IsBucket() && l.Rate > 0:
-			rate = l.Rate
-		default:
-			continue
-		}
-		if add <= 0 {
-			continue
-		}
-		if rate == 0 {
-			k.end = backend.QuotaWindows(l.Per, now, l.Location)[2]
+		add, rate := float64(cost), l.Rate
+		if counted {
+			if l.IsBudget() {
+				add = float64(price)
+			}
+			_, k.end = backend.ChargeWindow(l, now)
+			rate = 0
 		}
 		if l.Keyed {
 			if k.key = keys[l.Name]; k.key == "" {
 				continue
 			}
 		}
-		if s.keys == nil {
-			s.keys = map[localSendKey]localDebt{}
+		if add > 0 {
+			s.addLocked(k, localDebt{tokens: add, at: now, rate: rate}, now)
 		}
-		s.keys[k] = localDebt{tokens: s.keys[k].owed(now, k.end) + add, at: now, rate: rate}
 	}
 	if len(s.keys) >= 2*max(s.swept, 512) {
 		for k, d := range s.keys {
@@ -98,74 +90,83 @@ func (s *localSends) record(now time.Time, layers []Layer, keys map[string]strin
 	}
 }
 
-// take empties s and returns the debts still owed at now.
-func (s *localSends) take(now time.Time) []backend.LayerCharge {
+// addLocked adds d to what key k owes at now; s.mu is held.
+func (s *localSends) addLocked(k localSendKey, d localDebt, now time.Time) {
+	if s.keys == nil {
+		s.keys = map[localSendKey]localDebt{}
+	}
+	d.tokens += s.keys[k].owed(now, k.end)
+	s.keys[k] = d
+}
+
+// localOwed is a key's debt as take found it.
+type localOwed struct {
+	key  localSendKey
+	debt localDebt
+}
+
+// take empties s and returns what each key owes at now, as of now.
+func (s *localSends) take(now time.Time) []localOwed {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []backend.LayerCharge
+	var out []localOwed
 	for k, d := range s.keys {
 		if t := d.owed(now, k.end); t > 0 {
-			out = append(out, backend.LayerCharge{Layer: k.layer, Key: k.key, Tokens: t, At: d.at})
+			out = append(out, localOwed{key: k, debt: localDebt{tokens: t, at: now, rate: d.rate}})
 		}
 	}
 	s.keys, s.swept = nil, 0
 	return out
 }
 
-// giveBack returns charges that the store did not take to s, as owed at
-// now, beside what was recorded since.
-func (s *localSends) giveBack(now time.Time, charges []backend.LayerCharge, layers []Layer) {
+// giveBack returns to s what take returned at taken and the store did not
+// take, beside what was recorded since.
+func (s *localSends) giveBack(taken time.Time, owed []localOwed) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.keys == nil {
-		s.keys = map[localSendKey]localDebt{}
-	}
-	for _, c := range charges {
-		k := localSendKey{layer: c.Layer, key: c.Key}
-		for _, l := range layers {
-			if l.Name != c.Layer {
-				continue
-			}
-			if l.IsBucket() {
-				s.keys[k] = localDebt{tokens: s.keys[k].owed(now, k.end) + c.Tokens, at: now, rate: l.Rate}
-				continue
-			}
-			k.end = backend.QuotaWindows(l.Per, c.At, l.Location)[2]
-			s.keys[k] = localDebt{tokens: s.keys[k].owed(now, k.end) + c.Tokens, at: c.At}
-		}
+	for _, o := range owed {
+		s.addLocked(o.key, o.debt, taken)
 	}
 }
 
 // chargeChunk is how many charges one ChargeLayers call of
-// chargeLocalSends carries, each with its own deadline: the time a charge
-// takes grows with the keys an outage touched (about 170 ms for 20,000
-// on one Redis), and one deadline for all of them could fail every probe
-// after a long outage.
+// chargeLocalSends carries, each with its own deadline (chargeTimeout): the
+// time a charge takes grows with the keys an outage touched (156 to 188 ms
+// for 20,000 on one Redis), and one deadline for all of them could fail
+// every probe after a long outage.
 const chargeChunk = 4096
+
+// chargeTimeout is how long a chunk of chargeLocalSends may take: the
+// probe interval, at least 5 s.
+func (b *Bucket) chargeTimeout() time.Duration { return max(b.opts.ProbeInterval, 5*time.Second) }
 
 // chargeLocalSends charges the store with what the local fallback granted
 // on its layers' keys (localSends), when the store can take it
 // (backend.LayerCharger); a store that cannot is not charged. It sends
-// chargeChunk charges at a time, each batch given timeout. On an error the
-// debts not yet charged stay, to be charged on the next probe, and the
-// Bucket stays in its fallback.
-func (b *Bucket) chargeLocalSends(timeout time.Duration) error {
+// chargeChunk charges at a time. On an error the debts not yet charged
+// stay, to be charged on the next probe, and the Bucket stays in its
+// fallback.
+func (b *Bucket) chargeLocalSends() error {
 	lf := b.layeredState()
-	charges := lf.sends.take(b.clock.Now())
-	if len(charges) == 0 {
+	taken := b.clock.Now()
+	owed := lf.sends.take(taken)
+	if len(owed) == 0 {
 		return nil
 	}
 	charger, ok := lf.store.(backend.LayerCharger)
 	if !ok {
 		return nil
 	}
+	charges := make([]backend.LayerCharge, len(owed))
+	for i, o := range owed {
+		charges[i] = backend.LayerCharge{Layer: o.key.layer, Key: o.key.key, Tokens: o.debt.tokens, At: o.debt.at}
+	}
 	for i := 0; i < len(charges); i += chargeChunk {
-		batch := charges[i:min(i+chargeChunk, len(charges))]
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		err := charger.ChargeLayers(ctx, batch)
+		ctx, cancel := context.WithTimeout(context.Background(), b.chargeTimeout())
+		err := charger.ChargeLayers(ctx, charges[i:min(i+chargeChunk, len(charges))])
 		cancel()
 		if err != nil {
-			lf.sends.giveBack(b.clock.Now(), charges[i:], lf.layers)
+			lf.sends.giveBack(taken, owed[i:])
 			return err
 		}
 	}

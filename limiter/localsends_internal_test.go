@@ -34,8 +34,8 @@ func TestLocalSendsOwe(t *testing.T) {
 		s.record(t0.Add(st.at), layers, st.keys, st.cost, 0)
 	}
 	got := map[string]float64{}
-	for _, c := range s.take(t0.Add(12 * time.Second)) {
-		got[c.Layer+"/"+c.Key] = c.Tokens
+	for _, o := range s.take(t0.Add(12 * time.Second)) {
+		got[o.key.layer+"/"+o.key.key] = o.debt.tokens
 	}
 	// account, at 10/s, owed 4 at 11 s and nothing a second later; the
 	// quota keeps its count until the day ends.

@@ -19,26 +19,30 @@ import (
 )
 
 // buffer is a bytes.Buffer safe for concurrent use, keeping the last
-// 8 MiB.
+// 8 MiB. wrote is closed by the first write.
 type buffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu    sync.Mutex
+	b     bytes.Buffer
+	wrote chan struct{}
 }
+
+func newBuffer() *buffer { return &buffer{wrote: make(chan struct{})} }
 
 func (b *buffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if len(p) > 0 {
+		select {
+		case <-b.wrote:
+		default:
+			close(b.wrote)
+		}
+	}
 	if b.b.Len() > 16<<20 {
 		keep := b.b.Bytes()[b.b.Len()-8<<20:]
 		b.b = *bytes.NewBuffer(append([]byte(nil), keep...))
 	}
 	return b.b.Write(p)
-}
-
-func (b *buffer) Len() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Len()
 }
 
 func (b *buffer) String() string {
@@ -60,7 +64,7 @@ type Proc struct {
 
 // StartProc starts cmd, collecting its output.
 func StartProc(name string, cmd *exec.Cmd) (*Proc, error) {
-	p := &Proc{Name: name, cmd: cmd, out: &buffer{}, exit: make(chan struct{})}
+	p := &Proc{Name: name, cmd: cmd, out: newBuffer(), exit: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
@@ -100,15 +104,12 @@ func (p *Proc) Stop(sig os.Signal, d time.Duration) int {
 // waitOutput waits until the process has written something, has exited,
 // or d has passed.
 func (p *Proc) waitOutput(d time.Duration) {
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for p.out.Len() == 0 && time.Now().Before(deadline) {
-		select {
-		case <-p.exit:
-			return
-		case <-tick.C:
-		}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-p.out.wrote:
+	case <-p.exit:
+	case <-timer.C:
 	}
 }
 

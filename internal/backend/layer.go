@@ -506,6 +506,27 @@ type LayerCharger interface {
 	ChargeLayers(ctx context.Context, charges []LayerCharge) error
 }
 
+// Charged reports how a LayerCharger charges layer l: a token bucket's
+// tokens (counted false), a quota's or budget's use in a window (counted
+// true, see ChargeWindow), or not at all (ok false: a shadow layer, a
+// concurrency layer or a send window).
+func Charged(l Layer) (counted, ok bool) {
+	if l.Shadow {
+		return false, false
+	}
+	if l.counted() {
+		return true, true
+	}
+	return false, l.IsBucket()
+}
+
+// ChargeWindow returns the window [start, end) of the quota or budget l
+// that holds at.
+func ChargeWindow(l Layer, at time.Time) (start, end time.Time) {
+	w := QuotaWindows(l.Per, at, l.Location)
+	return w[1], w[2]
+}
+
 // SlotNotifier is a SlotStore that announces releases to every replica:
 // WatchSlots calls released with the layer and key of each release that
 // freed a slot of a key whose slots were all held, until ctx ends, and all

@@ -589,17 +589,18 @@ func (m *LayeredMemory) ChargeLayersAt(t time.Time, charges []LayerCharge) {
 			continue
 		}
 		l := m.layers[i]
-		if l.Shadow || !(l.IsBucket() || l.counted()) {
+		counted, charged := Charged(l)
+		if !charged {
 			continue
 		}
 		key := c.Key
 		if !l.Keyed {
 			key = ""
 		}
-		if l.counted() {
-			w := QuotaWindows(l.Per, c.At, l.Location)
-			end := w[2].UnixMicro()
-			if now < w[1].UnixMicro() || now >= end {
+		if counted {
+			start, e := ChargeWindow(l, c.At)
+			end := e.UnixMicro()
+			if now < start.UnixMicro() || now >= end {
 				continue // not the store's current window
 			}
 			q := m.quotas[i][key]

@@ -339,6 +339,33 @@ func TestClusterBatch(t *testing.T) {
 		})
 	})
 
+	// Masters that lost the scripts: each charge runs again with its
+	// script loaded, once.
+	t.Run("charge after NOSCRIPT", func(t *testing.T) {
+		l := clusterKeyed(t, c, limiter.Layer{Name: "per-key", Keyed: true, Rate: 1, Burst: 5})
+		for _, m := range c.masters {
+			if err := m.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		charges := make([]backend.LayerCharge, len(keys))
+		for i, k := range keys {
+			charges[i] = backend.LayerCharge{Layer: "per-key", Key: k, Tokens: 2}
+		}
+		if err := l.ChargeLayers(ctx, charges); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			st, err := l.LayerStatus(ctx, "per-key", k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Tokens > 3.1 || st.Tokens < 2.9 {
+				t.Fatalf("per-key %s after a charge of 2 = %v tokens, want about 3 (charged once)", k, st.Tokens)
+			}
+		}
+	})
+
 	// A master that lost the scripts (a restart, SCRIPT FLUSH): the
 	// batch loads them and decides every request.
 	t.Run("NOSCRIPT", func(t *testing.T) {

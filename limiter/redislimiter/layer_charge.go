@@ -11,8 +11,8 @@ import (
 	"github.com/throttlehq/throttle/internal/backend"
 )
 
-// chargeBatch is how many layer keys one ChargeLayers call charges on a
-// single node.
+// chargeBatch is how many layer keys one script call of ChargeLayers
+// charges on a single node.
 const chargeBatch = 128
 
 // chargeNoCheck is the "from" instant given to layersDelayScript by
@@ -31,10 +31,18 @@ var layersChargeQuotaScript = redis.NewScript(mathLua + luaSource("layer_prelude
 // (layersChargeQuotaScript). Charges of one key (and window) are summed
 // first. It sends one script call per chargeBatch keys of a kind on a
 // single node, one per shard or key on a Cluster, all in one pipeline. A
-// Bucket calls it once, when it comes back from its local fallback: its
-// cost is that of the keys the fallback granted, not of the messages.
+// Bucket calls it when it comes back from its local fallback: its cost is
+// that of the keys the fallback granted, not of the messages.
 func (l *Layered) ChargeLayers(ctx context.Context, charges []backend.LayerCharge) error {
 	return l.chargeLayers(ctx, time.Time{}, charges)
+}
+
+// chargeLoc is where a charge goes: layer i's key, and for a quota or
+// budget the window (µs) it is charged in.
+type chargeLoc struct {
+	i          int
+	key        string
+	start, end int64 // 0 for a token bucket
 }
 
 // chargeCall is one script call of chargeLayers.
@@ -50,112 +58,97 @@ func (l *Layered) chargeLayers(ctx context.Context, at time.Time, charges []back
 	if !at.IsZero() {
 		nowUS = at.UnixMicro()
 	}
-	type loc struct {
-		i     int
-		key   string
-		start int64 // a quota's or budget's window, in µs; 0 for a bucket
-		end   int64
-	}
-	owed := map[loc]float64{}
-	var order []loc
+	owed := map[chargeLoc]float64{}
+	var buckets, counts []chargeLoc // in the order first charged
 	for _, c := range charges {
 		i, err := l.layerIndex(c.Layer)
 		if err != nil || c.Tokens <= 0 {
 			continue
 		}
 		ly := l.layers[i]
-		counted := ly.IsQuota() || ly.IsBudget()
-		if ly.Shadow || !(ly.IsBucket() || counted) {
+		counted, charged := backend.Charged(ly)
+		if !charged {
 			continue
 		}
-		k := loc{i: i, key: c.Key}
+		k := chargeLoc{i: i, key: c.Key}
 		if !ly.Keyed {
 			k.key = ""
 		}
 		if counted {
-			w := backend.QuotaWindows(ly.Per, c.At, ly.Location)
-			k.start, k.end = w[1].UnixMicro(), w[2].UnixMicro()
+			start, end := backend.ChargeWindow(ly, c.At)
+			k.start, k.end = start.UnixMicro(), end.UnixMicro()
 		}
 		if _, ok := owed[k]; !ok {
-			order = append(order, k)
+			if counted {
+				counts = append(counts, k)
+			} else {
+				buckets = append(buckets, k)
+			}
 		}
 		owed[k] += c.Tokens
 	}
-	// A call charges keys of one kind: on a Cluster those of one shard
-	// or key (one slot), else up to chargeBatch.
-	var calls []*chargeCall
-	bySlotKey := map[string]*chargeCall{}
-	var lastBucket, lastQuota *chargeCall
-	for _, k := range order {
-		counted := k.end != 0
-		script, last := layersDelayScript, &lastBucket
-		if counted {
-			script, last = layersChargeQuotaScript, &lastQuota
+	calls := append(l.chargeCalls(layersDelayScript, buckets, owed, nowUS), l.chargeCalls(layersChargeQuotaScript, counts, owed, nowUS)...)
+	if len(calls) == 0 {
+		return nil
+	}
+	// One pipeline (on a Cluster the client sends each master its calls
+	// at once); a call that finds its script gone (a restart, SCRIPT
+	// FLUSH) runs again with the script loaded, as the takes do.
+	pipe := l.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(calls))
+	for i, c := range calls {
+		cmds[i] = c.script.EvalSha(ctx, pipe, c.rk.keys, c.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, cmd := range cmds {
+		err := cmd.Err()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") {
+			err = calls[i].script.Run(ctx, l.client, calls[i].rk.keys, calls[i].args...).Err()
 		}
+		if err != nil {
+			return l.fail("charge layers", err)
+		}
+	}
+	return nil
+}
+
+// chargeCalls returns the calls of script (layersDelayScript for token
+// buckets, layersChargeQuotaScript for quotas and budgets) that charge
+// locs what owed holds for each: on a Cluster one call per shard or key
+// (one slot), else one per chargeBatch keys.
+func (l *Layered) chargeCalls(script *redis.Script, locs []chargeLoc, owed map[chargeLoc]float64, nowUS int64) []*chargeCall {
+	buckets := script == layersDelayScript
+	var calls []*chargeCall
+	bySlot := map[string]*chargeCall{}
+	for _, k := range locs {
 		rk, _ := l.bucketLoc(k.i, k.key)
 		var c *chargeCall
 		switch {
 		case l.cluster:
-			if c = bySlotKey[rk]; c == nil || c.script != script {
-				c = &chargeCall{script: script}
-				bySlotKey[rk] = c
-				calls = append(calls, c)
+			c = bySlot[rk]
+		case len(calls) > 0 && len(calls[len(calls)-1].rk.keys) < chargeBatch:
+			c = calls[len(calls)-1]
+		}
+		if c == nil {
+			c = &chargeCall{script: script, args: []any{nowUS}}
+			if buckets {
+				c.args = append(c.args, chargeNoCheck, 0) // from, to: no check, last send kept
 			}
-		case *last == nil || len((*last).rk.keys) >= chargeBatch:
-			c = &chargeCall{script: script}
-			*last = c
 			calls = append(calls, c)
-		default:
-			c = *last
+			bySlot[rk] = c
 		}
-		if c.args == nil {
-			c.args = []any{nowUS}
-			if !counted {
-				c.args = append(c.args, chargeNoCheck, 0)
-			}
-		}
-		if counted {
+		if buckets {
+			c.rk.addLayer(l, k.i, k.key)
+			c.args = append(c.args, l.spec[k.i][2], l.spec[k.i][3], owed[k])
+		} else {
 			c.rk.add(rk)
 			c.args = append(c.args, k.start, k.end, int64(math.Round(owed[k])))
-			continue
-		}
-		c.rk.addLayer(l, k.i, k.key)
-		c.args = append(c.args, l.spec[k.i][2], l.spec[k.i][3], owed[k])
-	}
-	for _, c := range calls {
-		if c.script == layersDelayScript {
-			c.args = append(c.args, string(c.rk.fields), 0)
 		}
 	}
-	// One pipeline: on a Cluster the client sends each master its calls
-	// at once. A call that finds its script gone (a master restarted
-	// since the load) is sent again after a load, once; the others are
-	// not, so that no key is charged twice.
-	for attempt := 0; len(calls) > 0; attempt++ {
-		for _, s := range []*redis.Script{layersDelayScript, layersChargeQuotaScript} {
-			if err := s.Load(ctx, l.client).Err(); err != nil {
-				return l.fail("charge layers", err)
-			}
+	if buckets {
+		for _, c := range calls {
+			c.args = append(c.args, string(c.rk.fields), 0) // the fields, cost 0
 		}
-		pipe := l.client.Pipeline()
-		cmds := make([]*redis.Cmd, len(calls))
-		for i, c := range calls {
-			cmds[i] = c.script.EvalSha(ctx, pipe, c.rk.keys, c.args...)
-		}
-		_, _ = pipe.Exec(ctx)
-		var again []*chargeCall
-		for i, cmd := range cmds {
-			err := cmd.Err()
-			if err == nil {
-				continue
-			}
-			if attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
-				again = append(again, calls[i])
-				continue
-			}
-			return l.fail("charge layers", err)
-		}
-		calls = again
 	}
-	return nil
+	return calls
 }
