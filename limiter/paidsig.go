@@ -44,7 +44,9 @@ type paidKey struct {
 
 // sign returns the signature of slot s: base64 (URL alphabet, no padding)
 // of the HMAC-SHA256 of the bucket's name, s's layer and key, each
-// length-prefixed, and s's Due in Unix nanoseconds.
+// length-prefixed, s's Due and, when set, its Booked, in Unix nanoseconds
+// (a slot without Booked, signed by an older version, is signed without
+// it, and still verifies).
 func (k *paidKey) sign(s PaidSlot) string {
 	return base64.RawURLEncoding.EncodeToString(k.mac(s))
 }
@@ -52,13 +54,20 @@ func (k *paidKey) sign(s PaidSlot) string {
 // mac is the HMAC-SHA256 that sign encodes.
 func (k *paidKey) mac(s PaidSlot) []byte {
 	m := hmac.New(sha256.New, k.secret)
-	buf := make([]byte, 0, 64+len(k.bucket)+len(s.Layer)+len(s.Key))
-	buf = append(buf, "throttle paid slot v1"...)
+	buf := make([]byte, 0, 72+len(k.bucket)+len(s.Layer)+len(s.Key))
+	version := "throttle paid slot v1"
+	if !s.Booked.IsZero() {
+		version = "throttle paid slot v2"
+	}
+	buf = append(buf, version...)
 	for _, f := range []string{k.bucket, s.Layer, s.Key} {
 		buf = binary.AppendUvarint(buf, uint64(len(f)))
 		buf = append(buf, f...)
 	}
 	buf = binary.BigEndian.AppendUint64(buf, uint64(s.Due.UnixNano()))
+	if !s.Booked.IsZero() {
+		buf = binary.BigEndian.AppendUint64(buf, uint64(s.Booked.UnixNano()))
+	}
 	m.Write(buf)
 	return m.Sum(nil)
 }

@@ -11,10 +11,15 @@ import (
 func TestPaidSlotVerify(t *testing.T) {
 	k := &paidKey{bucket: "sms", secret: []byte("0123456789abcdef0123456789abcdef")}
 	due := time.Date(2026, 12, 1, 10, 0, 2, 50_000_000, time.UTC)
-	s := PaidSlot{Layer: "per-recipient", Key: "+15550100", Due: due}
+	s := PaidSlot{Layer: "per-recipient", Key: "+15550100", Due: due, Booked: due.Add(-2 * time.Second)}
 	s.Sig = k.sign(s)
 	if !k.verify(s) {
 		t.Fatal("the genuine slot fails to verify")
+	}
+	older := PaidSlot{Layer: s.Layer, Key: s.Key, Due: due} // signed by an older version
+	older.Sig = k.sign(older)
+	if !k.verify(older) || older.Sig == s.Sig {
+		t.Error("a slot without its booking instant fails to verify, or is signed as one with it")
 	}
 	local := s
 	local.Due = due.In(time.FixedZone("x", 3600)) // the same instant
@@ -28,6 +33,8 @@ func TestPaidSlotVerify(t *testing.T) {
 	}{
 		{"due a nanosecond earlier", k, func(s *PaidSlot) { s.Due = s.Due.Add(-time.Nanosecond) }},
 		{"due an hour earlier", k, func(s *PaidSlot) { s.Due = s.Due.Add(-time.Hour) }},
+		{"booked later (as if its state were younger)", k, func(s *PaidSlot) { s.Booked = s.Booked.Add(time.Hour) }},
+		{"booked dropped", k, func(s *PaidSlot) { s.Booked = time.Time{} }},
 		{"another key", k, func(s *PaidSlot) { s.Key = "+15550101" }},
 		{"another layer", k, func(s *PaidSlot) { s.Layer = "per-sender" }},
 		{"layer and key shifted", k, func(s *PaidSlot) { s.Layer, s.Key = "per-recipient+", "15550100" }},

@@ -366,6 +366,9 @@ type LimitError struct {
 	// will not pass the layer. Stores leave it empty.
 	Sig string
 	err error
+	// booked is the store's clock when it booked the slot (with
+	// Reserved): PaidSlot.Booked.
+	booked time.Time
 }
 
 func (e *LimitError) Error() string {
@@ -569,6 +572,13 @@ type PaidSlot struct {
 	// Due is the instant the slot was booked for, on the store's clock:
 	// LimitError.RetryAt.
 	Due time.Time `json:"due"`
+	// Booked is the instant the store booked the slot, on its clock. A
+	// store honours the slot only while the layer's state for its key has
+	// been kept since then: one made again after Booked (Redis restarted
+	// empty, a replica's local fallback) never held it. A slot without it
+	// (booked by an older version) passes only a state older than this
+	// version's.
+	Booked time.Time `json:"booked,omitzero"`
 	// Sig is the Bucket's signature of the slot (LimitError.Sig): a
 	// Bucket's WaitN lets only the slots signed with its bucket's secret
 	// reach the store (see PaidSecretStore).
@@ -597,27 +607,29 @@ func PaidLateness(l Layer) time.Duration {
 // returns nil when no layer has one. A store that decides on a clock of
 // its own compares them there (PaidLayers does it for a given instant).
 func PaidUntil(layers []Layer, keys []string, paid []PaidSlot) []time.Time {
-	return paidInstants(layers, keys, paid, true)
+	slots := PaidSlots(layers, keys, paid)
+	if slots == nil {
+		return nil
+	}
+	out := make([]time.Time, len(layers))
+	for i, s := range slots {
+		if !s.Due.IsZero() {
+			out[i] = s.Due.Add(PaidLateness(layers[i]))
+		}
+	}
+	return out
 }
 
-// PaidDue returns, in the order of layers, the latest Due of the slots the
-// request whose keys are keys paid for on each (as PaidUntil, without the
-// lateness), or nil when no layer has one. A store honours a slot only
-// while the layer's state for its key still holds a booking that late
-// (its last send instant at or after Due, less a millisecond): a slot
-// booked in a state the store has lost since (Redis restarted empty, a
-// replica's local fallback) is decided as usual, or the key would get its
-// fresh burst and the old slot both.
-func PaidDue(layers []Layer, keys []string, paid []PaidSlot) []time.Time {
-	return paidInstants(layers, keys, paid, false)
-}
-
-// paidInstants is PaidUntil (late) or PaidDue.
-func paidInstants(layers []Layer, keys []string, paid []PaidSlot, late bool) []time.Time {
+// PaidSlots returns, in the order of layers, the slot the request whose
+// keys are keys paid for on each (of those naming the layer and the
+// request's key in it, the latest Due), a zero PaidSlot for a layer
+// without one, or nil when no layer has one. A store honours a slot only
+// while the layer's state for its key still holds it (PaidHeld).
+func PaidSlots(layers []Layer, keys []string, paid []PaidSlot) []PaidSlot {
 	if len(paid) == 0 {
 		return nil
 	}
-	var out []time.Time
+	var out []PaidSlot
 	for i, l := range layers {
 		if l.OnExceed != ActionDelay || !l.IsBucket() || l.Shadow {
 			continue
@@ -627,18 +639,30 @@ func paidInstants(layers []Layer, keys []string, paid []PaidSlot, late bool) []t
 				continue
 			}
 			if out == nil {
-				out = make([]time.Time, len(layers))
+				out = make([]PaidSlot, len(layers))
 			}
-			u := s.Due
-			if late {
-				u = u.Add(PaidLateness(l))
-			}
-			if u.After(out[i]) {
-				out[i] = u
+			if s.Due.After(out[i].Due) {
+				out[i] = s
 			}
 		}
 	}
 	return out
+}
+
+// PaidHeld reports whether a layer's state for a key still holds slot s:
+// its last send instant (µs) at or after s.Due, less a millisecond, and
+// the state kept since s was booked, not made again after (created, µs;
+// 0 for a state older than this version's, made before it kept the
+// instant). A slot booked in a state the store has lost since (Redis
+// restarted empty, a replica's local fallback) is decided as usual, or
+// the key would get its fresh burst and the old slot both; a fresh state
+// that booked past the slot's Due meanwhile would hold it otherwise.
+func PaidHeld(s PaidSlot, last, created int64) bool {
+	booked := int64(0)
+	if !s.Booked.IsZero() {
+		booked = s.Booked.UnixMicro()
+	}
+	return last >= s.Due.UnixMicro()-1000 && created <= booked
 }
 
 // PaidLayers returns, in the order of layers, which of them the request
@@ -866,7 +890,7 @@ func ExceededError(l Layer, at time.Time, wait time.Duration) *LimitError {
 // ReservesOnRefusal): ExceededError's, with Reserved, Key and RetryAt set.
 func ReservedError(l Layer, key string, at time.Time, wait time.Duration) *LimitError {
 	e := exceededError(l, at, wait, "slot booked in")
-	e.Reserved, e.Key, e.RetryAt = true, key, at.Add(wait)
+	e.Reserved, e.Key, e.RetryAt, e.booked = true, key, at.Add(wait), at
 	return e
 }
 

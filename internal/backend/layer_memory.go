@@ -38,6 +38,18 @@ type LayeredMemory struct {
 	// shadow is the state of the shadow shared bucket
 	// (LayerRequest.ShadowShared), nil while full.
 	shadow *memLayerBucket
+	// created is the instant (µs) of the store's first write, 0 before:
+	// every state it holds was made since (PaidHeld). A state dropped when
+	// full again held no slot still paid.
+	created int64
+}
+
+// stampLocked sets m.created to now if the store has written nothing yet.
+// m.mu must be held.
+func (m *LayeredMemory) stampLocked(now int64) {
+	if m.created == 0 {
+		m.created = now
+	}
 }
 
 type memLayerBucket struct {
@@ -181,6 +193,7 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 	cost := float64(req.Cost)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.stampLocked(now)
 	m.sweep(now)
 
 	var res LayerResult
@@ -242,9 +255,9 @@ func (m *LayeredMemory) takeLayersAt(t time.Time, req LayerRequest, keys []strin
 	st := make([]layerState, len(m.layers))
 	paid := PaidLayers(m.layers, keys, req.Paid, time.UnixMicro(send))
 	if paid != nil {
-		for i, due := range PaidDue(m.layers, keys, req.Paid) {
-			if paid[i] && lastOf(m.buckets[i][keys[i]]) < due.UnixMicro()-1000 {
-				paid[i] = false // a slot the layer no longer holds (PaidDue)
+		for i, s := range PaidSlots(m.layers, keys, req.Paid) {
+			if paid[i] && !PaidHeld(s, lastOf(m.buckets[i][keys[i]]), m.created) {
+				paid[i] = false // a slot the layer no longer holds
 			}
 		}
 	}
@@ -495,6 +508,7 @@ func (m *LayeredMemory) RefundLayersAt(t time.Time, req LayerRequest, res LayerR
 	now := t.UnixMicro()
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.stampLocked(now)
 	if !req.SkipShared {
 		cur, ts, pr := m.refundLoad(now) // along a ramp in progress (warmup.go)
 		pr.refund(Rank(res.Class), float64(req.Cost))
@@ -541,6 +555,7 @@ func (m *LayeredMemory) DelayLayersAt(t time.Time, req LayerRequest, res LayerRe
 	now, fromUS, toUS := t.UnixMicro(), from.UnixMicro(), from.Add(by).UnixMicro()
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.stampLocked(now)
 	paid := PaidLayers(m.layers, keys, req.Paid, res.At.Add(res.Wait)) // as the take decided
 	delayed := func(i int, l Layer) bool { return l.IsBucket() && !l.Shadow && (paid == nil || !paid[i]) }
 	charge := make([]float64, len(m.layers))
@@ -583,6 +598,7 @@ func (m *LayeredMemory) ChargeLayersAt(t time.Time, charges []LayerCharge) {
 	now := t.UnixMicro()
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.stampLocked(now)
 	for _, c := range charges {
 		i, ok := m.index[c.Layer]
 		if !ok || c.Tokens <= 0 {

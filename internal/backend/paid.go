@@ -22,7 +22,12 @@ type PaidSecretStore interface {
 }
 
 // Slot returns the slot that e booked (with Reserved), as the message
-// carries it back in Request.Paid: Layer, Key, RetryAt (in UTC) and Sig.
+// carries it back in Request.Paid: Layer, Key, RetryAt (in UTC), the
+// instant the store booked it and Sig.
 func (e *LimitError) Slot() PaidSlot {
-	return PaidSlot{Layer: e.Layer, Key: e.Key, Due: e.RetryAt.UTC(), Sig: e.Sig}
+	s := PaidSlot{Layer: e.Layer, Key: e.Key, Due: e.RetryAt.UTC(), Sig: e.Sig}
+	if !e.booked.IsZero() {
+		s.Booked = e.booked.UTC()
+	}
+	return s
 }

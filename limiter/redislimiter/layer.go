@@ -112,6 +112,9 @@ type Layered struct {
 	// shadowKey holds the state of the shadow shared bucket
 	// (limiter.Options.Shadow).
 	shadowKey string
+	// sinceKey holds when the layers' keys of their own were first
+	// written after Redis held none of them (needsSince).
+	sinceKey string
 }
 
 // WithFair returns a copy of l that also shares the shared bucket among
@@ -188,6 +191,7 @@ func (s *Store) WithLayers(layers []limiter.Layer) (*Layered, error) {
 		spec:        make([][]any, len(layers)),
 		windows:     make([]atomic.Pointer[[4]int64], len(layers)),
 		shadowKey:   newKeys(s.cfg.Prefix, s.cfg.Bucket).shadow,
+		sinceKey:    newKeys(s.cfg.Prefix, s.cfg.Bucket).since,
 		noCrossSlot: new(atomic.Bool),
 	}
 	if !s.cfg.NoBatching {
@@ -524,7 +528,24 @@ func (l *Layered) takeArgs(at time.Time, req backend.LayerRequest, keys []string
 		args = append(args, "", "", "")
 	}
 	args = append(args, string(rk.fields)) // the layers' fields, after the fair share's
+	if l.needsSince(st.layers) {
+		rkeys = append(rkeys, l.sinceKey)
+	}
 	return rkeys, args, clock
+}
+
+// needsSince reports whether any of layers is a token bucket with
+// ActionDelay in a key of its own (no keys): layersScript then gets the
+// bucket's since key (lua/layer_prelude.lua, SINCE_KEY), which tells a
+// slot booked on such a key before Redis lost the key from one booked
+// after.
+func (l *Layered) needsSince(layers []int) bool {
+	for _, i := range layers {
+		if ly := l.layers[i]; !l.sharded(i) && ly.IsBucket() && ly.OnExceed == limiter.ActionDelay && !ly.Shadow {
+			return true
+		}
+	}
+	return false
 }
 
 // checkWindows returns the error of a window layer's key that is not a
@@ -547,19 +568,19 @@ func (l *Layered) checkWindows(at time.Time, req backend.LayerRequest, keys []st
 // paidArg returns the paid layers' argument of the layer scripts for the
 // layers of one step: for each layer, separated by spaces, the last
 // instant in µs on Redis's clock at which the request passes it on a slot
-// it paid for (backend.PaidUntil) and, after a colon, the slot's Due
-// (backend.PaidDue: the layer's state must still hold it), or 0; "" when
-// no layer has one. The
-// script compares them with its own time, as it does every decision: the
-// slot's Due is on Redis's clock, and a replica's clock may be off by more
-// than the lateness a slot is allowed.
+// it paid for (backend.PaidUntil) and, after colons, the slot's Due and
+// the instant it was booked (0 for a slot without it), which the layer's
+// state must still hold (backend.PaidHeld); or 0; "" when no layer has
+// one. The script compares them with its own time, as it does every
+// decision: the slot's instants are on Redis's clock, and a replica's
+// clock may be off by more than the lateness a slot is allowed.
 func (l *Layered) paidArg(layers []int, keys []string, paid []limiter.PaidSlot) string {
-	u := backend.PaidUntil(l.layers, keys, paid)
-	if u == nil {
+	slots := backend.PaidSlots(l.layers, keys, paid)
+	if slots == nil {
 		return ""
 	}
-	due := backend.PaidDue(l.layers, keys, paid)
-	b := make([]byte, 0, 34*len(layers))
+	u := backend.PaidUntil(l.layers, keys, paid)
+	b := make([]byte, 0, 52*len(layers))
 	for j, i := range layers {
 		if j > 0 {
 			b = append(b, ' ')
@@ -568,9 +589,15 @@ func (l *Layered) paidArg(layers []int, keys []string, paid []limiter.PaidSlot) 
 			b = append(b, '0')
 			continue
 		}
+		booked := int64(0)
+		if !slots[i].Booked.IsZero() {
+			booked = slots[i].Booked.UnixMicro()
+		}
 		b = strconv.AppendInt(b, u[i].UnixMicro(), 10)
 		b = append(b, ':')
-		b = strconv.AppendInt(b, due[i].UnixMicro(), 10)
+		b = strconv.AppendInt(b, slots[i].Due.UnixMicro(), 10)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, booked, 10)
 	}
 	return string(b)
 }
@@ -874,7 +901,8 @@ func (l *Layered) ResetLayer(ctx context.Context, layer, key string) error {
 	if rkey, field := l.bucketLoc(i, key); field != "" {
 		pipe.HDel(ctx, rkey, field)
 	} else {
-		pipe.Del(ctx, rkey)
+		// The slots booked on the deleted key no longer pass (needsSince).
+		pipe.Del(ctx, rkey, l.sinceKey)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return l.fail("reset layer", err)

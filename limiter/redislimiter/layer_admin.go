@@ -28,9 +28,15 @@ type LayerKeyCount struct {
 // each SCAN. Tests lower them.
 var layerScanLimit, layerScanCount int64 = 100000, 1000
 
+// shardOwnFields is how many fields of a keyed layer's shard are its own,
+// not a bucket's: "~" (its TTL) and "^" (when it was made; see
+// lua/layer_prelude.lua). A shard an older version made has no "^", and
+// counts one bucket less.
+const shardOwnFields = 2
+
 // CountLayerKeys counts the keys in use of a layer with SCAN (never KEYS),
 // on every master of a Cluster client; for a keyed token bucket, the
-// fields of its shards (HLEN, less the shard's own field "~"; a bucket
+// fields of its shards (HLEN, less the shard's own fields "~" and "^", shardOwnFields; a bucket
 // full again that no sweep deleted yet counts). Up to 100000 keys per master it
 // counts exactly; beyond, it stops and estimates the count as the share of
 // the layer's keys among those read times the master's DBSIZE. It suits an
@@ -77,7 +83,7 @@ func (l *Layered) CountLayerKeys(ctx context.Context, client redis.UniversalClie
 					return err
 				}
 				for _, cmd := range lens {
-					matched += max(cmd.Val()-1, 0) // but its "~"
+					matched += max(cmd.Val()-shardOwnFields, 0)
 				}
 			}
 			cursor = next
@@ -129,6 +135,10 @@ func (l *Layered) ResetLayerKeys(ctx context.Context, client redis.UniversalClie
 		return 0, err
 	}
 	if !l.layers[i].Keyed {
+		// The slots booked on the deleted key no longer pass (needsSince).
+		if err := client.Unlink(ctx, l.sinceKey).Err(); err != nil {
+			return 0, l.fail("reset layer keys", err)
+		}
 		n, err := client.Unlink(ctx, l.unkeyed[i]).Result()
 		if err != nil {
 			return 0, l.fail("reset layer keys", err)
@@ -167,7 +177,7 @@ func (l *Layered) ResetLayerKeys(ctx context.Context, client redis.UniversalClie
 				mu.Lock()
 				for j, cmd := range cmds {
 					if lens[j] != nil {
-						deleted += cmd.Val() * max(lens[j].Val()-1, 0) // but its "~"
+						deleted += cmd.Val() * max(lens[j].Val()-shardOwnFields, 0)
 					} else {
 						deleted += cmd.Val()
 					}

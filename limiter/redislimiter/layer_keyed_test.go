@@ -77,7 +77,7 @@ func keyedMatchesLayers(t *testing.T, layers []limiter.Layer) {
 		late := time.Duration(rng.IntN(60_000)) * time.Microsecond // PaidLateness is 33 ms at 3/s
 		switch rng.IntN(6) {
 		case 0, 1:
-			req.Paid = []limiter.PaidSlot{{Layer: "per-sender", Key: req.Keys["per-sender"], Due: now.Add(-late)}}
+			req.Paid = []limiter.PaidSlot{{Layer: "per-sender", Key: req.Keys["per-sender"], Due: now.Add(-late), Booked: now.Add(-late)}}
 		case 2:
 			req.Paid = []limiter.PaidSlot{{Layer: "per-sender", Key: "s9", Due: now}, {Layer: "per-key", Key: req.Keys["per-key"], Due: now}, {Layer: "gone", Key: "x", Due: now}} // ignored
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttlehq/throttle/internal/backend"
+	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
 	"github.com/throttlehq/throttle/limiter/internal/storetest"
 )
@@ -191,7 +192,7 @@ func TestLayeredBatchedConcurrent(t *testing.T) {
 // allowance has not ended by the script's clock, and decide the layer as
 // usual (here: book a new slot) once it has, or for a slot the layer's
 // state does not hold (never booked, or booked in a state Redis lost
-// since). The instants go to the script (paidArg), which compares them
+// since: before the state was made). The instants go to the script (paidArg), which compares them
 // with its own TIME and the key's state: the slot's Due is on Redis's
 // clock.
 func TestPaidSlotOnRedisClock(t *testing.T) {
@@ -208,12 +209,22 @@ func TestPaidSlotOnRedisClock(t *testing.T) {
 		if err != nil || booked.Exceeded == nil || !booked.Exceeded.Reserved {
 			t.Fatalf("second take = %+v, %v; want a slot booked", booked, err)
 		}
-		slot := booked.Exceeded.Slot().Due
+		slot := booked.Exceeded.Slot()
+		if !slot.Booked.Equal(booked.At) {
+			t.Fatalf("slot booked at %v, want the store's clock of its booking, %v", slot.Booked, booked.At)
+		}
 		for _, tc := range []struct {
-			due  time.Time
-			pass bool
-		}{{slot, true}, {first.At.Add(-time.Hour), false}, {slot.Add(time.Hour), false}} {
-			req.Paid = []limiter.PaidSlot{{Layer: "per-key", Key: "k", Due: tc.due}}
+			due, booked time.Time
+			pass        bool
+		}{
+			{slot.Due, slot.Booked, true},
+			{first.At.Add(-time.Hour), slot.Booked, false},
+			{slot.Due.Add(time.Hour), slot.Booked, false},
+			// Booked before the key's state was made: Redis lost the
+			// state it was booked in.
+			{slot.Due, first.At.Add(-2 * time.Second), false},
+		} {
+			req.Paid = []limiter.PaidSlot{{Layer: "per-key", Key: "k", Due: tc.due, Booked: tc.booked}}
 			res, err := l.TakeLayers(ctx, req)
 			if err != nil {
 				t.Fatal(err)
@@ -262,5 +273,76 @@ func TestWithFairKeepsTheClusterBatchScript(t *testing.T) {
 	}
 	if f.batch.l != f {
 		t.Fatal("the fair store's batcher sends through the store it was copied from")
+	}
+}
+
+// TestPaidSlotAfterRedisLostItsState: Redis loses every key (FLUSHALL, as
+// a restart without persistence would) while a message waits for the slot
+// a delay layer booked it. The fresh state then books past that slot's due
+// for newer messages. Back at its due, the old slot must not pass: its key
+// would get a message at the slot and one at each fresh booking, closer
+// than the layer's spacing. Before, it passed, since the fresh state's
+// last send was after its due. For a keyed layer (its shard) and a layer
+// without keys (its key of its own), with both scripts.
+func TestPaidSlotAfterRedisLostItsState(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Network: "unix", Addr: testenv.PrivateRedis(t)})
+	t.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 3, 6, 0, 0, 100_000_000, time.UTC)
+	for _, tc := range []struct {
+		name       string
+		layer      limiter.Layer
+		key        string
+		skipShared bool
+	}{
+		{"keyed", limiter.Layer{Name: "per-key", Keyed: true, Rate: 0.2, Burst: 1, OnExceed: limiter.ActionDelay}, "k", false},
+		{"keyed, keyed script", limiter.Layer{Name: "per-key", Keyed: true, Rate: 0.2, Burst: 1, OnExceed: limiter.ActionDelay}, "k", true},
+		{"without keys", limiter.Layer{Name: "all", Rate: 0.2, Burst: 1, OnExceed: limiter.ActionDelay}, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := c.FlushAll(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			l := privateLayered(t, c, tc.layer)
+			req := backend.LayerRequest{Cost: 1, SkipShared: tc.skipShared}
+			if tc.layer.Keyed {
+				req.Keys = map[string]string{tc.layer.Name: tc.key}
+			}
+			take := func(at time.Time, paid []limiter.PaidSlot) backend.LayerResult {
+				t.Helper()
+				r := req
+				r.Paid = paid
+				res, err := l.takeLayers(ctx, at, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res
+			}
+			if res := take(t0, nil); !res.Granted {
+				t.Fatalf("first take: %+v", res)
+			}
+			res := take(t0, nil)
+			if res.Exceeded == nil || !res.Exceeded.Reserved {
+				t.Fatalf("second take: %+v, want a slot booked", res)
+			}
+			old := res.Exceeded.Slot() // due at t0 + 5 s
+			if err := c.FlushAll(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			at := t0.Add(1500 * time.Millisecond)
+			if res := take(at, nil); !res.Granted {
+				t.Fatalf("first take after the loss: %+v", res)
+			}
+			if res := take(at, nil); res.Exceeded == nil || !res.Exceeded.Reserved || !res.Exceeded.RetryAt.After(old.Due) {
+				t.Fatalf("second take after the loss: %+v, want a slot booked after %v", res, old.Due)
+			}
+			res = take(old.Due, []limiter.PaidSlot{old})
+			if res.Granted || res.Exceeded == nil || !res.Exceeded.Reserved {
+				t.Fatalf("the slot booked before the loss, back at its due: %+v; want it decided again (a new slot booked)", res)
+			}
+			if got, want := res.Exceeded.RetryAt, at.Add(10*time.Second); !got.Equal(want) {
+				t.Errorf("new slot at %v, want %v (behind the two booked since the loss)", got, want)
+			}
+		})
 	}
 }

@@ -175,11 +175,14 @@ type keys struct {
 	// shadow holds the shadow shared bucket's state
 	// (limiter.Options.Shadow, decided by Layered).
 	shadow string
+	// since holds when the layers' keys of their own were first written
+	// after Redis held none of them (Layered.needsSince).
+	since string
 }
 
 func newKeys(prefix, bucket string) keys {
 	base := prefix + "{" + bucket + "}:"
-	return keys{all: []string{base + "state", base + "override", base + "replicas", base + "configs", base + "idle"}, channel: base + "changes", shadow: base + "shadow"}
+	return keys{all: []string{base + "state", base + "override", base + "replicas", base + "configs", base + "idle"}, channel: base + "changes", shadow: base + "shadow", since: base + "layers-since"}
 }
 
 // Admin returns the operator commands for this store's bucket, knowing its

@@ -77,9 +77,16 @@ type lstep struct {
 
 func k(key string) map[string]string { return map[string]string{"per-key": key} }
 
-// pd is a paid slot of layer for key, due at Base+due.
+// pd is a paid slot of layer for key, due at Base+due, booked then (no
+// state in a table is made later than a slot it books).
 func pd(layer, key string, due time.Duration) []limiter.PaidSlot {
-	return []limiter.PaidSlot{{Layer: layer, Key: key, Due: Base.Add(due)}}
+	return pdBooked(layer, key, due, due)
+}
+
+// pdBooked is a paid slot of layer for key, due at Base+due, booked at
+// Base+booked.
+func pdBooked(layer, key string, due, booked time.Duration) []limiter.PaidSlot {
+	return []limiter.PaidSlot{{Layer: layer, Key: key, Due: Base.Add(due), Booked: Base.Add(booked)}}
 }
 
 func ny() *time.Location {
@@ -349,6 +356,36 @@ var layerCases = []struct {
 			// after the other against the layer's 500.
 			{at: 400 * time.Millisecond, op: ltake, cost: 1, keys: k("z"), paid: pd("per-key", "z", 400*time.Millisecond), wait: 100 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 10},
 			{at: 400 * time.Millisecond, op: lstatus, layer: "per-key", key: "z", tokens: -0.2},
+		}},
+	{"delay: a slot booked before the layer's state was made counts for nothing, though the state booked past its due", 100, 10,
+		[]limiter.Layer{{Name: "per-key", Keyed: true, Rate: 2, Burst: 1, OnExceed: limiter.ActionDelay}},
+		[]lstep{
+			// The state of key z is made at +0 (Redis restarted empty
+			// since a slot due at +500 ms was booked at -1 s) and books
+			// +500 ms and +1 s.
+			{op: ltake, cost: 1, keys: k("z"), granted: true, remaining: 9},
+			{op: ltake, cost: 1, keys: k("z"), wait: 500 * time.Millisecond, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			{op: ltake, cost: 1, keys: k("z"), wait: time.Second, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			// The old slot back at +500 ms is decided as any other: booked
+			// at +1.5 s. Before, it passed, since the state's last send
+			// (+1 s) is after its due: two messages of z at +500 ms.
+			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("z"), paid: pdBooked("per-key", "z", 500*time.Millisecond, -time.Second), wait: time.Second, limiting: "per-key", exceeded: limiter.ActionDelay, reserved: true, remaining: 10},
+			// The slot this state booked for +500 ms passes.
+			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("z"), paid: pdBooked("per-key", "z", 500*time.Millisecond, 0), granted: true, remaining: 9},
+			{at: 500 * time.Millisecond, op: lstatus, layer: "per-key", key: "z", tokens: -2},
+		}},
+	{"delay: on a layer without keys, a slot booked before its state was made counts for nothing", 100, 10,
+		[]limiter.Layer{{Name: "all", Rate: 2, Burst: 1, OnExceed: limiter.ActionDelay}},
+		[]lstep{
+			{op: ltake, cost: 1, keys: k("a"), granted: true, remaining: 9},
+			{op: ltake, cost: 1, keys: k("a"), wait: 500 * time.Millisecond, limiting: "all", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			{op: ltake, cost: 1, keys: k("a"), wait: time.Second, limiting: "all", exceeded: limiter.ActionDelay, reserved: true, remaining: 9},
+			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("b"), paid: pdBooked("all", "", 500*time.Millisecond, -time.Second), wait: time.Second, limiting: "all", exceeded: limiter.ActionDelay, reserved: true, remaining: 10},
+			{at: 500 * time.Millisecond, op: ltake, cost: 1, keys: k("b"), paid: pdBooked("all", "", 500*time.Millisecond, 0), granted: true, remaining: 9},
+			{at: 500 * time.Millisecond, op: lstatus, layer: "all", tokens: -2},
+			// A slot without its booking instant (an older version's)
+			// passes only a state older than this version's.
+			{at: time.Second, op: ltake, cost: 1, keys: k("b"), paid: []limiter.PaidSlot{{Layer: "all", Due: Base.Add(time.Second)}}, wait: time.Second, limiting: "all", exceeded: limiter.ActionDelay, reserved: true, remaining: 10},
 		}},
 	{"delay: a paid marker for an unknown layer, or a layer that does not delay, is ignored", 100, 10,
 		[]limiter.Layer{

@@ -23,7 +23,8 @@ end
 -- bucket full again is the same as a missing one, so a shard expires with
 -- the last of its buckets to fill up (field "~": see SHARD_EXP), and a
 -- bucket that fills up before the rest of its shard is deleted by a later
--- sweep (shard_sweep).
+-- sweep (shard_sweep). Field "^" holds when the shard was made (see
+-- CREATED).
 --
 -- key_fields returns, from a string of one entry per KEYS entry in order
 -- (its length in one byte, then its bytes: the field of a bucket in a
@@ -52,13 +53,42 @@ local LAST = {}
 -- costs no more than its HSET.
 local SHARD_EXP = {}
 
+-- CREATED holds, by shard, when it was made, in µs (field "^", in whole
+-- seconds on the scripts' clock, which a small hash stores in 5 bytes
+-- where µs take 9: a slot booked in the second that Redis lost the shard
+-- in, before the loss, would pass; 0 for a shard an older version made),
+-- read with the bucket (bucket_get): every bucket in it is as old at most
+-- (paid_held).
+local CREATED = {}
+
+-- SINCE_KEY is, when a script that reads layer buckets of their own keys
+-- sets it (layers.lua), the bucket's key holding when those keys were
+-- first written after the store held none of them (µs), as "^" is for a
+-- shard: see key_created.
+local SINCE_KEY = nil
+
 -- bucket_get returns the value of a layer bucket: key's own (field nil) or
 -- field's of the shard key.
 local function bucket_get(key, field)
   if not field then return redis.call('GET', key) end
-  local v = redis.call('HMGET', key, field, '~')
+  local v = redis.call('HMGET', key, field, '~', '^')
   SHARD_EXP[key] = tonumber(v[2]) or 0
+  CREATED[key] = (tonumber(v[3]) or 0) * 1e6
   return v[1]
+end
+
+-- key_created returns when the state of a layer bucket (loaded by
+-- bucket_load) was made at the earliest, µs: its shard's "^"; for a key
+-- of its own, SINCE_KEY's instant, which a missing SINCE_KEY sets to now
+-- (the store lost it, or it was never written: the slots booked before
+-- are not held); 0 without SINCE_KEY.
+local function key_created(key, field, now)
+  if field then return CREATED[key] or 0 end
+  if not SINCE_KEY then return 0 end
+  local v = tonumber(redis.call('GET', SINCE_KEY))
+  if v then return v end
+  redis.call('SET', SINCE_KEY, string.format('%d', now))
+  return now
 end
 
 -- bucket_load returns a layer bucket's tokens and timestamp at now. A
@@ -108,7 +138,7 @@ local function shard_sweep(key, field, now, rate, burst)
   local del = {}
   for i = 1, #all, 2 do
     local f, v = all[i], all[i + 1]
-    if f ~= field and f ~= '~' then
+    if f ~= field and f ~= '~' and f ~= '^' then
       local full = -1
       if #v == 24 then
         local tokens, ts = struct.unpack('<dd', v)
@@ -142,9 +172,15 @@ local function bucket_save(key, field, tokens, ts, now, rate, burst, send)
   if now_ms + ms > cur then
     local keep = ms + math.max(1000, math.ceil(ms / 8))
     SHARD_EXP[key] = now_ms + keep
+    if cur == 0 then -- a new shard: nothing else in it to sweep
+      local sec = math.floor(now / 1e6)
+      CREATED[key] = sec * 1e6
+      redis.call('HSET', key, field, v, '~', string.format('%d', now_ms + keep), '^', string.format('%d', sec))
+      redis.call('PEXPIRE', key, keep)
+      return
+    end
     added = redis.call('HSET', key, field, v, '~', string.format('%d', now_ms + keep))
     redis.call('PEXPIRE', key, keep)
-    if cur == 0 then return end -- a new shard: nothing else in it to sweep
   else
     added = redis.call('HSET', key, field, v)
   end
@@ -162,34 +198,40 @@ local function bucket_wait(key, field, now, cost, rate, burst)
   return tokens, ts, wt
 end
 
--- paid_flags returns, from a string of one "until:due" pair of instants
--- in µs (or 0) per layer separated by spaces (see paidArg), which layers
--- the request passes on a slot it already paid for at now: those whose
--- until is not 0 nor before now; and, by layer, the slot's due. Such a
--- layer waits 0 and is charged paid_charge, once paid_held found its
--- state still holding the slot. A request without paid slots ("", most of
--- them) gets the shared empty tables.
+-- paid_flags returns, from a string of one "until:due:booked" triple of
+-- instants in µs (or 0) per layer separated by spaces (see paidArg),
+-- which layers the request passes on a slot it already paid for at now:
+-- those whose until is not 0 nor before now; and, by layer, the slot's
+-- due and when it was booked (0: unknown). Such a layer waits 0 and is
+-- charged paid_charge, once paid_held found its state still holding the
+-- slot. A request without paid slots ("", most of them) gets the shared
+-- empty tables.
 local NO_PAID = {}
 local function paid_flags(s, now)
-  if not s or s == '' then return NO_PAID, NO_PAID end
-  local p, due, i = {}, {}, 0
+  if not s or s == '' then return NO_PAID, NO_PAID, NO_PAID end
+  local p, due, booked, i = {}, {}, {}, 0
   for f in string.gmatch(s, '[^ ]+') do
     i = i + 1
-    local u, d = string.match(f, '^(%d+):?(%d*)$')
+    local u, d, b = string.match(f, '^(%d+):?(%d*):?(%d*)$')
     u = tonumber(u) or 0
     p[i] = u > 0 and now <= u
     due[i] = tonumber(d) or 0
+    booked[i] = tonumber(b) or 0
   end
-  return p, due
+  return p, due, booked
 end
 
 -- paid_held reports whether the state of a layer bucket (loaded by
--- bucket_load) still holds a slot due at due: its last send instant at or
--- after it, less a millisecond. A slot booked in a state Redis has lost
--- since (a restart without persistence) is not: the message is decided as
--- any other, or the key would get its fresh burst and the old slot both.
-local function paid_held(key, field, due)
-  return (LAST[key .. (field or '')] or 0) >= due - 1000
+-- bucket_load) still holds a slot due at due, booked at booked
+-- (backend.PaidHeld): its last send instant at or after due, less a
+-- millisecond, and the state made at or before booked (key_created). A
+-- slot booked in a state Redis has lost since (a restart without
+-- persistence) is not: the message is decided as any other, or the key
+-- would get its fresh burst and the old slot both, even once the fresh
+-- state has booked past the slot's due.
+local function paid_held(key, field, due, booked, now)
+  if (LAST[key .. (field or '')] or 0) < due - 1000 then return false end
+  return key_created(key, field, now) <= booked
 end
 
 -- send_charge returns a layer bucket's tokens, as of ts, after a request
@@ -216,6 +258,7 @@ end
 local function refused_status(i, key, field, kind, action, w, tok, lts, cost, now, rate, burst)
   if action == 'y' and kind == 'b' and w < 1e15 then
     bucket_save(key, field, tok - cost, lts, now, rate, burst, now + w)
+    if not field and SINCE_KEY then redis.call('SET', SINCE_KEY, string.format('%d', now), 'NX') end
     return 4
   end
   return 2

@@ -24,7 +24,8 @@
 -- the shared part as it ramps takeScript (warmup.lua); last, the paid
 -- layers: for each layer, separated by spaces, the last instant in µs at
 -- which the request passes it on a slot it already paid for
--- (limiter.PaidUntil), or 0; "" for none. Such a layer, at or before its
+-- (limiter.PaidUntil), the slot's due and when it was booked (paidArg),
+-- or 0; "" for none. Such a layer, at or before its
 -- instant, waits 0 and is charged only the excess of a late slot
 -- (limiter.PaidCharge). Then, for fair shares (fair.lua; absent or "":
 -- none), the tenant's weight, the fair horizon in µs and the tenant's
@@ -32,6 +33,9 @@
 -- shard and the class totals and bins (the shared bucket only); without
 -- them, three empty strings. Last, at 18 + 10n, each key's field
 -- (key_fields: a keyed token bucket's in its shard, none for the others).
+-- When a token-bucket layer with action delay has a key of its own (no
+-- keys), KEYS ends with the bucket's since key (SINCE_KEY in
+-- layer_prelude.lua), after the fair share's.
 --
 -- A concurrency layer (kind c) has its limit in place of the rate, its
 -- lease in µs in place of the burst, and the request's holder in place of
@@ -116,8 +120,13 @@ local send = now + wait0
 local idx, kind, rate, burst, action, maxw = {}, {}, {}, {}, {}, {}
 local tok, lts, wend, used, w = {}, {}, {}, {}, {}
 local sact, never = {}, {} -- a shadow layer's action; a cost it can never grant
-local paid, pdue = paid_flags(ARGV[14 + 10 * n], send)
+local paid, pdue, pbooked = paid_flags(ARGV[14 + 10 * n], send)
 local F = key_fields(ARGV[18 + 10 * n])
+do -- the bucket's since key, last of KEYS when a layer has a key of its own
+  local nk = kb + n
+  if fweight then nk = nk + 2 end
+  SINCE_KEY = KEYS[nk + 1]
+end
 for i = 1, n do
   local a = 12 + (i - 1) * 10
   local key, field = KEYS[kb + i], F[kb + i]
@@ -131,7 +140,7 @@ for i = 1, n do
   if kind[i] == 'm' then cap, c = rate[i], burst[i] end -- a budget: its price
   if paid[i] then -- loaded here; a slot the state no longer holds does not count
     tok[i], lts[i] = bucket_load(key, field, now, rate[i], burst[i])
-    if not paid_held(key, field, pdue[i]) then paid[i] = false end
+    if not paid_held(key, field, pdue[i], pbooked[i], now) then paid[i] = false end
   end
   if sact[i] and kind[i] ~= 'o' and c > cap then -- a window has no cap
     never[i], w[i] = true, 0

@@ -95,12 +95,12 @@ for a = 4 + 6 * n, #ARGV - 1, 4 + nw + nk do
   end
   local holder, cost, base = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local send = now + base
-  local paid, pdue = paid_flags(ARGV[a + 3], send)
+  local paid, pdue, pbooked = paid_flags(ARGV[a + 3], send)
   local status, wait, limiting = nil, 0, 0
   for i = 1, n do
     if paid[i] then -- loaded here; a slot the state no longer holds does not count
       tok[i], lts[i] = bucket_load(K[k0 + i], F[k0 + i], now, rate[i], burst[i])
-      if not paid_held(K[k0 + i], F[k0 + i], pdue[i]) then paid[i] = false end
+      if not paid_held(K[k0 + i], F[k0 + i], pdue[i], pbooked[i], now) then paid[i] = false end
     end
     if kind[i] == 'c' then
       w[i] = slot_wait(K[k0 + i], holder, rate[i], now)
