@@ -247,6 +247,10 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		}
 	}
 	defer passFloor()
+	var (
+		sharedChecked bool
+		sharedSlots   []PaidSlot // req.Paid for the store (sharedPaid)
+	)
 	for {
 		select {
 		case <-b.done:
@@ -262,7 +266,10 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			b.observeLayered(start, req, limiting, err)
 			return err
 		}
-		lr := backend.LayerRequest{Cost: req.Cost, Price: req.Price, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant, Holder: holder}
+		if !sharedChecked { // the slots the local fallback booked stay out of the store
+			sharedChecked, sharedSlots = true, b.sharedPaid(req.Paid)
+		}
+		lr := backend.LayerRequest{Cost: req.Cost, Price: req.Price, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: sharedSlots, Tenant: req.Tenant, Holder: holder}
 		fair := req.Tenant != "" && b.layered.fair != nil // fair shares are decided in the store: no lease
 		// lead, when set, is this caller's place at the head of the
 		// lease's queue: its message asks for a batch of shared tokens
@@ -369,8 +376,8 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			b.observeTake(res.TakeResult)
 		}
 		if res.Exceeded != nil {
-			b.paidForfeit(req.Paid, res.Exceeded.Layer)
-			b.signPaid(ctx, res.Exceeded) // paidsig.go
+			b.paidForfeit(lr.Paid, res.Exceeded.Layer)
+			b.signPaid(ctx, res.Exceeded, false) // paidsig.go
 			b.observeLayered(start, req, limiting, res.Exceeded)
 			return res.Exceeded
 		}
@@ -483,8 +490,8 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 					// charged for meanwhile. Nothing is refunded: a
 					// token refunded before a later reservation would go
 					// out next to it. A paid slot is forfeit.
-					b.paidForfeit(req.Paid, "")
-					req.Paid = nil
+					b.paidForfeit(lr.Paid, "")
+					req.Paid, sharedSlots = nil, nil
 					continue
 				}
 				if !lr.SkipShared {
@@ -512,8 +519,8 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			// again. An answer on time builds nothing.
 			out := func() time.Time { return res.At.Add(b.answerLate(res.At)) }
 			if late := b.layersMove(ctx, ls, lr, res); late != nil && !late.keeps(b.clock, res.At, out) {
-				b.paidForfeit(req.Paid, "")
-				req.Paid = nil
+				b.paidForfeit(lr.Paid, "")
+				req.Paid, sharedSlots = nil, nil
 				continue
 			}
 		}
@@ -1154,7 +1161,7 @@ func (b *Bucket) waitLayersFallback(ctx context.Context, ls backend.LayeredStore
 		}
 		if res.Exceeded != nil {
 			b.paidForfeit(req.Paid, res.Exceeded.Layer)
-			b.signPaid(ctx, res.Exceeded) // paidsig.go
+			b.signPaid(ctx, res.Exceeded, true) // paidsig.go: booked locally
 			return res.Exceeded
 		}
 		if !res.Granted {

@@ -520,3 +520,55 @@ func takeDownFirstLocal(t *testing.T, clk *clocktest.Clock, s *layeredClocked, b
 		t.Fatalf("mode = %s, want local", m)
 	}
 }
+
+// TestRecoveryDoesNotPassSlotsBookedLocally: a slot that the local
+// fallback booked is known to its local bucket only. Back on the store,
+// another replica has booked the key past that slot's due meanwhile; the
+// slot, back at its due, must not pass the store's layer beside that
+// booking. Before, it carried the store's signature and passed (the
+// store's state, older than the slot, held a booking after its due):
+// the key got two messages at once against a spacing of 2 s.
+func TestRecoveryDoesNotPassSlotsBookedLocally(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := newLayeredClocked(t, clk, 100, 10, 1,
+		limiter.Layer{Name: "per-key", Keyed: true, Rate: 0.5, Burst: 1, OnExceed: limiter.ActionDelay})
+	b := newProbingBucket(t, clk, s)
+	ctx := context.Background()
+	// The store's state is older than what follows, and the Bucket signs
+	// with the store's secret (a slot booked for key other).
+	if err := b.WaitN(ctx, keyReq("other")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WaitN(ctx, keyReq("other")); !errors.Is(err, limiter.ErrLimitExceeded) {
+		t.Fatalf("second WaitN on other = %v, want a slot booked", err)
+	}
+	takeDownFirstLocal(t, clk, s, b, keyReq("a"))
+	var local *limiter.LimitError
+	if err := waitNAdvancing(t, clk, b, ctx, keyReq("a"), 100*time.Millisecond); !errors.As(err, &local) || !local.Reserved {
+		t.Fatalf("second WaitN on a, limiting locally = %v, want a slot booked", err)
+	}
+	slot := local.Slot()
+	// Another replica, sharing the store, sends to a and books it twice.
+	other := limiter.LayerRequest{Cost: 1, Keys: map[string]string{"per-key": "a"}, SkipShared: true}
+	for i := range 3 {
+		res, err := s.m.TakeLayersAt(clk.Now(), other)
+		if err != nil || (i == 0) != res.Granted {
+			t.Fatalf("the other replica's take %d = %+v, %v", i, res, err)
+		}
+	}
+	s.down.Store(false)
+	awaitShared(t, clk, b)
+	if d := slot.Due.Sub(clk.Now()); d > 0 {
+		clk.Advance(d)
+	}
+	req := keyReq("a")
+	req.Paid = []limiter.PaidSlot{slot}
+	err := waitNAdvancing(t, clk, b, ctx, req, 200*time.Millisecond)
+	var le *limiter.LimitError
+	if !errors.As(err, &le) || !le.Reserved {
+		t.Fatalf("the slot booked locally, back at its due on the store = %v, want its layer decided again (a new slot booked)", err)
+	}
+	if st := b.Stats(); st.PaidForfeit < 1 {
+		t.Errorf("Stats.PaidForfeit = %d, want the local slot counted", st.PaidForfeit)
+	}
+}

@@ -97,6 +97,45 @@ type paidSigner struct {
 	refused  atomic.Int64
 	// forfeit counts the paid slots not honoured (paidForfeit).
 	forfeit atomic.Int64
+	// local signs the slots the local fallback books (localPaidKey).
+	localOnce sync.Once
+	local     *paidKey
+}
+
+// localPaidKey returns the key that signs the slots this Bucket's local
+// fallback books: a random secret of the Bucket's own, never stored. Such
+// a slot is known to the local bucket alone, so it passes the local
+// fallback of this Bucket only: back on the store, or at another replica,
+// its layer decides again (sharedPaid), rather than let it out beside the
+// store's bookings of its key.
+func (b *Bucket) localPaidKey() *paidKey {
+	ps := &b.layered.paid
+	ps.localOnce.Do(func() { ps.local = &paidKey{bucket: "local fallback", secret: randomSecret()} })
+	return ps.local
+}
+
+// sharedPaid returns the slots of paid that the store may hold: paid
+// without those that this Bucket's local fallback booked (localPaidKey),
+// which it counts as forfeit, once per call.
+func (b *Bucket) sharedPaid(paid []PaidSlot) []PaidSlot {
+	local := b.localPaidKey()
+	var out []PaidSlot
+	for i, s := range paid {
+		if !local.verify(s) {
+			if out != nil {
+				out = append(out, s)
+			}
+			continue
+		}
+		if out == nil {
+			out = append(make([]PaidSlot, 0, len(paid)), paid[:i]...)
+		}
+		b.paidForfeit([]PaidSlot{s}, "")
+	}
+	if out == nil {
+		return paid
+	}
+	return out
 }
 
 // paidKey returns the Bucket's secret, reading it from the store (one round
@@ -150,11 +189,17 @@ func (b *Bucket) paidKey(ctx context.Context, fetch bool, stale *paidKey) *paidK
 	return nk
 }
 
-// signPaid signs the slot that le booked, if it did (LimitError.Sig). It
-// reads the secret from the store only in ModeShared, once per replica; a
-// slot left unsigned books its layer again when it comes back.
-func (b *Bucket) signPaid(ctx context.Context, le *LimitError) {
+// signPaid signs the slot that le booked, if it did (LimitError.Sig): with
+// the store's secret, or for a slot the local fallback booked (local),
+// with the Bucket's own (localPaidKey). It reads the store's secret only in
+// ModeShared, once per replica; a slot left unsigned books its layer again
+// when it comes back.
+func (b *Bucket) signPaid(ctx context.Context, le *LimitError, local bool) {
 	if le == nil || !le.Reserved {
+		return
+	}
+	if local {
+		le.Sig = b.localPaidKey().sign(le.Slot())
 		return
 	}
 	if k := b.paidKey(ctx, b.Mode() == ModeShared, nil); k != nil {
@@ -176,9 +221,10 @@ func (b *Bucket) verifyPaid(ctx context.Context, paid []PaidSlot) []PaidSlot {
 	}
 	fetch := b.Mode() == ModeShared
 	k := b.paidKey(ctx, fetch, nil)
+	local := b.localPaidKey()
 	bad := 0
 	for _, s := range paid {
-		if !k.verify(s) {
+		if !k.verify(s) && !local.verify(s) {
 			bad++
 			if s.Sig != "" && k != nil && fetch {
 				k = b.paidKey(ctx, true, k)
@@ -195,7 +241,7 @@ func (b *Bucket) verifyPaid(ctx context.Context, paid []PaidSlot) []PaidSlot {
 		layers = ls.Layers()
 	}
 	for _, s := range paid {
-		if k.verify(s) {
+		if k.verify(s) || local.verify(s) {
 			out = append(out, s)
 			continue
 		}
