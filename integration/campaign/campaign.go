@@ -716,7 +716,7 @@ func (r *run) spec(dead map[int]int) Spec {
 			{Name: "per-sender", Key: func(a Arrival) string { return a.From }, Rate: SenderRate, Burst: 1,
 				Open: "a wait layer's pair too close under load: the causes found are fixed, a replica stalled or limiting locally can still shorten one, docs/campaign.md", HardFraction: 0.5},
 			{Name: "per-recipient", Key: func(a Arrival) string { return a.To }, Rate: RecipRate, Burst: 1,
-				Open: "a delay layer's pair too close under the campaign's mix, one cause fixed, another open, docs/campaign.md"},
+				Open: "a delay layer's pair too close under the campaign's mix: the causes found are fixed, a replica stalled or limiting locally can still shorten one, docs/campaign.md", HardFraction: 0.5},
 		},
 		Quotas: []QuotaLayer{
 			{Name: "per-account", Key: func(a Arrival) string { return a.Acct }, Quota: Quota, Per: time.Hour},
