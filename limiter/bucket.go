@@ -216,9 +216,10 @@ type Stats struct {
 	// PaidForfeit is the number of paid slots (Request.Paid) that WaitN
 	// could not honour since New: the message came back later than the
 	// slot's lateness (backend PaidLateness) or moved past it with its
-	// key's next slot booked too close, or the store no longer held the
-	// booking (Redis restarted empty, the local fallback). Its layer then
-	// decided as usual, most often booking the message again.
+	// key's next slot booked too close, the store no longer held the
+	// booking (Redis restarted empty, the local fallback), or the local
+	// fallback booked it and the store decides now. Its layer then decided
+	// as usual, most often booking the message again.
 	PaidForfeit int64
 	// Retimed is the number of reservations of the shared bucket given
 	// back and asked for again since New, because their caller woke too
