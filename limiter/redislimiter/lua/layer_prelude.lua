@@ -57,8 +57,8 @@ local SHARD_EXP = {}
 -- seconds on the scripts' clock, which a small hash stores in 5 bytes
 -- where µs take 9: a slot booked in the second that Redis lost the shard
 -- in, before the loss, would pass; 0 for a shard an older version made),
--- read with the bucket (bucket_get): every bucket in it is as old at most
--- (paid_held).
+-- read only by a paid slot's check (key_created, paid_held; most requests
+-- carry none): every bucket in it is as old at most.
 local CREATED = {}
 
 -- SINCE_KEY is, when a script that reads layer buckets of their own keys
@@ -71,9 +71,8 @@ local SINCE_KEY = nil
 -- field's of the shard key.
 local function bucket_get(key, field)
   if not field then return redis.call('GET', key) end
-  local v = redis.call('HMGET', key, field, '~', '^')
+  local v = redis.call('HMGET', key, field, '~')
   SHARD_EXP[key] = tonumber(v[2]) or 0
-  CREATED[key] = (tonumber(v[3]) or 0) * 1e6
   return v[1]
 end
 
@@ -83,7 +82,10 @@ end
 -- (the store lost it, or it was never written: the slots booked before
 -- are not held); 0 without SINCE_KEY.
 local function key_created(key, field, now)
-  if field then return CREATED[key] or 0 end
+  if field then
+    if not CREATED[key] then CREATED[key] = (tonumber(redis.call('HGET', key, '^')) or 0) * 1e6 end
+    return CREATED[key]
+  end
   if not SINCE_KEY then return 0 end
   local v = tonumber(redis.call('GET', SINCE_KEY))
   if v then return v end
