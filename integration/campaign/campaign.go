@@ -628,9 +628,11 @@ func (r *run) drain(ctx context.Context) error {
 	deadline := time.Now().Add(limit)
 	// A hot recipient's slots may lie further out than the estimate when
 	// faults made its layer forfeit some (a Redis kill loses the booked
-	// slots): while messages are set aside and the sink still receives,
-	// the wait goes on, 5 s past the last delivery, up to a minute more.
-	hardStop, lastUnique, lastProgress := deadline.Add(time.Minute), -1, time.Now()
+	// slots, and each message booked before it books again, behind the
+	// others): while messages are set aside and the sink still receives,
+	// the wait goes on, 5 s past the last delivery, up to a minute more,
+	// or half the estimate for a long schedule.
+	hardStop, lastUnique, lastProgress := deadline.Add(max(time.Minute, limit/2)), -1, time.Now()
 	for {
 		_, unique := r.sink.Counts()
 		dead := r.queueState(r.name + ".dlq").Messages

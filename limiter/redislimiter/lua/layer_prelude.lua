@@ -53,12 +53,12 @@ local LAST = {}
 -- costs no more than its HSET.
 local SHARD_EXP = {}
 
--- CREATED holds, by shard, when it was made, in µs (field "^", in whole
--- seconds on the scripts' clock, which a small hash stores in 5 bytes
--- where µs take 9: a slot booked in the second that Redis lost the shard
--- in, before the loss, would pass; 0 for a shard an older version made),
--- read only by a paid slot's check (key_created, paid_held; most requests
--- carry none): every bucket in it is as old at most.
+-- CREATED holds, by shard, when it was made, in µs (field "^", in ms on
+-- the scripts' clock: a slot booked in the millisecond that Redis lost
+-- the shard in, before the loss, would pass; 0 for a shard an older
+-- version made), read only by a paid slot's check (key_created,
+-- paid_held; most requests carry none): every bucket in it is as old at
+-- most.
 local CREATED = {}
 
 -- SINCE_KEY is, when a script that reads layer buckets of their own keys
@@ -83,7 +83,7 @@ end
 -- are not held); 0 without SINCE_KEY.
 local function key_created(key, field, now)
   if field then
-    if not CREATED[key] then CREATED[key] = (tonumber(redis.call('HGET', key, '^')) or 0) * 1e6 end
+    if not CREATED[key] then CREATED[key] = (tonumber(redis.call('HGET', key, '^')) or 0) * 1000 end
     return CREATED[key]
   end
   if not SINCE_KEY then return 0 end
@@ -175,9 +175,8 @@ local function bucket_save(key, field, tokens, ts, now, rate, burst, send)
     local keep = ms + math.max(1000, math.ceil(ms / 8))
     SHARD_EXP[key] = now_ms + keep
     if cur == 0 then -- a new shard: nothing else in it to sweep
-      local sec = math.floor(now / 1e6)
-      CREATED[key] = sec * 1e6
-      redis.call('HSET', key, field, v, '~', string.format('%d', now_ms + keep), '^', string.format('%d', sec))
+      CREATED[key] = now_ms * 1000
+      redis.call('HSET', key, field, v, '~', string.format('%d', now_ms + keep), '^', string.format('%d', now_ms))
       redis.call('PEXPIRE', key, keep)
       return
     end
