@@ -631,8 +631,8 @@ func (r *run) drain(ctx context.Context) error {
 	// slots, and each message booked before it books again, behind the
 	// others): while messages are set aside and the sink still receives,
 	// the wait goes on, 5 s past the last delivery, up to a minute more,
-	// or half the estimate for a long schedule.
-	hardStop, lastUnique, lastProgress := deadline.Add(max(time.Minute, limit/2)), -1, time.Now()
+	// or as long again as the estimate for a long schedule.
+	hardStop, lastUnique, lastProgress := deadline.Add(max(time.Minute, limit)), -1, time.Now()
 	for {
 		_, unique := r.sink.Counts()
 		dead := r.queueState(r.name + ".dlq").Messages
