@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -170,7 +171,11 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 	if req.Cost < 1 {
 		return fmt.Errorf("cost %d: %w", req.Cost, ErrInvalidCost)
 	}
-	req.Paid = b.verifyPaid(ctx, req.Paid) // paidsig.go
+	paid, local := b.verifyPaid(ctx, req.Paid) // paidsig.go
+	req.Paid = paid
+	if len(local) > 0 { // for the local fallback, which booked them
+		req.Paid = append(slices.Clip(paid), local...)
+	}
 	if err := b.waitPaid(ctx, req.Paid); err != nil {
 		return err
 	}
@@ -247,10 +252,6 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		}
 	}
 	defer passFloor()
-	var (
-		sharedChecked bool
-		sharedSlots   []PaidSlot // req.Paid for the store (sharedPaid)
-	)
 	for {
 		select {
 		case <-b.done:
@@ -266,10 +267,13 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			b.observeLayered(start, req, limiting, err)
 			return err
 		}
-		if !sharedChecked { // the slots the local fallback booked stay out of the store
-			sharedChecked, sharedSlots = true, b.sharedPaid(req.Paid)
+		if len(local) > 0 {
+			// The store never held the slots the local fallback
+			// booked: their layers decide again.
+			b.paidForfeit(local, "")
+			req.Paid, local = paid, nil
 		}
-		lr := backend.LayerRequest{Cost: req.Cost, Price: req.Price, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: sharedSlots, Tenant: req.Tenant, Holder: holder}
+		lr := backend.LayerRequest{Cost: req.Cost, Price: req.Price, Keys: req.Keys, MaxWait: b.horizon(), Priority: req.Priority, MinShare: b.opts.MinShare, Paid: req.Paid, Tenant: req.Tenant, Holder: holder}
 		fair := req.Tenant != "" && b.layered.fair != nil // fair shares are decided in the store: no lease
 		// lead, when set, is this caller's place at the head of the
 		// lease's queue: its message asks for a batch of shared tokens
@@ -376,7 +380,7 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			b.observeTake(res.TakeResult)
 		}
 		if res.Exceeded != nil {
-			b.paidForfeit(lr.Paid, res.Exceeded.Layer)
+			b.paidForfeit(req.Paid, res.Exceeded.Layer)
 			b.signPaid(ctx, res.Exceeded, false) // paidsig.go
 			b.observeLayered(start, req, limiting, res.Exceeded)
 			return res.Exceeded
@@ -490,8 +494,8 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 					// charged for meanwhile. Nothing is refunded: a
 					// token refunded before a later reservation would go
 					// out next to it. A paid slot is forfeit.
-					b.paidForfeit(lr.Paid, "")
-					req.Paid, sharedSlots = nil, nil
+					b.paidForfeit(req.Paid, "")
+					req.Paid = nil
 					continue
 				}
 				if !lr.SkipShared {
@@ -519,8 +523,8 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 			// again. An answer on time builds nothing.
 			out := func() time.Time { return res.At.Add(b.answerLate(res.At)) }
 			if late := b.layersMove(ctx, ls, lr, res); late != nil && !late.keeps(b.clock, res.At, out) {
-				b.paidForfeit(lr.Paid, "")
-				req.Paid, sharedSlots = nil, nil
+				b.paidForfeit(req.Paid, "")
+				req.Paid = nil
 				continue
 			}
 		}

@@ -106,36 +106,12 @@ type paidSigner struct {
 // fallback books: a random secret of the Bucket's own, never stored. Such
 // a slot is known to the local bucket alone, so it passes the local
 // fallback of this Bucket only: back on the store, or at another replica,
-// its layer decides again (sharedPaid), rather than let it out beside the
-// store's bookings of its key.
+// its layer decides again (verifyPaid, WaitN), rather than let it out
+// beside the store's bookings of its key.
 func (b *Bucket) localPaidKey() *paidKey {
 	ps := &b.layered.paid
 	ps.localOnce.Do(func() { ps.local = &paidKey{bucket: "local fallback", secret: randomSecret()} })
 	return ps.local
-}
-
-// sharedPaid returns the slots of paid that the store may hold: paid
-// without those that this Bucket's local fallback booked (localPaidKey),
-// which it counts as forfeit, once per call.
-func (b *Bucket) sharedPaid(paid []PaidSlot) []PaidSlot {
-	local := b.localPaidKey()
-	var out []PaidSlot
-	for i, s := range paid {
-		if !local.verify(s) {
-			if out != nil {
-				out = append(out, s)
-			}
-			continue
-		}
-		if out == nil {
-			out = append(make([]PaidSlot, 0, len(paid)), paid[:i]...)
-		}
-		b.paidForfeit([]PaidSlot{s}, "")
-	}
-	if out == nil {
-		return paid
-	}
-	return out
 }
 
 // paidKey returns the Bucket's secret, reading it from the store (one round
@@ -207,42 +183,47 @@ func (b *Bucket) signPaid(ctx context.Context, le *LimitError, local bool) {
 	}
 }
 
-// verifyPaid returns the slots of paid that carry this Bucket's signature
-// (paid itself when all do). Each slot it drops (a missing or wrong
-// signature, or no secret to check it with) is logged at debug, counted
-// (Stats.PaidRefused) and reported to Observer.PaidRefused, naming its layer
-// only when the store has it; its layer then decides as if the message
-// named no slot. A wrong signature makes it read
-// the secret again (at most once per paidReread), in case the store's
-// changed.
-func (b *Bucket) verifyPaid(ctx context.Context, paid []PaidSlot) []PaidSlot {
+// verifyPaid returns the slots of paid that carry this Bucket's signature:
+// shared, signed with the store's secret (paid itself when all are), and
+// local, signed with the Bucket's own (localPaidKey), which only its local
+// fallback honours. Each slot it drops (a missing or wrong signature, or
+// no secret to check it with) is logged at debug, counted
+// (Stats.PaidRefused) and reported to Observer.PaidRefused, naming its
+// layer only when the store has it; its layer then decides as if the
+// message named no slot. A wrong signature makes it read the secret again
+// (at most once per paidReread), in case the store's changed.
+func (b *Bucket) verifyPaid(ctx context.Context, paid []PaidSlot) (shared, local []PaidSlot) {
 	if len(paid) == 0 {
-		return paid
+		return paid, nil
 	}
 	fetch := b.Mode() == ModeShared
 	k := b.paidKey(ctx, fetch, nil)
-	local := b.localPaidKey()
-	bad := 0
+	lk := b.localPaidKey()
+	all := true
 	for _, s := range paid {
-		if !k.verify(s) && !local.verify(s) {
-			bad++
-			if s.Sig != "" && k != nil && fetch {
-				k = b.paidKey(ctx, true, k)
-				break
-			}
+		if k.verify(s) {
+			continue
+		}
+		all = false
+		if !lk.verify(s) && s.Sig != "" && k != nil && fetch {
+			k = b.paidKey(ctx, true, k)
+			break
 		}
 	}
-	if bad == 0 {
-		return paid
+	if all {
+		return paid, nil
 	}
-	var out []PaidSlot
 	var layers []Layer
 	if ls := b.layeredStore(); ls != nil {
 		layers = ls.Layers()
 	}
 	for _, s := range paid {
-		if k.verify(s) || local.verify(s) {
-			out = append(out, s)
+		switch {
+		case k.verify(s):
+			shared = append(shared, s)
+			continue
+		case lk.verify(s):
+			local = append(local, s)
 			continue
 		}
 		// The layer's name is the message's word: only a layer of the
@@ -258,5 +239,5 @@ func (b *Bucket) verifyPaid(ctx context.Context, paid []PaidSlot) []PaidSlot {
 			o.PaidRefused(layer)
 		}
 	}
-	return out
+	return shared, local
 }

@@ -658,11 +658,16 @@ func PaidSlots(layers []Layer, keys []string, paid []PaidSlot) []PaidSlot {
 // the key would get its fresh burst and the old slot both; a fresh state
 // that booked past the slot's Due meanwhile would hold it otherwise.
 func PaidHeld(s PaidSlot, last, created int64) bool {
-	booked := int64(0)
-	if !s.Booked.IsZero() {
-		booked = s.Booked.UnixMicro()
+	return last >= s.Due.UnixMicro()-1000 && created <= PaidBookedMicro(s)
+}
+
+// PaidBookedMicro returns s.Booked in Unix µs, or 0 for a slot without it
+// (booked by an older version).
+func PaidBookedMicro(s PaidSlot) int64 {
+	if s.Booked.IsZero() {
+		return 0
 	}
-	return last >= s.Due.UnixMicro()-1000 && created <= booked
+	return s.Booked.UnixMicro()
 }
 
 // PaidLayers returns, in the order of layers, which of them the request

@@ -579,25 +579,21 @@ func (l *Layered) paidArg(layers []int, keys []string, paid []limiter.PaidSlot) 
 	if slots == nil {
 		return ""
 	}
-	u := backend.PaidUntil(l.layers, keys, paid)
 	b := make([]byte, 0, 52*len(layers))
 	for j, i := range layers {
 		if j > 0 {
 			b = append(b, ' ')
 		}
-		if u[i].IsZero() {
+		s := slots[i]
+		if s.Due.IsZero() {
 			b = append(b, '0')
 			continue
 		}
-		booked := int64(0)
-		if !slots[i].Booked.IsZero() {
-			booked = slots[i].Booked.UnixMicro()
-		}
-		b = strconv.AppendInt(b, u[i].UnixMicro(), 10)
+		b = strconv.AppendInt(b, s.Due.Add(backend.PaidLateness(l.layers[i])).UnixMicro(), 10) // backend.PaidUntil
 		b = append(b, ':')
-		b = strconv.AppendInt(b, slots[i].Due.UnixMicro(), 10)
+		b = strconv.AppendInt(b, s.Due.UnixMicro(), 10)
 		b = append(b, ':')
-		b = strconv.AppendInt(b, booked, 10)
+		b = strconv.AppendInt(b, backend.PaidBookedMicro(s), 10)
 	}
 	return string(b)
 }
@@ -900,9 +896,11 @@ func (l *Layered) ResetLayer(ctx context.Context, layer, key string) error {
 	pipe := l.client.Pipeline()
 	if rkey, field := l.bucketLoc(i, key); field != "" {
 		pipe.HDel(ctx, rkey, field)
-	} else {
-		// The slots booked on the deleted key no longer pass (needsSince).
+	} else if l.needsSince([]int{i}) {
+		// The slots booked on the deleted key no longer pass.
 		pipe.Del(ctx, rkey, l.sinceKey)
+	} else {
+		pipe.Del(ctx, rkey)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return l.fail("reset layer", err)

@@ -135,9 +135,10 @@ func (l *Layered) ResetLayerKeys(ctx context.Context, client redis.UniversalClie
 		return 0, err
 	}
 	if !l.layers[i].Keyed {
-		// The slots booked on the deleted key no longer pass (needsSince).
-		if err := client.Unlink(ctx, l.sinceKey).Err(); err != nil {
-			return 0, l.fail("reset layer keys", err)
+		if l.needsSince([]int{i}) { // the slots booked on the deleted key no longer pass
+			if err := client.Unlink(ctx, l.sinceKey).Err(); err != nil {
+				return 0, l.fail("reset layer keys", err)
+			}
 		}
 		n, err := client.Unlink(ctx, l.unkeyed[i]).Result()
 		if err != nil {

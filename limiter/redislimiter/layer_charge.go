@@ -101,11 +101,7 @@ func (l *Layered) chargeLayers(ctx context.Context, at time.Time, charges []back
 	}
 	_, _ = pipe.Exec(ctx)
 	for i, cmd := range cmds {
-		err := cmd.Err()
-		if redis.HasErrorPrefix(err, "NOSCRIPT") {
-			err = calls[i].script.Run(ctx, l.client, calls[i].rk.keys, calls[i].args...).Err()
-		}
-		if err != nil {
+		if err := l.rerunUnknown(ctx, calls[i].script, cmd, calls[i].rk.keys, calls[i].args); err != nil {
 			return l.fail("charge layers", err)
 		}
 	}

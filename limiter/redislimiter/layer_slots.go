@@ -109,15 +109,23 @@ func (l *Layered) releaseCmds(ctx context.Context, pipe redis.Pipeliner, slots [
 func (l *Layered) releaseReplies(ctx context.Context, calls []releaseCall) error {
 	var first error
 	for _, c := range calls {
-		err := c.cmd.Err()
-		if redis.HasErrorPrefix(err, "NOSCRIPT") {
-			err = slotsReleaseScript.Run(ctx, l.client, c.keys, c.args...).Err()
-		}
-		if err != nil && first == nil {
+		if err := l.rerunUnknown(ctx, slotsReleaseScript, c.cmd, c.keys, c.args); err != nil && first == nil {
 			first = l.fail("release slots", err)
 		}
 	}
 	return first
+}
+
+// rerunUnknown returns the error of cmd, a call of script with keys and
+// args sent by EvalSha in a pipeline, after running it again with the
+// script loaded when Redis did not know it (NOSCRIPT: a restart, SCRIPT
+// FLUSH), and so had not run it.
+func (l *Layered) rerunUnknown(ctx context.Context, script *redis.Script, cmd *redis.Cmd, keys []string, args []any) error {
+	err := cmd.Err()
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		err = script.Run(ctx, l.client, keys, args...).Err()
+	}
+	return err
 }
 
 // WatchSlots implements backend.SlotNotifier: it calls released with the
