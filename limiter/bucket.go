@@ -375,8 +375,9 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 	}
 	defer passFloor()
 	// retimed is set once this caller gave back a reservation it woke too
-	// late for (lateFits).
-	retimed := false
+	// late for (lateFits); refitted once it asked again at once after a
+	// horizon that the store's answer showed too short (refits).
+	retimed, refitted := false, false
 	for {
 		select {
 		case <-b.done:
@@ -413,7 +414,8 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 		}
 		gen, seen := b.gen.Load(), b.pushes.heard()
 		sent := b.clock.Now()
-		res, err := b.store.Take(ctx, backend.TakeRequest{Cost: cost + extra, Hold: hold, MaxWait: b.horizon(), Priority: p, MinShare: b.opts.MinShare})
+		horizon := b.horizon()
+		res, err := b.store.Take(ctx, backend.TakeRequest{Cost: cost + extra, Hold: hold, MaxWait: horizon, Priority: p, MinShare: b.opts.MinShare})
 		if err == nil {
 			b.skew.observeTrip(sent, b.clock.Now(), res.At)
 			if lead != nil {
@@ -444,6 +446,10 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 				head = true
 			} else if !res.Floor {
 				passFloor() // the floor lets the class through: the others ask too
+			}
+			if !res.Floor && !refitted && b.refits(horizon, res.Wait) {
+				refitted = true
+				continue
 			}
 			if err := b.sleep(ctx, gen.changed, res.Wait); err != nil && !errors.Is(err, errChanged) {
 				return err
@@ -513,10 +519,22 @@ func (b *Bucket) wait(ctx context.Context, p Priority, cost int) error {
 	}
 }
 
+// refits reports whether a request turned away at horizon, to come back
+// after wait, would fit the horizon the answer's queue depth now gives
+// (observeTake): the replica underestimated the queue (its callers between
+// two calls, a debt last seen when the queue was short). Such a caller asks
+// again at once, once, and books its place now: waiting outside, it would
+// come back behind every request made meanwhile, and a caller of its own
+// replica that asked after it would go first.
+func (b *Bucket) refits(horizon, wait time.Duration) bool {
+	return wait > 0 && b.horizon() >= horizon+wait
+}
+
 // horizon returns the reservation horizon: MaxReserve, stretched so that
 // every caller waiting on every replica fits in the queue (with a quarter to
-// spare), but never beyond 10·MaxReserve. A caller turned away once sees the
-// queue's depth in the answer and fits on its next call.
+// spare), but never beyond 10·MaxReserve. A caller turned away sees the
+// queue's depth in the answer and, when the horizon then fits it, asks
+// again at once (refits).
 func (b *Bucket) horizon() time.Duration {
 	rate := math.Float64frombits(b.lastRate.Load())
 	if rate <= 0 {

@@ -252,6 +252,9 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 		}
 	}
 	defer passFloor()
+	// refitted is set once this caller asked again at once after a
+	// horizon that the store's answer showed too short (refits).
+	refitted := false
 	for {
 		select {
 		case <-b.done:
@@ -446,6 +449,10 @@ func (b *Bucket) waitN(ctx context.Context, req Request, g *Grant, holder string
 				if err := b.fairTurn(ctx, gen.changed, req.Tenant, me); err != nil && !errors.Is(err, errChanged) {
 					return err
 				}
+				continue
+			}
+			if !res.Floor && res.Limiting == "" && !lr.SkipShared && !refitted && b.refits(lr.MaxWait, res.Wait) {
+				refitted = true // turned away by the shared bucket's horizon, which the answer stretched
 				continue
 			}
 			if err := b.sleep(ctx, gen.changed, res.Wait); err != nil && !errors.Is(err, errChanged) {

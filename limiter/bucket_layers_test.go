@@ -572,3 +572,44 @@ func TestRecoveryDoesNotPassSlotsBookedLocally(t *testing.T) {
 		t.Errorf("Stats.PaidForfeit = %d, want the local slot counted", st.PaidForfeit)
 	}
 }
+
+// countingLayers counts the TakeLayers calls of a layeredClocked.
+type countingLayers struct {
+	*layeredClocked
+	calls atomic.Int64
+}
+
+func (s *countingLayers) TakeLayers(ctx context.Context, req limiter.LayerRequest) (limiter.LayerResult, error) {
+	s.calls.Add(1)
+	return s.layeredClocked.TakeLayers(ctx, req)
+}
+
+// TestWaitNBooksAtOnceBeyondAHorizonTooShort is
+// TestWaitBooksAtOnceBeyondAHorizonTooShort on a store with layers: turned
+// away by a shared horizon (MaxReserve, 1 s) shorter than the shared
+// queue (2 s), the caller books its place at once.
+func TestWaitNBooksAtOnceBeyondAHorizonTooShort(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := &countingLayers{layeredClocked: newLayeredClocked(t, clk, 10, 1, 1, limiter.Layer{Name: "per-key", Keyed: true, Rate: 1000, Burst: 1000})}
+	for range 21 { // another replica's reservations
+		if _, err := s.m.TakeLayersAt(clk.Now(), limiter.LayerRequest{Cost: 1, MaxWait: time.Minute, Keys: map[string]string{"per-key": "other"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := newLayeredBucket(t, clk, s)
+	done := waitN(b, context.Background(), keyReq("a"))
+	clk.WaitTimers(t, 1)
+	if n := s.calls.Load(); n != 2 {
+		t.Fatalf("%d store calls before the caller sleeps, want 2: turned away, then booked at once", n)
+	}
+	clk.Advance(2099 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("granted before its place at +2.1 s (%v)", err)
+	default:
+	}
+	clk.Advance(time.Millisecond)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -766,3 +766,29 @@ func TestFailedProbesAreReported(t *testing.T) {
 		t.Fatalf("%d store errors after 3 failed probes, want 4", n)
 	}
 }
+
+// TestWaitBooksAtOnceBeyondAHorizonTooShort: a replica whose horizon
+// (MaxReserve, or its callers times the replicas) is shorter than the queue
+// the store holds is turned away; the answer shows the queue's depth, and
+// the caller books its place at once. Before, it waited outside until the
+// queue's end came within its horizon (+1.1 s here) and booked then,
+// behind every request made meanwhile: a caller of the same replica that
+// asked after it went first (at 1,000 replicas, 500 ms late in a 3 s
+// queue).
+func TestWaitBooksAtOnceBeyondAHorizonTooShort(t *testing.T) {
+	r := newRig(t, 10, 1, 1, limiter.Options{MaxReserve: time.Second})
+	// Another replica's reservations: the queue ends 2 s ahead.
+	for range 21 {
+		if _, err := r.store.mem().TakeAt(r.clk.Now(), limiter.TakeRequest{Cost: 1, MaxWait: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.wait(1)
+	if n := r.store.takes.Load(); n != 2 {
+		t.Fatalf("%d store calls before the caller sleeps, want 2: turned away, then booked at once", n)
+	}
+	r.advance(ms(2100))
+	if got, want := r.grants(), []time.Duration{ms(2100)}; !equalDurations(got, want) {
+		t.Fatalf("granted at %v, want %v: its place at the queue's end when it asked", got, want)
+	}
+}

@@ -20,7 +20,9 @@ type Options struct {
 	// horizon is told how long to wait before it asks again. When more
 	// callers wait than the rate serves within MaxReserve, the horizon grows
 	// to fit them all (up to 10·MaxReserve), so that they queue instead of
-	// coming back. When the store announces a rate
+	// coming back; a caller turned away by a horizon shorter than the
+	// queue its answer shows asks again at once, once, and keeps its
+	// place. When the store announces a rate
 	// change or a pause, the Bucket reads the bucket once and moves every
 	// reservation its callers sleep on to where the new rate or the pause
 	// puts it, keeping their order. The local fallback uses the same

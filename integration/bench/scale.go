@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -128,6 +129,11 @@ type scaleFigures struct {
 	// has reached the store.
 	worstSteadyWait time.Duration
 	waitsOver1s     int64
+	// fcfs is how far waits exceeded first come, first served among
+	// their replica's callers (fcfsExcess), fcfsSteady the same for the
+	// waits begun 1 s or more into the phase, of waits in all.
+	fcfs, fcfsSteady fcfsFigures
+	waits            int64
 	// utilisation parts (unequal phase)
 	satPerReplica   float64 // grants/s of each saturated replica
 	pacedPerReplica float64 // grants/s of each paced replica
@@ -201,9 +207,9 @@ func scaleOne(ctx context.Context, cfg scaleConfig, rate float64, n int) (scaleR
 				return run, fmt.Errorf("%s: %w", ph, err)
 			}
 			run.sat = &f.scaleFigures
-			fmt.Fprintf(os.Stderr, "  steady %.0f/s, worst window %d (bound %d), shares %.2f–%.2f, worst wait %v (begun after 1 s %v), scripts/s %.0f\n",
+			fmt.Fprintf(os.Stderr, "  steady %.0f/s, worst window %d (bound %d), shares %.2f–%.2f, worst wait %v (begun after 1 s %v), over FCFS + 100 ms %s, scripts/s %.0f\n",
 				f.steadyRate, f.worstWindow, int64(rate)+int64(run.burst), f.shareLo, f.shareHi, f.worstWait.Round(time.Millisecond), f.worstSteadyWait.Round(time.Millisecond),
-				float64(f.scripts)/f.steadyFor.Seconds())
+				f.fcfsText(), float64(f.scripts)/f.steadyFor.Seconds())
 		case "unequal":
 			sat := max(1, n/10)
 			p := func(i int) pace {
@@ -217,8 +223,8 @@ func scaleOne(ctx context.Context, cfg scaleConfig, rate float64, n int) (scaleR
 				return run, fmt.Errorf("%s: %w", ph, err)
 			}
 			run.unequal = &f.scaleFigures
-			fmt.Fprintf(os.Stderr, "  steady %.0f/s (%.2f×), saturated %.1f/s each, paced %.2f/s each (asked 20)\n",
-				f.steadyRate, f.steadyRate/rate, f.satPerReplica, f.pacedPerReplica)
+			fmt.Fprintf(os.Stderr, "  steady %.0f/s (%.2f×), saturated %.1f/s each, paced %.2f/s each (asked 20), over FCFS + 100 ms %s\n",
+				f.steadyRate, f.steadyRate/rate, f.satPerReplica, f.pacedPerReplica, f.fcfsText())
 		case "recovery":
 			f, err := scalePhase(ctx, srv.addr, admin, cfg, run, ph, func(int) pace { return pace{callers: cfg.callers} }, cfg.duration+cfg.recovery, cfg.duration)
 			if err != nil {
@@ -255,7 +261,90 @@ type scaleCaller struct {
 	// steadyWait is worstWait of the waits begun 1 s or more after start.
 	steadyWait time.Duration
 	over1s     int64
-	err        error
+	// waits are the caller's Waits in order, for fcfsExcess.
+	waits []scaleWait
+	err   error
+}
+
+// scaleWait is one Wait of a caller: when it began and when it returned,
+// in µs since the phase's start.
+type scaleWait struct{ from, to uint32 }
+
+// fcfsSlack is what the waits target allows beyond a caller's place in its
+// replica's queue ÷ the replica's share: 100 ms.
+const fcfsSlack = 100 * time.Millisecond
+
+// fcfsExcess measures the waits of one replica's callers (each caller's
+// in order) against first come, first served. A wait that began with
+// place of the replica's callers waiting, itself included, ends under
+// FCFS with the replica's place-th grant from its start on: every grant
+// before it goes to a caller ahead of it. That is the caller's place ÷
+// the replica's share, the share being what the replica got meanwhile.
+// A wait that ends later was overtaken by a caller that came after it,
+// by the time from that grant to its own. fcfsExcess returns the worst
+// such excess and how many waits exceeded it by more than slack, of all
+// the waits and of those begun at steadyFrom or later.
+func fcfsExcess(callers [][]scaleWait, slack, steadyFrom time.Duration) (all, steady fcfsFigures) {
+	var tos []uint32
+	for _, ws := range callers {
+		for _, w := range ws {
+			tos = append(tos, w.to)
+		}
+	}
+	slices.Sort(tos)
+	for c, ws := range callers {
+		for _, w := range ws {
+			place := 1
+			for o, others := range callers {
+				if o == c {
+					continue
+				}
+				// The other caller's last wait begun at or before w's.
+				j := sort.Search(len(others), func(j int) bool { return others[j].from > w.from }) - 1
+				if j >= 0 && others[j].to > w.from {
+					place++
+				}
+			}
+			// The replica's place-th grant after w began: w's own grant
+			// at the latest under FCFS.
+			i := sort.Search(len(tos), func(i int) bool { return tos[i] > w.from }) + place - 1
+			if i >= len(tos) || tos[i] >= w.to {
+				continue
+			}
+			excess := time.Duration(w.to-tos[i]) * time.Microsecond
+			all.add(excess, slack)
+			if time.Duration(w.from)*time.Microsecond >= steadyFrom {
+				steady.add(excess, slack)
+			}
+		}
+	}
+	return all, steady
+}
+
+// fcfsFigures are the worst excess of waits over first come, first served
+// (fcfsExcess), and how many exceeded it by more than the slack.
+type fcfsFigures struct {
+	worst time.Duration
+	over  int64
+}
+
+func (f *fcfsFigures) add(excess, slack time.Duration) {
+	f.worst = max(f.worst, excess)
+	if excess > slack {
+		f.over++
+	}
+}
+
+func (f *fcfsFigures) merge(g fcfsFigures) {
+	f.worst = max(f.worst, g.worst)
+	f.over += g.over
+}
+
+// fcfsText is f's waits over first come, first served + 100 ms: all of
+// them, then those begun after the start-up wave.
+func (f *scaleFigures) fcfsText() string {
+	return fmt.Sprintf("%d of %d (%v); %d (%v)", f.fcfs.over, f.waits, f.fcfs.worst.Round(time.Millisecond),
+		f.fcfsSteady.over, f.fcfsSteady.worst.Round(time.Millisecond))
 }
 
 // phaseFigures are a phase's figures with its recovery part, if any.
@@ -404,6 +493,16 @@ func scalePhase(ctx context.Context, addr string, admin *redis.Client, cfg scale
 		f.worstWait = max(f.worstWait, c.worstWait)
 		f.worstSteadyWait = max(f.worstSteadyWait, c.steadyWait)
 		f.waitsOver1s += c.over1s
+		f.waits += int64(len(c.waits))
+	}
+	byRep := make([][][]scaleWait, len(reps))
+	for _, c := range callers {
+		byRep[c.rep] = append(byRep[c.rep], c.waits)
+	}
+	for _, ws := range byRep {
+		all, steady := fcfsExcess(ws, fcfsSlack, steadyFrom)
+		f.fcfs.merge(all)
+		f.fcfsSteady.merge(steady)
 	}
 	for _, v := range bins {
 		f.granted += v
@@ -536,6 +635,7 @@ func (c *scaleCaller) loop(ctx context.Context, w waiter, start time.Time, d, ev
 			return
 		}
 		c.bins[since/time.Millisecond]++
+		c.waits = append(c.waits, scaleWait{from: uint32(t0.Sub(start) / time.Microsecond), to: uint32(since / time.Microsecond)})
 		wait := now.Sub(t0)
 		c.worstWait = max(c.worstWait, wait)
 		if t0.Sub(start) >= time.Second {
@@ -553,30 +653,31 @@ func scaleMarkdown(cfg scaleConfig, runs []scaleRun, load string) string {
 	fmt.Fprintf(&b, "# Scale\n\nCommand: `go run .%s` (integration/bench). Load average %s.\n\n", cfg.flags, load)
 	fmt.Fprintf(&b, "Each replica: its own go-redis client and limiter.Bucket; burst = rate/10; saturated replicas run %d callers in a tight loop. Grants counted when Wait returns.\n\n", cfg.callers)
 	b.WriteString("## Saturated: every replica wants more than its share\n\n")
-	b.WriteString("| rate/s | N | lease | steady grants/s | worst 1 s window (bound rate+burst) | 1st s, 2nd s | share min–max of mean | worst wait | worst wait begun after 1 s | waits > 1 s | scripts/s | scripts per 1k grants | Redis CPU µs/grant | process CPU µs/grant | retimed |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| rate/s | N | lease | steady grants/s | worst 1 s window (bound rate+burst) | 1st s, 2nd s | share min–max of mean | worst wait | worst wait begun after 1 s | waits > 1 s | waits over place ÷ share + 100 ms (worst excess over place ÷ share); begun after 1 s | scripts/s | scripts per 1k grants | Redis CPU µs/grant | process CPU µs/grant | retimed |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
 		f := r.sat
 		if f == nil {
 			continue
 		}
 		tok := float64(max(1, f.steadyTokens))
-		fmt.Fprintf(&b, "| %s | %d | %s | %.0f (%.2f×) | %d (%d) | %d, %d | %.2f–%.2f | %v | %v | %d | %.0f | %.2f | %.2f | %.2f | %d |\n",
+		fmt.Fprintf(&b, "| %s | %d | %s | %.0f (%.2f×) | %d (%d) | %d, %d | %.2f–%.2f | %v | %v | %d | %s | %.0f | %.2f | %.2f | %.2f | %d |\n",
 			fmtRate(r.rate), r.n, onOff(r.leased), f.steadyRate, f.steadyRate/r.rate, f.worstWindow, int64(r.rate)+int64(r.burst),
 			f.firstSecond, f.secondSecond, f.shareLo, f.shareHi, f.worstWait.Round(time.Millisecond), f.worstSteadyWait.Round(time.Millisecond), f.waitsOver1s,
+			f.fcfsText(),
 			float64(f.scripts)/f.steadyFor.Seconds(), float64(f.scripts)/tok*1000,
 			float64(f.redisCPU.Microseconds())/tok, float64(f.processCPU.Microseconds())/tok, f.retimed)
 	}
 	b.WriteString("\n## Unequal demand: 10% of the replicas saturated, the rest asking 20/s each\n\n")
-	b.WriteString("| rate/s | N | lease | grants/s (of rate) | each saturated replica /s | each paced replica /s (asked) | worst wait | worst 1 s window | scripts/s |\n|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| rate/s | N | lease | grants/s (of rate) | each saturated replica /s | each paced replica /s (asked) | worst wait | waits over place ÷ share + 100 ms (worst excess); begun after 1 s | worst 1 s window | scripts/s |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
 		f := r.unequal
 		if f == nil {
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %.0f (%.2f×) | %.1f | %.2f (%.0f) | %v | %d | %.0f |\n",
+		fmt.Fprintf(&b, "| %s | %d | %s | %.0f (%.2f×) | %.1f | %.2f (%.0f) | %v | %s | %d | %.0f |\n",
 			fmtRate(r.rate), r.n, onOff(r.leased), f.steadyRate, f.steadyRate/r.rate, f.satPerReplica, f.pacedPerReplica, f.pacedAsked,
-			f.worstWait.Round(time.Millisecond), f.worstWindow, float64(f.scripts)/f.steadyFor.Seconds())
+			f.worstWait.Round(time.Millisecond), f.fcfsText(), f.worstWindow, float64(f.scripts)/f.steadyFor.Seconds())
 	}
 	b.WriteString("\n## Recovery: half the replicas vanish without Close\n\n")
 	fmt.Fprintf(&b, "After %v, half the replicas stop and their clients close (no Close: leases and reservations are lost, heartbeats stop). Grants/s of the survivors in each second after.\n\n", cfg.duration)

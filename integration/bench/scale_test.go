@@ -35,3 +35,64 @@ func TestScaleFigures(t *testing.T) {
 		t.Errorf("recovery after %v reached %d, want [500 1000 1000] from second index 1", r.after, r.reached)
 	}
 }
+
+func TestFCFSExcess(t *testing.T) {
+	ms := func(v uint32) uint32 { return v * 1000 }
+	for _, tc := range []struct {
+		name    string
+		callers [][]scaleWait
+		worst   time.Duration
+		over    int64
+	}{
+		{
+			// Three callers served in turn, each waiting for the two
+			// ahead of it: every wait is its place ÷ the share.
+			name: "in turn",
+			callers: [][]scaleWait{
+				{{ms(0), ms(100)}, {ms(100), ms(400)}},
+				{{ms(0), ms(200)}, {ms(200), ms(500)}},
+				{{ms(0), ms(300)}, {ms(300), ms(600)}},
+			},
+		},
+		{
+			// The second caller is served twice while the first waits
+			// 1 s with one caller ahead of it: place 2, so FCFS ends its
+			// wait with the replica's second grant, at 200 ms.
+			name: "overtaken",
+			callers: [][]scaleWait{
+				{{ms(0), ms(1000)}},
+				{{ms(0), ms(100)}, {ms(100), ms(200)}},
+			},
+			worst: 800 * time.Millisecond,
+			over:  1,
+		},
+		{
+			// Grants bunched at the end of a round: the third caller,
+			// which asked 1 ms after the first, is granted 1 ms before
+			// it. An overtake by 1 ms, within the slack.
+			name: "bunched",
+			callers: [][]scaleWait{
+				{{ms(0), ms(10)}, {ms(10), ms(3002)}},
+				{{ms(0), ms(9)}, {ms(9), ms(3000)}},
+				{{ms(0), ms(11)}, {ms(11), ms(3001)}},
+			},
+			worst: time.Millisecond,
+		},
+		{
+			// A lone caller is never overtaken, however long it waits.
+			name:    "alone",
+			callers: [][]scaleWait{{{ms(0), ms(5000)}}},
+		},
+	} {
+		all, steady := fcfsExcess(tc.callers, fcfsSlack, time.Millisecond)
+		if all.worst != tc.worst || all.over != tc.over {
+			t.Errorf("%s: worst %v over %d, want %v and %d", tc.name, all.worst, all.over, tc.worst, tc.over)
+		}
+		// Every wait above begins at 0 but for the ones of "in turn" and
+		// "bunched" that follow a grant, which no caller overtakes by more
+		// than 1 ms.
+		if steady.worst > time.Millisecond || steady.over != 0 {
+			t.Errorf("%s: from 1 ms on, worst %v over %d, want at most 1ms and 0", tc.name, steady.worst, steady.over)
+		}
+	}
+}
