@@ -234,6 +234,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&sc.recovery, "scale-recovery", 12*time.Second, "(scale) how long the recovery phase runs after half the replicas vanish")
 	fs.IntVar(&sc.callers, "scale-callers", 3, "(scale) callers of each saturated replica")
 	fs.StringVar(&sc.lease, "scale-lease", "auto", "(scale) leasing: auto (off below 100k/s, default options from it), on, off")
+	fs.Float64Var(&sc.leaseCalls, "scale-lease-calls", 0, "(scale) limiter.LeaseOptions.Calls of every replica, the refills per second the fleet aims at (0: the default, 4000)")
 	fs.StringVar(&sc.out, "scale-out", "SCALE.md", "(scale) markdown report to write")
 	fs.StringVar(&sc.goroutines, "scale-goroutines", "", "(scale) write the goroutines 1.5 s into each saturated phase to this path prefix")
 	var kc keysConfig

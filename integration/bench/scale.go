@@ -39,8 +39,11 @@ type scaleConfig struct {
 	recovery time.Duration // the recovery phase after the vanish
 	callers  int           // callers of each saturated replica
 	lease    string        // "auto": off below 1e5/s, on from it; "on"; "off"
-	out      string
-	flags    string
+	// leaseCalls is limiter.LeaseOptions.Calls of every replica (0: the
+	// default), the refills per second the fleet aims at.
+	leaseCalls float64
+	out        string
+	flags      string
 	// cpuProfile, when set, is where a CPU profile of the whole run goes.
 	cpuProfile string
 	// goroutines, when set, is where the goroutines of each saturated
@@ -360,6 +363,7 @@ type phaseFigures struct {
 // whatever they held is lost.
 func scalePhase(ctx context.Context, addr string, admin *redis.Client, cfg scaleConfig, run scaleRun, name string, p func(int) pace, d, vanishAt time.Duration) (phaseFigures, error) {
 	spec := bucketSpec{name: fmt.Sprintf("scale-%s-%d", name, run.n), rate: run.rate, burst: run.burst}
+	spec.opts.Lease.Calls = cfg.leaseCalls
 	im := impls[2] // (c) no leasing
 	if run.leased {
 		im = impls[3]
