@@ -613,11 +613,19 @@ func PaidUntil(layers []Layer, keys []string, paid []PaidSlot) []time.Time {
 	}
 	out := make([]time.Time, len(layers))
 	for i, s := range slots {
-		if !s.Due.IsZero() {
-			out[i] = s.Due.Add(PaidLateness(layers[i]))
-		}
+		out[i] = PaidSlotUntil(layers[i], s)
 	}
 	return out
+}
+
+// PaidSlotUntil returns the last instant at which a request passes layer
+// l on slot s (one of PaidSlots): its Due plus PaidLateness, or the zero
+// time for a zero slot.
+func PaidSlotUntil(l Layer, s PaidSlot) time.Time {
+	if s.Due.IsZero() {
+		return time.Time{}
+	}
+	return s.Due.Add(PaidLateness(l))
 }
 
 // PaidSlots returns, in the order of layers, the slot the request whose

@@ -585,11 +585,12 @@ func (l *Layered) paidArg(layers []int, keys []string, paid []limiter.PaidSlot) 
 			b = append(b, ' ')
 		}
 		s := slots[i]
-		if s.Due.IsZero() {
+		until := backend.PaidSlotUntil(l.layers[i], s)
+		if until.IsZero() {
 			b = append(b, '0')
 			continue
 		}
-		b = strconv.AppendInt(b, s.Due.Add(backend.PaidLateness(l.layers[i])).UnixMicro(), 10) // backend.PaidUntil
+		b = strconv.AppendInt(b, until.UnixMicro(), 10)
 		b = append(b, ':')
 		b = strconv.AppendInt(b, s.Due.UnixMicro(), 10)
 		b = append(b, ':')
