@@ -40,7 +40,14 @@ type e2eConfig struct {
 	concurrency bool
 	tracing     bool // also run consTrace1 and consTrace001 in each round
 	// readme also runs consReadme and consReadmePlain in each round.
-	readme     bool
+	readme bool
+	// sinkLatency is how long the sink takes to answer each message.
+	sinkLatency time.Duration
+	// maxConns, when set, is throttle's sink.http.max_conns (but in
+	// README.md's configuration).
+	maxConns int
+	// bareQueue is what each worker of the bare Kafka loop queues.
+	bareQueue  int
 	inReach    float64 // the limit of the in-reach runs
 	inReachFor time.Duration
 	scenarios  []string
@@ -260,7 +267,7 @@ type e2eBench struct {
 
 // runE2E runs the end-to-end comparison and writes its report.
 func runE2E(ctx context.Context, cfg e2eConfig) error {
-	svc, err := startServices(ctx)
+	svc, err := startServices(ctx, cfg.sinkLatency)
 	if err != nil {
 		return err
 	}
@@ -296,7 +303,7 @@ func runE2E(ctx context.Context, cfg e2eConfig) error {
 	load0 := loadAverage()
 	var runs []e2eRun
 	for _, name := range cfg.scenarios {
-		src, err := newSource(ctx, name, svc)
+		src, err := newSource(ctx, name, svc, cfg)
 		if err != nil {
 			return err
 		}
@@ -504,7 +511,10 @@ func (b *e2eBench) writeConfig(p prepared, rate float64, burst int, consumer str
 		return writeTemp(fmt.Sprintf(readmeYAML, b.redis.addr, fmt.Sprintf("e2e-%s-%d", b.runID, b.seq),
 			strconv.FormatFloat(rate, 'f', -1, 64), burst, extra, p.throttleConfig(), b.svc.Sink, port))
 	}
-	extra, delivery := "", ""
+	extra, delivery, maxConns := "", "", ""
+	if b.cfg.maxConns > 0 {
+		maxConns = fmt.Sprintf("    max_conns: %d\n", b.cfg.maxConns)
+	}
 	switch consumer {
 	case consLayer:
 		extra = layerYAML
@@ -526,13 +536,13 @@ limit:
 sink:
   http:
     url: %s/throttle
-delivery:
+%sdelivery:
   drain_timeout: 10s
 %smetrics:
   listen: 127.0.0.1:%d
 log:
   level: warn
-`, b.redis.addr, b.runID, b.seq, strconv.FormatFloat(rate, 'f', -1, 64), burst, extra, p.throttleConfig(), b.svc.Sink, delivery, port)
+`, b.redis.addr, b.runID, b.seq, strconv.FormatFloat(rate, 'f', -1, 64), burst, extra, p.throttleConfig(), b.svc.Sink, maxConns, delivery, port)
 	if sampleRatio >= 0 {
 		yaml += fmt.Sprintf("tracing:\n  enabled: true\n  sample_ratio: %s\n", strconv.FormatFloat(sampleRatio, 'f', -1, 64))
 	}
@@ -707,12 +717,12 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 }
 
 // newSource returns the named scenario.
-func newSource(ctx context.Context, name string, svc *services) (source, error) {
+func newSource(ctx context.Context, name string, svc *services, cfg e2eConfig) (source, error) {
 	switch name {
 	case "rabbitmq":
 		return newRabbitSource(ctx)
 	case "kafka":
-		return newKafkaSource(svc.Kafka), nil
+		return newKafkaSource(svc.Kafka, cfg.bareQueue), nil
 	}
 	return nil, errors.New("unknown scenario " + name)
 }

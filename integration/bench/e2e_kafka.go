@@ -20,10 +20,12 @@ type kafkaSource struct {
 	brokers []string
 	runID   string
 	seq     int
+	// bareQueue is what each bare worker queues of its own.
+	bareQueue int
 }
 
-func newKafkaSource(brokers []string) *kafkaSource {
-	return &kafkaSource{brokers: brokers, runID: randomID()}
+func newKafkaSource(brokers []string, bareQueue int) *kafkaSource {
+	return &kafkaSource{brokers: brokers, runID: randomID(), bareQueue: bareQueue}
 }
 
 func (s *kafkaSource) name() string { return "kafka" }
@@ -33,9 +35,10 @@ func (s *kafkaSource) name() string { return "kafka" }
 func (s *kafkaSource) prepare(ctx context.Context, n int) (prepared, error) {
 	s.seq++
 	p := &kafkaTopic{
-		brokers: s.brokers,
-		topic:   fmt.Sprintf("bench-e2e-%s-%d", s.runID, s.seq),
-		group:   fmt.Sprintf("bench-e2e-%s-%d", s.runID, s.seq),
+		bareQueue: s.bareQueue,
+		brokers:   s.brokers,
+		topic:     fmt.Sprintf("bench-e2e-%s-%d", s.runID, s.seq),
+		group:     fmt.Sprintf("bench-e2e-%s-%d", s.runID, s.seq),
 	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.ProducerLinger(5*time.Millisecond))
@@ -67,6 +70,7 @@ func (s *kafkaSource) prepare(ctx context.Context, n int) (prepared, error) {
 type kafkaTopic struct {
 	brokers      []string
 	topic, group string
+	bareQueue    int
 }
 
 func (p *kafkaTopic) throttleConfig() string {
@@ -82,9 +86,12 @@ func (p *kafkaTopic) throttleConfig() string {
 // committer commits the highest handled offset of each partition, batched:
 // whatever was handled while the previous commit was in flight goes in the
 // next one. The reader is configured as throttle run configures its own
-// (1 s fetch wait, 32 queued messages); each worker queues up to 32
-// messages of its own, so that one busy partition does not hold up the
-// fetch of the others.
+// (1 s fetch wait, 32 queued messages); each worker queues up to
+// bareQueue messages of its own (32 unless -e2e-bare-queue), so that one
+// busy partition does not hold up the fetch of the others. Once one
+// worker's queue is full the fetch loop waits for it, and the other
+// workers may run dry: with a sink that takes milliseconds, a larger
+// queue keeps them busy.
 func (p *kafkaTopic) bare(ctx context.Context, sinkURL string) error {
 	r := kafkago.NewReader(kafkago.ReaderConfig{
 		Brokers:       p.brokers,
@@ -139,7 +146,7 @@ func (p *kafkaTopic) bare(ctx context.Context, sinkURL string) error {
 	hctx := context.WithoutCancel(ctx)
 	var wg sync.WaitGroup
 	for i := range work {
-		work[i] = make(chan kafkago.Message, 32)
+		work[i] = make(chan kafkago.Message, p.bareQueue)
 		wg.Go(func() {
 			for m := range work[i] {
 				for !post(hctx, client, sinkURL, m.Value) {

@@ -13,18 +13,25 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	p("Command: `cd integration/bench && go run .%s`\n\n", cfg.flags)
 	p("Machine: %s. Load average (1, 5, 15 min): %s.\n\n", machine, load)
+	answers := "at once"
+	if cfg.sinkLatency > 0 {
+		answers = "after " + cfg.sinkLatency.String() + ", as a provider's API would"
+	}
 	p("Each run fills a fresh queue or topic with the messages, then consumes them into an HTTP sink "+
-		"that answers 200 at once (a child process of the benchmark, on loopback); the rate is the "+
+		"that answers 200 "+answers+" (a child process of the benchmark, on loopback); the rate is the "+
 		"messages at the sink over the time from the first to the last. `throttle` is `throttle run` "+
 		"(the same `cli.Run` as the binary, metrics on, leasing auto) on a private redis-server; "+
 		"`bare` is a plain client loop. The runs alternate, %d of each, and the other work on the "+
 		"machine makes single figures noisy: compare the ratios of one run.\n\n", cfg.rounds)
+	if cfg.maxConns > 0 {
+		p("throttle's `sink.http.max_conns`: %d (the default is 64).\n\n", cfg.maxConns)
+	}
 	p("- RabbitMQ (127.0.0.1:5672): prefetch %d, %d handlers; bare: amqp091, one POST per message "+
 		"with a keep-alive client of %d idle connections, ack after a 2xx.\n", rabbitPrefetch, rabbitHandlers, rabbitHandlers)
 	p("- Kafka (kfake, in the child process): %d partitions, one worker per partition; bare: kafka-go "+
-		"reader (1 s fetch wait, 32 queued; each worker queues up to 32 of its own), one POST per message, "+
+		"reader (1 s fetch wait, 32 queued; each worker queues up to %d of its own), one POST per message, "+
 		"the highest handled offset of each "+
-		"partition committed after handling, batched while a commit is in flight.\n\n", kafkaPartitions)
+		"partition committed after handling, batched while a commit is in flight.\n\n", kafkaPartitions, cfg.bareQueue)
 
 	p("Limit out of reach (1,000,000/s, burst 1,000,000), %d messages per run:\n\n", cfg.messages)
 	base := consBare

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -40,12 +41,14 @@ type servicesInfo struct {
 const maxArrivals = 1 << 21
 
 // sinkServer is the HTTP sink: it answers every request 200 with an empty
-// body after reading the request body, and records when each arrived.
+// body after reading the request body and waiting latency, and records when
+// each arrived.
 type sinkServer struct {
-	start atomic.Pointer[time.Time]
-	n     atomic.Int64
-	at    []int64      // ns since start, of each arrival, up to maxArrivals
-	spans atomic.Int64 // spans received on /v1/traces (OTLP/HTTP) since the reset
+	latency time.Duration
+	start   atomic.Pointer[time.Time]
+	n       atomic.Int64
+	at      []int64      // ns since start, of each arrival, up to maxArrivals
+	spans   atomic.Int64 // spans received on /v1/traces (OTLP/HTTP) since the reset
 }
 
 func (s *sinkServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -89,6 +92,9 @@ func (s *sinkServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if i := s.n.Add(1) - 1; i < maxArrivals {
 		s.at[i] = int64(time.Since(*s.start.Load()))
 	}
+	if s.latency > 0 {
+		time.Sleep(s.latency)
+	}
 }
 
 // sinkStats is what the sink recorded since its last reset. At is in the
@@ -100,13 +106,19 @@ type sinkStats struct {
 }
 
 // serveServices is the child process: it serves the sink and kfake until
-// its standard input closes.
-func serveServices() error {
+// its standard input closes. args may set the sink's latency
+// (-sink-latency).
+func serveServices(args []string) error {
+	fs := flag.NewFlagSet(servicesFlag, flag.ContinueOnError)
+	latency := fs.Duration("sink-latency", 0, "how long the sink takes to answer")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	sink := &sinkServer{at: make([]int64, maxArrivals)}
+	sink := &sinkServer{at: make([]int64, maxArrivals), latency: *latency}
 	now := time.Now()
 	sink.start.Store(&now)
 	srv := &http.Server{Handler: sink, ReadHeaderTimeout: 10 * time.Second}
@@ -132,13 +144,14 @@ type services struct {
 	http  *http.Client
 }
 
-// startServices starts the child process and waits until it serves.
-func startServices(ctx context.Context) (*services, error) {
+// startServices starts the child process, its sink answering after
+// sinkLatency, and waits until it serves.
+func startServices(ctx context.Context, sinkLatency time.Duration) (*services, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, exe, servicesFlag)
+	cmd := exec.CommandContext(ctx, exe, servicesFlag, "-sink-latency", sinkLatency.String())
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

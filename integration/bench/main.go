@@ -136,8 +136,8 @@ type config struct {
 }
 
 func main() {
-	if len(os.Args) == 2 && os.Args[1] == servicesFlag {
-		if err := serveServices(); err != nil {
+	if len(os.Args) >= 2 && os.Args[1] == servicesFlag {
+		if err := serveServices(os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, "bench services:", err)
 			os.Exit(1)
 		}
@@ -212,6 +212,9 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&e2e.policy, "e2e-policy", false, "run the sending policy's cost instead: throttle alone, with delivery.dedupe and with a send window, alternating, no bare loop (implies -e2e, -e2e-dedupe, -e2e-window)")
 	fs.BoolVar(&e2e.readme, "e2e-readme", false, "(e2e) also run throttle in README.md's configuration (\"Run the binary\": cost template, per-recipient layer, header, form body, defaults for the rest), and without its layer, in each round")
 	fs.BoolVar(&e2e.tracing, "e2e-tracing", false, "(e2e) also run throttle with tracing on, at sample_ratio 1 and 0.01, exporting over OTLP/HTTP to the child process, in each round")
+	fs.IntVar(&e2e.bareQueue, "e2e-bare-queue", 32, "(e2e) messages each worker of the bare Kafka loop queues of its own")
+	fs.IntVar(&e2e.maxConns, "e2e-max-conns", 0, "(e2e) throttle's sink.http.max_conns, but in README.md's configuration (0: the default, 64)")
+	fs.DurationVar(&e2e.sinkLatency, "e2e-sink-latency", 0, "(e2e) how long the HTTP sink takes to answer each message, as a provider's API does (0: at once)")
 	fs.Float64Var(&e2e.inReach, "e2e-rate", 5000, "(e2e) the limit of the run with the limit in reach")
 	fs.DurationVar(&e2e.inReachFor, "e2e-reach-for", 5*time.Second, "(e2e) how long the run with the limit in reach lasts")
 	fs.StringVar(&scenarios, "e2e-scenarios", "rabbitmq,kafka", "(e2e) comma-separated sources: rabbitmq, kafka")
@@ -350,6 +353,9 @@ func parseFlags(args []string) (config, error) {
 		}
 		if e2e.messages < 100 || e2e.rounds < 1 || e2e.inReach <= 0 || e2e.inReachFor < 2*time.Second {
 			return config{}, fmt.Errorf("-e2e-messages must be at least 100, -e2e-rounds at least 1, -e2e-rate above 0 and -e2e-reach-for at least 2s")
+		}
+		if e2e.bareQueue < 1 || e2e.maxConns < 0 || e2e.sinkLatency < 0 {
+			return config{}, fmt.Errorf("-e2e-bare-queue must be at least 1, -e2e-max-conns and -e2e-sink-latency not negative")
 		}
 		cfg.e2e = &e2e
 		return cfg, nil

@@ -136,7 +136,11 @@ type scaleFigures struct {
 	// their replica's callers (fcfsExcess), fcfsSteady the same for the
 	// waits begun 1 s or more into the phase, of waits in all.
 	fcfs, fcfsSteady fcfsFigures
-	waits            int64
+	// fcfsTied and fcfsTiedSteady are fcfs and fcfsSteady with callers
+	// that began within fcfsTie of each other counted as arriving
+	// together.
+	fcfsTied, fcfsTiedSteady fcfsFigures
+	waits                    int64
 	// utilisation parts (unequal phase)
 	satPerReplica   float64 // grants/s of each saturated replica
 	pacedPerReplica float64 // grants/s of each paced replica
@@ -277,6 +281,13 @@ type scaleWait struct{ from, to uint32 }
 // replica's queue ÷ the replica's share: 100 ms.
 const fcfsSlack = 100 * time.Millisecond
 
+// fcfsTie is how close two callers' starts are for the second measure of
+// first come, first served to count them as arriving together. A caller's
+// start is taken before it calls Wait; on a machine running thousands of
+// replicas' callers on 2 cores, the scheduler may run another caller of
+// its replica into the limiter between that instant and its own arrival.
+const fcfsTie = time.Millisecond
+
 // fcfsExcess measures the waits of one replica's callers (each caller's
 // in order) against first come, first served. A wait that began with
 // place of the replica's callers waiting, itself included, ends under
@@ -286,8 +297,10 @@ const fcfsSlack = 100 * time.Millisecond
 // A wait that ends later was overtaken by a caller that came after it,
 // by the time from that grant to its own. fcfsExcess returns the worst
 // such excess and how many waits exceeded it by more than slack, of all
-// the waits and of those begun at steadyFrom or later.
-func fcfsExcess(callers [][]scaleWait, slack, steadyFrom time.Duration) (all, steady fcfsFigures) {
+// the waits and of those begun at steadyFrom or later. A caller that
+// began at most tie after w counts as ahead of it too (0: none does).
+func fcfsExcess(callers [][]scaleWait, slack, steadyFrom, tie time.Duration) (all, steady fcfsFigures) {
+	tieUS := uint32(tie / time.Microsecond)
 	var tos []uint32
 	for _, ws := range callers {
 		for _, w := range ws {
@@ -302,8 +315,9 @@ func fcfsExcess(callers [][]scaleWait, slack, steadyFrom time.Duration) (all, st
 				if o == c {
 					continue
 				}
-				// The other caller's last wait begun at or before w's.
-				j := sort.Search(len(others), func(j int) bool { return others[j].from > w.from }) - 1
+				// The other caller's last wait begun at or before w's
+				// (within tie after it).
+				j := sort.Search(len(others), func(j int) bool { return others[j].from > w.from+tieUS }) - 1
 				if j >= 0 && others[j].to > w.from {
 					place++
 				}
@@ -344,10 +358,13 @@ func (f *fcfsFigures) merge(g fcfsFigures) {
 }
 
 // fcfsText is f's waits over first come, first served + 100 ms: all of
-// them, then those begun after the start-up wave.
+// them, then those begun after the start-up wave; then the same with
+// callers that began within fcfsTie of each other as arriving together.
 func (f *scaleFigures) fcfsText() string {
-	return fmt.Sprintf("%d of %d (%v); %d (%v)", f.fcfs.over, f.waits, f.fcfs.worst.Round(time.Millisecond),
-		f.fcfsSteady.over, f.fcfsSteady.worst.Round(time.Millisecond))
+	return fmt.Sprintf("%d of %d (%v); %d (%v) · %d (%v); %d (%v)", f.fcfs.over, f.waits, f.fcfs.worst.Round(time.Millisecond),
+		f.fcfsSteady.over, f.fcfsSteady.worst.Round(time.Millisecond),
+		f.fcfsTied.over, f.fcfsTied.worst.Round(time.Millisecond),
+		f.fcfsTiedSteady.over, f.fcfsTiedSteady.worst.Round(time.Millisecond))
 }
 
 // phaseFigures are a phase's figures with its recovery part, if any.
@@ -504,9 +521,12 @@ func scalePhase(ctx context.Context, addr string, admin *redis.Client, cfg scale
 		byRep[c.rep] = append(byRep[c.rep], c.waits)
 	}
 	for _, ws := range byRep {
-		all, steady := fcfsExcess(ws, fcfsSlack, steadyFrom)
+		all, steady := fcfsExcess(ws, fcfsSlack, steadyFrom, 0)
 		f.fcfs.merge(all)
 		f.fcfsSteady.merge(steady)
+		all, steady = fcfsExcess(ws, fcfsSlack, steadyFrom, fcfsTie)
+		f.fcfsTied.merge(all)
+		f.fcfsTiedSteady.merge(steady)
 	}
 	for _, v := range bins {
 		f.granted += v
@@ -657,7 +677,7 @@ func scaleMarkdown(cfg scaleConfig, runs []scaleRun, load string) string {
 	fmt.Fprintf(&b, "# Scale\n\nCommand: `go run .%s` (integration/bench). Load average %s.\n\n", cfg.flags, load)
 	fmt.Fprintf(&b, "Each replica: its own go-redis client and limiter.Bucket; burst = rate/10; saturated replicas run %d callers in a tight loop. Grants counted when Wait returns.\n\n", cfg.callers)
 	b.WriteString("## Saturated: every replica wants more than its share\n\n")
-	b.WriteString("| rate/s | N | lease | steady grants/s | worst 1 s window (bound rate+burst) | 1st s, 2nd s | share min–max of mean | worst wait | worst wait begun after 1 s | waits > 1 s | waits over place ÷ share + 100 ms (worst excess over place ÷ share); begun after 1 s | scripts/s | scripts per 1k grants | Redis CPU µs/grant | process CPU µs/grant | retimed |\n")
+	b.WriteString("| rate/s | N | lease | steady grants/s | worst 1 s window (bound rate+burst) | 1st s, 2nd s | share min–max of mean | worst wait | worst wait begun after 1 s | waits > 1 s | waits over place ÷ share + 100 ms (worst excess over place ÷ share); begun after 1 s · the same, callers begun within 1 ms counted as arriving together | scripts/s | scripts per 1k grants | Redis CPU µs/grant | process CPU µs/grant | retimed |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
 		f := r.sat
@@ -673,7 +693,7 @@ func scaleMarkdown(cfg scaleConfig, runs []scaleRun, load string) string {
 			float64(f.redisCPU.Microseconds())/tok, float64(f.processCPU.Microseconds())/tok, f.retimed)
 	}
 	b.WriteString("\n## Unequal demand: 10% of the replicas saturated, the rest asking 20/s each\n\n")
-	b.WriteString("| rate/s | N | lease | grants/s (of rate) | each saturated replica /s | each paced replica /s (asked) | worst wait | waits over place ÷ share + 100 ms (worst excess); begun after 1 s | worst 1 s window | scripts/s |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| rate/s | N | lease | grants/s (of rate) | each saturated replica /s | each paced replica /s (asked) | worst wait | waits over place ÷ share + 100 ms (worst excess); begun after 1 s · the same, callers begun within 1 ms together | worst 1 s window | scripts/s |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range runs {
 		f := r.unequal
 		if f == nil {

@@ -43,6 +43,9 @@ func TestFCFSExcess(t *testing.T) {
 		callers [][]scaleWait
 		worst   time.Duration
 		over    int64
+		// tied: with callers within fcfsTie counted together, no wait
+		// exceeds FCFS at all.
+		tied bool
 	}{
 		{
 			// Three callers served in turn, each waiting for the two
@@ -79,12 +82,26 @@ func TestFCFSExcess(t *testing.T) {
 			worst: time.Millisecond,
 		},
 		{
+			// Callers that began 0.5 ms apart, served in the other
+			// order: the first waits 300 ms more than its place ÷ share
+			// strictly, and nothing more when callers within 1 ms of
+			// each other count as arriving together.
+			name: "raced",
+			callers: [][]scaleWait{
+				{{ms(0), ms(400)}},
+				{{500, ms(100)}, {ms(100), ms(500)}},
+			},
+			worst: 300 * time.Millisecond,
+			over:  1,
+			tied:  true,
+		},
+		{
 			// A lone caller is never overtaken, however long it waits.
 			name:    "alone",
 			callers: [][]scaleWait{{{ms(0), ms(5000)}}},
 		},
 	} {
-		all, steady := fcfsExcess(tc.callers, fcfsSlack, time.Millisecond)
+		all, steady := fcfsExcess(tc.callers, fcfsSlack, time.Millisecond, 0)
 		if all.worst != tc.worst || all.over != tc.over {
 			t.Errorf("%s: worst %v over %d, want %v and %d", tc.name, all.worst, all.over, tc.worst, tc.over)
 		}
@@ -93,6 +110,11 @@ func TestFCFSExcess(t *testing.T) {
 		// than 1 ms.
 		if steady.worst > time.Millisecond || steady.over != 0 {
 			t.Errorf("%s: from 1 ms on, worst %v over %d, want at most 1ms and 0", tc.name, steady.worst, steady.over)
+		}
+		if tied, _ := fcfsExcess(tc.callers, fcfsSlack, time.Millisecond, fcfsTie); tc.tied && tied != (fcfsFigures{}) {
+			t.Errorf("%s: callers within %v together: worst %v over %d, want none", tc.name, fcfsTie, tied.worst, tied.over)
+		} else if !tc.tied && tied.over != tc.over {
+			t.Errorf("%s: callers within %v together: over %d, want %d as strictly", tc.name, fcfsTie, tied.over, tc.over)
 		}
 	}
 }
