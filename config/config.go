@@ -446,8 +446,9 @@ type HTTP struct {
 	// ContentType is the Content-Type of requests; empty means
 	// httpsink.DefaultContentType, application/json.
 	ContentType string `yaml:"content_type"`
-	// MaxConns bounds the connections to the server. Zero means
-	// httpsink.DefaultMaxConns (64); not 0 in YAML.
+	// MaxConns bounds the connections to the server, and over HTTP/1.1
+	// the sends in flight. Zero means httpsink.DefaultMaxConns (64); not 0
+	// in YAML.
 	MaxConns int `yaml:"max_conns,omitempty" check:"nonzero"`
 	// PushBack makes the sink honour 429 and 503 responses (and their
 	// Retry-After) by pausing consumption. Nil means the default, true;

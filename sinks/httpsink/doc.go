@@ -78,5 +78,8 @@
 // The sink keeps its own connection pool: at most Config.MaxConns
 // connections to the host, all of them kept alive and reused. Response
 // bodies are drained (up to 64 KiB) and closed so that connections go back
-// to the pool.
+// to the pool. Over HTTP/1.1 a connection carries one request at a time,
+// so MaxConns also bounds the Sends in flight: beyond it a Send waits for
+// a connection, within its Timeout. Give it at least the consumer's
+// concurrency where the provider is slow and allows that many connections.
 package httpsink

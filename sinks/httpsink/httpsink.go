@@ -73,7 +73,8 @@ type Config struct {
 	// "application/x-www-form-urlencoded". Default application/json.
 	ContentType string
 	// MaxConns bounds the connections to the host, busy or idle; requests
-	// beyond it wait for a free connection. Default 64.
+	// beyond it wait for a free connection, within Timeout. Over HTTP/1.1
+	// it thus bounds the Sends in flight too. Default 64.
 	MaxConns int
 	// DefaultRetryAfter is the delay a 429 without a usable Retry-After
 	// header asks for. Default 1s.
