@@ -139,6 +139,10 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		"source", describeSource(cfg.Source),
 		"sink", describeSink(cfg.Sink))
 	log.Debug("configuration", "config", cfg.String())
+	if key, handlers, maxConns, ok := sendsInFlightCapped(cfg.Source, cfg.Sink); ok {
+		log.Info("sink.http.max_conns is below the handlers the source runs: over HTTP/1.1 a connection carries one request at a time, so at most max_conns messages are sent at once and the other handlers wait for a connection (docs/operations.md, Production checklist)",
+			"max_conns", maxConns, key, handlers)
+	}
 	if err := checkBucket(ctx, cfg.Redis, bucket, store, m, log); err != nil {
 		return err
 	}
@@ -372,6 +376,32 @@ func progressLine(achieved, limit float64, mode limiter.Mode, delivered, waiting
 		line += " (" + strings.Join(notes, ", ") + ")"
 	}
 	return line
+}
+
+// sendsInFlightCapped reports whether an HTTP sink's connections
+// (sink.http.max_conns, or its default) are fewer than the handlers the
+// source's configuration asks for: rabbitmq.concurrency, kafka.concurrency
+// or kafka.max_in_flight, the largest set. It returns that key, its value
+// and the connections. Only values set in the file count: the libraries'
+// defaults stay with them.
+func sendsInFlightCapped(src config.Source, sink config.Sink) (key string, handlers, maxConns int, ok bool) {
+	if sink.HTTP == nil {
+		return "", 0, 0, false
+	}
+	maxConns = cmp.Or(sink.HTTP.MaxConns, httpsink.DefaultMaxConns)
+	consider := func(k string, n int) {
+		if n > handlers {
+			key, handlers = k, n
+		}
+	}
+	if k := src.Kafka; k != nil {
+		consider("kafka.concurrency", k.Concurrency)
+		consider("kafka.max_in_flight", k.MaxInFlight)
+	}
+	if r := src.RabbitMQ; r != nil {
+		consider("rabbitmq.concurrency", r.Concurrency)
+	}
+	return key, handlers, maxConns, handlers > maxConns
 }
 
 // describeSource names the source for logs, without secrets.

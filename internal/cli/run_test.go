@@ -14,9 +14,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/consumer"
 	"github.com/throttlehq/throttle/internal/testenv"
 	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/sinks/httpsink"
 )
 
 // servingAddr waits for the "serving metrics" record of a replica's JSON
@@ -237,5 +239,32 @@ func TestPauseReporterBoundsTheRate(t *testing.T) {
 		!strings.Contains(got[0], `"msg":"bucket paused 3s by push-back from replica r2","pause":"3s"`) ||
 		!strings.Contains(got[1], `"msg":"bucket paused 1.5s by push-back from replica r1","pause":"1.5s","pauses_not_logged":2`) {
 		t.Errorf("log:\n%s\nwant the first pause, then the fourth counting 2 left out", buf.String())
+	}
+}
+
+func TestSendsInFlightCapped(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		cfg      config.Config
+		key      string
+		handlers int
+		maxConns int
+		ok       bool
+	}{
+		{"rabbitmq above the default", config.Config{Source: config.Source{RabbitMQ: &config.RabbitMQ{Concurrency: 100}}, Sink: config.Sink{HTTP: &config.HTTP{}}},
+			"rabbitmq.concurrency", 100, httpsink.DefaultMaxConns, true},
+		{"rabbitmq within max_conns", config.Config{Source: config.Source{RabbitMQ: &config.RabbitMQ{Concurrency: 100}}, Sink: config.Sink{HTTP: &config.HTTP{MaxConns: 128}}},
+			"rabbitmq.concurrency", 100, 128, false},
+		{"rabbitmq at the library's default", config.Config{Source: config.Source{RabbitMQ: &config.RabbitMQ{}}, Sink: config.Sink{HTTP: &config.HTTP{MaxConns: 4}}},
+			"", 0, 4, false},
+		{"kafka, the larger of the two", config.Config{Source: config.Source{Kafka: &config.Kafka{Concurrency: 16, MaxInFlight: 500}}, Sink: config.Sink{HTTP: &config.HTTP{}}},
+			"kafka.max_in_flight", 500, httpsink.DefaultMaxConns, true},
+		{"not an HTTP sink", config.Config{Source: config.Source{RabbitMQ: &config.RabbitMQ{Concurrency: 100}}, Sink: config.Sink{Stdout: &config.Stdout{}}},
+			"", 0, 0, false},
+	} {
+		key, handlers, maxConns, ok := sendsInFlightCapped(tc.cfg.Source, tc.cfg.Sink)
+		if key != tc.key || handlers != tc.handlers || maxConns != tc.maxConns || ok != tc.ok {
+			t.Errorf("%s: got %q %d, max_conns %d, %v; want %q %d, %d, %v", tc.name, key, handlers, maxConns, ok, tc.key, tc.handlers, tc.maxConns, tc.ok)
+		}
 	}
 }
