@@ -42,6 +42,10 @@ type metrics struct {
 	// (limiter.Priority), labelled priority.
 	waitSeconds [limiter.NumPriorities]prometheus.Observer
 	waitingBy   atomic.Pointer[func() [limiter.NumPriorities]int]
+	// sendSeconds times each call of the sink, by outcome (delivered,
+	// failed); sending counts the calls in progress.
+	sendSeconds *prometheus.HistogramVec
+	sending     atomic.Int64
 	tokens      prometheus.Gauge
 	rate        prometheus.Gauge
 	redisErrors prometheus.Counter
@@ -155,8 +159,19 @@ func newMetrics(broker string) *metrics {
 			Name: "throttle_dedupe_store_errors_total",
 			Help: "Failed calls to the dedupe store in Redis; delivery.dedupe.on_store_error says what follows.",
 		}),
+		sendSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "throttle_sink_send_seconds",
+			Help:    "Time each call of the sink took (every attempt, retries included), by outcome: delivered or failed.",
+			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
+		}, []string{"outcome"}),
 		broker: broker,
 	}
+	m.sendSeconds.WithLabelValues("delivered")
+	m.sendSeconds.WithLabelValues("failed")
+	reg.MustRegister(m.sendSeconds, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "throttle_sink_in_flight",
+		Help: "Calls of the sink in progress now. Flat at sink.http.max_conns while messages wait: the connections, not the handlers, bound the sends (over HTTP/1.1).",
+	}, func() float64 { return float64(m.sending.Load()) }))
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "throttle_build_info",
 		Help: "Always 1; the labels give the version and commit.",
@@ -280,6 +295,25 @@ func (m *metrics) consumerObserver() *consumer.MessageObserver {
 		Deduplicated:     func(msg consumer.Message) { m.deduplicated.WithLabelValues(msg.Source.Broker).Inc() },
 		DedupeSkipped:    func(_ consumer.Message, reason string) { m.dedupeSkipped.WithLabelValues(reason).Inc() },
 		DedupeStoreError: func(error) { m.dedupeErrors.Inc() },
+	}
+}
+
+// timedSends wraps the sink's handler h: it counts the calls in progress
+// and times each by its outcome.
+func (m *metrics) timedSends(h consumer.Handler) consumer.Handler {
+	delivered, failed := m.sendSeconds.WithLabelValues("delivered"), m.sendSeconds.WithLabelValues("failed")
+	return func(ctx context.Context, msg consumer.Message) error {
+		m.sending.Add(1)
+		start := time.Now()
+		err := h(ctx, msg)
+		d := time.Since(start).Seconds()
+		m.sending.Add(-1)
+		if err != nil {
+			failed.Observe(d)
+		} else {
+			delivered.Observe(d)
+		}
+		return err
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/throttlehq/throttle/config"
 	"github.com/throttlehq/throttle/consumer"
@@ -300,6 +301,63 @@ func TestHealthcheck(t *testing.T) {
 		}
 		if strings.Contains(stdout+stderr, "hunter2") {
 			t.Errorf("%q: output leaks a password: %q", tt.args, stdout+stderr)
+		}
+	}
+}
+
+func TestTimedSends(t *testing.T) {
+	m := newMetrics("")
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	fail := errors.New("provider said no")
+	h := m.timedSends(func(_ context.Context, msg consumer.Message) error {
+		entered <- struct{}{}
+		<-release
+		if string(msg.Body) == "bad" {
+			return fail
+		}
+		return nil
+	})
+	done := make(chan error, 2)
+	for _, v := range []string{"good", "bad"} {
+		go func() { done <- h(context.Background(), consumer.Message{Body: []byte(v)}) }()
+	}
+	<-entered
+	<-entered
+	inFlight := func() float64 {
+		mfs, err := m.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "throttle_sink_in_flight" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("throttle_sink_in_flight not served")
+		return 0
+	}
+	if got := inFlight(); got != 2 {
+		t.Errorf("in flight %v while two sends are in progress, want 2", got)
+	}
+	close(release)
+	var errs []error
+	for range 2 {
+		errs = append(errs, <-done)
+	}
+	if !errors.Is(errors.Join(errs...), fail) {
+		t.Errorf("the handler's error did not come through: %v", errs)
+	}
+	if got := inFlight(); got != 0 {
+		t.Errorf("in flight %v after the sends returned, want 0", got)
+	}
+	for _, outcome := range []string{"delivered", "failed"} {
+		var out dto.Metric
+		if err := m.sendSeconds.WithLabelValues(outcome).(prometheus.Histogram).Write(&out); err != nil {
+			t.Fatal(err)
+		}
+		if got := out.GetHistogram().GetSampleCount(); got != 1 {
+			t.Errorf("%s: %d sends timed, want 1", outcome, got)
 		}
 	}
 }

@@ -169,7 +169,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 	if b.dedupe != nil {
 		defer b.dedupe.Close()
 	}
-	c, err := buildConsumer(b, bucket, sinks.Handler(sink))
+	c, err := buildConsumer(b, bucket, m.timedSends(sinks.Handler(sink)))
 	if err != nil {
 		return err
 	}
