@@ -216,8 +216,8 @@ func (p *leasePool) take(c Priority, cost int) bool {
 		return false
 	}
 	now := p.b.clock.Now()
-	p.demand.add(now, cost)
 	p.mu.Lock()
+	p.demand.add(now, cost)
 	ok := false
 	if len(p.queue) == 0 {
 		_, ok = p.spendLocked(now, cost)
@@ -580,9 +580,9 @@ func (p *leasePool) holdLocked() time.Duration {
 }
 
 // demandMeter counts the tokens asked for in the current and the last
-// window of demandWindow.
+// window of demandWindow. Its methods are called with leasePool.mu held,
+// which guards it: a leased take costs one lock, not two.
 type demandMeter struct {
-	mu    sync.Mutex
 	start time.Time // of the current window; zero before the first count
 	cur   float64   // tokens asked in the current window
 	last  float64   // tokens/s in the last whole window; <0 before one ended
@@ -591,10 +591,8 @@ type demandMeter struct {
 const demandWindow = time.Second
 
 func (m *demandMeter) add(now time.Time, n int) {
-	m.mu.Lock()
 	m.rollLocked(now)
 	m.cur += float64(n)
-	m.mu.Unlock()
 }
 
 func (m *demandMeter) rollLocked(now time.Time) {
@@ -616,8 +614,6 @@ func (m *demandMeter) rollLocked(now time.Time) {
 // passed), so that a rise shows at once and a fall after a window. It
 // reports false while nothing has been measured.
 func (m *demandMeter) rate(now time.Time) (float64, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.rollLocked(now)
 	r, ok := m.last, m.last >= 0
 	if el := now.Sub(m.start); el >= demandWindow/10 {
