@@ -43,13 +43,13 @@ type metrics struct {
 	waitSeconds [limiter.NumPriorities]prometheus.Observer
 	waitingBy   atomic.Pointer[func() [limiter.NumPriorities]int]
 	// sendSeconds times each call of the sink, by outcome (delivered,
-	// failed); sending counts the calls in progress.
-	sendSeconds *prometheus.HistogramVec
-	sending     atomic.Int64
-	tokens      prometheus.Gauge
-	rate        prometheus.Gauge
-	redisErrors prometheus.Counter
-	mode        *prometheus.GaugeVec
+	// failed); sendsInFlight counts the calls in progress.
+	sendSeconds   *prometheus.HistogramVec
+	sendsInFlight atomic.Int64
+	tokens        prometheus.Gauge
+	rate          prometheus.Gauge
+	redisErrors   prometheus.Counter
+	mode          *prometheus.GaugeVec
 	// backlog counts every message waiting at the broker,
 	// backlogSetAside those of them set aside in the delay topic or
 	// queue.
@@ -171,7 +171,7 @@ func newMetrics(broker string) *metrics {
 	reg.MustRegister(m.sendSeconds, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "throttle_sink_in_flight",
 		Help: "Calls of the sink in progress now. Flat at sink.http.max_conns while messages wait: the connections, not the handlers, bound the sends (over HTTP/1.1).",
-	}, func() float64 { return float64(m.sending.Load()) }))
+	}, func() float64 { return float64(m.sendsInFlight.Load()) }))
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "throttle_build_info",
 		Help: "Always 1; the labels give the version and commit.",
@@ -303,11 +303,11 @@ func (m *metrics) consumerObserver() *consumer.MessageObserver {
 func (m *metrics) timedSends(h consumer.Handler) consumer.Handler {
 	delivered, failed := m.sendSeconds.WithLabelValues("delivered"), m.sendSeconds.WithLabelValues("failed")
 	return func(ctx context.Context, msg consumer.Message) error {
-		m.sending.Add(1)
+		m.sendsInFlight.Add(1)
 		start := time.Now()
 		err := h(ctx, msg)
 		d := time.Since(start).Seconds()
-		m.sending.Add(-1)
+		m.sendsInFlight.Add(-1)
 		if err != nil {
 			failed.Observe(d)
 		} else {
