@@ -145,6 +145,22 @@ func waitN(b *limiter.Bucket, ctx context.Context, req limiter.Request) <-chan e
 	return done
 }
 
+// grantedIn advances clk by d in two steps and checks that the WaitN behind
+// done returns nil at the second, and not a millisecond before.
+func grantedIn(t *testing.T, clk *clocktest.Clock, done <-chan error, d time.Duration) {
+	t.Helper()
+	clk.Advance(d - time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("WaitN returned after %v (%v), want after %v", d-time.Millisecond, err, d)
+	default:
+	}
+	clk.Advance(time.Millisecond)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestWaitNDeadLetterChargesNothing(t *testing.T) {
 	clk := clocktest.New(storetest.Base)
 	s := newLayeredClocked(t, clk, 100, 10, 1,
@@ -200,16 +216,7 @@ func TestWaitNWaitsForTheSlowestLayer(t *testing.T) {
 	if err := b.WaitN(ctx, keyReq("b")); err != nil {
 		t.Fatal(err)
 	}
-	clk.Advance(99 * time.Millisecond)
-	select {
-	case err := <-done:
-		t.Fatalf("WaitN on key a returned after 99ms (%v), want after 100ms (10/s)", err)
-	default:
-	}
-	clk.Advance(time.Millisecond)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	grantedIn(t, clk, done, 100*time.Millisecond) // key a at 10/s
 	for _, want := range []string{"/0s", "/0s", "per-key/100ms"} {
 		if got := <-waited; got != want {
 			t.Errorf("Observer.LayerWaited = %s, want %s", got, want)
@@ -602,14 +609,5 @@ func TestWaitNBooksAtOnceBeyondAHorizonTooShort(t *testing.T) {
 	if n := s.calls.Load(); n != 2 {
 		t.Fatalf("%d store calls before the caller sleeps, want 2: turned away, then booked at once", n)
 	}
-	clk.Advance(2099 * time.Millisecond)
-	select {
-	case err := <-done:
-		t.Fatalf("granted before its place at +2.1 s (%v)", err)
-	default:
-	}
-	clk.Advance(time.Millisecond)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	grantedIn(t, clk, done, 2100*time.Millisecond) // its place at the queue's end
 }

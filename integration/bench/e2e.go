@@ -43,8 +43,8 @@ type e2eConfig struct {
 	readme bool
 	// sinkLatency is how long the sink takes to answer each message.
 	sinkLatency time.Duration
-	// maxConns, when set, is throttle's sink.http.max_conns (but in
-	// README.md's configuration).
+	// maxConns, when set, is throttle's sink.http.max_conns in every
+	// configuration but README.md's.
 	maxConns int
 	// bareQueue is what each worker of the bare Kafka loop queues.
 	bareQueue  int

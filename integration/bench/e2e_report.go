@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/throttlehq/throttle/sinks/httpsink"
 )
 
 // e2eMarkdown is the end-to-end report.
@@ -24,7 +26,7 @@ func e2eMarkdown(cfg e2eConfig, machine, load string, runs []e2eRun) string {
 		"`bare` is a plain client loop. The runs alternate, %d of each, and the other work on the "+
 		"machine makes single figures noisy: compare the ratios of one run.\n\n", cfg.rounds)
 	if cfg.maxConns > 0 {
-		p("throttle's `sink.http.max_conns`: %d (the default is 64).\n\n", cfg.maxConns)
+		p("throttle's `sink.http.max_conns`: %d (the default is %d).\n\n", cfg.maxConns, httpsink.DefaultMaxConns)
 	}
 	p("- RabbitMQ (127.0.0.1:5672): prefetch %d, %d handlers; bare: amqp091, one POST per message "+
 		"with a keep-alive client of %d idle connections, ack after a 2xx.\n", rabbitPrefetch, rabbitHandlers, rabbitHandlers)

@@ -75,6 +75,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/throttlehq/throttle/limiter"
+	"github.com/throttlehq/throttle/sinks/httpsink"
 )
 
 // workload is a bucket that every implementation is run on.
@@ -213,7 +214,7 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&e2e.readme, "e2e-readme", false, "(e2e) also run throttle in README.md's configuration (\"Run the binary\": cost template, per-recipient layer, header, form body, defaults for the rest), and without its layer, in each round")
 	fs.BoolVar(&e2e.tracing, "e2e-tracing", false, "(e2e) also run throttle with tracing on, at sample_ratio 1 and 0.01, exporting over OTLP/HTTP to the child process, in each round")
 	fs.IntVar(&e2e.bareQueue, "e2e-bare-queue", 32, "(e2e) messages each worker of the bare Kafka loop queues of its own")
-	fs.IntVar(&e2e.maxConns, "e2e-max-conns", 0, "(e2e) throttle's sink.http.max_conns, but in README.md's configuration (0: the default, 64)")
+	fs.IntVar(&e2e.maxConns, "e2e-max-conns", 0, fmt.Sprintf("(e2e) throttle's sink.http.max_conns, in every configuration but README.md's (0: the default, %d)", httpsink.DefaultMaxConns))
 	fs.DurationVar(&e2e.sinkLatency, "e2e-sink-latency", 0, "(e2e) how long the HTTP sink takes to answer each message, as a provider's API does (0: at once)")
 	fs.Float64Var(&e2e.inReach, "e2e-rate", 5000, "(e2e) the limit of the run with the limit in reach")
 	fs.DurationVar(&e2e.inReachFor, "e2e-reach-for", 5*time.Second, "(e2e) how long the run with the limit in reach lasts")

@@ -132,15 +132,12 @@ type scaleFigures struct {
 	// has reached the store.
 	worstSteadyWait time.Duration
 	waitsOver1s     int64
-	// fcfs is how far waits exceeded first come, first served among
-	// their replica's callers (fcfsExcess), fcfsSteady the same for the
-	// waits begun 1 s or more into the phase, of waits in all.
-	fcfs, fcfsSteady fcfsFigures
-	// fcfsTied and fcfsTiedSteady are fcfs and fcfsSteady with callers
+	// fcfs is how far the waits exceeded first come, first served among
+	// their replica's callers (fcfsExcess), fcfsTied the same with callers
 	// that began within fcfsTie of each other counted as arriving
-	// together.
-	fcfsTied, fcfsTiedSteady fcfsFigures
-	waits                    int64
+	// together; of waits in all.
+	fcfs, fcfsTied fcfsCount
+	waits          int64
 	// utilisation parts (unequal phase)
 	satPerReplica   float64 // grants/s of each saturated replica
 	pacedPerReplica float64 // grants/s of each paced replica
@@ -357,14 +354,23 @@ func (f *fcfsFigures) merge(g fcfsFigures) {
 	f.over += g.over
 }
 
+// fcfsCount is fcfsExcess's figures summed over the replicas: of all the
+// waits, and of those begun after the start-up wave.
+type fcfsCount struct{ all, steady fcfsFigures }
+
+func (c *fcfsCount) merge(all, steady fcfsFigures) {
+	c.all.merge(all)
+	c.steady.merge(steady)
+}
+
 // fcfsText is f's waits over first come, first served + 100 ms: all of
 // them, then those begun after the start-up wave; then the same with
 // callers that began within fcfsTie of each other as arriving together.
 func (f *scaleFigures) fcfsText() string {
-	return fmt.Sprintf("%d of %d (%v); %d (%v) · %d (%v); %d (%v)", f.fcfs.over, f.waits, f.fcfs.worst.Round(time.Millisecond),
-		f.fcfsSteady.over, f.fcfsSteady.worst.Round(time.Millisecond),
-		f.fcfsTied.over, f.fcfsTied.worst.Round(time.Millisecond),
-		f.fcfsTiedSteady.over, f.fcfsTiedSteady.worst.Round(time.Millisecond))
+	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	return fmt.Sprintf("%d of %d (%v); %d (%v) · %d (%v); %d (%v)", f.fcfs.all.over, f.waits, ms(f.fcfs.all.worst),
+		f.fcfs.steady.over, ms(f.fcfs.steady.worst), f.fcfsTied.all.over, ms(f.fcfsTied.all.worst),
+		f.fcfsTied.steady.over, ms(f.fcfsTied.steady.worst))
 }
 
 // phaseFigures are a phase's figures with its recovery part, if any.
@@ -521,12 +527,8 @@ func scalePhase(ctx context.Context, addr string, admin *redis.Client, cfg scale
 		byRep[c.rep] = append(byRep[c.rep], c.waits)
 	}
 	for _, ws := range byRep {
-		all, steady := fcfsExcess(ws, fcfsSlack, steadyFrom, 0)
-		f.fcfs.merge(all)
-		f.fcfsSteady.merge(steady)
-		all, steady = fcfsExcess(ws, fcfsSlack, steadyFrom, fcfsTie)
-		f.fcfsTied.merge(all)
-		f.fcfsTiedSteady.merge(steady)
+		f.fcfs.merge(fcfsExcess(ws, fcfsSlack, steadyFrom, 0))
+		f.fcfsTied.merge(fcfsExcess(ws, fcfsSlack, steadyFrom, fcfsTie))
 	}
 	for _, v := range bins {
 		f.granted += v
