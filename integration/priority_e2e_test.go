@@ -247,7 +247,7 @@ func otpTimes(otp map[int]time.Time) []time.Time {
 // dead-lettered with the reason. The CI run measures 8 s per phase;
 // THROTTLE_SIM=1 measures 30 s per phase, first with every replica in
 // the normal class (no classes: measured, not checked), and logs the
-// figures of BENCHMARKS.md:
+// figures of docs/benchmarks/priority.md:
 //
 //	THROTTLE_SIM=1 go test -count=1 -run TestPriorityOTPMarketingE2E -v ./integration/
 func TestPriorityOTPMarketingE2E(t *testing.T) {

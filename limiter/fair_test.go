@@ -3,6 +3,7 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -106,6 +107,67 @@ func TestFairBucketShares(t *testing.T) {
 	}
 	if share < 0.72 || share > 0.78 {
 		t.Errorf("b's share = %.3f, want 0.75 ± 0.03", share)
+	}
+}
+
+// TestFairBurstLeavesOthersTheirRate: on an in-process store at 200/s,
+// 100 callers each asking for the next of 1,000 tenants keep the bucket
+// saturated; 100 callers of one more tenant, as many as all the others
+// together, join. That tenant gets its share as one tenant among the
+// waiting ones (about 1 in 101 grants) and the others keep the rest,
+// where without fair shares the rate splits by callers, half each. The
+// clock moves as in TestFairBucketShares; the grants are counted over 2 s
+// after a warm-up of 0.5 s.
+func TestFairBurstLeavesOthersTheirRate(t *testing.T) {
+	clk := clocktest.New(storetest.Base)
+	s := newFairClocked(t, clk, 200, 1, limiter.Fair{})
+	b := newLayeredBucket(t, clk, s)
+	ctx, cancel := context.WithCancel(context.Background())
+	var others, burst, next atomic.Int64
+	var wg sync.WaitGroup
+	const callers = 100
+	for i := range 2 * callers {
+		isBurst := i >= callers
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				tenant := "burst"
+				if !isBurst {
+					tenant = fmt.Sprintf("t%03d", next.Add(1)%1000)
+				}
+				if b.WaitN(ctx, limiter.Request{Cost: 1, Tenant: tenant}) != nil {
+					continue
+				}
+				if isBurst {
+					burst.Add(1)
+				} else {
+					others.Add(1)
+				}
+			}
+		})
+		clk.WaitTimers(t, i+1)
+	}
+	step := func(n int) {
+		for range n {
+			clk.Advance(10 * time.Millisecond)
+			clk.WaitTimers(t, 2*callers)
+		}
+	}
+	step(50)
+	o0, b0 := others.Load(), burst.Load()
+	step(200)
+	o, bb := others.Load()-o0, burst.Load()-b0
+	cancel()
+	wg.Wait()
+	share := float64(o) / float64(o+bb)
+	t.Logf("over 2 s: the others %d, the burst's tenant %d: the others' share %.3f", o, bb, share)
+	if o+bb < 395 || o+bb > 401 {
+		t.Errorf("granted %d in 2 s at 200/s, want 400", o+bb)
+	}
+	if share < 0.95 {
+		t.Errorf("the others' share = %.3f with one tenant's burst, want ≥ 0.95 (one tenant among 101)", share)
+	}
+	if bb == 0 {
+		t.Error("the burst's tenant got nothing in 2 s, want its share")
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -45,6 +46,11 @@ import (
 //	memory   -fair-tenants tenants each holding a reservation in a
 //	         saturated bucket (one script call each, no consumer): MEMORY
 //	         USAGE of the fair keys and used_memory's growth per tenant.
+//	waits    no consumer: 200 callers of Buckets on the fair store, each
+//	         asking for the next of -fair-tenants tenants, saturate the
+//	         bucket for -fair-for; then 200 callers of one tenant join
+//	         for -fair-for: the others' waits in WaitN before and during,
+//	         with fair shares and without (fairWaits).
 type fairConfig struct {
 	scenario string
 	replicas int
@@ -344,8 +350,10 @@ func runFair(ctx context.Context, cfg fairConfig) error {
 		out, err = fairScale(ctx, cfg)
 	case "memory":
 		out, err = fairMemory(ctx, cfg)
+	case "waits":
+		out, err = fairWaits(ctx, cfg)
 	default:
-		err = fmt.Errorf("-fair: unknown scenario %q (two, weights, scale, memory)", cfg.scenario)
+		err = fmt.Errorf("-fair: unknown scenario %q (two, weights, scale, memory, waits)", cfg.scenario)
 	}
 	if err != nil {
 		return err
@@ -646,4 +654,190 @@ func fairMemory(ctx context.Context, cfg fairConfig) (string, error) {
 	d := after.sub(before)
 	return fmt.Sprintf("%d tenants each holding a reservation (tenant-NNNNN, bucket at 1/s): MEMORY USAGE of the %d fair keys %d bytes, %.1f per tenant (encodings %v); used_memory grew %.1f per tenant; %.2f script calls per take",
 		cfg.tenants, len(keys), total, float64(total)/n, enc, float64(u1-u0)/n, float64(d.redis.scripts)/n), nil
+}
+
+// fairWaits: the fair decision alone, the others' waits in the limiter
+// rather than their latency through a queue. -fair-replicas Buckets, each
+// with its own client, on one fair store in a private redis-server at
+// -fair-rate (300/s), burst 5, leasing off. fairWaitCallers callers over
+// the replicas, each asking for the next of -fair-tenants tenants, keep
+// the bucket saturated for -fair-for; then one tenant's callers, as many
+// as all the others', join for -fair-for. Run with fair shares, then, as
+// the control, with the same callers outside them (Tenant ""). A wait is
+// WaitN's duration, its sleeps when set aside included; the first 5 s of
+// the first phase are not counted (the queue forming).
+func fairWaits(ctx context.Context, cfg fairConfig) (string, error) {
+	var out []string
+	for _, fair := range []bool{true, false} {
+		s, err := fairWaitsRun(ctx, cfg, fair)
+		if err != nil {
+			return "", err
+		}
+		out = append(out, s)
+	}
+	return strings.Join(out, "\n"), nil
+}
+
+// fairWaitCallers is how many callers keep the bucket saturated in
+// fairWaits, and how many the burst's tenant brings; fairWaitWaiting is
+// their Request.FairWaiting, consumer.LimitOptions.TenantWaiting's
+// default: beyond it a request refused by its tenant's share sleeps until
+// the room the refusal names, as a message set aside would.
+const (
+	fairWaitCallers = 200
+	fairWaitWaiting = 4
+)
+
+func fairWaitsRun(ctx context.Context, cfg fairConfig, fair bool) (string, error) {
+	rds, err := startRedis(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer rds.stop()
+	admin := redis.NewClient(&redis.Options{Addr: rds.addr})
+	defer admin.Close()
+	name := "fair-waits-" + randomID()
+	buckets := make([]*limiter.Bucket, cfg.replicas)
+	for i := range buckets {
+		c := redis.NewClient(&redis.Options{Addr: rds.addr, PoolSize: 2 * fairWaitCallers})
+		defer c.Close()
+		s, err := redislimiter.New(c, redislimiter.Config{Bucket: name, Rate: cfg.rate, Burst: 5})
+		if err != nil {
+			return "", err
+		}
+		l, err := s.WithLayers(nil)
+		if err != nil {
+			return "", err
+		}
+		if l, err = l.WithFair(limiter.Fair{}); err != nil {
+			return "", err
+		}
+		b, err := limiter.New(l, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}})
+		if err != nil {
+			return "", err
+		}
+		defer b.Close()
+		buckets[i] = b
+	}
+	type wait struct {
+		at time.Time
+		d  time.Duration
+	}
+	var (
+		mu     sync.Mutex
+		others []wait
+		burstN int
+		next   int
+		wg     sync.WaitGroup
+	)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	errc := make(chan error, 2*fairWaitCallers)
+	call := func(b *limiter.Bucket, tenant func() string, burst bool) {
+		defer wg.Done()
+		for runCtx.Err() == nil {
+			t := tenant()
+			if !fair {
+				t = ""
+			}
+			t0 := time.Now()
+			for {
+				err := b.WaitN(runCtx, limiter.Request{Cost: 1, Tenant: t, FairWaiting: fairWaitWaiting})
+				var le *limiter.LimitError
+				if errors.As(err, &le) && le.Layer == limiter.FairLayer && le.Action == limiter.ActionDelay {
+					// Set aside, as a consumer does: back when the
+					// tenant has room.
+					select {
+					case <-time.After(le.Wait):
+						continue
+					case <-runCtx.Done():
+						return
+					}
+				}
+				if err != nil {
+					if runCtx.Err() == nil {
+						errc <- err
+					}
+					return
+				}
+				break
+			}
+			mu.Lock()
+			if burst {
+				burstN++
+			} else {
+				others = append(others, wait{t0, time.Since(t0)})
+			}
+			mu.Unlock()
+		}
+	}
+	other := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		next++
+		return fmt.Sprintf("tenant-%05d", 1+next%cfg.tenants)
+	}
+	before, err := snapshot(ctx, admin, nil)
+	if err != nil {
+		return "", err
+	}
+	start := time.Now()
+	for i := range fairWaitCallers {
+		wg.Add(1)
+		go call(buckets[i%len(buckets)], other, false)
+	}
+	sleep := func(d time.Duration) error {
+		select {
+		case <-time.After(d):
+			return nil
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err := sleep(cfg.runFor); err != nil {
+		return "", err
+	}
+	mid := time.Now()
+	mu.Lock()
+	granted0 := len(others)
+	mu.Unlock()
+	for i := range fairWaitCallers {
+		wg.Add(1)
+		go call(buckets[i%len(buckets)], func() string { return "tenant-00000" }, true)
+	}
+	if err := sleep(cfg.runFor); err != nil {
+		return "", err
+	}
+	end := time.Now()
+	stop()
+	wg.Wait()
+	after, err := snapshot(ctx, admin, nil)
+	if err != nil {
+		return "", err
+	}
+	var base, during []time.Duration
+	for _, w := range others {
+		switch {
+		case w.at.Before(start.Add(5 * time.Second)):
+		case w.at.Before(mid):
+			base = append(base, w.d)
+		case w.at.Before(end):
+			during = append(during, w.d)
+		}
+	}
+	slices.Sort(base)
+	slices.Sort(during)
+	rise := float64(pct(during, 0.99)-pct(base, 0.99)) / float64(pct(base, 0.99)) * 100
+	othersDuring := len(others) - granted0
+	how := "fair shares"
+	if !fair {
+		how = "without fair shares (control)"
+	}
+	d := after.sub(before)
+	return fmt.Sprintf("%s: %d replicas at %v/s, %d callers over %d tenants for %v, then %d callers of one tenant join for %v. The others' waits before: %s; during: %s (p99 %+.1f%%); in the second phase the others got %d (%.1f/s), the burst's tenant %d (%.1f/s); %.3f script calls per grant",
+		how, cfg.replicas, cfg.rate, fairWaitCallers, cfg.tenants, cfg.runFor, fairWaitCallers, cfg.runFor,
+		fmtLat(base), fmtLat(during), rise, othersDuring, float64(othersDuring)/end.Sub(mid).Seconds(), burstN, float64(burstN)/end.Sub(mid).Seconds(),
+		float64(d.redis.scripts)/float64(len(others)+burstN)), nil
 }

@@ -56,8 +56,9 @@
 // With -fair SCENARIO it measures fair shares among tenants (fair.go,
 // docs/fair.md) through `throttle run` replicas in process on RabbitMQ and
 // a private redis-server: two (a backlog and a tenant at 5/s), weights
-// (3:1:1), scale (10,000 tenants and one tenant's burst) or memory (Redis
-// bytes per active tenant), and prints the figures.
+// (3:1:1), scale (10,000 tenants and one tenant's burst), memory (Redis
+// bytes per active tenant) or waits (the others' waits in the limiter
+// alone, around one tenant's burst), and prints the figures.
 package main
 
 import (
@@ -192,9 +193,9 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&cfg.opts.HeartbeatInterval, "heartbeat", 0, "limiter.Options.HeartbeatInterval of (c) and (d); 0 for the default")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	var fair fairConfig
-	fs.StringVar(&fair.scenario, "fair", "", "run a fair-shares scenario instead (fair.go): two, weights, scale or memory")
+	fs.StringVar(&fair.scenario, "fair", "", "run a fair-shares scenario instead (fair.go): two, weights, scale, memory or waits")
 	fs.IntVar(&fair.replicas, "fair-replicas", 2, "(fair) throttle run replicas in process")
-	fs.Float64Var(&fair.rate, "fair-rate", 0, "(fair) the bucket's rate; 0: 50/s, 300/s for scale")
+	fs.Float64Var(&fair.rate, "fair-rate", 0, "(fair) the bucket's rate; 0: 50/s, 300/s for scale and waits")
 	fs.IntVar(&fair.backlog, "fair-backlog", 0, "(fair) two: A's backlog (default 20,000); weights: the three tenants' backlogs together (default 9,000)")
 	fs.DurationVar(&fair.runFor, "fair-for", time.Minute, "(fair) how long B sends (two), the window measured (weights), each phase (scale)")
 	fs.IntVar(&fair.tenants, "fair-tenants", 10_000, "(fair) scale, memory: the tenants")
@@ -326,7 +327,7 @@ func parseFlags(args []string) (config, error) {
 	if fair.scenario != "" {
 		if fair.rate == 0 {
 			fair.rate = 50
-			if fair.scenario == "scale" {
+			if fair.scenario == "scale" || fair.scenario == "waits" {
 				fair.rate = 300
 			}
 		}
