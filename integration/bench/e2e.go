@@ -47,13 +47,16 @@ type e2eConfig struct {
 	// configuration but README.md's.
 	maxConns int
 	// bareQueue is what each worker of the bare Kafka loop queues.
-	bareQueue  int
-	inReach    float64 // the limit of the in-reach runs
-	inReachFor time.Duration
-	scenarios  []string
-	out        string
-	profileDir string
-	flags      string
+	bareQueue int
+	// kafkaOrdering is throttle's kafka.ordering (partition, key by
+	// recipient, none); the bare loop works each partition in order.
+	kafkaOrdering string
+	inReach       float64 // the limit of the in-reach runs
+	inReachFor    time.Duration
+	scenarios     []string
+	out           string
+	profileDir    string
+	flags         string
 }
 
 // source is a broker scenario: RabbitMQ or Kafka.
@@ -722,7 +725,7 @@ func newSource(ctx context.Context, name string, svc *services, cfg e2eConfig) (
 	case "rabbitmq":
 		return newRabbitSource(ctx)
 	case "kafka":
-		return newKafkaSource(svc.Kafka, cfg.bareQueue), nil
+		return newKafkaSource(svc.Kafka, cfg.bareQueue, cfg.kafkaOrdering), nil
 	}
 	return nil, errors.New("unknown scenario " + name)
 }

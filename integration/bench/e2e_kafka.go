@@ -22,10 +22,13 @@ type kafkaSource struct {
 	seq     int
 	// bareQueue is what each bare worker queues of its own.
 	bareQueue int
+	// ordering is throttle's kafka.ordering: partition, key (by
+	// recipient) or none.
+	ordering string
 }
 
-func newKafkaSource(brokers []string, bareQueue int) *kafkaSource {
-	return &kafkaSource{brokers: brokers, runID: randomID(), bareQueue: bareQueue}
+func newKafkaSource(brokers []string, bareQueue int, ordering string) *kafkaSource {
+	return &kafkaSource{brokers: brokers, runID: randomID(), bareQueue: bareQueue, ordering: ordering}
 }
 
 func (s *kafkaSource) name() string { return "kafka" }
@@ -36,6 +39,7 @@ func (s *kafkaSource) prepare(ctx context.Context, n int) (prepared, error) {
 	s.seq++
 	p := &kafkaTopic{
 		bareQueue: s.bareQueue,
+		ordering:  s.ordering,
 		brokers:   s.brokers,
 		topic:     fmt.Sprintf("bench-e2e-%s-%d", s.runID, s.seq),
 		group:     fmt.Sprintf("bench-e2e-%s-%d", s.runID, s.seq),
@@ -71,14 +75,31 @@ type kafkaTopic struct {
 	brokers      []string
 	topic, group string
 	bareQueue    int
+	ordering     string
 }
 
+// kafkaMaxInFlight is throttle's kafka.max_in_flight under ordering key
+// or none: RabbitMQ's handlers in these runs.
+const kafkaMaxInFlight = 100
+
 func (p *kafkaTopic) throttleConfig() string {
-	return fmt.Sprintf(`  kafka:
+	base := fmt.Sprintf(`  kafka:
     brokers: [%s]
     topic: %s
-    group: %s
-    concurrency: %d`, p.brokers[0], p.topic, p.group, kafkaPartitions)
+    group: %s`, p.brokers[0], p.topic, p.group)
+	switch p.ordering {
+	case "key":
+		return base + fmt.Sprintf(`
+    ordering: key
+    ordering_key: '{{.JSON.to}}'
+    max_in_flight: %d`, kafkaMaxInFlight)
+	case "none":
+		return base + fmt.Sprintf(`
+    ordering: none
+    max_in_flight: %d`, kafkaMaxInFlight)
+	}
+	return base + fmt.Sprintf(`
+    concurrency: %d`, kafkaPartitions)
 }
 
 // bare is a bare kafka-go loop with throttle's commit semantics: one

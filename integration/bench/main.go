@@ -215,6 +215,7 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&e2e.readme, "e2e-readme", false, "(e2e) also run throttle in README.md's configuration (\"Run the binary\": cost template, per-recipient layer, header, form body, defaults for the rest), and without its layer, in each round")
 	fs.BoolVar(&e2e.tracing, "e2e-tracing", false, "(e2e) also run throttle with tracing on, at sample_ratio 1 and 0.01, exporting over OTLP/HTTP to the child process, in each round")
 	fs.IntVar(&e2e.bareQueue, "e2e-bare-queue", 32, "(e2e) messages each worker of the bare Kafka loop queues of its own")
+	fs.StringVar(&e2e.kafkaOrdering, "e2e-kafka-ordering", "partition", "(e2e) throttle's kafka.ordering: partition (16 workers), key (by recipient, '{{.JSON.to}}') or none, both with max_in_flight 100; the bare loop works each partition in order")
 	fs.IntVar(&e2e.maxConns, "e2e-max-conns", 0, fmt.Sprintf("(e2e) throttle's sink.http.max_conns, in every configuration but README.md's (0: the default, %d)", httpsink.DefaultMaxConns))
 	fs.DurationVar(&e2e.sinkLatency, "e2e-sink-latency", 0, "(e2e) how long the HTTP sink takes to answer each message, as a provider's API does (0: at once)")
 	fs.Float64Var(&e2e.inReach, "e2e-rate", 5000, "(e2e) the limit of the run with the limit in reach")
@@ -355,6 +356,9 @@ func parseFlags(args []string) (config, error) {
 		}
 		if e2e.messages < 100 || e2e.rounds < 1 || e2e.inReach <= 0 || e2e.inReachFor < 2*time.Second {
 			return config{}, fmt.Errorf("-e2e-messages must be at least 100, -e2e-rounds at least 1, -e2e-rate above 0 and -e2e-reach-for at least 2s")
+		}
+		if o := e2e.kafkaOrdering; o != "partition" && o != "key" && o != "none" {
+			return config{}, fmt.Errorf("-e2e-kafka-ordering must be partition, key or none, not %q", o)
 		}
 		if e2e.bareQueue < 1 || e2e.maxConns < 0 || e2e.sinkLatency < 0 {
 			return config{}, fmt.Errorf("-e2e-bare-queue must be at least 1, -e2e-max-conns and -e2e-sink-latency not negative")
