@@ -591,15 +591,8 @@ func fairMemory(ctx context.Context, cfg fairConfig) (string, error) {
 	bucket := "fair-memory-" + randomID()
 	// 1/s: every tenant's reservation falls in a bin of its own, the
 	// bins' worst case.
-	s, err := redislimiter.New(c, redislimiter.Config{Bucket: bucket, Rate: 1, Burst: 1})
+	l, err := fairStore(c, bucket, 1, 1)
 	if err != nil {
-		return "", err
-	}
-	l, err := s.WithLayers(nil)
-	if err != nil {
-		return "", err
-	}
-	if l, err = l.WithFair(limiter.Fair{}); err != nil {
 		return "", err
 	}
 	used := func() (int64, error) {
@@ -656,6 +649,20 @@ func fairMemory(ctx context.Context, cfg fairConfig) (string, error) {
 		cfg.tenants, len(keys), total, float64(total)/n, enc, float64(u1-u0)/n, float64(d.redis.scripts)/n), nil
 }
 
+// fairStore returns the Redis store of bucket at rate and burst with fair
+// shares (default weights and horizon) and no layers.
+func fairStore(c *redis.Client, bucket string, rate float64, burst int) (*redislimiter.Layered, error) {
+	s, err := redislimiter.New(c, redislimiter.Config{Bucket: bucket, Rate: rate, Burst: burst})
+	if err != nil {
+		return nil, err
+	}
+	l, err := s.WithLayers(nil)
+	if err != nil {
+		return nil, err
+	}
+	return l.WithFair(limiter.Fair{})
+}
+
 // fairWaits: the fair decision alone, the others' waits in the limiter
 // rather than their latency through a queue. -fair-replicas Buckets, each
 // with its own client, on one fair store in a private redis-server at
@@ -701,15 +708,8 @@ func fairWaitsRun(ctx context.Context, cfg fairConfig, fair bool) (string, error
 	for i := range buckets {
 		c := redis.NewClient(&redis.Options{Addr: rds.addr, PoolSize: 2 * fairWaitCallers})
 		defer c.Close()
-		s, err := redislimiter.New(c, redislimiter.Config{Bucket: name, Rate: cfg.rate, Burst: 5})
+		l, err := fairStore(c, name, cfg.rate, 5)
 		if err != nil {
-			return "", err
-		}
-		l, err := s.WithLayers(nil)
-		if err != nil {
-			return "", err
-		}
-		if l, err = l.WithFair(limiter.Fair{}); err != nil {
 			return "", err
 		}
 		b, err := limiter.New(l, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}})
