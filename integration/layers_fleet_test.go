@@ -36,7 +36,7 @@ import (
 //     much; replicas log their stalls from 50 ms, see LoggedStalls);
 //   - every message delivered once: none lost, none dead-lettered, no
 //     duplicate but after a SIGKILL (its unacked messages, at most the
-//     prefetch, go to the other replicas, README "Failure modes").
+//     prefetch, go to the other replicas, docs/operations.md "Failure modes").
 //
 // The window bounds are widened by the deliveries due in the longest
 // stall of the test process around the window (campaign.StallBound, the
