@@ -8,7 +8,8 @@ import "sync"
 // a caller that spends leased tokens in a loop can in that time spend a
 // whole batch ahead of a caller that asked before it. The lease pool
 // serves its callers first come, first served under it. A contended Lock
-// costs a channel; the zero value is unlocked.
+// parks its goroutine until the lock is handed to it, on a channel from a
+// pool; the zero value is unlocked.
 type fifoMutex struct {
 	mu      sync.Mutex // guards held and waiters, for a few instructions
 	held    bool
@@ -23,11 +24,19 @@ func (m *fifoMutex) Lock() {
 		m.mu.Unlock()
 		return
 	}
-	ch := make(chan struct{})
+	ch, _ := handoffs.Get().(chan struct{})
+	if ch == nil {
+		ch = make(chan struct{}, 1)
+	}
 	m.waiters = append(m.waiters, ch)
 	m.mu.Unlock()
 	<-ch // the lock is handed over: held stays set
+	handoffs.Put(ch)
 }
+
+// handoffs holds the channels of fifoMutex's waiters, each with room for
+// the one send that hands it the lock.
+var handoffs sync.Pool
 
 // Unlock unlocks m, handing it to the first goroutine waiting, if any.
 func (m *fifoMutex) Unlock() {
@@ -48,5 +57,5 @@ func (m *fifoMutex) Unlock() {
 		m.waiters = m.waiters[:0:0]
 	}
 	m.mu.Unlock()
-	close(ch)
+	ch <- struct{}{}
 }
