@@ -88,15 +88,12 @@ func (p *kafkaTopic) throttleConfig() string {
     topic: %s
     group: %s`, p.brokers[0], p.topic, p.group)
 	switch p.ordering {
-	case "key":
-		return base + fmt.Sprintf(`
-    ordering: key
-    ordering_key: '{{.JSON.to}}'
-    max_in_flight: %d`, kafkaMaxInFlight)
-	case "none":
-		return base + fmt.Sprintf(`
-    ordering: none
-    max_in_flight: %d`, kafkaMaxInFlight)
+	case "key", "none":
+		base += "\n    ordering: " + p.ordering
+		if p.ordering == "key" {
+			base += "\n    ordering_key: '{{.JSON.to}}'"
+		}
+		return base + fmt.Sprintf("\n    max_in_flight: %d", kafkaMaxInFlight)
 	}
 	return base + fmt.Sprintf(`
     concurrency: %d`, kafkaPartitions)

@@ -197,8 +197,8 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&fair.replicas, "fair-replicas", 2, "(fair) throttle run replicas in process")
 	fs.Float64Var(&fair.rate, "fair-rate", 0, "(fair) the bucket's rate; 0: 50/s, 300/s for scale and waits")
 	fs.IntVar(&fair.backlog, "fair-backlog", 0, "(fair) two: A's backlog (default 20,000); weights: the three tenants' backlogs together (default 9,000)")
-	fs.DurationVar(&fair.runFor, "fair-for", time.Minute, "(fair) how long B sends (two), the window measured (weights), each phase (scale)")
-	fs.IntVar(&fair.tenants, "fair-tenants", 10_000, "(fair) scale, memory: the tenants")
+	fs.DurationVar(&fair.runFor, "fair-for", time.Minute, "(fair) how long B sends (two), the window measured (weights), each phase (scale, waits)")
+	fs.IntVar(&fair.tenants, "fair-tenants", 10_000, "(fair) scale, memory, waits: the tenants")
 	fs.Float64Var(&fair.others, "fair-others", 0.5, "(fair) scale: the share of the rate the tenants send before the burst")
 	fs.StringVar(&fair.amqpURL, "fair-amqp", rabbitURL, "(fair) RabbitMQ URL")
 	var e2e e2eConfig

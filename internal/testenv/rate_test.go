@@ -43,9 +43,7 @@ func TestMeasureStalls(t *testing.T) {
 	// wait for it (not a fixed 50 ms, which a suite's parallel packages
 	// on 2 cores once outlasted), then bound what it measured.
 	start := time.Now()
-	for s.Max() <= 0 && time.Since(start) < 10*time.Second {
-		time.Sleep(time.Millisecond)
-	}
+	Within(10*time.Second, func() bool { return s.Max() > 0 })
 	if s.Max() <= 0 || s.Max() > 10*time.Second {
 		t.Errorf("Max = %v after %v, want a positive lateness within 10s", s.Max(), time.Since(start).Round(time.Millisecond))
 	}
