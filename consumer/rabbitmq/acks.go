@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -39,12 +40,33 @@ type acknowledger interface {
 // out on their own), and past maxAckGone such tags the batcher acks
 // every delivery on its own at once.
 //
+// An ack waits only while it keeps no delivery from a free handler: when
+// the deliveries read from the channel and not settled on the broker fill
+// its prefetch window (the broker sends no more until an ack) and no
+// delivery waits for a handler (handlersFree), add sends every ack
+// waiting at once, on the caller's goroutine. A consumer held back by a
+// slow sink, whose prefetch is all in its handlers, thus acks each
+// delivery as it settles, as a loop without batching does; one whose
+// deliveries queue for its handlers, or that has more on the way, batches.
+//
 // Its methods are safe for concurrent use; run sends the batched acks,
-// on one goroutine, until stop.
+// on one goroutine, until stop; flushes, wherever they run, go out one
+// at a time.
 type ackBatcher struct {
 	ch    acknowledger
 	delay time.Duration
 	log   *slog.Logger
+	// window is the channel's prefetch count (0: none known, an ack
+	// always waits), and handlersFree reports whether no delivery waits
+	// for a handler (nil: none ever does); both are set before the
+	// batcher is used.
+	window       uint64
+	handlersFree func() bool
+	// read is the highest delivery tag read from the channel (readTag).
+	read atomic.Uint64
+	// sendMu makes the flushes one at a time: a multiple ack must not
+	// overtake the singles below its tag.
+	sendMu sync.Mutex
 
 	mu sync.Mutex
 	// base is the lowest tag not known to be settled: every lower tag
@@ -85,7 +107,12 @@ func (b *ackBatcher) add(tag uint64) bool {
 	}
 	b.waiting[tag] = b.round
 	first := len(b.waiting) == 1
+	starved := b.starvedLocked()
 	b.mu.Unlock()
+	if starved && (b.handlersFree == nil || b.handlersFree()) {
+		b.flush(true)
+		return true
+	}
 	if first {
 		select {
 		case b.wake <- struct{}{}:
@@ -93,6 +120,18 @@ func (b *ackBatcher) add(tag uint64) bool {
 		}
 	}
 	return true
+}
+
+// readTag records that the delivery of tag was read from the channel.
+// Tags are read in order, by one goroutine.
+func (b *ackBatcher) readTag(tag uint64) { b.read.Store(tag) }
+
+// starvedLocked reports whether the deliveries read and not settled on
+// the broker fill the prefetch window: every lower tag than base is
+// settled, and so is each tag in gone. b.mu must be held.
+func (b *ackBatcher) starvedLocked() bool {
+	settled := b.base - 1 + uint64(len(b.gone))
+	return b.window > 0 && b.read.Load() >= settled+b.window
 }
 
 // settled records that tag was settled on the broker by a call of its
@@ -155,6 +194,8 @@ func (b *ackBatcher) stop() {
 // and the others that waited since the round before (all of them when
 // final) on their own. It reports whether any are left waiting.
 func (b *ackBatcher) flush(final bool) (more bool) {
+	b.sendMu.Lock()
+	defer b.sendMu.Unlock()
 	b.mu.Lock()
 	b.round++
 	var last uint64
@@ -183,8 +224,8 @@ func (b *ackBatcher) flush(final bool) (more bool) {
 	}
 	more = len(b.waiting) > 0
 	b.mu.Unlock()
-	// Only this goroutine sends the batcher's acks, in this order: a
-	// later multiple ack covers these singles only once they went out.
+	// sendMu is held: a later multiple ack covers these singles only
+	// once they went out.
 	if last != 0 {
 		if err := b.ch.Ack(last, true); err != nil {
 			b.log.Warn("ack failed; the broker will redeliver the messages", "up_to_delivery_tag", last, "err", err.Error())

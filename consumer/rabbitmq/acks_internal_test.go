@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/throttlehq/throttle/internal/testenv"
 )
@@ -165,5 +166,56 @@ func TestAckBatcherOffPastTheGoneBound(t *testing.T) {
 	}
 	if newAckBatcher(broker, -1, nil) != nil {
 		t.Error("a negative delay made a batcher, want none (each ack at once)")
+	}
+}
+
+// TestAckBatcherStarvedAcksAtOnce: an ack that would keep the broker from
+// sending a free handler its next delivery goes out at once, within add,
+// however long the delay: when the deliveries read and not settled fill
+// the prefetch window and no delivery waits for a handler. Otherwise it
+// waits for a flush.
+func TestAckBatcherStarvedAcksAtOnce(t *testing.T) {
+	broker := newBrokerAcks(5)
+	b := newAckBatcher(broker, time.Hour, testenv.Logger(t, 0))
+	b.window = 2
+	free := true
+	b.handlersFree = func() bool { return free }
+	steps := []struct {
+		read   uint64 // the highest tag read before the add
+		window uint64
+		free   bool
+		add    uint64
+		flush  bool // then a flush, as run's timer makes
+		want   []string
+	}{
+		// 1 and 2 read, the window of 2 full: 1's ack goes at once.
+		{read: 2, window: 2, free: true, add: 1, want: []string{"ack 1 multiple=true"}},
+		// 3 read: 2 and 3 fill the window; 3 goes alone, 2 unsettled.
+		{read: 3, window: 2, free: true, add: 3, want: []string{"ack 3 multiple=false"}},
+		// 4 read, the window full, but a delivery waits for a handler:
+		// 2's ack waits.
+		{read: 4, window: 2, free: false, add: 2, want: nil},
+		// A window of 10, not full: 4's ack waits too, and the flush
+		// sends 2 to 4 as one.
+		{read: 4, window: 10, free: true, add: 4, flush: true, want: []string{"ack 4 multiple=true"}},
+		// No window known: an ack always waits.
+		{read: 5, window: 0, free: true, add: 5, want: nil},
+	}
+	for i, s := range steps {
+		b.readTag(s.read)
+		b.window, free = s.window, s.free
+		broker.calls = nil
+		if !b.add(s.add) {
+			t.Fatalf("step %d: add(%d) refused", i, s.add)
+		}
+		if s.flush {
+			b.flush(false)
+		}
+		if !slices.Equal(broker.calls, s.want) {
+			t.Errorf("step %d: sent %q, want %q", i, broker.calls, s.want)
+		}
+	}
+	if broker.err != nil {
+		t.Fatal(broker.err)
 	}
 }

@@ -91,12 +91,16 @@ type Config struct {
 	// messages, on this process and on the broker. A delivery is acked
 	// only once it is settled (delivered, dead-lettered or set aside), as
 	// without it; one settled while a lower one is still being handled
-	// is acked on its own after one to two AckDelays. The price: a
-	// delivery holds its place of Prefetch until its ack, and a crash
-	// redelivers, and so sends again, the messages settled in the last
-	// AckDelay or two (at 1,000 messages a second and the default, at most
-	// 1,000/s × 2ms = 2). Default DefaultAckDelay (1ms), at most 1s; negative: each
-	// delivery is acked on its own at once.
+	// is acked on its own after one to two AckDelays. An ack waits only
+	// while it keeps no delivery from a free handler: when the deliveries
+	// unacked fill the prefetch (the broker sends no more) and none waits
+	// for a handler, as with a slow sink, every ack waiting goes out at
+	// once. The price: a delivery waiting holds its place of Prefetch
+	// until its ack, and a crash redelivers, and so sends again, the
+	// messages settled in the last AckDelay or two (at 1,000 messages a
+	// second and the default, at most 1,000/s × 2ms = 2). Default
+	// DefaultAckDelay (1ms), at most 1s; negative: each delivery is
+	// acked on its own at once.
 	AckDelay time.Duration
 	// Declare makes the Consumer declare its topology on every connect: the
 	// queue, durable, with x-dead-letter-exchange set to

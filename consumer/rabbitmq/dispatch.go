@@ -273,6 +273,19 @@ func (r *run) full() bool {
 	return r.markRoom && r.busy.Load() >= int64(r.cfg.Prefetch)
 }
 
+// handlersFree reports whether no delivery waits for a handler: those
+// taken whose handler has not returned (inflight, or busy with markRoom,
+// where inflight counts those waiting for their mark too) are no more
+// than the handlers. With OrderKey, one waiting behind its key counts as
+// waiting.
+func (r *run) handlersFree() bool {
+	n := &r.inflight
+	if r.markRoom {
+		n = &r.busy
+	}
+	return n.Load() <= int64(r.cfg.Concurrency)
+}
+
 // serve dispatches the deliveries of s to handlers until ctx ends, in which
 // case it shuts down gracefully and returns nil, or s breaks, in which case
 // it returns why.
@@ -280,7 +293,10 @@ func (r *run) serve(ctx context.Context, s *session) error {
 	sctx, cancel := context.WithCancel(r.hctx)
 	defer cancel()
 	p := &dispatcher{run: r, ctx: sctx, pub: s.pub}
-	if b := newAckBatcher(s.ch, r.cfg.AckDelay, r.log); b != nil {
+	b := newAckBatcher(s.ch, r.cfg.AckDelay, r.log)
+	if b != nil {
+		b.window = uint64(r.qos())
+		b.handlersFree = r.handlersFree
 		go b.run()
 		r.batch.Store(b)
 		// The acks still waiting go out before the channel closes (on a
@@ -314,6 +330,9 @@ func (r *run) serve(ctx context.Context, s *session) error {
 				// Shutting down: d goes back to the queue.
 				r.requeue(&d, nil)
 				return r.shutdown(s, p, cancel)
+			}
+			if b != nil {
+				b.readTag(d.DeliveryTag)
 			}
 			p.dispatch(r.item(d))
 		case <-ctx.Done():

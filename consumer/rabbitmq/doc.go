@@ -37,7 +37,10 @@
 // out in batches (Config.AckDelay, default 1ms): the acks of deliveries
 // settled within about a millisecond of one another are one Ack with
 // multiple set, up to the highest delivery tag below which every delivery
-// is settled; nothing is acked before it is settled.
+// is settled; nothing is acked before it is settled. An ack waits only
+// while it holds back no delivery a handler could take: when the prefetch
+// is all in the consumer and no delivery waits for a handler (a slow
+// sink), each ack goes out as its delivery settles.
 //
 // # Connection
 //
