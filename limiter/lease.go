@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"math"
-	"sync"
 	"time"
 
 	"github.com/throttlehq/throttle/internal/backend"
@@ -139,7 +138,7 @@ func (o *LeaseOptions) validate() error {
 type leasePool struct {
 	b      *Bucket
 	opts   LeaseOptions
-	mu     sync.Mutex
+	mu     fifoMutex
 	tokens int
 	// batches holds the tokens by refill, oldest first (their n add up
 	// to tokens), each with its deadline; lapsed counts the tokens whose
