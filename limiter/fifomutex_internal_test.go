@@ -80,3 +80,108 @@ func TestFIFOMutexUnlockUnlocked(t *testing.T) {
 	var m fifoMutex
 	m.Unlock()
 }
+
+// TestFIFOMutexBarges: while bargeOK allows it, a goroutine that unlocks
+// and locks again at once takes the lock ahead of the one parked for it,
+// which is woken and waits again, first in line; once bargeOK no longer
+// allows it, Unlock hands the lock to that one.
+func TestFIFOMutexBarges(t *testing.T) {
+	var m fifoMutex
+	barge := true
+	var asked []int
+	m.bargeOK = func(waiting int) bool { asked = append(asked, waiting); return barge }
+	m.Lock()
+	got := make(chan struct{}, 1)
+	go func() {
+		m.Lock()
+		got <- struct{}{}
+		m.Unlock()
+	}()
+	m.parked(t, 1)
+	m.Unlock()
+	m.Lock() // barges: the parked goroutine was only woken
+	select {
+	case <-got:
+		t.Fatal("the woken goroutine took the lock while it was held")
+	default:
+	}
+	barge = false
+	m.parked(t, 1) // woken, it found the lock held and waits again
+	m.Unlock()     // handed over
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lock was not handed to the goroutine waiting for it")
+	}
+	if !slices.Equal(asked, []int{1, 1}) {
+		t.Errorf("bargeOK asked with %v waiting, want 1 each time", asked)
+	}
+}
+
+// TestFIFOMutexExclusive: under contention, in order and barging by
+// turns, the lock is held by one goroutine at a time and every Lock
+// returns (run with -race).
+func TestFIFOMutexExclusive(t *testing.T) {
+	var m fifoMutex
+	var turn int
+	m.bargeOK = func(int) bool { turn++; return turn%3 != 0 }
+	held, total := 0, 0
+	done := make(chan struct{})
+	for range 8 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for range 2000 {
+				m.Lock()
+				held++
+				if held != 1 {
+					panic("two holders")
+				}
+				total++
+				held--
+				m.Unlock()
+			}
+		}()
+	}
+	for range 8 {
+		<-done
+	}
+	if total != 8*2000 {
+		t.Errorf("%d locks, want %d", total, 8*2000)
+	}
+}
+
+// TestFIFOMutexWokenKeepsItsPlace: a goroutine woken to try for the lock
+// (while barging was allowed) and not yet run is first in line: once
+// bargeOK no longer allows barging, a Lock meanwhile waits behind it
+// instead of taking the free lock.
+func TestFIFOMutexWokenKeepsItsPlace(t *testing.T) {
+	var m fifoMutex
+	m.bargeOK = func(int) bool { return false }
+	// The state right after a barging Unlock woke a goroutine, before it
+	// ran, and a later Lock took the lock.
+	m.held, m.woken, m.barging = true, true, true
+	m.Unlock()
+	got := make(chan struct{})
+	go func() {
+		m.Lock()
+		close(got)
+		m.Unlock()
+	}()
+	m.parked(t, 1)
+	select {
+	case <-got:
+		t.Fatal("a Lock took the lock ahead of the goroutine woken for it")
+	default:
+	}
+	// The woken goroutine runs: it takes the lock, and hands it on.
+	m.mu.Lock()
+	m.woken = false
+	m.held = true
+	m.mu.Unlock()
+	m.Unlock()
+	select {
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lock was not handed on")
+	}
+}

@@ -140,6 +140,8 @@ type leasePool struct {
 	opts   LeaseOptions
 	mu     fifoMutex
 	tokens int
+	// maxCost is the largest cost asked of the pool (fifoMutex.bargeOK).
+	maxCost int
 	// batches holds the tokens by refill, oldest first (their n add up
 	// to tokens), each with its deadline; lapsed counts the tokens whose
 	// deadline passed, which the due timer gives back.
@@ -200,6 +202,13 @@ const (
 
 func (p *leasePool) init(b *Bucket) {
 	p.b, p.opts = b, b.opts.Lease
+	// The lock goes in order only where the order decides who waits for
+	// the next refill: while no caller is queued for one and the lease
+	// holds the largest cost asked for every caller waiting for the lock
+	// and one more, a running caller may take it first (fifoMutex).
+	p.mu.bargeOK = func(waiting int) bool {
+		return len(p.queue) == 0 && p.tokens >= (waiting+1)*p.maxCost
+	}
 }
 
 // serves reports whether the pool serves requests of class c: those of
@@ -217,6 +226,7 @@ func (p *leasePool) take(c Priority, cost int) bool {
 	now := p.b.clock.Now()
 	p.mu.Lock()
 	p.demand.add(now, cost)
+	p.maxCost = max(p.maxCost, cost)
 	ok := false
 	if len(p.queue) == 0 {
 		_, ok = p.spendLocked(now, cost)
