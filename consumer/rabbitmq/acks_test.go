@@ -97,3 +97,52 @@ func TestBatchedAcksOnTheBroker(t *testing.T) {
 		})
 	}
 }
+
+// TestAcksDoNotHoldBackFreeHandlers: with the whole prefetch in handlers
+// of a slow sink, the broker sends a delivery only once another is acked;
+// an ack then goes out as its delivery settles, not after AckDelay. With
+// an AckDelay of 1s, prefetch 2 and handlers of 20ms, 20 messages take
+// about 0.2s; an ack that waited its delay would take about 10s.
+func TestAcksDoNotHoldBackFreeHandlers(t *testing.T) {
+	t.Parallel()
+	const n = 20
+	b := newBroker(t)
+	q := b.declareQueue(t)
+	b.publish(t, q, n)
+	var mu sync.Mutex
+	ended, endedAll := 0, make(chan struct{})
+	obs := &consumer.MessageObserver{Delivered: func(consumer.Message) {
+		mu.Lock()
+		defer mu.Unlock()
+		if ended++; ended == n {
+			close(endedAll)
+		}
+	}}
+	h := func(context.Context, consumer.Message) error {
+		time.Sleep(20 * time.Millisecond)
+		return nil
+	}
+	c := newConsumer(t, rabbitmq.Config{URL: b.url, Queue: q, Declare: true, Prefetch: 2, AckDelay: time.Second,
+		Options: consumer.Options{Concurrency: 2, Observer: obs}}, h)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := time.Now()
+	wait := runAll(t, ctx, c.Run)
+	select {
+	case <-endedAll:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%d of %d messages delivered after 30s", ended, n)
+	}
+	took := time.Since(start)
+	cancel()
+	wait()
+	t.Logf("%d messages through a prefetch of 2 in %v", n, took)
+	// 10 rounds of 20ms, plus connecting; one AckDelay per round would
+	// be 10s.
+	if took > 3*time.Second {
+		t.Errorf("%d messages took %v, want well under the 10s of an ack waiting its 1s delay each round", n, took)
+	}
+	if got := b.waitReady(t, q, 0); got != 0 {
+		t.Errorf("%d messages back in the queue after Run returned, want 0 (all acked)", got)
+	}
+}
