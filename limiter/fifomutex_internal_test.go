@@ -19,6 +19,21 @@ func (m *fifoMutex) parked(t *testing.T, n int) {
 	})
 }
 
+// lockedOneParked locks m and starts a goroutine that locks it, signals
+// on the channel returned and unlocks it; it returns once that goroutine
+// is parked for the lock.
+func (m *fifoMutex) lockedOneParked(t *testing.T) <-chan struct{} {
+	m.Lock()
+	got := make(chan struct{}, 1)
+	go func() {
+		m.Lock()
+		got <- struct{}{}
+		m.Unlock()
+	}()
+	m.parked(t, 1)
+	return got
+}
+
 // TestFIFOMutexOrder: goroutines that ask for the lock one after another
 // get it in that order.
 func TestFIFOMutexOrder(t *testing.T) {
@@ -51,14 +66,7 @@ func TestFIFOMutexOrder(t *testing.T) {
 // for the next refill.
 func TestFIFOMutexNoBarging(t *testing.T) {
 	var m fifoMutex
-	m.Lock()
-	got := make(chan struct{}, 1)
-	go func() {
-		m.Lock()
-		got <- struct{}{}
-		m.Unlock()
-	}()
-	m.parked(t, 1)
+	got := m.lockedOneParked(t)
 	m.Unlock()
 	m.Lock()
 	select {
@@ -90,14 +98,7 @@ func TestFIFOMutexBarges(t *testing.T) {
 	barge := true
 	var asked []int
 	m.bargeOK = func(waiting int) bool { asked = append(asked, waiting); return barge }
-	m.Lock()
-	got := make(chan struct{}, 1)
-	go func() {
-		m.Lock()
-		got <- struct{}{}
-		m.Unlock()
-	}()
-	m.parked(t, 1)
+	got := m.lockedOneParked(t)
 	m.Unlock()
 	m.Lock() // barges: the parked goroutine was only woken
 	select {
