@@ -166,13 +166,15 @@ func TestRunOnceAndClose(t *testing.T) {
 		t.Errorf("second Run returned %v, want consumer.ErrStopped", err)
 	}
 	_ = c.Close()
+	// Close waits for Run's work to end (kit's TestLifecycle checks the
+	// order); Run's result reaches errc just after, from its goroutine.
 	select {
 	case err := <-errc:
 		if err != nil {
 			t.Fatalf("first Run returned %v, want nil", err)
 		}
-	default:
-		t.Fatal("Close returned before Run did")
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return within 5s of Close")
 	}
 	if err := c.Run(context.Background()); !errors.Is(err, consumer.ErrStopped) {
 		t.Errorf("Run after Close returned %v, want consumer.ErrStopped", err)
