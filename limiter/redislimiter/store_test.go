@@ -574,9 +574,16 @@ func TestSkewedClocksKeepTheRateThroughAChange(t *testing.T) {
 	worst := maxInWindow(after, time.Second)
 	// A stall of this process releases the grants due during it together.
 	bound := testenv.WindowBound(cut+burst, cut, stalls.Max())
-	t.Logf("before the change: %d (want about %.0f); after: %d, max %d in 1 s (want <= %d, longest stall %v)", len(before), wantBefore, len(after), worst, bound, stalls.Max())
-	if float64(len(before)) > wantBefore+5 || float64(len(before)) < 0.8*wantBefore {
-		t.Errorf("granted %d before the change, want about %.0f", len(before), wantBefore)
+	// A reservation given back because its caller woke too late for it
+	// (Stats.Retimed; a loaded machine) may lose its slot: the floor
+	// allows one grant fewer for each.
+	var retimed int64
+	for _, b := range bs {
+		retimed += b.Stats().Retimed
+	}
+	t.Logf("before the change: %d (want about %.0f; %d reservations retimed); after: %d, max %d in 1 s (want <= %d, longest stall %v)", len(before), wantBefore, retimed, len(after), worst, bound, stalls.Max())
+	if float64(len(before)) > wantBefore+5 || float64(len(before)) < 0.8*wantBefore-float64(retimed) {
+		t.Errorf("granted %d before the change, want about %.0f (%d reservations retimed)", len(before), wantBefore, retimed)
 	}
 	// The reservations booked at the old rate keep their places in the
 	// queue, now served at the new rate: no window holds more than it.
