@@ -192,8 +192,9 @@ func (b *ackBatcher) stop() {
 
 // flush acks the tags waiting: those from base up as one multiple ack,
 // and the others that waited since the round before (all of them when
-// final) on their own. It reports whether any are left waiting.
-func (b *ackBatcher) flush(final bool) (more bool) {
+// all: at stop, and when an ack holds back a free handler) on their
+// own. It reports whether any are left waiting.
+func (b *ackBatcher) flush(all bool) (more bool) {
 	b.sendMu.Lock()
 	defer b.sendMu.Unlock()
 	b.mu.Lock()
@@ -214,7 +215,7 @@ func (b *ackBatcher) flush(final bool) (more bool) {
 	b.base = top
 	singles := b.singles[:0]
 	for tag, round := range b.waiting {
-		if final || b.off || round+1 < b.round {
+		if all || b.off || round+1 < b.round {
 			singles = append(singles, tag)
 			delete(b.waiting, tag)
 			if !b.off {

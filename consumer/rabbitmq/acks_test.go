@@ -131,6 +131,8 @@ func TestAcksDoNotHoldBackFreeHandlers(t *testing.T) {
 	select {
 	case <-endedAll:
 	case <-time.After(30 * time.Second):
+		mu.Lock()
+		defer mu.Unlock()
 		t.Fatalf("%d of %d messages delivered after 30s", ended, n)
 	}
 	took := time.Since(start)
