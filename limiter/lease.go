@@ -24,17 +24,20 @@ import (
 // fleet's reservations queued ahead of a caller stay short once the bucket
 // runs dry, and covers at least its fair share (rate ÷ replicas) over
 // the last refill's round trip, so that slow answers do not hold it to a
-// batch per round trip. It is capped at MaxBatch and the burst less what
-// the bucket refills within Hold. Before the first second of demand is
-// measured a replica assumes its fair share, rate ÷ replicas. All replicas together thus hold
-// at most the tokens the fleet spends in max(Fraction s, replicas ÷ Calls
-// s). Leasing is off while the batch would be below MinBatch, unless the
-// fleet's demand (this replica's times the replicas) exceeds Calls, where
-// even a batch of 2 halves the calls (below, Redis answers call by call
-// without strain, and calls keep the bucket exact and fair across
-// replicas); it also waits for the first
-// heartbeat, so that a batch is never sized for one replica when there
-// are many.
+// batch per round trip; where the store reserved its last refill (the
+// bucket is saturated) and callers besides its leader queued for it, it
+// covers at least its fair share of the period at once: what a starved
+// replica measures as its demand is what it got. It is capped at MaxBatch
+// and the burst less what the bucket refills within Hold. Before the
+// first second of demand is measured a replica assumes its fair share,
+// rate ÷ replicas. All replicas together thus hold at most the tokens the
+// fleet spends in max(Fraction s, replicas ÷ Calls s). Leasing is off
+// while the batch would be below MinBatch, unless the fleet's demand
+// (this replica's times the replicas) exceeds Calls, where even a batch
+// of 2 halves the calls (below, Redis answers call by call without
+// strain, and calls keep the bucket exact and fair across replicas); it
+// also waits for the first heartbeat, so that a batch is never sized for
+// one replica when there are many.
 //
 // A batch's tokens go out from its grant until a deadline that the store's
 // answer fixes, and never after it: the store charges the batch as of its
@@ -172,6 +175,10 @@ type leasePool struct {
 	// when the refill was reserved (the bucket had no tokens for it, and
 	// every replica's refills queue behind each other's).
 	lastSpare float64
+	// lastReserved is set when the store reserved the last refill: the
+	// bucket is saturated. lastQueued is set when callers besides its
+	// leader were queued for the last refill when it came.
+	lastReserved, lastQueued bool
 }
 
 // leaseBatch is one refill's tokens still leased, and the instant on the
@@ -411,6 +418,7 @@ func (p *leasePool) fill(w *leaseWaiter, tokens int, until time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.removeLocked(w)
+	p.lastQueued = len(p.queue) > 0
 	p.refilling = false
 	p.wasted = false
 	p.addLocked(tokens-w.cost, until)
@@ -428,7 +436,7 @@ func (p *leasePool) tripped(d time.Duration, waited bool, spare float64) {
 		spare = 0
 	}
 	p.mu.Lock()
-	p.lastTrip, p.lastSpare = d, max(spare, 0)
+	p.lastTrip, p.lastSpare, p.lastReserved = d, max(spare, 0), waited
 	p.mu.Unlock()
 }
 
@@ -522,8 +530,10 @@ func (p *leasePool) extra(cost int) int {
 // last refill (spare ÷ replicas), whichever is more, and covers at least
 // its fair share (rate ÷ replicas) over the last refill's round trip,
 // since a replica that waits a round trip for each batch gets at most a
-// batch per round trip; all up to the cap, rate × period, MaxBatch and the
-// burst less what the bucket refills within the hold.
+// batch per round trip, and, where the store reserved the last refill
+// and callers besides its leader queued for it, its fair share of a
+// period; all up to the cap, rate × period, MaxBatch and the burst less
+// what the bucket refills within the hold.
 func (p *leasePool) extraLocked(cost int) int {
 	if p.opts.Disabled || !p.b.countKnown.Load() {
 		return 0
@@ -549,6 +559,16 @@ func (p *leasePool) extraLocked(cost int) int {
 		// fleet of 100 waited 75 to 123 ms behind batches of 1,000 and
 		// 2,000 tokens, against a fair share of 250).
 		grown := min(2*float64(p.lastBatch), max(2*rate/replicas*period, p.lastSpare/replicas))
+		if p.lastReserved && p.lastQueued {
+			// Callers queued for a refill that a saturated bucket
+			// reserved: at least the fair share at once. Doubling up
+			// from a batch that a low measured demand left small (what
+			// a starved replica measures as its demand is what it got)
+			// took a reservation per step, each a wait behind the
+			// fleet's batches, its callers served a few tokens a
+			// reservation meanwhile.
+			grown = max(grown, rate/replicas*period)
+		}
 		batch = max(batch, grown, rate/replicas*p.lastTrip.Seconds())
 	}
 	floor := float64(p.opts.MinBatch)

@@ -379,6 +379,78 @@ func TestSaturatedLeaseStaysNearItsShare(t *testing.T) {
 	}
 }
 
+// TestSaturatedShortLeaseAsksItsShare: at 1,000,000/s among 1,000
+// replicas (a lease period of 250 ms, a fair share of 250 tokens a
+// period), a replica whose demand was measured low (a token every 50 ms:
+// batches of 5 to 8) then has three callers queued for each refill and
+// runs dry at once after it, while the other replicas keep the bucket
+// 200 ms in debt, so that the store reserves every refill. Its batches
+// used to double from there, 10, 20, 40, ...: a reservation per step, its
+// callers served a few tokens a reservation. The scale benchmark (1,000 replicas, 1,000,000/s) found replicas
+// in that state refilling 1 to 3 tokens at a time, their queued callers
+// overtaken by hundreds of milliseconds, replica shares 0.00 to 2.65 of
+// the mean. Now a lease short of tokens at a saturated bucket asks for at
+// least its fair share at once, and no more than twice it.
+func TestSaturatedShortLeaseAsksItsShare(t *testing.T) {
+	t.Parallel()
+	clk, s, b := leasedBucket(t, 1e6, 1e5, 1000, limiter.LeaseOptions{Idle: time.Hour}) // learns the 1,000 replicas
+	ctx := context.Background()
+	for range 20 { // a low demand, measured: 20/s
+		if err := b.Wait(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(50 * time.Millisecond)
+	}
+	s.mu.Lock()
+	low := len(s.costs)
+	s.mu.Unlock()
+	const debt = 200_000 // what the other replicas reserved ahead of each refill: 200 ms
+	for range 6 {
+		m := s.mem()
+		for _, n := range []int{int(math.Floor(m.StatusAt(clk.Now()).Tokens + 1e-9)), debt / 4, debt / 4, debt / 4, debt / 4} {
+			if n <= 0 {
+				continue
+			}
+			if res, err := m.TakeAt(clk.Now(), limiter.TakeRequest{Cost: n, MaxWait: time.Second}); err != nil || !res.Granted {
+				t.Fatalf("the others' take of %d: %+v, %v", n, res, err)
+			}
+		}
+		armed := clk.Armed()
+		done := make(chan error, 3)
+		go func() { done <- b.Wait(ctx, 1) }()
+		clk.WaitArmed(t, armed+1) // the refill reserved, its caller asleep
+		for range 2 {             // two more callers, queued behind it
+			go func() { done <- b.Wait(ctx, 1) }()
+		}
+		testenv.Eventually(t, 5*time.Second, "two callers queued behind the refill", func() bool { return limiter.LeaseWaiting(b) == 2 })
+		s.mu.Lock()
+		asked := s.costs[len(s.costs)-1]
+		s.mu.Unlock()
+		clk.Advance(time.Duration(debt+asked) * time.Microsecond) // its slot, at 1 token/µs
+		for range 3 {
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range limiter.LeaseTokens(b) { // dry at once
+			if err := b.Wait(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	saturated := s.costs[low:]
+	if len(saturated) != 6 || saturated[0] > 10 {
+		t.Fatalf("leases asked %v, saturated %v: want 6 refills, the first sized by the low demand", s.costs, saturated)
+	}
+	for _, n := range saturated[1:] {
+		if n < 250 || n > 500 {
+			t.Fatalf("leases asked while saturated %v: want the first sized by the low demand, then 250 (the fair share of 250 ms) to 500", saturated)
+		}
+	}
+}
+
 // TestDrainingBucketLeaseStaysNearItsShare: while a bucket still grants
 // refills at once but is nearly drained, a lease that runs dry at once
 // grows only as far as its share of what the bucket held after its last
