@@ -24,11 +24,15 @@ import (
 // fleet's reservations queued ahead of a caller stay short once the bucket
 // runs dry, and covers at least its fair share (rate ÷ replicas) over
 // the last refill's round trip, so that slow answers do not hold it to a
-// batch per round trip; where the store reserved its last refill (the
-// bucket is saturated) and callers besides its leader queued for it, it
-// covers at least its fair share of the period at once: what a starved
-// replica measures as its demand is what it got. It is capped at MaxBatch
-// and the burst less what the bucket refills within Hold. Before the
+// batch per round trip. Where the store reserved its last refill (the
+// bucket is saturated), a batch is at most twice the fair share of the
+// period, whatever the demand (a larger one lengthens the queue of
+// reservations ahead of every caller of the fleet, and a replica asking
+// less than its share waits that queue for each token), and, where
+// callers besides its leader queued for that refill, at least the fair
+// share at once: what a starved replica measures as its demand is what it
+// got. It is capped at MaxBatch and the burst less what the bucket
+// refills within Hold. Before the
 // first second of demand is measured a replica assumes its fair share,
 // rate ÷ replicas. All replicas together thus hold at most the tokens the
 // fleet spends in max(Fraction s, replicas ÷ Calls s). Leasing is off
@@ -533,7 +537,9 @@ func (p *leasePool) extra(cost int) int {
 // batch per round trip, and, where the store reserved the last refill
 // and callers besides its leader queued for it, its fair share of a
 // period; all up to the cap, rate × period, MaxBatch and the burst less
-// what the bucket refills within the hold.
+// what the bucket refills within the hold, and, where the store reserved
+// the last refill, twice the fair share of a period (or the fair share
+// over the round trip, if more).
 func (p *leasePool) extraLocked(cost int) int {
 	if p.opts.Disabled || !p.b.countKnown.Load() {
 		return 0
@@ -570,6 +576,14 @@ func (p *leasePool) extraLocked(cost int) int {
 			grown = max(grown, rate/replicas*period)
 		}
 		batch = max(batch, grown, rate/replicas*p.lastTrip.Seconds())
+	}
+	if p.lastReserved {
+		// A saturated bucket reserves every refill behind the others':
+		// a batch past twice the fair share of a period, whatever the
+		// demand measured here, lengthens the queue ahead of every
+		// caller of the fleet, and a replica that asks for less than its
+		// share waits that queue for each of its tokens.
+		batch = min(batch, max(2*rate/replicas*period, rate/replicas*p.lastTrip.Seconds()))
 	}
 	floor := float64(p.opts.MinBatch)
 	if min(demand, rate)*replicas >= p.opts.Calls {

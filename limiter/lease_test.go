@@ -451,6 +451,75 @@ func TestSaturatedShortLeaseAsksItsShare(t *testing.T) {
 	}
 }
 
+// TestSaturatedLeaseCapsItsDemand: at 1,000,000/s among 1,000 replicas
+// (a lease period of 250 ms, a fair share of 250 tokens a period), a
+// replica that spent 100,000 tokens/s for 200 ms while the bucket still
+// granted at once sized its batches by that demand, 10,000 tokens (the
+// cap), and kept doing so once the others kept the bucket in debt and the
+// store reserved every refill (10,000, 10,000, 10,000, 8,849, 10,000): the scale benchmark's unequal demand, 100
+// saturated replicas and 900 asking 20 tokens/s, queued about 250 ms of
+// such batches ahead of every caller, and the 900 got about 6 tokens/s
+// each. Now, while the store reserves its refills, a replica's batch is
+// at most twice its fair share of a period, whatever its demand.
+func TestSaturatedLeaseCapsItsDemand(t *testing.T) {
+	t.Parallel()
+	clk, s, b := leasedBucket(t, 1e6, 1e5, 1000, limiter.LeaseOptions{Idle: time.Hour}) // learns the 1,000 replicas
+	ctx := context.Background()
+	for range 20 { // 1,000 tokens every 10 ms: 100,000/s, from a bucket that grants at once
+		for range 1000 {
+			if err := b.Wait(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		clk.Advance(10 * time.Millisecond)
+	}
+	// Past the last batch's deadline: its tokens lapse. The demand of
+	// the last 500 ms is still 40,000/s.
+	clk.Advance(300 * time.Millisecond)
+	s.mu.Lock()
+	unsaturated := len(s.costs)
+	s.mu.Unlock()
+	const debt = 200_000 // what the other replicas reserved ahead of each refill: 200 ms
+	for range 5 {
+		m := s.mem()
+		for _, n := range []int{int(math.Floor(m.StatusAt(clk.Now()).Tokens + 1e-9)), debt / 4, debt / 4, debt / 4, debt / 4} {
+			if n <= 0 {
+				continue
+			}
+			if res, err := m.TakeAt(clk.Now(), limiter.TakeRequest{Cost: n, MaxWait: time.Second}); err != nil || !res.Granted {
+				t.Fatalf("the others' take of %d: %+v, %v", n, res, err)
+			}
+		}
+		armed := clk.Armed()
+		done := make(chan error, 1)
+		go func() { done <- b.Wait(ctx, 1) }()
+		clk.WaitArmed(t, armed+1) // the refill reserved, its caller asleep
+		s.mu.Lock()
+		asked := s.costs[len(s.costs)-1]
+		s.mu.Unlock()
+		clk.Advance(time.Duration(debt+asked) * time.Microsecond) // its slot, at 1 token/µs
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		for range limiter.LeaseTokens(b) { // dry at once
+			if err := b.Wait(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	saturated := s.costs[unsaturated:]
+	if len(saturated) != 5 || saturated[0] < 10000 {
+		t.Fatalf("leases asked %v, saturated %v: want 5 refills, the first sized by the demand (10,000, the cap)", s.costs, saturated)
+	}
+	for _, n := range saturated[1:] {
+		if n > 500 {
+			t.Fatalf("leases asked while the store reserves them %v: want the first sized by the demand, then at most 500 (twice the fair share of 250 ms)", saturated)
+		}
+	}
+}
+
 // TestDrainingBucketLeaseStaysNearItsShare: while a bucket still grants
 // refills at once but is nearly drained, a lease that runs dry at once
 // grows only as far as its share of what the bucket held after its last
