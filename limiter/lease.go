@@ -32,10 +32,10 @@ import (
 // callers besides its leader queued for that refill, at least the fair
 // share at once: what a starved replica measures as its demand is what it
 // got. It is capped at MaxBatch and the burst less what the bucket
-// refills within Hold. Before the
-// first second of demand is measured a replica assumes its fair share,
-// rate ÷ replicas. All replicas together thus hold at most the tokens the
-// fleet spends in max(Fraction s, replicas ÷ Calls s). Leasing is off
+// refills within Hold. Before the first second of demand is measured a
+// replica assumes its fair share, rate ÷ replicas. All replicas together
+// thus hold at most the tokens the fleet spends in max(Fraction s,
+// replicas ÷ Calls s). Leasing is off
 // while the batch would be below MinBatch, unless the fleet's demand
 // (this replica's times the replicas) exceeds Calls, where even a batch
 // of 2 halves the calls (below, Redis answers call by call without

@@ -298,6 +298,52 @@ func leasedBucket(t *testing.T, rate float64, burst int, replicas int, opts limi
 	return clk, s, b
 }
 
+// reservedRefill runs one refill of b's lease at a saturated bucket of
+// 1,000,000/s: the other replicas take what the bucket holds and reserve
+// debt tokens more; a caller of b then finds its lease dry and leads a
+// refill, which the store reserves behind them, and queued more callers
+// queue behind it; the clock moves to the refill's slot (1 token/µs), and
+// once they return, b's lease is spent at once.
+func reservedRefill(t *testing.T, clk *clocktest.Clock, s *slowStore, b *limiter.Bucket, debt, queued int) {
+	t.Helper()
+	ctx := context.Background()
+	m := s.mem()
+	takes := []int{int(math.Floor(m.StatusAt(clk.Now()).Tokens + 1e-9))}
+	for left := debt; left > 0; left -= 50_000 { // each take within the burst
+		takes = append(takes, min(left, 50_000))
+	}
+	for _, n := range takes {
+		if n <= 0 {
+			continue
+		}
+		if res, err := m.TakeAt(clk.Now(), limiter.TakeRequest{Cost: n, MaxWait: time.Second}); err != nil || !res.Granted {
+			t.Fatalf("the others' take of %d: %+v, %v", n, res, err)
+		}
+	}
+	armed := clk.Armed()
+	done := make(chan error, 1+queued)
+	go func() { done <- b.Wait(ctx, 1) }()
+	clk.WaitArmed(t, armed+1) // the refill reserved, its caller asleep
+	for range queued {
+		go func() { done <- b.Wait(ctx, 1) }()
+	}
+	testenv.Eventually(t, 5*time.Second, "callers queued behind the refill", func() bool { return limiter.LeaseWaiting(b) == queued })
+	s.mu.Lock()
+	asked := s.costs[len(s.costs)-1]
+	s.mu.Unlock()
+	clk.Advance(time.Duration(debt+asked) * time.Microsecond)
+	for range 1 + queued {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range limiter.LeaseTokens(b) { // dry at once
+		if err := b.Wait(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestWastedLeaseDoesNotDouble: at 1,000,000/s with 1,000 replicas (a
 // lease period of 250 ms, a hold of 25 ms), a replica asks for a token
 // every 50 ms. Its first lease, the fair share's 250 tokens, goes back
@@ -338,34 +384,8 @@ func TestWastedLeaseDoesNotDouble(t *testing.T) {
 // batches, a second of reservations queued ahead of each caller.
 func TestSaturatedLeaseStaysNearItsShare(t *testing.T) {
 	clk, s, b := leasedBucket(t, 1e6, 1e5, 100, limiter.LeaseOptions{Idle: time.Hour}) // learns the 100 replicas
-	ctx := context.Background()
-	const debt = 1000 // what the other replicas reserved ahead of each refill
 	for range 8 {
-		m := s.mem()
-		for _, n := range []int{int(math.Floor(m.StatusAt(clk.Now()).Tokens + 1e-9)), debt} {
-			if n == 0 {
-				continue
-			}
-			if res, err := m.TakeAt(clk.Now(), limiter.TakeRequest{Cost: n, MaxWait: time.Second}); err != nil || !res.Granted {
-				t.Fatalf("the others' take of %d: %+v, %v", n, res, err)
-			}
-		}
-		armed := clk.Armed()
-		done := make(chan error, 1)
-		go func() { done <- b.Wait(ctx, 1) }()
-		clk.WaitArmed(t, armed+1) // the refill reserved, its caller asleep
-		s.mu.Lock()
-		asked := s.costs[len(s.costs)-1]
-		s.mu.Unlock()
-		clk.Advance(time.Duration(debt+asked) * time.Microsecond) // its slot, at 1 token/µs
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		for range limiter.LeaseTokens(b) { // dry at once
-			if err := b.Wait(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
-		}
+		reservedRefill(t, clk, s, b, 1000, 0) // the others reserve 1,000 tokens ahead of each refill
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -404,39 +424,8 @@ func TestSaturatedShortLeaseAsksItsShare(t *testing.T) {
 	s.mu.Lock()
 	low := len(s.costs)
 	s.mu.Unlock()
-	const debt = 200_000 // what the other replicas reserved ahead of each refill: 200 ms
 	for range 6 {
-		m := s.mem()
-		for _, n := range []int{int(math.Floor(m.StatusAt(clk.Now()).Tokens + 1e-9)), debt / 4, debt / 4, debt / 4, debt / 4} {
-			if n <= 0 {
-				continue
-			}
-			if res, err := m.TakeAt(clk.Now(), limiter.TakeRequest{Cost: n, MaxWait: time.Second}); err != nil || !res.Granted {
-				t.Fatalf("the others' take of %d: %+v, %v", n, res, err)
-			}
-		}
-		armed := clk.Armed()
-		done := make(chan error, 3)
-		go func() { done <- b.Wait(ctx, 1) }()
-		clk.WaitArmed(t, armed+1) // the refill reserved, its caller asleep
-		for range 2 {             // two more callers, queued behind it
-			go func() { done <- b.Wait(ctx, 1) }()
-		}
-		testenv.Eventually(t, 5*time.Second, "two callers queued behind the refill", func() bool { return limiter.LeaseWaiting(b) == 2 })
-		s.mu.Lock()
-		asked := s.costs[len(s.costs)-1]
-		s.mu.Unlock()
-		clk.Advance(time.Duration(debt+asked) * time.Microsecond) // its slot, at 1 token/µs
-		for range 3 {
-			if err := <-done; err != nil {
-				t.Fatal(err)
-			}
-		}
-		for range limiter.LeaseTokens(b) { // dry at once
-			if err := b.Wait(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
-		}
+		reservedRefill(t, clk, s, b, 200_000, 2) // 200 ms of the others' reservations ahead; two callers behind the leader
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -479,33 +468,8 @@ func TestSaturatedLeaseCapsItsDemand(t *testing.T) {
 	s.mu.Lock()
 	unsaturated := len(s.costs)
 	s.mu.Unlock()
-	const debt = 200_000 // what the other replicas reserved ahead of each refill: 200 ms
 	for range 5 {
-		m := s.mem()
-		for _, n := range []int{int(math.Floor(m.StatusAt(clk.Now()).Tokens + 1e-9)), debt / 4, debt / 4, debt / 4, debt / 4} {
-			if n <= 0 {
-				continue
-			}
-			if res, err := m.TakeAt(clk.Now(), limiter.TakeRequest{Cost: n, MaxWait: time.Second}); err != nil || !res.Granted {
-				t.Fatalf("the others' take of %d: %+v, %v", n, res, err)
-			}
-		}
-		armed := clk.Armed()
-		done := make(chan error, 1)
-		go func() { done <- b.Wait(ctx, 1) }()
-		clk.WaitArmed(t, armed+1) // the refill reserved, its caller asleep
-		s.mu.Lock()
-		asked := s.costs[len(s.costs)-1]
-		s.mu.Unlock()
-		clk.Advance(time.Duration(debt+asked) * time.Microsecond) // its slot, at 1 token/µs
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		for range limiter.LeaseTokens(b) { // dry at once
-			if err := b.Wait(ctx, 1); err != nil {
-				t.Fatal(err)
-			}
-		}
+		reservedRefill(t, clk, s, b, 200_000, 0) // 200 ms of the others' reservations ahead
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
