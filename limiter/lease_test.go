@@ -402,15 +402,16 @@ func TestSaturatedLeaseStaysNearItsShare(t *testing.T) {
 // TestSaturatedShortLeaseAsksItsShare: at 1,000,000/s among 1,000
 // replicas (a lease period of 250 ms, a fair share of 250 tokens a
 // period), a replica whose demand was measured low (a token every 50 ms:
-// batches of 5 to 8) then has three callers queued for each refill and
-// runs dry at once after it, while the other replicas keep the bucket
-// 200 ms in debt, so that the store reserves every refill. Its batches
-// used to double from there, 10, 20, 40, ...: a reservation per step, its
-// callers served a few tokens a reservation. The scale benchmark (1,000 replicas, 1,000,000/s) found replicas
-// in that state refilling 1 to 3 tokens at a time, their queued callers
-// overtaken by hundreds of milliseconds, replica shares 0.00 to 2.65 of
-// the mean. Now a lease short of tokens at a saturated bucket asks for at
-// least its fair share at once, and no more than twice it.
+// batches of 5 to 8) then has three callers on each refill, its leader
+// and two queued behind it, and runs dry at once after it, while the
+// other replicas keep the bucket 200 ms in debt, so that the store
+// reserves every refill. Its batches used to double from there, 10, 20,
+// 40, ...: a reservation per step, its callers served a few tokens a
+// reservation. The scale benchmark (1,000 replicas, 1,000,000/s) found
+// replicas in that state refilling 1 to 22 tokens at a time, and the
+// least replica share at 0.01 to 0.03 of the mean. Now a lease whose
+// callers queue for refills that the store reserves asks for at least its
+// fair share at once, and no more than twice it.
 func TestSaturatedShortLeaseAsksItsShare(t *testing.T) {
 	t.Parallel()
 	clk, s, b := leasedBucket(t, 1e6, 1e5, 1000, limiter.LeaseOptions{Idle: time.Hour}) // learns the 1,000 replicas
@@ -445,9 +446,10 @@ func TestSaturatedShortLeaseAsksItsShare(t *testing.T) {
 // replica that spent 100,000 tokens/s for 200 ms while the bucket still
 // granted at once sized its batches by that demand, 10,000 tokens (the
 // cap), and kept doing so once the others kept the bucket in debt and the
-// store reserved every refill (10,000, 10,000, 10,000, 8,849, 10,000): the scale benchmark's unequal demand, 100
-// saturated replicas and 900 asking 20 tokens/s, queued about 250 ms of
-// such batches ahead of every caller, and the 900 got about 6 tokens/s
+// store reserved every refill (10,000, 10,000, 10,000, 8,849, 10,000).
+// In the scale benchmark's unequal demand, 100 saturated replicas and
+// 900 asking 20 tokens/s, such batches queued about 250 ms of
+// reservations ahead of every caller, and the 900 got about 6 tokens/s
 // each. Now, while the store reserves its refills, a replica's batch is
 // at most twice its fair share of a period, whatever its demand.
 func TestSaturatedLeaseCapsItsDemand(t *testing.T) {
