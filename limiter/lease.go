@@ -35,13 +35,12 @@ import (
 // refills within Hold. Before the first second of demand is measured a
 // replica assumes its fair share, rate ÷ replicas. All replicas together
 // thus hold at most the tokens the fleet spends in max(Fraction s,
-// replicas ÷ Calls s). Leasing is off
-// while the batch would be below MinBatch, unless the fleet's demand
-// (this replica's times the replicas) exceeds Calls, where even a batch
-// of 2 halves the calls (below, Redis answers call by call without
-// strain, and calls keep the bucket exact and fair across replicas); it
-// also waits for the first heartbeat, so that a batch is never sized for
-// one replica when there are many.
+// replicas ÷ Calls s). Leasing is off while the batch would be below
+// MinBatch, unless the fleet's demand (this replica's times the replicas)
+// exceeds Calls, where even a batch of 2 halves the calls (below, Redis
+// answers call by call without strain, and calls keep the bucket exact
+// and fair across replicas); it also waits for the first heartbeat, so
+// that a batch is never sized for one replica when there are many.
 //
 // A batch's tokens go out from its grant until a deadline that the store's
 // answer fixes, and never after it: the store charges the batch as of its
@@ -548,9 +547,13 @@ func (p *leasePool) extraLocked(cost int) int {
 	rate := math.Float64frombits(p.b.lastRate.Load())
 	replicas := float64(max(1, p.b.replicas.Load()))
 	period := max(p.opts.Fraction, replicas/p.opts.Calls)
+	// share is the fair share of a period; trip the fair share over the
+	// last refill's round trip.
+	fair := rate / replicas
+	share, trip := fair*period, fair*p.lastTrip.Seconds()
 	demand, ok := p.demand.rate(now)
 	if !ok {
-		demand = rate / replicas // not measured yet: the fair share
+		demand = fair // not measured yet
 	}
 	batch := min(demand, rate) * period
 	if p.lastBatch > 0 && !p.wasted && now.Sub(p.lastFill).Seconds() < period/2 {
@@ -564,7 +567,7 @@ func (p *leasePool) extraLocked(cost int) int {
 		// reserved once it is empty (a start-up: every caller of a
 		// fleet of 100 waited 75 to 123 ms behind batches of 1,000 and
 		// 2,000 tokens, against a fair share of 250).
-		grown := min(2*float64(p.lastBatch), max(2*rate/replicas*period, p.lastSpare/replicas))
+		grown := min(2*float64(p.lastBatch), max(2*share, p.lastSpare/replicas))
 		if p.lastReserved && p.lastQueued {
 			// Callers queued for a refill that a saturated bucket
 			// reserved: at least the fair share at once. Doubling up
@@ -573,9 +576,9 @@ func (p *leasePool) extraLocked(cost int) int {
 			// took a reservation per step, each a wait behind the
 			// fleet's batches, its callers served a few tokens a
 			// reservation meanwhile.
-			grown = max(grown, rate/replicas*period)
+			grown = max(grown, share)
 		}
-		batch = max(batch, grown, rate/replicas*p.lastTrip.Seconds())
+		batch = max(batch, grown, trip)
 	}
 	if p.lastReserved {
 		// A saturated bucket reserves every refill behind the others':
@@ -583,7 +586,7 @@ func (p *leasePool) extraLocked(cost int) int {
 		// demand measured here, lengthens the queue ahead of every
 		// caller of the fleet, and a replica that asks for less than its
 		// share waits that queue for each of its tokens.
-		batch = min(batch, max(2*rate/replicas*period, rate/replicas*p.lastTrip.Seconds()))
+		batch = min(batch, max(2*share, trip))
 	}
 	floor := float64(p.opts.MinBatch)
 	if min(demand, rate)*replicas >= p.opts.Calls {

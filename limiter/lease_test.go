@@ -448,9 +448,8 @@ func TestSaturatedShortLeaseAsksItsShare(t *testing.T) {
 // cap), and kept doing so once the others kept the bucket in debt and the
 // store reserved every refill (10,000, 10,000, 10,000, 8,849, 10,000).
 // In the scale benchmark's unequal demand, 100 saturated replicas and
-// 900 asking 20 tokens/s, such batches queued about 250 ms of
-// reservations ahead of every caller, and the 900 got about 6 tokens/s
-// each. Now, while the store reserves its refills, a replica's batch is
+// 900 asking 20 tokens/s, the 900 got about 6 tokens/s each: their
+// waits were reservations behind such batches. Now, while the store reserves its refills, a replica's batch is
 // at most twice its fair share of a period, whatever its demand.
 func TestSaturatedLeaseCapsItsDemand(t *testing.T) {
 	t.Parallel()

@@ -33,22 +33,14 @@ func TestBatchedAcksOnTheBroker(t *testing.T) {
 			q := b.declareQueue(t)
 			ids := b.publish(t, q, n)
 			var (
-				mu       sync.Mutex
-				calls    = map[string]int{}
-				redeliv  int
-				endedAll = make(chan struct{})
-				ended    int
+				mu      sync.Mutex
+				calls   = map[string]int{}
+				redeliv int
 			)
-			end := func() {
-				mu.Lock()
-				defer mu.Unlock()
-				if ended++; ended == n {
-					close(endedAll)
-				}
-			}
+			ends := newEndCount(n)
 			obs := &consumer.MessageObserver{
-				Delivered:    func(consumer.Message) { end() },
-				DeadLettered: func(consumer.Message, error) { end() },
+				Delivered:    func(consumer.Message) { ends.end() },
+				DeadLettered: func(consumer.Message, error) { ends.end() },
 			}
 			errPoison := errors.New("poison")
 			h := func(_ context.Context, msg consumer.Message) error {
@@ -69,13 +61,7 @@ func TestBatchedAcksOnTheBroker(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			wait := runAll(t, ctx, c.Run)
-			select {
-			case <-endedAll:
-			case <-time.After(30 * time.Second):
-				mu.Lock()
-				defer mu.Unlock()
-				t.Fatalf("%d of %d messages ended after 30s", ended, n)
-			}
+			ends.wait(t, 30*time.Second)
 			cancel()
 			wait()
 			mu.Lock()
@@ -109,15 +95,8 @@ func TestAcksDoNotHoldBackFreeHandlers(t *testing.T) {
 	b := newBroker(t)
 	q := b.declareQueue(t)
 	b.publish(t, q, n)
-	var mu sync.Mutex
-	ended, endedAll := 0, make(chan struct{})
-	obs := &consumer.MessageObserver{Delivered: func(consumer.Message) {
-		mu.Lock()
-		defer mu.Unlock()
-		if ended++; ended == n {
-			close(endedAll)
-		}
-	}}
+	ends := newEndCount(n)
+	obs := &consumer.MessageObserver{Delivered: func(consumer.Message) { ends.end() }}
 	h := func(context.Context, consumer.Message) error {
 		time.Sleep(20 * time.Millisecond)
 		return nil
@@ -128,13 +107,7 @@ func TestAcksDoNotHoldBackFreeHandlers(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	wait := runAll(t, ctx, c.Run)
-	select {
-	case <-endedAll:
-	case <-time.After(30 * time.Second):
-		mu.Lock()
-		defer mu.Unlock()
-		t.Fatalf("%d of %d messages delivered after 30s", ended, n)
-	}
+	ends.wait(t, 30*time.Second)
 	took := time.Since(start)
 	cancel()
 	wait()
@@ -146,5 +119,35 @@ func TestAcksDoNotHoldBackFreeHandlers(t *testing.T) {
 	}
 	if got := b.waitReady(t, q, 0); got != 0 {
 		t.Errorf("%d messages back in the queue after Run returned, want 0 (all acked)", got)
+	}
+}
+
+// endCount counts the messages that ended (delivered or dead-lettered)
+// and closes all once n did. Its methods are safe for concurrent use.
+type endCount struct {
+	mu       sync.Mutex
+	n, ended int
+	all      chan struct{}
+}
+
+func newEndCount(n int) *endCount { return &endCount{n: n, all: make(chan struct{})} }
+
+func (e *endCount) end() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ended++; e.ended == e.n {
+		close(e.all)
+	}
+}
+
+// wait fails t unless all n messages ended within d.
+func (e *endCount) wait(t *testing.T, d time.Duration) {
+	t.Helper()
+	select {
+	case <-e.all:
+	case <-time.After(d):
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		t.Fatalf("%d of %d messages ended after %v", e.ended, e.n, d)
 	}
 }
