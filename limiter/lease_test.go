@@ -320,10 +320,11 @@ func reservedRefill(t *testing.T, clk *clocktest.Clock, s *slowStore, b *limiter
 			t.Fatalf("the others' take of %d: %+v, %v", n, res, err)
 		}
 	}
-	armed := clk.Armed()
 	done := make(chan error, 1+queued)
 	go func() { done <- b.Wait(ctx, 1) }()
-	clk.WaitArmed(t, armed+1) // the refill reserved, its caller asleep
+	// The refill reserved behind the others', its caller asleep until
+	// then; the lease's own timers (AfterFunc) may arm meanwhile.
+	clk.WaitSleepers(t, 1)
 	for range queued {
 		go func() { done <- b.Wait(ctx, 1) }()
 	}

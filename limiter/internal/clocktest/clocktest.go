@@ -207,3 +207,30 @@ func (c *Clock) WaitTimers(t testing.TB, n int) {
 		}
 	}
 }
+
+// WaitSleepers waits until at least n goroutines sleep on the clock's
+// timers (NewTimer's, not AfterFunc's), so that a test advances the clock
+// only once they are asleep, whatever AfterFunc timers arm meanwhile. It
+// fails the test after 10 s of real time.
+func (c *Clock) WaitSleepers(t testing.TB, n int) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		c.mu.Lock()
+		k, ch := 0, c.changed
+		for _, tm := range c.timers {
+			if tm.f == nil {
+				k++
+			}
+		}
+		c.mu.Unlock()
+		if k >= n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("waited 10s for %d goroutines asleep on timers, have %d", n, k)
+		}
+	}
+}
