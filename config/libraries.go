@@ -246,6 +246,7 @@ func (l *Limit) limiterOptions(ps *problems) limiter.Options {
 		ProbeInterval: time.Duration(l.ProbeInterval),
 		Shadow:        l.Shadow,
 	}
+	o.Lease.Calls = l.LeaseCalls
 	switch l.Lease {
 	case "", LeaseAuto:
 	case LeaseOff:

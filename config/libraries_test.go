@@ -27,6 +27,7 @@ limit:
   priority_header: x-priority
   on_store_error: closed
   lease: "off"
+  lease_calls: 2500
   extra: [{name: per-recipient, key: '{{.JSON.to}}', rate: 1/s, on_exceed: delay}]
 source:
   kafka:
@@ -44,7 +45,7 @@ delivery: {max_attempts: 3, backoff: 1s, drain_timeout: 5s, max_set_aside: 2m}
 	if b := lib.Bucket; b.Bucket != "sms" || b.Rate != 10 || b.Burst != 20 || b.Warmup != 30*time.Second || b.Prefix != "" {
 		t.Errorf("Bucket = %+v", b)
 	}
-	if o := lib.Limiter; o.Priority != limiter.PriorityLow || o.OnStoreError != limiter.ModeClosed || !o.Lease.Disabled ||
+	if o := lib.Limiter; o.Priority != limiter.PriorityLow || o.OnStoreError != limiter.ModeClosed || !o.Lease.Disabled || o.Lease.Calls != 2500 ||
 		o.MaxPause != 10*time.Second || o.ProbeInterval != 0 || o.MaxReserve != 0 || o.HeartbeatInterval != 0 {
 		t.Errorf("Limiter = %+v", o)
 	}

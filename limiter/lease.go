@@ -84,7 +84,11 @@ type LeaseOptions struct {
 	// at least. Default 0.01.
 	Fraction float64
 	// Calls is the refills per second the whole fleet aims at: a batch
-	// covers at least replicas ÷ Calls seconds of demand. Default 4000.
+	// covers at least replicas ÷ Calls seconds of demand. Fewer calls
+	// mean fewer store scripts and longer waits behind the fleet's
+	// batches at a saturated bucket; a replica that asks little saves
+	// scripts only where Hold (at most a quarter of burst ÷ rate) lets
+	// it spend a larger batch. Default 4000.
 	Calls float64
 	// MinBatch is the smallest batch worth leasing. Default 8. Where the
 	// fleet would call the store more than Calls times a second without

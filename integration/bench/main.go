@@ -67,6 +67,7 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -234,7 +235,8 @@ func parseFlags(args []string) (config, error) {
 	var scaleNs, scaleRates, scalePh string
 	fs.BoolVar(&scaleOn, "scale", false, "run the scale mode (N replicas, each its own client, on a private redis-server) instead")
 	fs.StringVar(&scaleNs, "scale-n", "10,100,1000", "(scale) comma-separated replica counts")
-	fs.StringVar(&scaleRates, "scale-rates", "1000,1000000", "(scale) comma-separated rates (tokens/s); the burst is a tenth of the rate")
+	fs.StringVar(&scaleRates, "scale-rates", "1000,1000000", "(scale) comma-separated rates (tokens/s)")
+	fs.Float64Var(&sc.burst, "scale-burst", 0.1, "(scale) the bucket's burst, in seconds of its rate")
 	fs.StringVar(&scalePh, "scale-phases", strings.Join(scalePhases, ","), "(scale) comma-separated phases: saturated, unequal, recovery")
 	fs.DurationVar(&sc.duration, "scale-duration", 6*time.Second, "(scale) length of the saturated and unequal phases, and of the recovery phase before the vanish")
 	fs.DurationVar(&sc.recovery, "scale-recovery", 12*time.Second, "(scale) how long the recovery phase runs after half the replicas vanish")
@@ -300,6 +302,9 @@ func parseFlags(args []string) (config, error) {
 				return config{}, fmt.Errorf("-scale-phases: unknown phase %q", ph)
 			}
 			sc.phases = append(sc.phases, ph)
+		}
+		if !(sc.burst > 0) || math.IsInf(sc.burst, 0) {
+			return config{}, fmt.Errorf("-scale-burst must be a number of seconds above 0")
 		}
 		if sc.duration < 3*time.Second || sc.recovery < 2*time.Second || sc.callers < 1 {
 			return config{}, fmt.Errorf("-scale-duration must be at least 3s, -scale-recovery at least 2s and -scale-callers at least 1")

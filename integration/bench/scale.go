@@ -42,8 +42,10 @@ type scaleConfig struct {
 	// leaseCalls is limiter.LeaseOptions.Calls of every replica (0: the
 	// default), the refills per second the fleet aims at.
 	leaseCalls float64
-	out        string
-	flags      string
+	// burst is the bucket's burst in seconds of its rate (default 0.1).
+	burst float64
+	out   string
+	flags string
 	// cpuProfile, when set, is where a CPU profile of the whole run goes.
 	cpuProfile string
 	// goroutines, when set, is where the goroutines of each saturated
@@ -188,8 +190,8 @@ func runScale(ctx context.Context, cfg scaleConfig) error {
 	return os.WriteFile(cfg.out, []byte(md), 0o644)
 }
 
-// scaleBurst is the burst of a rate: a tenth of a second's tokens.
-func scaleBurst(rate float64) int { return max(1, int(rate/10)) }
+// scaleBurst is the burst of a rate: secs seconds of its tokens.
+func scaleBurst(rate, secs float64) int { return max(1, int(rate*secs)) }
 
 // scaleOne runs the phases of one rate and N on a private redis-server.
 func scaleOne(ctx context.Context, cfg scaleConfig, rate float64, n int) (scaleRun, error) {
@@ -201,7 +203,7 @@ func scaleOne(ctx context.Context, cfg scaleConfig, rate float64, n int) (scaleR
 	admin := redis.NewClient(&redis.Options{Addr: srv.addr})
 	defer admin.Close()
 	leased := cfg.lease == "on" || (cfg.lease == "auto" && rate >= 1e5)
-	run := scaleRun{rate: rate, burst: scaleBurst(rate), n: n, leased: leased}
+	run := scaleRun{rate: rate, burst: scaleBurst(rate, cfg.burst), n: n, leased: leased}
 	for _, ph := range cfg.phases {
 		fmt.Fprintf(os.Stderr, "scale: rate %v N %d %s...\n", rate, n, ph)
 		switch ph {
@@ -677,7 +679,7 @@ func (c *scaleCaller) loop(ctx context.Context, w waiter, start time.Time, d, ev
 func scaleMarkdown(cfg scaleConfig, runs []scaleRun, load string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Scale\n\nCommand: `go run .%s` (integration/bench). Load average %s.\n\n", cfg.flags, load)
-	fmt.Fprintf(&b, "Each replica: its own go-redis client and limiter.Bucket; burst = rate/10; saturated replicas run %d callers in a tight loop. Grants counted when Wait returns.\n\n", cfg.callers)
+	fmt.Fprintf(&b, "Each replica: its own go-redis client and limiter.Bucket; burst = rate × %gs; saturated replicas run %d callers in a tight loop. Grants counted when Wait returns.\n\n", cfg.burst, cfg.callers)
 	b.WriteString("## Saturated: every replica wants more than its share\n\n")
 	b.WriteString("| rate/s | N | lease | steady grants/s | worst 1 s window (bound rate+burst) | 1st s, 2nd s | share min–max of mean | worst wait | worst wait begun after 1 s | waits > 1 s | waits over place ÷ share + 100 ms (worst excess over place ÷ share); begun after 1 s · the same, callers begun within 1 ms counted as arriving together | scripts/s | scripts per 1k grants | Redis CPU µs/grant | process CPU µs/grant | retimed |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")

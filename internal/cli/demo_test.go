@@ -33,9 +33,13 @@ func TestDemo(t *testing.T) {
 	if sum != int64(res.deliveries) {
 		t.Errorf("per-replica counts %v add up to %d, want %d", res.perReplica, sum, res.deliveries)
 	}
-	// A loose bound: this is a smoke test of the wiring, not a benchmark.
-	if math.Abs(res.achieved-rate)/rate > 0.2 {
-		t.Errorf("achieved %.1f msg/s, want within 20%% of %v", res.achieved, rate)
+	// Loose bounds: this is a smoke test of the wiring, not a benchmark.
+	// Above the rate is a broken promise; well below it is a rate split
+	// among the replicas (10/s here) or a stall. A loaded machine delivers
+	// late, not fast: 23.8/s (0.79×) was seen while the whole suite
+	// compiled on 2 cores, so the floor is 0.6×.
+	if res.achieved > rate*1.2 || res.achieved < rate*0.6 {
+		t.Errorf("achieved %.1f msg/s, want between 0.6× and 1.2× %v", res.achieved, rate)
 	}
 	for _, want := range []string{"replica-1", "replica-3", "this second", "Summary", "lost           0"} {
 		if !strings.Contains(out.String(), want) {
