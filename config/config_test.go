@@ -337,6 +337,7 @@ func TestParseBadInputs(t *testing.T) {
 		{"postgres bad key=value", strings.Replace(minimal, "stdout: {}", "postgres: {dsn: 'mydb', table: t}", 1), nil, "sink.postgres.dsn", "invalid connection string"},
 		{"postgres missing table", strings.Replace(minimal, "stdout: {}", "postgres: {dsn: 'postgres://h/db'}", 1), nil, "sink.postgres.table", "required"},
 		{"bad lease", strings.Replace(minimal, "rate: 10", "rate: 10\n  lease: always", 1), nil, "limit.lease", `must be one of auto, off, got "always"`},
+		{"lease calls with leasing off", strings.Replace(minimal, "rate: 10", "rate: 10\n  lease: \"off\"\n  lease_calls: 2500", 1), nil, "limit.lease_calls", "has no effect with limit.lease off"},
 		{"negative lease calls", strings.Replace(minimal, "rate: 10", "rate: 10\n  lease_calls: -5", 1), nil, "limit.lease_calls", "must be >= 0 (0 for the default), got -5"},
 		{"negative fallback rate", strings.Replace(minimal, "rate: 10", "rate: 10\n  fallback_rate: -1", 1), nil, "limit.fallback_rate", "must be 0 (the replica's share) or a number > 0 and <= 1e+09, got -1"},
 		{"zero probe interval", strings.Replace(minimal, "rate: 10", "rate: 10\n  probe_interval: 0s", 1), nil, "limit.probe_interval", "must not be 0; omit the key for the default"},

@@ -251,6 +251,9 @@ func (l *Limit) limiterOptions(ps *problems) limiter.Options {
 	case "", LeaseAuto:
 	case LeaseOff:
 		o.Lease.Disabled = true
+		if l.LeaseCalls != 0 {
+			ps.add("limit.lease_calls", "has no effect with limit.lease off")
+		}
 	default:
 		ps.add("limit.lease", "must be one of auto, off, got %q", l.Lease)
 	}

@@ -27,7 +27,6 @@ limit:
   priority_header: x-priority
   on_store_error: closed
   lease: "off"
-  lease_calls: 2500
   extra: [{name: per-recipient, key: '{{.JSON.to}}', rate: 1/s, on_exceed: delay}]
 source:
   kafka:
@@ -45,7 +44,7 @@ delivery: {max_attempts: 3, backoff: 1s, drain_timeout: 5s, max_set_aside: 2m}
 	if b := lib.Bucket; b.Bucket != "sms" || b.Rate != 10 || b.Burst != 20 || b.Warmup != 30*time.Second || b.Prefix != "" {
 		t.Errorf("Bucket = %+v", b)
 	}
-	if o := lib.Limiter; o.Priority != limiter.PriorityLow || o.OnStoreError != limiter.ModeClosed || !o.Lease.Disabled || o.Lease.Calls != 2500 ||
+	if o := lib.Limiter; o.Priority != limiter.PriorityLow || o.OnStoreError != limiter.ModeClosed || !o.Lease.Disabled ||
 		o.MaxPause != 10*time.Second || o.ProbeInterval != 0 || o.MaxReserve != 0 || o.HeartbeatInterval != 0 {
 		t.Errorf("Limiter = %+v", o)
 	}
@@ -92,7 +91,7 @@ delivery: {max_attempts: 3, backoff: 1s, drain_timeout: 5s, max_set_aside: 2m}
 // TestLibrariesRabbitMQAndPostgres: the other source and sink.
 func TestLibrariesRabbitMQAndPostgres(t *testing.T) {
 	lib := libs(t, mustParse(t, `
-limit: {bucket: b, rate: 5, cost_header: x-cost}
+limit: {bucket: b, rate: 5, cost_header: x-cost, lease_calls: 2500}
 source: {rabbitmq: {url: "amqps://u:p@h/", queue: q, prefetch: 20, ack_delay: -1ms, declare: true, ordering: none, tls: {enabled: true}}}
 sink: {postgres: {dsn: "postgres://h/db", table: sent, create_table: true, id_header: x-id}}
 `, nil))
@@ -106,6 +105,9 @@ sink: {postgres: {dsn: "postgres://h/db", table: sent, create_table: true, id_he
 	}
 	if lib.PushBack || lib.Limiter.MaxPause != 0 {
 		t.Errorf("without an HTTP sink: PushBack %v, MaxPause %v", lib.PushBack, lib.Limiter.MaxPause)
+	}
+	if l := lib.Limiter.Lease; l.Disabled || l.Calls != 2500 {
+		t.Errorf("Lease = %+v, want on with Calls 2500 (limit.lease_calls)", l)
 	}
 }
 
