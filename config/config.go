@@ -185,11 +185,9 @@ type Limit struct {
 	MaxWait Duration `yaml:"max_wait"`
 	// Lease is auto or off; empty means auto.
 	Lease LeaseMode `yaml:"lease"`
-	// LeaseCalls is the refills a second the whole fleet aims at while
-	// leasing (limiter.LeaseOptions.Calls): fewer calls mean larger
-	// batches and fewer Redis scripts, and longer waits behind the
-	// fleet's batches at a saturated bucket. 0 means the limiter's
-	// default.
+	// LeaseCalls is limiter.LeaseOptions.Calls, the refills a second the
+	// whole fleet aims at while leasing; 0 means the limiter's default.
+	// Not with Lease off.
 	LeaseCalls float64 `yaml:"lease_calls"`
 	// Extra lists further limits (keyed buckets, calendar quotas) decided
 	// with the bucket in one atomic step; see LimitLayer.

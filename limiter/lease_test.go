@@ -450,8 +450,9 @@ func TestSaturatedShortLeaseAsksItsShare(t *testing.T) {
 // store reserved every refill (10,000, 10,000, 10,000, 8,849, 10,000).
 // In the scale benchmark's unequal demand, 100 saturated replicas and
 // 900 asking 20 tokens/s, the 900 got about 6 tokens/s each: their
-// waits were reservations behind such batches. Now, while the store reserves its refills, a replica's batch is
-// at most twice its fair share of a period, whatever its demand.
+// waits were reservations behind such batches. Now, while the store
+// reserves its refills, a replica's batch is at most twice its fair share
+// of a period, whatever its demand.
 func TestSaturatedLeaseCapsItsDemand(t *testing.T) {
 	t.Parallel()
 	clk, s, b := leasedBucket(t, 1e6, 1e5, 1000, limiter.LeaseOptions{Idle: time.Hour}) // learns the 1,000 replicas

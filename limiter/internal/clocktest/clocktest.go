@@ -171,20 +171,7 @@ func (c *Clock) Armed() int {
 // 10 s of real time.
 func (c *Clock) WaitArmed(t testing.TB, n int) {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
-	for {
-		c.mu.Lock()
-		k, ch := c.made, c.changed
-		c.mu.Unlock()
-		if k >= n {
-			return
-		}
-		select {
-		case <-ch:
-		case <-deadline:
-			t.Fatalf("waited 10s for %d timers armed, have %d", n, k)
-		}
-	}
+	c.waitFor(t, n, "timers armed", func() int { return c.made })
 }
 
 // WaitTimers waits until at least n timers are pending, so that a test
@@ -192,20 +179,7 @@ func (c *Clock) WaitArmed(t testing.TB, n int) {
 // fails the test after 10 s of real time.
 func (c *Clock) WaitTimers(t testing.TB, n int) {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
-	for {
-		c.mu.Lock()
-		k, ch := len(c.timers), c.changed
-		c.mu.Unlock()
-		if k >= n {
-			return
-		}
-		select {
-		case <-ch:
-		case <-deadline:
-			t.Fatalf("waited 10s for %d pending timers, have %d", n, k)
-		}
-	}
+	c.waitFor(t, n, "pending timers", func() int { return len(c.timers) })
 }
 
 // WaitSleepers waits until at least n goroutines sleep on the clock's
@@ -214,15 +188,26 @@ func (c *Clock) WaitTimers(t testing.TB, n int) {
 // fails the test after 10 s of real time.
 func (c *Clock) WaitSleepers(t testing.TB, n int) {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
-	for {
-		c.mu.Lock()
-		k, ch := 0, c.changed
+	c.waitFor(t, n, "goroutines asleep on timers", func() int {
+		k := 0
 		for _, tm := range c.timers {
 			if tm.f == nil {
 				k++
 			}
 		}
+		return k
+	})
+}
+
+// waitFor waits until count, called with c.mu held, reaches n, waking
+// whenever a timer is added or stopped; it fails t after 10 s of real
+// time, naming what it counted.
+func (c *Clock) waitFor(t testing.TB, n int, what string, count func() int) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		c.mu.Lock()
+		k, ch := count(), c.changed
 		c.mu.Unlock()
 		if k >= n {
 			return
@@ -230,7 +215,7 @@ func (c *Clock) WaitSleepers(t testing.TB, n int) {
 		select {
 		case <-ch:
 		case <-deadline:
-			t.Fatalf("waited 10s for %d goroutines asleep on timers, have %d", n, k)
+			t.Fatalf("waited 10s for %d %s, have %d", n, what, k)
 		}
 	}
 }
