@@ -110,13 +110,17 @@ func TestMetricsHandler(t *testing.T) {
 }
 
 func TestWaitLimiter(t *testing.T) {
-	b, err := limiter.NewLocal(1, 1)
+	// One token per 100 s: the second wait cannot be granted within the
+	// timeout, and the timeout leaves the first wait, granted at once,
+	// room on a loaded machine (50 ms was too little under -race while
+	// other packages' tests ran).
+	b, err := limiter.NewLocal(0.01, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
 	m := newMetrics("")
-	w, err := consumerLimiter(consumer.LimitOptions{WaitTimeout: 50 * time.Millisecond}, b, m)
+	w, err := consumerLimiter(consumer.LimitOptions{WaitTimeout: 500 * time.Millisecond}, b, m)
 	if err != nil {
 		t.Fatal(err)
 	}
