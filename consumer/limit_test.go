@@ -117,9 +117,12 @@ func TestConsumerRefusesAKeyedBucket(t *testing.T) {
 // TestNewLimiterWaitTimeout: a wait longer than WaitTimeout fails the
 // attempt with a retryable error wrapping ErrWaitTimeout.
 func TestNewLimiterWaitTimeout(t *testing.T) {
-	b := layeredBucket(t, limiter.Layer{Name: "per-recipient", Keyed: true, Rate: 1, Burst: 1})
+	// One token per 100 s per recipient: the second wait cannot be granted
+	// within the timeout, which leaves the first, granted at once, room on
+	// a loaded machine.
+	b := layeredBucket(t, limiter.Layer{Name: "per-recipient", Keyed: true, Rate: 0.01, Burst: 1})
 	var waiting, granted int
-	l, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys, WaitTimeout: 20 * time.Millisecond,
+	l, err := consumer.NewLimiter(b, consumer.LimitOptions{Keys: toKeys, WaitTimeout: 500 * time.Millisecond,
 		Waiting: func(d int) { waiting += d }, Granted: func(n int) { granted += n }})
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +133,7 @@ func TestNewLimiterWaitTimeout(t *testing.T) {
 	}
 	err = l.WaitMessage(context.Background(), msg, 1)
 	if !errors.Is(err, consumer.ErrWaitTimeout) || consumer.IsPermanent(err) {
-		t.Errorf("a wait of 1s with WaitTimeout 20ms: %v, want a retryable ErrWaitTimeout", err)
+		t.Errorf("a wait of 100 s with WaitTimeout 500 ms: %v, want a retryable ErrWaitTimeout", err)
 	}
 	if waiting != 0 || granted != 1 {
 		t.Errorf("Waiting sums to %d, Granted to %d; want 0 and 1", waiting, granted)
