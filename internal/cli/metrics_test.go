@@ -110,11 +110,13 @@ func TestMetricsHandler(t *testing.T) {
 }
 
 func TestWaitLimiter(t *testing.T) {
-	// One token per 100 s: the second wait cannot be granted within the
-	// timeout, and the timeout leaves the first wait, granted at once,
-	// room on a loaded machine (50 ms was too little under -race while
-	// other packages' tests ran).
-	b, err := limiter.NewLocal(0.01, 1)
+	// Two tokens, refilled at one per 100 s: the second wait, for two,
+	// cannot be granted within the timeout. The first, for one, is
+	// granted at once, or, when its answer came back later than the
+	// Bucket's timer slack (a loaded machine), asks again and gets the
+	// second token (see Stats.Retimed); with a burst of one it waited a
+	// refill then. The timeout leaves it room on a loaded machine too.
+	b, err := limiter.NewLocal(0.01, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +130,7 @@ func TestWaitLimiter(t *testing.T) {
 	if err := w.Wait(ctx, 1); err != nil {
 		t.Fatalf("first wait: %v", err)
 	}
-	err = w.Wait(ctx, 1)
+	err = w.Wait(ctx, 2)
 	if !errors.Is(err, consumer.ErrWaitTimeout) {
 		t.Fatalf("second wait: %v, want consumer.ErrWaitTimeout", err)
 	}
@@ -140,7 +142,7 @@ func TestWaitLimiter(t *testing.T) {
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := w.Wait(cctx, 1); !errors.Is(err, context.Canceled) {
+	if err := w.Wait(cctx, 2); !errors.Is(err, context.Canceled) {
 		t.Errorf("wait with a cancelled context: %v, want context.Canceled", err)
 	}
 	// Only the granted wait counts its tokens.

@@ -120,8 +120,14 @@ sink: {stdout: {}}
 			t.Fatal(err)
 		}
 		layers := lib.Layers
-		shared, err := backend.NewMemory(100, 10)
+		// A token short of full, refilled at one a second: a grant that
+		// came back late still fits (a full bucket's would ask again,
+		// Stats.Retimed, and the recorder would see its class twice).
+		shared, err := backend.NewMemory(1, 10)
 		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := shared.Take(t.Context(), backend.TakeRequest{Cost: 1}); err != nil {
 			t.Fatal(err)
 		}
 		lm, err := backend.NewLayeredMemory(shared, layers)
