@@ -125,6 +125,36 @@ func TestLateGrantAsksAgain(t *testing.T) {
 	}
 }
 
+// TestLateGrantBurstOfTheCost: at 1/s, a caller asks for 1 token from a
+// full bucket and its answer, its Bucket's first, comes back 5 ms later:
+// past the 1 ms timer slack, so it asks again. Tokens go back whole, and
+// the bucket could have held only 0.995 of this one: with a burst of 1
+// nothing goes back and the second ask waits one token's refill, going out
+// at +1 s; with a burst of 2 the second ask takes the other token at once.
+func TestLateGrantBurstOfTheCost(t *testing.T) {
+	for _, c := range []struct {
+		burst int
+		want  time.Duration
+	}{
+		{1, time.Second},
+		{2, ms(5)},
+	} {
+		clk := clocktest.New(storetest.Base)
+		cs := newClockedStore(t, clk, 1, c.burst, 1)
+		s := &slowStore{clockedStore: cs, lags: answerLags{d: []time.Duration{ms(5)}}}
+		r := &rig{t: t, clk: clk, store: cs}
+		r.b = newClockedBucket(t, clk, s, limiter.Options{Lease: limiter.LeaseOptions{Disabled: true}}, cs.watched)
+		r.wait(1)
+		r.advance(ms(1500))
+		if got := r.grants(); !equalDurations(got, []time.Duration{c.want}) {
+			t.Errorf("burst %d: granted at %v, want %v", c.burst, got, c.want)
+		}
+		if got := r.b.Stats().Retimed; got != 1 {
+			t.Errorf("burst %d: Stats().Retimed = %d, want 1", c.burst, got)
+		}
+	}
+}
+
 // lagClock is a fake clock whose first timer of a given length fires lag
 // after it was due: a wake-up the scheduler delayed, on one goroutine only.
 type lagClock struct {

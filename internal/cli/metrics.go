@@ -239,6 +239,15 @@ func (m *metrics) registerKafkaReader(stats func() kafka.ReaderStats) {
 	)
 }
 
+// registerRetimed exports throttle_limiter_retimed_total, read from
+// retimed (Stats.Retimed) at each scrape.
+func (m *metrics) registerRetimed(retimed func() int64) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "throttle_limiter_retimed_total",
+		Help: "Grants of the shared bucket given back and asked for again because their answer came back, or their caller woke, too late past their slot to go out beside the slots after them; a steady rise means slow Redis answers or a starved process.",
+	}, func() float64 { return float64(retimed()) }))
+}
+
 // registerFair exports throttle_fair_active_tenants, read from active at
 // each scrape. Metrics name no tenant.
 func (m *metrics) registerFair(active func() int) {

@@ -59,6 +59,7 @@ func TestMetricsHandler(t *testing.T) {
 		n[limiter.PriorityLow] = 3
 		return n
 	})
+	m.registerRetimed(func() int64 { return 4 })
 
 	var notReady error = errors.New("consumer is not running")
 	srv := httptest.NewServer(m.handler(func() error { return notReady }))
@@ -81,6 +82,7 @@ func TestMetricsHandler(t *testing.T) {
 		`throttle_limiter_waiting{priority="high"} 0`,
 		`throttle_limiter_waiting{priority="normal"} 0`,
 		`throttle_limiter_waiting{priority="low"} 3`,
+		`throttle_limiter_retimed_total 4`,
 		`throttle_bucket_tokens 2.5`,
 		`throttle_bucket_effective_rate 30`,
 		`throttle_redis_errors_total 1`,

@@ -125,6 +125,7 @@ func runReplica(ctx context.Context, cfg *config.Config, rio replicaIO) error {
 		}
 	}()
 	m.countWaiting(func() [limiter.NumPriorities]int { return bucket.Stats().WaitingByPriority })
+	m.registerRetimed(func() int64 { return bucket.Stats().Retimed })
 	if bucket.Fair() != nil {
 		m.registerFair(bucket.FairActive)
 	}
