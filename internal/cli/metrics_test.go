@@ -117,7 +117,7 @@ func TestWaitLimiter(t *testing.T) {
 	// granted at once, or, when its answer came back later than the
 	// Bucket's timer slack (a loaded machine), asks again and gets the
 	// second token (see Stats.Retimed); with a burst of one it waited a
-	// refill then. The timeout leaves it room on a loaded machine too.
+	// token's refill, 100 s, then. The timeout leaves it room on a loaded machine too.
 	b, err := limiter.NewLocal(0.01, 2)
 	if err != nil {
 		t.Fatal(err)
